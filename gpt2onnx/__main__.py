@@ -1,0 +1,3 @@
+from gpt2onnx.cli import app
+
+app(prog_name="gpt2onnx")

@@ -1,0 +1,1 @@
+"""torch → ONNX: the IO contract, the export itself, validation, and the exported folder on disk."""

@@ -1,0 +1,218 @@
+"""The export pipeline: checkpoint → GPT2ForExport → ONNX → staged folder → validated against PyTorch → in place."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from gpt2onnx.checkpoint import Checkpoint, load_checkpoint
+from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.exporters.io_spec import block_io, decoder_io
+from gpt2onnx.exporters.output import save_onnx, staged_folder
+from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
+from gpt2onnx.files import sha256_file
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "gpt2onnx.json"
+MANIFEST_FORMAT_VERSION = 1
+MODEL_FILE = "model.onnx"
+DEFAULT_OUTPUT_ROOT = Path("models")
+# Largest |Δlogits| accepted against PyTorch, per dtype (fp32 differs only by summation order).
+TOLERANCES = {"float32": 1e-4}
+LOGITS_CHOICES = ("all", "last")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    opset: int = DEFAULT_OPSET
+    logits: str = "all"  # "all" positions, or the "last" position only
+    block: int | None = None  # export this transformer block alone
+    external_data: bool | None = None  # None: only when the model exceeds protobuf's 2 GB limit
+    validate: bool = True
+    tolerance: float | None = None  # None: the dtype's default (TOLERANCES)
+    force: bool = False  # replace an existing output folder
+
+
+@dataclass
+class ExportResult:
+    folder: Path
+    manifest: dict
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(f["bytes"] for name, f in self.manifest["files"].items() if name.startswith(MODEL_FILE))
+
+
+def default_output(ckpt_name: str, options: ExportOptions) -> Path:
+    suffix = f"-block{options.block}" if options.block is not None else ("-last-logits" if options.logits == "last" else "")
+    return DEFAULT_OUTPUT_ROOT / f"{ckpt_name}{suffix}"
+
+
+def export(
+    model: str,
+    out: str | Path | None = None,
+    *,
+    random_init: bool = False,
+    seed: int = 0,
+    revision: str | None = None,
+    options: ExportOptions = ExportOptions(),
+) -> ExportResult:
+    """Export ``model`` (local folder, Hub id, or architecture name with ``random_init``) to a verified folder."""
+    check_opset(options.opset)
+    if options.logits not in LOGITS_CHOICES:
+        raise Gpt2OnnxError(f"--logits '{options.logits}' is not valid: choose 'all' or 'last'")
+    if options.block is not None and options.logits != "all":
+        raise Gpt2OnnxError("--logits applies to the whole decoder, not to a single --block: drop one of them")
+    if out is not None and Path(out).exists() and not options.force:  # fail before loading any weights
+        raise Gpt2OnnxError(f"output folder '{out}' already exists: choose another --out, or add --force to replace it")
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    ckpt = load_checkpoint(model, random_init=random_init, seed=seed, revision=revision)
+    timings["load_seconds"] = time.perf_counter() - start
+    if options.block is not None and not 0 <= options.block < ckpt.spec.n_layer:
+        raise Gpt2OnnxError(f"--block {options.block} is out of range: this model has blocks 0 to {ckpt.spec.n_layer - 1}")
+    target = Path(out) if out is not None else default_output(ckpt.name, options)
+    with staged_folder(target, force=options.force) as staging:
+        manifest = _export_into(staging, ckpt, options, timings)
+    log.info("exported %s to %s", ckpt.name, target)
+    return ExportResult(target, manifest, timings)
+
+
+def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]) -> dict:
+    from gpt2onnx.model import BlockForExport, GPT2ForExport
+
+    spec, dtype = ckpt.spec, "float32"
+    start = time.perf_counter()
+    with torch.device("meta"):
+        full = GPT2ForExport(spec, last_logits_only=options.logits == "last")
+    full.load_state_dict(ckpt.state_dict, assign=True)  # shares the checkpoint's tensors, no copy
+    if options.block is None:
+        module, io, kind = full, decoder_io(spec, last_logits_only=options.logits == "last"), "decoder"
+        head = ("wte.weight", ckpt.state_dict["wte.weight"]) if spec.tie_word_embeddings else ("lm_head", full.lm_head)
+    else:
+        module, io, kind, head = BlockForExport(full.h[options.block]), block_io(spec), "block", None
+    log.info("exporting %s (%s, opset %d)", ckpt.name, kind, options.opset)
+    proto = export_module(module, io, spec, opset=options.opset, head_weight=head)
+    model_files = save_onnx(proto, folder / MODEL_FILE, external_data=options.external_data)
+    timings["export_seconds"] = time.perf_counter() - start
+    opset_imports = {imp.domain or "ai.onnx": imp.version for imp in proto.opset_import}
+    op_count = len(proto.graph.node)
+    del proto
+
+    parity = None
+    if options.validate:
+        start = time.perf_counter()
+        parity = _validate(folder / MODEL_FILE, ckpt, options).as_dict()
+        timings["validate_seconds"] = time.perf_counter() - start
+        if not parity["passed"]:
+            raise Gpt2OnnxError(
+                f"validation failed: max |Δlogits| {parity['max_abs_logits']:.3g} and max |Δpresent|"
+                f" {parity['max_abs_present']:.3g} against PyTorch, tolerance {parity['tolerance']:.1g}; nothing was written"
+            )
+    _write_companions(folder, ckpt)
+    manifest = {
+        "format_version": MANIFEST_FORMAT_VERSION,
+        "kind": kind,
+        "name": ckpt.name,
+        "source": ckpt.source,
+        "architecture": spec.as_dict(),
+        "dtype": dtype,
+        "io": io.as_dict(),
+        "opset": options.opset,
+        "opset_imports": opset_imports,
+        "node_count": op_count,
+        "options": {**asdict(options), "external_data": len(model_files) > 1},
+        "parity": parity,
+        "timings": timings,
+        "files": {
+            p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(folder.iterdir()) if p.is_file()
+        },
+        "versions": _versions(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _validate(path: Path, ckpt: Checkpoint, options: ExportOptions):
+    from gpt2onnx.reference import reference_model
+    from gpt2onnx.runtimes.decoder import OnnxDecoder
+    from gpt2onnx.runtimes.parity import compare_block, compare_decoder, left_padded_batch
+    from gpt2onnx.runtimes.session import cpu_session
+
+    tolerance = options.tolerance if options.tolerance is not None else TOLERANCES["float32"]
+    decode_steps = 2
+    length = max(2, min(8, ckpt.spec.n_positions - decode_steps))
+    input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
+    reference = reference_model(ckpt)
+    session = cpu_session(path)
+    log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)
+    if options.block is not None:
+        result = compare_block(
+            session, reference, options.block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance
+        )
+    else:
+        result = compare_decoder(
+            OnnxDecoder(session),
+            reference,
+            input_ids,
+            mask,
+            decode_steps=decode_steps,
+            tolerance=tolerance,
+            last_logits_only=options.logits == "last",
+        )
+    log.info("max |Δlogits| %.3g, max |Δpresent| %.3g", result.max_abs_logits, result.max_abs_present)
+    return result
+
+
+def _write_companions(folder: Path, ckpt: Checkpoint) -> None:
+    """config.json (so Hugging Face tools load the folder), generation_config.json, tokenizer files."""
+    source_config = ckpt.companion_dir / "config.json" if ckpt.companion_dir else None
+    if source_config is not None and source_config.is_file() and ckpt.source["kind"] != "random":
+        shutil.copyfile(source_config, folder / "config.json")
+    else:
+        ckpt.config.use_cache = True
+        ckpt.config.to_json_file(str(folder / "config.json"))
+    for name in ckpt.companion_files:
+        shutil.copyfile(ckpt.companion_dir / name, folder / name)
+    if "generation_config.json" not in ckpt.companion_files:
+        from transformers import GenerationConfig
+
+        GenerationConfig.from_model_config(ckpt.config).to_json_file(str(folder / "generation_config.json"))
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import transformers
+
+    from gpt2onnx import __version__
+
+    return {
+        "gpt2onnx": __version__,
+        "torch": torch.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def read_manifest(folder: Path) -> dict | None:
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

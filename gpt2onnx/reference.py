@@ -1,0 +1,56 @@
+"""The PyTorch reference every parity check compares with: transformers' GPT2LMHeadModel, same weights."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from gpt2onnx.checkpoint import Checkpoint, to_hf_names
+
+
+def reference_model(ckpt: Checkpoint):
+    """GPT2LMHeadModel with eager attention, its parameters sharing storage with the checkpoint's tensors."""
+    from transformers import GPT2LMHeadModel
+
+    try:
+        from transformers.modeling_utils import no_init_weights
+    except ImportError:  # moved in some releases; initializing first is only slower
+        no_init_weights = contextlib.nullcontext
+    config = ckpt.config
+    config._attn_implementation = "eager"  # the plain softmax(QKᵀ)V path, exact in fp32
+    with no_init_weights():
+        model = GPT2LMHeadModel(config)
+    missing, unexpected = model.load_state_dict(to_hf_names(ckpt.state_dict, ckpt.spec), strict=False, assign=True)
+    if unexpected or [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]:
+        raise RuntimeError(f"reference model: missing {missing}, unexpected {unexpected}")
+    if ckpt.spec.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()
+
+
+def cache_as_arrays(past) -> list[np.ndarray]:
+    """Flatten a transformers cache (any version's object, or legacy tuples) to [k0, v0, k1, v1, ...]."""
+    if hasattr(past, "layers"):
+        pairs = [(layer.keys, layer.values) for layer in past.layers]
+    elif hasattr(past, "key_cache"):
+        pairs = list(zip(past.key_cache, past.value_cache))
+    elif hasattr(past, "to_legacy_cache"):
+        pairs = past.to_legacy_cache()
+    else:
+        pairs = past
+    return [t.detach().float().numpy() for pair in pairs for t in pair]
+
+
+@torch.no_grad()
+def reference_step(model, input_ids, attention_mask, position_ids, past=None):
+    """One forward pass; returns (logits as numpy, the cache to feed back)."""
+    out = model(
+        input_ids=torch.as_tensor(input_ids),
+        attention_mask=torch.as_tensor(attention_mask),
+        position_ids=torch.as_tensor(position_ids),
+        past_key_values=past,
+        use_cache=True,
+    )
+    return out.logits.float().numpy(), out.past_key_values

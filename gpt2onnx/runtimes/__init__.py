@@ -1,0 +1,1 @@
+"""Running exported models: ONNX Runtime sessions, the decode runner, parity against PyTorch."""
