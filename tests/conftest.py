@@ -1,0 +1,64 @@
+"""Shared fixtures: seeded tiny GPT-2 checkpoints written as Hugging Face folders. Tests never use the network."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Several shapes: the tiny preset's, an odd vocabulary with 3 heads (not a power of two) and an odd MLP width,
+# and 6 heads of 12 with an untied head and another LayerNorm epsilon. A larger init spread than GPT-2's 0.02
+# makes greedy generations vary from step to step, so token-equality tests mean something.
+TINY_CONFIGS = {
+    "h4-v1000": dict(n_layer=2, n_head=4, n_embd=64, vocab_size=1000, n_positions=128),
+    "h3-v997": dict(n_layer=3, n_head=3, n_embd=48, vocab_size=997, n_positions=64, n_inner=100),
+    "h6-v1031-untied": dict(
+        n_layer=1, n_head=6, n_embd=72, vocab_size=1031, n_positions=96, tie_word_embeddings=False, layer_norm_epsilon=1e-6
+    ),
+}
+
+
+def make_config(name: str):
+    from transformers import GPT2Config
+
+    params = dict(TINY_CONFIGS[name])
+    vocab = params["vocab_size"]
+    return GPT2Config(**params, initializer_range=0.3, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+
+
+def write_hf_folder(folder, config, *, seed: int = 0, safe_serialization: bool = True):
+    """A Hugging Face GPT-2 folder with seeded random weights (biases and gains perturbed, as --random-init does)."""
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn(p.shape) * config.initializer_range)
+    model.save_pretrained(folder, safe_serialization=safe_serialization)
+    return folder
+
+
+@pytest.fixture(scope="session", params=list(TINY_CONFIGS))
+def hf_folder(request, tmp_path_factory):
+    """A saved Hugging Face checkpoint folder, one per tiny config."""
+    folder = tmp_path_factory.mktemp(request.param) / "checkpoint"
+    return write_hf_folder(folder, make_config(request.param))
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny") / "checkpoint"
+    return write_hf_folder(folder, make_config("h4-v1000"))
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tiny_folder, tmp_path_factory):
+    """An exported folder of the tiny checkpoint (all positions' logits)."""
+    from gpt2onnx.exporters.export import export
+
+    return export(str(tiny_folder), tmp_path_factory.mktemp("exports") / "tiny").folder

@@ -1,0 +1,178 @@
+"""Where weights come from, and every way a checkpoint or config can be refused."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from conftest import make_config, write_hf_folder
+from gpt2onnx.checkpoint import load_checkpoint
+from gpt2onnx.config import PRESETS, preset_config, spec_from_config
+from gpt2onnx.errors import Gpt2OnnxError
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_local_safetensors_and_bin_give_the_same_tensors(tiny_folder, tmp_path):
+    bin_folder = write_hf_folder(tmp_path / "bin", make_config("h4-v1000"), safe_serialization=False)
+    a, b = load_checkpoint(str(tiny_folder)), load_checkpoint(str(bin_folder))
+    assert a.source["weights"] == ["model.safetensors"] and b.source["weights"] == ["pytorch_model.bin"]
+    assert a.state_dict.keys() == b.state_dict.keys()
+    for key in a.state_dict:
+        torch.testing.assert_close(a.state_dict[key], b.state_dict[key], rtol=0, atol=0)
+
+
+def test_random_init_is_seeded(tmp_path):
+    a = load_checkpoint("tiny", random_init=True, seed=3)
+    b = load_checkpoint("tiny", random_init=True, seed=3)
+    c = load_checkpoint("tiny", random_init=True, seed=4)
+    assert torch.equal(a.state_dict["h.0.attn.c_attn.weight"], b.state_dict["h.0.attn.c_attn.weight"])
+    assert not torch.equal(a.state_dict["h.0.attn.c_attn.weight"], c.state_dict["h.0.attn.c_attn.weight"])
+    assert a.source == {**b.source} and a.source["seed"] == 3
+    # biases and gains are perturbed, so no two tensors are identical
+    assert not torch.equal(a.state_dict["h.0.ln_1.weight"], a.state_dict["h.1.ln_1.weight"])
+
+
+def test_random_init_from_config_json_and_from_folder(tiny_folder):
+    from_file = load_checkpoint(str(tiny_folder / "config.json"), random_init=True)
+    from_folder = load_checkpoint(str(tiny_folder), random_init=True)
+    assert from_file.spec == from_folder.spec == load_checkpoint(str(tiny_folder)).spec
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_representable(name):
+    spec = spec_from_config(preset_config(name))
+    assert spec.n_embd % spec.n_head == 0 and spec.layer_norm_epsilon == 1e-5
+
+
+def test_gpt2_preset_parameter_count():
+    from gpt2onnx.checkpoint import expected_shapes
+
+    shapes = expected_shapes(spec_from_config(preset_config("gpt2")))
+    total = sum(int(torch.Size(s).numel()) for s in shapes.values())
+    assert total == 124_439_808
+
+
+def test_missing_path():
+    with pytest.raises(Gpt2OnnxError, match="no such file or folder"):
+        load_checkpoint("./does/not/exist")
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(Gpt2OnnxError, match="has no config.json"):
+        load_checkpoint(str(tmp_path))
+
+
+def test_folder_without_weights(tiny_folder, tmp_path):
+    folder = tmp_path / "noweights"
+    folder.mkdir()
+    shutil.copy(tiny_folder / "config.json", folder)
+    with pytest.raises(Gpt2OnnxError, match="has no weights"):
+        load_checkpoint(str(folder))
+
+
+def test_truncated_safetensors(tiny_folder, tmp_path):
+    folder = _copy(tiny_folder, tmp_path / "trunc")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(Gpt2OnnxError, match="corrupt or truncated"):
+        load_checkpoint(str(folder))
+
+
+def test_garbage_safetensors(tiny_folder, tmp_path):
+    folder = _copy(tiny_folder, tmp_path / "garbage")
+    (folder / "model.safetensors").write_bytes(b"\x00" * 100)
+    with pytest.raises(Gpt2OnnxError, match="corrupt or truncated"):
+        load_checkpoint(str(folder))
+
+
+def test_truncated_pytorch_bin(tmp_path):
+    folder = write_hf_folder(tmp_path / "bin", make_config("h4-v1000"), safe_serialization=False)
+    data = (folder / "pytorch_model.bin").read_bytes()
+    (folder / "pytorch_model.bin").write_bytes(data[: len(data) // 3])
+    with pytest.raises(Gpt2OnnxError, match="corrupt or truncated"):
+        load_checkpoint(str(folder))
+
+
+def test_shape_mismatch_names_the_tensor(tiny_folder, tmp_path):
+    folder = _copy(tiny_folder, tmp_path / "mismatch")
+    config = json.loads((folder / "config.json").read_text())
+    config["n_positions"] = 256  # the saved wpe has 128 rows
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Gpt2OnnxError, match=r"'transformer\.wpe\.weight' has shape \[128, 64\], but the config implies \[256, 64\]"):
+        load_checkpoint(str(folder))
+
+
+def test_missing_and_unexpected_tensors(tiny_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tiny_folder / "model.safetensors"))
+    folder = _copy(tiny_folder, tmp_path / "missing")
+    save_file({k: v for k, v in tensors.items() if k != "transformer.h.1.mlp.c_fc.bias"}, str(folder / "model.safetensors"))
+    with pytest.raises(Gpt2OnnxError, match="missing tensor 'h.1.mlp.c_fc.bias'"):
+        load_checkpoint(str(folder))
+    folder = _copy(tiny_folder, tmp_path / "unexpected")
+    save_file({**tensors, "transformer.h.7.ln_1.weight": torch.ones(64)}, str(folder / "model.safetensors"))
+    with pytest.raises(Gpt2OnnxError, match="'transformer.h.7.ln_1.weight' is not part of"):
+        load_checkpoint(str(folder))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"activation_function": "relu"}, "activation_function 'relu'"),
+        ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+        ({"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn"),
+        ({"n_head": 5}, "not divisible by n_head=5"),
+        ({"model_type": "llama"}, "model_type is 'llama'"),
+    ],
+)
+def test_unrepresentable_configs_are_refused(tiny_folder, tmp_path, change, message):
+    folder = _copy(tiny_folder, tmp_path / "cfg")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(change)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Gpt2OnnxError, match=message):
+        load_checkpoint(str(folder))
+
+
+def test_invalid_config_json(tiny_folder, tmp_path):
+    folder = _copy(tiny_folder, tmp_path / "badjson")
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(Gpt2OnnxError, match="not valid JSON"):
+        load_checkpoint(str(folder))
+
+
+def test_unknown_preset():
+    with pytest.raises(Gpt2OnnxError, match="unknown architecture 'gpt3'.*gpt2-medium"):
+        load_checkpoint("gpt3", random_init=True)
+
+
+def test_hub_id_that_cannot_be_fetched(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(Gpt2OnnxError, match=r"could not be fetched from the Hugging Face Hub.*--model PATH.*--random-init"):
+        load_checkpoint("someone/no-such-gpt2")
+
+
+def test_hub_id_served_from_the_local_cache_when_offline(monkeypatch, tmp_path, tiny_folder):
+    """A Hub id resolves through huggingface_hub's own cache (the layout it writes when online)."""
+    import huggingface_hub.constants as hub_constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "models--someone--tiny-gpt2"
+    shutil.copytree(tiny_folder, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path))
+    ckpt = load_checkpoint("someone/tiny-gpt2")
+    assert ckpt.source["kind"] == "hub" and ckpt.source["commit"] == commit and ckpt.name == "tiny-gpt2"
+    assert torch.equal(ckpt.state_dict["wte.weight"], load_checkpoint(str(tiny_folder)).state_dict["wte.weight"])

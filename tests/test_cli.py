@@ -1,0 +1,135 @@
+"""The CLI through Typer's test runner: the happy paths, and every bad input as one line, non-zero, no traceback."""
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from gpt2onnx import __version__
+from gpt2onnx.cli import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(result, pattern):
+    text = result.output.strip()
+    assert result.exit_code != 0, text
+    assert "Traceback" not in text and isinstance(result.exception, SystemExit), text
+    assert len(text.splitlines()) == 1 and text.startswith("error: "), text
+    assert pattern in text, text
+
+
+def test_version():
+    result = run("--version")
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+def test_export_then_inspect(tmp_path):
+    out = tmp_path / "tiny"
+    result = run("export", "--model", "tiny", "--random-init", "--seed", 1, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "max |Δlogits|" in result.output and (out / "model.onnx").is_file()
+    manifest = json.loads((out / "gpt2onnx.json").read_text())
+    assert manifest["source"] == {**manifest["source"], "kind": "random", "seed": 1}
+    result = run("inspect", out)
+    assert result.exit_code == 0, result.output
+    assert "past_key_values.1.value" in result.output and "180,480" in result.output
+    result = run("inspect", out, "--json")
+    assert result.exit_code == 0 and json.loads(result.output)["parameters"]["total"] == 180_480
+
+
+def test_export_block_and_last_logits(tmp_path, tiny_folder):
+    result = run("export", "-m", tiny_folder, "-o", tmp_path / "b", "--block", 1)
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "b" / "gpt2onnx.json").read_text())["kind"] == "block"
+    result = run("export", "-m", tiny_folder, "-o", tmp_path / "l", "--logits", "last", "--external-data")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "l" / "model.onnx_data").is_file()
+
+
+def test_force(tmp_path, tiny_folder):
+    (tmp_path / "o").mkdir()
+    assert_one_line_error(run("export", "-m", tiny_folder, "-o", tmp_path / "o"), "already exists")
+    assert run("export", "-m", tiny_folder, "-o", tmp_path / "o", "--force").exit_code == 0
+
+
+def test_missing_path(tmp_path):
+    assert_one_line_error(run("export", "-m", tmp_path / "nope", "-o", tmp_path / "o"), "no such file or folder")
+
+
+def test_folder_without_config(tmp_path):
+    assert_one_line_error(run("export", "-m", tmp_path, "-o", tmp_path / "o"), "has no config.json")
+
+
+def test_corrupt_weights(tmp_path, tiny_folder):
+    folder = shutil.copytree(tiny_folder, tmp_path / "c")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[:1000])
+    assert_one_line_error(run("export", "-m", folder, "-o", tmp_path / "o"), "corrupt or truncated")
+    assert not (tmp_path / "o").exists()
+
+
+def test_shape_mismatch(tmp_path, tiny_folder):
+    folder = shutil.copytree(tiny_folder, tmp_path / "c")
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = 1234
+    (folder / "config.json").write_text(json.dumps(config))
+    assert_one_line_error(run("export", "-m", folder, "-o", tmp_path / "o"), "'transformer.wte.weight' has shape")
+
+
+def test_unknown_preset(tmp_path):
+    assert_one_line_error(run("export", "-m", "gpt5", "--random-init", "-o", tmp_path / "o"), "unknown architecture 'gpt5'")
+
+
+def test_hub_id_that_cannot_be_fetched(tmp_path):
+    assert_one_line_error(
+        run("export", "-m", "nobody/no-such-model", "-o", tmp_path / "o"), "--model PATH for a local folder, or --random-init"
+    )
+
+
+def test_output_folder_exists(tmp_path):
+    (tmp_path / "o").mkdir()
+    assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "o"), "already exists")
+
+
+def test_unwritable_output(tmp_path):
+    (tmp_path / "f").write_text("x")
+    assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "f" / "o"), "cannot write")
+
+
+@pytest.mark.parametrize("opset, message", [(9, "--opset 9 is not supported"), ("x", "Invalid value for '--opset'")])
+def test_invalid_opset(tmp_path, opset, message):
+    assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "o", "--opset", opset), message)
+
+
+def test_block_out_of_range(tmp_path):
+    assert_one_line_error(
+        run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "o", "--block", 5), "--block 5 is out of range"
+    )
+
+
+def test_invalid_logits(tmp_path):
+    assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "o", "--logits", "first"), "--logits")
+
+
+def test_missing_model_option():
+    assert_one_line_error(run("export"), "Missing option '--model'")
+
+
+def test_inspect_not_onnx(tmp_path):
+    (tmp_path / "a.onnx").write_text("hello, not onnx")
+    assert_one_line_error(run("inspect", tmp_path / "a.onnx"), "is not an ONNX model")
+    assert_one_line_error(run("inspect", tmp_path / "missing.onnx"), "no such file or folder")
+
+
+def test_python_dash_m(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "gpt2onnx", "inspect", tmp_path / "x"], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip().startswith("error: ") and "Traceback" not in proc.stderr

@@ -1,0 +1,58 @@
+"""`inspect`: IO, opsets, op histogram, file sizes and exact parameter accounting from the initializers."""
+
+import pytest
+
+from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.exporters.export import ExportOptions, export
+from gpt2onnx.inspection import inspect_model
+
+
+def test_inspect_tiny_export(tiny_export):
+    info = inspect_model(tiny_export)
+    assert info["opset_imports"] == {"ai.onnx": 17}
+    inputs = {t["name"]: t for t in info["inputs"]}
+    assert inputs["attention_mask"]["dims"] == ["batch_size", "past_sequence_length + sequence_length"]
+    assert inputs["past_key_values.1.value"]["dims"] == ["batch_size", 4, "past_sequence_length", 16]
+    ops = {row["op_type"]: row["count"] for row in info["op_histogram"]}
+    assert ops["LayerNormalization"] == 5 and ops["Gemm"] == 1 and ops["Softmax"] == 2
+    components = {c["component"]: c for c in info["parameters"]["components"]}
+    assert components["h.ln_1"] == dict(component="h.ln_1", params_per_instance=128, instances=2, total=256, uniform=True)
+    assert components["h.attn.c_attn"]["params_per_instance"] == 64 * 192 + 192
+    assert info["parameters"]["unnamed"] == []
+    assert info["files"]["model.onnx"] == (tiny_export / "model.onnx").stat().st_size
+    assert info["manifest"]["parity"]["passed"]
+
+
+@pytest.mark.slow
+def test_gpt2_124m_export_size_and_accounting(tmp_path):
+    """The real 124M architecture (random weights): tied embedding stored once, exact parameter accounting."""
+    result = export("gpt2", tmp_path / "gpt2", random_init=True, options=ExportOptions(logits="last"))
+    assert result.manifest["parity"]["passed"]
+    size = result.model_bytes
+    assert 497_000_000 < size < 500_000_000, size  # 124,439,808 fp32 parameters + the graph; not 650 MB
+    info = inspect_model(result.folder)
+    params = info["parameters"]
+    assert params["total"] == 124_439_808 and params["unnamed"] == []
+    components = {c["component"]: c for c in params["components"]}
+    assert (components["h.ln_1"]["params_per_instance"], components["h.ln_1"]["total"]) == (1_536, 18_432)
+    assert components["wte"]["total"] == 50257 * 768 and components["ln_f"]["total"] == 1_536
+
+
+def test_inspect_external_data_folder(tiny_folder, tmp_path):
+    folder = export(str(tiny_folder), tmp_path / "ext", options=ExportOptions(external_data=True)).folder
+    info = inspect_model(folder / "model.onnx")
+    assert info["files"]["model.onnx_data"] == (folder / "model.onnx_data").stat().st_size
+    assert info["parameters"]["total"] == sum(c["total"] for c in info["parameters"]["components"])
+
+
+def test_inspect_errors(tmp_path):
+    with pytest.raises(Gpt2OnnxError, match="no such file or folder"):
+        inspect_model(tmp_path / "nope.onnx")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\xff\xfe this is not a protobuf" * 10)
+    with pytest.raises(Gpt2OnnxError, match="is not an ONNX model"):
+        inspect_model(junk)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(Gpt2OnnxError, match="holds no model.onnx"):
+        inspect_model(empty)
