@@ -192,3 +192,253 @@ def inspect_command(
     if info["manifest"] and info["manifest"].get("parity"):
         parity = info["manifest"]["parity"]
         console.print(f"parity at export: max |Δlogits| {parity['max_abs_logits']:.2e} (tolerance {parity['tolerance']:.0e})")
+
+
+# -- running: options shared by generate, parity and bench --------------------------------------------------
+FolderArg = Annotated[Path, typer.Argument(help="Exported model folder.", show_default=True)]
+ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="cpu, cuda or tensorrt.")]
+ThreadsOpt = Annotated[Optional[int], typer.Option(help="cpu: intra-op threads \\[default: all cores].")]
+SpinOpt = Annotated[bool, typer.Option("--spin/--no-spin", help="cpu: let idle threads spin.")]
+DeviceOpt = Annotated[int, typer.Option(help="cuda/tensorrt: GPU index.")]
+TrtFp16Opt = Annotated[bool, typer.Option("--trt-fp16", help="tensorrt: allow fp16 kernels.")]
+TrtCacheOpt = Annotated[
+    Optional[Path], typer.Option(help="tensorrt: engine and timing cache folder \\[default: DIR/trt_cache].")
+]
+MaxBatchOpt = Annotated[int, typer.Option(help="tensorrt: largest batch of the optimization profile.")]
+FallbackOpt = Annotated[bool, typer.Option("--allow-fallback", help="Run anyway if the provider cannot load.")]
+ReferenceOpt = Annotated[
+    Optional[str], typer.Option(help="Reference checkpoint (folder or Hub id) \\[default: the manifest's source].")
+]
+
+
+def _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback):
+    from gpt2onnx.runtimes.providers import ProviderConfig, check_provider
+
+    check_provider(provider)
+    if threads is not None and threads < 1:
+        raise Gpt2OnnxError(f"--threads must be a positive integer, got {threads}")
+    return ProviderConfig(
+        name=provider,
+        threads=threads,
+        spinning=spin,
+        device_id=device_id,
+        trt_fp16=trt_fp16,
+        trt_cache_dir=str(trt_cache_dir) if trt_cache_dir else None,
+        max_batch=max_batch,
+        allow_fallback=allow_fallback,
+    )
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Write next to the target, then rename: a reader never sees half a file."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except OSError as err:
+        raise Gpt2OnnxError(f"cannot write '{path}' ({err.strerror or err}); choose a writable path") from None
+
+
+def _parse_int_list(value: str, option: str) -> list[int]:
+    try:
+        numbers = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise Gpt2OnnxError(f"{option} '{value}' is not a comma-separated list of integers (e.g. 1,8)") from None
+    if not numbers:
+        raise Gpt2OnnxError(f"{option} is empty: give at least one integer")
+    return numbers
+
+
+@app.command()
+def generate(
+    folder: FolderArg = Path("models/gpt2"),
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Prompt text (repeat for a batch).")] = None,
+    ids: Annotated[Optional[list[str]], typer.Option("--ids", help="Prompt token ids, e.g. 1,2,3 (repeat for a batch).")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 32,
+    sample: Annotated[bool, typer.Option("--sample", help="Sample instead of greedy decoding.")] = False,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Sample from the k most likely tokens (0: all).")] = 0,
+    top_p: Annotated[float, typer.Option(help="Sample from the smallest set with this probability mass.")] = 1.0,
+    seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
+    provider: ProviderOpt = "cpu",
+    threads: ThreadsOpt = None,
+    spin: SpinOpt = True,
+    device_id: DeviceOpt = 0,
+    trt_fp16: TrtFp16Opt = False,
+    trt_cache_dir: TrtCacheOpt = None,
+    max_batch: MaxBatchOpt = 8,
+    allow_fallback: FallbackOpt = False,
+) -> None:
+    """Generate a continuation, streaming the new tokens."""
+    from gpt2onnx.runtimes.generate import Sampling
+    from gpt2onnx.runtimes.generate import generate as run_generate
+    from gpt2onnx.runtimes.model_folder import open_decoder, open_folder
+    from gpt2onnx.runtimes.prompts import encode_prompts, eos_token_id, load_tokenizer, parse_id_prompts
+
+    if bool(prompt) == bool(ids):
+        raise Gpt2OnnxError("give the prompt as --prompt TEXT or as --ids 1,2,3 (one of them)")
+    config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
+    sampling = Sampling(sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    sampling.check()
+    model = open_folder(folder)
+    tokenizer = load_tokenizer(model.folder) if prompt else None
+    input_ids, mask = encode_prompts(tokenizer, prompt) if prompt else parse_id_prompts(ids)
+    decoder = open_decoder(model, config)
+    eos = eos_token_id(model.folder)
+    streamed: list[int] = []
+
+    def stream(step: int, new_ids) -> None:
+        if len(new_ids) != 1:
+            return
+        if step == 0:  # the prompt, shown once it has passed every check
+            shown = prompt[0] if tokenizer is not None else " ".join(map(str, input_ids[0]))
+            console.print(shown, end="", markup=False, highlight=False, style="dim")
+        streamed.append(int(new_ids[0]))
+        if tokenizer is None:
+            console.print(f" {streamed[-1]}", end="", markup=False, highlight=False)
+        else:
+            before = tokenizer.decode(streamed[:-1], skip_special_tokens=True)
+            console.print(tokenizer.decode(streamed, skip_special_tokens=True)[len(before) :], end="", markup=False, highlight=False)
+
+    result = run_generate(decoder, input_ids, mask, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos, on_step=stream)
+    if len(input_ids) == 1:
+        console.print()
+        return
+    for row, tokens in enumerate(result.tokens):
+        if eos is not None and eos in tokens:
+            tokens = tokens[: list(tokens).index(eos) + 1]
+        text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer else ",".join(map(str, tokens))
+        console.print(f"[bold]{row}[/]: ", end="")
+        console.print(text, markup=False, highlight=False)
+
+
+@app.command()
+def parity(
+    folder: FolderArg = Path("models/gpt2"),
+    cases: Annotated[int, typer.Option(help="Randomized cases.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seed of the cases.")] = 0,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
+    reference: ReferenceOpt = None,
+    provider: ProviderOpt = "cpu",
+    threads: ThreadsOpt = None,
+    spin: SpinOpt = True,
+    device_id: DeviceOpt = 0,
+    trt_fp16: TrtFp16Opt = False,
+    trt_cache_dir: TrtCacheOpt = None,
+    max_batch: MaxBatchOpt = 8,
+    allow_fallback: FallbackOpt = False,
+) -> None:
+    """Check an exported model against PyTorch on randomized cases; exit 1 if a tolerance is violated."""
+    from rich.progress import Progress
+
+    from gpt2onnx.runtimes.parity import check_parity
+
+    config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task("parity cases", total=cases)
+        report = check_parity(
+            folder,
+            provider=config,
+            cases=cases,
+            seed=seed,
+            reference=reference,
+            max_batch=min(max_batch, 8),
+            on_case=lambda _: progress.advance(task),
+        )
+    worst = sorted(report.cases, key=lambda r: -r.logits["max"])[:10]
+    table = Table(title=f"parity on {report.provider}: {len(report.cases)} cases (worst {len(worst)} shown)")
+    for col in ("batch", "past", "prompt", "steps", "Δlogits max", "Δlogits p99", "Δpresent max", "top-1", "tokens"):
+        table.add_column(col, justify="right")
+    for r in worst:
+        c = r.case
+        table.add_row(
+            str(c.batch), str(c.prefix_length), str(c.prompt_length), str(c.decode_steps),
+            f"{r.logits['max']:.1e}", f"{r.logits['p99']:.1e}", f"{r.present['max']:.1e}",
+            f"{100 * r.top1_agreement:.1f}%", "equal" if r.tokens_equal else "[red]differ[/]",
+        )  # fmt: skip
+    console.print(table)
+    t = report.totals
+    summary = Table(title="total", show_header=False)
+    summary.add_row("|Δlogits| max / p50 / p99", f"{t['logits']['max']:.2e} / {t['logits']['p50']:.2e} / {t['logits']['p99']:.2e}")
+    summary.add_row("|Δpresent| max / p50 / p99", f"{t['present']['max']:.2e} / {t['present']['p50']:.2e} / {t['present']['p99']:.2e}")
+    summary.add_row("top-1 agreement", f"{100 * t['top1_agreement']:.3f}% of {t['positions_compared']:,} positions")
+    summary.add_row("NaN/Inf", str(t["nonfinite"]))
+    summary.add_row("greedy tokens equal", f"{t['tokens_equal_cases']} of {t['cases']} cases")
+    summary.add_row("verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + "; ".join(t["failures"]))
+    console.print(summary)
+    if json_path:
+        _write_json(json_path, report.as_dict())
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    folder: FolderArg = Path("models/gpt2"),
+    batch: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1,8",
+    prompt_len: Annotated[int, typer.Option(help="Prompt tokens per row.")] = 128,
+    new_tokens: Annotated[int, typer.Option(help="Tokens generated per run (the prompt step gives the first).")] = 64,
+    warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 2,
+    repeat: Annotated[int, typer.Option(help="Timed runs.")] = 5,
+    baseline: Annotated[Optional[str], typer.Option(help="'torch': the same workload on PyTorch eager.")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Draw decode latency against past length (PNG).")] = None,
+    reference: ReferenceOpt = None,
+    provider: ProviderOpt = "cpu",
+    threads: ThreadsOpt = None,
+    spin: SpinOpt = True,
+    device_id: DeviceOpt = 0,
+    trt_fp16: TrtFp16Opt = False,
+    trt_cache_dir: TrtCacheOpt = None,
+    max_batch: MaxBatchOpt = 8,
+    allow_fallback: FallbackOpt = False,
+) -> None:
+    """Measure time to first token, decode latency, tokens/s and memory (medians of repeated runs)."""
+    from rich.progress import Progress
+
+    from gpt2onnx.runtimes.bench import BenchConfig, benchmark, plot_decode_latency, require_matplotlib
+
+    config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
+    bench_config = BenchConfig(
+        batches=tuple(_parse_int_list(batch, "--batch")), prompt_len=prompt_len, new_tokens=new_tokens,
+        warmup=warmup, repeat=repeat,
+    )  # fmt: skip
+    bench_config.check(None)
+    if plot is not None:
+        require_matplotlib()  # before minutes of measuring, not after
+    engines = 2 if baseline == "torch" else 1
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
+        result = benchmark(
+            folder, provider=config, config=bench_config, baseline=baseline, reference=reference,
+            progress=lambda: progress.advance(task),
+        )  # fmt: skip
+    table = Table(title=f"{result['model']} on {result['provider']} (prompt {prompt_len}, {new_tokens} new tokens, median of {repeat})")
+    for col in ("engine", "batch", "first token ms", "decode ms p50", "p90", "p99", "+ms /100 past", "tokens/s", "peak host"):
+        table.add_column(col, justify="left" if col == "engine" else "right")
+    for run in result["runs"]:
+        table.add_row(
+            run["engine"], str(run["batch"]), f"{run['prompt_ms']['p50']:.2f}", f"{run['decode_ms']['p50']:.2f}",
+            f"{run['decode_ms']['p90']:.2f}", f"{run['decode_ms']['p99']:.2f}", f"{run['decode_growth_ms_per_100_past']:.2f}",
+            f"{run['tokens_per_s']:.1f}", _size(run["peak_host_bytes"]),
+        )  # fmt: skip
+    console.print(table)
+    for run in result["runs"]:
+        if "speedup_of_onnx" in run["extra"]:
+            s = run["extra"]["speedup_of_onnx"]
+            console.print(
+                f"batch {run['batch']}: onnxruntime vs torch eager: first token ×{s['prompt']:.2f}, decode step"
+                f" ×{s['decode']:.2f}, tokens/s ×{s['tokens_per_s']:.2f}"
+            )
+    if json_path:
+        _write_json(json_path, result)
+    if plot:
+        plot_decode_latency(result["runs"], plot)
+        console.print(f"plot written to {plot}")

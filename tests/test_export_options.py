@@ -134,7 +134,7 @@ def test_companion_files_are_copied(tiny_folder, tmp_path):
 def test_logits_last_equals_the_last_row_of_all(tiny_export, tmp_path, tiny_folder):
     # the last-position graph computes the vocabulary projection for one position only
     from gpt2onnx.runtimes.decoder import OnnxDecoder
-    from gpt2onnx.runtimes.session import cpu_session
+    from gpt2onnx.runtimes.providers import cpu_session
 
     last = export(str(tiny_folder), tmp_path / "last", options=ExportOptions(logits="last")).folder
     full_decoder = OnnxDecoder(cpu_session(tiny_export / "model.onnx"))

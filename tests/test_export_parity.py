@@ -11,7 +11,7 @@ from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.reference import reference_model
 from gpt2onnx.runtimes.decoder import OnnxDecoder
 from gpt2onnx.runtimes.parity import compare_block, compare_decoder, left_padded_batch, reference_greedy
-from gpt2onnx.runtimes.session import cpu_session
+from gpt2onnx.runtimes.providers import cpu_session
 
 FP32_TOL = 1e-4
 

@@ -148,7 +148,7 @@ def _validate(path: Path, ckpt: Checkpoint, options: ExportOptions):
     from gpt2onnx.reference import reference_model
     from gpt2onnx.runtimes.decoder import OnnxDecoder
     from gpt2onnx.runtimes.parity import compare_block, compare_decoder, left_padded_batch
-    from gpt2onnx.runtimes.session import cpu_session
+    from gpt2onnx.runtimes.providers import cpu_session
 
     tolerance = options.tolerance if options.tolerance is not None else TOLERANCES["float32"]
     decode_steps = 2

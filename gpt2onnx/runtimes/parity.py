@@ -1,15 +1,20 @@
 """Parity with the PyTorch reference: the ONNX chain and transformers' chain run side by side on the same
-left-padded batch, prompt with empty past then decode steps, and their logits and presents are compared."""
+left-padded batches (an optional earlier chunk as past, a prompt chunk, decode steps fed by the reference's
+greedy tokens, then free greedy generation on both sides), and their outputs are compared."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 
 from gpt2onnx.reference import cache_as_arrays, reference_step
 from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
+
+# Tolerances per dtype: largest |Δlogits| and |Δpresent|, and the top-1 agreement required.
+TOLERANCES = {"float32": {"logits": 1e-4, "present": 1e-4, "top1": 1.0}}
+_SAMPLE_PER_CASE = 20_000  # |Δ| values kept per case to estimate the pooled percentiles
 
 
 @dataclass
@@ -29,6 +34,39 @@ class ParityResult:
         return {**asdict(self), "passed": self.passed}
 
 
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    prefix_length: int  # tokens run first with an empty past, so the prompt step starts with a real past
+    prompt_length: int
+    decode_steps: int
+    generate_tokens: int
+    seed: int
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    logits: dict  # max, p50, p99 of |Δlogits| on real positions
+    present: dict  # max, p50, p99 of |Δpresent| on real positions
+    top1_agreement: float
+    positions_compared: int
+    nonfinite: int
+    tokens_equal: bool
+    samples: dict = field(default_factory=dict, repr=False)  # subsampled |Δ| values, for pooled percentiles
+
+    def as_dict(self) -> dict:
+        return {
+            "case": asdict(self.case),
+            "logits": self.logits,
+            "present": self.present,
+            "top1_agreement": self.top1_agreement,
+            "positions_compared": self.positions_compared,
+            "nonfinite": self.nonfinite,
+            "tokens_equal": self.tokens_equal,
+        }
+
+
 def left_padded_batch(vocab_size: int, *, batch: int, length: int, seed: int = 0):
     """Random prompts of different lengths per row, left-padded to ``length`` (row 0 unpadded)."""
     rng = np.random.default_rng(seed)
@@ -41,18 +79,116 @@ def left_padded_batch(vocab_size: int, *, batch: int, length: int, seed: int = 0
     return input_ids, attention_mask
 
 
-def _max_diff(a: np.ndarray, b: np.ndarray, rows: np.ndarray | None = None) -> float:
-    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    if rows is not None:
-        diff = diff[rows]
-    return float(diff.max()) if diff.size else 0.0
+def random_cases(count: int, *, seed: int, n_positions: int, max_batch: int = 8) -> list[Case]:
+    """Batches 1–max_batch, prompts of several lengths, past 0 or longer, a few decode steps, a greedy run."""
+    rng = np.random.default_rng(seed)
+    budget = min(n_positions, 96)
+    cases = []
+    for i in range(count):
+        generate_tokens = int(rng.integers(2, 9))
+        decode_steps = int(rng.integers(1, 5))
+        room = budget - max(generate_tokens, decode_steps)
+        prompt_length = int(rng.integers(1, max(2, min(32, room // 2) + 1)))
+        prefix_length = 0 if i % 2 == 0 else int(rng.integers(1, max(2, room - prompt_length + 1)))
+        cases.append(
+            Case(int(rng.integers(1, max_batch + 1)), prefix_length, prompt_length, decode_steps, generate_tokens, seed * 100_003 + i)
+        )
+    return cases
 
 
-def _max_diff_kv(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
-    """K/V compared on real positions only: a padding slot's K/V is never attended to, and implementations
-    legitimately differ there (what a query that may see nothing returns is a convention)."""
-    real = np.broadcast_to(mask[:, None, :, None].astype(bool), a.shape)
-    return _max_diff(a, b, real)
+class _Diffs:
+    """Accumulates |Δ| over a case: exact max, percentiles from all values (or a large sample)."""
+
+    def __init__(self, rng):
+        self.rng, self.values, self.max = rng, [], 0.0
+
+    def add(self, diff: np.ndarray) -> None:
+        if diff.size == 0:
+            return
+        self.max = max(self.max, float(diff.max()))
+        flat = diff.ravel()
+        if flat.size > _SAMPLE_PER_CASE:
+            flat = self.rng.choice(flat, _SAMPLE_PER_CASE, replace=False)
+        self.values.append(flat.astype(np.float32))
+
+    def summary(self) -> tuple[dict, np.ndarray]:
+        values = np.concatenate(self.values) if self.values else np.zeros(1, np.float32)
+        if values.size > _SAMPLE_PER_CASE:
+            values = self.rng.choice(values, _SAMPLE_PER_CASE, replace=False)
+        stats = {"max": self.max, "p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99))}
+        return stats, values
+
+
+def _abs_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.abs(a.astype(np.float64) - b.astype(np.float64))
+
+
+def _case_batch(case: Case, vocab_size: int):
+    """ids and mask of prefix + prompt, each row left-padded differently (row 0 unpadded)."""
+    total = case.prefix_length + case.prompt_length
+    rng = np.random.default_rng(case.seed)
+    ids = rng.integers(0, vocab_size, size=(case.batch, total), dtype=np.int64)
+    mask = np.ones_like(ids)
+    for row in range(1, case.batch):
+        pad = int(rng.integers(0, total))  # at least one real token per row
+        mask[row, :pad] = 0
+        ids[row, :pad] = 0
+    return ids, mask
+
+
+def run_case(decoder: OnnxDecoder, reference, case: Case, *, vocab_size: int) -> CaseResult:
+    ids, mask = _case_batch(case, vocab_size)
+    rng = np.random.default_rng(case.seed + 1)
+    logit_diffs, present_diffs = _Diffs(rng), _Diffs(rng)
+    agree = compared = nonfinite = 0
+    dummy = decoder.dummy_past
+
+    def compare(logits, ref_logits, presents, ref_past, step_ids, step_mask):
+        nonlocal agree, compared, nonfinite
+        real = step_mask[:, -step_ids.shape[1] :].astype(bool)
+        nonfinite += int((~np.isfinite(logits)).sum())
+        logit_diffs.add(_abs_diff(logits, ref_logits)[real])
+        agree += int((logits.argmax(-1) == ref_logits.argmax(-1))[real].sum())
+        compared += int(real.sum())
+        kv_real = step_mask.astype(bool)[:, None, :, None]
+        for ours, theirs in zip(presents, cache_as_arrays(ref_past)):
+            ours = ours[:, :, dummy:]
+            nonfinite += int((~np.isfinite(ours)).sum())
+            present_diffs.add(_abs_diff(ours, theirs)[np.broadcast_to(kv_real, ours.shape)])
+
+    chunks = [(0, case.prefix_length), (case.prefix_length, case.prefix_length + case.prompt_length)]
+    past, ref_past = decoder.empty_past(case.batch), None
+    for start, end in chunks:
+        if end == start:
+            continue
+        step_ids, step_mask = ids[:, start:end], mask[:, :end]
+        positions = position_ids_for(step_mask)[:, start:end]
+        ref_logits, ref_past = reference_step(reference, step_ids, step_mask, positions, ref_past)
+        logits, past = decoder.step(step_ids, decoder.prompt_mask(step_mask), positions, past)
+        compare(logits, ref_logits, past, ref_past, step_ids, step_mask)
+    step_mask = mask
+    for _ in range(case.decode_steps):
+        step_ids = ref_logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+        step_mask = np.concatenate([step_mask, np.ones_like(step_ids)], axis=1)
+        positions = position_ids_for(step_mask)[:, -1:]
+        ref_logits, ref_past = reference_step(reference, step_ids, step_mask, positions, ref_past)
+        logits, past = decoder.step(step_ids, decoder.prompt_mask(step_mask), positions, past)
+        compare(logits, ref_logits, past, ref_past, step_ids, step_mask)
+
+    ours = decoder.greedy(ids, mask, case.generate_tokens)
+    theirs = reference_greedy(reference, ids, mask, case.generate_tokens)
+    logits_stats, logits_sample = logit_diffs.summary()
+    present_stats, present_sample = present_diffs.summary()
+    return CaseResult(
+        case,
+        logits_stats,
+        present_stats,
+        agree / max(compared, 1),
+        compared,
+        nonfinite,
+        bool(np.array_equal(ours, theirs)),
+        {"logits": logits_sample, "present": present_sample},
+    )
 
 
 def compare_decoder(
@@ -66,27 +202,29 @@ def compare_decoder(
     last_logits_only: bool = False,
 ) -> ParityResult:
     """Prompt (empty past) then ``decode_steps`` greedy steps (the reference's tokens feed both chains);
-    logits compared on real (unpadded) positions, presents everywhere."""
+    logits compared on real (unpadded) positions (or the last one only), presents on real positions."""
     mask = attention_mask.astype(np.int64)
     positions = position_ids_for(mask)
     ref_logits, ref_past = reference_step(reference, input_ids, mask, positions)
-    logits, past = decoder.step(input_ids, mask, positions, decoder.empty_past(input_ids.shape[0]))
+    logits, past = decoder.step(input_ids, decoder.prompt_mask(mask), positions, decoder.empty_past(input_ids.shape[0]))
     worst_logits = worst_present = 0.0
     for step in range(decode_steps + 1):
         if last_logits_only:
-            worst_logits = max(worst_logits, _max_diff(logits[:, -1], ref_logits[:, -1]))
+            worst_logits = max(worst_logits, float(_abs_diff(logits[:, -1], ref_logits[:, -1]).max()))
         else:
             real = mask[:, -logits.shape[1] :].astype(bool)
-            worst_logits = max(worst_logits, _max_diff(logits, ref_logits, real))
+            worst_logits = max(worst_logits, float(_abs_diff(logits, ref_logits)[real].max()))
+        kv_real = mask.astype(bool)[:, None, :, None]
         for ours, theirs in zip(past, cache_as_arrays(ref_past)):
-            worst_present = max(worst_present, _max_diff_kv(ours, theirs, mask))
+            ours = ours[:, :, decoder.dummy_past :]
+            worst_present = max(worst_present, float(_abs_diff(ours, theirs)[np.broadcast_to(kv_real, ours.shape)].max()))
         if step == decode_steps:
             break
         next_ids = ref_logits[:, -1].argmax(-1)[:, None].astype(np.int64)
         mask = np.concatenate([mask, np.ones_like(next_ids)], axis=1)
         positions = position_ids_for(mask)[:, -1:]
         ref_logits, ref_past = reference_step(reference, next_ids, mask, positions, ref_past)
-        logits, past = decoder.step(next_ids, mask, positions, past)
+        logits, past = decoder.step(next_ids, decoder.prompt_mask(mask), positions, past)
     return ParityResult(
         worst_logits, worst_present, tolerance, int(input_ids.shape[0]), int(input_ids.shape[1]), decode_steps
     )
@@ -112,16 +250,18 @@ def compare_block(
         past = [np.zeros((input_ids.shape[0], n_head, 0, head_dim), np.float32)] * 2
         ids, positions = input_ids, position_ids_for(mask)
         ref_past, worst_hidden, worst_present = None, 0.0, 0.0
-        for step in range(decode_steps + 1):
+        for _ in range(decode_steps + 1):
             ref_logits, ref_past = reference_step(reference, ids, mask, positions, ref_past)
             hidden_in, hidden_out = (captured[k].detach().numpy() for k in ("in", "out"))
             out, key, value = session.run(
                 None, {"hidden_states": hidden_in, "attention_mask": mask, "past_key": past[0], "past_value": past[1]}
             )
             real = mask[:, -ids.shape[1] :].astype(bool)
-            worst_hidden = max(worst_hidden, _max_diff(out, hidden_out, real))
+            worst_hidden = max(worst_hidden, float(_abs_diff(out, hidden_out)[real].max()))
+            kv_real = mask.astype(bool)[:, None, :, None]
             ref_kv = cache_as_arrays(ref_past)[2 * block_index : 2 * block_index + 2]
-            worst_present = max(worst_present, _max_diff_kv(key, ref_kv[0], mask), _max_diff_kv(value, ref_kv[1], mask))
+            for ours, theirs in ((key, ref_kv[0]), (value, ref_kv[1])):
+                worst_present = max(worst_present, float(_abs_diff(ours, theirs)[np.broadcast_to(kv_real, ours.shape)].max()))
             past = [key, value]
             ids = ref_logits[:, -1].argmax(-1)[:, None].astype(np.int64)
             mask = np.concatenate([mask, np.ones_like(ids)], axis=1)
@@ -146,3 +286,99 @@ def reference_greedy(reference, input_ids: np.ndarray, attention_mask: np.ndarra
             pad_token_id=0,
         )
     return out[:, input_ids.shape[1] :].numpy()
+
+
+@dataclass
+class ParityReport:
+    provider: str
+    dtype: str
+    tolerances: dict
+    cases: list[CaseResult]
+    totals: dict
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.totals["passed"])
+
+    def as_dict(self) -> dict:
+        return {
+            "provider": self.provider,
+            "dtype": self.dtype,
+            "tolerances": self.tolerances,
+            "totals": self.totals,
+            "cases": [c.as_dict() for c in self.cases],
+        }
+
+
+def summarize(results: list[CaseResult], tolerances: dict) -> dict:
+    logits = np.concatenate([r.samples["logits"] for r in results])
+    present = np.concatenate([r.samples["present"] for r in results])
+    compared = sum(r.positions_compared for r in results)
+    agreed = sum(r.top1_agreement * r.positions_compared for r in results)
+    totals = {
+        "cases": len(results),
+        "logits": {
+            "max": max(r.logits["max"] for r in results),
+            "p50": float(np.percentile(logits, 50)),
+            "p99": float(np.percentile(logits, 99)),
+        },
+        "present": {
+            "max": max(r.present["max"] for r in results),
+            "p50": float(np.percentile(present, 50)),
+            "p99": float(np.percentile(present, 99)),
+        },
+        "top1_agreement": agreed / max(compared, 1),
+        "positions_compared": compared,
+        "nonfinite": sum(r.nonfinite for r in results),
+        "tokens_equal_cases": sum(r.tokens_equal for r in results),
+    }
+    failures = []
+    if totals["logits"]["max"] > tolerances["logits"]:
+        failures.append(f"max |Δlogits| {totals['logits']['max']:.3g} > {tolerances['logits']:g}")
+    if totals["present"]["max"] > tolerances["present"]:
+        failures.append(f"max |Δpresent| {totals['present']['max']:.3g} > {tolerances['present']:g}")
+    if totals["top1_agreement"] < tolerances["top1"]:
+        failures.append(f"top-1 agreement {100 * totals['top1_agreement']:.2f}% < {100 * tolerances['top1']:g}%")
+    if totals["nonfinite"]:
+        failures.append(f"{totals['nonfinite']} NaN/Inf values")
+    if totals["tokens_equal_cases"] < len(results):
+        failures.append(f"greedy tokens differ in {len(results) - totals['tokens_equal_cases']} cases")
+    totals["failures"] = failures
+    totals["passed"] = not failures
+    return totals
+
+
+def check_parity(
+    folder,
+    *,
+    provider=None,
+    cases: int = 20,
+    seed: int = 0,
+    reference: str | None = None,
+    max_batch: int = 8,
+    on_case=None,
+) -> ParityReport:
+    """Randomized cases of an exported folder against the PyTorch reference rebuilt from its manifest."""
+    from gpt2onnx.errors import Gpt2OnnxError
+    from gpt2onnx.reference import reference_model
+    from gpt2onnx.runtimes.model_folder import open_decoder, open_folder, reference_checkpoint
+    from gpt2onnx.runtimes.providers import ProviderConfig
+
+    if cases < 1:
+        raise Gpt2OnnxError(f"--cases must be a positive integer, got {cases}")
+    model = open_folder(folder)
+    tolerances = TOLERANCES.get(model.dtype)
+    if tolerances is None:
+        raise Gpt2OnnxError(f"no parity tolerances are defined for dtype '{model.dtype}'")
+    decoder = open_decoder(model, provider or ProviderConfig())
+    ckpt = reference_checkpoint(model, reference)
+    if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
+        raise Gpt2OnnxError("the reference checkpoint does not match the exported model (vocabulary or layer count)")
+    torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
+    ref = reference_model(ckpt)
+    results = []
+    for case in random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch):
+        results.append(run_case(decoder, ref, case, vocab_size=ckpt.spec.vocab_size))
+        if on_case is not None:
+            on_case(results[-1])
+    return ParityReport(decoder.provider, model.dtype, tolerances, results, summarize(results, tolerances))

@@ -1,0 +1,276 @@
+"""Benchmarks of an exported decoder: time to first token, decode latency and its growth with past length,
+tokens per second, peak memory; optionally the same workload on PyTorch eager in the same run.
+
+Every run is: a prompt of ``prompt_len`` random tokens per row (no padding), then ``new_tokens - 1`` decode
+steps fed with greedy tokens. Figures are medians (and p90/p99) over ``repeat`` runs after ``warmup`` runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from gpt2onnx.errors import Gpt2OnnxError
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    batches: tuple[int, ...] = (1, 8)
+    prompt_len: int = 128
+    new_tokens: int = 64
+    warmup: int = 2
+    repeat: int = 5
+    seed: int = 0
+
+    def check(self, n_positions: int | None) -> None:
+        if not self.batches or any(b < 1 for b in self.batches):
+            raise Gpt2OnnxError(f"--batch values must be positive integers, got {','.join(map(str, self.batches))}")
+        for name, value in (("--prompt-len", self.prompt_len), ("--new-tokens", self.new_tokens), ("--repeat", self.repeat)):
+            if value < 1:
+                raise Gpt2OnnxError(f"{name} must be a positive integer, got {value}")
+        if self.warmup < 0:
+            raise Gpt2OnnxError(f"--warmup must be 0 or more, got {self.warmup}")
+        if n_positions and self.prompt_len + self.new_tokens > n_positions:
+            raise Gpt2OnnxError(
+                f"--prompt-len {self.prompt_len} plus --new-tokens {self.new_tokens} exceeds the model's context of"
+                f" {n_positions}"
+            )
+
+
+class PeakMemory:
+    """Peak resident memory of this process while the block runs (sampled from /proc, else ru_maxrss)."""
+
+    def __init__(self, interval: float = 0.002):
+        self.interval, self.peak_bytes, self._stop = interval, 0, threading.Event()
+
+    @staticmethod
+    def current() -> int:
+        try:
+            with open("/proc/self/statm") as fh:
+                return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, self.current())
+            time.sleep(self.interval)
+
+    def __enter__(self):
+        self.peak_bytes = self.current()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak_bytes = max(self.peak_bytes, self.current())
+
+
+@dataclass
+class RunStats:
+    engine: str  # "onnxruntime" or "torch"
+    batch: int
+    prompt_ms: dict  # p50/p90/p99 of the prompt step (time to first token)
+    decode_ms: dict  # p50/p90/p99 of one decode step, over all steps and repeats
+    decode_growth_ms_per_100_past: float  # slope of decode latency against past length
+    decode_ms_by_past: list[tuple[int, float]]  # (past length, median ms), for plots
+    tokens_per_s: float  # batch × new tokens / (prompt + decode time), median run
+    decode_tokens_per_s: float  # batch / median decode step
+    peak_host_bytes: int
+    peak_device_bytes: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _percentiles(values_ms) -> dict:
+    values = np.asarray(values_ms, dtype=np.float64)
+    return {"p50": float(np.median(values)), "p90": float(np.percentile(values, 90)), "p99": float(np.percentile(values, 99))}
+
+
+def summarize_runs(engine: str, batch: int, prompt_len: int, runs: list[list[float]], peak: int, device_peak=None) -> RunStats:
+    """``runs``: per repeat, the step times in seconds ([0] is the prompt step)."""
+    prompt = [r[0] * 1e3 for r in runs]
+    steps = np.array([r[1:] for r in runs]) * 1e3  # (repeat, decode steps)
+    pasts = prompt_len + np.arange(steps.shape[1])
+    by_past = np.median(steps, axis=0) if steps.size else np.zeros(0)
+    slope = float(np.polyfit(pasts, by_past, 1)[0] * 100) if len(by_past) >= 2 else 0.0
+    totals = [sum(r) for r in runs]
+    new_tokens = len(runs[0])
+    decode_p50 = float(np.median(steps)) if steps.size else float("nan")
+    return RunStats(
+        engine=engine,
+        batch=batch,
+        prompt_ms=_percentiles(prompt),
+        decode_ms=_percentiles(steps.ravel()) if steps.size else {},
+        decode_growth_ms_per_100_past=slope,
+        decode_ms_by_past=[(int(p), float(v)) for p, v in zip(pasts, by_past)],
+        tokens_per_s=batch * new_tokens / float(np.median(totals)),
+        decode_tokens_per_s=batch * 1e3 / decode_p50 if steps.size else float("nan"),
+        peak_host_bytes=int(peak),
+        peak_device_bytes=device_peak,
+    )
+
+
+def random_prompt(batch: int, length: int, vocab_size: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab_size, size=(batch, length), dtype=np.int64)
+
+
+def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
+    from gpt2onnx.runtimes.generate import generate
+
+    ids = random_prompt(batch, config.prompt_len, vocab_size, config.seed)
+    runs = []
+    device_before = _device_used(decoder.device, decoder.device_id)
+    with PeakMemory() as memory:
+        for i in range(config.warmup + config.repeat):
+            result = generate(decoder, ids, max_new_tokens=config.new_tokens)
+            if i >= config.warmup:
+                runs.append(result.step_seconds)
+            if progress:
+                progress()
+    device_peak = None
+    if device_before is not None:
+        device_peak = max(0, (_device_used(decoder.device, decoder.device_id) or 0) - device_before)
+    return summarize_runs("onnxruntime", batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
+
+
+def bench_torch(model, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
+    """The same workload on PyTorch eager (transformers' GPT2LMHeadModel with its cache)."""
+    import torch
+
+    ids = torch.as_tensor(random_prompt(batch, config.prompt_len, vocab_size, config.seed))
+    runs = []
+    with PeakMemory() as memory, torch.inference_mode():
+        for i in range(config.warmup + config.repeat):
+            times, past, step_ids = [], None, ids
+            for _ in range(config.new_tokens):
+                start = time.perf_counter()
+                out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
+                step_ids = out.logits[:, -1].argmax(-1, keepdim=True)
+                times.append(time.perf_counter() - start)
+                past = out.past_key_values
+            if i >= config.warmup:
+                runs.append(times)
+            if progress:
+                progress()
+    return summarize_runs("torch", batch, config.prompt_len, runs, memory.peak_bytes)
+
+
+def _device_used(device: str, device_id: int) -> int | None:
+    """Bytes in use on the GPU (whole device), where torch can see it; None on the CPU."""
+    if device != "cuda":
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        free, total = torch.cuda.mem_get_info(device_id)
+        return int(total - free)
+    except Exception:  # a CPU-only torch, or no driver
+        return None
+
+
+def machine_info() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info["cpu"] = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), None)
+        with open("/proc/meminfo") as fh:
+            info["memory_bytes"] = int(fh.readline().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return info
+
+
+def require_matplotlib():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise Gpt2OnnxError("--plot needs matplotlib: pip install 'gpt2onnx[plot]' (or pip install matplotlib)") from None
+    return plt
+
+
+def plot_decode_latency(runs: list[dict], path) -> None:
+    """Decode latency against past length, one line per run (needs matplotlib: pip install gpt2onnx[plot])."""
+    plt = require_matplotlib()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        pasts, ms = zip(*run["decode_ms_by_past"]) if run["decode_ms_by_past"] else ((), ())
+        ax.plot(pasts, ms, label=f"{run['engine']} batch {run['batch']}")
+    ax.set_xlabel("past length (tokens)")
+    ax.set_ylabel("decode step (ms, median)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def benchmark(
+    folder,
+    *,
+    provider=None,
+    config: BenchConfig = BenchConfig(),
+    baseline: str | None = None,
+    reference: str | None = None,
+    threads: int | None = None,
+    progress: Callable[[], None] | None = None,
+) -> dict:
+    """Benchmark an exported folder on a provider (and PyTorch eager with ``baseline='torch'``): a JSON-ready dict."""
+    import onnxruntime
+    import torch
+
+    from gpt2onnx import __version__
+    from gpt2onnx.runtimes.model_folder import open_decoder, open_folder, reference_checkpoint
+    from gpt2onnx.runtimes.providers import ProviderConfig
+
+    if baseline not in (None, "torch"):
+        raise Gpt2OnnxError(f"--baseline '{baseline}' is not supported: the only baseline is 'torch'")
+    provider = provider or ProviderConfig(threads=threads)
+    model = open_folder(folder)
+    config.check(model.n_positions)
+    decoder = open_decoder(model, provider)
+    vocab = decoder.vocab_size or 50257
+    runs = []
+    for batch in config.batches:
+        runs.append(bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress).as_dict())
+    if baseline == "torch":
+        from gpt2onnx.reference import reference_model
+
+        torch.set_num_threads(provider.threads or os.cpu_count() or 1)
+        ref = reference_model(reference_checkpoint(model, reference))
+        for batch in config.batches:
+            stats = bench_torch(ref, config, batch, vocab_size=vocab, progress=progress).as_dict()
+            ours = next(r for r in runs if r["batch"] == batch)
+            stats["extra"]["speedup_of_onnx"] = {
+                "prompt": stats["prompt_ms"]["p50"] / ours["prompt_ms"]["p50"],
+                "decode": stats["decode_ms"]["p50"] / ours["decode_ms"]["p50"],
+                "tokens_per_s": ours["tokens_per_s"] / stats["tokens_per_s"],
+            }
+            runs.append(stats)
+    return {
+        "model": str(model.model_path),
+        "provider": decoder.provider,
+        "provider_options": provider.as_dict(),
+        "session_providers": decoder.session.get_providers(),
+        "config": asdict(config),
+        "machine": machine_info(),
+        "versions": {"gpt2onnx": __version__, "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
+        "model_bytes": sum(p.stat().st_size for p in model.folder.glob("model.onnx*")),
+        "runs": runs,
+    }
