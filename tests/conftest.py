@@ -62,3 +62,29 @@ def tiny_export(tiny_folder, tmp_path_factory):
     from gpt2onnx.exporters.export import export
 
     return export(str(tiny_folder), tmp_path_factory.mktemp("exports") / "tiny").folder
+
+
+def write_tokenizer(folder, vocab_size: int = 1000):
+    """A byte-level BPE tokenizer trained in-process (no download), saved as Hugging Face tokenizer files."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2TokenizerFast
+
+    corpus = ["the quick brown fox jumps over the lazy dog", "hello world, this is gpt2onnx speaking"] * 50
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=vocab_size - 1, min_frequency=1, special_tokens=[])
+    bpe.add_special_tokens(["<|endoftext|>"])
+    tokenizer = GPT2TokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenized_export(tmp_path_factory):
+    """An export whose folder carries tokenizer files (copied from the source checkpoint folder)."""
+    from gpt2onnx.exporters.export import export
+
+    source = tmp_path_factory.mktemp("tok") / "checkpoint"
+    write_hf_folder(source, make_config("h4-v1000"))
+    tokenizer = write_tokenizer(source)
+    assert len(tokenizer) <= 1000
+    return export(str(source), tmp_path_factory.mktemp("tok-export") / "model").folder, source

@@ -1,0 +1,112 @@
+"""Providers: real ONNX Runtime sessions, the fallback check, and the TensorRT options and profile."""
+
+import numpy as np
+import pytest
+
+from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.reference import reference_model
+from gpt2onnx.checkpoint import load_checkpoint
+from gpt2onnx.runtimes.decoder import OnnxDecoder
+from gpt2onnx.runtimes.model_folder import open_decoder, open_folder
+from gpt2onnx.runtimes.parity import compare_decoder, left_padded_batch, reference_greedy
+from gpt2onnx.runtimes.providers import (
+    DecoderShape,
+    ProviderConfig,
+    create_session,
+    provider_options,
+    tensorrt_profile,
+    working_providers,
+)
+
+WORKING = working_providers()
+
+
+def test_cpu_is_always_there():
+    assert "cpu" in WORKING
+
+
+def test_cpu_session_options(tiny_export):
+    session = create_session(tiny_export / "model.onnx", ProviderConfig(threads=1, spinning=False))
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    options = session.get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+@pytest.mark.parametrize("name", ["cuda", "tensorrt"])
+def test_unloadable_provider_is_a_clear_error(tiny_export, name):
+    if name in WORKING:
+        pytest.skip(f"{name} loads on this machine")
+    with pytest.raises(Gpt2OnnxError) as err:
+        open_decoder(open_folder(tiny_export), ProviderConfig(name=name))
+    message = str(err.value)
+    assert f"provider '{name}'" in message and "could not be used" in message
+    assert "providers that work here: cpu" in message and "--allow-fallback" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["cuda", "tensorrt"])
+def test_allow_fallback_runs_on_what_loads(tiny_export, name, caplog):
+    if name in WORKING:
+        pytest.skip(f"{name} loads on this machine")
+    decoder = open_decoder(open_folder(tiny_export), ProviderConfig(name=name, allow_fallback=True))
+    assert decoder.provider == "cpu" and decoder.dummy_past == 0
+    assert "could not be used" in caplog.text
+
+
+def test_unknown_provider(tiny_export):
+    with pytest.raises(Gpt2OnnxError, match="unknown provider 'rocm': choose one of cpu, cuda, tensorrt"):
+        create_session(tiny_export / "model.onnx", ProviderConfig(name="rocm"))
+
+
+def _shape(n_layer=2, n_positions=256):
+    names = tuple(f"past_key_values.{i}.{k}" for i in range(n_layer) for k in ("key", "value"))
+    return DecoderShape(names, n_head=12, head_dim=64, n_positions=n_positions)
+
+
+def _parse_profile(text):
+    return {name: tuple(int(d) for d in dims.split("x")) for name, dims in (item.split(":") for item in text.split(","))}
+
+
+def test_tensorrt_profile_covers_prompt_and_decode_without_zero_dims():
+    profile = tensorrt_profile(_shape(), max_batch=4)
+    low, opt, high = (_parse_profile(profile[f"trt_profile_{k}_shapes"]) for k in ("min", "opt", "max"))
+    assert set(low) == set(opt) == set(high) == {"input_ids", "attention_mask", "position_ids", *_shape().past_names}
+    for name in low:
+        assert all(d >= 1 for d in low[name]), f"{name}: TensorRT rejects zero-sized dims"
+        assert all(a <= b <= c for a, b, c in zip(low[name], opt[name], high[name])), name
+    # prompt step: batch up to max_batch, up to the whole context, past = the one masked dummy slot
+    assert high["input_ids"] == (4, 256) and low["past_key_values.0.key"] == (1, 12, 1, 64)
+    # decode steps: one token, past up to the whole context (plus the dummy slot)
+    assert low["input_ids"] == (1, 1) and high["past_key_values.1.value"] == (4, 12, 257, 64)
+    assert high["attention_mask"][1] == high["past_key_values.0.key"][2] + high["input_ids"][1]
+    assert opt["input_ids"] == (1, 1) and opt["past_key_values.0.key"][2] == 1 + 128
+
+
+def test_tensorrt_provider_options(tmp_path):
+    model = tmp_path / "m" / "model.onnx"
+    providers = provider_options(ProviderConfig(name="tensorrt", trt_fp16=True, max_batch=2), model_path=model, shape=_shape())
+    (trt_name, trt), (cuda_name, cuda), cpu = providers
+    assert (trt_name, cuda_name, cpu) == ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+    assert trt["trt_fp16_enable"] is True and trt["trt_engine_cache_enable"] and trt["trt_timing_cache_enable"]
+    assert trt["trt_engine_cache_path"] == str(tmp_path / "m" / "trt_cache") == trt["trt_timing_cache_path"]
+    assert _parse_profile(trt["trt_profile_max_shapes"])["input_ids"][0] == 2
+    custom = provider_options(ProviderConfig(name="tensorrt", trt_cache_dir=str(tmp_path / "c")), model_path=model, shape=None)
+    assert custom[0][1]["trt_engine_cache_path"] == str(tmp_path / "c") and "trt_profile_min_shapes" not in custom[0][1]
+    with pytest.raises(Gpt2OnnxError, match="--max-batch must be at least 1"):
+        tensorrt_profile(_shape(), max_batch=0)
+
+
+def test_cuda_provider_options(tmp_path):
+    providers = provider_options(ProviderConfig(name="cuda", device_id=1), model_path=tmp_path / "model.onnx", shape=None)
+    assert providers == [("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]
+
+
+def test_dummy_past_slot_used_for_tensorrt_gives_the_same_results(tiny_folder, tiny_export):
+    """The TensorRT path (a masked dummy past slot instead of an empty past), run for real on the CPU provider."""
+    decoder = OnnxDecoder.from_folder(tiny_export, create_session(tiny_export / "model.onnx", ProviderConfig()))
+    decoder.dummy_past = 1
+    assert decoder.empty_past(2)[0].shape == (2, 4, 1, 16)
+    reference = reference_model(load_checkpoint(str(tiny_folder)))
+    ids, mask = left_padded_batch(1000, batch=3, length=7, seed=5)
+    assert compare_decoder(decoder, reference, ids, mask, decode_steps=3, tolerance=1e-4).passed
+    np.testing.assert_array_equal(decoder.greedy(ids, mask, 8), reference_greedy(reference, ids, mask, 8))

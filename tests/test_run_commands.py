@@ -1,0 +1,173 @@
+"""generate, parity and bench through the CLI: what they print and write, and every bad input."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+from gpt2onnx.checkpoint import load_checkpoint
+from gpt2onnx.cli import app
+from gpt2onnx.reference import reference_model
+from gpt2onnx.runtimes.parity import reference_greedy
+from gpt2onnx.runtimes.providers import working_providers
+from test_cli import assert_one_line_error
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+# -- generate ------------------------------------------------------------------------------------------------
+def test_generate_ids_greedy_matches_transformers(tiny_export, tiny_folder):
+    result = run("generate", tiny_export, "--ids", "5,6,7,8", "--max-new-tokens", 12)
+    assert result.exit_code == 0, result.output
+    printed = [int(t) for t in result.output.split()]
+    expected = reference_greedy(reference_model(load_checkpoint(str(tiny_folder))), np.array([[5, 6, 7, 8]]), np.ones((1, 4), int), 12)
+    assert printed == [5, 6, 7, 8, *expected[0]]
+
+
+def test_generate_batch_of_id_prompts(tiny_export):
+    result = run("generate", tiny_export, "--ids", "5,6,7,8", "--ids", "9", "--max-new-tokens", 4, "--sample", "--seed", 3)
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["0", "1"] and all(len(line.split(",")) == 4 for line in lines)
+
+
+def test_generate_text_streams_with_the_folder_tokenizer(tokenized_export):
+    folder, source = tokenized_export
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    result = run("generate", folder, "--prompt", "the quick brown fox", "--max-new-tokens", 10)
+    assert result.exit_code == 0, result.output
+    ids = tokenizer.encode("the quick brown fox")
+    expected = reference_greedy(reference_model(load_checkpoint(str(source))), np.array([ids]), np.ones((1, len(ids)), int), 10)
+    eos = tokenizer.eos_token_id
+    tokens = list(expected[0])
+    tokens = tokens[: tokens.index(eos)] if eos in tokens else tokens
+    assert result.output.strip() == ("the quick brown fox" + tokenizer.decode(tokens, skip_special_tokens=True)).strip()
+
+
+def test_generate_bad_inputs(tiny_export, tmp_path, tokenized_export):
+    folder, _ = tokenized_export
+    assert_one_line_error(run("generate", tiny_export, "--prompt", "hello"), "has no tokenizer files")
+    assert_one_line_error(run("generate", tiny_export, "--ids", "1,2,5000"), "token id 5000 is outside the vocabulary")
+    assert_one_line_error(run("generate", folder, "--prompt", ""), "is empty")
+    assert_one_line_error(run("generate", tiny_export, "--ids", ""), "--ids is empty")
+    assert_one_line_error(run("generate", tiny_export, "--ids", "a,b"), "not a comma-separated list of token ids")
+    assert_one_line_error(run("generate", tiny_export), "give the prompt as --prompt TEXT or as --ids")
+    assert_one_line_error(
+        run("generate", tiny_export, "--ids", ",".join(["1"] * 100), "--max-new-tokens", 100), "beyond the model's context of 128"
+    )
+    assert_one_line_error(run("generate", tiny_export, "--ids", "1", "--provider", "npu"), "unknown provider 'npu'")
+    assert_one_line_error(run("generate", tmp_path / "nothing", "--ids", "1"), "does not exist")
+    assert_one_line_error(run("generate", tmp_path, "--ids", "1"), "holds no model.onnx")
+
+
+@pytest.mark.parametrize("provider", ["cuda", "tensorrt"])
+def test_provider_that_cannot_load(tiny_export, provider):
+    if provider in working_providers():
+        pytest.skip(f"{provider} loads here")
+    assert_one_line_error(run("generate", tiny_export, "--ids", "1,2", "--provider", provider), f"provider '{provider}'")
+    assert_one_line_error(run("parity", tiny_export, "--cases", 1, "--provider", provider), "could not be used")
+    assert_one_line_error(
+        run("bench", tiny_export, "--provider", provider, "--prompt-len", 8, "--new-tokens", 4), "providers that work here: cpu"
+    )
+
+
+def test_model_that_breaks_the_io_contract(tiny_export, tmp_path):
+    folder = shutil.copytree(tiny_export, tmp_path / "broken")
+    model = onnx.load(str(folder / "model.onnx"))
+    # drop the last layer's value output: the graph no longer returns present.1.value
+    output = next(o for o in model.graph.output if o.name == "present.1.value")
+    model.graph.output.remove(output)
+    onnx.save(model, str(folder / "model.onnx"))
+    assert_one_line_error(run("generate", folder, "--ids", "1,2"), "no output 'present.1.value'")
+
+
+def test_single_block_folder_is_refused(tiny_folder, tmp_path):
+    from gpt2onnx.exporters.export import ExportOptions, export
+
+    folder = export(str(tiny_folder), tmp_path / "block", options=ExportOptions(block=0)).folder
+    assert_one_line_error(run("generate", folder, "--ids", "1"), "single-block export")
+
+
+# -- parity --------------------------------------------------------------------------------------------------
+def test_parity_passes_and_writes_json(tiny_export, tmp_path):
+    result = run("parity", tiny_export, "--cases", 8, "--seed", 1, "--json", tmp_path / "p.json")
+    assert result.exit_code == 0, result.output
+    assert "pass" in result.output and "greedy tokens equal" in result.output
+    report = json.loads((tmp_path / "p.json").read_text())
+    totals = report["totals"]
+    assert totals["passed"] and totals["cases"] == 8 and totals["top1_agreement"] == 1.0
+    assert totals["logits"]["max"] <= 1e-4 and totals["nonfinite"] == 0 and totals["tokens_equal_cases"] == 8
+    assert {"max", "p50", "p99"} == set(totals["present"])
+    cases = report["cases"]
+    assert len(cases) == 8 and {c["case"]["batch"] for c in cases} <= set(range(1, 9))
+    assert any(c["case"]["prefix_length"] > 0 for c in cases) and any(c["case"]["prefix_length"] == 0 for c in cases)
+
+
+def test_parity_fails_against_another_model(tiny_export, tmp_path):
+    """The gate can fail: checked against a checkpoint with other weights, parity exits non-zero."""
+    from conftest import make_config, write_hf_folder
+
+    other = write_hf_folder(tmp_path / "other", make_config("h4-v1000"), seed=99)
+    result = run("parity", tiny_export, "--cases", 2, "--reference", other, "--json", tmp_path / "p.json")
+    assert result.exit_code == 1 and "FAIL" in result.output
+    assert not json.loads((tmp_path / "p.json").read_text())["totals"]["passed"]
+
+
+def test_parity_of_a_random_init_export_rebuilds_its_reference(tmp_path):
+    assert run("export", "-m", "tiny", "--random-init", "--seed", 5, "-o", tmp_path / "r").exit_code == 0
+    result = run("parity", tmp_path / "r", "--cases", 3)
+    assert result.exit_code == 0, result.output
+
+
+def test_parity_bad_inputs(tiny_export):
+    assert_one_line_error(run("parity", tiny_export, "--cases", 0), "--cases must be a positive integer")
+
+
+# -- bench ---------------------------------------------------------------------------------------------------
+def test_bench_json(tiny_export, tmp_path):
+    result = run(
+        "bench", tiny_export, "--batch", "1,3", "--prompt-len", 16, "--new-tokens", 6, "--warmup", 1, "--repeat", 2,
+        "--threads", 1, "--baseline", "torch", "--json", tmp_path / "b.json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["provider"] == "cpu" and data["session_providers"] == ["CPUExecutionProvider"]
+    assert data["provider_options"]["threads"] == 1 and data["config"]["batches"] == [1, 3]
+    assert {"cpu_count", "platform"} <= set(data["machine"]) and {"onnxruntime", "torch"} <= set(data["versions"])
+    runs = {(r["engine"], r["batch"]): r for r in data["runs"]}
+    assert set(runs) == {("onnxruntime", 1), ("onnxruntime", 3), ("torch", 1), ("torch", 3)}
+    for run_ in data["runs"]:
+        assert 0 < run_["prompt_ms"]["p50"] <= run_["prompt_ms"]["p99"]
+        assert run_["decode_ms"]["p50"] <= run_["decode_ms"]["p90"] <= run_["decode_ms"]["p99"]
+        assert [p for p, _ in run_["decode_ms_by_past"]] == list(range(16, 21))  # 5 decode steps after the prompt
+        assert run_["tokens_per_s"] > 0 and run_["peak_host_bytes"] > 0
+    assert set(runs[("torch", 3)]["extra"]["speedup_of_onnx"]) == {"prompt", "decode", "tokens_per_s"}
+    assert "onnxruntime vs torch eager" in result.output
+
+
+def test_bench_bad_inputs(tiny_export, tmp_path):
+    assert_one_line_error(run("bench", tiny_export, "--batch", "0,1"), "--batch values must be positive")
+    assert_one_line_error(run("bench", tiny_export, "--batch", "x"), "not a comma-separated list of integers")
+    assert_one_line_error(run("bench", tiny_export, "--prompt-len", 0), "--prompt-len must be a positive integer")
+    assert_one_line_error(run("bench", tiny_export, "--prompt-len", 100, "--new-tokens", 64), "exceeds the model's context of 128")
+    assert_one_line_error(run("bench", tiny_export, "--baseline", "jax"), "the only baseline is 'torch'")
+    assert_one_line_error(run("bench", tmp_path / "none"), "does not exist")
+
+
+def test_bench_plot(tiny_export, tmp_path):
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert_one_line_error(run("bench", tiny_export, "--plot", tmp_path / "p.png"), "--plot needs matplotlib")
+        return
+    result = run("bench", tiny_export, "--batch", 1, "--prompt-len", 8, "--new-tokens", 4, "--repeat", 1, "--plot", tmp_path / "p.png")
+    assert result.exit_code == 0 and (tmp_path / "p.png").stat().st_size > 1000
