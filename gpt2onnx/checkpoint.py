@@ -114,6 +114,7 @@ def _random_checkpoint(model: str, path: Path, seed: int) -> Checkpoint:
         )
     spec = spec_from_config(config)
     config.tie_word_embeddings = spec.tie_word_embeddings
+    config.architectures = ["GPT2LMHeadModel"]
     log.info("initializing %s with random weights (seed %d)", name, seed)
     torch.manual_seed(seed)
     hf_model = GPT2LMHeadModel(config).eval()
@@ -125,8 +126,10 @@ def _random_checkpoint(model: str, path: Path, seed: int) -> Checkpoint:
         for key, tensor in state_dict.items():
             if tensor.ndim == 1 and tensor.is_floating_point():
                 tensor.add_(torch.randn(tensor.shape) * config.initializer_range)
-    config_hash = hashlib.sha256(json.dumps(config.to_diff_dict(), sort_keys=True).encode()).hexdigest()
-    source = {"kind": "random", "architecture": model, "seed": seed, "config_sha256": config_hash}
+    # Identity of random weights: the architecture's numbers and the seed (not transformers' config dump,
+    # which changes with its version).
+    spec_hash = hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()
+    source = {"kind": "random", "architecture": model, "seed": seed, "spec_sha256": spec_hash}
     ckpt = Checkpoint(config, spec, to_export_names(state_dict, spec), name, source)
     if companion_dir is not None:
         ckpt.companion_dir, ckpt.companion_files = companion_dir, _present(companion_dir, COMPANION_FILES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ def reference_model(ckpt: Checkpoint):
         from transformers.modeling_utils import no_init_weights
     except ImportError:  # moved in some releases; initializing first is only slower
         no_init_weights = contextlib.nullcontext
-    config = ckpt.config
+    config = copy.deepcopy(ckpt.config)
     config._attn_implementation = "eager"  # the plain softmax(QKᵀ)V path, exact in fp32
     with no_init_weights():
         model = GPT2LMHeadModel(config)

@@ -26,8 +26,6 @@ MANIFEST_NAME = "gpt2onnx.json"
 MANIFEST_FORMAT_VERSION = 1
 MODEL_FILE = "model.onnx"
 DEFAULT_OUTPUT_ROOT = Path("models")
-# Largest |Δlogits| accepted against PyTorch, per dtype (fp32 differs only by summation order).
-TOLERANCES = {"float32": 1e-4}
 LOGITS_CHOICES = ("all", "last")
 
 
@@ -38,7 +36,7 @@ class ExportOptions:
     block: int | None = None  # export this transformer block alone
     external_data: bool | None = None  # None: only when the model exceeds protobuf's 2 GB limit
     validate: bool = True
-    tolerance: float | None = None  # None: the dtype's default (TOLERANCES)
+    tolerance: float | None = None  # None: the dtype's default (runtimes.parity.TOLERANCES)
     force: bool = False  # replace an existing output folder
 
 
@@ -147,10 +145,10 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
 def _validate(path: Path, ckpt: Checkpoint, options: ExportOptions):
     from gpt2onnx.reference import reference_model
     from gpt2onnx.runtimes.decoder import OnnxDecoder
-    from gpt2onnx.runtimes.parity import compare_block, compare_decoder, left_padded_batch
+    from gpt2onnx.runtimes.parity import TOLERANCES, compare_block, compare_decoder, left_padded_batch
     from gpt2onnx.runtimes.providers import cpu_session
 
-    tolerance = options.tolerance if options.tolerance is not None else TOLERANCES["float32"]
+    tolerance = options.tolerance if options.tolerance is not None else TOLERANCES["float32"]["logits"]
     decode_steps = 2
     length = max(2, min(8, ckpt.spec.n_positions - decode_steps))
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)

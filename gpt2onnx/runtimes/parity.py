@@ -12,7 +12,8 @@ import torch
 from gpt2onnx.reference import cache_as_arrays, reference_step
 from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
 
-# Tolerances per dtype: largest |Δlogits| and |Δpresent|, and the top-1 agreement required.
+# Tolerances per dtype: largest |Δlogits| and |Δpresent|, and the top-1 agreement required. In fp32 the ONNX
+# graph and PyTorch differ only by summation order: ~1e-6 is typical for the 124M model, 1e-4 leaves headroom.
 TOLERANCES = {"float32": {"logits": 1e-4, "present": 1e-4, "top1": 1.0}}
 _SAMPLE_PER_CASE = 20_000  # |Δ| values kept per case to estimate the pooled percentiles
 
