@@ -420,12 +420,15 @@ def bench(
             folder, provider=config, config=bench_config, baseline=baseline, reference=reference,
             progress=lambda: progress.advance(task),
         )  # fmt: skip
-    table = Table(title=f"{result['model']} on {result['provider']} (prompt {prompt_len}, {new_tokens} new tokens, median of {repeat})")
-    for col in ("engine", "batch", "first token ms", "decode ms p50", "p90", "p99", "+ms /100 past", "tokens/s", "peak host"):
+    table = Table(
+        title=f"{result['model']} on {result['provider']}: prompt {prompt_len}, {new_tokens} new tokens, ms, median of {repeat}"
+    )
+    for col in ("engine", "batch", "TTFT ms", "decode p50", "p90", "p99", "+/100 past", "tok/s", "peak RAM"):
         table.add_column(col, justify="left" if col == "engine" else "right")
     for run in result["runs"]:
         table.add_row(
-            run["engine"], str(run["batch"]), f"{run['prompt_ms']['p50']:.2f}", f"{run['decode_ms']['p50']:.2f}",
+            "ort" if run["engine"] == "onnxruntime" else run["engine"], str(run["batch"]),
+            f"{run['prompt_ms']['p50']:.1f}", f"{run['decode_ms']['p50']:.2f}",
             f"{run['decode_ms']['p90']:.2f}", f"{run['decode_ms']['p99']:.2f}", f"{run['decode_growth_ms_per_100_past']:.2f}",
             f"{run['tokens_per_s']:.1f}", _size(run["peak_host_bytes"]),
         )  # fmt: skip
