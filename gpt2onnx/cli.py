@@ -423,14 +423,14 @@ def bench(
     table = Table(
         title=f"{result['model']} on {result['provider']}: prompt {prompt_len}, {new_tokens} new tokens, ms, median of {repeat}"
     )
-    for col in ("engine", "batch", "TTFT ms", "decode p50", "p90", "p99", "+/100 past", "tok/s", "peak RAM"):
+    for col in ("engine", "batch", "TTFT ms", "decode p50", "p90", "p99", "+/100 past", "tok/s", "RAM MB"):
         table.add_column(col, justify="left" if col == "engine" else "right")
     for run in result["runs"]:
         table.add_row(
             "ort" if run["engine"] == "onnxruntime" else run["engine"], str(run["batch"]),
             f"{run['prompt_ms']['p50']:.1f}", f"{run['decode_ms']['p50']:.2f}",
             f"{run['decode_ms']['p90']:.2f}", f"{run['decode_ms']['p99']:.2f}", f"{run['decode_growth_ms_per_100_past']:.2f}",
-            f"{run['tokens_per_s']:.1f}", _size(run["peak_host_bytes"]),
+            f"{run['tokens_per_s']:.0f}", f"{run['peak_host_bytes'] / 1e6:.0f}",
         )  # fmt: skip
     console.print(table)
     for run in result["runs"]:
