@@ -145,3 +145,15 @@ def test_logits_last_equals_the_last_row_of_all(tiny_export, tmp_path, tiny_fold
     full_logits, _ = full_decoder.step(ids, mask, pos, full_decoder.empty_past(1))
     last_logits, _ = last_decoder.step(ids, mask, pos, last_decoder.empty_past(1))
     np.testing.assert_allclose(last_logits[:, 0], full_logits[:, -1], atol=1e-5)
+
+
+def test_exported_folder_has_ordinary_permissions(tiny_folder, tmp_path):
+    import os
+    import stat
+
+    umask = os.umask(0)
+    os.umask(umask)
+    result = export(str(tiny_folder), tmp_path / "perm", options=ExportOptions(external_data=True))
+    assert stat.S_IMODE(result.folder.stat().st_mode) == 0o777 & ~umask
+    for path in result.folder.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path.name

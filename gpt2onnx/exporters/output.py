@@ -35,6 +35,7 @@ def staged_folder(target: Path, *, force: bool):
         raise Gpt2OnnxError(f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable --out") from None
     try:
         yield staging
+        _apply_umask(staging)
         if target.exists():
             # Move the old folder aside first, so that a failure here still leaves one complete folder.
             backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
@@ -46,6 +47,17 @@ def staged_folder(target: Path, *, force: bool):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _apply_umask(folder: Path) -> None:
+    """mkdtemp makes the folder private (0700) and some writers make files 0600; give the finished folder
+    the permissions a plain mkdir and open would have."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def tensor_bytes(model: onnx.ModelProto) -> int:

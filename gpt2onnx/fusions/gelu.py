@@ -1,0 +1,74 @@
+"""GELU, tanh form: 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))).
+
+ort profile: → com.microsoft.FastGelu, with the bias of the MatMul + Add that feeds it folded in.
+portable profile: → Gelu(approximate="tanh") (opset 20).
+"""
+
+from __future__ import annotations
+
+import math
+
+from onnxscript.rewriter import pattern
+
+from gpt2onnx.fusions._common import constant_value
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _tanh_gelu(op, x, half, cube, coeff, sqrt_2_over_pi, one):
+    inner = op.Mul(op.Add(x, op.Mul(op.Pow(x, cube), coeff)), sqrt_2_over_pi)
+    return op.Mul(op.Mul(x, half), op.Add(op.Tanh(inner), one))
+
+
+def _check_constants(half, cube, coeff, sqrt_2_over_pi, one) -> pattern.MatchResult:
+    result = pattern.MatchResult()
+    expected = {"0.5": (half, 0.5), "3": (cube, 3.0), "0.044715": (coeff, 0.044715), "√(2/π)": (sqrt_2_over_pi, _SQRT_2_OVER_PI), "1": (one, 1.0)}
+    for label, (value, target) in expected.items():
+        found = constant_value(value)
+        if found is None or not math.isclose(found, target, rel_tol=1e-5):
+            return result.fail(f"constant {label} of the tanh GELU is {found}", value)
+    return result
+
+
+class FastGeluWithBias(pattern.RewriteRuleClassBase):
+    """MatMul + bias Add + tanh GELU → MatMul + FastGelu(x, bias)."""
+
+    def pattern(self, op, matmul, bias, half, cube, coeff, sqrt_2_over_pi, one):
+        x = op.Add(matmul, bias)
+        return _tanh_gelu(op, x, half, cube, coeff, sqrt_2_over_pi, one)
+
+    def check(self, context, matmul, bias, half, cube, coeff, sqrt_2_over_pi, one, **_):
+        result = _check_constants(half, cube, coeff, sqrt_2_over_pi, one)
+        if result and (matmul.producer() is None or matmul.producer().op_type != "MatMul"):
+            return result.fail("the GELU input is not a MatMul + bias", matmul)
+        if result and (bias.const_value is None or len(bias.shape or ()) != 1):
+            return result.fail("the bias is not a 1-D initializer", bias)
+        return result
+
+    def rewrite(self, op, matmul, bias, **_):
+        return op.FastGelu(matmul, bias, _domain="com.microsoft")
+
+
+class FastGelu(pattern.RewriteRuleClassBase):
+    """tanh GELU without a foldable bias → FastGelu(x)."""
+
+    def pattern(self, op, x, half, cube, coeff, sqrt_2_over_pi, one):
+        return _tanh_gelu(op, x, half, cube, coeff, sqrt_2_over_pi, one)
+
+    def check(self, context, half, cube, coeff, sqrt_2_over_pi, one, **_):
+        return _check_constants(half, cube, coeff, sqrt_2_over_pi, one)
+
+    def rewrite(self, op, x, **_):
+        return op.FastGelu(x, _domain="com.microsoft")
+
+
+class StandardGelu(FastGelu):
+    """tanh GELU → the standard Gelu(approximate="tanh") of opset 20."""
+
+    def rewrite(self, op, x, **_):
+        return op.Gelu(x, approximate="tanh")
+
+
+fast_gelu_with_bias_rule = FastGeluWithBias.rule()
+fast_gelu_rule = FastGelu.rule()
+standard_gelu_rule = StandardGelu.rule()

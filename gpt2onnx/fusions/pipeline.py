@@ -1,0 +1,168 @@
+"""Profiles of fusions, applied in order, with a count per fusion and golden counts as a guard.
+
+| profile  | fusions (in order)                                  | ops                                             | golden for n_layer = L                      |
+|----------|-----------------------------------------------------|-------------------------------------------------|---------------------------------------------|
+| none     |                                                     |                                                 |                                             |
+| ort      | layer_norm, attention, gelu, skip_layer_norm        | MultiHeadAttention, FastGelu, SkipLayerNorm (ms) | L attention, L GELU, 2L + 1 LayerNorm-type  |
+| portable | layer_norm, gelu (standard Gelu, opset 20)          | LayerNormalization, Gelu                        | 2L + 1 LayerNormalization, L Gelu           |
+| tensorrt | layer_norm                                          | LayerNormalization (opset 17)                   | 2L + 1 LayerNormalization                   |
+
+The tensorrt profile stays in the standard domain (TensorRT's parser takes no com.microsoft op) and below
+opset 20; TensorRT fuses GELU and attention itself, and 10.16 rejects an opset-23 Attention with present K/V.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import onnx
+import onnx_ir as ir
+import onnxscript.optimizer
+from onnxscript.rewriter import pattern
+
+from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.fusions.attention import attention_div_rule, attention_split_scale_rule
+from gpt2onnx.fusions.gelu import fast_gelu_rule, fast_gelu_with_bias_rule, standard_gelu_rule
+from gpt2onnx.fusions.layer_norm import layer_norm_rule
+from gpt2onnx.fusions.skip_layer_norm import skip_layer_norm_rule, skip_layer_norm_with_bias_rule
+
+log = logging.getLogger(__name__)
+
+PROFILES = ("none", "ort", "portable", "tensorrt")
+MS = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class Fusion:
+    name: str
+    rules: tuple
+    produces: tuple[tuple[str, str], ...]  # (domain, op_type) the fusion creates
+
+
+LAYER_NORM = Fusion("layer_norm", (layer_norm_rule,), (("", "LayerNormalization"),))
+ATTENTION = Fusion("attention", (attention_div_rule, attention_split_scale_rule), ((MS, "MultiHeadAttention"),))
+FAST_GELU = Fusion("gelu", (fast_gelu_with_bias_rule, fast_gelu_rule), ((MS, "FastGelu"),))
+STANDARD_GELU = Fusion("gelu", (standard_gelu_rule,), (("", "Gelu"),))
+SKIP_LAYER_NORM = Fusion(
+    "skip_layer_norm", (skip_layer_norm_with_bias_rule, skip_layer_norm_rule), ((MS, "SkipLayerNormalization"),)
+)
+
+PROFILE_FUSIONS: dict[str, tuple[Fusion, ...]] = {
+    "none": (),
+    "ort": (LAYER_NORM, ATTENTION, FAST_GELU, SKIP_LAYER_NORM),
+    "portable": (LAYER_NORM, STANDARD_GELU),
+    "tensorrt": (LAYER_NORM,),
+}
+MIN_OPSET = {"none": 0, "ort": 17, "portable": 20, "tensorrt": 17}
+
+
+def golden_counts(profile: str, n_layer: int) -> dict[str, tuple[tuple[tuple[str, str], ...], int]]:
+    """What a whole fusion must reach: {check name: ((domain, op), ...), expected count}."""
+    L = n_layer
+    layer_norms = (("", "LayerNormalization"), (MS, "SkipLayerNormalization"))
+    return {
+        "none": {},
+        "ort": {"attention": (((MS, "MultiHeadAttention"),), L), "gelu": (((MS, "FastGelu"),), L), "layer_norm": (layer_norms, 2 * L + 1)},
+        "portable": {"layer_norm": ((("", "LayerNormalization"),), 2 * L + 1), "gelu": ((("", "Gelu"),), L)},
+        "tensorrt": {"layer_norm": ((("", "LayerNormalization"),), 2 * L + 1)},
+    }[profile]
+
+
+@dataclass
+class FusionReport:
+    profile: str
+    applied: dict[str, int]  # rewrites per fusion
+    op_counts: dict[str, int]  # fused ops in the result, "domain::op"
+    golden: dict[str, dict]  # per check: expected, found
+    partial: list[str] = field(default_factory=list)  # messages for checks below golden
+
+    def as_dict(self) -> dict:
+        return {"profile": self.profile, "applied": self.applied, "op_counts": self.op_counts, "golden": self.golden, "partial": self.partial}
+
+
+def check_profile(profile: str) -> None:
+    if profile not in PROFILES:
+        raise Gpt2OnnxError(f"unknown fusion profile '{profile}': choose one of {', '.join(PROFILES)}")
+
+
+def count_layers(model: onnx.ModelProto) -> int:
+    pasts = [i.name for i in model.graph.input if re.fullmatch(r"past_key_values\.\d+\.key", i.name)]
+    if not pasts:
+        raise Gpt2OnnxError("the model has no past_key_values.{i}.key inputs: fusion needs a decoder with past")
+    return len(pasts)
+
+
+def _op_histogram(model: ir.Model) -> Counter:
+    return Counter((node.domain or "", node.op_type) for node in model.graph)
+
+
+def _upgrade_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    from onnx import version_converter
+
+    current = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 0)
+    if current >= opset:
+        return model
+    log.info("converting the model from opset %d to %d", current, opset)
+    try:
+        return version_converter.convert_version(model, opset)
+    except Exception as err:  # the converter raises several types for ops it cannot move
+        raise Gpt2OnnxError(f"cannot convert the model from opset {current} to {opset} for this profile ({err})") from None
+
+
+def _where_it_stopped(model: ir.Model, fusion: Fusion) -> str:
+    """The node at which the fusion's best partial match stopped, and why (from onnxscript's tracer)."""
+    tracer = pattern.MatchingTracer()
+    pattern.RewriteRuleSet(list(fusion.rules), commute=True).apply_to_model(model, tracer=tracer)
+    best = None
+    for matches in tracer.best_matches_map.values():
+        for info in matches:
+            if best is None or info.score() > best.score():
+                best = info
+    if best is None:
+        return "no node starts its pattern"
+    reason = best.match_result.reason or "pattern mismatch"
+    node = best.root_node
+    return f"stopped matching at node '{node.name}' ({node.op_type}): {reason}"
+
+
+def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -> tuple[onnx.ModelProto, FusionReport]:
+    """Apply a profile's fusions in order; fail below the golden counts unless ``allow_partial``."""
+    check_profile(profile)
+    n_layer = count_layers(model)
+    if profile == "none":
+        return model, FusionReport(profile, {}, {}, {})
+    model = _upgrade_opset(model, MIN_OPSET[profile])
+    ir_version = model.ir_version
+    graph = ir.from_proto(onnx.shape_inference.infer_shapes(model))
+    applied = {}
+    for fusion in PROFILE_FUSIONS[profile]:
+        count = pattern.RewriteRuleSet(list(fusion.rules), commute=True).apply_to_model(graph)
+        applied[fusion.name] = applied.get(fusion.name, 0) + count
+        log.info("fusion %s: %d rewrites", fusion.name, count)
+    onnxscript.optimizer.remove_unused_nodes(graph)
+    histogram = _op_histogram(graph)
+    golden, partial = {}, []
+    for check, (ops, expected) in golden_counts(profile, n_layer).items():
+        found = sum(histogram[op] for op in ops)
+        golden[check] = {"expected": expected, "found": found, "ops": ["::".join(filter(None, op)) for op in ops]}
+        if found < expected:
+            fusion = next(f for f in PROFILE_FUSIONS[profile] if f.name == check)
+            partial.append(
+                f"fusion '{check}' reached {found} of {expected} {'/'.join(op for _, op in ops)} ops:"
+                f" {_where_it_stopped(graph, fusion)}"
+            )
+    if partial and not allow_partial:
+        raise Gpt2OnnxError(partial[0] + "; pass --allow-partial-fusion to keep a partly fused graph")
+    for message in partial:
+        log.warning("%s", message)
+    op_counts = {
+        "::".join(filter(None, key)): n
+        for key, n in sorted(histogram.items())
+        if key in {op for f in PROFILE_FUSIONS[profile] for op in f.produces}
+    }
+    fused = ir.to_proto(graph)
+    fused.ir_version = ir_version
+    return fused, FusionReport(profile, applied, op_counts, golden, partial)
