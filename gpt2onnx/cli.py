@@ -116,6 +116,10 @@ def export(
     validate: Annotated[bool, typer.Option(help="Check against PyTorch before writing.")] = True,
     tolerance: Annotated[Optional[float], typer.Option(help="Max |Δlogits| accepted \\[default: 1e-4 for fp32].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
+    fusion: Annotated[str, typer.Option(help="Fusion profile: none, ort, portable or tensorrt.")] = "none",
+    allow_partial_fusion: Annotated[
+        bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
+    ] = False,
 ) -> None:
     """Export a GPT-2 checkpoint to an ONNX decoder with past key/values, validated against PyTorch."""
     from gpt2onnx.exporters.export import ExportOptions
@@ -130,6 +134,8 @@ def export(
         validate=validate,
         tolerance=tolerance,
         force=force,
+        fusion=fusion,
+        allow_partial_fusion=allow_partial_fusion,
     )
     with err_console.status(f"exporting {model}…"):
         result = run_export(model, out, random_init=random_init, seed=seed, revision=revision, options=options)
@@ -139,6 +145,8 @@ def export(
     table.add_row("opset", str(manifest["opset"]))
     for name, info in manifest["files"].items():
         table.add_row(name, _size(info["bytes"]))
+    if manifest.get("fusion"):
+        table.add_row("fusion", _fusion_summary(manifest["fusion"]))
     parity = manifest["parity"]
     table.add_row(
         "parity",
@@ -148,6 +156,41 @@ def export(
         f" (tolerance {parity['tolerance']:.0e})",
     )
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
+    console.print(table)
+
+
+def _fusion_summary(report: dict) -> str:
+    counts = ", ".join(f"{n} {op.split('::')[-1]}" for op, n in report["op_counts"].items()) or "nothing fused"
+    return f"{report['profile']}: {counts}" + (" (PARTIAL)" if report.get("partial") else "")
+
+
+@app.command()
+def optimize(
+    source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
+    fusion: Annotated[str, typer.Option(help="Fusion profile: ort, portable or tensorrt.")] = "ort",
+    allow_partial_fusion: Annotated[
+        bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
+    ] = False,
+    validate: Annotated[bool, typer.Option(help="Check the fused graph against its source before writing.")] = True,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
+) -> None:
+    """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder, into a new folder."""
+    from gpt2onnx.exporters.optimize import optimize as run_optimize
+
+    with err_console.status(f"optimizing {source}…"):
+        manifest = run_optimize(source, out, fusion=fusion, allow_partial=allow_partial_fusion, force=force, validate=validate)
+    table = Table(title=f"{source} → {out}", show_header=False)
+    table.add_row("fusion", _fusion_summary(manifest["fusion"]))
+    for check, g in manifest["fusion"]["golden"].items():
+        table.add_row(f"  {check}", f"{g['found']} of {g['expected']} ({', '.join(g['ops'])})")
+    for name, info in manifest["files"].items():
+        table.add_row(name, _size(info["bytes"]))
+    parity = manifest["parity"]
+    table.add_row(
+        "parity",
+        "skipped (--no-validate)" if parity is None else f"max |Δlogits| {parity['max_abs_logits']:.2e} against the source graph",
+    )
     console.print(table)
 
 
@@ -189,6 +232,8 @@ def inspect_command(
     acc.add_row("[bold]total[/]", "", "", f"[bold]{params['total']:,}[/]")
     console.print(acc)
     console.print("files: " + ", ".join(f"{name} {_size(size)}" for name, size in info["files"].items()))
+    if info["manifest"] and info["manifest"].get("fusion"):
+        console.print("fusion: " + _fusion_summary(info["manifest"]["fusion"]))
     if info["manifest"] and info["manifest"].get("parity"):
         parity = info["manifest"]["parity"]
         console.print(f"parity at export: max |Δlogits| {parity['max_abs_logits']:.2e} (tolerance {parity['tolerance']:.0e})")

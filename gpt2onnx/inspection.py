@@ -126,7 +126,7 @@ def inspect_model(path: str | Path) -> dict:
         "files": files,
         "parameters": parameter_accounting(model),
         "manifest": (
-            {k: manifest.get(k) for k in ("kind", "name", "source", "dtype", "opset", "parity", "options")}
+            {k: manifest.get(k) for k in ("kind", "name", "source", "dtype", "opset", "parity", "options", "fusion")}
             if manifest
             else None
         ),

@@ -118,3 +118,23 @@ def test_tied_embedding_stored_once(exported):
     assert sorted(vocab_sized) == sorted(expected)
     n_params = sum(int(np.prod(t.shape)) for t in ckpt.state_dict.values())
     assert sum(int(np.prod(i.dims)) for i in model.graph.initializer if len(i.dims) >= 1 and np.prod(i.dims) > 1) == n_params
+
+
+def test_nan_in_the_onnx_output_fails_parity(tiny_folder, tmp_path):
+    """A graph that returns NaN must not pass (NaN compares false with everything, so max() would skip it)."""
+    from onnx import TensorProto, helper
+
+    folder = export(str(tiny_folder), tmp_path / "nan").folder
+    model = onnx.load(str(folder / "model.onnx"))
+    logits = next(o for o in model.graph.output if o.name == "logits")
+    for node in model.graph.node:  # rename the producer's output and add NaN · x behind it
+        node.output[:] = ["logits_raw" if name == "logits" else name for name in node.output]
+    model.graph.initializer.append(helper.make_tensor("nan", TensorProto.FLOAT, [], [float("nan")]))
+    model.graph.node.append(helper.make_node("Mul", ["logits_raw", "nan"], [logits.name]))
+    onnx.save(model, str(folder / "model.onnx"))
+    ckpt = load_checkpoint(str(tiny_folder))
+    ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=2, length=4, seed=0)
+    result = compare_decoder(
+        OnnxDecoder(cpu_session(folder / "model.onnx")), reference_model(ckpt), ids, mask, decode_steps=1, tolerance=FP32_TOL
+    )
+    assert not result.passed and result.max_abs_logits == float("inf")

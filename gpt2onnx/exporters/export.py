@@ -38,6 +38,8 @@ class ExportOptions:
     validate: bool = True
     tolerance: float | None = None  # None: the dtype's default (runtimes.parity.TOLERANCES)
     force: bool = False  # replace an existing output folder
+    fusion: str = "none"  # fusion profile: none, ort, portable, tensorrt (see gpt2onnx.fusions)
+    allow_partial_fusion: bool = False  # keep a graph whose fusions fall short of the golden counts
 
 
 @dataclass
@@ -71,6 +73,11 @@ def export(
         raise Gpt2OnnxError(f"--logits '{options.logits}' is not valid: choose 'all' or 'last'")
     if options.block is not None and options.logits != "all":
         raise Gpt2OnnxError("--logits applies to the whole decoder, not to a single --block: drop one of them")
+    from gpt2onnx.fusions.pipeline import check_profile
+
+    check_profile(options.fusion)
+    if options.block is not None and options.fusion != "none":
+        raise Gpt2OnnxError("--fusion applies to the whole decoder, not to a single --block: drop one of them")
     if out is not None and Path(out).exists() and not options.force:  # fail before loading any weights
         raise Gpt2OnnxError(f"output folder '{out}' already exists: choose another --out, or add --force to replace it")
     timings: dict[str, float] = {}
@@ -101,10 +108,19 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         module, io, kind, head = BlockForExport(full.h[options.block]), block_io(spec), "block", None
     log.info("exporting %s (%s, opset %d)", ckpt.name, kind, options.opset)
     proto = export_module(module, io, spec, opset=options.opset, head_weight=head)
-    model_files = save_onnx(proto, folder / MODEL_FILE, external_data=options.external_data)
     timings["export_seconds"] = time.perf_counter() - start
-    opset_imports = {imp.domain or "ai.onnx": imp.version for imp in proto.opset_import}
-    op_count = len(proto.graph.node)
+    fusion_report = None
+    if options.fusion != "none":
+        from gpt2onnx.fusions import fuse
+
+        start = time.perf_counter()
+        proto, report = fuse(proto, options.fusion, allow_partial=options.allow_partial_fusion)
+        fusion_report = report.as_dict()
+        timings["fusion_seconds"] = time.perf_counter() - start
+    start = time.perf_counter()
+    model_files = save_onnx(proto, folder / MODEL_FILE, external_data=options.external_data)
+    timings["save_seconds"] = time.perf_counter() - start
+    graph_facts = graph_summary(proto)
     del proto
 
     parity = None
@@ -126,14 +142,29 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         "architecture": spec.as_dict(),
         "dtype": dtype,
         "io": io.as_dict(),
-        "opset": options.opset,
-        "opset_imports": opset_imports,
-        "node_count": op_count,
+        **graph_facts,
         "options": {**asdict(options), "external_data": len(model_files) > 1},
+        "fusion": fusion_report,
         "parity": parity,
         "timings": timings,
+    }
+    return write_manifest(folder, manifest)
+
+
+def graph_summary(proto) -> dict:
+    """What the manifest records of a graph: opset, domains, node count."""
+    opset_imports = {imp.domain or "ai.onnx": imp.version for imp in proto.opset_import}
+    return {"opset": opset_imports.get("ai.onnx"), "opset_imports": opset_imports, "node_count": len(proto.graph.node)}
+
+
+def write_manifest(folder: Path, manifest: dict) -> dict:
+    """Add the file hashes, versions and date, and write gpt2onnx.json (the last file of a folder)."""
+    manifest = {
+        **manifest,
         "files": {
-            p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(folder.iterdir()) if p.is_file()
+            p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+            for p in sorted(folder.iterdir())
+            if p.is_file() and p.name != MANIFEST_NAME
         },
         "versions": _versions(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -12,8 +12,8 @@ names. The scale may be a Div by √D (our exporter), or a Mul of each side by D
 
 from __future__ import annotations
 
-import math
-
+import numpy as np
+import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from gpt2onnx.fusions._common import constant_value, static_dim
@@ -46,6 +46,9 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
             return result.fail("the attention scale is not a constant", bindings.get("scale"))
         return result
 
+    def _mask(self, op, attn_bias):
+        return attn_bias
+
     def rewrite(self, op, q, k, v, past_key, past_value, attn_bias, **bindings):
         return op.MultiHeadAttention(
             q,
@@ -53,7 +56,7 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
             v,
             None,  # bias: the projection keeps its own Add
             None,  # key_padding_mask: the additive mask below covers padding
-            attn_bias,
+            self._mask(op, attn_bias),
             past_key,
             past_value,
             num_heads=static_dim(past_key, 1),
@@ -94,6 +97,15 @@ class AttentionWithPastSplitScale(_AttentionBase):
     def _scale(self, q_scale=None, k_scale=None, **_):
         a, b = constant_value(q_scale), constant_value(k_scale)
         return None if a is None or b is None else a * b
+
+    def _mask(self, op, attn_bias):
+        # This export masks with -inf and turns the NaN of a fully masked (padding) row into 0 after the
+        # softmax. MultiHeadAttention has no such guard, so -inf is clamped to the lowest finite value: padding
+        # rows then average instead of returning 0, and no real token ever attends to them, so every real
+        # logit is unchanged and no NaN can leak into the K/V cache.
+        dtype = attn_bias.dtype.numpy() if attn_bias.dtype is not None else np.float32
+        lowest = ir.tensor(np.array(np.finfo(dtype).min, dtype=dtype))
+        return op.Max(attn_bias, op.Constant(value=lowest))
 
 
 attention_div_rule = AttentionWithPastDivScale.rule()

@@ -27,6 +27,7 @@ from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.fusions.attention import attention_div_rule, attention_split_scale_rule
 from gpt2onnx.fusions.gelu import fast_gelu_rule, fast_gelu_with_bias_rule, standard_gelu_rule
 from gpt2onnx.fusions.layer_norm import layer_norm_rule
+from gpt2onnx.fusions.shape_anchoring import anchor_shapes
 from gpt2onnx.fusions.skip_layer_norm import skip_layer_norm_rule, skip_layer_norm_with_bias_rule
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,12 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
         return model, FusionReport(profile, {}, {}, {})
     model = _upgrade_opset(model, MIN_OPSET[profile])
     ir_version = model.ir_version
+    if any(f is ATTENTION for f in PROFILE_FUSIONS[profile]):
+        model, anchored = anchor_shapes(model)
+        log.info("re-anchored %d intermediate shape reads on the graph inputs", anchored)
     graph = ir.from_proto(onnx.shape_inference.infer_shapes(model))
+    # Small constant subgraphs (the SDPA scale, shape arithmetic) become constants the rules can read.
+    onnxscript.optimizer.fold_constants(graph, input_size_limit=1024, output_size_limit=1024)
     applied = {}
     for fusion in PROFILE_FUSIONS[profile]:
         count = pattern.RewriteRuleSet(list(fusion.rules), commute=True).apply_to_model(graph)

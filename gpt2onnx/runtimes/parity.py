@@ -121,7 +121,9 @@ class _Diffs:
 
 
 def _abs_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.abs(a.astype(np.float64) - b.astype(np.float64))
+    """|a - b|, with NaN counted as an infinite difference (max() would otherwise skip it silently)."""
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return np.where(np.isnan(diff), np.inf, diff)
 
 
 def _case_batch(case: Case, vocab_size: int):
@@ -383,3 +385,20 @@ def check_parity(
         if on_case is not None:
             on_case(results[-1])
     return ParityReport(decoder.provider, model.dtype, tolerances, results, summarize(results, tolerances))
+
+
+class OnnxReference:
+    """An ONNX decoder behind the reference model's interface, to check a rewritten graph against its source
+    (gpt2onnx optimize) with the same comparison code that checks exports against PyTorch."""
+
+    def __init__(self, decoder: OnnxDecoder):
+        self.decoder = decoder
+
+    def __call__(self, *, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True):
+        from types import SimpleNamespace
+
+        batch = input_ids.shape[0]
+        past = self.decoder.empty_past(batch) if past_key_values is None else [t.numpy() for pair in past_key_values for t in pair]
+        logits, presents = self.decoder.step(input_ids.numpy(), attention_mask.numpy(), position_ids.numpy(), past)
+        pairs = [(torch.from_numpy(presents[i]), torch.from_numpy(presents[i + 1])) for i in range(0, len(presents), 2)]
+        return SimpleNamespace(logits=torch.from_numpy(logits), past_key_values=pairs)

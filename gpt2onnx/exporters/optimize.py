@@ -1,0 +1,105 @@
+"""`gpt2onnx optimize`: apply a fusion profile to an exported decoder (ours or optimum's) and write a new
+folder, checked against the graph it came from before anything is written."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import onnx
+
+from gpt2onnx.checkpoint import COMPANION_FILES
+from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.exporters.export import MANIFEST_FORMAT_VERSION, MODEL_FILE, graph_summary, read_manifest, write_manifest
+from gpt2onnx.exporters.output import save_onnx, staged_folder
+
+log = logging.getLogger(__name__)
+
+
+def _input_model(path: Path) -> Path:
+    from gpt2onnx.inspection import resolve_model_path
+
+    return resolve_model_path(path)
+
+
+def optimize(
+    source: str | Path,
+    out: str | Path,
+    *,
+    fusion: str,
+    allow_partial: bool = False,
+    force: bool = False,
+    validate: bool = True,
+    tolerance: float = 1e-4,
+    external_data: bool | None = None,
+) -> dict:
+    """Fuse ``source`` (a folder or .onnx file) with profile ``fusion`` into the folder ``out``; returns its manifest."""
+    from gpt2onnx.fusions import fuse
+    from gpt2onnx.fusions.pipeline import check_profile
+    from gpt2onnx.inspection import load_graph
+
+    check_profile(fusion)
+    model_path = _input_model(Path(source))
+    load_graph(model_path)  # a clear error for a file that is not ONNX, before the weights are read
+    out = Path(out)
+    if out.exists() and not force:
+        raise Gpt2OnnxError(f"output folder '{out}' already exists: choose another --out, or add --force to replace it")
+    if out.resolve() == model_path.parent.resolve():
+        raise Gpt2OnnxError("--out is the input folder: write the optimized model to another folder")
+    timings = {}
+    start = time.perf_counter()
+    model = onnx.load(str(model_path))
+    fused, report = fuse(model, fusion, allow_partial=allow_partial)
+    del model
+    timings["fusion_seconds"] = time.perf_counter() - start
+    with staged_folder(out, force=force) as folder:
+        files = save_onnx(fused, folder / MODEL_FILE, external_data=external_data)
+        facts = graph_summary(fused)
+        del fused
+        for name in ("config.json", *COMPANION_FILES):
+            if (model_path.parent / name).is_file():
+                shutil.copyfile(model_path.parent / name, folder / name)
+        parity = None
+        if validate:
+            start = time.perf_counter()
+            parity = _against_source(folder / MODEL_FILE, model_path, tolerance)
+            timings["validate_seconds"] = time.perf_counter() - start
+            if not parity["passed"]:
+                raise Gpt2OnnxError(
+                    f"validation failed: the fused model differs from its source by max |Δlogits|"
+                    f" {parity['max_abs_logits']:.3g} (tolerance {tolerance:g}); nothing was written"
+                )
+        previous = read_manifest(model_path.parent) or {}
+        manifest = {
+            "format_version": MANIFEST_FORMAT_VERSION,
+            "kind": "decoder",
+            "name": previous.get("name", model_path.parent.name),
+            "source": previous.get("source", {"kind": "onnx", "path": str(model_path.resolve())}),
+            "optimized_from": str(model_path.resolve()),
+            "architecture": previous.get("architecture"),
+            "dtype": previous.get("dtype", "float32"),
+            "io": previous.get("io"),
+            **facts,
+            "options": {**previous.get("options", {}), "fusion": fusion, "allow_partial_fusion": allow_partial, "external_data": len(files) > 1},
+            "fusion": report.as_dict(),
+            "parity": parity,
+            "timings": timings,
+        }
+        return write_manifest(folder, manifest)
+
+
+def _against_source(fused_path: Path, source_path: Path, tolerance: float) -> dict:
+    """The fused graph against the graph it came from: a left-padded batch, empty past, decode steps."""
+    from gpt2onnx.runtimes.decoder import OnnxDecoder
+    from gpt2onnx.runtimes.parity import OnnxReference, compare_decoder, left_padded_batch
+    from gpt2onnx.runtimes.providers import cpu_session
+
+    fused = OnnxDecoder(cpu_session(fused_path))
+    source = OnnxReference(OnnxDecoder(cpu_session(source_path)))
+    vocab = fused.vocab_size or 1000
+    input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)
+    last_only = any(o.name == "logits" and o.shape[1] == 1 for o in fused.session.get_outputs())
+    result = compare_decoder(fused, source, input_ids, mask, decode_steps=2, tolerance=tolerance, last_logits_only=last_only)
+    return {**result.as_dict(), "against": "source ONNX model"}
