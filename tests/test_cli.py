@@ -133,3 +133,22 @@ def test_python_dash_m(tmp_path):
 
     proc = subprocess.run([sys.executable, "-m", "gpt2onnx", "inspect", tmp_path / "x"], capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.strip().startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_export_with_fusion_and_optimize(tmp_path, tiny_folder):
+    result = run("export", "-m", tiny_folder, "-o", tmp_path / "f", "--fusion", "ort")
+    assert result.exit_code == 0, result.output
+    assert "2 MultiHeadAttention" in result.output
+    result = run("optimize", tmp_path / "f", "--out", tmp_path / "p", "--fusion", "portable")
+    assert result.exit_code == 0, result.output
+    assert "2 of 2" in result.output and "against the source graph" in result.output
+    result = run("inspect", tmp_path / "p")
+    assert "fusion: portable" in result.output and "Gelu" in result.output
+
+
+def test_fusion_bad_inputs(tmp_path, tiny_folder):
+    assert_one_line_error(run("export", "-m", tiny_folder, "-o", tmp_path / "f", "--fusion", "max"), "unknown fusion profile 'max'")
+    assert_one_line_error(run("optimize", tmp_path / "nothing", "--out", tmp_path / "o"), "no such file or folder")
+    (tmp_path / "bad.onnx").write_text("nope")
+    assert_one_line_error(run("optimize", tmp_path / "bad.onnx", "--out", tmp_path / "o"), "is not an ONNX model")
+    assert_one_line_error(run("optimize", tiny_folder, "--out", tmp_path / "o"), "holds no model.onnx")
