@@ -139,7 +139,11 @@ def test_export_with_fusion_and_optimize(tmp_path, tiny_folder):
     result = run("export", "-m", tiny_folder, "-o", tmp_path / "f", "--fusion", "ort")
     assert result.exit_code == 0, result.output
     assert "2 MultiHeadAttention" in result.output
-    result = run("optimize", tmp_path / "f", "--out", tmp_path / "p", "--fusion", "portable")
+    assert_one_line_error(
+        run("optimize", tmp_path / "f", "--out", tmp_path / "p", "--fusion", "portable"), "start from the unfused export"
+    )
+    assert run("export", "-m", tiny_folder, "-o", tmp_path / "plain").exit_code == 0
+    result = run("optimize", tmp_path / "plain", "--out", tmp_path / "p", "--fusion", "portable")
     assert result.exit_code == 0, result.output
     assert "2 of 2" in result.output and "against the source graph" in result.output
     result = run("inspect", tmp_path / "p")

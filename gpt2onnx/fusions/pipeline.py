@@ -135,6 +135,12 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
     n_layer = count_layers(model)
     if profile == "none":
         return model, FusionReport(profile, {}, {}, {})
+    contrib = sorted({n.op_type for n in model.graph.node if n.domain == MS})
+    if contrib and profile != "ort":
+        raise Gpt2OnnxError(
+            f"the model already holds com.microsoft ops ({', '.join(contrib)}) from the ort profile, which the"
+            f" {profile} profile cannot contain: start from the unfused export"
+        )
     model = _upgrade_opset(model, MIN_OPSET[profile])
     ir_version = model.ir_version
     if any(f is ATTENTION for f in PROFILE_FUSIONS[profile]):
