@@ -162,8 +162,8 @@ def test_skip_layer_norm_rule_exposes_the_sum(with_bias):
     np.testing.assert_allclose(_run(fused, feeds)[0], _run(model, feeds)[0], atol=1e-5)
 
 
-def test_attention_rule_on_a_one_layer_export(tmp_path):
-    folder = export("tiny", tmp_path / "one", random_init=True, options=ExportOptions(validate=False)).folder
+def test_attention_rule_on_a_tiny_export(tmp_path):
+    folder = export("tiny", tmp_path / "tiny", random_init=True, options=ExportOptions(validate=False)).folder
     model = onnx.load(str(folder / "model.onnx"))
     fused, count = _apply(model, pipeline.ATTENTION)
     assert count == 2 and _ops(fused)[("com.microsoft", "MultiHeadAttention")] == 2

@@ -164,10 +164,14 @@ def test_bench_bad_inputs(tiny_export, tmp_path):
 
 
 def test_bench_plot(tiny_export, tmp_path):
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        assert_one_line_error(run("bench", tiny_export, "--plot", tmp_path / "p.png"), "--plot needs matplotlib")
-        return
-    result = run("bench", tiny_export, "--batch", 1, "--prompt-len", 8, "--new-tokens", 4, "--repeat", 1, "--plot", tmp_path / "p.png")
-    assert result.exit_code == 0 and (tmp_path / "p.png").stat().st_size > 1000
+    result = run("bench", tiny_export, "--batch", 1, "--prompt-len", 8, "--new-tokens", 6, "--repeat", 1, "--plot", tmp_path / "p.png")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_plot_without_matplotlib(tiny_export, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    assert_one_line_error(run("bench", tiny_export, "--plot", tmp_path / "p.png"), "--plot needs matplotlib")
+    assert not (tmp_path / "p.png").exists()
