@@ -157,3 +157,9 @@ def test_exported_folder_has_ordinary_permissions(tiny_folder, tmp_path):
     assert stat.S_IMODE(result.folder.stat().st_mode) == 0o777 & ~umask
     for path in result.folder.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path.name
+
+
+def test_default_output_names_per_variant():
+    assert export_module.default_output("gpt2", ExportOptions()) == export_module.DEFAULT_OUTPUT_ROOT / "gpt2"
+    assert export_module.default_output("gpt2", ExportOptions(logits="last", fusion="ort")).name == "gpt2-last-logits-ort"
+    assert export_module.default_output("gpt2", ExportOptions(block=3)).name == "gpt2-block3"

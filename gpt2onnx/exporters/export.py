@@ -54,7 +54,10 @@ class ExportResult:
 
 
 def default_output(ckpt_name: str, options: ExportOptions) -> Path:
-    suffix = f"-block{options.block}" if options.block is not None else ("-last-logits" if options.logits == "last" else "")
+    """models/<name>, with a suffix per variant: models/gpt2-last-logits-ort, models/gpt2-block3, ..."""
+    if options.block is not None:
+        return DEFAULT_OUTPUT_ROOT / f"{ckpt_name}-block{options.block}"
+    suffix = ("-last-logits" if options.logits == "last" else "") + (f"-{options.fusion}" if options.fusion != "none" else "")
     return DEFAULT_OUTPUT_ROOT / f"{ckpt_name}{suffix}"
 
 
