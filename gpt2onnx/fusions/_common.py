@@ -21,3 +21,35 @@ def static_dim(value, axis: int) -> int | None:
         return None
     dim = shape[axis]
     return dim if isinstance(dim, int) else None
+
+
+def skeleton(model):
+    """The model without its large weights: each initializer of more than ``SMALL`` elements becomes a typed
+    graph input instead. Shape inference needs only types and the small constants, and this way it runs on
+    models past protobuf's 2 GB limit (gpt2-xl) without copying gigabytes."""
+    from onnx import helper
+
+    small, typed = [], []
+    for init in model.graph.initializer:
+        count = int(np.prod(init.dims)) if len(init.dims) else 1
+        if count <= SMALL:
+            small.append(init)
+        else:
+            typed.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    graph = helper.make_graph(
+        list(model.graph.node), model.graph.name, [*model.graph.input, *typed], list(model.graph.output), small
+    )
+    out = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    return out
+
+
+SMALL = 1024
+
+
+def infer_value_info(model) -> None:
+    """Attach onnx's inferred shapes to ``model`` (in place), inferring on its skeleton."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(skeleton(model))
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)

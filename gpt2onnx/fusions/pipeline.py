@@ -24,6 +24,7 @@ import onnxscript.optimizer
 from onnxscript.rewriter import pattern
 
 from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.fusions._common import infer_value_info
 from gpt2onnx.fusions.attention import attention_div_rule, attention_split_scale_rule
 from gpt2onnx.fusions.gelu import fast_gelu_rule, fast_gelu_with_bias_rule, standard_gelu_rule
 from gpt2onnx.fusions.layer_norm import layer_norm_rule
@@ -146,7 +147,8 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
     if any(f is ATTENTION for f in PROFILE_FUSIONS[profile]):
         model, anchored = anchor_shapes(model)
         log.info("re-anchored %d intermediate shape reads on the graph inputs", anchored)
-    graph = ir.from_proto(onnx.shape_inference.infer_shapes(model))
+    infer_value_info(model)
+    graph = ir.from_proto(model)
     # Small constant subgraphs (the SDPA scale, shape arithmetic) become constants the rules can read.
     onnxscript.optimizer.fold_constants(graph, input_size_limit=1024, output_size_limit=1024)
     applied = {}

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from gpt2onnx.fusions._common import skeleton
+
 log = logging.getLogger(__name__)
 
 
@@ -57,7 +59,7 @@ def anchor_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     try:
-        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        inferred = SymbolicShapeInference.infer_shapes(skeleton(model), auto_merge=True)
     except Exception as err:  # symbolic inference gives up on some graphs; the pass is an optimization
         log.info("symbolic shape inference failed (%s); shape reads left as they are", err)
         return model, 0
