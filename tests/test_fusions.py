@@ -315,3 +315,15 @@ def test_we_fuse_at_least_what_onnxruntimes_optimizer_fuses(tiny_export, optimum
         assert ours_counts["attention"] == 2 and ours_counts["layer norm"] == 5
         compared += 1
     assert compared >= 1, "onnxruntime's optimizer ran on neither file"
+
+
+@pytest.mark.slow
+def test_gpt2_124m_ort_profile_golden_counts_and_parity(tmp_path):
+    """The real 124M architecture (random weights): 12 attention, 12 GELU, 25 LayerNorm-type ops, parity."""
+    result = export("gpt2", tmp_path / "gpt2-ort", random_init=True, options=ExportOptions(fusion="ort"))
+    assert result.manifest["fusion"]["op_counts"] == {
+        "com.microsoft::FastGelu": 12,
+        "com.microsoft::MultiHeadAttention": 12,
+        "com.microsoft::SkipLayerNormalization": 25,
+    }
+    assert result.manifest["parity"]["passed"] and result.manifest["parity"]["max_abs_logits"] < 1e-4
