@@ -28,16 +28,14 @@ def position_ids_for(attention_mask: np.ndarray) -> np.ndarray:
     return np.where(attention_mask == 0, 1, positions).astype(np.int64)
 
 
-def graph_shape(session: ort.InferenceSession, n_positions: int) -> DecoderShape:
-    """Read (and check) the decoder IO contract from a session's inputs and outputs."""
-    inputs = {i.name: i for i in session.get_inputs()}
-    outputs = [o.name for o in session.get_outputs()]
+def graph_shape(inputs: dict[str, list], outputs: list[str], n_positions: int) -> DecoderShape:
+    """Read (and check) the decoder IO contract. ``inputs``: name → shape (ints, or names for symbolic dims)."""
     for required in ("input_ids", "attention_mask"):
         if required not in inputs:
             raise Gpt2OnnxError(f"model has no input '{required}': it does not follow the decoder IO contract")
     if "logits" not in outputs:
         raise Gpt2OnnxError("model has no output 'logits': it does not follow the decoder IO contract")
-    past = sorted((n for n in inputs if _PAST.match(n)), key=lambda n: (int(_PAST.match(n)[1]), _PAST.match(n)[2]))
+    past = [n for n in inputs if _PAST.match(n)]
     if not past:
         raise Gpt2OnnxError("model has no past_key_values.{i}.key/value inputs: export it with past key/values")
     n_layer = len(past) // 2
@@ -48,10 +46,23 @@ def graph_shape(session: ort.InferenceSession, n_positions: int) -> DecoderShape
             if f"present.{i}.{kind}" not in outputs:
                 raise Gpt2OnnxError(f"model has no output 'present.{i}.{kind}': it does not follow the IO contract")
     ordered = tuple(f"past_key_values.{i}.{kind}" for i in range(n_layer) for kind in ("key", "value"))
-    first = inputs[ordered[0]].shape
+    first = inputs[ordered[0]]
     if len(first) != 4 or not isinstance(first[1], int) or not isinstance(first[3], int):
         raise Gpt2OnnxError(f"input '{ordered[0]}' has shape {first}, expected [batch, n_head, past, head_dim]")
     return DecoderShape(ordered, first[1], first[3], n_positions, "position_ids" in inputs)
+
+
+def session_shape(session: ort.InferenceSession, n_positions: int) -> DecoderShape:
+    return graph_shape({i.name: i.shape for i in session.get_inputs()}, [o.name for o in session.get_outputs()], n_positions)
+
+
+def file_shape(model_path: Path, n_positions: int) -> DecoderShape:
+    """The contract read from the ONNX file itself, without loading its weights or building a session."""
+    from gpt2onnx.inspection import load_graph
+
+    graph = load_graph(model_path).graph
+    dims = lambda v: [d.dim_value if d.HasField("dim_value") else d.dim_param for d in v.type.tensor_type.shape.dim]  # noqa: E731
+    return graph_shape({v.name: dims(v) for v in graph.input}, [v.name for v in graph.output], n_positions)
 
 
 def read_n_positions(folder: Path) -> int:
@@ -66,7 +77,7 @@ def read_n_positions(folder: Path) -> int:
 class OnnxDecoder:
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         self.session = session
-        self.shape = graph_shape(session, n_positions or 0)
+        self.shape = session_shape(session, n_positions or 0)
         self.past_names = list(self.shape.past_names)
         self.present_names = [n.replace("past_key_values", "present") for n in self.past_names]
         self.n_layer = len(self.past_names) // 2

@@ -10,7 +10,7 @@ from pathlib import Path
 from gpt2onnx.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import read_manifest
-from gpt2onnx.runtimes.decoder import OnnxDecoder, graph_shape, read_n_positions
+from gpt2onnx.runtimes.decoder import OnnxDecoder, file_shape, read_n_positions
 from gpt2onnx.runtimes.providers import ProviderConfig, create_session
 
 log = logging.getLogger(__name__)
@@ -47,17 +47,8 @@ def open_folder(folder: str | Path) -> ModelFolder:
 
 def open_decoder(model: ModelFolder, provider: ProviderConfig) -> OnnxDecoder:
     """A session on the provider (checked: no silent fallback), wrapped as a decoder."""
-    import onnxruntime as ort
-
-    # Read the contract from a light CPU session first: the TensorRT profile is built from these names.
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        probe = ort.InferenceSession(str(model.model_path), options, providers=["CPUExecutionProvider"])
-    except Exception as err:  # onnxruntime's own exception types
-        raise Gpt2OnnxError(f"ONNX Runtime cannot load '{model.model_path}': {str(err).strip().splitlines()[0][:300]}") from None
-    shape = graph_shape(probe, model.n_positions)
-    del probe
+    # The contract comes from the file first: the TensorRT profile is built from its names and dims.
+    shape = file_shape(model.model_path, model.n_positions)
     session = create_session(model.model_path, provider, shape=shape)
     return OnnxDecoder(session, n_positions=model.n_positions, device_id=provider.device_id)
 
