@@ -36,7 +36,7 @@ def test_prompt_then_decode_steps_match_reference(exported, logits):
     ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=4, length=9, seed=1)
     assert len({int(m.sum()) for m in mask}) > 1, "rows must differ in padding"
     result = compare_decoder(
-        decoder, reference, ids, mask, decode_steps=5, tolerance=FP32_TOL, last_logits_only=logits == "last"
+        decoder, reference, ids, mask, decode_steps=5, tolerance=FP32_TOL
     )
     assert result.max_abs_logits <= FP32_TOL, result
     assert result.max_abs_present <= FP32_TOL, result

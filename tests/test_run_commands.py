@@ -175,3 +175,12 @@ def test_bench_plot_without_matplotlib(tiny_export, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     assert_one_line_error(run("bench", tiny_export, "--plot", tmp_path / "p.png"), "--plot needs matplotlib")
     assert not (tmp_path / "p.png").exists()
+
+
+def test_parity_of_a_last_logits_export(tiny_folder, tmp_path):
+    """Randomized cases compare the one position a --logits last graph returns."""
+    assert run("export", "-m", tiny_folder, "-o", tmp_path / "last", "--logits", "last").exit_code == 0
+    result = run("parity", tmp_path / "last", "--cases", 4, "--json", tmp_path / "p.json")
+    assert result.exit_code == 0, result.output
+    totals = json.loads((tmp_path / "p.json").read_text())["totals"]
+    assert totals["passed"] and totals["logits"]["max"] <= 1e-4

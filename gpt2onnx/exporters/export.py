@@ -201,7 +201,6 @@ def _validate(path: Path, ckpt: Checkpoint, options: ExportOptions):
             mask,
             decode_steps=decode_steps,
             tolerance=tolerance,
-            last_logits_only=options.logits == "last",
         )
     log.info("max |Δlogits| %.3g, max |Δpresent| %.3g", result.max_abs_logits, result.max_abs_present)
     return result

@@ -139,45 +139,76 @@ def _case_batch(case: Case, vocab_size: int):
     return ids, mask
 
 
+@dataclass
+class _Step:
+    """One step of both chains: ours (ONNX) and the reference's outputs, and which positions are real."""
+
+    logits: np.ndarray
+    ref_logits: np.ndarray
+    presents: list[np.ndarray]  # dummy past slots (TensorRT) already removed
+    ref_presents: list[np.ndarray]
+    real_queries: np.ndarray  # [batch, step length] bool
+    real_keys: np.ndarray  # [batch, 1, total length, 1] bool, broadcastable over K/V
+
+    def aligned_logits(self):
+        """(ours, reference, real) on the positions the ONNX graph returns: all of them, or the last only
+        for an export with --logits last."""
+        n = self.logits.shape[1]
+        return self.logits, self.ref_logits[:, -n:], self.real_queries[:, -n:]
+
+
+def _lockstep(decoder: OnnxDecoder, reference, ids: np.ndarray, mask: np.ndarray, *, chunks, decode_steps: int):
+    """Run the ONNX chain and the reference side by side: the prompt in ``chunks`` (the first with an empty
+    past, later ones on the past the earlier built), then ``decode_steps`` steps fed with the reference's greedy
+    tokens. Yields a _Step after every forward pass."""
+    past, ref_past = decoder.empty_past(ids.shape[0]), None
+
+    def both(step_ids, step_mask, positions):
+        nonlocal past, ref_past
+        ref_logits, ref_past = reference_step(reference, step_ids, step_mask, positions, ref_past)
+        logits, past = decoder.step(step_ids, decoder.prompt_mask(step_mask), positions, past)
+        return _Step(
+            logits,
+            ref_logits,
+            [p[:, :, decoder.dummy_past :] for p in past],
+            cache_as_arrays(ref_past),
+            step_mask[:, -step_ids.shape[1] :].astype(bool),
+            step_mask.astype(bool)[:, None, :, None],
+        )
+
+    for start, end in chunks:
+        step_mask = mask[:, :end]
+        step = both(ids[:, start:end], step_mask, position_ids_for(step_mask)[:, start:end])
+        yield step
+    step_mask = mask
+    for _ in range(decode_steps):
+        step_ids = step.ref_logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+        step_mask = np.concatenate([step_mask, np.ones_like(step_ids)], axis=1)
+        step = both(step_ids, step_mask, position_ids_for(step_mask)[:, -1:])
+        yield step
+
+
+def _kv_diffs(step: _Step):
+    for ours, theirs in zip(step.presents, step.ref_presents):
+        yield ours, _abs_diff(ours, theirs)[np.broadcast_to(step.real_keys, ours.shape)]
+
+
 def run_case(decoder: OnnxDecoder, reference, case: Case, *, vocab_size: int) -> CaseResult:
     ids, mask = _case_batch(case, vocab_size)
     rng = np.random.default_rng(case.seed + 1)
     logit_diffs, present_diffs = _Diffs(rng), _Diffs(rng)
     agree = compared = nonfinite = 0
-    dummy = decoder.dummy_past
-
-    def compare(logits, ref_logits, presents, ref_past, step_ids, step_mask):
-        nonlocal agree, compared, nonfinite
-        real = step_mask[:, -step_ids.shape[1] :].astype(bool)
+    total = case.prefix_length + case.prompt_length
+    chunks = [(0, case.prefix_length), (case.prefix_length, total)] if case.prefix_length else [(0, total)]
+    for step in _lockstep(decoder, reference, ids, mask, chunks=chunks, decode_steps=case.decode_steps):
+        logits, ref_logits, real = step.aligned_logits()
         nonfinite += int((~np.isfinite(logits)).sum())
         logit_diffs.add(_abs_diff(logits, ref_logits)[real])
         agree += int((logits.argmax(-1) == ref_logits.argmax(-1))[real].sum())
         compared += int(real.sum())
-        kv_real = step_mask.astype(bool)[:, None, :, None]
-        for ours, theirs in zip(presents, cache_as_arrays(ref_past)):
-            ours = ours[:, :, dummy:]
+        for ours, diff in _kv_diffs(step):
             nonfinite += int((~np.isfinite(ours)).sum())
-            present_diffs.add(_abs_diff(ours, theirs)[np.broadcast_to(kv_real, ours.shape)])
-
-    chunks = [(0, case.prefix_length), (case.prefix_length, case.prefix_length + case.prompt_length)]
-    past, ref_past = decoder.empty_past(case.batch), None
-    for start, end in chunks:
-        if end == start:
-            continue
-        step_ids, step_mask = ids[:, start:end], mask[:, :end]
-        positions = position_ids_for(step_mask)[:, start:end]
-        ref_logits, ref_past = reference_step(reference, step_ids, step_mask, positions, ref_past)
-        logits, past = decoder.step(step_ids, decoder.prompt_mask(step_mask), positions, past)
-        compare(logits, ref_logits, past, ref_past, step_ids, step_mask)
-    step_mask = mask
-    for _ in range(case.decode_steps):
-        step_ids = ref_logits[:, -1].argmax(-1)[:, None].astype(np.int64)
-        step_mask = np.concatenate([step_mask, np.ones_like(step_ids)], axis=1)
-        positions = position_ids_for(step_mask)[:, -1:]
-        ref_logits, ref_past = reference_step(reference, step_ids, step_mask, positions, ref_past)
-        logits, past = decoder.step(step_ids, decoder.prompt_mask(step_mask), positions, past)
-        compare(logits, ref_logits, past, ref_past, step_ids, step_mask)
-
+            present_diffs.add(diff)
     ours = decoder.greedy(ids, mask, case.generate_tokens)
     theirs = reference_greedy(reference, ids, mask, case.generate_tokens)
     logits_stats, logits_sample = logit_diffs.summary()
@@ -202,32 +233,17 @@ def compare_decoder(
     *,
     decode_steps: int,
     tolerance: float,
-    last_logits_only: bool = False,
 ) -> ParityResult:
     """Prompt (empty past) then ``decode_steps`` greedy steps (the reference's tokens feed both chains);
-    logits compared on real (unpadded) positions (or the last one only), presents on real positions."""
+    logits compared on the real (unpadded) positions the graph returns, presents on real positions."""
     mask = attention_mask.astype(np.int64)
-    positions = position_ids_for(mask)
-    ref_logits, ref_past = reference_step(reference, input_ids, mask, positions)
-    logits, past = decoder.step(input_ids, decoder.prompt_mask(mask), positions, decoder.empty_past(input_ids.shape[0]))
     worst_logits = worst_present = 0.0
-    for step in range(decode_steps + 1):
-        if last_logits_only:
-            worst_logits = max(worst_logits, float(_abs_diff(logits[:, -1], ref_logits[:, -1]).max()))
-        else:
-            real = mask[:, -logits.shape[1] :].astype(bool)
-            worst_logits = max(worst_logits, float(_abs_diff(logits, ref_logits)[real].max()))
-        kv_real = mask.astype(bool)[:, None, :, None]
-        for ours, theirs in zip(past, cache_as_arrays(ref_past)):
-            ours = ours[:, :, decoder.dummy_past :]
-            worst_present = max(worst_present, float(_abs_diff(ours, theirs)[np.broadcast_to(kv_real, ours.shape)].max()))
-        if step == decode_steps:
-            break
-        next_ids = ref_logits[:, -1].argmax(-1)[:, None].astype(np.int64)
-        mask = np.concatenate([mask, np.ones_like(next_ids)], axis=1)
-        positions = position_ids_for(mask)[:, -1:]
-        ref_logits, ref_past = reference_step(reference, next_ids, mask, positions, ref_past)
-        logits, past = decoder.step(next_ids, decoder.prompt_mask(mask), positions, past)
+    steps = _lockstep(decoder, reference, input_ids, mask, chunks=[(0, input_ids.shape[1])], decode_steps=decode_steps)
+    for step in steps:
+        logits, ref_logits, real = step.aligned_logits()
+        worst_logits = max(worst_logits, float(_abs_diff(logits, ref_logits)[real].max()))
+        for _, kv_diff in _kv_diffs(step):
+            worst_present = max(worst_present, float(kv_diff.max()))
     return ParityResult(
         worst_logits, worst_present, tolerance, int(input_ids.shape[0]), int(input_ids.shape[1]), decode_steps
     )
