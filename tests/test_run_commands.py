@@ -106,6 +106,8 @@ def test_parity_passes_and_writes_json(tiny_export, tmp_path):
     totals = report["totals"]
     assert totals["passed"] and totals["cases"] == 8 and totals["top1_agreement"] == 1.0
     assert totals["logits"]["max"] <= 1e-4 and totals["nonfinite"] == 0 and totals["tokens_equal_cases"] == 8
+    assert totals["top5_agreement"] == 1.0 and totals["kl"]["max"] < 1e-8
+    assert totals["tokens_before_divergence"]["min"] == min(c["case"]["generate_tokens"] for c in report["cases"])
     assert {"max", "p50", "p99"} == set(totals["present"])
     cases = report["cases"]
     assert len(cases) == 8 and {c["case"]["batch"] for c in cases} <= set(range(1, 9))
@@ -119,7 +121,8 @@ def test_parity_fails_against_another_model(tiny_export, tmp_path):
     other = write_hf_folder(tmp_path / "other", make_config("h4-v1000"), seed=99)
     result = run("parity", tiny_export, "--cases", 2, "--reference", other, "--json", tmp_path / "p.json")
     assert result.exit_code == 1 and "FAIL" in result.output
-    assert not json.loads((tmp_path / "p.json").read_text())["totals"]["passed"]
+    totals = json.loads((tmp_path / "p.json").read_text())["totals"]
+    assert not totals["passed"] and totals["kl"]["mean"] > 0.1 and totals["tokens_before_divergence"]["min"] == 0
 
 
 def test_parity_of_a_random_init_export_rebuilds_its_reference(tmp_path):

@@ -54,6 +54,9 @@ class CaseResult:
     positions_compared: int
     nonfinite: int
     tokens_equal: bool
+    top5_agreement: float = 1.0  # share of positions where the reference's top-1 is in our top-5
+    kl: dict = field(default_factory=dict)  # KL(reference ‖ ours) of the next-token distributions: mean, max
+    tokens_before_divergence: int = 0  # greedy tokens generated before the first one that differs (min over rows)
     samples: dict = field(default_factory=dict, repr=False)  # subsampled |Δ| values, for pooled percentiles
 
     def as_dict(self) -> dict:
@@ -65,6 +68,9 @@ class CaseResult:
             "positions_compared": self.positions_compared,
             "nonfinite": self.nonfinite,
             "tokens_equal": self.tokens_equal,
+            "top5_agreement": self.top5_agreement,
+            "kl": self.kl,
+            "tokens_before_divergence": self.tokens_before_divergence,
         }
 
 
@@ -124,6 +130,31 @@ def _abs_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """|a - b|, with NaN counted as an infinite difference (max() would otherwise skip it silently)."""
     diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
     return np.where(np.isnan(diff), np.inf, diff)
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def kl_divergence(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """KL(p_ref ‖ p_ours) per position, of the next-token distributions the logits give."""
+    ref, ours = _log_softmax(ref_logits), _log_softmax(logits)
+    return (np.exp(ref) * (ref - ours)).sum(-1)
+
+
+def top5_hits(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """Per position: is the reference's top-1 token among our five most likely?"""
+    top5 = np.argpartition(-logits, 5, axis=-1)[..., :5] if logits.shape[-1] > 5 else np.argsort(-logits, axis=-1)
+    return (top5 == ref_logits.argmax(-1)[..., None]).any(-1)
+
+
+def tokens_before_divergence(ours: np.ndarray, theirs: np.ndarray) -> int:
+    """Greedy tokens that match before the first difference, the worst row."""
+    differs = ours != theirs
+    first = np.where(differs.any(1), differs.argmax(1), ours.shape[1])
+    return int(first.min()) if first.size else 0
 
 
 def _case_batch(case: Case, vocab_size: int):
@@ -197,7 +228,8 @@ def run_case(decoder: OnnxDecoder, reference, case: Case, *, vocab_size: int) ->
     ids, mask = _case_batch(case, vocab_size)
     rng = np.random.default_rng(case.seed + 1)
     logit_diffs, present_diffs = _Diffs(rng), _Diffs(rng)
-    agree = compared = nonfinite = 0
+    agree = top5 = compared = nonfinite = 0
+    kls: list[np.ndarray] = []
     total = case.prefix_length + case.prompt_length
     chunks = [(0, case.prefix_length), (case.prefix_length, total)] if case.prefix_length else [(0, total)]
     for step in _lockstep(decoder, reference, ids, mask, chunks=chunks, decode_steps=case.decode_steps):
@@ -205,6 +237,8 @@ def run_case(decoder: OnnxDecoder, reference, case: Case, *, vocab_size: int) ->
         nonfinite += int((~np.isfinite(logits)).sum())
         logit_diffs.add(_abs_diff(logits, ref_logits)[real])
         agree += int((logits.argmax(-1) == ref_logits.argmax(-1))[real].sum())
+        top5 += int(top5_hits(ref_logits, logits)[real].sum())
+        kls.append(kl_divergence(ref_logits, logits)[real])
         compared += int(real.sum())
         for ours, diff in _kv_diffs(step):
             nonfinite += int((~np.isfinite(ours)).sum())
@@ -221,6 +255,9 @@ def run_case(decoder: OnnxDecoder, reference, case: Case, *, vocab_size: int) ->
         compared,
         nonfinite,
         bool(np.array_equal(ours, theirs)),
+        top5 / max(compared, 1),
+        {"mean": float(np.concatenate(kls).mean()), "max": float(np.concatenate(kls).max())},
+        tokens_before_divergence(ours, theirs),
         {"logits": logits_sample, "present": present_sample},
     )
 
@@ -350,6 +387,15 @@ def summarize(results: list[CaseResult], tolerances: dict) -> dict:
         "positions_compared": compared,
         "nonfinite": sum(r.nonfinite for r in results),
         "tokens_equal_cases": sum(r.tokens_equal for r in results),
+        "top5_agreement": sum(r.top5_agreement * r.positions_compared for r in results) / max(compared, 1),
+        "kl": {
+            "mean": sum(r.kl["mean"] * r.positions_compared for r in results) / max(compared, 1),
+            "max": max(r.kl["max"] for r in results),
+        },
+        "tokens_before_divergence": {
+            "min": min(r.tokens_before_divergence for r in results),
+            "mean": sum(r.tokens_before_divergence for r in results) / len(results),
+        },
     }
     failures = []
     if totals["logits"]["max"] > tolerances["logits"]:
