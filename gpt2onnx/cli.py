@@ -55,6 +55,10 @@ app = typer.Typer(
 )
 
 
+QuantizeOpt = Annotated[str, typer.Option("--quantize", help="Weights: none, int8 (dynamic) or int4 (block-wise).")]
+BlockSizeOpt = Annotated[int, typer.Option(help="int4: weights per scale (16, 32, 64, 128 or 256).")]
+
+
 def _version(value: bool) -> None:
     if value:
         console.print(f"gpt2onnx {__version__}")
@@ -120,6 +124,8 @@ def export(
     allow_partial_fusion: Annotated[
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
+    quantize: QuantizeOpt = "none",
+    block_size: BlockSizeOpt = 32,
 ) -> None:
     """Export a GPT-2 checkpoint to an ONNX decoder with past key/values, validated against PyTorch."""
     from gpt2onnx.exporters.export import ExportOptions
@@ -136,6 +142,8 @@ def export(
         force=force,
         fusion=fusion,
         allow_partial_fusion=allow_partial_fusion,
+        quantize=quantize,
+        block_size=block_size,
     )
     with err_console.status(f"exporting {model}…"):
         result = run_export(model, out, random_init=random_init, seed=seed, revision=revision, options=options)
@@ -147,16 +155,26 @@ def export(
         table.add_row(name, _size(info["bytes"]))
     if manifest.get("fusion"):
         table.add_row("fusion", _fusion_summary(manifest["fusion"]))
-    parity = manifest["parity"]
-    table.add_row(
-        "parity",
-        "skipped (--no-validate)"
-        if parity is None
-        else f"max |Δlogits| {parity['max_abs_logits']:.2e}, max |Δpresent| {parity['max_abs_present']:.2e}"
-        f" (tolerance {parity['tolerance']:.0e})",
-    )
+    if manifest.get("quantization"):
+        q = manifest["quantization"]
+        table.add_row("quantization", q["method"] + (f", block {q['block_size']}" if q.get("block_size") else ""))
+    table.add_row("parity", _parity_summary(manifest["parity"]))
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
     console.print(table)
+
+
+def _parity_summary(parity: dict | None) -> str:
+    if parity is None:
+        return "skipped (--no-validate)"
+    if "kl" in parity:  # the gates of a quantized model
+        return (
+            f"{parity['precision']} gates: mean KL {parity['kl']['mean']:.2e}, top-5 {100 * parity['top5_agreement']:.1f}%,"
+            f" top-1 {100 * parity['top1_agreement']:.1f}%"
+        )
+    return (
+        f"max |Δlogits| {parity['max_abs_logits']:.2e}, max |Δpresent| {parity['max_abs_present']:.2e}"
+        f" (tolerance {parity['tolerance']:.0e})"
+    )
 
 
 def _fusion_summary(report: dict) -> str:
@@ -174,23 +192,27 @@ def optimize(
     ] = False,
     validate: Annotated[bool, typer.Option(help="Check the fused graph against its source before writing.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
+    quantize: QuantizeOpt = "none",
+    block_size: BlockSizeOpt = 32,
 ) -> None:
-    """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder, into a new folder."""
+    """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and quantize its weights)."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
+    from gpt2onnx.quantization import QuantizeOptions
 
     with err_console.status(f"optimizing {source}…"):
-        manifest = run_optimize(source, out, fusion=fusion, allow_partial=allow_partial_fusion, force=force, validate=validate)
+        manifest = run_optimize(
+            source, out, fusion=fusion, allow_partial=allow_partial_fusion, force=force, validate=validate,
+            quantization=QuantizeOptions(quantize, block_size),
+        )  # fmt: skip
     table = Table(title=f"{source} → {out}", show_header=False)
     table.add_row("fusion", _fusion_summary(manifest["fusion"]))
     for check, g in manifest["fusion"]["golden"].items():
         table.add_row(f"  {check}", f"{g['found']} of {g['expected']} ({', '.join(g['ops'])})")
     for name, info in manifest["files"].items():
         table.add_row(name, _size(info["bytes"]))
-    parity = manifest["parity"]
-    table.add_row(
-        "parity",
-        "skipped (--no-validate)" if parity is None else f"max |Δlogits| {parity['max_abs_logits']:.2e} against the source graph",
-    )
+    if manifest.get("quantization"):
+        table.add_row("quantization", ", ".join(f"{n} {op}" for op, n in manifest["quantization"]["ops"].items()))
+    table.add_row("parity", _parity_summary(manifest["parity"]) + " against the source graph")
     console.print(table)
 
 

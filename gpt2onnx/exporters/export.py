@@ -19,6 +19,7 @@ from gpt2onnx.exporters.io_spec import block_io, decoder_io
 from gpt2onnx.exporters.output import save_onnx, staged_folder
 from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
 from gpt2onnx.files import sha256_file
+from gpt2onnx.quantization import QuantizeOptions
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class ExportOptions:
     force: bool = False  # replace an existing output folder
     fusion: str = "none"  # fusion profile: none, ort, portable, tensorrt (see gpt2onnx.fusions)
     allow_partial_fusion: bool = False  # keep a graph whose fusions fall short of the golden counts
+    quantize: str = "none"  # weight quantization: none, int8 (dynamic) or int4 (block-wise)
+    block_size: int = 32  # int4: weights per scale
 
 
 @dataclass
@@ -79,6 +82,9 @@ def export(
     from gpt2onnx.fusions.pipeline import check_profile
 
     check_profile(options.fusion)
+    QuantizeOptions(options.quantize, options.block_size).check()
+    if options.block is not None and options.quantize != "none":
+        raise Gpt2OnnxError("--quantize applies to the whole decoder, not to a single --block: drop one of them")
     if options.block is not None and options.fusion != "none":
         raise Gpt2OnnxError("--fusion applies to the whole decoder, not to a single --block: drop one of them")
     if out is not None and Path(out).exists() and not options.force:  # fail before loading any weights
@@ -120,6 +126,13 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         proto, report = fuse(proto, options.fusion, allow_partial=options.allow_partial_fusion)
         fusion_report = report.as_dict()
         timings["fusion_seconds"] = time.perf_counter() - start
+    quantization = None
+    if options.quantize != "none":
+        from gpt2onnx.quantization import quantize
+
+        start = time.perf_counter()
+        proto, quantization = quantize(proto, QuantizeOptions(options.quantize, options.block_size))
+        timings["quantize_seconds"] = time.perf_counter() - start
     start = time.perf_counter()
     model_files = save_onnx(proto, folder / MODEL_FILE, external_data=options.external_data)
     timings["save_seconds"] = time.perf_counter() - start
@@ -129,8 +142,10 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
     parity = None
     if options.validate:
         start = time.perf_counter()
-        parity = _validate(folder / MODEL_FILE, ckpt, options).as_dict()
+        parity = _validate(folder / MODEL_FILE, ckpt, options)
         timings["validate_seconds"] = time.perf_counter() - start
+        if not parity["passed"] and "failures" in parity:
+            raise Gpt2OnnxError(f"validation failed ({options.quantize}): {'; '.join(parity['failures'])}; nothing was written")
         if not parity["passed"]:
             raise Gpt2OnnxError(
                 f"validation failed: max |Δlogits| {parity['max_abs_logits']:.3g} and max |Δpresent|"
@@ -148,6 +163,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         **graph_facts,
         "options": {**asdict(options), "external_data": len(model_files) > 1},
         "fusion": fusion_report,
+        "quantization": quantization,
         "parity": parity,
         "timings": timings,
     }
@@ -188,6 +204,14 @@ def _validate(path: Path, ckpt: Checkpoint, options: ExportOptions):
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
     reference = reference_model(ckpt)
     session = cpu_session(path)
+    if options.quantize != "none":
+        from gpt2onnx.runtimes.parity import gate_check
+
+        log.info("checking the %s gates against transformers' GPT2LMHeadModel", options.quantize)
+        return gate_check(
+            OnnxDecoder(session), reference, precision=options.quantize, vocab_size=ckpt.spec.vocab_size,
+            n_positions=ckpt.spec.n_positions,
+        )  # fmt: skip
     log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)
     if options.block is not None:
         result = compare_block(
@@ -203,7 +227,7 @@ def _validate(path: Path, ckpt: Checkpoint, options: ExportOptions):
             tolerance=tolerance,
         )
     log.info("max |Δlogits| %.3g, max |Δpresent| %.3g", result.max_abs_logits, result.max_abs_present)
-    return result
+    return result.as_dict()
 
 
 def _write_companions(folder: Path, ckpt: Checkpoint) -> None:

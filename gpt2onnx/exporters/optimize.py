@@ -14,6 +14,7 @@ from gpt2onnx.checkpoint import COMPANION_FILES
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import MANIFEST_FORMAT_VERSION, MODEL_FILE, graph_summary, read_manifest, write_manifest
 from gpt2onnx.exporters.output import save_onnx, staged_folder
+from gpt2onnx.quantization import QuantizeOptions, quantize
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +35,16 @@ def optimize(
     validate: bool = True,
     tolerance: float = 1e-4,
     external_data: bool | None = None,
+    quantization: QuantizeOptions = QuantizeOptions(),
 ) -> dict:
-    """Fuse ``source`` (a folder or .onnx file) with profile ``fusion`` into the folder ``out``; returns its manifest."""
+    """Fuse ``source`` (a folder or .onnx file) with profile ``fusion`` (and quantize its weights) into the
+    folder ``out``; returns its manifest."""
     from gpt2onnx.fusions import fuse
     from gpt2onnx.fusions.pipeline import check_profile
     from gpt2onnx.inspection import load_graph
 
     check_profile(fusion)
+    quantization.check()
     model_path = _input_model(Path(source))
     load_graph(model_path)  # a clear error for a file that is not ONNX, before the weights are read
     out = Path(out)
@@ -54,6 +58,11 @@ def optimize(
     fused, report = fuse(model, fusion, allow_partial=allow_partial)
     del model
     timings["fusion_seconds"] = time.perf_counter() - start
+    quantized = None
+    if quantization.method != "none":
+        start = time.perf_counter()
+        fused, quantized = quantize(fused, quantization)
+        timings["quantize_seconds"] = time.perf_counter() - start
     with staged_folder(out, force=force) as folder:
         files = save_onnx(fused, folder / MODEL_FILE, external_data=external_data)
         facts = graph_summary(fused)
@@ -64,8 +73,12 @@ def optimize(
         parity = None
         if validate:
             start = time.perf_counter()
-            parity = _against_source(folder / MODEL_FILE, model_path, tolerance)
+            parity = _against_source(folder / MODEL_FILE, model_path, tolerance, quantization.method)
             timings["validate_seconds"] = time.perf_counter() - start
+            if not parity["passed"] and "failures" in parity:
+                raise Gpt2OnnxError(
+                    f"validation failed ({quantization.method}): {'; '.join(parity['failures'])}; nothing was written"
+                )
             if not parity["passed"]:
                 raise Gpt2OnnxError(
                     f"validation failed: the fused model differs from its source by max |Δlogits|"
@@ -84,21 +97,26 @@ def optimize(
             **facts,
             "options": {**previous.get("options", {}), "fusion": fusion, "allow_partial_fusion": allow_partial, "external_data": len(files) > 1},
             "fusion": report.as_dict(),
+            "quantization": quantized,
             "parity": parity,
             "timings": timings,
         }
         return write_manifest(folder, manifest)
 
 
-def _against_source(fused_path: Path, source_path: Path, tolerance: float) -> dict:
-    """The fused graph against the graph it came from: a left-padded batch, empty past, decode steps."""
-    from gpt2onnx.runtimes.decoder import OnnxDecoder
-    from gpt2onnx.runtimes.parity import OnnxReference, compare_decoder, left_padded_batch
+def _against_source(fused_path: Path, source_path: Path, tolerance: float, method: str = "none") -> dict:
+    """The fused graph against the graph it came from: a left-padded batch, empty past, decode steps; for
+    quantized weights, the precision's gates on a few randomized cases."""
+    from gpt2onnx.runtimes.decoder import OnnxDecoder, read_n_positions
+    from gpt2onnx.runtimes.parity import OnnxReference, compare_decoder, gate_check, left_padded_batch
     from gpt2onnx.runtimes.providers import cpu_session
 
     fused = OnnxDecoder(cpu_session(fused_path))
     source = OnnxReference(OnnxDecoder(cpu_session(source_path)))
     vocab = fused.vocab_size or 1000
+    if method != "none":
+        n_positions = read_n_positions(fused_path.parent)
+        return {**gate_check(fused, source, precision=method, vocab_size=vocab, n_positions=n_positions), "against": "source ONNX model"}
     input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)
     result = compare_decoder(fused, source, input_ids, mask, decode_steps=2, tolerance=tolerance)
     return {**result.as_dict(), "against": "source ONNX model"}

@@ -29,6 +29,12 @@ class ModelFolder:
     def dtype(self) -> str:
         return (self.manifest or {}).get("dtype", "float32")
 
+    @property
+    def precision(self) -> str:
+        """The quantization method if the weights are quantized, else the dtype: the key of the parity gates."""
+        method = ((self.manifest or {}).get("quantization") or {}).get("method", "none")
+        return self.dtype if method == "none" else method
+
 
 def open_folder(folder: str | Path) -> ModelFolder:
     folder = Path(folder)

@@ -14,7 +14,17 @@ from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
 
 # Tolerances per dtype: largest |Δlogits| and |Δpresent|, and the top-1 agreement required. In fp32 the ONNX
 # graph and PyTorch differ only by summation order: ~1e-6 is typical for the 124M model, 1e-4 leaves headroom.
-TOLERANCES = {"float32": {"logits": 1e-4, "present": 1e-4, "top1": 1.0}}
+# Quantized weights change every logit a little, so their gates measure what matters for generation instead:
+# the mean KL divergence of the next-token distributions, and how often the reference's choice stays in our
+# top 5. They are set to catch a broken quantization (KL far above 0.1, top-5 near chance), not to rank good
+# ones: with random weights the 124M model's next-token distributions are nearly flat (logit std 0.55 over
+# 50,257 tokens), which makes top-k agreement a harsh measure. Measured there (20 cases): int8 KL 2e-4,
+# top-5 100 %; int4 (block 32) top-5 88 %.
+TOLERANCES = {
+    "float32": {"logits": 1e-4, "present": 1e-4, "top1": 1.0, "tokens_equal": True},
+    "int8": {"kl_mean": 0.01, "top5": 0.95},
+    "int4": {"kl_mean": 0.05, "top5": 0.80},
+}
 _SAMPLE_PER_CASE = 20_000  # |Δ| values kept per case to estimate the pooled percentiles
 
 
@@ -332,6 +342,8 @@ def compare_block(
 
 def reference_greedy(reference, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int) -> np.ndarray:
     """transformers' own generate(), greedy: [batch, max_new_tokens] new token ids."""
+    if isinstance(reference, OnnxReference):
+        return reference.decoder.greedy(input_ids, attention_mask, max_new_tokens)
     with torch.no_grad():
         out = reference.generate(
             input_ids=torch.as_tensor(input_ids),
@@ -398,15 +410,19 @@ def summarize(results: list[CaseResult], tolerances: dict) -> dict:
         },
     }
     failures = []
-    if totals["logits"]["max"] > tolerances["logits"]:
+    if "logits" in tolerances and totals["logits"]["max"] > tolerances["logits"]:
         failures.append(f"max |Δlogits| {totals['logits']['max']:.3g} > {tolerances['logits']:g}")
-    if totals["present"]["max"] > tolerances["present"]:
+    if "present" in tolerances and totals["present"]["max"] > tolerances["present"]:
         failures.append(f"max |Δpresent| {totals['present']['max']:.3g} > {tolerances['present']:g}")
-    if totals["top1_agreement"] < tolerances["top1"]:
+    if "top1" in tolerances and totals["top1_agreement"] < tolerances["top1"]:
         failures.append(f"top-1 agreement {100 * totals['top1_agreement']:.2f}% < {100 * tolerances['top1']:g}%")
+    if "top5" in tolerances and totals["top5_agreement"] < tolerances["top5"]:
+        failures.append(f"top-5 agreement {100 * totals['top5_agreement']:.2f}% < {100 * tolerances['top5']:g}%")
+    if "kl_mean" in tolerances and totals["kl"]["mean"] > tolerances["kl_mean"]:
+        failures.append(f"mean KL divergence {totals['kl']['mean']:.3g} > {tolerances['kl_mean']:g}")
     if totals["nonfinite"]:
         failures.append(f"{totals['nonfinite']} NaN/Inf values")
-    if totals["tokens_equal_cases"] < len(results):
+    if tolerances.get("tokens_equal") and totals["tokens_equal_cases"] < len(results):
         failures.append(f"greedy tokens differ in {len(results) - totals['tokens_equal_cases']} cases")
     totals["failures"] = failures
     totals["passed"] = not failures
@@ -432,9 +448,9 @@ def check_parity(
     if cases < 1:
         raise Gpt2OnnxError(f"--cases must be a positive integer, got {cases}")
     model = open_folder(folder)
-    tolerances = TOLERANCES.get(model.dtype)
+    tolerances = TOLERANCES.get(model.precision)
     if tolerances is None:
-        raise Gpt2OnnxError(f"no parity tolerances are defined for dtype '{model.dtype}'")
+        raise Gpt2OnnxError(f"no parity tolerances are defined for precision '{model.precision}'")
     decoder = open_decoder(model, provider or ProviderConfig())
     ckpt = reference_checkpoint(model, reference)
     if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
@@ -446,7 +462,17 @@ def check_parity(
         results.append(run_case(decoder, ref, case, vocab_size=ckpt.spec.vocab_size))
         if on_case is not None:
             on_case(results[-1])
-    return ParityReport(decoder.provider, model.dtype, tolerances, results, summarize(results, tolerances))
+    return ParityReport(decoder.provider, model.precision, tolerances, results, summarize(results, tolerances))
+
+
+def gate_check(decoder: OnnxDecoder, reference, *, precision: str, vocab_size: int, n_positions: int, cases: int = 4) -> dict:
+    """The precision's gates on a few seeded randomized cases (what export and optimize check before writing)."""
+    tolerances = TOLERANCES[precision]
+    results = [
+        run_case(decoder, reference, case, vocab_size=vocab_size)
+        for case in random_cases(cases, seed=0, n_positions=n_positions, max_batch=4)
+    ]
+    return {"precision": precision, "tolerances": tolerances, **summarize(results, tolerances)}
 
 
 class OnnxReference:

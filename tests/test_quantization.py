@@ -1,0 +1,98 @@
+"""Weight quantization (int8 dynamic, int4 block-wise) on export and optimize, with its accuracy gates."""
+
+import json
+from collections import Counter
+
+import onnx
+import pytest
+
+from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.exporters.export import ExportOptions, export
+from gpt2onnx.exporters.optimize import optimize
+from gpt2onnx.quantization import QuantizeOptions
+from gpt2onnx.runtimes.parity import TOLERANCES, check_parity
+from conftest import TINY_CONFIGS, make_config
+from test_cli import assert_one_line_error, run
+
+
+def _ops(folder) -> Counter:
+    return Counter(n.op_type for n in onnx.load(str(folder / "model.onnx")).graph.node)
+
+
+@pytest.fixture(params=list(TINY_CONFIGS))
+def gpt2_like_config(request, tmp_path):
+    """The tiny shapes with GPT-2's own init spread (0.02): the test checkpoints' 0.3 makes logits so peaked
+    that any 4-bit rounding moves the distributions far more than on a trained model."""
+    config = make_config(request.param)
+    config.initializer_range = 0.02
+    path = tmp_path / "config" / "config.json"
+    path.parent.mkdir()
+    config.to_json_file(str(path))
+    return path
+
+
+@pytest.mark.parametrize("method, op", [("int4", "MatMulNBits"), ("int8", "MatMulInteger")])
+def test_export_quantized_passes_its_gates(gpt2_like_config, tmp_path, method, op):
+    result = export(str(gpt2_like_config), tmp_path / method, random_init=True, options=ExportOptions(quantize=method))
+    manifest = result.manifest
+    assert manifest["quantization"]["method"] == method and manifest["quantization"]["ops"][op] > 0
+    parity = manifest["parity"]
+    assert parity["passed"] and parity["precision"] == method
+    assert parity["kl"]["mean"] <= TOLERANCES[method]["kl_mean"] and parity["top5_agreement"] >= TOLERANCES[method]["top5"]
+    model = onnx.load(str(result.folder / "model.onnx"))
+    weights = {init.name for init in model.graph.initializer}
+    float_projections = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights]
+    assert float_projections == [], "every projection, the logits one included, is quantized"
+    report = check_parity(result.folder, cases=3)
+    assert report.dtype == method and report.passed, report.totals["failures"]
+
+
+def test_int4_is_smaller_than_int8_is_smaller_than_fp32(tiny_folder, tmp_path):
+    sizes = {}
+    for method in ("none", "int8", "int4"):
+        folder = export(str(tiny_folder), tmp_path / method, options=ExportOptions(quantize=method, validate=False)).folder
+        sizes[method] = (folder / "model.onnx").stat().st_size
+    assert sizes["int4"] < sizes["int8"] < sizes["none"]
+
+
+def test_optimize_fuses_then_quantizes(tmp_path):
+    source = export("tiny", tmp_path / "src", random_init=True).folder
+    manifest = optimize(source, tmp_path / "o", fusion="ort", quantization=QuantizeOptions("int4", 16))
+    assert manifest["quantization"]["block_size"] == 16 and manifest["parity"]["passed"]
+    assert manifest["fusion"]["golden"]["attention"]["found"] == 2
+    ops = _ops(tmp_path / "o")
+    assert ops["MultiHeadAttention"] == 2 and ops["MatMulNBits"] > 0
+    assert onnx.load(str(tmp_path / "o" / "model.onnx")).ir_version >= 10  # opset 21 needs IR 10
+
+
+def test_the_gate_can_fail(tiny_folder, tmp_path, monkeypatch):
+    """With a gate no quantized model can meet, export refuses and writes nothing."""
+    monkeypatch.setitem(TOLERANCES, "int4", {"kl_mean": 0.0, "top5": 1.0})
+    with pytest.raises(Gpt2OnnxError, match=r"validation failed \(int4\): .*mean KL divergence .* > 0"):
+        export(str(tiny_folder), tmp_path / "q", options=ExportOptions(quantize="int4"))
+    assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("block_size", [8, 48, 512])
+def test_unsupported_int4_block_size(tmp_path, block_size):
+    assert_one_line_error(
+        run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", "--quantize", "int4", "--block-size", block_size),
+        f"--block-size {block_size} is not supported for int4",
+    )
+
+
+def test_quantize_bad_inputs(tmp_path, tiny_export):
+    assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", "--quantize", "int2"), "unknown --quantize 'int2'")
+    assert_one_line_error(
+        run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", "--quantize", "int8", "--block", 0),
+        "--quantize applies to the whole decoder",
+    )
+    assert_one_line_error(run("optimize", tiny_export, "--out", tmp_path / "o", "--quantize", "fp8"), "unknown --quantize 'fp8'")
+
+
+def test_cli_quantized_export(tmp_path):
+    result = run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", "--quantize", "int8")
+    assert result.exit_code == 0, result.output
+    assert "int8 gates: mean KL" in result.output
+    manifest = json.loads((tmp_path / "q" / "gpt2onnx.json").read_text())
+    assert manifest["quantization"]["method"] == "int8"
