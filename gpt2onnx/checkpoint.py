@@ -123,7 +123,7 @@ def _random_checkpoint(model: str, path: Path, seed: int) -> Checkpoint:
     # biases and gains are really exercised by parity checks and no two tensors are identical (the
     # exporter would merge identical initializers and blur the parameter accounting).
     with torch.no_grad():
-        for key, tensor in state_dict.items():
+        for tensor in state_dict.values():
             if tensor.ndim == 1 and tensor.is_floating_point():
                 tensor.add_(torch.randn(tensor.shape) * config.initializer_range)
     # Identity of random weights: the architecture's numbers and the seed (not transformers' config dump,

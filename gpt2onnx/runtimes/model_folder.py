@@ -85,6 +85,6 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
         raise Gpt2OnnxError(f"manifest source kind '{kind}' is unknown: pass --reference with the checkpoint")
     if source.get("sha256") and ckpt.source.get("sha256") != source["sha256"]:
         raise Gpt2OnnxError(
-            f"the source checkpoint's weights changed since the export (sha256 differs): pass --reference, or export again"
+            "the source checkpoint's weights changed since the export (sha256 differs): pass --reference, or export again"
         )
     return ckpt
