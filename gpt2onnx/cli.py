@@ -124,6 +124,7 @@ def export(
     allow_partial_fusion: Annotated[
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
+    dtype: Annotated[str, typer.Option(help="fp32, or fp16 (LayerNorm, softmax and logits stay fp32).")] = "fp32",
     quantize: QuantizeOpt = "none",
     block_size: BlockSizeOpt = 32,
 ) -> None:
@@ -142,6 +143,7 @@ def export(
         force=force,
         fusion=fusion,
         allow_partial_fusion=allow_partial_fusion,
+        dtype=dtype,
         quantize=quantize,
         block_size=block_size,
     )
@@ -158,6 +160,9 @@ def export(
     if manifest.get("quantization"):
         q = manifest["quantization"]
         table.add_row("quantization", q["method"] + (f", block {q['block_size']}" if q.get("block_size") else ""))
+    if manifest.get("fp16"):
+        kept = manifest["fp16"]["kept_fp32_ops"] + manifest["fp16"]["kept_fp32_io"]
+        table.add_row("precision", f"float16; fp32 kept for {', '.join(kept)}")
     table.add_row("parity", _parity_summary(manifest["parity"]))
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
     console.print(table)

@@ -1,5 +1,5 @@
-"""Weight quantization with onnxruntime's tools: dynamic int8 (MatMulInteger) and 4-bit block-wise
-(MatMulNBits, and GatherBlockQuantized for the embeddings).
+"""Reduced precision with onnxruntime's tools: fp16 (weights, activations and the K/V cache), dynamic int8
+(MatMulInteger) and 4-bit block-wise (MatMulNBits, and GatherBlockQuantized for the embeddings).
 
 On the CPU a decode step is bound by reading the weights, so fewer bytes per weight is where the speed is.
 The logits projection is a Gemm on the tied token embedding (stored once in fp32 exports); both quantizers
@@ -24,6 +24,30 @@ log = logging.getLogger(__name__)
 
 METHODS = ("none", "int8", "int4")
 INT4_BLOCK_SIZES = (16, 32, 64, 128, 256)
+DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16"}
+# Kept in fp32 in an fp16 model: the LayerNorm statistics and the softmax (where large activations overflow or
+# lose too much), and the logits the caller samples from.
+FP16_KEEP_OPS = ("LayerNormalization", "SkipLayerNormalization", "Softmax")
+FP16_KEEP_IO = ("logits",)
+
+
+def check_dtype(dtype: str, method: str = "none") -> str:
+    """The canonical dtype name; refuses an unknown one and fp16 with quantized weights."""
+    if dtype not in DTYPES:
+        raise Gpt2OnnxError(f"unknown --dtype '{dtype}': choose fp32 or fp16 (bf16 has no CPU kernels in ONNX Runtime)")
+    if DTYPES[dtype] == "float16" and method != "none":
+        raise Gpt2OnnxError(f"--dtype fp16 and --quantize {method} do not combine: choose one of them")
+    return DTYPES[dtype]
+
+
+def to_fp16(model: onnx.ModelProto, *, keep_ops=FP16_KEEP_OPS, keep_io=FP16_KEEP_IO) -> tuple[onnx.ModelProto, dict]:
+    """fp16 weights, activations and K/V cache; ``keep_ops`` and the ``keep_io`` outputs stay fp32."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    ir_version = model.ir_version
+    converted = convert_float_to_float16(model, keep_io_types=list(keep_io) or False, op_block_list=list(keep_ops))
+    converted.ir_version = ir_version
+    return converted, {"dtype": "float16", "kept_fp32_ops": list(keep_ops), "kept_fp32_io": list(keep_io)}
 
 
 @dataclass(frozen=True)

@@ -96,3 +96,33 @@ def test_cli_quantized_export(tmp_path):
     assert "int8 gates: mean KL" in result.output
     manifest = json.loads((tmp_path / "q" / "gpt2onnx.json").read_text())
     assert manifest["quantization"]["method"] == "int8"
+
+
+def test_fp16_export_passes_its_gates(gpt2_like_config, tmp_path):
+    result = export(str(gpt2_like_config), tmp_path / "fp16", random_init=True, options=ExportOptions(dtype="fp16"))
+    manifest = result.manifest
+    assert manifest["dtype"] == "float16" and manifest["parity"]["passed"] and manifest["parity"]["precision"] == "float16"
+    assert manifest["fp16"]["kept_fp32_ops"] == ["LayerNormalization", "SkipLayerNormalization", "Softmax"]
+    inputs = {t["name"]: t["dtype"] for t in manifest["io"]["inputs"]}
+    outputs = {t["name"]: t["dtype"] for t in manifest["io"]["outputs"]}
+    assert inputs["past_key_values.0.key"] == "float16" and outputs["present.0.value"] == "float16"
+    assert outputs["logits"] == "float32" and inputs["input_ids"] == "int64"
+    assert check_parity(result.folder, cases=2).passed
+    # the runner keeps an fp16 cache
+    from gpt2onnx.runtimes.model_folder import open_decoder, open_folder
+    from gpt2onnx.runtimes.providers import ProviderConfig
+
+    decoder = open_decoder(open_folder(result.folder), ProviderConfig())
+    assert decoder.empty_past(1)[0].dtype == "float16"
+
+
+def test_fp16_invalid_combinations(tmp_path):
+    assert_one_line_error(
+        run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "h", "--dtype", "fp16", "--quantize", "int8"),
+        "--dtype fp16 and --quantize int8 do not combine",
+    )
+    assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "h", "--dtype", "bf16"), "unknown --dtype 'bf16'")
+    assert_one_line_error(
+        run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "h", "--dtype", "fp16", "--block", 0),
+        "--dtype applies to the whole decoder",
+    )

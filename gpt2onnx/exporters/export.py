@@ -15,11 +15,11 @@ import torch
 
 from gpt2onnx.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.errors import Gpt2OnnxError
-from gpt2onnx.exporters.io_spec import block_io, decoder_io
+from gpt2onnx.exporters.io_spec import block_io, check_graph_io, decoder_io
 from gpt2onnx.exporters.output import save_onnx, staged_folder
 from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
 from gpt2onnx.files import sha256_file
-from gpt2onnx.quantization import QuantizeOptions
+from gpt2onnx.quantization import QuantizeOptions, check_dtype
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class ExportOptions:
     force: bool = False  # replace an existing output folder
     fusion: str = "none"  # fusion profile: none, ort, portable, tensorrt (see gpt2onnx.fusions)
     allow_partial_fusion: bool = False  # keep a graph whose fusions fall short of the golden counts
+    dtype: str = "fp32"  # fp32, or fp16 (weights, activations and K/V cache; LayerNorm, softmax, logits in fp32)
     quantize: str = "none"  # weight quantization: none, int8 (dynamic) or int4 (block-wise)
     block_size: int = 32  # int4: weights per scale
 
@@ -83,6 +84,9 @@ def export(
 
     check_profile(options.fusion)
     QuantizeOptions(options.quantize, options.block_size).check()
+    check_dtype(options.dtype, options.quantize)
+    if options.block is not None and check_dtype(options.dtype) != "float32":
+        raise Gpt2OnnxError("--dtype applies to the whole decoder, not to a single --block: drop one of them")
     if options.block is not None and options.quantize != "none":
         raise Gpt2OnnxError("--quantize applies to the whole decoder, not to a single --block: drop one of them")
     if options.block is not None and options.fusion != "none":
@@ -105,7 +109,7 @@ def export(
 def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]) -> dict:
     from gpt2onnx.model import BlockForExport, GPT2ForExport
 
-    spec, dtype = ckpt.spec, "float32"
+    spec, dtype = ckpt.spec, check_dtype(options.dtype)
     start = time.perf_counter()
     with torch.device("meta"):
         full = GPT2ForExport(spec, last_logits_only=options.logits == "last")
@@ -126,7 +130,15 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         proto, report = fuse(proto, options.fusion, allow_partial=options.allow_partial_fusion)
         fusion_report = report.as_dict()
         timings["fusion_seconds"] = time.perf_counter() - start
-    quantization = None
+    quantization = fp16_report = None
+    if dtype == "float16":
+        from gpt2onnx.quantization import to_fp16
+
+        start = time.perf_counter()
+        proto, fp16_report = to_fp16(proto)
+        timings["fp16_seconds"] = time.perf_counter() - start
+        io = decoder_io(spec, last_logits_only=options.logits == "last", dtype=dtype)  # an fp16 K/V cache
+        check_graph_io(proto, io)
     if options.quantize != "none":
         from gpt2onnx.quantization import quantize
 
@@ -145,7 +157,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         parity = _validate(folder / MODEL_FILE, ckpt, options)
         timings["validate_seconds"] = time.perf_counter() - start
         if not parity["passed"] and "failures" in parity:
-            raise Gpt2OnnxError(f"validation failed ({options.quantize}): {'; '.join(parity['failures'])}; nothing was written")
+            raise Gpt2OnnxError(f"validation failed ({parity['precision']}): {'; '.join(parity['failures'])}; nothing was written")
         if not parity["passed"]:
             raise Gpt2OnnxError(
                 f"validation failed: max |Δlogits| {parity['max_abs_logits']:.3g} and max |Δpresent|"
@@ -164,6 +176,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         "options": {**asdict(options), "external_data": len(model_files) > 1},
         "fusion": fusion_report,
         "quantization": quantization,
+        "fp16": fp16_report,
         "parity": parity,
         "timings": timings,
     }
@@ -204,12 +217,13 @@ def _validate(path: Path, ckpt: Checkpoint, options: ExportOptions):
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
     reference = reference_model(ckpt)
     session = cpu_session(path)
-    if options.quantize != "none":
+    precision = options.quantize if options.quantize != "none" else check_dtype(options.dtype)
+    if precision != "float32":
         from gpt2onnx.runtimes.parity import gate_check
 
-        log.info("checking the %s gates against transformers' GPT2LMHeadModel", options.quantize)
+        log.info("checking the %s gates against transformers' GPT2LMHeadModel", precision)
         return gate_check(
-            OnnxDecoder(session), reference, precision=options.quantize, vocab_size=ckpt.spec.vocab_size,
+            OnnxDecoder(session), reference, precision=precision, vocab_size=ckpt.spec.vocab_size,
             n_positions=ckpt.spec.n_positions,
         )  # fmt: skip
     log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)

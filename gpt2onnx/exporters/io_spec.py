@@ -73,7 +73,7 @@ def decoder_io(spec: ModelSpec, *, last_logits_only: bool = False, dtype: str = 
     )
     logits_len = 1 if last_logits_only else SEQUENCE
     outputs = (
-        TensorSpec("logits", dtype, (BATCH, logits_len, spec.vocab_size)),
+        TensorSpec("logits", "float32", (BATCH, logits_len, spec.vocab_size)),  # fp32 in every precision
         *(kv(name, TOTAL) for name in present_names(spec.n_layer)),
     )
     return IOSpec(inputs, outputs)

@@ -22,6 +22,8 @@ from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
 # top-5 100 %; int4 (block 32) top-5 88 %.
 TOLERANCES = {
     "float32": {"logits": 1e-4, "present": 1e-4, "top1": 1.0, "tokens_equal": True},
+    # fp16 on the 124M model (random weights): KL 7e-8, top-1 99.6 %, top-5 100 %.
+    "float16": {"kl_mean": 1e-4, "top1": 0.98, "top5": 0.99},
     "int8": {"kl_mean": 0.01, "top5": 0.95},
     "int4": {"kl_mean": 0.05, "top5": 0.80},
 }
