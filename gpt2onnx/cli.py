@@ -197,17 +197,18 @@ def optimize(
     ] = False,
     validate: Annotated[bool, typer.Option(help="Check the fused graph against its source before writing.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
+    dtype: Annotated[str, typer.Option(help="fp32, or fp16 (LayerNorm, softmax and logits stay fp32).")] = "fp32",
     quantize: QuantizeOpt = "none",
     block_size: BlockSizeOpt = 32,
 ) -> None:
-    """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and quantize its weights)."""
+    """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and reduce its precision)."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
     from gpt2onnx.quantization import QuantizeOptions
 
     with err_console.status(f"optimizing {source}…"):
         manifest = run_optimize(
             source, out, fusion=fusion, allow_partial=allow_partial_fusion, force=force, validate=validate,
-            quantization=QuantizeOptions(quantize, block_size),
+            quantization=QuantizeOptions(quantize, block_size), dtype=dtype,
         )  # fmt: skip
     table = Table(title=f"{source} → {out}", show_header=False)
     table.add_row("fusion", _fusion_summary(manifest["fusion"]))

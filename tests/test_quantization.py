@@ -126,3 +126,11 @@ def test_fp16_invalid_combinations(tmp_path):
         run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "h", "--dtype", "fp16", "--block", 0),
         "--dtype applies to the whole decoder",
     )
+
+
+def test_optimize_to_fp16_with_fusion(tmp_path):
+    source = export("tiny", tmp_path / "src", random_init=True).folder
+    manifest = optimize(source, tmp_path / "o", fusion="ort", dtype="fp16")
+    assert manifest["dtype"] == "float16" and manifest["parity"]["passed"] and manifest["parity"]["precision"] == "float16"
+    assert manifest["fusion"]["golden"]["attention"]["found"] == 2
+    assert check_parity(tmp_path / "o", cases=2).passed

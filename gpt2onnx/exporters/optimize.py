@@ -14,7 +14,7 @@ from gpt2onnx.checkpoint import COMPANION_FILES
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import MANIFEST_FORMAT_VERSION, MODEL_FILE, graph_summary, read_manifest, write_manifest
 from gpt2onnx.exporters.output import save_onnx, staged_folder
-from gpt2onnx.quantization import QuantizeOptions, quantize
+from gpt2onnx.quantization import QuantizeOptions, check_dtype, quantize, to_fp16
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ def optimize(
     tolerance: float = 1e-4,
     external_data: bool | None = None,
     quantization: QuantizeOptions = QuantizeOptions(),
+    dtype: str = "fp32",
 ) -> dict:
     """Fuse ``source`` (a folder or .onnx file) with profile ``fusion`` (and quantize its weights) into the
     folder ``out``; returns its manifest."""
@@ -45,6 +46,7 @@ def optimize(
 
     check_profile(fusion)
     quantization.check()
+    dtype = check_dtype(dtype, quantization.method)
     model_path = _input_model(Path(source))
     load_graph(model_path)  # a clear error for a file that is not ONNX, before the weights are read
     out = Path(out)
@@ -58,7 +60,11 @@ def optimize(
     fused, report = fuse(model, fusion, allow_partial=allow_partial)
     del model
     timings["fusion_seconds"] = time.perf_counter() - start
-    quantized = None
+    quantized = fp16_report = None
+    if dtype == "float16":
+        start = time.perf_counter()
+        fused, fp16_report = to_fp16(fused)
+        timings["fp16_seconds"] = time.perf_counter() - start
     if quantization.method != "none":
         start = time.perf_counter()
         fused, quantized = quantize(fused, quantization)
@@ -73,11 +79,12 @@ def optimize(
         parity = None
         if validate:
             start = time.perf_counter()
-            parity = _against_source(folder / MODEL_FILE, model_path, tolerance, quantization.method)
+            precision = quantization.method if quantization.method != "none" else dtype
+            parity = _against_source(folder / MODEL_FILE, model_path, tolerance, precision)
             timings["validate_seconds"] = time.perf_counter() - start
             if not parity["passed"] and "failures" in parity:
                 raise Gpt2OnnxError(
-                    f"validation failed ({quantization.method}): {'; '.join(parity['failures'])}; nothing was written"
+                    f"validation failed ({precision}): {'; '.join(parity['failures'])}; nothing was written"
                 )
             if not parity["passed"]:
                 raise Gpt2OnnxError(
@@ -92,19 +99,20 @@ def optimize(
             "source": previous.get("source", {"kind": "onnx", "path": str(model_path.resolve())}),
             "optimized_from": str(model_path.resolve()),
             "architecture": previous.get("architecture"),
-            "dtype": previous.get("dtype", "float32"),
-            "io": previous.get("io"),
+            "dtype": dtype if dtype == "float16" else previous.get("dtype", "float32"),
+            "io": None if dtype == "float16" else previous.get("io"),
             **facts,
             "options": {**previous.get("options", {}), "fusion": fusion, "allow_partial_fusion": allow_partial, "external_data": len(files) > 1},
             "fusion": report.as_dict(),
             "quantization": quantized,
+            "fp16": fp16_report,
             "parity": parity,
             "timings": timings,
         }
         return write_manifest(folder, manifest)
 
 
-def _against_source(fused_path: Path, source_path: Path, tolerance: float, method: str = "none") -> dict:
+def _against_source(fused_path: Path, source_path: Path, tolerance: float, method: str = "float32") -> dict:
     """The fused graph against the graph it came from: a left-padded batch, empty past, decode steps; for
     quantized weights, the precision's gates on a few randomized cases."""
     from gpt2onnx.runtimes.decoder import OnnxDecoder, read_n_positions
@@ -114,7 +122,7 @@ def _against_source(fused_path: Path, source_path: Path, tolerance: float, metho
     fused = OnnxDecoder(cpu_session(fused_path))
     source = OnnxReference(OnnxDecoder(cpu_session(source_path)))
     vocab = fused.vocab_size or 1000
-    if method != "none":
+    if method != "float32":
         n_positions = read_n_positions(fused_path.parent)
         return {**gate_check(fused, source, precision=method, vocab_size=vocab, n_positions=n_positions), "against": "source ONNX model"}
     input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)
