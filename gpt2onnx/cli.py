@@ -57,6 +57,10 @@ app = typer.Typer(
 
 QuantizeOpt = Annotated[str, typer.Option("--quantize", help="Weights: none, int8 (dynamic) or int4 (block-wise).")]
 BlockSizeOpt = Annotated[int, typer.Option(help="int4: weights per scale (16, 32, 64, 128 or 256).")]
+GateOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--gate", help="Override a default gate, e.g. kl_mean=0.02, top5=0.9, top1=0.99 (repeatable)."),
+]
 
 
 def _version(value: bool) -> None:
@@ -78,7 +82,7 @@ def main(
         handlers=[RichHandler(console=err_console, show_path=False)],
         force=True,
     )
-    for noisy in ("transformers", "huggingface_hub", "torch"):
+    for noisy in ("transformers", "huggingface_hub", "torch", "onnxruntime", "onnxscript"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
@@ -127,10 +131,12 @@ def export(
     dtype: Annotated[str, typer.Option(help="fp32, or fp16 (LayerNorm, softmax and logits stay fp32).")] = "fp32",
     quantize: QuantizeOpt = "none",
     block_size: BlockSizeOpt = 32,
+    gate: GateOpt = None,
 ) -> None:
     """Export a GPT-2 checkpoint to an ONNX decoder with past key/values, validated against PyTorch."""
     from gpt2onnx.exporters.export import ExportOptions
     from gpt2onnx.exporters.export import export as run_export
+    from gpt2onnx.runtimes.parity import parse_gates
     from gpt2onnx.exporters.torch_export import DEFAULT_OPSET
 
     options = ExportOptions(
@@ -146,6 +152,7 @@ def export(
         dtype=dtype,
         quantize=quantize,
         block_size=block_size,
+        gates=parse_gates(gate) or None,
     )
     with err_console.status(f"exporting {model}…"):
         result = run_export(model, out, random_init=random_init, seed=seed, revision=revision, options=options)
@@ -200,15 +207,17 @@ def optimize(
     dtype: Annotated[str, typer.Option(help="fp32, or fp16 (LayerNorm, softmax and logits stay fp32).")] = "fp32",
     quantize: QuantizeOpt = "none",
     block_size: BlockSizeOpt = 32,
+    gate: GateOpt = None,
 ) -> None:
     """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and reduce its precision)."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
     from gpt2onnx.quantization import QuantizeOptions
+    from gpt2onnx.runtimes.parity import parse_gates
 
     with err_console.status(f"optimizing {source}…"):
         manifest = run_optimize(
             source, out, fusion=fusion, allow_partial=allow_partial_fusion, force=force, validate=validate,
-            quantization=QuantizeOptions(quantize, block_size), dtype=dtype,
+            quantization=QuantizeOptions(quantize, block_size), dtype=dtype, gates=parse_gates(gate) or None,
         )  # fmt: skip
     table = Table(title=f"{source} → {out}", show_header=False)
     table.add_row("fusion", _fusion_summary(manifest["fusion"]))
@@ -399,6 +408,7 @@ def parity(
     seed: Annotated[int, typer.Option(help="Seed of the cases.")] = 0,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
     reference: ReferenceOpt = None,
+    gate: GateOpt = None,
     provider: ProviderOpt = "cpu",
     threads: ThreadsOpt = None,
     spin: SpinOpt = True,
@@ -411,7 +421,9 @@ def parity(
     """Check an exported model against PyTorch on randomized cases; exit 1 if a tolerance is violated."""
     from rich.progress import Progress
 
-    from gpt2onnx.runtimes.parity import check_parity
+    from gpt2onnx.runtimes.parity import check_parity, parse_gates
+
+    gates = parse_gates(gate)
 
     config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
     with Progress(console=err_console, transient=True) as progress:
@@ -424,6 +436,7 @@ def parity(
             reference=reference,
             max_batch=min(max_batch, 8),
             on_case=lambda _: progress.advance(task),
+            gates=gates,
         )
     worst = sorted(report.cases, key=lambda r: -r.logits["max"])[:10]
     table = Table(title=f"parity on {report.provider}: {len(report.cases)} cases (worst {len(worst)} shown)")

@@ -134,3 +134,16 @@ def test_optimize_to_fp16_with_fusion(tmp_path):
     assert manifest["dtype"] == "float16" and manifest["parity"]["passed"] and manifest["parity"]["precision"] == "float16"
     assert manifest["fusion"]["golden"]["attention"]["found"] == 2
     assert check_parity(tmp_path / "o", cases=2).passed
+
+
+def test_gates_can_be_overridden(tmp_path, tiny_folder):
+    # the test checkpoints' wide init makes int4 fail the default gates (see gpt2_like_config) ...
+    assert_one_line_error(run("export", "-m", tiny_folder, "-o", tmp_path / "q", "--quantize", "int4"), "validation failed (int4)")
+    # ... and a user who accepts that can say so, gate by gate
+    result = run("export", "-m", tiny_folder, "-o", tmp_path / "q", "--quantize", "int4", "--gate", "kl_mean=1", "--gate", "top5=0.5")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "q" / "gpt2onnx.json").read_text())["parity"]["tolerances"] == {"kl_mean": 1.0, "top5": 0.5}
+    assert run("parity", tmp_path / "q", "--cases", 2).exit_code == 1
+    assert run("parity", tmp_path / "q", "--cases", 2, "--gate", "kl_mean=1", "--gate", "top5=0.5").exit_code == 0
+    assert_one_line_error(run("parity", tmp_path / "q", "--gate", "speed=1"), "unknown gate 'speed'")
+    assert_one_line_error(run("parity", tmp_path / "q", "--gate", "top5=high"), "'high' is not a number")

@@ -44,6 +44,7 @@ class ExportOptions:
     dtype: str = "fp32"  # fp32, or fp16 (weights, activations and K/V cache; LayerNorm, softmax, logits in fp32)
     quantize: str = "none"  # weight quantization: none, int8 (dynamic) or int4 (block-wise)
     block_size: int = 32  # int4: weights per scale
+    gates: dict | None = None  # overrides of the precision's default gates (runtimes.parity.TOLERANCES)
 
 
 @dataclass
@@ -224,7 +225,7 @@ def _validate(path: Path, ckpt: Checkpoint, options: ExportOptions):
         log.info("checking the %s gates against transformers' GPT2LMHeadModel", precision)
         return gate_check(
             OnnxDecoder(session), reference, precision=precision, vocab_size=ckpt.spec.vocab_size,
-            n_positions=ckpt.spec.n_positions,
+            n_positions=ckpt.spec.n_positions, gates=options.gates,
         )  # fmt: skip
     log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)
     if options.block is not None:

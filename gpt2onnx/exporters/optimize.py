@@ -37,6 +37,7 @@ def optimize(
     external_data: bool | None = None,
     quantization: QuantizeOptions = QuantizeOptions(),
     dtype: str = "fp32",
+    gates: dict | None = None,
 ) -> dict:
     """Fuse ``source`` (a folder or .onnx file) with profile ``fusion`` (and quantize its weights) into the
     folder ``out``; returns its manifest."""
@@ -80,7 +81,7 @@ def optimize(
         if validate:
             start = time.perf_counter()
             precision = quantization.method if quantization.method != "none" else dtype
-            parity = _against_source(folder / MODEL_FILE, model_path, tolerance, precision)
+            parity = _against_source(folder / MODEL_FILE, model_path, tolerance, precision, gates)
             timings["validate_seconds"] = time.perf_counter() - start
             if not parity["passed"] and "failures" in parity:
                 raise Gpt2OnnxError(
@@ -112,7 +113,7 @@ def optimize(
         return write_manifest(folder, manifest)
 
 
-def _against_source(fused_path: Path, source_path: Path, tolerance: float, method: str = "float32") -> dict:
+def _against_source(fused_path: Path, source_path: Path, tolerance: float, method: str = "float32", gates=None) -> dict:
     """The fused graph against the graph it came from: a left-padded batch, empty past, decode steps; for
     quantized weights, the precision's gates on a few randomized cases."""
     from gpt2onnx.runtimes.decoder import OnnxDecoder, read_n_positions
@@ -124,7 +125,8 @@ def _against_source(fused_path: Path, source_path: Path, tolerance: float, metho
     vocab = fused.vocab_size or 1000
     if method != "float32":
         n_positions = read_n_positions(fused_path.parent)
-        return {**gate_check(fused, source, precision=method, vocab_size=vocab, n_positions=n_positions), "against": "source ONNX model"}
+        checked = gate_check(fused, source, precision=method, vocab_size=vocab, n_positions=n_positions, gates=gates)
+        return {**checked, "against": "source ONNX model"}
     input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)
     result = compare_decoder(fused, source, input_ids, mask, decode_steps=2, tolerance=tolerance)
     return {**result.as_dict(), "against": "source ONNX model"}

@@ -27,6 +27,41 @@ TOLERANCES = {
     "int8": {"kl_mean": 0.01, "top5": 0.95},
     "int4": {"kl_mean": 0.05, "top5": 0.80},
 }
+GATE_NAMES = {
+    "logits": "max |Δlogits|",
+    "present": "max |Δpresent|",
+    "top1": "least top-1 agreement (0–1)",
+    "top5": "least top-5 agreement (0–1)",
+    "kl_mean": "largest mean KL divergence",
+}
+
+
+def tolerances_for(precision: str, overrides: dict[str, float] | None = None) -> dict:
+    """The precision's default gates, with ``overrides`` (from --gate NAME=VALUE) on top."""
+    from gpt2onnx.errors import Gpt2OnnxError
+
+    if precision not in TOLERANCES:
+        raise Gpt2OnnxError(f"no parity tolerances are defined for precision '{precision}'")
+    return {**TOLERANCES[precision], **(overrides or {})}
+
+
+def parse_gates(values: list[str] | None) -> dict[str, float]:
+    """--gate NAME=VALUE, repeatable: override one default tolerance."""
+    from gpt2onnx.errors import Gpt2OnnxError
+
+    gates = {}
+    for value in values or []:
+        name, _, number = value.partition("=")
+        if name not in GATE_NAMES:
+            choices = ", ".join(f"{k} ({v})" for k, v in GATE_NAMES.items())
+            raise Gpt2OnnxError(f"--gate '{value}': unknown gate '{name}'; choose one of {choices}")
+        try:
+            gates[name] = float(number)
+        except ValueError:
+            raise Gpt2OnnxError(f"--gate '{value}': '{number}' is not a number (e.g. --gate kl_mean=0.02)") from None
+    return gates
+
+
 _SAMPLE_PER_CASE = 20_000  # |Δ| values kept per case to estimate the pooled percentiles
 
 
@@ -440,6 +475,7 @@ def check_parity(
     reference: str | None = None,
     max_batch: int = 8,
     on_case=None,
+    gates: dict[str, float] | None = None,
 ) -> ParityReport:
     """Randomized cases of an exported folder against the PyTorch reference rebuilt from its manifest."""
     from gpt2onnx.errors import Gpt2OnnxError
@@ -450,9 +486,7 @@ def check_parity(
     if cases < 1:
         raise Gpt2OnnxError(f"--cases must be a positive integer, got {cases}")
     model = open_folder(folder)
-    tolerances = TOLERANCES.get(model.precision)
-    if tolerances is None:
-        raise Gpt2OnnxError(f"no parity tolerances are defined for precision '{model.precision}'")
+    tolerances = tolerances_for(model.precision, gates)
     decoder = open_decoder(model, provider or ProviderConfig())
     ckpt = reference_checkpoint(model, reference)
     if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
@@ -467,9 +501,11 @@ def check_parity(
     return ParityReport(decoder.provider, model.precision, tolerances, results, summarize(results, tolerances))
 
 
-def gate_check(decoder: OnnxDecoder, reference, *, precision: str, vocab_size: int, n_positions: int, cases: int = 4) -> dict:
+def gate_check(
+    decoder: OnnxDecoder, reference, *, precision: str, vocab_size: int, n_positions: int, cases: int = 4, gates=None
+) -> dict:
     """The precision's gates on a few seeded randomized cases (what export and optimize check before writing)."""
-    tolerances = TOLERANCES[precision]
+    tolerances = tolerances_for(precision, gates)
     results = [
         run_case(decoder, reference, case, vocab_size=vocab_size)
         for case in random_cases(cases, seed=0, n_positions=n_positions, max_batch=4)
