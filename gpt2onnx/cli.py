@@ -470,7 +470,9 @@ def parity(
 
 @app.command()
 def bench(
-    folder: FolderArg = Path("models/gpt2"),
+    folders: Annotated[
+        Optional[list[Path]], typer.Argument(help="Exported folders; several are measured side by side \\[default: models/gpt2].")
+    ] = None,
     batch: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1,8",
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens per row.")] = 128,
     new_tokens: Annotated[int, typer.Option(help="Tokens generated per run (the prompt step gives the first).")] = 64,
@@ -489,11 +491,12 @@ def bench(
     max_batch: MaxBatchOpt = 8,
     allow_fallback: FallbackOpt = False,
 ) -> None:
-    """Measure time to first token, decode latency, tokens/s and memory (medians of repeated runs)."""
+    """Measure time to first token, decode latency, tokens/s, memory and file size (medians of repeated runs)."""
     from rich.progress import Progress
 
     from gpt2onnx.runtimes.bench import BenchConfig, benchmark, plot_decode_latency, require_matplotlib
 
+    folders = folders or [Path("models/gpt2")]
     config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
     bench_config = BenchConfig(
         batches=tuple(_parse_int_list(batch, "--batch")), prompt_len=prompt_len, new_tokens=new_tokens,
@@ -502,35 +505,43 @@ def bench(
     bench_config.check(None)
     if plot is not None:
         require_matplotlib()  # before minutes of measuring, not after
-    engines = 2 if baseline == "torch" else 1
+    engines = len(folders) + (1 if baseline == "torch" else 0)
+    results = []
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
-        result = benchmark(
-            folder, provider=config, config=bench_config, baseline=baseline, reference=reference,
-            progress=lambda: progress.advance(task),
-        )  # fmt: skip
-    table = Table(
-        title=f"{result['model']} on {result['provider']}: prompt {prompt_len}, {new_tokens} new tokens, ms, median of {repeat}"
-    )
-    for col in ("engine", "batch", "TTFT ms", "decode p50", "p90", "p99", "+/100 past", "tok/s", "RAM MB"):
-        table.add_column(col, justify="left" if col == "engine" else "right")
-    for run in result["runs"]:
-        table.add_row(
-            "ort" if run["engine"] == "onnxruntime" else run["engine"], str(run["batch"]),
-            f"{run['prompt_ms']['p50']:.1f}", f"{run['decode_ms']['p50']:.2f}",
-            f"{run['decode_ms']['p90']:.2f}", f"{run['decode_ms']['p99']:.2f}", f"{run['decode_growth_ms_per_100_past']:.2f}",
-            f"{run['tokens_per_s']:.0f}", f"{run['peak_host_bytes'] / 1e6:.0f}",
-        )  # fmt: skip
+        for i, folder in enumerate(folders):  # PyTorch once, beside the first folder: same model
+            results.append(
+                benchmark(
+                    folder, provider=config, config=bench_config, baseline=baseline if i == 0 else None,
+                    reference=reference, progress=lambda: progress.advance(task),
+                )
+            )  # fmt: skip
+    table = Table(title=f"on {results[0]['provider']}: prompt {prompt_len}, {new_tokens} new tokens, ms, median of {repeat}")
+    for col in ("model", "batch", "TTFT ms", "decode p50", "p90", "p99", "+/100 past", "tok/s", "RAM MB"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    runs = []
+    for folder, result in zip(folders, results):
+        for run in result["runs"]:
+            run["label"] = folder.name if run["engine"] == "onnxruntime" else "torch eager"
+            runs.append(run)
+            table.add_row(
+                run["label"], str(run["batch"]), f"{run['prompt_ms']['p50']:.1f}", f"{run['decode_ms']['p50']:.2f}",
+                f"{run['decode_ms']['p90']:.2f}", f"{run['decode_ms']['p99']:.2f}",
+                f"{run['decode_growth_ms_per_100_past']:.2f}", f"{run['tokens_per_s']:.0f}",
+                f"{run['peak_host_bytes'] / 1e6:.0f}",
+            )  # fmt: skip
     console.print(table)
-    for run in result["runs"]:
+    for folder, result in zip(folders, results):
+        console.print(f"{folder.name}: {result['precision']}, {_size(result['model_bytes'])}", highlight=False)
+    for run in runs:
         if "speedup_of_onnx" in run["extra"]:
             s = run["extra"]["speedup_of_onnx"]
             console.print(
-                f"batch {run['batch']}: onnxruntime vs torch eager: first token ×{s['prompt']:.2f}, decode step"
+                f"batch {run['batch']}: {folders[0].name} vs torch eager: first token ×{s['prompt']:.2f}, decode step"
                 f" ×{s['decode']:.2f}, tokens/s ×{s['tokens_per_s']:.2f}"
             )
     if json_path:
-        _write_json(json_path, result)
+        _write_json(json_path, {"models": results})
     if plot:
-        plot_decode_latency(result["runs"], plot)
+        plot_decode_latency(runs, plot)
         console.print(f"plot written to {plot}")

@@ -142,7 +142,8 @@ def test_bench_json(tiny_export, tmp_path):
         "--threads", 1, "--baseline", "torch", "--json", tmp_path / "b.json",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    data = json.loads((tmp_path / "b.json").read_text())
+    (data,) = json.loads((tmp_path / "b.json").read_text())["models"]
+    assert data["provider"] == "cpu" and data["precision"] == "float32" and data["model_bytes"] > 0
     assert data["provider"] == "cpu" and data["session_providers"] == ["CPUExecutionProvider"]
     assert data["provider_options"]["threads"] == 1 and data["config"]["batches"] == [1, 3]
     assert {"cpu_count", "platform"} <= set(data["machine"]) and {"onnxruntime", "torch"} <= set(data["versions"])
@@ -154,7 +155,7 @@ def test_bench_json(tiny_export, tmp_path):
         assert [p for p, _ in run_["decode_ms_by_past"]] == list(range(16, 21))  # 5 decode steps after the prompt
         assert run_["tokens_per_s"] > 0 and run_["peak_host_bytes"] > 0
     assert set(runs[("torch", 3)]["extra"]["speedup_of_onnx"]) == {"prompt", "decode", "tokens_per_s"}
-    assert "onnxruntime vs torch eager" in result.output
+    assert "vs torch eager" in result.output
 
 
 def test_bench_bad_inputs(tiny_export, tmp_path):
@@ -187,3 +188,17 @@ def test_parity_of_a_last_logits_export(tiny_folder, tmp_path):
     assert result.exit_code == 0, result.output
     totals = json.loads((tmp_path / "p.json").read_text())["totals"]
     assert totals["passed"] and totals["logits"]["max"] <= 1e-4
+
+
+def test_bench_precisions_side_by_side(tmp_path):
+    for name, extra in (("fp32", []), ("int4", ["--quantize", "int4"])):
+        assert run("export", "-m", "tiny", "--random-init", "-o", tmp_path / name, *extra).exit_code == 0
+    result = run(
+        "bench", tmp_path / "fp32", tmp_path / "int4", "--batch", 1, "--prompt-len", 8, "--new-tokens", 4, "--repeat", 1,
+        "--json", tmp_path / "b.json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    models = json.loads((tmp_path / "b.json").read_text())["models"]
+    assert [m["precision"] for m in models] == ["float32", "int4"]
+    assert models[1]["model_bytes"] < models[0]["model_bytes"]
+    assert "int4: int4" in result.output and "fp32: float32" in result.output

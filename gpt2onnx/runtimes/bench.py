@@ -211,7 +211,7 @@ def plot_decode_latency(runs: list[dict], path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
         pasts, ms = zip(*run["decode_ms_by_past"]) if run["decode_ms_by_past"] else ((), ())
-        ax.plot(pasts, ms, label=f"{run['engine']} batch {run['batch']}")
+        ax.plot(pasts, ms, label=f"{run.get('label', run['engine'])} batch {run['batch']}")
     ax.set_xlabel("past length (tokens)")
     ax.set_ylabel("decode step (ms, median)")
     ax.grid(alpha=0.3)
@@ -272,5 +272,6 @@ def benchmark(
         "machine": machine_info(),
         "versions": {"gpt2onnx": __version__, "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
         "model_bytes": sum(p.stat().st_size for p in model.folder.glob("model.onnx*")),
+        "precision": model.precision,
         "runs": runs,
     }
