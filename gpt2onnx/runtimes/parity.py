@@ -455,7 +455,7 @@ def summarize(results: list[CaseResult], tolerances: dict) -> dict:
         failures.append(f"top-1 agreement {100 * totals['top1_agreement']:.2f}% < {100 * tolerances['top1']:g}%")
     if "top5" in tolerances and totals["top5_agreement"] < tolerances["top5"]:
         failures.append(f"top-5 agreement {100 * totals['top5_agreement']:.2f}% < {100 * tolerances['top5']:g}%")
-    if "kl_mean" in tolerances and totals["kl"]["mean"] > tolerances["kl_mean"]:
+    if "kl_mean" in tolerances and not totals["kl"]["mean"] <= tolerances["kl_mean"]:  # NaN fails too
         failures.append(f"mean KL divergence {totals['kl']['mean']:.3g} > {tolerances['kl_mean']:g}")
     if totals["nonfinite"]:
         failures.append(f"{totals['nonfinite']} NaN/Inf values")
