@@ -19,6 +19,7 @@ from gpt2onnx.exporters.io_spec import block_io, check_graph_io, decoder_io
 from gpt2onnx.exporters.output import save_onnx, staged_folder
 from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
 from gpt2onnx.files import sha256_file
+from gpt2onnx.exporters.passes import GraphPasses
 from gpt2onnx.quantization import QuantizeOptions, check_dtype
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,12 @@ class ExportResult:
         return sum(f["bytes"] for name, f in self.manifest["files"].items() if name.startswith(MODEL_FILE))
 
 
+def _passes(options: ExportOptions) -> GraphPasses:
+    return GraphPasses(
+        options.fusion, options.allow_partial_fusion, options.dtype, QuantizeOptions(options.quantize, options.block_size)
+    )
+
+
 def default_output(ckpt_name: str, options: ExportOptions) -> Path:
     """models/<name>, with a suffix per variant: models/gpt2-last-logits-ort, models/gpt2-block3, ..."""
     if options.block is not None:
@@ -81,11 +88,7 @@ def export(
         raise Gpt2OnnxError(f"--logits '{options.logits}' is not valid: choose 'all' or 'last'")
     if options.block is not None and options.logits != "all":
         raise Gpt2OnnxError("--logits applies to the whole decoder, not to a single --block: drop one of them")
-    from gpt2onnx.fusions.pipeline import check_profile
-
-    check_profile(options.fusion)
-    QuantizeOptions(options.quantize, options.block_size).check()
-    check_dtype(options.dtype, options.quantize)
+    _passes(options).check()
     if options.block is not None and check_dtype(options.dtype) != "float32":
         raise Gpt2OnnxError("--dtype applies to the whole decoder, not to a single --block: drop one of them")
     if options.block is not None and options.quantize != "none":
@@ -123,29 +126,10 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
     log.info("exporting %s (%s, opset %d)", ckpt.name, kind, options.opset)
     proto = export_module(module, io, spec, opset=options.opset, head_weight=head)
     timings["export_seconds"] = time.perf_counter() - start
-    fusion_report = None
-    if options.fusion != "none":
-        from gpt2onnx.fusions import fuse
-
-        start = time.perf_counter()
-        proto, report = fuse(proto, options.fusion, allow_partial=options.allow_partial_fusion)
-        fusion_report = report.as_dict()
-        timings["fusion_seconds"] = time.perf_counter() - start
-    quantization = fp16_report = None
+    proto, reports = _passes(options).apply(proto, timings)
     if dtype == "float16":
-        from gpt2onnx.quantization import to_fp16
-
-        start = time.perf_counter()
-        proto, fp16_report = to_fp16(proto)
-        timings["fp16_seconds"] = time.perf_counter() - start
         io = decoder_io(spec, last_logits_only=options.logits == "last", dtype=dtype)  # an fp16 K/V cache
         check_graph_io(proto, io)
-    if options.quantize != "none":
-        from gpt2onnx.quantization import quantize
-
-        start = time.perf_counter()
-        proto, quantization = quantize(proto, QuantizeOptions(options.quantize, options.block_size))
-        timings["quantize_seconds"] = time.perf_counter() - start
     start = time.perf_counter()
     model_files = save_onnx(proto, folder / MODEL_FILE, external_data=options.external_data)
     timings["save_seconds"] = time.perf_counter() - start
@@ -175,9 +159,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         "io": io.as_dict(),
         **graph_facts,
         "options": {**asdict(options), "external_data": len(model_files) > 1},
-        "fusion": fusion_report,
-        "quantization": quantization,
-        "fp16": fp16_report,
+        **reports,
         "parity": parity,
         "timings": timings,
     }
@@ -218,7 +200,7 @@ def _validate(path: Path, ckpt: Checkpoint, options: ExportOptions):
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
     reference = reference_model(ckpt)
     session = cpu_session(path)
-    precision = options.quantize if options.quantize != "none" else check_dtype(options.dtype)
+    precision = _passes(options).precision
     if precision != "float32":
         from gpt2onnx.runtimes.parity import gate_check
 

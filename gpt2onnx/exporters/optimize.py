@@ -14,7 +14,8 @@ from gpt2onnx.checkpoint import COMPANION_FILES
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import MANIFEST_FORMAT_VERSION, MODEL_FILE, graph_summary, read_manifest, write_manifest
 from gpt2onnx.exporters.output import save_onnx, staged_folder
-from gpt2onnx.quantization import QuantizeOptions, check_dtype, quantize, to_fp16
+from gpt2onnx.exporters.passes import GraphPasses
+from gpt2onnx.quantization import QuantizeOptions
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,10 @@ def optimize(
 ) -> dict:
     """Fuse ``source`` (a folder or .onnx file) with profile ``fusion`` (and quantize its weights) into the
     folder ``out``; returns its manifest."""
-    from gpt2onnx.fusions import fuse
-    from gpt2onnx.fusions.pipeline import check_profile
     from gpt2onnx.inspection import load_graph
 
-    check_profile(fusion)
-    quantization.check()
-    dtype = check_dtype(dtype, quantization.method)
+    passes = GraphPasses(fusion, allow_partial, dtype, quantization)
+    dtype = passes.check()
     model_path = _input_model(Path(source))
     load_graph(model_path)  # a clear error for a file that is not ONNX, before the weights are read
     out = Path(out)
@@ -56,20 +54,7 @@ def optimize(
     if out.resolve() == model_path.parent.resolve():
         raise Gpt2OnnxError("--out is the input folder: write the optimized model to another folder")
     timings = {}
-    start = time.perf_counter()
-    model = onnx.load(str(model_path))
-    fused, report = fuse(model, fusion, allow_partial=allow_partial)
-    del model
-    timings["fusion_seconds"] = time.perf_counter() - start
-    quantized = fp16_report = None
-    if dtype == "float16":
-        start = time.perf_counter()
-        fused, fp16_report = to_fp16(fused)
-        timings["fp16_seconds"] = time.perf_counter() - start
-    if quantization.method != "none":
-        start = time.perf_counter()
-        fused, quantized = quantize(fused, quantization)
-        timings["quantize_seconds"] = time.perf_counter() - start
+    fused, reports = passes.apply(onnx.load(str(model_path)), timings)
     with staged_folder(out, force=force) as folder:
         files = save_onnx(fused, folder / MODEL_FILE, external_data=external_data)
         facts = graph_summary(fused)
@@ -80,7 +65,7 @@ def optimize(
         parity = None
         if validate:
             start = time.perf_counter()
-            precision = quantization.method if quantization.method != "none" else dtype
+            precision = passes.precision
             parity = _against_source(folder / MODEL_FILE, model_path, tolerance, precision, gates)
             timings["validate_seconds"] = time.perf_counter() - start
             if not parity["passed"] and "failures" in parity:
@@ -104,9 +89,7 @@ def optimize(
             "io": None if dtype == "float16" else previous.get("io"),
             **facts,
             "options": {**previous.get("options", {}), "fusion": fusion, "allow_partial_fusion": allow_partial, "external_data": len(files) > 1},
-            "fusion": report.as_dict(),
-            "quantization": quantized,
-            "fp16": fp16_report,
+            **reports,
             "parity": parity,
             "timings": timings,
         }

@@ -1,0 +1,56 @@
+"""The graph passes export and optimize share, in order: fusion profile, fp16, weight quantization."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import onnx
+
+from gpt2onnx.quantization import QuantizeOptions, check_dtype
+
+
+@dataclass(frozen=True)
+class GraphPasses:
+    fusion: str = "none"
+    allow_partial_fusion: bool = False
+    dtype: str = "fp32"
+    quantization: QuantizeOptions = field(default_factory=QuantizeOptions)
+
+    def check(self) -> str:
+        """Refuse an unknown profile, dtype or method, or fp16 with quantized weights; returns the dtype."""
+        from gpt2onnx.fusions.pipeline import check_profile
+
+        check_profile(self.fusion)
+        self.quantization.check()
+        return check_dtype(self.dtype, self.quantization.method)
+
+    @property
+    def precision(self) -> str:
+        """The key of the parity gates: the quantization method, else the dtype."""
+        method = self.quantization.method
+        return method if method != "none" else check_dtype(self.dtype)
+
+    def apply(self, model: onnx.ModelProto, timings: dict[str, float]) -> tuple[onnx.ModelProto, dict]:
+        """Run the passes; returns the model and the manifest's reports (fusion, fp16, quantization)."""
+        reports: dict = {"fusion": None, "fp16": None, "quantization": None}
+        if self.fusion != "none":
+            from gpt2onnx.fusions import fuse
+
+            start = time.perf_counter()
+            model, report = fuse(model, self.fusion, allow_partial=self.allow_partial_fusion)
+            reports["fusion"] = report.as_dict()
+            timings["fusion_seconds"] = time.perf_counter() - start
+        if self.check() == "float16":
+            from gpt2onnx.quantization import to_fp16
+
+            start = time.perf_counter()
+            model, reports["fp16"] = to_fp16(model)
+            timings["fp16_seconds"] = time.perf_counter() - start
+        if self.quantization.method != "none":
+            from gpt2onnx.quantization import quantize
+
+            start = time.perf_counter()
+            model, reports["quantization"] = quantize(model, self.quantization)
+            timings["quantize_seconds"] = time.perf_counter() - start
+        return model, reports
