@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,11 +50,21 @@ class Checkpoint:
     companion_files: list[str] = field(default_factory=list)
 
 
-def load_checkpoint(model: str, *, random_init: bool = False, seed: int = 0, revision: str | None = None) -> Checkpoint:
-    """Resolve ``model`` (folder, Hub id, architecture name or config.json) into a checked Checkpoint."""
+def load_checkpoint(
+    model: str, *, random_init: bool = False, seed: int = 0, revision: str | None = None, outliers: float = 0.0
+) -> Checkpoint:
+    """Resolve ``model`` (folder, Hub id, architecture name or config.json) into a checked Checkpoint.
+
+    ``outliers`` (random weights only): the magnitude of the residual-stream outlier channels to inject
+    (see :func:`inject_outlier_channels`); 0 injects none.
+    """
     path = Path(model).expanduser()
+    if outliers and not random_init:
+        raise Gpt2OnnxError("--outliers only shapes random weights: add --random-init, or leave --outliers out")
+    if not (math.isfinite(outliers) and outliers >= 0):
+        raise Gpt2OnnxError(f"--outliers must be a magnitude ≥ 0 (GPT-2's reach about 3000), got {outliers}")
     if random_init:
-        return _random_checkpoint(model, path, seed)
+        return _random_checkpoint(model, path, seed, outliers)
     if path.exists():
         if path.is_file():
             raise Gpt2OnnxError(
@@ -94,7 +105,7 @@ def _read_config(config_file: Path):
         raise Gpt2OnnxError(f"'{config_file}' is not a valid GPT-2 config ({err})") from None
 
 
-def _random_checkpoint(model: str, path: Path, seed: int) -> Checkpoint:
+def _random_checkpoint(model: str, path: Path, seed: int, outliers: float = 0.0) -> Checkpoint:
     from transformers import GPT2LMHeadModel
 
     companion_dir = None
@@ -126,14 +137,43 @@ def _random_checkpoint(model: str, path: Path, seed: int) -> Checkpoint:
         for tensor in state_dict.values():
             if tensor.ndim == 1 and tensor.is_floating_point():
                 tensor.add_(torch.randn(tensor.shape) * config.initializer_range)
+    channels = inject_outlier_channels(hf_model, outliers, seed) if outliers else []
     # Identity of random weights: the architecture's numbers and the seed (not transformers' config dump,
     # which changes with its version).
     spec_hash = hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()
     source = {"kind": "random", "architecture": model, "seed": seed, "spec_sha256": spec_hash}
+    if outliers:
+        source["outliers"] = {"magnitude": outliers, "channels": channels}
     ckpt = Checkpoint(config, spec, to_export_names(state_dict, spec), name, source)
     if companion_dir is not None:
         ckpt.companion_dir, ckpt.companion_files = companion_dir, _present(companion_dir, COMPANION_FILES)
     return ckpt
+
+
+OUTLIER_CHANNELS = 2  # GPT-2 small's massive activations sit in a few channels (447 and 138 above all)
+
+
+def inject_outlier_channels(model, magnitude: float, seed: int) -> list[int]:
+    """Give a randomly initialized GPT2LMHeadModel the massive activations of a trained GPT-2 (in place).
+
+    In trained GPT-2 the first token of every sequence carries a few residual-stream channels in the
+    thousands (about 3000 in GPT-2 small) from the early blocks to the last; that token becomes an attention
+    sink. Every LayerNorm that reads it normalizes a vector whose variance is of the order of 3000², far past
+    fp16's 65504 when it is computed in fp16. Random weights have nothing of the kind, so an fp16 graph that
+    would overflow on a real checkpoint passes on them.
+
+    Done here: the position embedding of position 0 gets ±``magnitude`` (alternating signs) in
+    ``OUTLIER_CHANNELS`` seeded channels, so the residual stream of every sequence's first token carries them
+    through every block into the final LayerNorm; the other positions are left as they were. Returns the
+    channels.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    channels = sorted(torch.randperm(model.config.n_embd, generator=generator)[:OUTLIER_CHANNELS].tolist())
+    signs = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(channels))])
+    with torch.no_grad():
+        model.transformer.wpe.weight[0, channels] += signs * magnitude
+    log.info("outlier channels %s injected at magnitude %g on position 0", channels, magnitude)
+    return channels
 
 
 def _local_checkpoint(folder: Path, *, source: dict[str, Any]) -> Checkpoint:

@@ -57,6 +57,14 @@ app = typer.Typer(
 
 QuantizeOpt = Annotated[str, typer.Option("--quantize", help="Weights: none, int8 (dynamic) or int4 (block-wise).")]
 BlockSizeOpt = Annotated[int, typer.Option(help="int4: weights per scale (16, 32, 64, 128 or 256).")]
+KeepFp32Opt = Annotated[
+    str,
+    typer.Option(
+        "--keep-fp32",
+        help="fp16: what stays fp32, a comma-separated subset of layernorm (its statistics), softmax and logits"
+        " (the output), or 'none'.",
+    ),
+]
 GateOpt = Annotated[
     Optional[list[str]],
     typer.Option("--gate", help="Override a default gate, e.g. kl_mean=0.02, top5=0.9, top1=0.99 (repeatable)."),
@@ -109,6 +117,13 @@ def export(
         bool, typer.Option("--random-init", help="Seeded random weights for a named architecture or a config.json.")
     ] = False,
     seed: Annotated[int, typer.Option(help="Seed for --random-init.")] = 0,
+    outliers: Annotated[
+        float,
+        typer.Option(
+            help="With --random-init: residual-stream outlier channels of this magnitude, as trained GPT-2 has"
+            " (about 3000); tests fp16 on realistic activations. 0 = none."
+        ),
+    ] = 0.0,
     revision: Annotated[Optional[str], typer.Option(help="Hub revision (branch, tag or commit).")] = None,
     opset: Annotated[Optional[int], typer.Option(help="ONNX opset, 14 to 20 \\[default: 17].")] = None,
     logits: Annotated[str, typer.Option(help="'all' positions, or 'last' only (\\[batch, 1, vocab]).")] = "all",
@@ -128,7 +143,8 @@ def export(
     allow_partial_fusion: Annotated[
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
-    dtype: Annotated[str, typer.Option(help="fp32, or fp16 (LayerNorm, softmax and logits stay fp32).")] = "fp32",
+    dtype: Annotated[str, typer.Option(help="fp32, or fp16 (see --keep-fp32).")] = "fp32",
+    keep_fp32: KeepFp32Opt = "layernorm,softmax,logits",
     quantize: QuantizeOpt = "none",
     block_size: BlockSizeOpt = 32,
     gate: GateOpt = None,
@@ -138,6 +154,7 @@ def export(
     from gpt2onnx.exporters.export import export as run_export
     from gpt2onnx.runtimes.parity import parse_gates
     from gpt2onnx.exporters.torch_export import DEFAULT_OPSET
+    from gpt2onnx.quantization import parse_keep_fp32
 
     options = ExportOptions(
         opset=DEFAULT_OPSET if opset is None else opset,
@@ -153,9 +170,12 @@ def export(
         quantize=quantize,
         block_size=block_size,
         gates=parse_gates(gate) or None,
+        keep_fp32=parse_keep_fp32(keep_fp32),
     )
     with err_console.status(f"exporting {model}…"):
-        result = run_export(model, out, random_init=random_init, seed=seed, revision=revision, options=options)
+        result = run_export(
+            model, out, random_init=random_init, seed=seed, revision=revision, outliers=outliers, options=options
+        )
     manifest = result.manifest
     table = Table(title=f"{manifest['name']} → {result.folder}", show_header=False)
     table.add_row("kind", manifest["kind"] + (f" {options.block}" if options.block is not None else ""))
@@ -168,8 +188,8 @@ def export(
         q = manifest["quantization"]
         table.add_row("quantization", q["method"] + (f", block {q['block_size']}" if q.get("block_size") else ""))
     if manifest.get("fp16"):
-        kept = manifest["fp16"]["kept_fp32_ops"] + manifest["fp16"]["kept_fp32_io"]
-        table.add_row("precision", f"float16; fp32 kept for {', '.join(kept)}")
+        kept = manifest["fp16"]["kept_fp32"]
+        table.add_row("precision", f"float16; fp32 kept for {', '.join(kept) or 'nothing'}")
     table.add_row("parity", _parity_summary(manifest["parity"]))
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
     console.print(table)
@@ -182,6 +202,7 @@ def _parity_summary(parity: dict | None) -> str:
         return (
             f"{parity['precision']} gates: mean KL {parity['kl']['mean']:.2e}, top-5 {100 * parity['top5_agreement']:.1f}%,"
             f" top-1 {100 * parity['top1_agreement']:.1f}%"
+            + (f"; fp16 as on a GPU: mean KL {parity['fp16_emulated']['kl']['mean']:.2e}" if "fp16_emulated" in parity else "")
         )
     return (
         f"max |Δlogits| {parity['max_abs_logits']:.2e}, max |Δpresent| {parity['max_abs_present']:.2e}"
@@ -204,20 +225,22 @@ def optimize(
     ] = False,
     validate: Annotated[bool, typer.Option(help="Check the fused graph against its source before writing.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
-    dtype: Annotated[str, typer.Option(help="fp32, or fp16 (LayerNorm, softmax and logits stay fp32).")] = "fp32",
+    dtype: Annotated[str, typer.Option(help="fp32, or fp16 (see --keep-fp32).")] = "fp32",
+    keep_fp32: KeepFp32Opt = "layernorm,softmax,logits",
     quantize: QuantizeOpt = "none",
     block_size: BlockSizeOpt = 32,
     gate: GateOpt = None,
 ) -> None:
     """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and reduce its precision)."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
-    from gpt2onnx.quantization import QuantizeOptions
+    from gpt2onnx.quantization import QuantizeOptions, parse_keep_fp32
     from gpt2onnx.runtimes.parity import parse_gates
 
     with err_console.status(f"optimizing {source}…"):
         manifest = run_optimize(
             source, out, fusion=fusion, allow_partial=allow_partial_fusion, force=force, validate=validate,
             quantization=QuantizeOptions(quantize, block_size), dtype=dtype, gates=parse_gates(gate) or None,
+            keep_fp32=parse_keep_fp32(keep_fp32),
         )  # fmt: skip
     table = Table(title=f"{source} → {out}", show_header=False)
     table.add_row("fusion", _fusion_summary(manifest["fusion"]))
@@ -417,6 +440,14 @@ def parity(
     trt_cache_dir: TrtCacheOpt = None,
     max_batch: MaxBatchOpt = 8,
     allow_fallback: FallbackOpt = False,
+    emulate_fp16: Annotated[
+        bool,
+        typer.Option(
+            "--emulate-fp16",
+            help="fp16 models on the cpu provider: round every fp16 tensor as a GPU stores it (the CPU computes"
+            " most fp16 nodes in fp32, which hides overflow).",
+        ),
+    ] = False,
 ) -> None:
     """Check an exported model against PyTorch on randomized cases; exit 1 if a tolerance is violated."""
     from rich.progress import Progress
@@ -437,6 +468,7 @@ def parity(
             max_batch=min(max_batch, 8),
             on_case=lambda _: progress.advance(task),
             gates=gates,
+            emulate_fp16=emulate_fp16,
         )
     worst = sorted(report.cases, key=lambda r: -r.logits["max"])[:10]
     table = Table(title=f"parity on {report.provider}: {len(report.cases)} cases (worst {len(worst)} shown)")

@@ -20,7 +20,7 @@ from gpt2onnx.exporters.output import save_onnx, staged_folder
 from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
 from gpt2onnx.files import sha256_file
 from gpt2onnx.exporters.passes import GraphPasses
-from gpt2onnx.quantization import QuantizeOptions, check_dtype
+from gpt2onnx.quantization import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class ExportOptions:
     quantize: str = "none"  # weight quantization: none, int8 (dynamic) or int4 (block-wise)
     block_size: int = 32  # int4: weights per scale
     gates: dict | None = None  # overrides of the precision's default gates (runtimes.parity.TOLERANCES)
+    keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS  # fp16: what stays fp32 (quantization.FP16_KEEP_GROUPS)
 
 
 @dataclass
@@ -61,7 +62,11 @@ class ExportResult:
 
 def _passes(options: ExportOptions) -> GraphPasses:
     return GraphPasses(
-        options.fusion, options.allow_partial_fusion, options.dtype, QuantizeOptions(options.quantize, options.block_size)
+        options.fusion,
+        options.allow_partial_fusion,
+        options.dtype,
+        QuantizeOptions(options.quantize, options.block_size),
+        options.keep_fp32,
     )
 
 
@@ -80,9 +85,14 @@ def export(
     random_init: bool = False,
     seed: int = 0,
     revision: str | None = None,
+    outliers: float = 0.0,
     options: ExportOptions = ExportOptions(),
 ) -> ExportResult:
-    """Export ``model`` (local folder, Hub id, or architecture name with ``random_init``) to a verified folder."""
+    """Export ``model`` (local folder, Hub id, or architecture name with ``random_init``) to a verified folder.
+
+    ``outliers``: with ``random_init``, inject residual-stream outlier channels of that magnitude
+    (:func:`gpt2onnx.checkpoint.inject_outlier_channels`).
+    """
     check_opset(options.opset)
     if options.logits not in LOGITS_CHOICES:
         raise Gpt2OnnxError(f"--logits '{options.logits}' is not valid: choose 'all' or 'last'")
@@ -99,7 +109,7 @@ def export(
         raise Gpt2OnnxError(f"output folder '{out}' already exists: choose another --out, or add --force to replace it")
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    ckpt = load_checkpoint(model, random_init=random_init, seed=seed, revision=revision)
+    ckpt = load_checkpoint(model, random_init=random_init, seed=seed, revision=revision, outliers=outliers)
     timings["load_seconds"] = time.perf_counter() - start
     if options.block is not None and not 0 <= options.block < ckpt.spec.n_layer:
         raise Gpt2OnnxError(f"--block {options.block} is out of range: this model has blocks 0 to {ckpt.spec.n_layer - 1}")
@@ -128,7 +138,8 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
     timings["export_seconds"] = time.perf_counter() - start
     proto, reports = _passes(options).apply(proto, timings)
     if dtype == "float16":
-        io = decoder_io(spec, last_logits_only=options.logits == "last", dtype=dtype)  # an fp16 K/V cache
+        logits_dtype = "float32" if "logits" in parse_keep_fp32(options.keep_fp32) else "float16"
+        io = decoder_io(spec, last_logits_only=options.logits == "last", dtype=dtype, logits_dtype=logits_dtype)
         check_graph_io(proto, io)
     start = time.perf_counter()
     model_files = save_onnx(proto, folder / MODEL_FILE, external_data=options.external_data)
@@ -199,17 +210,17 @@ def _validate(path: Path, ckpt: Checkpoint, options: ExportOptions):
     length = max(2, min(8, ckpt.spec.n_positions - decode_steps))
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
     reference = reference_model(ckpt)
-    session = cpu_session(path)
     precision = _passes(options).precision
     if precision != "float32":
-        from gpt2onnx.runtimes.parity import gate_check
+        from gpt2onnx.runtimes.parity import precision_gates
 
         log.info("checking the %s gates against transformers' GPT2LMHeadModel", precision)
-        return gate_check(
-            OnnxDecoder(session), reference, precision=precision, vocab_size=ckpt.spec.vocab_size,
+        return precision_gates(
+            path, reference, precision=precision, vocab_size=ckpt.spec.vocab_size,
             n_positions=ckpt.spec.n_positions, gates=options.gates,
         )  # fmt: skip
     log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)
+    session = cpu_session(path)
     if options.block is not None:
         result = compare_block(
             session, reference, options.block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance

@@ -63,7 +63,9 @@ def present_names(n_layer: int) -> list[str]:
     return [f"present.{i}.{kind}" for i in range(n_layer) for kind in ("key", "value")]
 
 
-def decoder_io(spec: ModelSpec, *, last_logits_only: bool = False, dtype: str = "float32") -> IOSpec:
+def decoder_io(
+    spec: ModelSpec, *, last_logits_only: bool = False, dtype: str = "float32", logits_dtype: str = "float32"
+) -> IOSpec:
     kv = lambda name, length: TensorSpec(name, dtype, (BATCH, spec.n_head, length, spec.head_dim))  # noqa: E731
     inputs = (
         TensorSpec("input_ids", "int64", (BATCH, SEQUENCE)),
@@ -73,7 +75,8 @@ def decoder_io(spec: ModelSpec, *, last_logits_only: bool = False, dtype: str = 
     )
     logits_len = 1 if last_logits_only else SEQUENCE
     outputs = (
-        TensorSpec("logits", "float32", (BATCH, logits_len, spec.vocab_size)),  # fp32 in every precision
+        # fp32 in every precision, unless an fp16 model is told to keep nothing in fp32
+        TensorSpec("logits", logits_dtype, (BATCH, logits_len, spec.vocab_size)),
         *(kv(name, TOTAL) for name in present_names(spec.n_layer)),
     )
     return IOSpec(inputs, outputs)

@@ -15,7 +15,7 @@ from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import MANIFEST_FORMAT_VERSION, MODEL_FILE, graph_summary, read_manifest, write_manifest
 from gpt2onnx.exporters.output import save_onnx, staged_folder
 from gpt2onnx.exporters.passes import GraphPasses
-from gpt2onnx.quantization import QuantizeOptions
+from gpt2onnx.quantization import FP16_KEEP_GROUPS, QuantizeOptions
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +39,13 @@ def optimize(
     quantization: QuantizeOptions = QuantizeOptions(),
     dtype: str = "fp32",
     gates: dict | None = None,
+    keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS,
 ) -> dict:
     """Fuse ``source`` (a folder or .onnx file) with profile ``fusion`` (and quantize its weights) into the
     folder ``out``; returns its manifest."""
     from gpt2onnx.inspection import load_graph
 
-    passes = GraphPasses(fusion, allow_partial, dtype, quantization)
+    passes = GraphPasses(fusion, allow_partial, dtype, quantization, keep_fp32)
     dtype = passes.check()
     model_path = _input_model(Path(source))
     load_graph(model_path)  # a clear error for a file that is not ONNX, before the weights are read
@@ -100,7 +101,7 @@ def _against_source(fused_path: Path, source_path: Path, tolerance: float, metho
     """The fused graph against the graph it came from: a left-padded batch, empty past, decode steps; for
     quantized weights, the precision's gates on a few randomized cases."""
     from gpt2onnx.runtimes.decoder import OnnxDecoder, read_n_positions
-    from gpt2onnx.runtimes.parity import OnnxReference, compare_decoder, gate_check, left_padded_batch
+    from gpt2onnx.runtimes.parity import OnnxReference, compare_decoder, left_padded_batch, precision_gates
     from gpt2onnx.runtimes.providers import cpu_session
 
     fused = OnnxDecoder(cpu_session(fused_path))
@@ -108,7 +109,10 @@ def _against_source(fused_path: Path, source_path: Path, tolerance: float, metho
     vocab = fused.vocab_size or 1000
     if method != "float32":
         n_positions = read_n_positions(fused_path.parent)
-        checked = gate_check(fused, source, precision=method, vocab_size=vocab, n_positions=n_positions, gates=gates)
+        del fused
+        checked = precision_gates(
+            fused_path, source, precision=method, vocab_size=vocab, n_positions=n_positions, gates=gates
+        )
         return {**checked, "against": "source ONNX model"}
     input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)
     result = compare_decoder(fused, source, input_ids, mask, decode_steps=2, tolerance=tolerance)

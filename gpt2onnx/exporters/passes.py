@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from gpt2onnx.quantization import QuantizeOptions, check_dtype
+from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.quantization import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class GraphPasses:
     allow_partial_fusion: bool = False
     dtype: str = "fp32"
     quantization: QuantizeOptions = field(default_factory=QuantizeOptions)
+    keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS  # fp16: what stays fp32 (quantization.FP16_KEEP_GROUPS)
 
     def check(self) -> str:
         """Refuse an unknown profile, dtype or method, or fp16 with quantized weights; returns the dtype."""
@@ -23,7 +25,11 @@ class GraphPasses:
 
         check_profile(self.fusion)
         self.quantization.check()
-        return check_dtype(self.dtype, self.quantization.method)
+        dtype = check_dtype(self.dtype, self.quantization.method)
+        keep = parse_keep_fp32(self.keep_fp32)
+        if dtype != "float16" and keep != FP16_KEEP_GROUPS:
+            raise Gpt2OnnxError("--keep-fp32 applies to fp16 models only: add --dtype fp16, or leave --keep-fp32 out")
+        return dtype
 
     @property
     def precision(self) -> str:
@@ -45,7 +51,7 @@ class GraphPasses:
             from gpt2onnx.quantization import to_fp16
 
             start = time.perf_counter()
-            model, reports["fp16"] = to_fp16(model)
+            model, reports["fp16"] = to_fp16(model, keep_fp32=parse_keep_fp32(self.keep_fp32))
             timings["fp16_seconds"] = time.perf_counter() - start
         if self.quantization.method != "none":
             from gpt2onnx.quantization import quantize

@@ -70,7 +70,8 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
         )
     kind = source.get("kind")
     if kind == "random":
-        ckpt = load_checkpoint(source["architecture"], random_init=True, seed=int(source["seed"]))
+        outliers = float((source.get("outliers") or {}).get("magnitude", 0.0))
+        ckpt = load_checkpoint(source["architecture"], random_init=True, seed=int(source["seed"]), outliers=outliers)
         if ckpt.source.get("spec_sha256") != source.get("spec_sha256"):
             raise Gpt2OnnxError(
                 f"the architecture '{source['architecture']}' recorded in the manifest no longer matches the export:"

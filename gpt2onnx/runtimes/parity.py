@@ -476,8 +476,16 @@ def check_parity(
     max_batch: int = 8,
     on_case=None,
     gates: dict[str, float] | None = None,
+    emulate_fp16: bool = False,
 ) -> ParityReport:
-    """Randomized cases of an exported folder against the PyTorch reference rebuilt from its manifest."""
+    """Randomized cases of an exported folder against the PyTorch reference rebuilt from its manifest.
+
+    ``emulate_fp16``: run an fp16 model with fp16 arithmetic as a GPU does it, on the CPU provider
+    (:mod:`gpt2onnx.runtimes.fp16_emulation`)."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
     from gpt2onnx.errors import Gpt2OnnxError
     from gpt2onnx.reference import reference_model
     from gpt2onnx.runtimes.model_folder import open_decoder, open_folder, reference_checkpoint
@@ -487,18 +495,30 @@ def check_parity(
         raise Gpt2OnnxError(f"--cases must be a positive integer, got {cases}")
     model = open_folder(folder)
     tolerances = tolerances_for(model.precision, gates)
-    decoder = open_decoder(model, provider or ProviderConfig())
-    ckpt = reference_checkpoint(model, reference)
-    if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
-        raise Gpt2OnnxError("the reference checkpoint does not match the exported model (vocabulary or layer count)")
-    torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
-    ref = reference_model(ckpt)
-    results = []
-    for case in random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch):
-        results.append(run_case(decoder, ref, case, vocab_size=ckpt.spec.vocab_size))
-        if on_case is not None:
-            on_case(results[-1])
-    return ParityReport(decoder.provider, model.precision, tolerances, results, summarize(results, tolerances))
+    provider = provider or ProviderConfig()
+    if emulate_fp16:
+        if model.dtype != "float16":
+            raise Gpt2OnnxError(f"--emulate-fp16 needs an fp16 model: '{folder}' is {model.dtype}; drop --emulate-fp16")
+        if provider.name != "cpu":
+            raise Gpt2OnnxError("--emulate-fp16 runs on the cpu provider (a GPU computes fp16 itself): drop one of them")
+    with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
+        if emulate_fp16:
+            from gpt2onnx.runtimes.fp16_emulation import write_emulated_fp16
+
+            model = dataclasses.replace(model, model_path=write_emulated_fp16(model.model_path, Path(tmp) / "model.onnx"))
+        decoder = open_decoder(model, provider)
+        ckpt = reference_checkpoint(model, reference)
+        if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
+            raise Gpt2OnnxError("the reference checkpoint does not match the exported model (vocabulary or layer count)")
+        torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
+        ref = reference_model(ckpt)
+        results = []
+        for case in random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch):
+            results.append(run_case(decoder, ref, case, vocab_size=ckpt.spec.vocab_size))
+            if on_case is not None:
+                on_case(results[-1])
+    label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
+    return ParityReport(label, model.precision, tolerances, results, summarize(results, tolerances))
 
 
 def gate_check(
@@ -511,6 +531,36 @@ def gate_check(
         for case in random_cases(cases, seed=0, n_positions=n_positions, max_batch=4)
     ]
     return {"precision": precision, "tolerances": tolerances, **summarize(results, tolerances)}
+
+
+def precision_gates(
+    model_path, reference, *, precision: str, vocab_size: int, n_positions: int, gates=None
+) -> dict:
+    """What export and optimize check before writing a reduced-precision model: the precision's gates on the
+    CPU provider and, for fp16, also with fp16 arithmetic emulated as a GPU does it
+    (:mod:`gpt2onnx.runtimes.fp16_emulation`): the CPU provider computes most fp16 nodes in fp32, which hides
+    an overflow the graph has on fp16 hardware."""
+    import tempfile
+    from pathlib import Path
+
+    from gpt2onnx.runtimes.providers import cpu_session
+
+    def check(path) -> dict:
+        decoder = OnnxDecoder(cpu_session(path))
+        return gate_check(
+            decoder, reference, precision=precision, vocab_size=vocab_size, n_positions=n_positions, gates=gates
+        )
+
+    checked = check(model_path)
+    if precision != "float16":
+        return checked
+    from gpt2onnx.runtimes.fp16_emulation import write_emulated_fp16
+
+    with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
+        emulated = check(write_emulated_fp16(Path(model_path), Path(tmp) / "emulated.onnx"))
+    failures = checked["failures"] + [f"fp16 arithmetic as on a GPU: {f}" for f in emulated["failures"]]
+    kept = ("logits", "kl", "top1_agreement", "top5_agreement", "nonfinite", "tokens_before_divergence", "passed")
+    return {**checked, "fp16_emulated": {k: emulated[k] for k in kept}, "failures": failures, "passed": not failures}
 
 
 class OnnxReference:

@@ -97,6 +97,8 @@ def provider_options(config: ProviderConfig, *, model_path: Path, shape: Decoder
     trt = {
         "device_id": config.device_id,
         "trt_fp16_enable": config.trt_fp16,
+        # fp16 engines compute LayerNorm's Pow and ReduceMean in fp32: GPT-2's outlier channels overflow fp16 there
+        "trt_layer_norm_fp32_fallback": config.trt_fp16,
         "trt_engine_cache_enable": True,
         "trt_engine_cache_path": str(cache_dir),
         "trt_timing_cache_enable": True,
