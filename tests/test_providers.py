@@ -88,10 +88,12 @@ def test_tensorrt_provider_options(tmp_path):
     (trt_name, trt), (cuda_name, cuda), cpu = providers
     assert (trt_name, cuda_name, cpu) == ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
     assert trt["trt_fp16_enable"] is True and trt["trt_engine_cache_enable"] and trt["trt_timing_cache_enable"]
+    assert trt["trt_layer_norm_fp32_fallback"] is True  # fp16 engines: LayerNorm statistics in fp32 (outliers)
     assert trt["trt_engine_cache_path"] == str(tmp_path / "m" / "trt_cache") == trt["trt_timing_cache_path"]
     assert _parse_profile(trt["trt_profile_max_shapes"])["input_ids"][0] == 2
     custom = provider_options(ProviderConfig(name="tensorrt", trt_cache_dir=str(tmp_path / "c")), model_path=model, shape=None)
     assert custom[0][1]["trt_engine_cache_path"] == str(tmp_path / "c") and "trt_profile_min_shapes" not in custom[0][1]
+    assert custom[0][1]["trt_layer_norm_fp32_fallback"] is False
     with pytest.raises(Gpt2OnnxError, match="--max-batch must be at least 1"):
         tensorrt_profile(_shape(), max_batch=0)
 
