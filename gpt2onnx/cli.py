@@ -120,8 +120,9 @@ def export(
     outliers: Annotated[
         float,
         typer.Option(
-            help="With --random-init: residual-stream outlier channels of this magnitude, as trained GPT-2 has"
-            " (about 3000); tests fp16 on realistic activations. 0 = none."
+            help="With --random-init: trained GPT-2's massive activations, ±this value in two residual-stream"
+            " channels of every sequence's first token (GPT-2 small: about 3000); tests fp16 on realistic"
+            " activations. 0 = none."
         ),
     ] = 0.0,
     revision: Annotated[Optional[str], typer.Option(help="Hub revision (branch, tag or commit).")] = None,
