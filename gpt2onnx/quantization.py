@@ -122,18 +122,12 @@ def to_fp16(model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GR
     inferred = {v.name for v in model.graph.value_info}
     model.graph.value_info.extend(v for v in known if v.name not in inferred)
     if "layernorm" in keep_fp32:
-        for nodes in written_out_layer_norms(model.graph):
-            inside = {out for n in nodes for out in n.output} - {o.name for o in model.graph.output}
-            users = {name: [n for n in model.graph.node if name in n.input] for name in inside}
-            inside = {name for name in inside if all(u in nodes for u in users[name])}
-            kept_value_info = [v for v in model.graph.value_info if v.name not in inside]
-            del model.graph.value_info[:]
-            model.graph.value_info.extend(kept_value_info)
-            kept_nodes += nodes
+        kept_nodes = [node for nodes in written_out_layer_norms(model.graph) for node in nodes]
     for index, node in enumerate(kept_nodes):
         node.name = node.name or f"kept_fp32_{index}"  # the converter blocks nodes by name
-    keep_io = ["logits"] if "logits" in keep_fp32 else []
     names = {n.name for n in kept_nodes}
+    _untype_inner_tensors(model.graph, names)
+    keep_io = ["logits"] if "logits" in keep_fp32 else []
     kept = Counter(n.op_type for n in model.graph.node if n.op_type in keep_ops or n.name in names)
     ir_version = model.ir_version
     converted = convert_float_to_float16(
@@ -145,6 +139,27 @@ def to_fp16(model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GR
     log.info("fp16; kept in fp32: %s", dict(kept) or "nothing")
     report = {"dtype": "float16", "kept_fp32": list(keep_fp32), "kept_fp32_nodes": dict(kept), "kept_fp32_io": keep_io}
     return converted, report
+
+
+def _untype_inner_tensors(graph: onnx.GraphProto, kept: set[str]) -> None:
+    """Drop the type information of the tensors that kept nodes make and only kept nodes read, so that the
+    converter leaves them fp32 instead of casting them to fp16 and back between two kept nodes."""
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.name)
+    outputs = {o.name for o in graph.output}
+    inner = {
+        out
+        for node in graph.node
+        if node.name in kept
+        for out in node.output
+        if out not in outputs and readers.get(out, set()) <= kept
+    }
+    if inner:
+        value_info = [v for v in graph.value_info if v.name not in inner]
+        del graph.value_info[:]
+        graph.value_info.extend(value_info)
 
 
 def _drop_repeated_casts(graph: onnx.GraphProto) -> None:
