@@ -109,9 +109,8 @@ def _against_source(fused_path: Path, source_path: Path, tolerance: float, metho
     vocab = fused.vocab_size or 1000
     if method != "float32":
         n_positions = read_n_positions(fused_path.parent)
-        del fused
         checked = precision_gates(
-            fused_path, source, precision=method, vocab_size=vocab, n_positions=n_positions, gates=gates
+            fused_path, source, precision=method, vocab_size=vocab, n_positions=n_positions, gates=gates, decoder=fused
         )
         return {**checked, "against": "source ONNX model"}
     input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)

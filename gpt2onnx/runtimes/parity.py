@@ -534,30 +534,30 @@ def gate_check(
 
 
 def precision_gates(
-    model_path, reference, *, precision: str, vocab_size: int, n_positions: int, gates=None
+    model_path, reference, *, precision: str, vocab_size: int, n_positions: int, gates=None, decoder=None
 ) -> dict:
     """What export and optimize check before writing a reduced-precision model: the precision's gates on the
     CPU provider and, for fp16, also with fp16 arithmetic emulated as a GPU does it
     (:mod:`gpt2onnx.runtimes.fp16_emulation`): the CPU provider computes most fp16 nodes in fp32, which hides
-    an overflow the graph has on fp16 hardware."""
+    an overflow the graph has on fp16 hardware. ``decoder``: a CPU decoder already open on ``model_path``."""
     import tempfile
     from pathlib import Path
 
     from gpt2onnx.runtimes.providers import cpu_session
 
-    def check(path) -> dict:
-        decoder = OnnxDecoder(cpu_session(path))
+    def check(decoder: OnnxDecoder) -> dict:
         return gate_check(
             decoder, reference, precision=precision, vocab_size=vocab_size, n_positions=n_positions, gates=gates
         )
 
-    checked = check(model_path)
+    checked = check(decoder or OnnxDecoder(cpu_session(model_path)))
     if precision != "float16":
         return checked
     from gpt2onnx.runtimes.fp16_emulation import write_emulated_fp16
 
     with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
-        emulated = check(write_emulated_fp16(Path(model_path), Path(tmp) / "emulated.onnx"))
+        emulated_path = write_emulated_fp16(Path(model_path), Path(tmp) / "emulated.onnx")
+        emulated = check(OnnxDecoder(cpu_session(emulated_path)))
     failures = checked["failures"] + [f"fp16 arithmetic as on a GPU: {f}" for f in emulated["failures"]]
     kept = ("logits", "kl", "top1_agreement", "top5_agreement", "nonfinite", "tokens_before_divergence", "passed")
     return {**checked, "fp16_emulated": {k: emulated[k] for k in kept}, "failures": failures, "passed": not failures}
