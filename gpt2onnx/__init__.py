@@ -1,49 +1,61 @@
 """gpt2onnx: GPT-2 from a PyTorch checkpoint to a verified, fast ONNX decoder with past key/values.
 
-The Python API does what the CLI does::
+The Python API does what the CLI does, one function per command::
 
-    from gpt2onnx import ExportOptions, export, inspect_model, check_parity, benchmark
-    result = export("gpt2", "models/gpt2", random_init=True, options=ExportOptions(logits="last"))
-    report = check_parity(result.folder, cases=20)
+    import gpt2onnx
+    result = gpt2onnx.export("gpt2", "models/gpt2", random_init=True, options=gpt2onnx.ExportOptions(logits="last"))
+    print(gpt2onnx.inspect(result.folder)["manifest"]["check_summary"])
+    report = gpt2onnx.parity(result.folder, cases=20)          # a CheckReport
+    text = gpt2onnx.generate(result.folder, ids=["464,3290"]).texts
+    figures = gpt2onnx.bench([result.folder], baseline="torch")
+
+Errors are subclasses of :class:`Gpt2OnnxError` (:mod:`gpt2onnx.errors`). Importing the package is cheap:
+each name loads its module on first use, and nothing on the run path (inspect, generate, bench without a
+torch baseline) imports torch.
 """
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BenchConfig",
-    "ExportOptions",
-    "Gpt2OnnxError",
-    "ProviderConfig",
-    "Sampling",
-    "benchmark",
-    "check_parity",
-    "export",
-    "generate",
-    "inspect_model",
-    "load_checkpoint",
-    "open_decoder",
-    "open_folder",
-]
+_HOMES = {
+    # the commands
+    "export": ("gpt2onnx.exporters.export", "export"),
+    "optimize": ("gpt2onnx.exporters.optimize", "optimize"),
+    "inspect": ("gpt2onnx.artifact.inspect", "inspect_model"),
+    "generate": ("gpt2onnx.runtime.generate", "generate_text"),
+    "parity": ("gpt2onnx.verify.parity", "check_parity"),
+    "bench": ("gpt2onnx.verify.bench", "benchmark"),
+    # their options and results
+    "ExportOptions": ("gpt2onnx.exporters.export", "ExportOptions"),
+    "ExportResult": ("gpt2onnx.exporters.export", "ExportResult"),
+    "QuantizeOptions": ("gpt2onnx.precision", "QuantizeOptions"),
+    "ProviderConfig": ("gpt2onnx.runtime.providers", "ProviderConfig"),
+    "Sampling": ("gpt2onnx.runtime.generate", "Sampling"),
+    "TextGeneration": ("gpt2onnx.runtime.generate", "TextGeneration"),
+    "BenchConfig": ("gpt2onnx.runtime.bench", "BenchConfig"),
+    "CheckReport": ("gpt2onnx.artifact.report", "CheckReport"),
+    # lower level: a folder, a decoder on it, the decode loop, a checkpoint
+    "open_folder": ("gpt2onnx.artifact.folder", "open_folder"),
+    "open_decoder": ("gpt2onnx.runtime.decoder", "open_decoder"),
+    "decode": ("gpt2onnx.runtime.generate", "generate"),
+    "load_checkpoint": ("gpt2onnx.checkpoint", "load_checkpoint"),
+    # errors
+    "Gpt2OnnxError": ("gpt2onnx.errors", "Gpt2OnnxError"),
+    "BadInput": ("gpt2onnx.errors", "BadInput"),
+    "CheckpointError": ("gpt2onnx.errors", "CheckpointError"),
+    "ContractError": ("gpt2onnx.errors", "ContractError"),
+    "IntegrityError": ("gpt2onnx.errors", "IntegrityError"),
+    "CheckFailed": ("gpt2onnx.errors", "CheckFailed"),
+    "RuntimeUnavailable": ("gpt2onnx.errors", "RuntimeUnavailable"),
+    "OutputError": ("gpt2onnx.errors", "OutputError"),
+}
+
+__all__ = sorted(_HOMES)
 
 
-def __getattr__(name):  # lazy: `gpt2onnx --version` and `import gpt2onnx` stay fast, torch loads on use
+def __getattr__(name):  # lazy: `gpt2onnx --version` and `import gpt2onnx` stay fast
     from importlib import import_module
 
-    homes = {
-        "BenchConfig": "gpt2onnx.runtimes.bench",
-        "benchmark": "gpt2onnx.runtimes.bench",
-        "ExportOptions": "gpt2onnx.exporters.export",
-        "export": "gpt2onnx.exporters.export",
-        "Gpt2OnnxError": "gpt2onnx.errors",
-        "ProviderConfig": "gpt2onnx.runtimes.providers",
-        "Sampling": "gpt2onnx.runtimes.generate",
-        "generate": "gpt2onnx.runtimes.generate",
-        "check_parity": "gpt2onnx.runtimes.parity",
-        "inspect_model": "gpt2onnx.inspection",
-        "load_checkpoint": "gpt2onnx.checkpoint",
-        "open_decoder": "gpt2onnx.runtimes.model_folder",
-        "open_folder": "gpt2onnx.runtimes.model_folder",
-    }
-    if name not in homes:
+    if name not in _HOMES:
         raise AttributeError(f"module 'gpt2onnx' has no attribute {name!r}")
-    return getattr(import_module(homes[name]), name)
+    module, attribute = _HOMES[name]
+    return getattr(import_module(module), attribute)

@@ -17,22 +17,13 @@ from typing import Any
 
 import torch
 
+from gpt2onnx.artifact.folder import COMPANION_FILES, TOKENIZER_FILES  # noqa: F401 (TOKENIZER_FILES: re-exported)
 from gpt2onnx.config import PRESETS, ModelSpec, preset_config, spec_from_config
-from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.errors import BadInput, CheckpointError
 from gpt2onnx.files import sha256_file
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.json",
-    "merges.txt",
-    "special_tokens_map.json",
-    "added_tokens.json",
-)
-# Files a Hugging Face folder may hold, besides its weights, that belong next to the exported model.
-COMPANION_FILES = ("generation_config.json", *TOKENIZER_FILES)
 SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
 TORCH_BIN_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 # Buffers that old GPT-2 checkpoints carry; they hold no parameters (the causal mask), so they are skipped.
@@ -60,20 +51,20 @@ def load_checkpoint(
     """
     path = Path(model).expanduser()
     if outliers and not random_init:
-        raise Gpt2OnnxError("--outliers only shapes random weights: add --random-init, or leave --outliers out")
+        raise CheckpointError("--outliers only shapes random weights: add --random-init, or leave --outliers out")
     if not (math.isfinite(outliers) and outliers >= 0):
-        raise Gpt2OnnxError(f"--outliers must be a magnitude ≥ 0 (GPT-2's reach about 3000), got {outliers}")
+        raise CheckpointError(f"--outliers must be a magnitude ≥ 0 (GPT-2's reach about 3000), got {outliers}")
     if random_init:
         return _random_checkpoint(model, path, seed, outliers)
     if path.exists():
         if path.is_file():
-            raise Gpt2OnnxError(
+            raise CheckpointError(
                 f"--model '{model}' is a file, not a model folder: point it at a folder with config.json and weights,"
                 " or add --random-init to export the architecture of a config.json with random weights"
             )
         return _local_checkpoint(path, source={"kind": "local", "path": str(path.resolve())})
     if _looks_like_path(model):
-        raise Gpt2OnnxError(f"--model '{model}': no such file or folder")
+        raise CheckpointError(f"--model '{model}': no such file or folder")
     if model in PRESETS:
         log.info("'%s' is not a local folder; trying the Hugging Face Hub", model)
     folder, commit = _fetch_from_hub(model, revision)
@@ -89,20 +80,20 @@ def _read_config(config_file: Path):
     from transformers import AutoConfig
 
     if not config_file.is_file():
-        raise Gpt2OnnxError(
+        raise CheckpointError(
             f"'{config_file.parent}' has no config.json: point --model at a Hugging Face model folder,"
             " or use --random-init with a named architecture"
         )
     try:
         raw = json.loads(config_file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise Gpt2OnnxError(f"'{config_file}' is not valid JSON ({err}); fix or replace the file") from None
+        raise CheckpointError(f"'{config_file}' is not valid JSON ({err}); fix or replace the file") from None
     if raw.get("model_type") != "gpt2":
-        raise Gpt2OnnxError(f"'{config_file}': model_type is '{raw.get('model_type')}', expected 'gpt2'")
+        raise CheckpointError(f"'{config_file}': model_type is '{raw.get('model_type')}', expected 'gpt2'")
     try:
         return AutoConfig.from_pretrained(config_file.parent if config_file.name == "config.json" else config_file)
     except Exception as err:  # transformers raises many types for a bad config
-        raise Gpt2OnnxError(f"'{config_file}' is not a valid GPT-2 config ({err})") from None
+        raise CheckpointError(f"'{config_file}' is not a valid GPT-2 config ({err})") from None
 
 
 def _random_checkpoint(model: str, path: Path, seed: int, outliers: float = 0.0) -> Checkpoint:
@@ -118,9 +109,9 @@ def _random_checkpoint(model: str, path: Path, seed: int, outliers: float = 0.0)
     elif model in PRESETS:
         config, name = preset_config(model), model
     elif _looks_like_path(model):
-        raise Gpt2OnnxError(f"--model '{model}': no such file or folder")
+        raise CheckpointError(f"--model '{model}': no such file or folder")
     else:
-        raise Gpt2OnnxError(
+        raise CheckpointError(
             f"unknown architecture '{model}' for --random-init: choose one of {', '.join(PRESETS)}, or give a config.json"
         )
     spec = spec_from_config(config)
@@ -210,12 +201,12 @@ def _weight_files(folder: Path) -> list[Path]:
             try:
                 shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
             except (OSError, ValueError, KeyError, TypeError) as err:
-                raise Gpt2OnnxError(f"'{folder / index}' is not a valid weight index ({err})") from None
+                raise CheckpointError(f"'{folder / index}' is not a valid weight index ({err})") from None
             missing = [s for s in shards if not (folder / s).is_file()]
             if missing:
-                raise Gpt2OnnxError(f"'{folder}': shard '{missing[0]}' named in {index} is missing")
+                raise CheckpointError(f"'{folder}': shard '{missing[0]}' named in {index} is missing")
             return [folder / s for s in shards]
-    raise Gpt2OnnxError(
+    raise CheckpointError(
         f"'{folder}' has no weights (model.safetensors or pytorch_model.bin);"
         " use --random-init to export its architecture with random weights"
     )
@@ -231,7 +222,7 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # safetensors and torch.load raise a variety of types for damaged files
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise Gpt2OnnxError(
+        raise CheckpointError(
             f"'{file}': cannot read weights ({reason}); the file is corrupt or truncated, download it again"
         ) from None
 
@@ -259,15 +250,15 @@ def to_export_names(state_dict: dict[str, torch.Tensor], spec: ModelSpec) -> dic
                 continue  # tied: the head is the token embedding, stored once
             name = "lm_head"
         if name not in expected:
-            raise Gpt2OnnxError(f"checkpoint tensor '{key}' is not part of a GPT-2 with this config")
+            raise CheckpointError(f"checkpoint tensor '{key}' is not part of a GPT-2 with this config")
         if tuple(tensor.shape) != expected[name]:
-            raise Gpt2OnnxError(
+            raise CheckpointError(
                 f"checkpoint tensor '{key}' has shape {list(tensor.shape)}, but the config implies {list(expected[name])}"
             )
         mapped[name] = tensor.float() if tensor.dtype != torch.float32 else tensor
     missing = [name for name in expected if name not in mapped]
     if missing:
-        raise Gpt2OnnxError(f"checkpoint is missing tensor '{missing[0]}' ({len(missing)} missing in all)")
+        raise CheckpointError(f"checkpoint is missing tensor '{missing[0]}' ({len(missing)} missing in all)")
     return {name: mapped[name] for name in expected}
 
 
@@ -292,7 +283,7 @@ def _fetch_from_hub(repo_id: str, revision: str | None) -> tuple[Path, str | Non
     except Exception as err:  # network, auth, validation and offline-cache errors all end here
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") else ""
-        raise Gpt2OnnxError(
+        raise CheckpointError(
             f"--model '{repo_id}' is not a local folder and could not be fetched from the Hugging Face Hub{offline}:"
             f" {reason[:200]}; use --model PATH for a local folder, or --random-init for seeded random weights"
         ) from None

@@ -1,4 +1,4 @@
-"""The gpt2onnx command line: parse options, call the library, print with rich. No logic lives here."""
+"""The gpt2onnx command line: each command parses its options, calls one library function and renders the result."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from rich.table import Table
 
 from gpt2onnx import __version__
 from gpt2onnx.errors import Gpt2OnnxError
+
+INTERNAL_ERROR = 70  # a bug of ours, not the user's: still one line, and the traceback with --verbose
 
 console = Console()
 err_console = Console(stderr=True)
@@ -40,7 +42,25 @@ class OneLineErrors(typer.core.TyperGroup):
             if not standalone_mode:
                 raise
             err_console.print(f"error: {err}", markup=False, highlight=False, soft_wrap=True)
-            sys.exit(1)
+            sys.exit(err.exit_code)
+        except KeyboardInterrupt:
+            err_console.print("interrupted", markup=False)
+            sys.exit(130)
+        except MemoryError:
+            if not standalone_mode:
+                raise
+            err_console.print("error: out of memory: use a smaller model, batch or length", markup=False)
+            sys.exit(4)
+        except Exception as err:  # a bug: one line for the user, the traceback in the log with --verbose
+            if not standalone_mode:
+                raise
+            logging.getLogger("gpt2onnx").debug("internal error", exc_info=True)
+            text = str(err).splitlines()[0][:200] if str(err).strip() else ""
+            err_console.print(
+                f"error: internal error ({type(err).__name__}: {text}); please report it with the command you ran"
+                " (--verbose shows the traceback)", markup=False, highlight=False, soft_wrap=True,
+            )  # fmt: skip
+            sys.exit(INTERNAL_ERROR)
         if standalone_mode:
             sys.exit(rv if isinstance(rv, int) else 0)
         return rv
@@ -70,6 +90,11 @@ GateOpt = Annotated[
     typer.Option("--gate", help="Override a default gate, e.g. kl_mean=0.02, top5=0.9, top1=0.99 (repeatable)."),
 ]
 
+VerifyFilesOpt = Annotated[
+    bool,
+    typer.Option("--verify-files/--no-verify-files", help="Check the model files against the manifest's sha256 first."),
+]
+
 
 def _version(value: bool) -> None:
     if value:
@@ -85,7 +110,7 @@ def main(
     ] = None,
 ) -> None:
     logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
+        level=logging.DEBUG if verbose else logging.WARNING,
         format="%(message)s",
         handlers=[RichHandler(console=err_console, show_path=False)],
         force=True,
@@ -153,9 +178,9 @@ def export(
     """Export a GPT-2 checkpoint to an ONNX decoder with past key/values, validated against PyTorch."""
     from gpt2onnx.exporters.export import ExportOptions
     from gpt2onnx.exporters.export import export as run_export
-    from gpt2onnx.runtimes.parity import parse_gates
     from gpt2onnx.exporters.torch_export import DEFAULT_OPSET
-    from gpt2onnx.quantization import parse_keep_fp32
+    from gpt2onnx.precision import parse_keep_fp32
+    from gpt2onnx.verify.gates import parse_gates
 
     options = ExportOptions(
         opset=DEFAULT_OPSET if opset is None else opset,
@@ -191,24 +216,17 @@ def export(
     if manifest.get("fp16"):
         kept = manifest["fp16"]["kept_fp32"]
         table.add_row("precision", f"float16; fp32 kept for {', '.join(kept) or 'nothing'}")
-    table.add_row("parity", _parity_summary(manifest["parity"]))
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
     console.print(table)
+    _print_check(manifest["parity"])
 
 
-def _parity_summary(parity: dict | None) -> str:
-    if parity is None:
-        return "skipped (--no-validate)"
-    if "kl" in parity:  # the gates of a quantized model
-        return (
-            f"{parity['precision']} gates: mean KL {parity['kl']['mean']:.2e}, top-5 {100 * parity['top5_agreement']:.1f}%,"
-            f" top-1 {100 * parity['top1_agreement']:.1f}%"
-            + (f"; fp16 as on a GPU: mean KL {parity['fp16_emulated']['kl']['mean']:.2e}" if "fp16_emulated" in parity else "")
-        )
-    return (
-        f"max |Δlogits| {parity['max_abs_logits']:.2e}, max |Δpresent| {parity['max_abs_present']:.2e}"
-        f" (tolerance {parity['tolerance']:.0e})"
-    )
+def _print_check(parity: dict | None) -> None:
+    """The check a folder passed before it was written, on one line of its own (never cut by a table)."""
+    from gpt2onnx.artifact.report import CheckReport
+
+    report = CheckReport.from_dict(parity)
+    console.print("check: " + (report.summary() if report else "skipped (--no-validate)"), markup=False, highlight=False, soft_wrap=True)
 
 
 def _fusion_summary(report: dict) -> str:
@@ -220,7 +238,7 @@ def _fusion_summary(report: dict) -> str:
 def optimize(
     source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
-    fusion: Annotated[str, typer.Option(help="Fusion profile: ort, portable or tensorrt.")] = "ort",
+    fusion: Annotated[str, typer.Option(help="Fusion profile: ort, portable or tensorrt ('none': precision only).")] = "ort",
     allow_partial_fusion: Annotated[
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
@@ -234,8 +252,8 @@ def optimize(
 ) -> None:
     """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and reduce its precision)."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
-    from gpt2onnx.quantization import QuantizeOptions, parse_keep_fp32
-    from gpt2onnx.runtimes.parity import parse_gates
+    from gpt2onnx.precision import QuantizeOptions, parse_keep_fp32
+    from gpt2onnx.verify.gates import parse_gates
 
     with err_console.status(f"optimizing {source}…"):
         manifest = run_optimize(
@@ -251,19 +269,20 @@ def optimize(
         table.add_row(name, _size(info["bytes"]))
     if manifest.get("quantization"):
         table.add_row("quantization", ", ".join(f"{n} {op}" for op, n in manifest["quantization"]["ops"].items()))
-    table.add_row("parity", _parity_summary(manifest["parity"]) + " against the source graph")
     console.print(table)
+    _print_check(manifest["parity"])
 
 
 @app.command("inspect")
 def inspect_command(
     path: Annotated[Path, typer.Argument(help="An .onnx file or an exported folder.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON.")] = False,
+    verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Show inputs, outputs, opsets, op histogram, file sizes and parameter accounting of an ONNX model."""
-    from gpt2onnx.inspection import inspect_model
+    """Show inputs, outputs, opsets, op histogram, file sizes, parameter accounting and the export's checks."""
+    from gpt2onnx.artifact.inspect import inspect_model
 
-    info = inspect_model(path)
+    info = inspect_model(path, verify_files=verify_files)
     if as_json:
         console.print_json(json.dumps(info))
         return
@@ -295,9 +314,8 @@ def inspect_command(
     console.print("files: " + ", ".join(f"{name} {_size(size)}" for name, size in info["files"].items()))
     if info["manifest"] and info["manifest"].get("fusion"):
         console.print("fusion: " + _fusion_summary(info["manifest"]["fusion"]))
-    if info["manifest"] and info["manifest"].get("parity"):
-        parity = info["manifest"]["parity"]
-        console.print(f"parity at export: max |Δlogits| {parity['max_abs_logits']:.2e} (tolerance {parity['tolerance']:.0e})")
+    if info["manifest"]:
+        console.print("checked at export: " + info["manifest"]["check_summary"], markup=False, highlight=False, soft_wrap=True)
 
 
 # -- running: options shared by generate, parity and bench --------------------------------------------------
@@ -318,11 +336,8 @@ ReferenceOpt = Annotated[
 
 
 def _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback):
-    from gpt2onnx.runtimes.providers import ProviderConfig, check_provider
+    from gpt2onnx.runtime.providers import ProviderConfig
 
-    check_provider(provider)
-    if threads is not None and threads < 1:
-        raise Gpt2OnnxError(f"--threads must be a positive integer, got {threads}")
     return ProviderConfig(
         name=provider,
         threads=threads,
@@ -332,34 +347,7 @@ def _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_b
         trt_cache_dir=str(trt_cache_dir) if trt_cache_dir else None,
         max_batch=max_batch,
         allow_fallback=allow_fallback,
-    )
-
-
-def _write_json(path: Path, data: dict) -> None:
-    """Write next to the target, then rename: a reader never sees half a file."""
-    import os
-    import tempfile
-
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except OSError as err:
-        raise Gpt2OnnxError(f"cannot write '{path}' ({err.strerror or err}); choose a writable path") from None
-
-
-def _parse_int_list(value: str, option: str) -> list[int]:
-    try:
-        numbers = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise Gpt2OnnxError(f"{option} '{value}' is not a comma-separated list of integers (e.g. 1,8)") from None
-    if not numbers:
-        raise Gpt2OnnxError(f"{option} is empty: give at least one integer")
-    return numbers
+    ).check()
 
 
 @app.command()
@@ -381,46 +369,25 @@ def generate(
     trt_cache_dir: TrtCacheOpt = None,
     max_batch: MaxBatchOpt = 8,
     allow_fallback: FallbackOpt = False,
+    verify_files: VerifyFilesOpt = True,
 ) -> None:
     """Generate a continuation, streaming the new tokens."""
-    from gpt2onnx.runtimes.generate import Sampling
-    from gpt2onnx.runtimes.generate import generate as run_generate
-    from gpt2onnx.runtimes.model_folder import open_decoder, open_folder
-    from gpt2onnx.runtimes.prompts import encode_prompts, eos_token_id, load_tokenizer, parse_id_prompts
+    from gpt2onnx.runtime.generate import Sampling, generate_text
 
-    if bool(prompt) == bool(ids):
-        raise Gpt2OnnxError("give the prompt as --prompt TEXT or as --ids 1,2,3 (one of them)")
     config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
     sampling = Sampling(sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    sampling.check()
-    model = open_folder(folder)
-    tokenizer = load_tokenizer(model.folder) if prompt else None
-    input_ids, mask = encode_prompts(tokenizer, prompt) if prompt else parse_id_prompts(ids)
-    decoder = open_decoder(model, config)
-    eos = eos_token_id(model.folder)
-    streamed: list[int] = []
 
-    def stream(step: int, new_ids) -> None:
-        if len(new_ids) != 1:
-            return
-        if step == 0:  # the prompt, shown once it has passed every check
-            shown = prompt[0] if tokenizer is not None else " ".join(map(str, input_ids[0]))
-            console.print(shown, end="", markup=False, highlight=False, style="dim")
-        streamed.append(int(new_ids[0]))
-        if tokenizer is None:
-            console.print(f" {streamed[-1]}", end="", markup=False, highlight=False)
-        else:
-            before = tokenizer.decode(streamed[:-1], skip_special_tokens=True)
-            console.print(tokenizer.decode(streamed, skip_special_tokens=True)[len(before) :], end="", markup=False, highlight=False)
+    def show(kind: str, text: str) -> None:
+        console.print(text, end="", markup=False, highlight=False, style="dim" if kind == "prompt" else None)
 
-    result = run_generate(decoder, input_ids, mask, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos, on_step=stream)
-    if len(input_ids) == 1:
+    result = generate_text(
+        folder, prompts=prompt, ids=ids, max_new_tokens=max_new_tokens, sampling=sampling, provider=config,
+        verify_files=verify_files, on_text=show,
+    )  # fmt: skip
+    if len(result.texts) == 1:
         console.print()
         return
-    for row, tokens in enumerate(result.tokens):
-        if eos is not None and eos in tokens:
-            tokens = tokens[: list(tokens).index(eos) + 1]
-        text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer else ",".join(map(str, tokens))
+    for row, text in enumerate(result.texts):
         console.print(f"[bold]{row}[/]: ", end="")
         console.print(text, markup=False, highlight=False)
 
@@ -449,41 +416,36 @@ def parity(
             " most fp16 nodes in fp32, which hides overflow).",
         ),
     ] = False,
+    verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Check an exported model against PyTorch on randomized cases; exit 1 if a tolerance is violated."""
+    """Check an exported model against PyTorch on randomized cases; exit 1 if a gate fails."""
     from rich.progress import Progress
 
-    from gpt2onnx.runtimes.parity import check_parity, parse_gates
+    from gpt2onnx.files import write_json_atomic
+    from gpt2onnx.verify.gates import parse_gates
+    from gpt2onnx.verify.parity import check_parity
 
     gates = parse_gates(gate)
-
     config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("parity cases", total=cases)
         report = check_parity(
-            folder,
-            provider=config,
-            cases=cases,
-            seed=seed,
-            reference=reference,
-            max_batch=min(max_batch, 8),
-            on_case=lambda _: progress.advance(task),
-            gates=gates,
-            emulate_fp16=emulate_fp16,
-        )
-    worst = sorted(report.cases, key=lambda r: -r.logits["max"])[:10]
+            folder, provider=config, cases=cases, seed=seed, reference=reference, max_batch=min(max_batch, 8),
+            on_case=lambda _: progress.advance(task), gates=gates, emulate_fp16=emulate_fp16, verify_files=verify_files,
+        )  # fmt: skip
+    worst = sorted(report.cases, key=lambda r: -r["logits"]["max"])[:10]
     table = Table(title=f"parity on {report.provider}: {len(report.cases)} cases (worst {len(worst)} shown)")
     for col in ("batch", "past", "prompt", "steps", "Δlogits max", "Δlogits p99", "Δpresent max", "top-1", "tokens"):
         table.add_column(col, justify="right")
     for r in worst:
-        c = r.case
+        c = r["case"]
         table.add_row(
-            str(c.batch), str(c.prefix_length), str(c.prompt_length), str(c.decode_steps),
-            f"{r.logits['max']:.1e}", f"{r.logits['p99']:.1e}", f"{r.present['max']:.1e}",
-            f"{100 * r.top1_agreement:.1f}%", "equal" if r.tokens_equal else "[red]differ[/]",
+            str(c["batch"]), str(c["prefix_length"]), str(c["prompt_length"]), str(c["decode_steps"]),
+            f"{r['logits']['max']:.1e}", f"{r['logits']['p99']:.1e}", f"{r['present']['max']:.1e}",
+            f"{100 * r['top1_agreement']:.1f}%", "equal" if r["tokens_equal"] else "[red]differ[/]",
         )  # fmt: skip
     console.print(table)
-    t = report.totals
+    t = report.measured
     summary = Table(title="total", show_header=False)
     summary.add_row("|Δlogits| max / p50 / p99", f"{t['logits']['max']:.2e} / {t['logits']['p50']:.2e} / {t['logits']['p99']:.2e}")
     summary.add_row("|Δpresent| max / p50 / p99", f"{t['present']['max']:.2e} / {t['present']['p50']:.2e} / {t['present']['p99']:.2e}")
@@ -493,10 +455,10 @@ def parity(
     summary.add_row("greedy tokens before divergence", f"min {t['tokens_before_divergence']['min']}, mean {t['tokens_before_divergence']['mean']:.1f}")
     summary.add_row("NaN/Inf", str(t["nonfinite"]))
     summary.add_row("greedy tokens equal", f"{t['tokens_equal_cases']} of {t['cases']} cases")
-    summary.add_row("verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + "; ".join(t["failures"]))
+    summary.add_row("verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + escape("; ".join(report.failures)))
     console.print(summary)
     if json_path:
-        _write_json(json_path, report.as_dict())
+        write_json_atomic(json_path, report.as_dict())
     if not report.passed:
         raise typer.Exit(1)
 
@@ -523,58 +485,46 @@ def bench(
     trt_cache_dir: TrtCacheOpt = None,
     max_batch: MaxBatchOpt = 8,
     allow_fallback: FallbackOpt = False,
+    verify_files: VerifyFilesOpt = True,
 ) -> None:
     """Measure time to first token, decode latency, tokens/s, memory and file size (medians of repeated runs)."""
     from rich.progress import Progress
 
-    from gpt2onnx.runtimes.bench import BenchConfig, benchmark, plot_decode_latency, require_matplotlib
+    from gpt2onnx.runtime.bench import BenchConfig, parse_batches
+    from gpt2onnx.verify.bench import benchmark
 
     folders = folders or [Path("models/gpt2")]
     config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
     bench_config = BenchConfig(
-        batches=tuple(_parse_int_list(batch, "--batch")), prompt_len=prompt_len, new_tokens=new_tokens,
-        warmup=warmup, repeat=repeat,
-    )  # fmt: skip
-    bench_config.check(None)
-    if plot is not None:
-        require_matplotlib()  # before minutes of measuring, not after
+        batches=parse_batches(batch), prompt_len=prompt_len, new_tokens=new_tokens, warmup=warmup, repeat=repeat
+    ).check()
     engines = len(folders) + (1 if baseline == "torch" else 0)
-    results = []
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
-        for i, folder in enumerate(folders):  # PyTorch once, beside the first folder: same model
-            results.append(
-                benchmark(
-                    folder, provider=config, config=bench_config, baseline=baseline if i == 0 else None,
-                    reference=reference, progress=lambda: progress.advance(task),
-                )
-            )  # fmt: skip
-    table = Table(title=f"on {results[0]['provider']}: prompt {prompt_len}, {new_tokens} new tokens, ms, median of {repeat}")
+        result = benchmark(
+            folders, provider=config, config=bench_config, baseline=baseline, reference=reference, json_path=json_path,
+            plot=plot, verify_files=verify_files, progress=lambda: progress.advance(task),
+        )  # fmt: skip
+    models = result["models"]
+    table = Table(title=f"on {models[0]['provider']}: prompt {prompt_len}, {new_tokens} new tokens, ms, median of {repeat}")
     for col in ("model", "batch", "TTFT ms", "decode p50", "p90", "p99", "+/100 past", "tok/s", "RAM MB"):
         table.add_column(col, justify="left" if col == "model" else "right")
-    runs = []
-    for folder, result in zip(folders, results):
-        for run in result["runs"]:
-            run["label"] = folder.name if run["engine"] == "onnxruntime" else "torch eager"
-            runs.append(run)
-            table.add_row(
-                run["label"], str(run["batch"]), f"{run['prompt_ms']['p50']:.1f}", f"{run['decode_ms']['p50']:.2f}",
-                f"{run['decode_ms']['p90']:.2f}", f"{run['decode_ms']['p99']:.2f}",
-                f"{run['decode_growth_ms_per_100_past']:.2f}", f"{run['tokens_per_s']:.0f}",
-                f"{run['peak_host_bytes'] / 1e6:.0f}",
-            )  # fmt: skip
+    for run in result["runs"]:
+        table.add_row(
+            run["label"], str(run["batch"]), f"{run['prompt_ms']['p50']:.1f}", f"{run['decode_ms']['p50']:.2f}",
+            f"{run['decode_ms']['p90']:.2f}", f"{run['decode_ms']['p99']:.2f}",
+            f"{run['decode_growth_ms_per_100_past']:.2f}", f"{run['tokens_per_s']:.0f}",
+            f"{run['peak_host_bytes'] / 1e6:.0f}",
+        )  # fmt: skip
     console.print(table)
-    for folder, result in zip(folders, results):
-        console.print(f"{folder.name}: {result['precision']}, {_size(result['model_bytes'])}", highlight=False)
-    for run in runs:
+    for folder, model in zip(folders, models):
+        console.print(f"{folder.name}: {model['precision']}, {_size(model['model_bytes'])}", highlight=False)
+    for run in result["runs"]:
         if "speedup_of_onnx" in run["extra"]:
             s = run["extra"]["speedup_of_onnx"]
             console.print(
                 f"batch {run['batch']}: {folders[0].name} vs torch eager: first token ×{s['prompt']:.2f}, decode step"
                 f" ×{s['decode']:.2f}, tokens/s ×{s['tokens_per_s']:.2f}"
             )
-    if json_path:
-        _write_json(json_path, {"models": results})
     if plot:
-        plot_decode_latency(runs, plot)
         console.print(f"plot written to {plot}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.errors import CheckpointError
 
 # Sizes of the released checkpoints (OpenAI's four and distilgpt2), and a tiny one for tests and demos.
 PRESETS: dict[str, dict[str, int]] = {
@@ -47,7 +47,7 @@ def preset_config(name: str):
     from transformers import GPT2Config
 
     if name not in PRESETS:
-        raise Gpt2OnnxError(
+        raise CheckpointError(
             f"unknown architecture '{name}': choose one of {', '.join(PRESETS)}, or give a config.json"
         )
     params = dict(PRESETS[name])
@@ -61,10 +61,10 @@ def spec_from_config(config) -> ModelSpec:
     get = lambda key, default=None: getattr(config, key, default)  # noqa: E731
     model_type = get("model_type")
     if model_type != "gpt2":
-        raise Gpt2OnnxError(f"config: model_type is '{model_type}', expected 'gpt2'")
+        raise CheckpointError(f"config: model_type is '{model_type}', expected 'gpt2'")
     activation = get("activation_function", "gelu_new")
     if activation not in TANH_GELU_NAMES:
-        raise Gpt2OnnxError(
+        raise CheckpointError(
             f"config: activation_function '{activation}' is not GPT-2's tanh GELU ({', '.join(TANH_GELU_NAMES)})"
         )
     refusals = {
@@ -76,13 +76,13 @@ def spec_from_config(config) -> ModelSpec:
     for key, (expected, why) in refusals.items():
         value = get(key, expected)
         if bool(value) != expected:
-            raise Gpt2OnnxError(f"config: {key}={value} cannot be exported: {why}")
+            raise CheckpointError(f"config: {key}={value} cannot be exported: {why}")
     n_embd, n_head = int(get("n_embd")), int(get("n_head"))
     if n_head <= 0 or n_embd % n_head:
-        raise Gpt2OnnxError(f"config: n_embd={n_embd} is not divisible by n_head={n_head}")
+        raise CheckpointError(f"config: n_embd={n_embd} is not divisible by n_head={n_head}")
     for key in ("vocab_size", "n_positions", "n_layer"):
         if int(get(key, 0)) <= 0:
-            raise Gpt2OnnxError(f"config: {key} must be a positive integer, got {get(key)}")
+            raise CheckpointError(f"config: {key} must be a positive integer, got {get(key)}")
     return ModelSpec(
         vocab_size=int(get("vocab_size")),
         n_positions=int(get("n_positions")),

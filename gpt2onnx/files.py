@@ -1,9 +1,14 @@
-"""Small file helpers shared by the checkpoint reader and the exporter."""
+"""Small file helpers: hashing, and JSON written so that a reader never sees half a file."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import tempfile
 from pathlib import Path
+
+from gpt2onnx.errors import OutputError
 
 
 def sha256_file(path: Path) -> str:
@@ -12,3 +17,22 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 24), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def write_json_atomic(path: str | Path, data) -> Path:
+    """Write ``data`` as JSON next to ``path``, then rename it into place."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(data, fh, indent=2)
+                fh.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as err:
+        raise OutputError(f"cannot write '{path}' ({err.strerror or err}); choose a writable path") from None
+    return path

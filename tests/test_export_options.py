@@ -8,7 +8,7 @@ import pytest
 
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters import export as export_module
-from gpt2onnx.exporters import output
+from gpt2onnx.artifact import graph as output
 from gpt2onnx.exporters.export import ExportOptions, export
 
 
@@ -59,26 +59,38 @@ def test_existing_folder_is_kept_without_force(tiny_folder, tmp_path):
 
 def test_force_replaces_the_folder(tiny_folder, tmp_path):
     target = tmp_path / "out"
-    target.mkdir()
+    export(str(tiny_folder), target, options=ExportOptions(validate=False))
     (target / "old.txt").write_text("old")
     export(str(tiny_folder), target, options=ExportOptions(force=True))
     assert not (target / "old.txt").exists() and (target / "model.onnx").is_file()
     assert _leftovers(tmp_path) == []
 
 
+def test_force_never_replaces_a_folder_gpt2onnx_did_not_write(tiny_folder, tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "precious.txt").write_text("mine")
+    with pytest.raises(Gpt2OnnxError, match="was not written by gpt2onnx"):
+        export(str(tiny_folder), target, options=ExportOptions(force=True))
+    with pytest.raises(Gpt2OnnxError, match="which replacing it would delete"):
+        export(str(tiny_folder), tiny_folder, options=ExportOptions(force=True))
+    assert (target / "precious.txt").read_text() == "mine" and (tiny_folder / "config.json").is_file()
+
+
 def test_failed_validation_leaves_nothing(tiny_folder, tmp_path):
     with pytest.raises(Gpt2OnnxError, match="validation failed"):
-        export(str(tiny_folder), tmp_path / "out", options=ExportOptions(tolerance=0.0))
+        export(str(tiny_folder), tmp_path / "out", options=ExportOptions(tolerance=1e-12))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_failed_validation_with_force_keeps_the_old_folder(tiny_folder, tmp_path):
     target = tmp_path / "out"
-    target.mkdir()
+    export(str(tiny_folder), target, options=ExportOptions(validate=False))
     (target / "old.txt").write_text("old")
-    with pytest.raises(Gpt2OnnxError):
-        export(str(tiny_folder), target, options=ExportOptions(tolerance=0.0, force=True))
-    assert [p.name for p in target.iterdir()] == ["old.txt"] and _leftovers(tmp_path) == []
+    before = sorted(p.name for p in target.iterdir())
+    with pytest.raises(Gpt2OnnxError, match="validation failed"):
+        export(str(tiny_folder), target, options=ExportOptions(tolerance=1e-12, force=True))
+    assert sorted(p.name for p in target.iterdir()) == before and _leftovers(tmp_path) == []
 
 
 def test_interrupted_export_leaves_nothing(tiny_folder, tmp_path, monkeypatch):
@@ -99,7 +111,7 @@ def test_unwritable_output(tiny_folder, tmp_path):
 
 
 def test_block_out_of_range(tiny_folder, tmp_path):
-    with pytest.raises(Gpt2OnnxError, match=r"--block 2 is out of range: this model has blocks 0 to 1"):
+    with pytest.raises(Gpt2OnnxError, match=r"block 2 is out of range: this model has blocks 0 to 1"):
         export(str(tiny_folder), tmp_path / "b", options=ExportOptions(block=2))
 
 
@@ -133,8 +145,8 @@ def test_companion_files_are_copied(tiny_folder, tmp_path):
 
 def test_logits_last_equals_the_last_row_of_all(tiny_export, tmp_path, tiny_folder):
     # the last-position graph computes the vocabulary projection for one position only
-    from gpt2onnx.runtimes.decoder import OnnxDecoder
-    from gpt2onnx.runtimes.providers import cpu_session
+    from gpt2onnx.runtime.decoder import OnnxDecoder
+    from gpt2onnx.runtime.providers import cpu_session
 
     last = export(str(tiny_folder), tmp_path / "last", options=ExportOptions(logits="last")).folder
     full_decoder = OnnxDecoder(cpu_session(tiny_export / "model.onnx"))

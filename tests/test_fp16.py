@@ -12,10 +12,11 @@ from gpt2onnx.checkpoint import load_checkpoint
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.quantization import written_out_layer_norms
+from gpt2onnx.precision import written_out_layer_norms
 from gpt2onnx.reference import reference_model
-from gpt2onnx.runtimes.fp16_emulation import emulate_fp16, tensor_types
-from gpt2onnx.runtimes.parity import TOLERANCES, check_parity
+from gpt2onnx.verify.fp16_emulation import emulate_fp16, tensor_types
+from gpt2onnx.verify.gates import TOLERANCES
+from gpt2onnx.verify.parity import check_parity
 from test_cli import assert_one_line_error, run
 
 OUTLIERS = 3000.0  # about what GPT-2 small's outlier channels reach in its residual stream
@@ -49,7 +50,7 @@ def test_fp16_passes_its_gates_with_outliers(gpt2_like_config, tmp_path, opset):
     assert manifest["parity"]["passed"] and manifest["parity"]["fp16_emulated"]["passed"]
     assert manifest["fp16"]["kept_fp32"] == ["layernorm", "softmax", "logits"]
     report = check_parity(result.folder, cases=2, emulate_fp16=True)  # the reference is rebuilt with its outliers
-    assert report.passed and report.provider == "cpu (fp16 emulated)", report.totals["failures"]
+    assert report.passed and report.provider == "cpu (fp16 emulated)", report.failures
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
@@ -62,7 +63,7 @@ def test_quantized_models_pass_their_gates_with_outliers(gpt2_like_config, tmp_p
 def test_fp16_keeping_nothing_fails_on_outliers(tmp_path):
     """The gate can fail: a written-out LayerNorm computed in fp16 squares the outliers past fp16's range."""
     keep_nothing = ExportOptions(opset=WRITTEN_OUT_LN, dtype="fp16", keep_fp32=())
-    with pytest.raises(Gpt2OnnxError, match=r"validation failed \(float16\): fp16 arithmetic as on a GPU: top-1 agreement .*mean KL divergence"):
+    with pytest.raises(Gpt2OnnxError, match=r"validation failed: float16 .*FAIL: fp16 arithmetic as on a GPU: top-1 agreement .*mean KL divergence"):
         export("tiny", tmp_path / "naive", random_init=True, outliers=OUTLIERS, options=keep_nothing)
     assert not (tmp_path / "naive").exists()
     # the outliers are what breaks it ...
@@ -130,8 +131,9 @@ def test_fp16_export_passes_its_gates(gpt2_like_config, tmp_path):
     assert outputs["logits"] == "float32" and inputs["input_ids"] == "int64"
     assert check_parity(result.folder, cases=2).passed
     # the runner keeps an fp16 cache
-    from gpt2onnx.runtimes.model_folder import open_decoder, open_folder
-    from gpt2onnx.runtimes.providers import ProviderConfig
+    from gpt2onnx.artifact.folder import open_folder
+    from gpt2onnx.runtime.decoder import open_decoder
+    from gpt2onnx.runtime.providers import ProviderConfig
 
     decoder = open_decoder(open_folder(result.folder), ProviderConfig())
     assert decoder.empty_past(1)[0].dtype == "float16"
@@ -160,7 +162,7 @@ def test_fp16_invalid_combinations(tmp_path, tiny_export):
     )
     assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", out, "--dtype", "bf16"), "unknown --dtype 'bf16'")
     assert_one_line_error(
-        run("export", "-m", "tiny", "--random-init", "-o", out, "--dtype", "fp16", "--block", 0), "--dtype applies to the whole decoder"
+        run("export", "-m", "tiny", "--random-init", "-o", out, "--dtype", "fp16", "--block", 0), "dtype applies to the whole decoder"
     )
     assert_one_line_error(
         run("export", "-m", "tiny", "--random-init", "-o", out, "--dtype", "fp16", "--keep-fp32", "layernorm,gelu"),
@@ -170,7 +172,7 @@ def test_fp16_invalid_combinations(tmp_path, tiny_export):
         run("export", "-m", "tiny", "--random-init", "-o", out, "--keep-fp32", "none"), "--keep-fp32 applies to fp16 models only"
     )
     assert_one_line_error(run("optimize", tiny_export, "-o", out, "--dtype", "fp16", "--keep-fp32", ""), "--keep-fp32 '' is not valid")
-    assert_one_line_error(run("parity", tiny_export, "--emulate-fp16"), "--emulate-fp16 needs an fp16 model")
+    assert_one_line_error(run("parity", tiny_export, "--emulate-fp16"), "fp16 emulation needs an fp16 model")
     assert not out.exists()
 
 
@@ -185,7 +187,7 @@ def test_outliers_bad_inputs(tmp_path, tiny_folder):
 def test_cli_keep_nothing_on_outliers_is_refused(tmp_path):
     out = tmp_path / "naive"
     args = ("export", "-m", "tiny", "--random-init", "--outliers", 3000, "--opset", 14, "--dtype", "fp16", "-o", out)
-    assert_one_line_error(run(*args, "--keep-fp32", "none"), "validation failed (float16): fp16 arithmetic as on a GPU")
+    assert_one_line_error(run(*args, "--keep-fp32", "none"), "validation failed: float16 against PyTorch")
     assert not out.exists()
     result = run(*args)
     assert result.exit_code == 0, result.output

@@ -21,9 +21,9 @@ from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.fusions import fuse, golden_counts
 from gpt2onnx.fusions import pipeline
 from gpt2onnx.reference import reference_model
-from gpt2onnx.runtimes.decoder import OnnxDecoder
-from gpt2onnx.runtimes.parity import compare_decoder, left_padded_batch, reference_greedy
-from gpt2onnx.runtimes.providers import cpu_session
+from gpt2onnx.runtime.decoder import OnnxDecoder
+from gpt2onnx.verify.lockstep import compare_decoder, greedy, left_padded_batch, reference_greedy
+from gpt2onnx.runtime.providers import cpu_session
 
 FP32_TOL = 1e-4
 RNG = np.random.default_rng(0)
@@ -216,7 +216,7 @@ def test_profile_end_to_end(checkpoint, tmp_path, profile):
     ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=4, length=9, seed=6)
     parity = compare_decoder(decoder, reference, ids, mask, decode_steps=4, tolerance=FP32_TOL)
     assert parity.passed, parity
-    np.testing.assert_array_equal(decoder.greedy(ids, mask, 10), reference_greedy(reference, ids, mask, 10))
+    np.testing.assert_array_equal(greedy(decoder, ids, mask, 10), reference_greedy(reference, ids, mask, 10))
 
 
 def test_lower_opset_export_is_fused_after_conversion(tiny_folder, tmp_path):
@@ -280,9 +280,9 @@ def test_optimize_bad_inputs(tiny_export, tmp_path):
     (tmp_path / "junk.onnx").write_text("not onnx")
     with pytest.raises(Gpt2OnnxError, match="is not an ONNX model"):
         optimize(tmp_path / "junk.onnx", tmp_path / "o", fusion="ort")
-    with pytest.raises(Gpt2OnnxError, match="--out is the input folder"):
+    with pytest.raises(Gpt2OnnxError, match="the output folder is the input folder"):
         optimize(tiny_export, tiny_export, fusion="ort", force=True)
-    with pytest.raises(Gpt2OnnxError, match="--fusion applies to the whole decoder"):
+    with pytest.raises(Gpt2OnnxError, match="fusion applies to the whole decoder"):
         export("tiny", tmp_path / "b", random_init=True, options=ExportOptions(block=0, fusion="ort"))
 
 
@@ -326,4 +326,4 @@ def test_gpt2_124m_ort_profile_golden_counts_and_parity(tmp_path):
         "com.microsoft::MultiHeadAttention": 12,
         "com.microsoft::SkipLayerNormalization": 25,
     }
-    assert result.manifest["parity"]["passed"] and result.manifest["parity"]["max_abs_logits"] < 1e-4
+    assert result.manifest["parity"]["passed"] and result.manifest["parity"]["measured"]["logits"]["max"] < 1e-4

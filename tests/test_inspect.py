@@ -4,7 +4,7 @@ import pytest
 
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
-from gpt2onnx.inspection import inspect_model
+from gpt2onnx.artifact.inspect import inspect_model
 
 
 def test_inspect_tiny_export(tiny_export):
@@ -20,7 +20,7 @@ def test_inspect_tiny_export(tiny_export):
     assert components["h.attn.c_attn"]["params_per_instance"] == 64 * 192 + 192
     assert info["parameters"]["unnamed"] == []
     assert info["files"]["model.onnx"] == (tiny_export / "model.onnx").stat().st_size
-    assert info["manifest"]["parity"]["passed"]
+    assert info["manifest"]["checks"]["passed"] and "pass" in info["manifest"]["check_summary"]
 
 
 @pytest.mark.slow
@@ -56,3 +56,62 @@ def test_inspect_errors(tmp_path):
     empty.mkdir()
     with pytest.raises(Gpt2OnnxError, match="holds no model.onnx"):
         inspect_model(empty)
+
+
+@pytest.mark.parametrize(
+    "variant, options",
+    [
+        ("fp32", ExportOptions()),
+        ("fp16", ExportOptions(dtype="fp16")),
+        ("int8", ExportOptions(quantize="int8")),
+        ("int4", ExportOptions(quantize="int4")),
+        ("block", ExportOptions(block=1)),
+    ],
+)
+def test_inspect_shows_the_checks_of_every_variant(tmp_path, variant, options):
+    """inspect reads the one check report every export writes, whatever the precision (it used to crash on
+    reduced precisions with a KeyError)."""
+    from gpt2onnx.cli import app
+    from typer.testing import CliRunner
+
+    folder = export("tiny", tmp_path / variant, random_init=True, options=options).folder
+    info = inspect_model(folder)
+    checks = info["manifest"]["checks"]
+    assert checks["passed"] and checks["precision"] == {"fp16": "float16", "int8": "int8", "int4": "int4"}.get(variant, "float32")
+    assert "— pass" in info["manifest"]["check_summary"]
+    result = CliRunner().invoke(app, ["inspect", str(folder)])
+    assert result.exit_code == 0 and "checked at export: " in result.output, result.output
+
+
+def test_inspect_an_optimum_folder(tmp_path, tiny_folder):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from optimum.exporters.onnx import main_export
+
+        main_export(str(tiny_folder), output=tmp_path / "optimum", task="text-generation-with-past", no_post_process=True)
+    info = inspect_model(tmp_path / "optimum")
+    assert info["manifest"] is None and {t["name"] for t in info["inputs"]} >= {"input_ids", "past_key_values.0.key"}
+
+
+def test_inspect_refuses_what_is_not_a_regular_file_and_a_truncated_data_file(tmp_path, tiny_folder):
+    import os
+
+    fifo = tmp_path / "pipe.onnx"
+    os.mkfifo(fifo)
+    with pytest.raises(Gpt2OnnxError, match="is not a regular file"):
+        inspect_model(fifo)
+    folder = export(str(tiny_folder), tmp_path / "ext", options=ExportOptions(external_data=True, validate=False)).folder
+    data = folder / "model.onnx_data"
+    data.write_bytes(data.read_bytes()[:1000])
+    with pytest.raises(Gpt2OnnxError, match="its tensors need"):
+        inspect_model(folder, verify_files=False)
+    import onnx
+
+    plain = export(str(tiny_folder), tmp_path / "plain", options=ExportOptions(validate=False)).folder
+    swapped = onnx.load(str(plain / "model.onnx"))
+    swapped.producer_name = "someone else"
+    onnx.save(swapped, str(plain / "model.onnx"))
+    with pytest.raises(Gpt2OnnxError, match="differs from what the manifest"):
+        inspect_model(plain)

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from gpt2onnx.runtimes.parity import kl_divergence, tokens_before_divergence, top5_hits
+from gpt2onnx.verify.metrics import kl_divergence, tokens_before_divergence, top5_hits
 
 
 def test_kl_divergence_known_values():

@@ -6,10 +6,11 @@ import pytest
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.reference import reference_model
 from gpt2onnx.checkpoint import load_checkpoint
-from gpt2onnx.runtimes.decoder import OnnxDecoder
-from gpt2onnx.runtimes.model_folder import open_decoder, open_folder
-from gpt2onnx.runtimes.parity import compare_decoder, left_padded_batch, reference_greedy
-from gpt2onnx.runtimes.providers import (
+from gpt2onnx.runtime.decoder import OnnxDecoder
+from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.runtime.decoder import open_decoder
+from gpt2onnx.verify.lockstep import compare_decoder, greedy, left_padded_batch, reference_greedy
+from gpt2onnx.runtime.providers import (
     DecoderShape,
     ProviderConfig,
     create_session,
@@ -94,7 +95,7 @@ def test_tensorrt_provider_options(tmp_path):
     custom = provider_options(ProviderConfig(name="tensorrt", trt_cache_dir=str(tmp_path / "c")), model_path=model, shape=None)
     assert custom[0][1]["trt_engine_cache_path"] == str(tmp_path / "c") and "trt_profile_min_shapes" not in custom[0][1]
     assert custom[0][1]["trt_layer_norm_fp32_fallback"] is False
-    with pytest.raises(Gpt2OnnxError, match="--max-batch must be at least 1"):
+    with pytest.raises(Gpt2OnnxError, match="max batch must be at least 1"):
         tensorrt_profile(_shape(), max_batch=0)
 
 
@@ -105,10 +106,10 @@ def test_cuda_provider_options(tmp_path):
 
 def test_dummy_past_slot_used_for_tensorrt_gives_the_same_results(tiny_folder, tiny_export):
     """The TensorRT path (a masked dummy past slot instead of an empty past), run for real on the CPU provider."""
-    decoder = OnnxDecoder.from_folder(tiny_export, create_session(tiny_export / "model.onnx", ProviderConfig()))
+    decoder = OnnxDecoder(create_session(tiny_export / "model.onnx", ProviderConfig()), n_positions=128)
     decoder.dummy_past = 1
     assert decoder.empty_past(2)[0].shape == (2, 4, 1, 16)
     reference = reference_model(load_checkpoint(str(tiny_folder)))
     ids, mask = left_padded_batch(1000, batch=3, length=7, seed=5)
     assert compare_decoder(decoder, reference, ids, mask, decode_steps=3, tolerance=1e-4).passed
-    np.testing.assert_array_equal(decoder.greedy(ids, mask, 8), reference_greedy(reference, ids, mask, 8))
+    np.testing.assert_array_equal(greedy(decoder, ids, mask, 8), reference_greedy(reference, ids, mask, 8))

@@ -9,8 +9,9 @@ import pytest
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.quantization import QuantizeOptions
-from gpt2onnx.runtimes.parity import TOLERANCES, check_parity
+from gpt2onnx.precision import QuantizeOptions
+from gpt2onnx.verify.gates import TOLERANCES
+from gpt2onnx.verify.parity import check_parity
 from test_cli import assert_one_line_error, run
 
 
@@ -25,13 +26,13 @@ def test_export_quantized_passes_its_gates(gpt2_like_config, tmp_path, method, o
     assert manifest["quantization"]["method"] == method and manifest["quantization"]["ops"][op] > 0
     parity = manifest["parity"]
     assert parity["passed"] and parity["precision"] == method
-    assert parity["kl"]["mean"] <= TOLERANCES[method]["kl_mean"] and parity["top5_agreement"] >= TOLERANCES[method]["top5"]
+    assert parity["measured"]["kl"]["mean"] <= TOLERANCES[method]["kl_mean"] and parity["measured"]["top5_agreement"] >= TOLERANCES[method]["top5"]
     model = onnx.load(str(result.folder / "model.onnx"))
     weights = {init.name for init in model.graph.initializer}
     float_projections = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights]
     assert float_projections == [], "every projection, the logits one included, is quantized"
     report = check_parity(result.folder, cases=3)
-    assert report.dtype == method and report.passed, report.totals["failures"]
+    assert report.precision == method and report.passed, report.failures
 
 
 def test_int4_is_smaller_than_int8_is_smaller_than_fp32(tiny_folder, tmp_path):
@@ -55,7 +56,7 @@ def test_optimize_fuses_then_quantizes(tmp_path):
 def test_the_gate_can_fail(tiny_folder, tmp_path, monkeypatch):
     """With a gate no quantized model can meet, export refuses and writes nothing."""
     monkeypatch.setitem(TOLERANCES, "int4", {"kl_mean": 0.0, "top5": 1.0})
-    with pytest.raises(Gpt2OnnxError, match=r"validation failed \(int4\): .*mean KL divergence .* > 0"):
+    with pytest.raises(Gpt2OnnxError, match=r"validation failed: int4 .*mean KL divergence .* > 0"):
         export(str(tiny_folder), tmp_path / "q", options=ExportOptions(quantize="int4"))
     assert not (tmp_path / "q").exists()
 
@@ -72,7 +73,7 @@ def test_quantize_bad_inputs(tmp_path, tiny_export):
     assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", "--quantize", "int2"), "unknown --quantize 'int2'")
     assert_one_line_error(
         run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", "--quantize", "int8", "--block", 0),
-        "--quantize applies to the whole decoder",
+        "quantize applies to the whole decoder",
     )
     assert_one_line_error(run("optimize", tiny_export, "--out", tmp_path / "o", "--quantize", "fp8"), "unknown --quantize 'fp8'")
 
@@ -80,18 +81,18 @@ def test_quantize_bad_inputs(tmp_path, tiny_export):
 def test_cli_quantized_export(tmp_path):
     result = run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", "--quantize", "int8")
     assert result.exit_code == 0, result.output
-    assert "int8 gates: mean KL" in result.output
+    assert "int8 against PyTorch" in result.output
     manifest = json.loads((tmp_path / "q" / "gpt2onnx.json").read_text())
     assert manifest["quantization"]["method"] == "int8"
 
 
 def test_gates_can_be_overridden(tmp_path, tiny_folder):
     # the test checkpoints' wide init makes int4 fail the default gates (see gpt2_like_config) ...
-    assert_one_line_error(run("export", "-m", tiny_folder, "-o", tmp_path / "q", "--quantize", "int4"), "validation failed (int4)")
+    assert_one_line_error(run("export", "-m", tiny_folder, "-o", tmp_path / "q", "--quantize", "int4"), "validation failed: int4")
     # ... and a user who accepts that can say so, gate by gate
     result = run("export", "-m", tiny_folder, "-o", tmp_path / "q", "--quantize", "int4", "--gate", "kl_mean=1", "--gate", "top5=0.5")
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "q" / "gpt2onnx.json").read_text())["parity"]["tolerances"] == {"kl_mean": 1.0, "top5": 0.5}
+    assert json.loads((tmp_path / "q" / "gpt2onnx.json").read_text())["parity"]["gates"] == {"kl_mean": 1.0, "top5": 0.5}
     assert run("parity", tmp_path / "q", "--cases", 2).exit_code == 1
     assert run("parity", tmp_path / "q", "--cases", 2, "--gate", "kl_mean=1", "--gate", "top5=0.5").exit_code == 0
     assert_one_line_error(run("parity", tmp_path / "q", "--gate", "speed=1"), "unknown gate 'speed'")

@@ -4,26 +4,20 @@ folder, checked against the graph it came from before anything is written."""
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
 import onnx
 
-from gpt2onnx.checkpoint import COMPANION_FILES
-from gpt2onnx.errors import Gpt2OnnxError
-from gpt2onnx.exporters.export import MANIFEST_FORMAT_VERSION, MODEL_FILE, graph_summary, read_manifest, write_manifest
-from gpt2onnx.exporters.output import save_onnx, staged_folder
+from gpt2onnx.artifact.folder import CONFIG_FILE, COMPANION_FILES, MODEL_FILE, check_output, copy_regular_file, read_manifest, staged_folder, write_manifest
+from gpt2onnx.artifact.graph import external_data_files, graph_summary, load_graph, resolve_model_path, save_onnx
+from gpt2onnx.errors import BadInput, CheckFailed, ContractError
 from gpt2onnx.exporters.passes import GraphPasses
-from gpt2onnx.quantization import FP16_KEEP_GROUPS, QuantizeOptions
+from gpt2onnx.precision import FP16_KEEP_GROUPS, QuantizeOptions
+from gpt2onnx.verify.gates import tolerances_for
+from gpt2onnx.verify.parity import validate_against_source
 
 log = logging.getLogger(__name__)
-
-
-def _input_model(path: Path) -> Path:
-    from gpt2onnx.inspection import resolve_model_path
-
-    return resolve_model_path(path)
 
 
 def optimize(
@@ -41,46 +35,58 @@ def optimize(
     gates: dict | None = None,
     keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS,
 ) -> dict:
-    """Fuse ``source`` (a folder or .onnx file) with profile ``fusion`` (and quantize its weights) into the
-    folder ``out``; returns its manifest."""
-    from gpt2onnx.inspection import load_graph
+    """Rewrite an exported decoder (gpt2onnx's or optimum's) with a fusion profile and a precision, checked against
+    the graph it came from before the new folder is written.
 
+    Args:
+        source: an exported folder or an .onnx file.
+        out: the new folder (never the source's); replaced only with ``force``, and only if gpt2onnx wrote it.
+        fusion: the profile: ort, portable or tensorrt ('none' with a precision change only).
+        allow_partial: keep a graph whose fusions fall short of the golden counts.
+        validate: compare with the source (fp32: max |Δlogits| within ``tolerance``; otherwise the gates).
+        quantization, dtype, keep_fp32: weight quantization, fp16 and what fp16 keeps in fp32.
+        gates: overrides of the precision's default gates.
+
+    Returns:
+        The new folder's manifest (its "parity" entry is the CheckReport as a dict).
+
+    Raises:
+        BadInput, ContractError (not an ONNX decoder, missing external data), CheckFailed (fusion short of its
+        golden counts, or the rewritten graph differs from its source), OutputError.
+    """
     passes = GraphPasses(fusion, allow_partial, dtype, quantization, keep_fp32)
     dtype = passes.check()
-    model_path = _input_model(Path(source))
-    load_graph(model_path)  # a clear error for a file that is not ONNX, before the weights are read
+    if fusion == "none" and passes.precision == "float32":
+        raise BadInput("nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a precision")
+    tolerances_for(passes.precision, {"logits": tolerance} if passes.precision == "float32" else gates)
+    model_path = resolve_model_path(Path(source))
+    graph = load_graph(model_path)  # a clear error for a file that is not ONNX, before the weights are read
+    missing = [name for name in external_data_files(graph) if not (model_path.parent / name).is_file()]
+    if missing:
+        raise ContractError(f"'{model_path}' keeps its weights in '{missing[0]}', which is missing: copy the whole folder")
+    del graph
     out = Path(out)
-    if out.exists() and not force:
-        raise Gpt2OnnxError(f"output folder '{out}' already exists: choose another --out, or add --force to replace it")
     if out.resolve() == model_path.parent.resolve():
-        raise Gpt2OnnxError("--out is the input folder: write the optimized model to another folder")
+        raise BadInput("the output folder is the input folder: write the optimized model to another folder")
+    check_output(out, force=force, protect=(model_path.parent,))
     timings = {}
     fused, reports = passes.apply(onnx.load(str(model_path)), timings)
-    with staged_folder(out, force=force) as folder:
+    with staged_folder(out, force=force, protect=(model_path.parent,)) as folder:
         files = save_onnx(fused, folder / MODEL_FILE, external_data=external_data)
         facts = graph_summary(fused)
         del fused
-        for name in ("config.json", *COMPANION_FILES):
+        for name in (CONFIG_FILE, *COMPANION_FILES):
             if (model_path.parent / name).is_file():
-                shutil.copyfile(model_path.parent / name, folder / name)
-        parity = None
+                copy_regular_file(model_path.parent / name, folder / name, within=model_path.parent)
+        check = None
         if validate:
             start = time.perf_counter()
-            precision = passes.precision
-            parity = _against_source(folder / MODEL_FILE, model_path, tolerance, precision, gates)
+            check = validate_against_source(folder / MODEL_FILE, model_path, precision=passes.precision, tolerance=tolerance, gates=gates)
             timings["validate_seconds"] = time.perf_counter() - start
-            if not parity["passed"] and "failures" in parity:
-                raise Gpt2OnnxError(
-                    f"validation failed ({precision}): {'; '.join(parity['failures'])}; nothing was written"
-                )
-            if not parity["passed"]:
-                raise Gpt2OnnxError(
-                    f"validation failed: the fused model differs from its source by max |Δlogits|"
-                    f" {parity['max_abs_logits']:.3g} (tolerance {tolerance:g}); nothing was written"
-                )
+            if not check.passed:
+                raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
         previous = read_manifest(model_path.parent) or {}
         manifest = {
-            "format_version": MANIFEST_FORMAT_VERSION,
             "kind": "decoder",
             "name": previous.get("name", model_path.parent.name),
             "source": previous.get("source", {"kind": "onnx", "path": str(model_path.resolve())}),
@@ -91,28 +97,7 @@ def optimize(
             **facts,
             "options": {**previous.get("options", {}), "fusion": fusion, "allow_partial_fusion": allow_partial, "external_data": len(files) > 1},
             **reports,
-            "parity": parity,
+            "parity": check.as_dict() if check else None,
             "timings": timings,
         }
         return write_manifest(folder, manifest)
-
-
-def _against_source(fused_path: Path, source_path: Path, tolerance: float, method: str = "float32", gates=None) -> dict:
-    """The fused graph against the graph it came from: a left-padded batch, empty past, decode steps; for
-    quantized weights, the precision's gates on a few randomized cases."""
-    from gpt2onnx.runtimes.decoder import OnnxDecoder, read_n_positions
-    from gpt2onnx.runtimes.parity import OnnxReference, compare_decoder, left_padded_batch, precision_gates
-    from gpt2onnx.runtimes.providers import cpu_session
-
-    fused = OnnxDecoder(cpu_session(fused_path))
-    source = OnnxReference(OnnxDecoder(cpu_session(source_path)))
-    vocab = fused.vocab_size or 1000
-    if method != "float32":
-        n_positions = read_n_positions(fused_path.parent)
-        checked = precision_gates(
-            fused_path, source, precision=method, vocab_size=vocab, n_positions=n_positions, gates=gates, decoder=fused
-        )
-        return {**checked, "against": "source ONNX model"}
-    input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)
-    result = compare_decoder(fused, source, input_ids, mask, decode_steps=2, tolerance=tolerance)
-    return {**result.as_dict(), "against": "source ONNX model"}

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from gpt2onnx.errors import Gpt2OnnxError
-from gpt2onnx.quantization import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
+from gpt2onnx.errors import BadInput
+from gpt2onnx.precision import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class GraphPasses:
     allow_partial_fusion: bool = False
     dtype: str = "fp32"
     quantization: QuantizeOptions = field(default_factory=QuantizeOptions)
-    keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS  # fp16: what stays fp32 (quantization.FP16_KEEP_GROUPS)
+    keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
 
     def check(self) -> str:
         """Refuse an unknown profile, dtype or method, or fp16 with quantized weights; returns the dtype."""
@@ -28,7 +28,7 @@ class GraphPasses:
         dtype = check_dtype(self.dtype, self.quantization.method)
         keep = parse_keep_fp32(self.keep_fp32)
         if dtype != "float16" and keep != FP16_KEEP_GROUPS:
-            raise Gpt2OnnxError("--keep-fp32 applies to fp16 models only: add --dtype fp16, or leave --keep-fp32 out")
+            raise BadInput("--keep-fp32 applies to fp16 models only: add --dtype fp16, or leave --keep-fp32 out")
         return dtype
 
     @property
@@ -48,13 +48,13 @@ class GraphPasses:
             reports["fusion"] = report.as_dict()
             timings["fusion_seconds"] = time.perf_counter() - start
         if self.check() == "float16":
-            from gpt2onnx.quantization import to_fp16
+            from gpt2onnx.precision import to_fp16
 
             start = time.perf_counter()
             model, reports["fp16"] = to_fp16(model, keep_fp32=parse_keep_fp32(self.keep_fp32))
             timings["fp16_seconds"] = time.perf_counter() - start
         if self.quantization.method != "none":
-            from gpt2onnx.quantization import quantize
+            from gpt2onnx.precision import quantize
 
             start = time.perf_counter()
             model, reports["quantization"] = quantize(model, self.quantization)

@@ -10,8 +10,9 @@ from pathlib import Path
 import onnx
 import torch
 
-from gpt2onnx.errors import Gpt2OnnxError
-from gpt2onnx.exporters.io_spec import IOSpec, apply_io_dims, check_graph_io, dummy_inputs
+from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.artifact.contract import BATCH, PAST, SEQUENCE, TOTAL, IOSpec, apply_io_dims, check_graph_io
+from gpt2onnx.config import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +26,28 @@ MAX_OPSET = 20  # the highest opset torch.onnx's TorchScript exporter writes
 IR_VERSION_FOR_OPSET = {14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9}
 
 
+def dummy_inputs(io: IOSpec, spec: ModelSpec, *, batch=2, sequence=3, past=4) -> tuple[torch.Tensor, ...]:
+    """Trace inputs: distinct sizes for each symbolic dim, so no two get tied together by accident."""
+    sizes = {BATCH: batch, SEQUENCE: sequence, PAST: past, TOTAL: past + sequence}
+    generator = torch.Generator().manual_seed(0)
+    tensors = []
+    for t in io.inputs:
+        shape = [sizes[d] if isinstance(d, str) else d for d in t.dims]
+        if t.name == "input_ids":
+            tensors.append(torch.randint(0, spec.vocab_size, shape, generator=generator))
+        elif t.name == "attention_mask":
+            tensors.append(torch.ones(shape, dtype=torch.int64))
+        elif t.name == "position_ids":
+            tensors.append(torch.arange(past, past + sequence).expand(batch, sequence).contiguous())
+        else:
+            tensors.append(torch.randn(shape, generator=generator))
+    return tuple(tensors)
+
+
+
 def check_opset(opset: int) -> None:
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise Gpt2OnnxError(
+        raise BadInput(
             f"--opset {opset} is not supported: choose {MIN_OPSET} to {MAX_OPSET} (default {DEFAULT_OPSET})"
         )
 
@@ -90,7 +110,7 @@ def _project_logits_with_gemm(model: onnx.ModelProto, name: str, weight: torch.T
     ]
     folded = [init for init in folded if (numpy_helper.to_array(init) == expected).all()]
     if len(folded) != 1:
-        raise Gpt2OnnxError(f"export: could not locate the logits projection ({len(folded)} candidates)")
+        raise ContractError(f"export: could not locate the logits projection ({len(folded)} candidates)")
     folded_name = folded[0].name
     if name not in {init.name for init in graph.initializer}:
         graph.initializer.append(numpy_helper.from_array(weight.detach().numpy(), name))

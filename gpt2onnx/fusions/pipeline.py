@@ -23,7 +23,7 @@ import onnx_ir as ir
 import onnxscript.optimizer
 from onnxscript.rewriter import pattern
 
-from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.errors import BadInput, CheckFailed, ContractError
 from gpt2onnx.fusions._common import infer_value_info
 from gpt2onnx.fusions.attention import attention_div_rule, attention_split_scale_rule
 from gpt2onnx.fusions.gelu import fast_gelu_rule, fast_gelu_with_bias_rule, standard_gelu_rule
@@ -87,13 +87,13 @@ class FusionReport:
 
 def check_profile(profile: str) -> None:
     if profile not in PROFILES:
-        raise Gpt2OnnxError(f"unknown fusion profile '{profile}': choose one of {', '.join(PROFILES)}")
+        raise BadInput(f"unknown fusion profile '{profile}': choose one of {', '.join(PROFILES)}")
 
 
 def count_layers(model: onnx.ModelProto) -> int:
     pasts = [i.name for i in model.graph.input if re.fullmatch(r"past_key_values\.\d+\.key", i.name)]
     if not pasts:
-        raise Gpt2OnnxError("the model has no past_key_values.{i}.key inputs: fusion needs a decoder with past")
+        raise ContractError("the model has no past_key_values.{i}.key inputs: fusion needs a decoder with past")
     return len(pasts)
 
 
@@ -111,7 +111,7 @@ def _upgrade_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     try:
         return version_converter.convert_version(model, opset)
     except Exception as err:  # the converter raises several types for ops it cannot move
-        raise Gpt2OnnxError(f"cannot convert the model from opset {current} to {opset} for this profile ({err})") from None
+        raise BadInput(f"cannot convert the model from opset {current} to {opset} for this profile ({err})") from None
 
 
 def _where_it_stopped(model: ir.Model, fusion: Fusion) -> str:
@@ -138,7 +138,7 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
         return model, FusionReport(profile, {}, {}, {})
     contrib = sorted({n.op_type for n in model.graph.node if n.domain == MS})
     if contrib and profile != "ort":
-        raise Gpt2OnnxError(
+        raise BadInput(
             f"the model already holds com.microsoft ops ({', '.join(contrib)}) from the ort profile, which the"
             f" {profile} profile cannot contain: start from the unfused export"
         )
@@ -169,7 +169,7 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
                 f" {_where_it_stopped(graph, fusion)}"
             )
     if partial and not allow_partial:
-        raise Gpt2OnnxError(partial[0] + "; pass --allow-partial-fusion to keep a partly fused graph")
+        raise CheckFailed(partial[0] + "; allow a partly fused graph (--allow-partial-fusion) to keep it")
     for message in partial:
         log.warning("%s", message)
     op_counts = {

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.errors import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,9 @@ FP16_KEEP_OPS = {"layernorm": ("LayerNormalization", "SkipLayerNormalization"), 
 def check_dtype(dtype: str, method: str = "none") -> str:
     """The canonical dtype name; refuses an unknown one and fp16 with quantized weights."""
     if dtype not in DTYPES:
-        raise Gpt2OnnxError(f"unknown --dtype '{dtype}': choose fp32 or fp16 (bf16 has no CPU kernels in ONNX Runtime)")
+        raise BadInput(f"unknown --dtype '{dtype}': choose fp32 or fp16 (bf16 has no CPU kernels in ONNX Runtime)")
     if DTYPES[dtype] == "float16" and method != "none":
-        raise Gpt2OnnxError(f"--dtype fp16 and --quantize {method} do not combine: choose one of them")
+        raise BadInput(f"--dtype fp16 and --quantize {method} do not combine: choose one of them")
     return DTYPES[dtype]
 
 
@@ -59,7 +59,7 @@ def parse_keep_fp32(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]
     unknown = [n for n in names if n not in FP16_KEEP_GROUPS]
     if unknown:
         shown = value if isinstance(value, str) else ",".join(map(str, value))
-        raise Gpt2OnnxError(
+        raise BadInput(
             f"--keep-fp32 '{shown}' is not valid: give a comma-separated subset of {','.join(FP16_KEEP_GROUPS)}, or 'none'"
         )
     return tuple(g for g in FP16_KEEP_GROUPS if g in names)
@@ -188,9 +188,9 @@ class QuantizeOptions:
 
     def check(self) -> None:
         if self.method not in METHODS:
-            raise Gpt2OnnxError(f"unknown --quantize '{self.method}': choose one of {', '.join(METHODS)}")
+            raise BadInput(f"unknown --quantize '{self.method}': choose one of {', '.join(METHODS)}")
         if self.method == "int4" and self.block_size not in INT4_BLOCK_SIZES:
-            raise Gpt2OnnxError(
+            raise BadInput(
                 f"--block-size {self.block_size} is not supported for int4: choose one of"
                 f" {', '.join(map(str, INT4_BLOCK_SIZES))}"
             )

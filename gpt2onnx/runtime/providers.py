@@ -18,7 +18,8 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.artifact.contract import DecoderShape
+from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -42,24 +43,33 @@ class ProviderConfig:
     max_batch: int = 8  # tensorrt: largest batch the optimization profile covers
     allow_fallback: bool = False  # accept a session that fell back to another provider
 
+    def check(self) -> "ProviderConfig":
+        """Refuse options out of range, and options the chosen provider would ignore."""
+        check_provider(self.name)
+        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
+            raise BadInput(f"threads must be 1 to {MAX_THREADS} (this machine has {os.cpu_count()} cores), got {self.threads}")
+        if self.name != "cpu" and self.threads is not None:
+            raise BadInput(f"threads apply to the cpu provider, not '{self.name}': drop the thread count")
+        if self.device_id < 0:
+            raise BadInput(f"device id must be 0 or more, got {self.device_id}")
+        if not 1 <= self.max_batch <= 4096:
+            raise BadInput(f"max batch must be 1 to 4096, got {self.max_batch}")
+        if self.name != "tensorrt":
+            ignored = [n for n, on in (("trt_fp16", self.trt_fp16), ("trt_cache_dir", self.trt_cache_dir)) if on]
+            if ignored:
+                raise BadInput(f"{', '.join(ignored)} apply to the tensorrt provider only, not '{self.name}': drop them")
+        return self
+
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class DecoderShape:
-    """What the TensorRT profile needs to know about a decoder graph."""
-
-    past_names: tuple[str, ...]
-    n_head: int
-    head_dim: int
-    n_positions: int
-    uses_position_ids: bool = True
+MAX_THREADS = 256
 
 
 def check_provider(name: str) -> None:
     if name not in PROVIDERS:
-        raise Gpt2OnnxError(f"unknown provider '{name}': choose one of {', '.join(PROVIDERS)}")
+        raise BadInput(f"unknown provider '{name}': choose one of {', '.join(PROVIDERS)}")
 
 
 def tensorrt_profile(shape: DecoderShape, *, max_batch: int) -> dict[str, str]:
@@ -70,7 +80,7 @@ def tensorrt_profile(shape: DecoderShape, *, max_batch: int) -> dict[str, str]:
     shape that dominates generation time.
     """
     if max_batch < 1:
-        raise Gpt2OnnxError(f"--max-batch must be at least 1, got {max_batch}")
+        raise BadInput(f"max batch must be at least 1, got {max_batch}")
     ctx, dummy = shape.n_positions, TRT_DUMMY_PAST
     # (batch, sequence, past) at the profile's min, opt and max
     points = {"min": (1, 1, dummy), "opt": (1, 1, dummy + ctx // 2), "max": (max_batch, ctx, dummy + ctx)}
@@ -177,25 +187,33 @@ def create_session(model_path: str | Path, config: ProviderConfig, *, shape: Dec
     """A session on ``config.name``; raises if ONNX Runtime fell back to another provider (unless allowed)."""
     model_path = Path(model_path)
     providers = provider_options(config, model_path=model_path, shape=shape)
+    made_cache = None
     if config.name == "tensorrt":
-        cache = dict(providers[0][1])["trt_engine_cache_path"]
-        Path(cache).mkdir(parents=True, exist_ok=True)
+        cache = Path(dict(providers[0][1])["trt_engine_cache_path"])
+        if not cache.exists():
+            try:
+                cache.mkdir(parents=True)
+            except OSError as err:
+                raise BadInput(f"TensorRT cache folder '{cache}' cannot be created ({err.strerror or err}): choose a writable one") from None
+            made_cache = cache
     wanted = ORT_NAMES[config.name]
     with _provider_messages_captured() as native:
         try:
             session = ort.InferenceSession(str(model_path), sess_options=session_options(config), providers=providers)
         except Exception as err:  # onnxruntime raises its own exception types for invalid models
+            _remove_if_empty(made_cache)
             message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise Gpt2OnnxError(f"ONNX Runtime cannot load '{model_path}': {message[:300]}") from None
+            raise ContractError(f"ONNX Runtime cannot load '{model_path}': {message[:300]}") from None
     got = session.get_providers()
     if got[0] != wanted:
+        _remove_if_empty(made_cache)
         reason = _failure_reason(native[0] if native else "") or "ONNX Runtime gave no reason"
         message = (
             f"provider '{config.name}' ({wanted}) could not be used: {reason};"
             f" providers that work here: {', '.join(working_providers()) or 'none'}"
         )
         if not config.allow_fallback:
-            raise Gpt2OnnxError(message + " (or pass --allow-fallback)")
+            raise RuntimeUnavailable(message + " (or allow the fallback: --allow-fallback)")
         log.warning("%s; running on %s", message, got[0])
     log.info("session on %s", ", ".join(got))
     return session
@@ -203,6 +221,12 @@ def create_session(model_path: str | Path, config: ProviderConfig, *, shape: Dec
 
 def cpu_session(model_path: str | Path, *, threads: int | None = None) -> ort.InferenceSession:
     return create_session(model_path, ProviderConfig(name="cpu", threads=threads))
+
+
+def _remove_if_empty(folder: Path | None) -> None:
+    """A cache folder this run made for a provider that then failed is not left behind."""
+    if folder is not None and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def session_provider(session: ort.InferenceSession) -> str:

@@ -17,7 +17,8 @@ from typing import Callable
 
 import numpy as np
 
-from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.errors import BadInput
+from gpt2onnx.runtime.generate import MAX_BATCH_TOKENS, generate
 
 
 @dataclass(frozen=True)
@@ -29,19 +30,25 @@ class BenchConfig:
     repeat: int = 5
     seed: int = 0
 
-    def check(self, n_positions: int | None) -> None:
+    def check(self, n_positions: int | None = None) -> "BenchConfig":
         if not self.batches or any(b < 1 for b in self.batches):
-            raise Gpt2OnnxError(f"--batch values must be positive integers, got {','.join(map(str, self.batches))}")
-        for name, value in (("--prompt-len", self.prompt_len), ("--new-tokens", self.new_tokens), ("--repeat", self.repeat)):
+            raise BadInput(f"batch sizes must be positive integers, got {','.join(map(str, self.batches))}")
+        for name, value in (("prompt length", self.prompt_len), ("new tokens", self.new_tokens), ("repeat", self.repeat)):
             if value < 1:
-                raise Gpt2OnnxError(f"{name} must be a positive integer, got {value}")
-        if self.warmup < 0:
-            raise Gpt2OnnxError(f"--warmup must be 0 or more, got {self.warmup}")
-        if n_positions and self.prompt_len + self.new_tokens > n_positions:
-            raise Gpt2OnnxError(
-                f"--prompt-len {self.prompt_len} plus --new-tokens {self.new_tokens} exceeds the model's context of"
-                f" {n_positions}"
+                raise BadInput(f"{name} must be a positive integer, got {value}")
+        if not 0 <= self.warmup <= 1000 or self.repeat > 10000:
+            raise BadInput(f"warmup must be 0 to 1000 and repeat at most 10000, got {self.warmup} and {self.repeat}")
+        if max(self.batches) * (self.prompt_len + self.new_tokens) > MAX_BATCH_TOKENS:
+            raise BadInput(
+                f"batch {max(self.batches)} × {self.prompt_len + self.new_tokens} tokens is more than {MAX_BATCH_TOKENS:,}"
+                " tokens at once: use a smaller batch or shorter runs"
             )
+        if n_positions and self.prompt_len + self.new_tokens > n_positions:
+            raise BadInput(
+                f"prompt length {self.prompt_len} plus new tokens {self.new_tokens} exceeds the model's context of"
+                f" {n_positions}: shorten one of them"
+            )
+        return self
 
 
 class PeakMemory:
@@ -126,9 +133,15 @@ def random_prompt(batch: int, length: int, vocab_size: int, seed: int) -> np.nda
     return np.random.default_rng(seed).integers(0, vocab_size, size=(batch, length), dtype=np.int64)
 
 
-def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
-    from gpt2onnx.runtimes.generate import generate
+def parse_batches(value: str) -> tuple[int, ...]:
+    """'1,8' → (1, 8); refuses empty items ('1,,8') and anything that is not an integer."""
+    try:
+        return tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise BadInput(f"batch sizes '{value}' are not a comma-separated list of integers (e.g. 1,8)") from None
 
+
+def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
     ids = random_prompt(batch, config.prompt_len, vocab_size, config.seed)
     runs = []
     device_before = _device_used(decoder.device, decoder.device_id)
@@ -143,28 +156,6 @@ def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, pro
     if device_before is not None:
         device_peak = max(0, (_device_used(decoder.device, decoder.device_id) or 0) - device_before)
     return summarize_runs("onnxruntime", batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
-
-
-def bench_torch(model, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
-    """The same workload on PyTorch eager (transformers' GPT2LMHeadModel with its cache)."""
-    import torch
-
-    ids = torch.as_tensor(random_prompt(batch, config.prompt_len, vocab_size, config.seed))
-    runs = []
-    with PeakMemory() as memory, torch.inference_mode():
-        for i in range(config.warmup + config.repeat):
-            times, past, step_ids = [], None, ids
-            for _ in range(config.new_tokens):
-                start = time.perf_counter()
-                out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
-                step_ids = out.logits[:, -1].argmax(-1, keepdim=True)
-                times.append(time.perf_counter() - start)
-                past = out.past_key_values
-            if i >= config.warmup:
-                runs.append(times)
-            if progress:
-                progress()
-    return summarize_runs("torch", batch, config.prompt_len, runs, memory.peak_bytes)
 
 
 def _device_used(device: str, device_id: int) -> int | None:
@@ -201,8 +192,21 @@ def require_matplotlib():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise Gpt2OnnxError("--plot needs matplotlib: pip install 'gpt2onnx[plot]' (or pip install matplotlib)") from None
+        raise BadInput("a plot needs matplotlib: pip install 'gpt2onnx[plot]' (or pip install matplotlib)") from None
     return plt
+
+
+def check_plot_path(path) -> None:
+    """Before minutes of measuring: matplotlib is there, the name is a PNG, the folder is writable."""
+    from pathlib import Path
+
+    require_matplotlib()
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise BadInput(f"plot '{path}' must be a .png file: give a name ending in .png")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise BadInput(f"plot '{path}' cannot be written (the folder does not exist or is not writable): choose another path")
 
 
 def plot_decode_latency(runs: list[dict], path) -> None:
@@ -221,48 +225,31 @@ def plot_decode_latency(runs: list[dict], path) -> None:
     plt.close(fig)
 
 
-def benchmark(
+def bench_folder(
     folder,
     *,
     provider=None,
     config: BenchConfig = BenchConfig(),
-    baseline: str | None = None,
-    reference: str | None = None,
-    threads: int | None = None,
+    verify_files: bool = True,
     progress: Callable[[], None] | None = None,
 ) -> dict:
-    """Benchmark an exported folder on a provider (and PyTorch eager with ``baseline='torch'``): a JSON-ready dict."""
+    """Measure one exported folder on an onnxruntime provider: a JSON-ready dict with one run per batch size."""
+    from pathlib import Path
+
     import onnxruntime
-    import torch
 
-    from gpt2onnx import __version__
-    from gpt2onnx.runtimes.model_folder import open_decoder, open_folder, reference_checkpoint
-    from gpt2onnx.runtimes.providers import ProviderConfig
+    from gpt2onnx.artifact.folder import open_folder, versions
+    from gpt2onnx.runtime.decoder import open_decoder
+    from gpt2onnx.runtime.providers import ProviderConfig
 
-    if baseline not in (None, "torch"):
-        raise Gpt2OnnxError(f"--baseline '{baseline}' is not supported: the only baseline is 'torch'")
-    provider = provider or ProviderConfig(threads=threads)
-    model = open_folder(folder)
+    provider = (provider or ProviderConfig()).check()
+    model = open_folder(folder, verify_files=verify_files)
     config.check(model.n_positions)
     decoder = open_decoder(model, provider)
     vocab = decoder.vocab_size or 50257
-    runs = []
-    for batch in config.batches:
-        runs.append(bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress).as_dict())
-    if baseline == "torch":
-        from gpt2onnx.reference import reference_model
-
-        torch.set_num_threads(provider.threads or os.cpu_count() or 1)
-        ref = reference_model(reference_checkpoint(model, reference))
-        for batch in config.batches:
-            stats = bench_torch(ref, config, batch, vocab_size=vocab, progress=progress).as_dict()
-            ours = next(r for r in runs if r["batch"] == batch)
-            stats["extra"]["speedup_of_onnx"] = {
-                "prompt": stats["prompt_ms"]["p50"] / ours["prompt_ms"]["p50"],
-                "decode": stats["decode_ms"]["p50"] / ours["decode_ms"]["p50"],
-                "tokens_per_s": ours["tokens_per_s"] / stats["tokens_per_s"],
-            }
-            runs.append(stats)
+    runs = [bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress).as_dict() for batch in config.batches]
+    for run in runs:
+        run["label"] = Path(folder).name
     return {
         "model": str(model.model_path),
         "provider": decoder.provider,
@@ -270,8 +257,10 @@ def benchmark(
         "session_providers": decoder.session.get_providers(),
         "config": asdict(config),
         "machine": machine_info(),
-        "versions": {"gpt2onnx": __version__, "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
+        "versions": {**versions(), "onnxruntime": onnxruntime.__version__},
         "model_bytes": sum(p.stat().st_size for p in model.folder.glob("model.onnx*")),
         "precision": model.precision,
+        "n_positions": model.n_positions,
+        "vocab_size": vocab,
         "runs": runs,
     }

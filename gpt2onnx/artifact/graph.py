@@ -1,0 +1,98 @@
+"""ONNX files on disk: finding the model in a folder, loading its graph without the weights, saving it
+(with external data past protobuf's 2 GB limit), and the facts the manifest records of a graph."""
+
+from __future__ import annotations
+
+import logging
+import stat
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from gpt2onnx.errors import BadInput, ContractError
+
+log = logging.getLogger(__name__)
+
+PROTOBUF_LIMIT = 2**31  # a single ONNX protobuf file cannot exceed 2 GB
+DATA_FILE_SUFFIX = "_data"
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """The .onnx file ``path`` names: the file itself, or a folder's model.onnx (or its only .onnx file)."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"'{path}': no such file or folder")
+    if path.is_dir():
+        candidates = sorted(path.glob("*.onnx"))
+        if (path / "model.onnx").is_file():
+            return path / "model.onnx"
+        if len(candidates) == 1:
+            return candidates[0]
+        raise ContractError(f"'{path}' holds no model.onnx{' (and several .onnx files)' if candidates else ''}: give the file")
+    return path
+
+
+def _check_regular_file(path: Path) -> None:
+    """Only regular files are read: a FIFO would block forever, a device would never end."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as err:
+        raise BadInput(f"'{path}' cannot be read ({err.strerror or err})") from None
+    if not stat.S_ISREG(mode):
+        raise BadInput(f"'{path}' is not a regular file: give an .onnx file or an exported folder")
+    if path.stat().st_size >= PROTOBUF_LIMIT:
+        raise ContractError(f"'{path}' is {path.stat().st_size:,} bytes, past protobuf's 2 GB limit: it is not an ONNX graph")
+
+
+def load_graph(path: Path) -> onnx.ModelProto:
+    """The graph without its weights; a clear error for anything that is not ONNX."""
+    path = Path(path)
+    _check_regular_file(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, OSError, UnicodeDecodeError) as err:
+        raise ContractError(f"'{path}' is not an ONNX model ({type(err).__name__}); give a .onnx file or an exported folder") from None
+    if not model.graph.node and not model.graph.input:
+        raise ContractError(f"'{path}' is not an ONNX model (it holds no graph); give a .onnx file or an exported folder")
+    return model
+
+
+def external_data_files(model: onnx.ModelProto) -> list[str]:
+    """The external data files the graph's initializers point at (names relative to the model file)."""
+    return sorted(
+        {
+            entry.value
+            for init in model.graph.initializer
+            if init.data_location == onnx.TensorProto.EXTERNAL
+            for entry in init.external_data
+            if entry.key == "location"
+        }
+    )
+
+
+def graph_summary(model: onnx.ModelProto) -> dict:
+    """What the manifest records of a graph: opset, domains, node count."""
+    opset_imports = {imp.domain or "ai.onnx": imp.version for imp in model.opset_import}
+    return {"opset": opset_imports.get("ai.onnx"), "opset_imports": opset_imports, "node_count": len(model.graph.node)}
+
+
+def tensor_bytes(model: onnx.ModelProto) -> int:
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+def save_onnx(model: onnx.ModelProto, path: Path, *, external_data: bool | None) -> list[str]:
+    """Save ``model``; weights go to ``<name>_data`` when asked, or automatically past the 2 GB limit.
+    Returns the names of the files written."""
+    if external_data is None:
+        external_data = tensor_bytes(model) > PROTOBUF_LIMIT - 2**26  # leave room for the graph itself
+        if external_data:
+            log.info("model exceeds protobuf's 2 GB limit: writing weights to an external data file")
+    if not external_data:
+        onnx.save_model(model, str(path))
+        return [path.name]
+    data_name = path.name + DATA_FILE_SUFFIX
+    onnx.save_model(
+        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024
+    )
+    return [path.name, data_name]

@@ -1,0 +1,62 @@
+"""The record of a check: what was compared with what, the gates applied, what was measured, and the verdict.
+
+Every check has this one shape, fp32 tolerances and reduced-precision gates alike: export validation,
+optimize's check against the source graph, ``gpt2onnx parity``. It is written into the manifest and read
+back by ``inspect``; :mod:`gpt2onnx.verify` produces it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class CheckReport:
+    precision: str  # the gate family: float32, float16, int8, int4
+    against: str  # what the model was compared with: "PyTorch" (GPT2LMHeadModel) or "source ONNX model"
+    gates: dict[str, Any]  # name → threshold (logits, present, top1, top5, kl_mean, tokens_equal)
+    measured: dict[str, Any]  # logits/present {max, p50, p99}, top1_agreement, top5_agreement, kl {mean, max}, ...
+    failures: list[str] = field(default_factory=list)
+    provider: str = "cpu"
+    runtime: str = "onnxruntime"
+    cases: list[dict] = field(default_factory=list)  # per case, where the check kept them (parity)
+    fp16_emulated: "CheckReport | None" = None  # fp16: the same gates with fp16 arithmetic as a GPU does it
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        """One line: the verdict and the figures that decide it."""
+        m, parts = self.measured, []
+        if "logits" in m:
+            parts.append(f"max |Δlogits| {m['logits']['max']:.2e}")
+        if "present" in m:
+            parts.append(f"max |Δpresent| {m['present']['max']:.2e}")
+        if "kl" in m and "kl_mean" in self.gates:
+            parts.append(f"mean KL {m['kl']['mean']:.2e}")
+        if "top5_agreement" in m and "top5" in self.gates:
+            parts.append(f"top-5 {100 * m['top5_agreement']:.1f}%")
+        if "top1_agreement" in m and "top1" in self.gates:
+            parts.append(f"top-1 {100 * m['top1_agreement']:.1f}%")
+        if self.fp16_emulated is not None and "kl" in self.fp16_emulated.measured:
+            parts.append(f"fp16 as on a GPU: mean KL {self.fp16_emulated.measured['kl']['mean']:.2e}")
+        gates = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in self.gates.items())
+        verdict = "pass" if self.passed else "FAIL: " + "; ".join(self.failures)
+        return f"{self.precision} against {self.against} on {self.runtime}/{self.provider}: {', '.join(parts)} (gates: {gates}) — {verdict}"
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["passed"] = self.passed
+        data["fp16_emulated"] = self.fp16_emulated.as_dict() if self.fp16_emulated else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "CheckReport | None":
+        """A report read back from a manifest; None for a folder written without one (or by an older version)."""
+        if not isinstance(data, dict) or not {"precision", "gates", "measured"} <= data.keys():
+            return None
+        emulated = cls.from_dict(data.get("fp16_emulated"))
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "fp16_emulated"}
+        return cls(**{"against": "?", **known}, fp16_emulated=emulated)

@@ -1,1 +1,0 @@
-"""Running exported models: ONNX Runtime sessions, the decode runner, parity against PyTorch."""

@@ -1,0 +1,117 @@
+"""Benchmarks side by side: exported folders on an onnxruntime provider, and PyTorch eager (the reference) on the
+same workload in the same run. Measurement itself is :mod:`gpt2onnx.runtime.bench`; without a torch baseline
+nothing here imports torch."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from gpt2onnx.errors import BadInput
+from gpt2onnx.files import write_json_atomic
+from gpt2onnx.runtime.bench import BenchConfig, PeakMemory, RunStats, bench_folder, check_plot_path, plot_decode_latency, random_prompt, summarize_runs
+from gpt2onnx.runtime.providers import ProviderConfig
+
+BASELINES = ("torch",)
+
+
+def bench_torch(model, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
+    """The same workload on PyTorch eager (transformers' GPT2LMHeadModel with its cache)."""
+    import torch
+
+    ids = torch.as_tensor(random_prompt(batch, config.prompt_len, vocab_size, config.seed))
+    runs = []
+    with PeakMemory() as memory, torch.inference_mode():
+        for i in range(config.warmup + config.repeat):
+            times, past, step_ids = [], None, ids
+            for _ in range(config.new_tokens):
+                start = time.perf_counter()
+                out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
+                step_ids = out.logits[:, -1].argmax(-1, keepdim=True)
+                times.append(time.perf_counter() - start)
+                past = out.past_key_values
+            if i >= config.warmup:
+                runs.append(times)
+            if progress:
+                progress()
+    return summarize_runs("torch", batch, config.prompt_len, runs, memory.peak_bytes)
+
+
+
+
+def benchmark(
+    folders: list[str | Path] | str | Path,
+    *,
+    provider: ProviderConfig | None = None,
+    config: BenchConfig = BenchConfig(),
+    baseline: str | None = None,
+    reference: str | None = None,
+    json_path: str | Path | None = None,
+    plot: str | Path | None = None,
+    verify_files: bool = True,
+    progress: Callable[[], None] | None = None,
+) -> dict:
+    """Measure exported folders side by side on one provider and workload, and optionally PyTorch eager.
+
+    Args:
+        folders: one exported folder or several (measured one after the other, same workload).
+        provider: the onnxruntime provider and its options (default: cpu, all cores).
+        config: batches, prompt length, new tokens, warm-up and timed runs.
+        baseline: 'torch' also runs transformers' GPT2LMHeadModel (the first folder's reference) on the same workload.
+        reference: the checkpoint for the baseline (default: the source the first folder's manifest records).
+        json_path: also write the result there (atomically). plot: draw decode latency against past length (PNG).
+        verify_files: check each folder's model files against its manifest's sha256 first.
+        progress: called after each warm-up or timed run.
+
+    Returns:
+        {"models": [per folder: provider, machine, versions, precision, size, runs], "runs": every run, the
+        baseline's included, each with its label}.
+
+    Raises:
+        BadInput (options, folders, plot path), ContractError, IntegrityError, RuntimeUnavailable.
+    """
+    folders = [folders] if isinstance(folders, (str, Path)) else list(folders)
+    if not folders:
+        raise BadInput("give at least one exported folder to measure")
+    if baseline not in (None, *BASELINES):
+        raise BadInput(f"baseline '{baseline}' is not supported: the only baseline is 'torch'")
+    provider = (provider or ProviderConfig()).check()
+    config.check()
+    if plot is not None:
+        check_plot_path(plot)  # before minutes of measuring, not after
+    results = [bench_folder(f, provider=provider, config=config, verify_files=verify_files, progress=progress) for f in folders]
+    runs = [run for result in results for run in result["runs"]]
+    if baseline == "torch":
+        runs += _torch_baseline(folders[0], results[0], provider, config, reference, progress)
+    report = {"models": results, "runs": runs}
+    if json_path is not None:
+        write_json_atomic(json_path, report)
+    if plot is not None:
+        plot_decode_latency(runs, plot)
+    return report
+
+
+def _torch_baseline(folder, result: dict, provider: ProviderConfig, config: BenchConfig, reference, progress) -> list[dict]:
+    """The same workload on PyTorch eager, with the speed-up of the first folder over it per batch."""
+    import torch
+
+    from gpt2onnx.artifact.folder import open_folder
+    from gpt2onnx.reference import reference_model
+    from gpt2onnx.verify.parity import reference_checkpoint
+
+    torch.set_num_threads(provider.threads or os.cpu_count() or 1)
+    ref = reference_model(reference_checkpoint(open_folder(folder, verify_files=False), reference))
+    runs = []
+    for batch in config.batches:
+        stats = bench_torch(ref, config, batch, vocab_size=result["vocab_size"], progress=progress).as_dict()
+        ours = next(r for r in result["runs"] if r["batch"] == batch)
+        stats["label"] = "torch eager"
+        stats["extra"]["speedup_of_onnx"] = {
+            "prompt": stats["prompt_ms"]["p50"] / ours["prompt_ms"]["p50"],
+            "decode": stats["decode_ms"]["p50"] / ours["decode_ms"]["p50"],
+            "tokens_per_s": ours["tokens_per_s"] / stats["tokens_per_s"],
+        }
+        runs.append(stats)
+    return runs

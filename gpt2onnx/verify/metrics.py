@@ -1,0 +1,98 @@
+"""Metrics of a comparison: |Δ| statistics on real positions, KL divergence of the next-token distributions,
+top-k agreement, greedy tokens before divergence, and the totals over many cases."""
+
+from __future__ import annotations
+
+import numpy as np
+
+_SAMPLE_PER_CASE = 20_000  # |Δ| values kept per case to estimate the pooled percentiles
+
+
+class Diffs:
+    """Accumulates |Δ| over a case: exact max, percentiles from all values (or a large sample)."""
+
+    def __init__(self, rng):
+        self.rng, self.values, self.max = rng, [], 0.0
+
+    def add(self, diff: np.ndarray) -> None:
+        if diff.size == 0:
+            return
+        self.max = max(self.max, float(diff.max()))
+        flat = diff.ravel()
+        if flat.size > _SAMPLE_PER_CASE:
+            flat = self.rng.choice(flat, _SAMPLE_PER_CASE, replace=False)
+        self.values.append(flat.astype(np.float32))
+
+    def summary(self) -> tuple[dict, np.ndarray]:
+        values = np.concatenate(self.values) if self.values else np.zeros(1, np.float32)
+        if values.size > _SAMPLE_PER_CASE:
+            values = self.rng.choice(values, _SAMPLE_PER_CASE, replace=False)
+        stats = {"max": self.max, "p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99))}
+        return stats, values
+
+
+def abs_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b|, with NaN counted as an infinite difference (max() would otherwise skip it silently)."""
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return np.where(np.isnan(diff), np.inf, diff)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def kl_divergence(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """KL(p_ref ‖ p_ours) per position, of the next-token distributions the logits give."""
+    ref, ours = log_softmax(ref_logits), log_softmax(logits)
+    return (np.exp(ref) * (ref - ours)).sum(-1)
+
+
+def top5_hits(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """Per position: is the reference's top-1 token among our five most likely?"""
+    top5 = np.argpartition(-logits, 5, axis=-1)[..., :5] if logits.shape[-1] > 5 else np.argsort(-logits, axis=-1)
+    return (top5 == ref_logits.argmax(-1)[..., None]).any(-1)
+
+
+def tokens_before_divergence(ours: np.ndarray, theirs: np.ndarray) -> int:
+    """Greedy tokens that match before the first difference, the worst row."""
+    differs = ours != theirs
+    first = np.where(differs.any(1), differs.argmax(1), ours.shape[1])
+    return int(first.min()) if first.size else 0
+
+
+
+def summarize(results) -> dict:
+    """Totals over CaseResults: pooled |Δ| percentiles, agreements weighted by positions, KL, divergence."""
+    logits = np.concatenate([r.samples["logits"] for r in results])
+    present = np.concatenate([r.samples["present"] for r in results])
+    compared = sum(r.positions_compared for r in results)
+    agreed = sum(r.top1_agreement * r.positions_compared for r in results)
+    totals = {
+        "cases": len(results),
+        "logits": {
+            "max": max(r.logits["max"] for r in results),
+            "p50": float(np.percentile(logits, 50)),
+            "p99": float(np.percentile(logits, 99)),
+        },
+        "present": {
+            "max": max(r.present["max"] for r in results),
+            "p50": float(np.percentile(present, 50)),
+            "p99": float(np.percentile(present, 99)),
+        },
+        "top1_agreement": agreed / max(compared, 1),
+        "positions_compared": compared,
+        "nonfinite": sum(r.nonfinite for r in results),
+        "tokens_equal_cases": sum(r.tokens_equal for r in results),
+        "top5_agreement": sum(r.top5_agreement * r.positions_compared for r in results) / max(compared, 1),
+        "kl": {
+            "mean": sum(r.kl["mean"] * r.positions_compared for r in results) / max(compared, 1),
+            "max": max(r.kl["max"] for r in results),
+        },
+        "tokens_before_divergence": {
+            "min": min(r.tokens_before_divergence for r in results),
+            "mean": sum(r.tokens_before_divergence for r in results) / len(results),
+        },
+    }
+    return totals

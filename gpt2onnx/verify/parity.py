@@ -1,0 +1,231 @@
+"""Parity checks, each ending in one :class:`CheckReport`: an exported folder against PyTorch on randomized
+cases (``gpt2onnx parity``), an export before it is written, and a rewritten graph against its source."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from gpt2onnx.artifact.folder import ModelFolder, open_folder, read_n_positions
+from gpt2onnx.artifact.report import CheckReport
+from gpt2onnx.checkpoint import Checkpoint, load_checkpoint
+from gpt2onnx.errors import BadInput
+from gpt2onnx.reference import reference_model
+from gpt2onnx.runtime.decoder import OnnxDecoder, open_decoder
+from gpt2onnx.runtime.providers import ProviderConfig, cpu_session
+from gpt2onnx.verify.gates import TOLERANCES, apply_gates, tolerances_for
+from gpt2onnx.verify.lockstep import (
+    CaseResult,
+    OnnxReference,
+    compare_block,
+    compare_decoder,
+    left_padded_batch,
+    random_cases,
+    run_case,
+)
+from gpt2onnx.verify.metrics import summarize
+
+log = logging.getLogger(__name__)
+
+PYTORCH = "PyTorch"
+SOURCE_ONNX = "source ONNX model"
+MAX_CASES = 10_000
+
+
+def gate_report(
+    results: list[CaseResult], precision: str, gates: dict, *, against: str, provider: str = "cpu", keep_cases: bool = False
+) -> CheckReport:
+    """The report of randomized cases: their totals against the gates."""
+    measured = summarize(results)
+    failures = apply_gates(measured, gates, cases=len(results))
+    cases = [r.as_dict() for r in results] if keep_cases else []
+    return CheckReport(precision, against, gates, measured, failures, provider=provider, cases=cases)
+
+
+def gate_check(
+    decoder: OnnxDecoder, reference, *, precision: str, vocab_size: int, n_positions: int, cases: int = 4, gates=None,
+    against: str = PYTORCH,
+) -> CheckReport:  # fmt: skip
+    """The precision's gates on a few seeded randomized cases (what export and optimize check before writing)."""
+    tolerances = tolerances_for(precision, gates)
+    results = [
+        run_case(decoder, reference, case, vocab_size=vocab_size)
+        for case in random_cases(cases, seed=0, n_positions=n_positions, max_batch=4)
+    ]
+    return gate_report(results, precision, tolerances, against=against, provider=decoder.provider)
+
+
+def precision_gates(
+    model_path, reference, *, precision: str, vocab_size: int, n_positions: int, gates=None, decoder=None,
+    against: str = PYTORCH,
+) -> CheckReport:  # fmt: skip
+    """What export and optimize check before writing a reduced-precision model: the precision's gates on the
+    CPU provider and, for fp16, also with fp16 arithmetic emulated as a GPU does it
+    (:mod:`gpt2onnx.verify.fp16_emulation`): the CPU provider computes most fp16 nodes in fp32, which hides
+    an overflow the graph has on fp16 hardware. ``decoder``: a CPU decoder already open on ``model_path``."""
+
+    def check(decoder: OnnxDecoder) -> CheckReport:
+        return gate_check(
+            decoder, reference, precision=precision, vocab_size=vocab_size, n_positions=n_positions, gates=gates,
+            against=against,
+        )  # fmt: skip
+
+    checked = check(decoder or OnnxDecoder(cpu_session(model_path)))
+    if precision != "float16":
+        return checked
+    from gpt2onnx.verify.fp16_emulation import write_emulated_fp16
+
+    with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
+        emulated_path = write_emulated_fp16(Path(model_path), Path(tmp) / "emulated.onnx")
+        emulated = check(OnnxDecoder(cpu_session(emulated_path)))
+    checked.fp16_emulated = emulated
+    checked.failures += [f"fp16 arithmetic as on a GPU: {f}" for f in emulated.failures]
+    return checked
+
+
+def validate_export(path: Path, ckpt: Checkpoint, *, precision: str, block: int | None, tolerance: float | None, gates) -> CheckReport:
+    """An export before it is written: fp32 on a left-padded batch of 3 (empty past, then two decode steps)
+    within ``tolerance``; reduced precisions through their gates; a single block against its PyTorch block."""
+    decode_steps = 2
+    length = max(2, min(8, ckpt.spec.n_positions - decode_steps))
+    input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
+    reference = reference_model(ckpt)
+    if precision != "float32":
+        log.info("checking the %s gates against transformers' GPT2LMHeadModel", precision)
+        return precision_gates(
+            path, reference, precision=precision, vocab_size=ckpt.spec.vocab_size, n_positions=ckpt.spec.n_positions,
+            gates=gates,
+        )  # fmt: skip
+    tolerance = tolerances_for("float32", {"logits": tolerance} if tolerance is not None else gates)["logits"]
+    log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)
+    session = cpu_session(path)
+    if block is not None:
+        report = compare_block(session, reference, block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
+    else:
+        report = compare_decoder(OnnxDecoder(session), reference, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
+    log.info("%s", report.summary())
+    return report
+
+
+def validate_against_source(rewritten: Path, source: Path, *, precision: str, tolerance: float, gates) -> CheckReport:
+    """A rewritten graph (fused, fp16, quantized) against the graph it came from: fp32 on a left-padded batch
+    with an empty past and decode steps; reduced precisions through their gates on a few randomized cases."""
+    fused = OnnxDecoder(cpu_session(rewritten))
+    reference = OnnxReference(OnnxDecoder(cpu_session(source)))
+    vocab = fused.vocab_size or 1000
+    if precision != "float32":
+        return precision_gates(
+            rewritten, reference, precision=precision, vocab_size=vocab, n_positions=read_n_positions(rewritten.parent),
+            gates=gates, decoder=fused, against=SOURCE_ONNX,
+        )  # fmt: skip
+    input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)
+    return compare_decoder(fused, reference, input_ids, mask, decode_steps=2, tolerance=tolerance, against=SOURCE_ONNX)
+
+
+def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Checkpoint:
+    """The checkpoint the folder was exported from (from its manifest), or ``reference`` when given."""
+    if reference is not None:
+        return load_checkpoint(reference)
+    source = (model.manifest or {}).get("source")
+    if not isinstance(source, dict) or not source:
+        raise BadInput(f"'{model.folder}' has no gpt2onnx.json manifest naming its source: give the reference checkpoint (--reference)")
+    kind = source.get("kind")
+    try:
+        if kind == "random":
+            outliers = float((source.get("outliers") or {}).get("magnitude", 0.0))
+            ckpt = load_checkpoint(source["architecture"], random_init=True, seed=int(source["seed"]), outliers=outliers)
+            if ckpt.source.get("spec_sha256") != source.get("spec_sha256"):
+                raise BadInput(
+                    f"the architecture '{source['architecture']}' recorded in the manifest no longer matches the export:"
+                    " give the reference checkpoint (--reference)"
+                )
+            return ckpt
+        if kind == "local":
+            ckpt = load_checkpoint(source["path"])
+        elif kind == "hub":
+            ckpt = load_checkpoint(source["id"], revision=source.get("commit") or source.get("revision"))
+        else:
+            raise BadInput(f"manifest source kind '{kind}' is unknown: give the reference checkpoint (--reference)")
+    except (KeyError, TypeError, ValueError):
+        raise BadInput(f"the manifest of '{model.folder}' has an incomplete source record: give the reference checkpoint (--reference)") from None
+    if source.get("sha256") and ckpt.source.get("sha256") != source["sha256"]:
+        raise BadInput(
+            "the source checkpoint's weights changed since the export (sha256 differs): give the reference (--reference),"
+            " or export again"
+        )
+    return ckpt
+
+
+def check_parity(
+    folder: str | Path,
+    *,
+    provider: ProviderConfig | None = None,
+    cases: int = 20,
+    seed: int = 0,
+    reference: str | None = None,
+    max_batch: int = 8,
+    on_case: Callable[[CaseResult], None] | None = None,
+    gates: dict[str, float] | None = None,
+    emulate_fp16: bool = False,
+    verify_files: bool = True,
+) -> CheckReport:
+    """Randomized cases of an exported folder against the PyTorch reference rebuilt from its manifest.
+
+    Args:
+        folder: an exported decoder folder.
+        provider: where the ONNX model runs (default: the cpu provider, all cores).
+        cases: how many randomized cases (batches 1 to ``max_batch``, left padding, past 0 or longer, decode
+            steps, a free greedy run); ``seed`` fixes them.
+        reference: the checkpoint to compare with (default: the source the manifest records).
+        on_case: called after each case, for progress.
+        gates: overrides of the precision's default gates (see :data:`gpt2onnx.verify.gates.TOLERANCES`).
+        emulate_fp16: run an fp16 model with fp16 arithmetic as a GPU does it, on the cpu provider.
+        verify_files: check the model files against the manifest's sha256 first.
+
+    Returns:
+        CheckReport with the totals, the failures (empty when it passed) and every case.
+
+    Raises:
+        BadInput (options, folder, reference), ContractError, IntegrityError, RuntimeUnavailable.
+        A failed gate is not raised: it is in the report (``report.passed``).
+    """
+    if not 1 <= cases <= MAX_CASES:
+        raise BadInput(f"cases must be 1 to {MAX_CASES}, got {cases}")
+    if not 0 <= seed < 2**32:
+        raise BadInput(f"seed must be 0 to 2**32 - 1, got {seed}")
+    if not 1 <= max_batch <= 64:
+        raise BadInput(f"max batch must be 1 to 64, got {max_batch}")
+    model = open_folder(folder, verify_files=verify_files)
+    tolerances = tolerances_for(model.precision, gates)
+    provider = (provider or ProviderConfig()).check()
+    if emulate_fp16:
+        if model.dtype != "float16":
+            raise BadInput(f"fp16 emulation needs an fp16 model: '{folder}' is {model.dtype}; drop --emulate-fp16")
+        if provider.name != "cpu":
+            raise BadInput("fp16 emulation runs on the cpu provider (a GPU computes fp16 itself): drop one of them")
+    with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
+        if emulate_fp16:
+            from gpt2onnx.verify.fp16_emulation import write_emulated_fp16
+
+            model = dataclasses.replace(model, model_path=write_emulated_fp16(model.model_path, Path(tmp) / "model.onnx"))
+        decoder = open_decoder(model, provider)
+        ckpt = reference_checkpoint(model, reference)
+        if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
+            raise BadInput("the reference checkpoint does not match the exported model (vocabulary or layer count): give the right one")
+        torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
+        ref = reference_model(ckpt)
+        results = []
+        for case in random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch):
+            results.append(run_case(decoder, ref, case, vocab_size=ckpt.spec.vocab_size))
+            if on_case is not None:
+                on_case(results[-1])
+    label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
+    return gate_report(results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True)
+
+
+__all__ = ["TOLERANCES", "check_parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]

@@ -1,0 +1,130 @@
+"""The layers: imports flow one way (imports inside functions count), and the run path needs no torch."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gpt2onnx"
+
+# Each layer may import only the layers after it in this list (and itself).
+LAYERS = [
+    ("cli", {"cli", "__main__"}),
+    ("exporters", {"exporters"}),
+    ("verify", {"verify"}),
+    ("torch side", {"reference", "checkpoint", "model", "config"}),
+    ("graph passes", {"fusions", "precision"}),
+    ("runtime", {"runtime"}),
+    ("artifact", {"artifact"}),
+    ("leaves", {"errors", "files"}),
+]
+TORCH_FREE = ("artifact", "runtime", "errors", "files", "config")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every gpt2onnx module a file imports, at top level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("gpt2onnx")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpt2onnx"):
+            for alias in node.names:  # `from gpt2onnx.artifact import graph` imports a module
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").exists() else node.module)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    for index, (_, members) in enumerate(LAYERS):
+        if top in members:
+            return index
+    return -1  # the package itself (its lazy __getattr__ names every layer)
+
+
+def test_no_import_cycles():
+    graph = {m: {i for i in deps if i != m and i in import_graph_keys} for m, deps in import_graph().items() for import_graph_keys in [set(import_graph())]}
+    state: dict[str, int] = {}
+
+    def visit(module, stack):
+        state[module] = 1
+        for dep in graph[module]:
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep) :] + [dep]
+                pytest.fail("import cycle: " + " → ".join(cycle))
+            if dep not in state:
+                visit(dep, stack + [dep])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_imports_flow_one_way():
+    wrong = []
+    for module, deps in import_graph().items():
+        here = layer_of(module)
+        if here < 0:
+            continue
+        for dep in deps:
+            there = layer_of(dep)
+            if there >= 0 and there < here:
+                wrong.append(f"{module} ({LAYERS[here][0]}) imports {dep} ({LAYERS[there][0]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_run_path_modules_never_import_torch_or_transformers_at_top_level():
+    for path in PACKAGE.rglob("*.py"):
+        module = module_name(path)
+        if layer_of(module) < 0 or module.split(".")[1] not in TORCH_FREE:
+            continue
+        tree = ast.parse(path.read_text())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names} | {n.module for n in top if isinstance(n, ast.ImportFrom)}
+        assert not {n for n in names if n and n.split(".")[0] in ("torch", "transformers")}, module
+
+
+NO_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "optimum"):
+            raise ImportError(f"{name} is not installed on this deployment machine")
+sys.meta_path.insert(0, NoTorch())
+from gpt2onnx.cli import app
+app(sys.argv[1:], prog_name="gpt2onnx")
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["inspect", "{folder}"],
+        ["inspect", "{folder}", "--json"],
+        ["generate", "{folder}", "--ids", "5,6,7", "--max-new-tokens", "4"],
+        ["bench", "{folder}", "--batch", "1", "--prompt-len", "4", "--new-tokens", "3", "--warmup", "0", "--repeat", "1", "--json", "{tmp}/b.json"],
+    ],
+)
+def test_run_commands_work_without_torch(tiny_export, tmp_path, command):
+    args = [a.format(folder=tiny_export, tmp=tmp_path) for a in command]
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    if command[0] == "bench":
+        assert json.loads((tmp_path / "b.json").read_text())["runs"][0]["batch"] == 1
+    # the guard works: a command that needs torch says so
+    check = subprocess.run([sys.executable, "-c", NO_TORCH, "parity", str(tiny_export), "--cases", "1"], capture_output=True, text=True, timeout=300)
+    assert check.returncode != 0 and "not installed on this deployment machine" in check.stderr + check.stdout
