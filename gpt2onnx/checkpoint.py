@@ -76,7 +76,7 @@ def load_checkpoint(
     if outliers and not random_init:
         raise Gpt2OnnxError("--outliers only shapes random weights: add --random-init (random_init=True), or leave it out")
     if not (math.isfinite(outliers) and outliers >= 0):
-        raise Gpt2OnnxError(f"--outliers (outliers) must be a magnitude ≥ 0 (GPT-2's reach about 3000), got {outliers}")
+        raise Gpt2OnnxError(f"--outliers must be a magnitude ≥ 0 (GPT-2's reach about 3000), got {outliers}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise Gpt2OnnxError(f"seed (--seed) must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {seed!r}")
     if random_init and revision is not None:
