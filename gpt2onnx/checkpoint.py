@@ -18,14 +18,16 @@ from typing import Any
 import torch
 
 from gpt2onnx.artifact.folder import COMPANION_FILES, TOKENIZER_FILES  # noqa: F401 (TOKENIZER_FILES: re-exported)
-from gpt2onnx.config import PRESETS, ModelSpec, preset_config, spec_from_config
-from gpt2onnx.errors import BadInput, CheckpointError
+from gpt2onnx.config import PRESETS, ModelSpec, check_fits_in_memory, preset_config, spec_from_config
+from gpt2onnx.errors import CheckpointError
 from gpt2onnx.files import sha256_file
 
 log = logging.getLogger(__name__)
 
 SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
 TORCH_BIN_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+# torch.manual_seed takes 64 bits, but numpy's and most other generators take 32: one range for every seed.
+SEED_RANGE = (0, 2**32 - 1)
 # Buffers that old GPT-2 checkpoints carry; they hold no parameters (the causal mask), so they are skipped.
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
@@ -42,33 +44,59 @@ class Checkpoint:
 
 
 def load_checkpoint(
-    model: str, *, random_init: bool = False, seed: int = 0, revision: str | None = None, outliers: float = 0.0
+    model: str,
+    *,
+    random_init: bool = False,
+    seed: int = 0,
+    revision: str | None = None,
+    outliers: float = 0.0,
+    option: str = "--model",
 ) -> Checkpoint:
     """Resolve ``model`` (folder, Hub id, architecture name or config.json) into a checked Checkpoint.
 
     ``outliers`` (random weights only): the magnitude of the residual-stream outlier channels to inject
-    (see :func:`inject_outlier_channels`); 0 injects none.
+    (see :func:`inject_outlier_channels`); 0 injects none. ``option``: the command-line option that gave
+    ``model``, named in errors (``--reference`` for a parity reference).
+
+    Nothing from the folder is ever executed: config.json is read as data (an ``auto_map`` is ignored),
+    pickled weights are read with ``weights_only``, and every file read must lie inside the folder.
     """
+    what = f"model '{model}' ({option})"
     path = Path(model).expanduser()
     if outliers and not random_init:
-        raise CheckpointError("--outliers only shapes random weights: add --random-init, or leave --outliers out")
+        raise CheckpointError("--outliers only shapes random weights: add --random-init (random_init=True), or leave it out")
     if not (math.isfinite(outliers) and outliers >= 0):
         raise CheckpointError(f"--outliers must be a magnitude ≥ 0 (GPT-2's reach about 3000), got {outliers}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise CheckpointError(f"seed (--seed) must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {seed!r}")
+    if random_init and revision is not None:
+        raise CheckpointError(
+            f"revision (--revision) '{revision}' selects a Hub version of the weights, but random_init (--random-init)"
+            " uses none: drop one of them"
+        )
     if random_init:
-        return _random_checkpoint(model, path, seed, outliers)
+        return _random_checkpoint(model, path, seed, outliers, what)
     if path.exists():
         if path.is_file():
             raise CheckpointError(
-                f"--model '{model}' is a file, not a model folder: point it at a folder with config.json and weights,"
+                f"{what} is a file, not a model folder: point it at a folder with config.json and weights,"
                 " or add --random-init to export the architecture of a config.json with random weights"
             )
-        return _local_checkpoint(path, source={"kind": "local", "path": str(path.resolve())})
+        return _local_checkpoint(path, source={"kind": "local", "path": str(path.resolve())}, what=what)
+    if path.is_symlink():
+        raise CheckpointError(f"{what} is a symbolic link to '{os.readlink(path)}', which does not exist")
     if _looks_like_path(model):
-        raise CheckpointError(f"--model '{model}': no such file or folder")
+        raise CheckpointError(f"{what}: no such file or folder")
     if model in PRESETS:
         log.info("'%s' is not a local folder; trying the Hugging Face Hub", model)
-    folder, commit = _fetch_from_hub(model, revision)
-    return _local_checkpoint(folder, source={"kind": "hub", "id": model, "revision": revision, "commit": commit})
+    folder, commit = _fetch_from_hub(model, revision, what, option)
+    # A Hub snapshot's files are links into the repository's blob store, two levels up: that is its folder.
+    return _local_checkpoint(
+        folder,
+        source={"kind": "hub", "id": model, "revision": revision, "commit": commit},
+        what=what,
+        root=folder.parent.parent,
+    )
 
 
 def _looks_like_path(model: str) -> bool:
@@ -76,45 +104,72 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith((".", "/", "~")) or model.endswith((".json", "/")) or model.count("/") > 1 or "\\" in model
 
 
-def _read_config(config_file: Path):
-    from transformers import AutoConfig
+def _inside(root: Path, path: Path, what: str) -> Path:
+    """``path`` resolved, refused if it (or the link it is) leads outside ``root``."""
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise CheckpointError(
+            f"{what}: '{path}' is a link to '{resolved}', outside the model folder; only files inside the folder"
+            " are read: replace the link with a copy of the file"
+        )
+    return resolved
+
+
+def _read_config(config_file: Path, what: str, root: Path | None = None):
+    """config.json as data, never as code: checked, then given to GPT2Config.from_dict (an auto_map is ignored)."""
+    from transformers import GPT2Config
 
     if not config_file.is_file():
         raise CheckpointError(
-            f"'{config_file.parent}' has no config.json: point --model at a Hugging Face model folder,"
+            f"{what}: '{config_file.parent}' has no config.json: point it at a Hugging Face model folder,"
             " or use --random-init with a named architecture"
         )
+    if root is not None:
+        _inside(root, config_file, what)
     try:
         raw = json.loads(config_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise CheckpointError(f"'{config_file}' is not valid JSON ({err}); fix or replace the file") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(
+            f"'{config_file}' holds a JSON {type(raw).__name__}, not an object of settings; give a GPT-2 config.json"
+        )
     if raw.get("model_type") != "gpt2":
-        raise CheckpointError(f"'{config_file}': model_type is '{raw.get('model_type')}', expected 'gpt2'")
+        raise CheckpointError(f"'{config_file}': model_type is {raw.get('model_type')!r}, expected 'gpt2'")
+    if raw.pop("auto_map", None) is not None:
+        log.warning("'%s': auto_map ignored (code from a model folder is never run)", config_file)
     try:
-        return AutoConfig.from_pretrained(config_file.parent if config_file.name == "config.json" else config_file)
+        config = GPT2Config.from_dict(raw)
     except Exception as err:  # transformers raises many types for a bad config
-        raise CheckpointError(f"'{config_file}' is not a valid GPT-2 config ({err})") from None
+        raise CheckpointError(f"'{config_file}' is not a valid GPT-2 config ({err}); fix the file") from None
+    return config
 
 
-def _random_checkpoint(model: str, path: Path, seed: int, outliers: float = 0.0) -> Checkpoint:
+def _checked_spec(config, what: str) -> ModelSpec:
+    spec = spec_from_config(config)
+    check_fits_in_memory(spec, what)
+    return spec
+
+
+def _random_checkpoint(model: str, path: Path, seed: int, outliers: float, what: str) -> Checkpoint:
     from transformers import GPT2LMHeadModel
 
     companion_dir = None
     if path.is_file():
-        config = _read_config(path)
+        config = _read_config(path, what)
         name = path.resolve().parent.name if path.name == "config.json" else path.stem
     elif path.is_dir():
-        config = _read_config(path / "config.json")
+        config = _read_config(path / "config.json", what, root=path)
         name, companion_dir = path.resolve().name, path
     elif model in PRESETS:
         config, name = preset_config(model), model
     elif _looks_like_path(model):
-        raise CheckpointError(f"--model '{model}': no such file or folder")
+        raise CheckpointError(f"{what}: no such file or folder")
     else:
         raise CheckpointError(
             f"unknown architecture '{model}' for --random-init: choose one of {', '.join(PRESETS)}, or give a config.json"
         )
-    spec = spec_from_config(config)
+    spec = _checked_spec(config, what)
     config.tie_word_embeddings = spec.tie_word_embeddings
     config.architectures = ["GPT2LMHeadModel"]
     log.info("initializing %s with random weights (seed %d)", name, seed)
@@ -137,7 +192,7 @@ def _random_checkpoint(model: str, path: Path, seed: int, outliers: float = 0.0)
         source["outliers"] = {"magnitude": outliers, "channels": channels}
     ckpt = Checkpoint(config, spec, to_export_names(state_dict, spec), name, source)
     if companion_dir is not None:
-        ckpt.companion_dir, ckpt.companion_files = companion_dir, _present(companion_dir, COMPANION_FILES)
+        ckpt.companion_dir, ckpt.companion_files = companion_dir, _companions(companion_dir, companion_dir, what)
     return ckpt
 
 
@@ -167,10 +222,11 @@ def inject_outlier_channels(model, magnitude: float, seed: int) -> list[int]:
     return channels
 
 
-def _local_checkpoint(folder: Path, *, source: dict[str, Any]) -> Checkpoint:
-    config = _read_config(folder / "config.json")
-    spec = spec_from_config(config)
-    weight_files = _weight_files(folder)
+def _local_checkpoint(folder: Path, *, source: dict[str, Any], what: str, root: Path | None = None) -> Checkpoint:
+    root = folder if root is None else root
+    config = _read_config(folder / "config.json", what, root=root)
+    spec = _checked_spec(config, what)
+    weight_files = _weight_files(folder, root, what)
     state_dict: dict[str, torch.Tensor] = {}
     digest = hashlib.sha256()
     for file in weight_files:
@@ -185,31 +241,61 @@ def _local_checkpoint(folder: Path, *, source: dict[str, Any]) -> Checkpoint:
         name,
         source,
         companion_dir=folder,
-        companion_files=_present(folder, COMPANION_FILES),
+        companion_files=_companions(folder, root, what),
     )
 
 
-def _present(folder: Path, names) -> list[str]:
-    return [n for n in names if (folder / n).is_file()]
+def _companions(folder: Path, root: Path, what: str) -> list[str]:
+    """The companion files present in ``folder``; one that is a link leading out of ``root`` is refused."""
+    present = []
+    for name in COMPANION_FILES:
+        path = folder / name
+        if path.is_symlink() or path.exists():
+            _inside(root, path, what)
+        if path.is_file():
+            present.append(name)
+    return present
 
 
-def _weight_files(folder: Path) -> list[Path]:
+def _weight_files(folder: Path, root: Path, what: str) -> list[Path]:
     for single, index in (SAFETENSORS_FILES, TORCH_BIN_FILES):
-        if (folder / single).is_file():
+        if (folder / single).is_file() or (folder / single).is_symlink():
+            _inside(root, folder / single, what)
             return [folder / single]
         if (folder / index).is_file():
-            try:
-                shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                raise CheckpointError(f"'{folder / index}' is not a valid weight index ({err})") from None
-            missing = [s for s in shards if not (folder / s).is_file()]
-            if missing:
-                raise CheckpointError(f"'{folder}': shard '{missing[0]}' named in {index} is missing")
-            return [folder / s for s in shards]
+            return _shards(folder, index, root, what)
     raise CheckpointError(
-        f"'{folder}' has no weights (model.safetensors or pytorch_model.bin);"
+        f"{what}: '{folder}' has no weights (model.safetensors or pytorch_model.bin);"
         " use --random-init to export its architecture with random weights"
     )
+
+
+def _shards(folder: Path, index: str, root: Path, what: str) -> list[Path]:
+    """The shard files a weight index names: plain file names inside the folder, nothing else."""
+    index_file = _inside(root, folder / index, what)
+    try:
+        weight_map = json.loads(index_file.read_text())["weight_map"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as err:
+        reason = f"no {err}" if isinstance(err, KeyError) else str(err)
+        raise CheckpointError(f"'{folder / index}' is not a valid weight index ({reason}); fix or replace the file") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise CheckpointError(
+            f"'{folder / index}': weight_map must map tensor names to shard file names (strings), got"
+            f" {json.dumps(weight_map)[:80]}; fix or replace the file"
+        )
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if not shard or Path(shard).is_absolute() or Path(shard).name != shard or shard in (".", ".."):
+            raise CheckpointError(
+                f"'{folder / index}' names the shard '{shard}', which is not a file name inside the folder;"
+                " only shards beside the index are read: fix the index"
+            )
+    missing = [s for s in shards if not (folder / s).is_file()]
+    if missing:
+        raise CheckpointError(f"'{folder}': shard '{missing[0]}' named in {index} is missing")
+    for shard in shards:
+        _inside(root, folder / shard, what)
+    return [folder / s for s in shards]
 
 
 def _read_weights(file: Path) -> dict[str, torch.Tensor]:
@@ -218,13 +304,26 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
         if file.suffix == ".safetensors":
             from safetensors.torch import load_file
 
-            return load_file(str(file))
-        return torch.load(file, map_location="cpu", weights_only=True)
+            weights = load_file(str(file))
+        else:
+            # A pickle can run code while it loads: weights_only reads plain tensors and refuses anything else.
+            weights = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # safetensors and torch.load raise a variety of types for damaged files
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "weights only load failed" in str(err).lower() or "weights_only" in str(err):
+            raise CheckpointError(
+                f"'{file}' is refused for safety: it is a pickle that holds more than plain tensors, and loading it"
+                " could run code; convert it to model.safetensors where you trust it, or use a safetensors checkpoint"
+            ) from None
         raise CheckpointError(
-            f"'{file}': cannot read weights ({reason}); the file is corrupt or truncated, download it again"
+            f"'{file}': cannot read weights ({reason[:200]}); the file is corrupt or truncated, download it again"
         ) from None
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()):
+        raise CheckpointError(
+            f"'{file}' does not hold a state dict (tensor names to tensors); save the model's state_dict() as"
+            " model.safetensors"
+        )
+    return weights
 
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
@@ -255,6 +354,16 @@ def to_export_names(state_dict: dict[str, torch.Tensor], spec: ModelSpec) -> dic
             raise CheckpointError(
                 f"checkpoint tensor '{key}' has shape {list(tensor.shape)}, but the config implies {list(expected[name])}"
             )
+        if not tensor.is_floating_point():
+            raise CheckpointError(
+                f"checkpoint tensor '{key}' is {str(tensor.dtype).removeprefix('torch.')}, not floating point:"
+                " GPT-2 weights are float; fix the checkpoint (a cast would change the model silently)"
+            )
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(
+                f"checkpoint tensor '{key}' holds {bad:,} NaN or infinite values; the checkpoint is damaged: use another"
+            )
         mapped[name] = tensor.float() if tensor.dtype != torch.float32 else tensor
     missing = [name for name in expected if name not in mapped]
     if missing:
@@ -269,7 +378,7 @@ def to_hf_names(state_dict: dict[str, torch.Tensor], spec: ModelSpec) -> dict[st
     return out
 
 
-def _fetch_from_hub(repo_id: str, revision: str | None) -> tuple[Path, str | None]:
+def _fetch_from_hub(repo_id: str, revision: str | None, what: str, option: str) -> tuple[Path, str | None]:
     """Download (or find in the cache) what export needs; honours HF_HUB_OFFLINE, HF_HOME and HF_TOKEN."""
     from huggingface_hub import snapshot_download
 
@@ -284,7 +393,7 @@ def _fetch_from_hub(repo_id: str, revision: str | None) -> tuple[Path, str | Non
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") else ""
         raise CheckpointError(
-            f"--model '{repo_id}' is not a local folder and could not be fetched from the Hugging Face Hub{offline}:"
-            f" {reason[:200]}; use --model PATH for a local folder, or --random-init for seeded random weights"
+            f"{what} is not a local folder and could not be fetched from the Hugging Face Hub{offline}:"
+            f" {reason[:200]}; use {option} PATH for a local folder, or --random-init for seeded random weights"
         ) from None
     return folder, folder.name if len(folder.name) == 40 else None

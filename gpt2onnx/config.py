@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from gpt2onnx.errors import CheckpointError
@@ -77,19 +79,89 @@ def spec_from_config(config) -> ModelSpec:
         value = get(key, expected)
         if bool(value) != expected:
             raise CheckpointError(f"config: {key}={value} cannot be exported: {why}")
-    n_embd, n_head = int(get("n_embd")), int(get("n_head"))
-    if n_head <= 0 or n_embd % n_head:
-        raise CheckpointError(f"config: n_embd={n_embd} is not divisible by n_head={n_head}")
-    for key in ("vocab_size", "n_positions", "n_layer"):
-        if int(get(key, 0)) <= 0:
-            raise CheckpointError(f"config: {key} must be a positive integer, got {get(key)}")
+    for key, (low, high) in INT_FIELDS.items():
+        _check_int(key, get(key), low, high)
+    n_inner = get("n_inner")
+    if n_inner is not None:
+        _check_int("n_inner", n_inner, 1, MAX_N_INNER)
+    n_embd, n_head = get("n_embd"), get("n_head")
+    if n_embd % n_head:
+        raise CheckpointError(f"config: n_embd={n_embd} is not divisible by n_head={n_head}; fix config.json")
+    epsilon = get("layer_norm_epsilon", 1e-5)
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (math.isfinite(epsilon) and epsilon > 0):
+        raise CheckpointError(
+            f"config: layer_norm_epsilon must be a positive finite number (GPT-2: 1e-5), got {epsilon!r}; fix config.json"
+        )
+    tie = get("tie_word_embeddings", True)
+    if not isinstance(tie, bool):
+        raise CheckpointError(f"config: tie_word_embeddings must be true or false, got {tie!r}; fix config.json")
     return ModelSpec(
-        vocab_size=int(get("vocab_size")),
-        n_positions=int(get("n_positions")),
+        vocab_size=get("vocab_size"),
+        n_positions=get("n_positions"),
         n_embd=n_embd,
-        n_layer=int(get("n_layer")),
+        n_layer=get("n_layer"),
         n_head=n_head,
-        n_inner=int(get("n_inner") or 4 * n_embd),
-        layer_norm_epsilon=float(get("layer_norm_epsilon", 1e-5)),
-        tie_word_embeddings=bool(get("tie_word_embeddings", True)),
+        n_inner=n_inner or 4 * n_embd,
+        layer_norm_epsilon=float(epsilon),
+        tie_word_embeddings=tie,
     )
+
+
+# Ranges of the integer fields: far beyond any released GPT-2 (gpt2-xl: 48 layers, 25 heads, 1600 wide,
+# 50257 tokens, 1024 positions), tight enough that a typo is caught before anything is allocated.
+INT_FIELDS: dict[str, tuple[int, int]] = {
+    "n_layer": (1, 4096),
+    "n_head": (1, 4096),
+    "n_embd": (1, 1 << 18),
+    "vocab_size": (1, 1 << 24),
+    "n_positions": (1, 1 << 20),
+}
+MAX_N_INNER = 1 << 20
+
+
+def _check_int(key: str, value, low: int, high: int) -> None:
+    # bool is an int in Python, and JSON's true would silently become a 1-layer model.
+    if isinstance(value, bool) or not isinstance(value, int):
+        shown = f"{value!r} ({type(value).__name__})" if value is not None else "missing"
+        raise CheckpointError(f"config: {key} must be an integer from {low} to {high}, got {shown}; fix config.json")
+    if not low <= value <= high:
+        raise CheckpointError(f"config: {key}={value} is out of range: it must be from {low} to {high}; fix config.json")
+
+
+def parameter_count(spec: ModelSpec) -> int:
+    """The parameters of a GPT-2 of this shape (exact for GPT2ForExport: blocks, embeddings, final LayerNorm, head)."""
+    d, inner = spec.n_embd, spec.n_inner
+    per_block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * inner + inner) + (inner * d + d)
+    head = 0 if spec.tie_word_embeddings else spec.vocab_size * d
+    return spec.n_layer * per_block + (spec.vocab_size + spec.n_positions) * d + 2 * d + head
+
+
+# The peak of an export, in bytes per fp32 parameter: the checkpoint's tensors, the ONNX graph built from
+# them and its serialized bytes, plus transformers' reference model at validation, which shares the tensors.
+EXPORT_BYTES_PER_PARAMETER = 12
+
+
+def export_peak_bytes(spec: ModelSpec) -> int:
+    return EXPORT_BYTES_PER_PARAMETER * parameter_count(spec)
+
+
+def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """MemAvailable in bytes, or None where the kernel does not say (not Linux)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits_in_memory(spec: ModelSpec, what: str) -> None:
+    """Refuse, before anything is allocated, a model whose export would need more memory than this machine has."""
+    needed, available = export_peak_bytes(spec), available_memory()
+    if available is not None and needed > available:
+        raise CheckpointError(
+            f"{what}: {parameter_count(spec):,} parameters (n_layer {spec.n_layer}, n_embd {spec.n_embd},"
+            f" vocab_size {spec.vocab_size}) need about {needed / 1e9:.1f} GB to export, but this machine has"
+            f" {available / 1e9:.1f} GB available; check the config, or use a machine with more memory"
+        )
