@@ -138,7 +138,7 @@ def parse_batches(value: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in value.split(","))
     except ValueError:
-        raise BadInput(f"batch sizes '{value}' are not a comma-separated list of integers (e.g. 1,8)") from None
+        raise BadInput(f"batch sizes (--batch) '{value}' are not a comma-separated list of integers (e.g. 1,8)") from None
 
 
 def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
@@ -246,6 +246,7 @@ def bench_folder(
     model = open_folder(folder, verify_files=verify_files)
     config.check(model.n_positions)
     decoder = open_decoder(model, provider)
+    decoder.check_memory(max(config.batches), config.prompt_len, config.prompt_len + config.new_tokens, what="--batch")
     vocab = decoder.vocab_size or 50257
     runs = [bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress).as_dict() for batch in config.batches]
     for run in runs:
