@@ -200,13 +200,13 @@ def check_plot_path(path) -> None:
     """Before minutes of measuring: matplotlib is there, the name is a PNG, the folder is writable."""
     from pathlib import Path
 
-    require_matplotlib()
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise BadInput(f"plot '{path}' must be a .png file: give a name ending in .png")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise BadInput(f"plot '{path}' cannot be written (the folder does not exist or is not writable): choose another path")
+    require_matplotlib()  # after the path: a bad path is bad input (exit 2) whether or not matplotlib is here
 
 
 def plot_decode_latency(runs: list[dict], path) -> None:
