@@ -62,6 +62,7 @@ class Case:
     run: Callable[[Ctx, Callable], Outcome] | None = None  # a fault injected for real, instead of one CLI run
     timeout: float = 120  # subprocess cases: killed (a hang) after this many seconds
     process: bool = False  # needs a real process: could block or hang, or reads stdin
+    inject: Callable[[Ctx], object] | None = None  # in-process cases: a context manager around the run (a fault)
 
 
 # -- set-up helpers ---------------------------------------------------------------------------------------------
@@ -305,6 +306,14 @@ def full_disk(c: Ctx, cli) -> Outcome:
     return out
 
 
+def no_space_left(c: Ctx):
+    """Every ONNX save fails as a full disk does (ENOSPC): the full-disk case where no tmpfs can be mounted."""
+    import errno
+    from unittest import mock
+
+    return mock.patch("onnx.save_model", side_effect=OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+
+
 # -- the corpus -------------------------------------------------------------------------------------------------
 B, F = EXIT_BAD_INPUT, EXIT_CHECK_FAILED
 EXPORT_TINY = ("export", "--model", "tiny", "--random-init")
@@ -349,6 +358,8 @@ CASES: list[Case] = [
     Case("two-exports-one-folder", "data-loss", (), (B, EXIT_OUTPUT), run=concurrent_exports, creates=("same",), timeout=240,
          match="same"),
     Case("full-disk", "traceback", (), EXIT_OUTPUT, run=full_disk, creates=("disk",), timeout=240, match="space"),
+    Case("full-disk-injected", "traceback", (*EXPORT_TINY, "--no-validate", "-o", "out"), EXIT_OUTPUT, inject=no_space_left,
+         match="space"),
     # -- sizes checked before allocation, nothing hangs ------------------------------------------------------------
     Case("n-layer-100000-random", "hang", (*("export", "--model", "config.json", "--random-init"), "-o", "out"), B,
          config_file(n_layer=100000), match="n_layer"),

@@ -157,6 +157,9 @@ def _run_case_timed(case: Case, ctx: Ctx, env: dict[str, str], home: Path) -> Re
             outcome = case.run(ctx, cli)
         elif case.process:
             outcome = cli(argv, ctx)
+        elif case.inject:
+            with case.inject(ctx):
+                outcome = run_in_process(argv, ctx, home)
         else:
             outcome = run_in_process(argv, ctx, home)
         return Result(outcome, before, snapshot(ctx.dir))
