@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpt2onnx.files import available_memory  # noqa: F401  (re-exported: config.available_memory)
 from gpt2onnx.errors import CheckpointError
 
 # Sizes of the released checkpoints (OpenAI's four and distilgpt2), and a tiny one for tests and demos.
@@ -143,17 +144,6 @@ EXPORT_BYTES_PER_PARAMETER = 12
 
 def export_peak_bytes(spec: ModelSpec) -> int:
     return EXPORT_BYTES_PER_PARAMETER * parameter_count(spec)
-
-
-def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """MemAvailable in bytes, or None where the kernel does not say (not Linux)."""
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def check_fits_in_memory(spec: ModelSpec, what: str) -> None:

@@ -36,3 +36,14 @@ def write_json_atomic(path: str | Path, data) -> Path:
     except OSError as err:
         raise OutputError(f"cannot write '{path}' ({err.strerror or err}); choose a writable path") from None
     return path
+
+
+def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """MemAvailable in bytes, or None where the kernel does not say (not Linux)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -1,11 +1,14 @@
-"""The bad-input corpus (tests/bad_input_cases.py): hostile and careless input to every command, run as real
-CLI subprocesses. Each case asserts the exit code (2 bad input, 1 failed check), one line on stderr with no
-traceback, and that nothing was written or lost: its own folder and the shared model folders are hashed
+"""The bad-input corpus (tests/bad_input_cases.py): hostile and careless input to every command. Each case
+asserts the exit code (2 bad input, 1 failed check, 3 runtime unavailable, 4 cannot write), one line on stderr
+with no traceback, and that nothing was written or lost: its own folder and the shared model folders are hashed
 before and after.
 
-The cases run in parallel in one session fixture (a CLI start costs seconds, mostly imports), each in its own
-folder, which is also its working directory; each test then reads its case's outcome. Cases not yet passing
-are strict xfails, so each one fails the run as soon as it is fixed and must be unmarked.
+Most cases run in this process through Typer's CliRunner (the same OneLineErrors.main a real run goes
+through: SystemExit caught, stderr captured), one after another, each with its own folder as the working
+directory. The cases that need a real process (``Case.process``: kill -9, concurrent exports, a full disk,
+a FIFO or a device that could block, a prompt on stdin, a thread count that could hang) run meanwhile as
+CLI subprocesses with a timeout and a memory cap, in a small thread pool. Each test then reads its case's
+outcome.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import stat
 import subprocess
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,22 +36,18 @@ from conftest import make_config, write_hf_folder, write_tokenizer
 
 REPO = Path(gpt2onnx.__file__).resolve().parent.parent  # the subprocesses import this copy of gpt2onnx
 MEMORY_LIMIT = 3 << 30  # address space per CLI run: a case that allocates without bound fails fast, not the machine
-WORKERS = 3
+WORKERS = 2  # subprocess cases at once, next to the in-process ones in the main thread
 
 
 class ExitCodeMismatch(AssertionError):
-    """Raised last, so a row whose only gap is its exit code can be an xfail on this and nothing else."""
+    """Raised last: everything but the exit code was right."""
 
 
 def _params():
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids)), "case ids must be unique"
     for case in CASES:
-        marks = []
-        if case.gap:
-            raises = ExitCodeMismatch if case.code_only else AssertionError
-            marks.append(pytest.mark.xfail(strict=True, raises=raises, reason=case.gap))
-        yield pytest.param(case, id=f"{case.cls}:{case.id}", marks=marks)
+        yield pytest.param(case, id=f"{case.cls}:{case.id}")
 
 
 # -- hashing: what a folder holds, without following links or opening anything but regular files -------------
@@ -115,29 +115,53 @@ def make_cli(env: dict[str, str], timeout: float):
     return cli
 
 
+def run_in_process(argv: list[str], ctx: Ctx, home: Path) -> Outcome:
+    """The CLI in this process: Typer's CliRunner around the same entry point (OneLineErrors.main), with the
+    case's folder as the working directory. An exception that escapes is reported as a traceback."""
+    from typer.testing import CliRunner
+
+    from gpt2onnx.cli import app
+
+    cwd = os.getcwd()
+    os.chdir(ctx.dir)
+    try:
+        result = CliRunner().invoke(app, argv, env={"HF_HOME": str(home), "COLUMNS": "200", "NO_COLOR": "1"})
+    finally:
+        os.chdir(cwd)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return Outcome(result.exit_code, result.stdout, stderr)
+
+
 class Result:
     def __init__(self, outcome=None, before=None, after=None, error=None, skipped=None):
         self.outcome, self.before, self.after, self.error, self.skipped = outcome, before, after, error, skipped
 
 
-def _run_case(case: Case, ctx: Ctx, env: dict[str, str]) -> Result:
+def _run_case(case: Case, ctx: Ctx, env: dict[str, str], home: Path) -> Result:
     start = time.monotonic()
-    result = _run_case_timed(case, ctx, env)
+    result = _run_case_timed(case, ctx, env, home)
     result.seconds = time.monotonic() - start
     return result
 
 
-def _run_case_timed(case: Case, ctx: Ctx, env: dict[str, str]) -> Result:
+def _run_case_timed(case: Case, ctx: Ctx, env: dict[str, str], home: Path) -> Result:
     try:
         if case.setup:
             case.setup(ctx)
         before = snapshot(ctx.dir)
         cli = make_cli(env, case.timeout)
+        argv = [a.format(src=ctx.src, exp=ctx.exp, ext=ctx.ext, dir=ctx.dir) for a in case.argv]
         if case.run:
             outcome = case.run(ctx, cli)
-        else:
-            argv = [a.format(src=ctx.src, exp=ctx.exp, ext=ctx.ext, dir=ctx.dir) for a in case.argv]
+        elif case.process:
             outcome = cli(argv, ctx)
+        elif case.inject:
+            with case.inject(ctx):
+                outcome = run_in_process(argv, ctx, home)
+        else:
+            outcome = run_in_process(argv, ctx, home)
         return Result(outcome, before, snapshot(ctx.dir))
     except pytest.skip.Exception as skip:
         return Result(skipped=str(skip))
@@ -173,11 +197,12 @@ def outcomes(request, shared, tmp_path_factory):
     for case in selected:
         (cases_root / case.id).mkdir()
         contexts[case.id] = Ctx(cases_root / case.id, shared["src"], shared["exp"], shared["ext"])
-    # Slow cases first, so that the pool is not left waiting on one of them at the end.
-    ordered = sorted(selected, key=lambda c: -(c.timeout + (100 if c.run else 0)))
+    # Real processes in a pool (slow ones first), and meanwhile the in-process cases one after another here.
+    spawned = sorted((c for c in selected if c.run or c.process), key=lambda c: -(c.timeout + (100 if c.run else 0)))
     with ThreadPoolExecutor(WORKERS) as pool:
-        futures = {case.id: pool.submit(_run_case, case, contexts[case.id], env) for case in ordered}
-        results = {cid: f.result() for cid, f in futures.items()}
+        futures = {case.id: pool.submit(_run_case, case, contexts[case.id], env, shared["home"]) for case in spawned}
+        results = {c.id: _run_case(c, contexts[c.id], env, shared["home"]) for c in selected if c.id not in futures}
+        results.update({cid: f.result() for cid, f in futures.items()})
     shared_after = {k: snapshot(shared[k]) for k in ("src", "exp", "ext")}
     for cid in results:
         results[cid].shared_changes = [f"{k}: {d}" for k in shared_before for d in _diff(shared_before[k], shared_after[k])]

@@ -72,7 +72,7 @@ def test_force_never_replaces_a_folder_gpt2onnx_did_not_write(tiny_folder, tmp_p
     (target / "precious.txt").write_text("mine")
     with pytest.raises(Gpt2OnnxError, match="was not written by gpt2onnx"):
         export(str(tiny_folder), target, options=ExportOptions(force=True))
-    with pytest.raises(Gpt2OnnxError, match="which replacing it would delete"):
+    with pytest.raises(Gpt2OnnxError, match="which --force would delete"):
         export(str(tiny_folder), tiny_folder, options=ExportOptions(force=True))
     assert (target / "precious.txt").read_text() == "mine" and (tiny_folder / "config.json").is_file()
 

@@ -87,8 +87,8 @@ def test_streaming_callback_sees_every_step(decoder):
         (np.zeros((1, 0), np.int64), {}, "the prompt is empty"),
         (np.array([[1] * 120]), {"max_new_tokens": 9}, "129 tokens, beyond the model's context of 128"),
         (np.array([[1]]), {"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
-        (np.array([[1]]), {"sampling": Sampling(sample=True, top_p=0.0)}, "top_p must be in"),
-        (np.array([[1]]), {"sampling": Sampling(sample=True, temperature=0)}, "temperature must be a positive number"),
+        (np.array([[1]]), {"sampling": Sampling(sample=True, top_p=0.0)}, r"top_p \(--top-p\) must be in"),
+        (np.array([[1]]), {"sampling": Sampling(sample=True, temperature=0)}, r"temperature \(--temperature\) must be a positive number"),
     ],
 )
 def test_bad_generation_inputs(decoder, ids, kwargs, message):

@@ -170,6 +170,18 @@ def test_bench_bad_inputs(tiny_export, tmp_path):
     assert_one_line_error(run("bench", tmp_path / "none"), "does not exist")
 
 
+def test_runs_beyond_available_memory_are_refused_before_they_start(tiny_export, monkeypatch):
+    """batch × length within the token cap can still need more than the machine has (logits + key/value cache)."""
+    import gpt2onnx.runtime.decoder as decoder
+
+    monkeypatch.setattr(decoder, "available_memory", lambda: 2_000_000)  # 2 MB: the tiny model's batch 8 needs ~4 MB
+    args = ("--prompt-len", 100, "--new-tokens", 20, "--warmup", 0, "--repeat", 1)
+    assert_one_line_error(run("bench", tiny_export, "--batch", 8, *args), "GB (logits and key/value cache)")
+    assert_one_line_error(run("generate", tiny_export, *(["--ids", ",".join(["5"] * 100)] * 8), "--max-new-tokens", 20), "available")
+    monkeypatch.setattr(decoder, "available_memory", lambda: None)  # not Linux: no estimate, the run goes ahead
+    assert run("generate", tiny_export, "--ids", "1,2", "--max-new-tokens", 1).exit_code == 0
+
+
 def test_bench_plot(tiny_export, tmp_path):
     result = run("bench", tiny_export, "--batch", 1, "--prompt-len", 8, "--new-tokens", 6, "--repeat", 1, "--plot", tmp_path / "p.png")
     assert result.exit_code == 0, result.output

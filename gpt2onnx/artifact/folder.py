@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import stat
 import tempfile
@@ -215,9 +216,13 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
     if not force:
         raise BadInput(f"output folder '{target}' already exists: choose another output folder, or replace it (--force, force=True)")
     real = target.resolve()
-    for path in (*protect, Path.cwd()):
-        if Path(path).resolve() == real or Path(path).resolve().is_relative_to(real):
-            raise BadInput(f"output folder '{target}' holds '{path}', which replacing it would delete: choose another output folder")
+    for path, what in [*((p, "the source model") for p in protect), (Path.cwd(), "the working directory")]:
+        if Path(path).resolve() == real:
+            raise BadInput(f"output folder '{target}' is {what} '{path}', which --force would delete: choose another output folder")
+        if Path(path).resolve().is_relative_to(real):
+            raise BadInput(
+                f"output folder '{target}' holds {what} '{path}', which --force would delete: choose another output folder"
+            )
     if any(real.iterdir()) and not (real / MANIFEST_NAME).is_file():
         raise BadInput(
             f"output folder '{target}' is not empty and was not written by gpt2onnx (no {MANIFEST_NAME}):"
@@ -225,17 +230,40 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
         )
 
 
-def _remove_stale_staging(parent: Path, name: str) -> None:
-    """Staging and backup folders left by runs that were killed (their process is gone) are removed."""
-    for path in parent.glob(f".{name}.*-*"):
-        tag = path.name[len(name) + 1 :]
-        if not (tag.startswith(_STAGING) or tag.startswith(_BACKUP)) or not path.is_dir():
-            continue
-        pid = tag.split("-")[1] if tag.count("-") >= 2 else ""
-        if pid.isdigit() and _alive(int(pid)):
-            continue
-        log.info("removing '%s', left by an interrupted run", path)
-        shutil.rmtree(path, ignore_errors=True)
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)(?P<kind>\.tmp-|\.old-)(?P<pid>\d+)-[^/]*$")
+_LOCK_SUFFIX = ".lock"
+
+
+def _remove_stale_staging(parent: Path, keep: Path | None = None) -> None:
+    """What runs that were killed (kill -9, power loss) left in ``parent``, for any output name: staging and
+    backup folders whose process is gone, and lock files no run holds. ``keep``: this run's own lock file."""
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return
+    for path in entries:
+        found = _LEFTOVER.match(path.name)
+        if found and path.is_dir() and not path.is_symlink() and not _alive(int(found["pid"])):
+            log.info("removing '%s', left by an interrupted run", path)
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.name.startswith(".") and path.name.endswith(_LOCK_SUFFIX) and path != keep and path.is_file():
+            _remove_free_lock(path)
+
+
+def _remove_free_lock(path: Path) -> None:
+    """A lock file no run holds (its run was killed) is removed, holding its lock while doing so."""
+    try:
+        handle = open(path, "a+")
+    except OSError:
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # held: a live run
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                path.unlink()
 
 
 def _alive(pid: int) -> bool:
@@ -250,24 +278,28 @@ def _alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def _output_lock(target: Path):
-    """One writer per output folder: a second export into it fails at once, clearly."""
-    lock_path = target.parent / f".{target.name}.lock"
+    """One writer per output folder: a second export into it fails at once, clearly. Yields the lock file's path;
+    the lock file is removed when the run ends (only by the run that holds it)."""
+    lock_path = target.parent / f".{target.name}{_LOCK_SUFFIX}"
     try:
         handle = open(lock_path, "a+")
     except OSError as err:
         raise OutputError(f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one") from None
-    try:
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # A lock file removed (or replaced) since it was opened: the lock counts only if the path still names it.
+            if os.stat(lock_path).st_ino != os.fstat(handle.fileno()).st_ino:
+                raise OSError(errno.EAGAIN, "lock file replaced")
         except OSError:
             raise OutputError(
                 f"output folder '{target}' is being written by another gpt2onnx run: wait for it, or choose another output folder"
             ) from None
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            lock_path.unlink()
-        handle.close()
+        try:
+            yield lock_path
+        finally:
+            with contextlib.suppress(OSError):
+                lock_path.unlink()  # while still holding the lock
 
 
 @contextlib.contextmanager
@@ -281,9 +313,9 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = ()):
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise OutputError(f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one") from None
-    with _output_lock(target):
+    with _output_lock(target) as lock_path:
         check_output(target, force=force, protect=protect)  # again, now that no other run can write it
-        _remove_stale_staging(target.parent, target.name)
+        _remove_stale_staging(target.parent, keep=lock_path)
         try:
             staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{_STAGING}{os.getpid()}-", dir=target.parent))
         except OSError as err:

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import logging
+import re
 import stat
 from pathlib import Path
 
 import onnx
+from google.protobuf.json_format import ParseError
 from google.protobuf.message import DecodeError
 
 from gpt2onnx.errors import BadInput, ContractError
@@ -50,12 +52,25 @@ def load_graph(path: Path) -> onnx.ModelProto:
     path = Path(path)
     _check_regular_file(path)
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError, OSError, UnicodeDecodeError) as err:
+        # format="protobuf": onnx would otherwise pick a parser from the extension (a .json file as JSON text).
+        model = onnx.load(str(path), format="protobuf", load_external_data=False)
+    except (DecodeError, ParseError, RuntimeError, ValueError, OSError, UnicodeDecodeError) as err:
         raise ContractError(f"'{path}' is not an ONNX model ({type(err).__name__}); give a .onnx file or an exported folder") from None
     if not model.graph.node and not model.graph.input:
         raise ContractError(f"'{path}' is not an ONNX model (it holds no graph); give a .onnx file or an exported folder")
     return model
+
+
+_POSITION_TABLE = re.compile(r"^(?:transformer\.)?wpe(?:\.weight)?$")
+
+
+def position_table_rows(model: onnx.ModelProto) -> int | None:
+    """Rows of the graph's learned position table (wpe): the most positions the graph can embed.
+    None when the graph has no initializer by that name (a renamed or folded table)."""
+    for init in model.graph.initializer:
+        if _POSITION_TABLE.match(init.name) and len(init.dims) == 2:
+            return int(init.dims[0])
+    return None
 
 
 def external_data_files(model: onnx.ModelProto) -> list[str]:

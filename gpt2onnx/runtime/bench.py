@@ -138,7 +138,7 @@ def parse_batches(value: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in value.split(","))
     except ValueError:
-        raise BadInput(f"batch sizes '{value}' are not a comma-separated list of integers (e.g. 1,8)") from None
+        raise BadInput(f"batch sizes (--batch) '{value}' are not a comma-separated list of integers (e.g. 1,8)") from None
 
 
 def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
@@ -200,13 +200,13 @@ def check_plot_path(path) -> None:
     """Before minutes of measuring: matplotlib is there, the name is a PNG, the folder is writable."""
     from pathlib import Path
 
-    require_matplotlib()
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise BadInput(f"plot '{path}' must be a .png file: give a name ending in .png")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise BadInput(f"plot '{path}' cannot be written (the folder does not exist or is not writable): choose another path")
+    require_matplotlib()  # after the path: a bad path is bad input (exit 2) whether or not matplotlib is here
 
 
 def plot_decode_latency(runs: list[dict], path) -> None:
@@ -246,6 +246,7 @@ def bench_folder(
     model = open_folder(folder, verify_files=verify_files)
     config.check(model.n_positions)
     decoder = open_decoder(model, provider)
+    decoder.check_memory(max(config.batches), config.prompt_len, config.prompt_len + config.new_tokens, what="--batch")
     vocab = decoder.vocab_size or 50257
     runs = [bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress).as_dict() for batch in config.batches]
     for run in runs:

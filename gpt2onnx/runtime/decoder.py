@@ -15,8 +15,9 @@ import onnxruntime as ort
 
 from gpt2onnx.artifact.contract import ORT_DTYPES, DecoderShape, TensorSpec, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.artifact.graph import load_graph
-from gpt2onnx.errors import BadInput
+from gpt2onnx.artifact.graph import load_graph, position_table_rows
+from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.files import available_memory
 from gpt2onnx.runtime.providers import DEVICE_TYPES, TRT_DUMMY_PAST, ProviderConfig, create_session, session_provider
 
 
@@ -39,7 +40,15 @@ def file_shape(model_path: Path, n_positions: int) -> DecoderShape:
 def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     """A session on the provider (checked: no silent fallback), wrapped as a decoder."""
     # The contract comes from the file first: the TensorRT profile is built from its names and dims.
-    shape = file_shape(model.model_path, model.n_positions)
+    graph = load_graph(model.model_path)
+    rows = position_table_rows(graph)
+    if rows is not None and model.n_positions > rows:  # config.json edited: trust the graph, not the config
+        raise ContractError(
+            f"'{model.folder}/config.json' gives n_positions {model.n_positions}, but the graph's position table has"
+            f" {rows} rows: set n_positions to {rows} or less in config.json, or export the folder again"
+        )
+    shape = decoder_shape(*graph_io(graph), model.n_positions)
+    del graph
     session = create_session(model.model_path, provider.check(), shape=shape)
     return OnnxDecoder(session, n_positions=model.n_positions, device_id=provider.device_id)
 
@@ -74,6 +83,24 @@ class OnnxDecoder:
             raise BadInput(
                 f"prompt plus new tokens is {total_length} tokens, beyond the model's context of {self.n_positions}:"
                 " shorten the prompt or ask for fewer new tokens"
+            )
+
+    def run_bytes(self, batch: int, prompt_len: int, total_len: int) -> int:
+        """Host memory a run needs at its peak, roughly: the prompt step's logits (float32, every position)
+        and the key/value cache at full length twice (the past bound as input and the present coming out)."""
+        vocab = self.vocab_size or 50257
+        kv_bytes = np.dtype(self.kv_dtype).itemsize
+        logits = batch * prompt_len * vocab * 4
+        cache = 2 * 2 * self.n_layer * batch * self.n_head * total_len * self.head_dim * kv_bytes
+        return logits + cache
+
+    def check_memory(self, batch: int, prompt_len: int, total_len: int, *, what: str = "batch") -> None:
+        """Refuse, before anything is allocated, a run that would need more memory than this machine has."""
+        needed, available = self.run_bytes(batch, prompt_len, total_len), available_memory()
+        if available is not None and needed > available:
+            raise BadInput(
+                f"{what} {batch} × {total_len} tokens needs about {needed / 1e9:.1f} GB (logits and key/value cache),"
+                f" but this machine has {available / 1e9:.1f} GB available: use a smaller batch or shorter runs"
             )
 
     def empty_past(self, batch: int) -> list[np.ndarray]:

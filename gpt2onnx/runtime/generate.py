@@ -40,13 +40,13 @@ class Sampling:
             if ignored:
                 raise BadInput(f"{', '.join(ignored)} only apply when sampling: turn sampling on (--sample), or drop them")
         if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise BadInput(f"temperature must be a positive number, got {self.temperature}")
+            raise BadInput(f"temperature (--temperature) must be a positive number, got {self.temperature}")
         if self.top_k < 0:
-            raise BadInput(f"top_k must be 0 (off) or positive, got {self.top_k}")
+            raise BadInput(f"top_k (--top-k) must be 0 (off) or positive, got {self.top_k}")
         if not 0 < self.top_p <= 1:
-            raise BadInput(f"top_p must be in (0, 1], got {self.top_p}")
+            raise BadInput(f"top_p (--top-p) must be in (0, 1], got {self.top_p}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise BadInput(f"seed must be 0 to 2**63 - 1, got {self.seed}")
+            raise BadInput(f"seed (--seed) must be 0 to 2**63 - 1, got {self.seed}")
 
 
 @dataclass
@@ -180,6 +180,7 @@ def generate_text(
     input_ids, mask = encode_prompts(tokenizer, prompts) if prompts else parse_id_prompts(ids)
     shown = list(prompts) if prompts else [" ".join(map(str, row[m > 0])) for row, m in zip(input_ids, mask)]
     decoder = open_decoder(model, provider)
+    decoder.check_memory(input_ids.shape[0], input_ids.shape[1], input_ids.shape[1] + max_new_tokens, what="prompt batch")
     eos = eos_token_id(model.folder)
     stream = TextStream(tokenizer)
 

@@ -130,7 +130,7 @@ def validate_against_source(rewritten: Path, source: Path, *, precision: str, to
 def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Checkpoint:
     """The checkpoint the folder was exported from (from its manifest), or ``reference`` when given."""
     if reference is not None:
-        return load_checkpoint(reference)
+        return load_checkpoint(reference, option="--reference")
     source = (model.manifest or {}).get("source")
     if not isinstance(source, dict) or not source:
         raise BadInput(f"'{model.folder}' has no gpt2onnx.json manifest naming its source: give the reference checkpoint (--reference)")
