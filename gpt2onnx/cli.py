@@ -165,7 +165,7 @@ def export(
     validate: Annotated[bool, typer.Option(help="Check against PyTorch before writing.")] = True,
     tolerance: Annotated[Optional[float], typer.Option(help="Max |Δlogits| accepted \\[default: 1e-4 for fp32].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
-    fusion: Annotated[str, typer.Option(help="Fusion profile: none, ort, portable or tensorrt.")] = "none",
+    fusion: Annotated[str, typer.Option(help="Fusion profile: none, ort, ort-shared-kv (cpu only), portable or tensorrt.")] = "none",
     allow_partial_fusion: Annotated[
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
@@ -238,7 +238,7 @@ def _fusion_summary(report: dict) -> str:
 def optimize(
     source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
-    fusion: Annotated[str, typer.Option(help="Fusion profile: ort, portable or tensorrt ('none': precision only).")] = "ort",
+    fusion: Annotated[str, typer.Option(help="Fusion profile: ort, ort-shared-kv (cpu only), portable or tensorrt ('none': precision only).")] = "ort",
     allow_partial_fusion: Annotated[
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
