@@ -120,6 +120,10 @@ class OnnxDecoder:
         """The prompt step's past. ``capacity`` (prompt + new tokens) matters to SharedCacheDecoder only."""
         return [np.zeros((batch, self.n_head, self.dummy_past, self.head_dim), self.kv_dtype) for _ in self.past_names]
 
+    def past_of_length(self, batch: int, length: int, *, capacity: int | None = None) -> list[np.ndarray]:
+        """A zero-filled past of ``length`` tokens (for timing a step at that past without a prompt)."""
+        return [np.zeros((batch, self.n_head, length, self.head_dim), self.kv_dtype) for _ in self.past_names]
+
     def prompt_mask(self, attention_mask: np.ndarray) -> np.ndarray:
         """The prompt's mask, with the dummy past slots (masked out) in front where the provider needs them."""
         mask = attention_mask.astype(np.int64)
@@ -200,6 +204,10 @@ class SharedCacheDecoder(OnnxDecoder):
             binding.bind_ortvalue_output(present, value)
         self._binding = binding
         return self._values
+
+    def past_of_length(self, batch: int, length: int, *, capacity: int | None = None) -> list[ort.OrtValue]:
+        """Buffers whose first ``length`` columns stand for a past (zeros, or what the last sequence left)."""
+        return self.empty_past(batch, capacity or length + 1)
 
     def _run_once(self, input_ids, attention_mask, position_ids) -> np.ndarray:
         binding = self._binding
