@@ -196,6 +196,10 @@ def checkpoint(hf_folder):
 @pytest.mark.parametrize("profile", ["ort", "ort-shared-kv", "portable", "tensorrt"])
 def test_profile_end_to_end(checkpoint, tmp_path, profile):
     folder, ckpt, reference = checkpoint
+    if profile == "ort-shared-kv" and ckpt.spec.head_dim % 8:
+        with pytest.raises(Gpt2OnnxError, match="head size that is a multiple of 8"):  # GroupQueryAttention's limit
+            export(str(folder), tmp_path / profile, options=ExportOptions(fusion=profile))
+        return
     result = export(str(folder), tmp_path / profile, options=ExportOptions(fusion=profile))
     L = ckpt.spec.n_layer
     model = onnx.load(str(result.folder / "model.onnx"))

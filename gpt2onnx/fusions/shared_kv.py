@@ -21,7 +21,8 @@ attention_bias. (onnxruntime-genai's model builder uses ReduceSum(mask) − 1: r
 would write a left-padded row's new token at the wrong column.)
 
 The onnxruntime 1.31 kernels: the CPU provider runs it in fp32 and fp16; the CUDA provider has fp16/bf16 kernels
-only and rejects attention_bias, so a graph from this pass runs on the CPU provider only.
+only and rejects attention_bias, so a graph from this pass runs on the CPU provider only. The head size must be a
+multiple of 8 (GPT-2's is 64): the pass refuses other models.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ MS = "com.microsoft"
 MASK = "attention_mask"
 SEQLENS_K = "shared_kv/seqlens_k"
 TOTAL_LEN = "shared_kv/total_sequence_length"
+HEAD_DIM_MULTIPLE = 8  # onnxruntime's GroupQueryAttention: "head_size must be a multiple of 8"
 # MultiHeadAttention's input slots (com.microsoft, version 1)
 _Q, _K, _V, _BIAS, _KEY_PADDING_MASK, _ATTN_BIAS, _PAST_K, _PAST_V = range(8)
 
@@ -54,6 +56,27 @@ def _length_nodes() -> list[onnx.NodeProto]:
         helper.make_node("Sub", [TOTAL_LEN, "shared_kv/one"], ["shared_kv/last"], name="shared_kv/last"),
         helper.make_node("Expand", ["shared_kv/last", "shared_kv/batch"], [SEQLENS_K], name="shared_kv/seqlens_k"),
     ]
+
+
+def _past_shape_nodes(node: onnx.NodeProto, heads: int, head_dim: int, index: int) -> list[onnx.NodeProto]:
+    """A Shape read of a past input (optimum's graph takes the past length from it), computed from the contract
+    instead: [batch, heads, mask width − sequence length, head_dim]. With a shared buffer, the past input's own
+    length is the buffer's, not the past's."""
+    p = f"shared_kv/past_shape{index}/"
+    const = lambda name, value: helper.make_node("Constant", [], [p + name], value=numpy_helper.from_array(np.array([value], np.int64), p + name))  # noqa: E731
+    nodes = [
+        const("heads", heads),
+        const("head_dim", head_dim),
+        helper.make_node("Shape", ["input_ids"], [p + "batch"], start=0, end=1),
+        helper.make_node("Shape", ["input_ids"], [p + "sequence"], start=1, end=2),
+        helper.make_node("Sub", ["shared_kv/width", p + "sequence"], [p + "past"]),
+        helper.make_node("Concat", [p + "batch", p + "heads", p + "past", p + "head_dim"], [p + "shape"], axis=0),
+    ]
+    start, end = _attribute(node, "start", 0), _attribute(node, "end")
+    if start == 0 and end is None:
+        return nodes + [helper.make_node("Identity", [p + "shape"], list(node.output), name=node.name or None)]
+    nodes += [const("start", start), const("end", end if end is not None else 4)]
+    return nodes + [helper.make_node("Slice", [p + "shape", p + "start", p + "end"], list(node.output), name=node.name or None)]
 
 
 def _attribute(node: onnx.NodeProto, name: str, default=None):
@@ -94,15 +117,28 @@ def share_kv_cache(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     graph = model.graph
     if MASK not in {i.name for i in graph.input}:
         raise BadInput(f"the graph has no '{MASK}' input: a shared cache needs the mask")
+    pasts = {v.name: v for v in graph.input if v.name.startswith("past_key_values.")}
+    first = next(iter(pasts.values()))
+    heads, head_dim = (first.type.tensor_type.shape.dim[axis].dim_value for axis in (1, 3))
     nodes, replaced = [], 0
     for node in graph.node:
         if node.op_type == "MultiHeadAttention" and node.domain == MS:
             nodes.append(_as_group_query_attention(node))
             replaced += 1
+        elif node.op_type == "Shape" and node.input[0] in pasts and "input_ids" in {i.name for i in graph.input}:
+            nodes.extend(_past_shape_nodes(node, heads, head_dim, len(nodes)))
         else:
             nodes.append(node)
     if not replaced:
         return model, 0
+    readers = sorted({n.op_type for n in nodes if set(n.input) & set(pasts) and n.op_type != "GroupQueryAttention"})
+    if readers:
+        raise BadInput(f"the graph reads its past K/V outside attention ({', '.join(readers)}): it cannot share its cache")
+    if head_dim % HEAD_DIM_MULTIPLE:
+        raise BadInput(
+            f"a shared K/V cache needs a head size that is a multiple of {HEAD_DIM_MULTIPLE} (onnxruntime's"
+            f" GroupQueryAttention), this model's is {head_dim}: use --fusion ort"
+        )
     del graph.node[:]
     graph.node.extend(_length_nodes() + nodes)  # the length nodes read only a graph input
     for value in graph.input:
