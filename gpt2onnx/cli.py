@@ -165,7 +165,7 @@ def export(
     validate: Annotated[bool, typer.Option(help="Check against PyTorch before writing.")] = True,
     tolerance: Annotated[Optional[float], typer.Option(help="Max |Δlogits| accepted \\[default: 1e-4 for fp32].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
-    fusion: Annotated[str, typer.Option(help="Fusion profile: none, ort, portable or tensorrt.")] = "none",
+    fusion: Annotated[str, typer.Option(help="Fusion profile: none, ort, ort-shared-kv (cpu only), portable or tensorrt.")] = "none",
     allow_partial_fusion: Annotated[
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
@@ -238,7 +238,7 @@ def _fusion_summary(report: dict) -> str:
 def optimize(
     source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
-    fusion: Annotated[str, typer.Option(help="Fusion profile: ort, portable or tensorrt ('none': precision only).")] = "ort",
+    fusion: Annotated[str, typer.Option(help="Fusion profile: ort, ort-shared-kv (cpu only), portable or tensorrt ('none': precision only).")] = "ort",
     allow_partial_fusion: Annotated[
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
@@ -471,6 +471,9 @@ def bench(
     batch: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1,8",
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens per row.")] = 128,
     new_tokens: Annotated[int, typer.Option(help="Tokens generated per run (the prompt step gives the first).")] = 64,
+    past: Annotated[
+        Optional[str], typer.Option(help="Also time a decode step at these past lengths, comma-separated (up to the context; zero-filled cache, no prompt run).")
+    ] = None,
     warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 2,
     repeat: Annotated[int, typer.Option(help="Timed runs.")] = 5,
     baseline: Annotated[Optional[str], typer.Option(help="'torch': the same workload on PyTorch eager.")] = None,
@@ -496,7 +499,8 @@ def bench(
     folders = folders or [Path("models/gpt2")]
     config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
     bench_config = BenchConfig(
-        batches=parse_batches(batch), prompt_len=prompt_len, new_tokens=new_tokens, warmup=warmup, repeat=repeat
+        batches=parse_batches(batch), prompt_len=prompt_len, new_tokens=new_tokens, warmup=warmup, repeat=repeat,
+        pasts=parse_batches(past, what="past lengths (--past)") if past else (),
     ).check()
     engines = len(folders) + (1 if baseline == "torch" else 0)
     with Progress(console=err_console, transient=True) as progress:
@@ -517,6 +521,14 @@ def bench(
             f"{run['peak_host_bytes'] / 1e6:.0f}",
         )  # fmt: skip
     console.print(table)
+    if bench_config.pasts:
+        by_past = Table(title=f"decode step (ms, median of {repeat}) at past length")
+        for col in ("model", "batch", *map(str, bench_config.pasts)):
+            by_past.add_column(col, justify="left" if col == "model" else "right")
+        for run in result["runs"]:
+            if run.get("decode_ms_at_past"):
+                by_past.add_row(run["label"], str(run["batch"]), *(f"{ms:.2f}" for _, ms in run["decode_ms_at_past"]))
+        console.print(by_past)
     for folder, model in zip(folders, models):
         console.print(f"{folder.name}: {model['precision']}, {_size(model['model_bytes'])}", highlight=False)
     for run in result["runs"]:

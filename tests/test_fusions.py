@@ -21,7 +21,7 @@ from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.fusions import fuse, golden_counts
 from gpt2onnx.fusions import pipeline
 from gpt2onnx.reference import reference_model
-from gpt2onnx.runtime.decoder import OnnxDecoder
+from gpt2onnx.runtime.decoder import OnnxDecoder, SharedCacheDecoder, cpu_decoder
 from gpt2onnx.verify.lockstep import compare_decoder, greedy, left_padded_batch, reference_greedy
 from gpt2onnx.runtime.providers import cpu_session
 
@@ -193,9 +193,13 @@ def checkpoint(hf_folder):
     return hf_folder, ckpt, reference_model(ckpt)
 
 
-@pytest.mark.parametrize("profile", ["ort", "portable", "tensorrt"])
+@pytest.mark.parametrize("profile", ["ort", "ort-shared-kv", "portable", "tensorrt"])
 def test_profile_end_to_end(checkpoint, tmp_path, profile):
     folder, ckpt, reference = checkpoint
+    if profile == "ort-shared-kv" and ckpt.spec.head_dim % 8:
+        with pytest.raises(Gpt2OnnxError, match="head size that is a multiple of 8"):  # GroupQueryAttention's limit
+            export(str(folder), tmp_path / profile, options=ExportOptions(fusion=profile))
+        return
     result = export(str(folder), tmp_path / profile, options=ExportOptions(fusion=profile))
     L = ckpt.spec.n_layer
     model = onnx.load(str(result.folder / "model.onnx"))
@@ -205,6 +209,9 @@ def test_profile_end_to_end(checkpoint, tmp_path, profile):
     if profile == "ort":
         assert ops[("com.microsoft", "MultiHeadAttention")] == L and ops[("com.microsoft", "FastGelu")] == L
         assert ops[("", "LayerNormalization")] + ops[("com.microsoft", "SkipLayerNormalization")] == 2 * L + 1
+    elif profile == "ort-shared-kv":
+        assert ops[("com.microsoft", "GroupQueryAttention")] == L and not ops[("com.microsoft", "MultiHeadAttention")]
+        assert ops[("com.microsoft", "FastGelu")] == L
     else:
         assert not any(domain for domain, _ in ops), f"{profile} must stay in the standard domain"
         assert ops[("", "LayerNormalization")] == 2 * L + 1
@@ -212,7 +219,8 @@ def test_profile_end_to_end(checkpoint, tmp_path, profile):
             assert ops[("", "Gelu")] == L and {i.domain: i.version for i in model.opset_import}[""] == 20
     manifest = json.loads((result.folder / "gpt2onnx.json").read_text())
     assert manifest["fusion"]["profile"] == profile and not manifest["fusion"]["partial"]
-    decoder = OnnxDecoder(cpu_session(result.folder / "model.onnx"))
+    decoder = cpu_decoder(result.folder / "model.onnx", n_positions=ckpt.spec.n_positions)
+    assert isinstance(decoder, SharedCacheDecoder) == (profile == "ort-shared-kv")
     ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=4, length=9, seed=6)
     parity = compare_decoder(decoder, reference, ids, mask, decode_steps=4, tolerance=FP32_TOL)
     assert parity.passed, parity
@@ -238,14 +246,14 @@ def optimum_export(tmp_path_factory, tiny_folder):
     return out
 
 
-@pytest.mark.parametrize("profile", ["ort", "portable", "tensorrt"])
+@pytest.mark.parametrize("profile", ["ort", "ort-shared-kv", "portable", "tensorrt"])
 def test_optimize_an_optimum_export_reaches_the_same_counts(optimum_export, tiny_folder, tmp_path, profile):
     ours = export(str(tiny_folder), tmp_path / "ours", options=ExportOptions(fusion=profile)).manifest["fusion"]
     theirs = optimize(optimum_export, tmp_path / "optimized", fusion=profile)
     assert theirs["fusion"]["op_counts"] == ours["op_counts"]
     assert theirs["parity"]["passed"] and theirs["parity"]["against"] == "source ONNX model"
     ckpt = load_checkpoint(str(tiny_folder))
-    decoder = OnnxDecoder(cpu_session(tmp_path / "optimized" / "model.onnx"))
+    decoder = cpu_decoder(tmp_path / "optimized" / "model.onnx", n_positions=ckpt.spec.n_positions)
     ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=7, seed=9)
     assert compare_decoder(decoder, reference_model(ckpt), ids, mask, decode_steps=3, tolerance=FP32_TOL).passed
     assert (tmp_path / "optimized" / "config.json").is_file()

@@ -28,6 +28,11 @@ BATCH = "batch_size"
 SEQUENCE = "sequence_length"
 PAST = "past_sequence_length"
 TOTAL = "past_sequence_length + sequence_length"
+# A shared K/V cache (fusion profile ort-shared-kv): past and present are one preallocated buffer per layer, longer
+# than the mask, so the cache length is no longer past + sequence: the buffer dims get names of their own.
+PAST_BUFFER = "past_buffer_length"
+PRESENT_BUFFER = "present_buffer_length"
+MASK_WIDTH = "total_sequence_length"
 
 # ONNX element types by number, and ONNX Runtime's type strings, as numpy dtype names.
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64", 16: "bfloat16"}
@@ -92,6 +97,17 @@ def decoder_io(
         TensorSpec("logits", logits_dtype, (BATCH, logits_len, spec.vocab_size)),
         *(kv(name, TOTAL) for name in present_names(spec.n_layer)),
     )
+    return IOSpec(inputs, outputs)
+
+
+def shared_cache_io(io: IOSpec) -> IOSpec:
+    """The contract of a shared-cache graph: the same names and dtypes, the cache and mask dims renamed."""
+    rename = lambda t, axis, dim: TensorSpec(t.name, t.dtype, tuple(dim if i == axis else d for i, d in enumerate(t.dims)))  # noqa: E731
+    inputs = tuple(
+        rename(t, 2, PAST_BUFFER) if _PAST.match(t.name) else rename(t, 1, MASK_WIDTH) if t.name == "attention_mask" else t
+        for t in io.inputs
+    )
+    outputs = tuple(rename(t, 2, PRESENT_BUFFER) if t.name.startswith("present.") else t for t in io.outputs)
     return IOSpec(inputs, outputs)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from gpt2onnx.artifact.contract import block_io, check_graph_io, decoder_io
+from gpt2onnx.artifact.contract import block_io, check_graph_io, decoder_io, shared_cache_io
 from gpt2onnx.artifact.folder import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, copy_regular_file, check_output, staged_folder, write_manifest
 from gpt2onnx.artifact.graph import graph_summary, save_onnx
 from gpt2onnx.artifact.report import CheckReport
@@ -169,6 +169,9 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
     if dtype == "float16":
         logits_dtype = "float32" if "logits" in parse_keep_fp32(options.keep_fp32) else "float16"
         io = decoder_io(spec, last_logits_only=options.logits == "last", dtype=dtype, logits_dtype=logits_dtype)
+    if reports["kv_cache"] == "shared":
+        io = shared_cache_io(io)
+    if dtype == "float16" or reports["kv_cache"] == "shared":
         check_graph_io(proto, io)
     start = time.perf_counter()
     model_files = save_onnx(proto, folder / MODEL_FILE, external_data=options.external_data)

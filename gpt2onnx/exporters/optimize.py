@@ -93,7 +93,7 @@ def optimize(
             "optimized_from": str(model_path.resolve()),
             "architecture": previous.get("architecture"),
             "dtype": dtype if dtype == "float16" else previous.get("dtype", "float32"),
-            "io": None if dtype == "float16" else previous.get("io"),
+            "io": None if dtype == "float16" else _io_record(previous.get("io"), reports["kv_cache"]),
             **facts,
             "options": {**previous.get("options", {}), "fusion": fusion, "allow_partial_fusion": allow_partial, "external_data": len(files) > 1},
             **reports,
@@ -101,3 +101,13 @@ def optimize(
             "timings": timings,
         }
         return write_manifest(folder, manifest)
+
+
+def _io_record(io: dict | None, kv_cache: str) -> dict | None:
+    """The source's IO record, with the shared cache's dim names when the new graph shares its cache."""
+    if io is None or kv_cache != "shared":
+        return io
+    from gpt2onnx.artifact.contract import IOSpec, TensorSpec, shared_cache_io
+
+    as_specs = lambda items: tuple(TensorSpec(t["name"], t["dtype"], tuple(t["dims"])) for t in items)  # noqa: E731
+    return shared_cache_io(IOSpec(as_specs(io["inputs"]), as_specs(io["outputs"]))).as_dict()

@@ -38,8 +38,8 @@ class GraphPasses:
         return method if method != "none" else check_dtype(self.dtype)
 
     def apply(self, model: onnx.ModelProto, timings: dict[str, float]) -> tuple[onnx.ModelProto, dict]:
-        """Run the passes; returns the model and the manifest's reports (fusion, fp16, quantization)."""
-        reports: dict = {"fusion": None, "fp16": None, "quantization": None}
+        """Run the passes; returns the model and the manifest's reports (fusion, fp16, quantization, kv_cache)."""
+        reports: dict = {"fusion": None, "fp16": None, "quantization": None, "kv_cache": None}
         if self.fusion != "none":
             from gpt2onnx.fusions import fuse
 
@@ -59,4 +59,8 @@ class GraphPasses:
             start = time.perf_counter()
             model, reports["quantization"] = quantize(model, self.quantization)
             timings["quantize_seconds"] = time.perf_counter() - start
+        # "shared": past and present may be one preallocated buffer (GroupQueryAttention, the ort-shared-kv
+        # profile); deployment targets read it (genai: past_present_share_buffer). "concat": present = past + new.
+        shared = any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+        reports["kv_cache"] = "shared" if shared else "concat"
         return model, reports

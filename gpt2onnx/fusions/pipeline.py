@@ -4,11 +4,16 @@
 |----------|-----------------------------------------------------|-------------------------------------------------|---------------------------------------------|
 | none     |                                                     |                                                 |                                             |
 | ort      | layer_norm, attention, gelu, skip_layer_norm        | MultiHeadAttention, FastGelu, SkipLayerNorm (ms) | L attention, L GELU, 2L + 1 LayerNorm-type  |
+| ort-shared-kv | ort's, then shared_kv                          | GroupQueryAttention, FastGelu, SkipLayerNorm (ms) | L GroupQueryAttention, no MultiHeadAttention, L GELU, 2L + 1 LayerNorm-type |
 | portable | layer_norm, gelu (standard Gelu, opset 20)          | LayerNormalization, Gelu                        | 2L + 1 LayerNormalization, L Gelu           |
 | tensorrt | layer_norm                                          | LayerNormalization (opset 17)                   | 2L + 1 LayerNormalization                   |
 
 The tensorrt profile stays in the standard domain (TensorRT's parser takes no com.microsoft op) and below
 opset 20; TensorRT fuses GELU and attention itself, and 10.16 rejects an opset-23 Attention with present K/V.
+
+ort-shared-kv is ort with its MultiHeadAttention nodes rewritten into GroupQueryAttention (shared_kv.py), whose
+past and present can be one preallocated buffer per layer, written in place (the runtime's SharedCacheDecoder).
+onnxruntime runs it on the CPU provider only (CUDA's GroupQueryAttention has no fp32 kernel and no attention_bias).
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ from gpt2onnx.fusions.attention import attention_div_rule, attention_split_scale
 from gpt2onnx.fusions.gelu import fast_gelu_rule, fast_gelu_with_bias_rule, standard_gelu_rule
 from gpt2onnx.fusions.layer_norm import layer_norm_rule
 from gpt2onnx.fusions.shape_anchoring import anchor_shapes
+from gpt2onnx.fusions.shared_kv import share_kv_cache
 from gpt2onnx.fusions.skip_layer_norm import skip_layer_norm_rule, skip_layer_norm_with_bias_rule
 
 log = logging.getLogger(__name__)
 
-PROFILES = ("none", "ort", "portable", "tensorrt")
+PROFILES = ("none", "ort", "ort-shared-kv", "portable", "tensorrt")
+# Profiles whose graph holds com.microsoft ops (a model fused with one of them can be fused again with another).
+CONTRIB_PROFILES = ("ort", "ort-shared-kv")
 MS = "com.microsoft"
 
 
@@ -51,23 +59,32 @@ STANDARD_GELU = Fusion("gelu", (standard_gelu_rule,), (("", "Gelu"),))
 SKIP_LAYER_NORM = Fusion(
     "skip_layer_norm", (skip_layer_norm_with_bias_rule, skip_layer_norm_rule), ((MS, "SkipLayerNormalization"),)
 )
+# Not a pattern rule: a rewrite of every MultiHeadAttention node at once, after the rules (fuse() runs it).
+SHARED_KV = Fusion("shared_kv", (), ((MS, "GroupQueryAttention"),))
 
 PROFILE_FUSIONS: dict[str, tuple[Fusion, ...]] = {
     "none": (),
     "ort": (LAYER_NORM, ATTENTION, FAST_GELU, SKIP_LAYER_NORM),
+    "ort-shared-kv": (LAYER_NORM, ATTENTION, FAST_GELU, SKIP_LAYER_NORM, SHARED_KV),
     "portable": (LAYER_NORM, STANDARD_GELU),
     "tensorrt": (LAYER_NORM,),
 }
-MIN_OPSET = {"none": 0, "ort": 17, "portable": 20, "tensorrt": 17}
+MIN_OPSET = {"none": 0, "ort": 17, "ort-shared-kv": 17, "portable": 20, "tensorrt": 17}
 
 
 def golden_counts(profile: str, n_layer: int) -> dict[str, tuple[tuple[tuple[str, str], ...], int]]:
-    """What a whole fusion must reach: {check name: ((domain, op), ...), expected count}."""
+    """What a whole fusion must reach: {check name: ((domain, op), ...), expected count}. (ort-shared-kv also
+    leaves no MultiHeadAttention: fuse() rewrites every one.)"""
     L = n_layer
     layer_norms = (("", "LayerNormalization"), (MS, "SkipLayerNormalization"))
     return {
         "none": {},
         "ort": {"attention": (((MS, "MultiHeadAttention"),), L), "gelu": (((MS, "FastGelu"),), L), "layer_norm": (layer_norms, 2 * L + 1)},
+        "ort-shared-kv": {
+            "shared_kv": (((MS, "GroupQueryAttention"),), L),
+            "gelu": (((MS, "FastGelu"),), L),
+            "layer_norm": (layer_norms, 2 * L + 1),
+        },
         "portable": {"layer_norm": ((("", "LayerNormalization"),), 2 * L + 1), "gelu": ((("", "Gelu"),), L)},
         "tensorrt": {"layer_norm": ((("", "LayerNormalization"),), 2 * L + 1)},
     }[profile]
@@ -137,7 +154,9 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
     if profile == "none":
         return model, FusionReport(profile, {}, {}, {})
     contrib = sorted({n.op_type for n in model.graph.node if n.domain == MS})
-    if contrib and profile != "ort":
+    if "GroupQueryAttention" in contrib:
+        raise BadInput("the model already has a shared K/V cache (GroupQueryAttention): start from the unfused or ort export")
+    if contrib and profile not in CONTRIB_PROFILES:
         raise BadInput(
             f"the model already holds com.microsoft ops ({', '.join(contrib)}) from the ort profile, which the"
             f" {profile} profile cannot contain: start from the unfused export"
@@ -153,10 +172,17 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
     onnxscript.optimizer.fold_constants(graph, input_size_limit=1024, output_size_limit=1024)
     applied = {}
     for fusion in PROFILE_FUSIONS[profile]:
+        if fusion is SHARED_KV:
+            continue  # on the proto, after the rules
         count = pattern.RewriteRuleSet(list(fusion.rules), commute=True).apply_to_model(graph)
         applied[fusion.name] = applied.get(fusion.name, 0) + count
         log.info("fusion %s: %d rewrites", fusion.name, count)
     onnxscript.optimizer.remove_unused_nodes(graph)
+    if SHARED_KV in PROFILE_FUSIONS[profile]:
+        proto = ir.to_proto(graph)
+        proto, applied[SHARED_KV.name] = share_kv_cache(proto)
+        log.info("fusion %s: %d rewrites", SHARED_KV.name, applied[SHARED_KV.name])
+        graph = ir.from_proto(proto)
     histogram = _op_histogram(graph)
     golden, partial = {}, []
     for check, (ops, expected) in golden_counts(profile, n_layer).items():
@@ -164,10 +190,9 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
         golden[check] = {"expected": expected, "found": found, "ops": ["::".join(filter(None, op)) for op in ops]}
         if found < expected:
             fusion = next(f for f in PROFILE_FUSIONS[profile] if f.name == check)
-            partial.append(
-                f"fusion '{check}' reached {found} of {expected} {'/'.join(op for _, op in ops)} ops:"
-                f" {_where_it_stopped(graph, fusion)}"
-            )
+            # shared_kv rewrites the attention fusion's nodes: where that one stopped is the reason
+            where = _where_it_stopped(graph, ATTENTION if fusion is SHARED_KV else fusion)
+            partial.append(f"fusion '{check}' reached {found} of {expected} {'/'.join(op for _, op in ops)} ops: {where}")
     if partial and not allow_partial:
         raise CheckFailed(partial[0] + "; allow a partly fused graph (--allow-partial-fusion) to keep it")
     for message in partial:

@@ -3,6 +3,10 @@ tokens per second, peak memory; optionally the same workload on PyTorch eager in
 
 Every run is: a prompt of ``prompt_len`` random tokens per row (no padding), then ``new_tokens - 1`` decode
 steps fed with greedy tokens. Figures are medians (and p90/p99) over ``repeat`` runs after ``warmup`` runs.
+
+Decode latency against past length up to the context (``pasts``, `gpt2onnx bench --past 128,512,1000`): one
+decode step timed at each past length on a zero-filled cache, without running a prompt of that length first
+(the values in the cache do not change the work a step does); ``warmup`` + ``repeat`` rounds per point.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class BenchConfig:
     warmup: int = 2
     repeat: int = 5
     seed: int = 0
+    pasts: tuple[int, ...] = ()  # past lengths at which one decode step is also timed (decode_at_past)
 
     def check(self, n_positions: int | None = None) -> "BenchConfig":
         if not self.batches or any(b < 1 for b in self.batches):
@@ -42,6 +47,15 @@ class BenchConfig:
             raise BadInput(
                 f"batch {max(self.batches)} × {self.prompt_len + self.new_tokens} tokens is more than {MAX_BATCH_TOKENS:,}"
                 " tokens at once: use a smaller batch or shorter runs"
+            )
+        if any(p < 1 for p in self.pasts):
+            raise BadInput(f"past lengths must be positive integers, got {','.join(map(str, self.pasts))}")
+        if self.pasts and max(self.batches) * (max(self.pasts) + 1) > MAX_BATCH_TOKENS:
+            raise BadInput(f"batch {max(self.batches)} × past {max(self.pasts)} is more than {MAX_BATCH_TOKENS:,} tokens: use a shorter past")
+        if n_positions and self.pasts and max(self.pasts) >= n_positions:
+            raise BadInput(
+                f"past length {max(self.pasts)} leaves no room for a decode step in the model's context of {n_positions}:"
+                f" give at most {n_positions - 1}"
             )
         if n_positions and self.prompt_len + self.new_tokens > n_positions:
             raise BadInput(
@@ -94,6 +108,7 @@ class RunStats:
     decode_tokens_per_s: float  # batch / median decode step
     peak_host_bytes: int
     peak_device_bytes: int | None = None
+    decode_ms_at_past: list[tuple[int, float]] = field(default_factory=list)  # (past, median ms): BenchConfig.pasts
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -133,12 +148,26 @@ def random_prompt(batch: int, length: int, vocab_size: int, seed: int) -> np.nda
     return np.random.default_rng(seed).integers(0, vocab_size, size=(batch, length), dtype=np.int64)
 
 
-def parse_batches(value: str) -> tuple[int, ...]:
+def parse_batches(value: str, *, what: str = "batch sizes (--batch)") -> tuple[int, ...]:
     """'1,8' → (1, 8); refuses empty items ('1,,8') and anything that is not an integer."""
     try:
         return tuple(int(v) for v in value.split(","))
     except ValueError:
-        raise BadInput(f"batch sizes (--batch) '{value}' are not a comma-separated list of integers (e.g. 1,8)") from None
+        raise BadInput(f"{what} '{value}' are not a comma-separated list of integers (e.g. 1,8)") from None
+
+
+def decode_step_at_past(decoder, batch: int, past: int, *, vocab_size: int, seed: int = 0) -> float:
+    """Seconds of one decode step at ``past`` tokens of cache (zeros, no prompt step): a fresh cache of
+    past - 1, one untimed step (so both steppers start from their own outputs), then the timed step."""
+    rng = np.random.default_rng(seed)
+    ids = lambda: rng.integers(0, vocab_size, size=(batch, 1), dtype=np.int64)  # noqa: E731
+    cache = decoder.past_of_length(batch, past - 1, capacity=past + 1)
+    mask = np.ones((batch, past), np.int64)
+    _, cache = decoder.run(ids(), mask, np.full((batch, 1), past - 1, np.int64), cache)
+    mask = np.ones((batch, past + 1), np.int64)
+    start = time.perf_counter()
+    decoder.run(ids(), mask, np.full((batch, 1), past, np.int64), cache)
+    return time.perf_counter() - start
 
 
 def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
@@ -155,7 +184,12 @@ def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, pro
     device_peak = None
     if device_before is not None:
         device_peak = max(0, (_device_used(decoder.device, decoder.device_id) or 0) - device_before)
-    return summarize_runs("onnxruntime", batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
+    stats = summarize_runs("onnxruntime", batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
+    for past in config.pasts:
+        times = [decode_step_at_past(decoder, batch, past, vocab_size=vocab_size, seed=config.seed + i)
+                 for i in range(config.warmup + config.repeat)][config.warmup :]  # fmt: skip
+        stats.decode_ms_at_past.append((past, float(np.median(times)) * 1e3))
+    return stats
 
 
 def _device_used(device: str, device_id: int) -> int | None:

@@ -4,6 +4,12 @@ Input and output names are read from the graph, so any folder that follows the I
 optimum's. Steps run through IO binding: the presents stay where the provider put them (on the GPU for cuda
 and tensorrt) and are bound as the next step's past without a copy; only the last position's logits come
 back to the host.
+
+Two steppers, chosen from the graph by :func:`open_decoder`:
+- :class:`OnnxDecoder`: present = past + the new K/V, a new tensor every step (every profile but ort-shared-kv);
+- :class:`SharedCacheDecoder`: a graph with GroupQueryAttention (profile ort-shared-kv): one K/V buffer per
+  layer, allocated once for the whole sequence (prompt + new tokens) and bound as both past and present, so
+  the kernel writes each step's K/V in place and nothing is copied between steps.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import onnxruntime as ort
 from gpt2onnx.artifact.contract import ORT_DTYPES, DecoderShape, TensorSpec, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.artifact.graph import load_graph, position_table_rows
-from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 from gpt2onnx.files import available_memory
 from gpt2onnx.runtime.providers import DEVICE_TYPES, TRT_DUMMY_PAST, ProviderConfig, create_session, session_provider
 
@@ -37,8 +43,33 @@ def file_shape(model_path: Path, n_positions: int) -> DecoderShape:
     return decoder_shape(*graph_io(load_graph(model_path)), n_positions)
 
 
+SHARED_CACHE_OP = "GroupQueryAttention"
+
+
+def shares_cache(model_path: Path, manifest: dict | None = None) -> bool:
+    """Whether the graph's past and present can share one buffer (GroupQueryAttention): the manifest's
+    kv_cache record when it has one, else the graph itself (read without its weights)."""
+    recorded = (manifest or {}).get("kv_cache")
+    if recorded in ("shared", "concat"):
+        return recorded == "shared"
+    return any(node.op_type == SHARED_CACHE_OP for node in load_graph(model_path).graph.node)
+
+
+def check_shared_cache_provider(provider: str) -> None:
+    if provider != "cpu":
+        raise RuntimeUnavailable(
+            f"this model shares its K/V cache (GroupQueryAttention, fusion ort-shared-kv), which runs on the cpu provider"
+            f" only: onnxruntime's {provider} GroupQueryAttention has no fp32 kernel and no attention_bias input;"
+            " use --provider cpu, or a model exported with --fusion ort"
+        )
+
+
 def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
-    """A session on the provider (checked: no silent fallback), wrapped as a decoder."""
+    """A session on the provider (checked: no silent fallback), wrapped as the decoder its graph needs."""
+    provider = provider.check()
+    shared = shares_cache(model.model_path, model.manifest)
+    if shared:
+        check_shared_cache_provider(provider.name)
     # The contract comes from the file first: the TensorRT profile is built from its names and dims.
     graph = load_graph(model.model_path)
     rows = position_table_rows(graph)
@@ -49,8 +80,17 @@ def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
         )
     shape = decoder_shape(*graph_io(graph), model.n_positions)
     del graph
-    session = create_session(model.model_path, provider.check(), shape=shape)
-    return OnnxDecoder(session, n_positions=model.n_positions, device_id=provider.device_id)
+    session = create_session(model.model_path, provider, shape=shape)
+    kind = SharedCacheDecoder if shared else OnnxDecoder
+    return kind(session, n_positions=model.n_positions, device_id=provider.device_id)
+
+
+def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDecoder":
+    """A decoder on the cpu provider for a bare model file (the checks export and optimize run before writing)."""
+    from gpt2onnx.runtime.providers import cpu_session
+
+    kind = SharedCacheDecoder if shares_cache(Path(model_path)) else OnnxDecoder
+    return kind(cpu_session(model_path), n_positions=n_positions)
 
 
 class OnnxDecoder:
@@ -103,8 +143,13 @@ class OnnxDecoder:
                 f" but this machine has {available / 1e9:.1f} GB available: use a smaller batch or shorter runs"
             )
 
-    def empty_past(self, batch: int) -> list[np.ndarray]:
+    def empty_past(self, batch: int, capacity: int | None = None) -> list[np.ndarray]:
+        """The prompt step's past. ``capacity`` (prompt + new tokens) matters to SharedCacheDecoder only."""
         return [np.zeros((batch, self.n_head, self.dummy_past, self.head_dim), self.kv_dtype) for _ in self.past_names]
+
+    def past_of_length(self, batch: int, length: int, *, capacity: int | None = None) -> list[np.ndarray]:
+        """A zero-filled past of ``length`` tokens (for timing a step at that past without a prompt)."""
+        return [np.zeros((batch, self.n_head, length, self.head_dim), self.kv_dtype) for _ in self.past_names]
 
     def prompt_mask(self, attention_mask: np.ndarray) -> np.ndarray:
         """The prompt's mask, with the dummy past slots (masked out) in front where the provider needs them."""
@@ -139,3 +184,88 @@ class OnnxDecoder:
         """One step with everything on the host: (all logits, presents as numpy arrays)."""
         logits, presents = self.run(input_ids, attention_mask, position_ids, past, last_logits_only=False)
         return logits, [p.numpy() for p in presents]
+
+
+class SharedCacheDecoder(OnnxDecoder):
+    """The stepper of a GroupQueryAttention graph (fusion ort-shared-kv): past and present share one buffer.
+
+    ``empty_past(batch, capacity)`` allocates, once per sequence, one zeroed [batch, n_head, capacity, head_dim]
+    buffer per layer K and V (capacity: prompt + new tokens; the model's context when not given) and binds
+    each as both past_key_values.{i}.* and present.{i}.*. Every step writes the new K/V at the columns the mask
+    adds (buffer column j holds mask column j, so left padding works as in the contract) and reads the columns
+    before the mask's width; nothing is copied between steps. The ``past`` that run() takes and returns is a
+    token standing for the bound buffers.
+
+    onnxruntime's kernel takes a multi-token step on a non-empty past at batch 1 only: such a step at batch > 1
+    (a prompt continued in chunks) runs token by token, with the same result.
+    """
+
+    def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
+        super().__init__(session, n_positions=n_positions, device_id=device_id)
+        check_shared_cache_provider(self.provider)
+        logits = next(o for o in session.get_outputs() if o.name == "logits")
+        self.last_logits_graph = len(logits.shape) == 3 and logits.shape[1] == 1
+        self.capacity = 0
+        self.batch = 0
+        self._buffers: list[np.ndarray] = []
+        self._values: list[ort.OrtValue] = []
+        self._binding = None
+
+    def empty_past(self, batch: int, capacity: int | None = None) -> list[ort.OrtValue]:
+        """(Re)allocate the buffers for ``batch`` rows of ``capacity`` tokens and bind them as past and present.
+        Old contents need no clearing: a prompt writes columns [0, T), and no step reads beyond its mask."""
+        capacity = capacity or self.n_positions
+        if not capacity:
+            raise BadInput("a shared K/V cache needs its length: give the total tokens (prompt + new tokens)")
+        if (batch, capacity) != (self.batch, self.capacity):
+            self._values, self._buffers = [], []  # free the old buffers before allocating the new ones
+            shape = (batch, self.n_head, capacity, self.head_dim)
+            # numpy owns the memory; the OrtValues are views of it on the cpu, kept alive together
+            self._buffers = [np.zeros(shape, self.kv_dtype) for _ in self.past_names]
+            self._values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self._buffers]
+            self.batch, self.capacity = batch, capacity
+        binding = self.session.io_binding()
+        binding.bind_output("logits", "cpu")  # bound first: get_outputs()[0]; binding it again keeps its slot
+        for past, present, value in zip(self.past_names, self.present_names, self._values):
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)
+        self._binding = binding
+        return self._values
+
+    def past_of_length(self, batch: int, length: int, *, capacity: int | None = None) -> list[ort.OrtValue]:
+        """Buffers whose first ``length`` columns stand for a past (zeros, or what the last sequence left)."""
+        return self.empty_past(batch, capacity or length + 1)
+
+    def _run_once(self, input_ids, attention_mask, position_ids) -> np.ndarray:
+        binding = self._binding
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=np.int64))
+        if self.uses_position_ids:
+            binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64))
+        binding.bind_output("logits", "cpu")  # re-bound every step: after a run the binding holds the last array
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()
+
+    def run(self, input_ids, attention_mask, position_ids, past=None, *, last_logits_only: bool = True):
+        """One step on the bound buffers (``past`` must be what empty_past returned). Returns (logits as numpy:
+        last position only unless asked otherwise, the buffers' token)."""
+        batch, total = attention_mask.shape
+        length = input_ids.shape[1]
+        if self._binding is None or batch != self.batch:
+            raise BadInput("start each sequence with empty_past(batch, capacity): no buffer is bound for this batch")
+        if total > self.capacity:
+            raise BadInput(f"{total} tokens do not fit the K/V buffer of {self.capacity}: give the total length to empty_past")
+        if length > 1 and total > length and batch > 1:  # the kernel's limit: chunk on a past at batch 1 only
+            steps = [self._run_once(input_ids[:, i : i + 1], attention_mask[:, : total - length + i + 1], position_ids[:, i : i + 1])
+                     for i in range(length)]  # fmt: skip
+            logits = steps[-1] if self.last_logits_graph else np.concatenate(steps, axis=1)
+        else:
+            logits = self._run_once(input_ids, attention_mask, position_ids)
+        return (logits[:, -1:] if last_logits_only else logits), self._values
+
+    def step(self, input_ids, attention_mask, position_ids, past=None):
+        """One step with everything on the host: (all logits, copies of the cache's first T columns, T = the
+        mask's width: what present holds in the contract)."""
+        logits, _ = self.run(input_ids, attention_mask, position_ids, past, last_logits_only=False)
+        total = attention_mask.shape[1]
+        return logits, [buffer[:, :, :total].copy() for buffer in self._buffers]

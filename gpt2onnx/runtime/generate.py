@@ -112,7 +112,8 @@ def generate(
     finished = np.zeros(batch, dtype=bool)
     tokens, seconds = [], []
     start = time.perf_counter()
-    logits, past = decoder.run(input_ids, full_mask, positions, decoder.empty_past(batch))
+    past = decoder.empty_past(batch, capacity=full_mask.shape[1] + max_new_tokens)
+    logits, past = decoder.run(input_ids, full_mask, positions, past)
     seconds.append(time.perf_counter() - start)
     for step in range(max_new_tokens):
         ids = next_tokens(logits[:, -1], sampling, rng)

@@ -138,7 +138,7 @@ def _lockstep(decoder: OnnxDecoder, reference, ids: np.ndarray, mask: np.ndarray
     """Run the ONNX chain and the reference side by side: the prompt in ``chunks`` (the first with an empty
     past, later ones on the past the earlier built), then ``decode_steps`` steps fed with the reference's greedy
     tokens. Yields a _Step after every forward pass."""
-    past, ref_past = decoder.empty_past(ids.shape[0]), None
+    past, ref_past = decoder.empty_past(ids.shape[0], capacity=decoder.dummy_past + ids.shape[1] + decode_steps), None
 
     def both(step_ids, step_mask, positions):
         nonlocal past, ref_past

@@ -16,7 +16,7 @@ from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.errors import BadInput
 from gpt2onnx.reference import reference_model
-from gpt2onnx.runtime.decoder import OnnxDecoder, open_decoder
+from gpt2onnx.runtime.decoder import OnnxDecoder, cpu_decoder, open_decoder
 from gpt2onnx.runtime.providers import ProviderConfig, cpu_session
 from gpt2onnx.verify.gates import TOLERANCES, apply_gates, tolerances_for
 from gpt2onnx.verify.lockstep import (
@@ -75,14 +75,14 @@ def precision_gates(
             against=against,
         )  # fmt: skip
 
-    checked = check(decoder or OnnxDecoder(cpu_session(model_path)))
+    checked = check(decoder or cpu_decoder(model_path))
     if precision != "float16":
         return checked
     from gpt2onnx.verify.fp16_emulation import write_emulated_fp16
 
     with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
         emulated_path = write_emulated_fp16(Path(model_path), Path(tmp) / "emulated.onnx")
-        emulated = check(OnnxDecoder(cpu_session(emulated_path)))
+        emulated = check(cpu_decoder(emulated_path))
     checked.fp16_emulated = emulated
     checked.failures += [f"fp16 arithmetic as on a GPU: {f}" for f in emulated.failures]
     return checked
@@ -103,11 +103,10 @@ def validate_export(path: Path, ckpt: Checkpoint, *, precision: str, block: int 
         )  # fmt: skip
     tolerance = tolerances_for("float32", {"logits": tolerance} if tolerance is not None else gates)["logits"]
     log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)
-    session = cpu_session(path)
     if block is not None:
-        report = compare_block(session, reference, block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
+        report = compare_block(cpu_session(path), reference, block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
     else:
-        report = compare_decoder(OnnxDecoder(session), reference, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
+        report = compare_decoder(cpu_decoder(path), reference, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
     log.info("%s", report.summary())
     return report
 
@@ -115,12 +114,13 @@ def validate_export(path: Path, ckpt: Checkpoint, *, precision: str, block: int 
 def validate_against_source(rewritten: Path, source: Path, *, precision: str, tolerance: float, gates) -> CheckReport:
     """A rewritten graph (fused, fp16, quantized) against the graph it came from: fp32 on a left-padded batch
     with an empty past and decode steps; reduced precisions through their gates on a few randomized cases."""
-    fused = OnnxDecoder(cpu_session(rewritten))
-    reference = OnnxReference(OnnxDecoder(cpu_session(source)))
+    n_positions = read_n_positions(rewritten.parent)
+    fused = cpu_decoder(rewritten, n_positions=n_positions)
+    reference = OnnxReference(cpu_decoder(source, n_positions=n_positions))
     vocab = fused.vocab_size or 1000
     if precision != "float32":
         return precision_gates(
-            rewritten, reference, precision=precision, vocab_size=vocab, n_positions=read_n_positions(rewritten.parent),
+            rewritten, reference, precision=precision, vocab_size=vocab, n_positions=n_positions,
             gates=gates, decoder=fused, against=SOURCE_ONNX,
         )  # fmt: skip
     input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)
