@@ -283,7 +283,7 @@ def deploy(
         Optional[Path], typer.Option("--out", "-o", help="Write a new folder here \\[default: add the targets to FOLDER itself].")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out folder.")] = False,
-    triton_name: Annotated[Optional[str], typer.Option(help="Triton model name \\[default: the folder's name].")] = None,
+    triton_name: Annotated[Optional[str], typer.Option(help="Triton model name \\[default: the name of the folder written].")] = None,
     triton_device: Annotated[str, typer.Option(help="Triton instance group: cpu (KIND_CPU) or gpu (KIND_GPU).")] = "cpu",
     verify_files: VerifyFilesOpt = True,
 ) -> None:

@@ -73,8 +73,8 @@ def deploy(
             f"'{source}' has no {MANIFEST_NAME}: deploy a folder written by gpt2onnx export or optimize"
             " (an optimum folder: export the checkpoint with gpt2onnx)"
         )
-    name = triton.model_name(triton_name or source.resolve().name) if "triton" in targets else None
     target = Path(out) if out is not None else source
+    name = triton.model_name(triton_name or target.resolve().name) if "triton" in targets else None
     in_place = out is None or target.resolve() == source.resolve()
     if not in_place and (target.resolve().is_relative_to(source.resolve()) or source.resolve().is_relative_to(target.resolve())):
         raise BadInput(f"output folder '{target}' is inside '{source}' or holds it: choose a folder beside it")
