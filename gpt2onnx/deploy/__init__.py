@@ -66,6 +66,8 @@ def deploy(
     """Write the deployment ``targets`` for the exported decoder ``folder``, in place or into ``out``.
     Returns the new manifest; its "deploy" entry lists the targets and their files."""
     targets = parse_targets(targets)
+    if triton_device not in triton.KINDS:
+        raise BadInput(f"unknown Triton instance kind '{triton_device}': choose cpu or gpu")
     opened = open_folder(folder, verify_files=verify_files)  # refuses a single block, checks the sha256
     source = opened.folder
     if opened.manifest is None:
