@@ -5,6 +5,7 @@ the reason (and fails under CI=1, where the set-up must have run)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.deploy import deploy, parse_targets
-from gpt2onnx.errors import BadInput, ContractError, IntegrityError
+from gpt2onnx.errors import BadInput, ContractError
 
 ROOT = Path(__file__).resolve().parents[1]
 GENAI_PYTHON = ROOT / ".venv-genai" / "bin" / "python"
@@ -85,11 +86,19 @@ def int4_export(tiny_folder, tmp_path_factory):
     return export(str(tiny_folder), tmp_path_factory.mktemp("deploy-int4") / "tiny-int4", options=options).folder
 
 
-@pytest.fixture(scope="module", params=["fp32", "int4"])
-def deployed(request, tiny_export, int4_export, reference, tmp_path_factory):
+@pytest.fixture(scope="module")
+def int8_export(tiny_folder, tmp_path_factory):
+    from gpt2onnx.exporters.export import ExportOptions, export
+
+    options = ExportOptions(quantize="int8", validate=False)
+    return export(str(tiny_folder), tmp_path_factory.mktemp("deploy-int8") / "tiny-int8", options=options).folder
+
+
+@pytest.fixture(scope="module", params=["fp32", "int4", "int8"])
+def deployed(request, tiny_export, reference, tmp_path_factory):
     """The variant deployed to all three targets in a new folder, and what its runtime must reproduce:
-    PyTorch for fp32, onnxruntime on the same file for int4."""
-    source = tiny_export if request.param == "fp32" else int4_export
+    PyTorch for fp32, onnxruntime on the same file for int4 and int8."""
+    source = tiny_export if request.param == "fp32" else request.getfixturevalue(f"{request.param}_export")
     out = tmp_path_factory.mktemp("deployed") / f"tiny-{request.param}"
     manifest = deploy(source, "genai,transformers-js,triton", out=out)
     expected = reference if request.param == "fp32" else ort_greedy(source / "model.onnx")
@@ -117,14 +126,14 @@ def test_genai_generates_the_reference_tokens(deployed, tmp_path, request):
 def test_transformers_js_generates_the_reference_tokens(deployed, tmp_path, request):
     need(JS / "node_modules" / "@huggingface" / "transformers", "transformers.js (tests/js/node_modules)")
     out = tmp_path / "tjs.json"
-    dtype = {"fp32": "fp32", "int4": "q4"}[deployed["variant"]]
+    dtype = {"fp32": "fp32", "int4": "q4", "int8": "q8"}[deployed["variant"]]
     args = ["node", "greedy.mjs", str(deployed["folder"]), dtype, ",".join(map(str, PROMPT)), str(NEW), str(out)]
     proc = subprocess.run(args, cwd=JS, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     logits = np.array(result["logits"], np.float32).reshape(result["dims"])[0]
     expected = deployed["expected"]
-    if deployed["variant"] == "int4":  # one forward over the whole sequence, as transformers.js ran it
+    if deployed["variant"] != "fp32":  # one forward over the whole sequence, as transformers.js ran it
         sequence = PROMPT + expected["tokens"]
         expected = {"tokens": expected["tokens"], "logits": ort_forward(deployed["folder"] / "model.onnx", sequence[:-1])}
     delta = float(np.abs(logits - expected["logits"]).max())
@@ -178,9 +187,9 @@ def test_deploy_records_targets_and_keeps_the_plain_folder(deployed):
     assert set(manifest["deploy"]["targets"]) == {"genai", "transformers-js", "triton"}
     assert "genai_config.json" in manifest["files"] and "model.onnx" in manifest["files"]
     opened = open_folder(folder)  # the plain folder still opens, hashes and all
-    assert opened.precision == {"fp32": "float32", "int4": "int4"}[deployed["variant"]]
+    assert opened.precision == {"fp32": "float32", "int4": "int4", "int8": "int8"}[deployed["variant"]]
     config = json.loads((folder / "config.json").read_text())
-    assert config["transformers.js_config"]["dtype"] == {"fp32": "fp32", "int4": "q4"}[deployed["variant"]]
+    assert config["transformers.js_config"]["dtype"] == {"fp32": "fp32", "int4": "q4", "int8": "q8"}[deployed["variant"]]
     genai = json.loads((folder / "genai_config.json").read_text())
     assert genai["model"]["context_length"] == 128 and genai["model"]["decoder"]["head_size"] == 16
     assert genai["model"]["eos_token_id"] == 999 and genai["search"]["past_present_share_buffer"] is False
@@ -201,6 +210,23 @@ def test_deploy_in_place_with_external_data(tiny_folder, tmp_path):
     manifest = deploy(folder, "genai")  # again: only genai now, the others dropped
     assert set(manifest["deploy"]["targets"]) == {"genai"}
     assert not (folder / "onnx").exists() and "transformers.js_config" not in json.loads((folder / "config.json").read_text())
+
+
+def test_genai_config_token_ids_and_shared_cache(tiny_export, tmp_path):
+    from gpt2onnx.deploy.genai import genai_config, write_genai_config
+
+    folder = Path(shutil.copytree(tiny_export, tmp_path / "m"))
+    manifest = json.loads((folder / "gpt2onnx.json").read_text())
+    (folder / "gpt2onnx.json").write_text(json.dumps({**manifest, "kv_cache": "shared"}))
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "max_length": 50, "top_k": 7, "pad_token_id": 3}))
+    config = genai_config(folder)
+    assert config["search"]["past_present_share_buffer"] is True
+    assert (config["search"]["max_length"], config["search"]["top_k"], config["model"]["pad_token_id"]) == (50, 7, 3)
+    assert json.loads(write_genai_config(folder, tmp_path).read_text()) == config
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": 1000}))
+    with pytest.raises(ContractError, match="eos_token_id 1000 is outside the vocabulary"):
+        genai_config(folder)
 
 
 def test_deploy_refuses_what_it_cannot_deploy(tiny_folder, tiny_export, tmp_path):
