@@ -103,6 +103,9 @@ def deploy(
             "targets": written,
             "source": str(source),
             "precision": opened.precision,
+            # write_manifest records the versions and date of this run; keep those of the export
+            "source_versions": opened.manifest.get("versions"),
+            "source_created": opened.manifest.get("created"),
             **({"triton": {"name": name, "instance_kind": triton.KINDS[triton_device]}} if "triton" in targets else {}),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
