@@ -94,14 +94,26 @@ def int8_export(tiny_folder, tmp_path_factory):
     return export(str(tiny_folder), tmp_path_factory.mktemp("deploy-int8") / "tiny-int8", options=options).folder
 
 
-@pytest.fixture(scope="module", params=["fp32", "int4", "int8"])
+@pytest.fixture(scope="module")
+def ort_fused_export(tiny_export, tmp_path_factory):
+    """The fp32 export through gpt2onnx optimize (fusion profile ort: com.microsoft Attention and friends)."""
+    from gpt2onnx.exporters.optimize import optimize
+
+    out = tmp_path_factory.mktemp("deploy-ort") / "tiny-fp32-ort"
+    optimize(tiny_export, out, fusion="ort", validate=False)
+    return out
+
+
+@pytest.fixture(scope="module", params=["fp32", "fp32-ort", "int4", "int8"])
 def deployed(request, tiny_export, reference, tmp_path_factory):
     """The variant deployed to all three targets in a new folder, and what its runtime must reproduce:
-    PyTorch for fp32, onnxruntime on the same file for int4 and int8."""
-    source = tiny_export if request.param == "fp32" else request.getfixturevalue(f"{request.param}_export")
+    PyTorch for fp32 (exported, or optimized with the ort fusions), onnxruntime on the same file for int4
+    and int8."""
+    variants = {"fp32": lambda: tiny_export, "fp32-ort": lambda: request.getfixturevalue("ort_fused_export")}
+    source = variants.get(request.param, lambda: request.getfixturevalue(f"{request.param}_export"))()
     out = tmp_path_factory.mktemp("deployed") / f"tiny-{request.param}"
     manifest = deploy(source, "genai,transformers-js,triton", out=out)
-    expected = reference if request.param == "fp32" else ort_greedy(source / "model.onnx")
+    expected = reference if request.param.startswith("fp32") else ort_greedy(source / "model.onnx")
     return {"variant": request.param, "folder": out, "manifest": manifest, "expected": expected, "reference": reference}
 
 
@@ -116,32 +128,32 @@ def test_genai_generates_the_reference_tokens(deployed, tmp_path, request):
     delta = float(np.abs(result["logits"] - expected["logits"][: len(result["logits"])]).max())
     tokens = result["tokens"].tolist()
     record(request, runtime=f"onnxruntime-genai {result['version']}", variant=deployed["variant"],
-           against="PyTorch" if deployed["variant"] == "fp32" else "onnxruntime, same file",
+           against="PyTorch" if deployed["variant"].startswith("fp32") else "onnxruntime, same file",
            max_abs_delta_logits=delta, tokens_equal=tokens == expected["tokens"])  # fmt: skip
     assert result["logits"].shape == (len(PROMPT) + NEW - 1, 1000)
     assert tokens == expected["tokens"]
-    assert delta < (FP32_TOLERANCE if deployed["variant"] == "fp32" else SAME_FILE_TOLERANCE), delta
+    assert delta < (FP32_TOLERANCE if deployed["variant"].startswith("fp32") else SAME_FILE_TOLERANCE), delta
 
 
 def test_transformers_js_generates_the_reference_tokens(deployed, tmp_path, request):
     need(JS / "node_modules" / "@huggingface" / "transformers", "transformers.js (tests/js/node_modules)")
     out = tmp_path / "tjs.json"
-    dtype = {"fp32": "fp32", "int4": "q4", "int8": "q8"}[deployed["variant"]]
+    dtype = {"fp32": "fp32", "fp32-ort": "fp32", "int4": "q4", "int8": "q8"}[deployed["variant"]]
     args = ["node", "greedy.mjs", str(deployed["folder"]), dtype, ",".join(map(str, PROMPT)), str(NEW), str(out)]
     proc = subprocess.run(args, cwd=JS, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     logits = np.array(result["logits"], np.float32).reshape(result["dims"])[0]
     expected = deployed["expected"]
-    if deployed["variant"] != "fp32":  # one forward over the whole sequence, as transformers.js ran it
+    if not deployed["variant"].startswith("fp32"):  # one forward over the whole sequence, as transformers.js ran it
         sequence = PROMPT + expected["tokens"]
         expected = {"tokens": expected["tokens"], "logits": ort_forward(deployed["folder"] / "model.onnx", sequence[:-1])}
     delta = float(np.abs(logits - expected["logits"]).max())
     record(request, runtime=f"transformers.js {result['version']} (Node)", variant=deployed["variant"],
-           against="PyTorch" if deployed["variant"] == "fp32" else "onnxruntime, same file",
+           against="PyTorch" if deployed["variant"].startswith("fp32") else "onnxruntime, same file",
            max_abs_delta_logits=delta, tokens_equal=result["tokens"] == expected["tokens"])  # fmt: skip
     assert result["tokens"] == expected["tokens"]
-    assert delta < (FP32_TOLERANCE if deployed["variant"] == "fp32" else SAME_FILE_TOLERANCE), delta
+    assert delta < (FP32_TOLERANCE if deployed["variant"].startswith("fp32") else SAME_FILE_TOLERANCE), delta
 
 
 def ort_forward(model_path: Path, sequence: list[int]) -> np.ndarray:
@@ -187,9 +199,9 @@ def test_deploy_records_targets_and_keeps_the_plain_folder(deployed):
     assert set(manifest["deploy"]["targets"]) == {"genai", "transformers-js", "triton"}
     assert "genai_config.json" in manifest["files"] and "model.onnx" in manifest["files"]
     opened = open_folder(folder)  # the plain folder still opens, hashes and all
-    assert opened.precision == {"fp32": "float32", "int4": "int4", "int8": "int8"}[deployed["variant"]]
+    assert opened.precision == {"fp32": "float32", "fp32-ort": "float32", "int4": "int4", "int8": "int8"}[deployed["variant"]]
     config = json.loads((folder / "config.json").read_text())
-    assert config["transformers.js_config"]["dtype"] == {"fp32": "fp32", "int4": "q4", "int8": "q8"}[deployed["variant"]]
+    assert config["transformers.js_config"]["dtype"] == {"fp32": "fp32", "fp32-ort": "fp32", "int4": "q4", "int8": "q8"}[deployed["variant"]]
     genai = json.loads((folder / "genai_config.json").read_text())
     assert genai["model"]["context_length"] == 128 and genai["model"]["decoder"]["head_size"] == 16
     assert genai["model"]["eos_token_id"] == 999 and genai["search"]["past_present_share_buffer"] is False
