@@ -24,6 +24,7 @@ _HOMES = {
     "generate": ("gpt2onnx.runtime.generate", "generate_text"),
     "parity": ("gpt2onnx.verify.parity", "check_parity"),
     "bench": ("gpt2onnx.verify.bench", "benchmark"),
+    "deploy": ("gpt2onnx.deploy", "deploy"),
     # their options and results
     "ExportOptions": ("gpt2onnx.exporters.export", "ExportOptions"),
     "ExportResult": ("gpt2onnx.exporters.export", "ExportResult"),

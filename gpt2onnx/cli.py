@@ -273,6 +273,33 @@ def optimize(
     _print_check(manifest["parity"])
 
 
+@app.command()
+def deploy(
+    folder: Annotated[Path, typer.Argument(help="Exported decoder folder (gpt2onnx export or optimize, any precision).")],
+    target: Annotated[
+        str, typer.Option("--target", "-t", help="Comma-separated: genai, transformers-js, triton (see README 'Deploy').")
+    ],
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Write a new folder here \\[default: add the targets to FOLDER itself].")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out folder.")] = False,
+    triton_name: Annotated[Optional[str], typer.Option(help="Triton model name \\[default: the name of the folder written].")] = None,
+    triton_device: Annotated[str, typer.Option(help="Triton instance group: cpu (KIND_CPU) or gpu (KIND_GPU).")] = "cpu",
+    verify_files: VerifyFilesOpt = True,
+) -> None:
+    """Make an exported folder ready for onnxruntime-genai, transformers.js and Triton (the plain folder keeps working)."""
+    from gpt2onnx.deploy import deploy as run_deploy
+
+    manifest = run_deploy(
+        folder, target, out=out, force=force, triton_name=triton_name, triton_device=triton_device.lower(),
+        verify_files=verify_files,
+    )  # fmt: skip
+    table = Table(title=f"{folder} → {out or folder} ({manifest['deploy']['precision']})", show_header=False)
+    for name, files in manifest["deploy"]["targets"].items():
+        table.add_row(name, ", ".join(files))
+    console.print(table)
+
+
 @app.command("inspect")
 def inspect_command(
     path: Annotated[Path, typer.Argument(help="An .onnx file or an exported folder.")],

@@ -47,3 +47,17 @@ def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def link_or_copy(source: Path, target: Path) -> str:
+    """``target`` as a hard link to ``source`` (no second copy of a large model file), or a copy where the two
+    are on different filesystems or the filesystem has no hard links. Returns "link" or "copy".
+    A hard link shares the data: write new files next to it, never into it."""
+    try:
+        os.link(source, target)
+        return "link"
+    except OSError:
+        import shutil
+
+        shutil.copyfile(source, target)
+        return "copy"

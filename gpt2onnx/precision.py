@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from gpt2onnx.artifact.graph import sort_topologically
 from gpt2onnx.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ def to_fp16(model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GR
         disable_shape_infer=True,
     )  # fmt: skip
     _drop_repeated_casts(converted.graph)
+    sort_topologically(converted.graph)  # the converter appends its Casts at the end of the node list
     converted.ir_version = ir_version
     log.info("fp16; kept in fp32: %s", dict(kept) or "nothing")
     report = {"dtype": "float16", "kept_fp32": list(keep_fp32), "kept_fp32_nodes": dict(kept), "kept_fp32_io": keep_io}

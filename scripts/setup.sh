@@ -9,3 +9,26 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import gpt2onnx, torch, onnxruntime; print('gpt2onnx', gpt2onnx.__version__, '| torch', torch.__version__, '| onnxruntime', onnxruntime.__version__)"
+
+# --- deploy runtimes (issue 12): kept apart from the project venv, safe to rerun -------------------------
+# onnxruntime-genai depends on the CPU onnxruntime and would install it over onnxruntime-gpu in .venv
+# (CUDAExecutionProvider silently gone, pip check silent too): it gets its own venv, .venv-genai, with
+# tritonclient[grpc] (which pins protobuf < 7, another reason to keep it out of .venv). transformers.js
+# goes into tests/js/node_modules from the committed package-lock.json; --ignore-scripts: no postinstall
+# downloads (onnxruntime-node ships its CPU binary in the package). SKIP_DEPLOY_RUNTIMES=1 skips this block.
+if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
+  GENAI_SPEC="${GENAI_SPEC:-onnxruntime-genai==0.18.0}"
+  TRITONCLIENT_SPEC="${TRITONCLIENT_SPEC:-tritonclient[grpc]==2.73.0}"
+  [ -x .venv-genai/bin/python ] || "$PYTHON" -m venv .venv-genai
+  .venv-genai/bin/python -c "import onnxruntime_genai, tritonclient.grpc.model_config_pb2" 2>/dev/null \
+    || .venv-genai/bin/python -m pip install --quiet --disable-pip-version-check "$GENAI_SPEC" "$TRITONCLIENT_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
+  .venv-genai/bin/python -c "import onnxruntime_genai as og; print('onnxruntime-genai', og.__version__, '(.venv-genai)')"
+  if command -v npm >/dev/null; then
+    [ -d tests/js/node_modules/@huggingface/transformers ] \
+      || (cd tests/js && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+    echo "transformers.js $(node -p "require('./tests/js/node_modules/@huggingface/transformers/package.json').version") (tests/js)"
+  else
+    echo "npm not found: the transformers.js tests will skip (install Node.js 20+)"
+  fi
+fi
+# --- end of deploy runtimes ---------------------------------------------------------------------------------

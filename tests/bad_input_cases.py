@@ -471,4 +471,16 @@ CASES: list[Case] = [
     Case("provider-bogus", "options", ("generate", "{exp}", "--ids", "1", "--provider", "tpu"), B, match="tpu"),
     Case("parity-cases-zero", "options", ("parity", "{exp}", "--cases", "0"), B, match="cases"),
     Case("bench-folder-without-model", "options", ("bench", "{src}"), B, match="model.onnx"),
+    # -- deploy ------------------------------------------------------------------------------------------------------
+    Case("deploy-missing-folder", "message", ("deploy", "nope", "--target", "genai"), B, match="does not exist"),
+    Case("deploy-target-bogus", "options", ("deploy", "{exp}", "--target", "onnxruntime-web", "-o", "out"), B,
+         match="unknown deploy target"),
+    Case("deploy-out-inside-source", "data-loss", ("deploy", "{exp}", "--target", "genai", "-o", "{exp}/sub"), B,
+         match="inside"),
+    Case("deploy-out-not-ours", "data-loss", ("deploy", "{exp}", "--target", "genai", "-o", "out", "--force"), B,
+         lambda c: ((c.dir / "out").mkdir(), (c.dir / "out" / "keep.txt").write_text("mine")), match="never replaced"),
+    Case("deploy-triton-name-path", "security", ("deploy", "{exp}", "--target", "triton", "-o", "out", "--triton-name", "../x"),
+         B, match="Triton model name"),
+    Case("deploy-triton-device-bogus", "options", ("deploy", "{exp}", "--target", "triton", "-o", "out", "--triton-device", "tpu"),
+         B, match="tpu"),
 ]

@@ -18,10 +18,11 @@ LAYERS = [
     ("torch side", {"reference", "checkpoint", "model", "config"}),
     ("graph passes", {"fusions", "precision"}),
     ("runtime", {"runtime"}),
+    ("deploy", {"deploy"}),  # deployment targets: files written for other runtimes, no runtime needed
     ("artifact", {"artifact"}),
     ("leaves", {"errors", "files"}),
 ]
-TORCH_FREE = ("artifact", "runtime", "errors", "files", "config")
+TORCH_FREE = ("artifact", "runtime", "deploy", "errors", "files", "config")
 
 
 def module_name(path: Path) -> str:

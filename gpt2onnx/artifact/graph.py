@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import heapq
 import logging
 import re
 import stat
@@ -111,3 +112,37 @@ def save_onnx(model: onnx.ModelProto, path: Path, *, external_data: bool | None)
         model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024
     )
     return [path.name, data_name]
+
+
+def sort_topologically(graph: onnx.GraphProto) -> bool:
+    """Reorder ``graph.node`` so that every node comes after the nodes that make its inputs (ONNX requires it;
+    check_model(full_check=True) and onnxsim reject a graph that is not sorted). Stable: nodes already in
+    order keep their order. One pass over the nodes and their inputs (Kahn's algorithm), so it is cheap even
+    for the 124M graph. A cycle or an input nobody makes leaves the rest in its old order. Returns whether
+    the order changed."""
+    nodes = list(graph.node)
+    made_by = {out: index for index, node in enumerate(nodes) for out in node.output if out}
+    waiting_on = [0] * len(nodes)
+    consumers: list[list[int]] = [[] for _ in nodes]
+    for index, node in enumerate(nodes):
+        producers = {made_by[name] for name in node.input if name in made_by and made_by[name] != index}
+        waiting_on[index] = len(producers)
+        for producer in producers:
+            consumers[producer].append(index)
+    ready = [index for index, count in enumerate(waiting_on) if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for consumer in consumers[index]:
+            waiting_on[consumer] -= 1
+            if waiting_on[consumer] == 0:
+                heapq.heappush(ready, consumer)
+    placed = set(order)
+    order += [index for index in range(len(nodes)) if index not in placed]
+    if order == list(range(len(nodes))):
+        return False
+    del graph.node[:]
+    graph.node.extend(nodes[index] for index in order)
+    return True

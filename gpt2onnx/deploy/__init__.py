@@ -1,0 +1,125 @@
+"""Deployment targets: an exported folder made ready for the runtimes users deploy on.
+
+``deploy(folder, ["genai", "transformers-js", "triton"])`` writes, next to the plain folder's own files
+(which keep working with onnxruntime and optimum as before):
+
+    genai_config.json                      onnxruntime-genai (gpt2onnx.deploy.genai)
+    onnx/model[_suffix].onnx, config.json  transformers.js (gpt2onnx.deploy.transformers_js)
+    triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton)
+
+It works on any gpt2onnx decoder folder, exported or optimized, in any precision, and leaves export and
+optimize alone. The result is written like every folder: staged beside the target and moved into place
+whole. In place (no ``out``) or into a new folder ``out``; the model files are hard-linked, not copied,
+where the filesystem allows it (one copy on disk however many targets), else copied. The manifest records
+the targets and their files. Each run writes exactly the targets it is given: targets deployed earlier and
+not named again are dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gpt2onnx.artifact.folder import (
+    CONFIG_FILE,
+    MANIFEST_NAME,
+    model_files,
+    open_folder,
+    staged_folder,
+    write_manifest,
+)
+from gpt2onnx.deploy import genai, transformers_js, triton
+from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.files import link_or_copy
+
+log = logging.getLogger(__name__)
+
+TARGETS = ("genai", "transformers-js", "triton")
+# what a target adds to the folder: dropped when the folder is deployed again
+_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER)
+
+
+def parse_targets(value: str | list[str]) -> list[str]:
+    """'genai,triton' (or a list) → the targets, checked, in a fixed order."""
+    items = value.split(",") if isinstance(value, str) else [p for v in value for p in v.split(",")]
+    names = {item.strip().lower().replace("_", "-") for item in items if item.strip()}
+    names = {"transformers-js" if n in ("transformers.js", "transformersjs", "tjs") else n for n in names}
+    unknown = names - set(TARGETS)
+    if unknown or not names:
+        raise BadInput(f"unknown deploy target {', '.join(sorted(unknown)) or '(none)'}: choose from {', '.join(TARGETS)}")
+    return [t for t in TARGETS if t in names]
+
+
+def deploy(
+    folder: str | Path,
+    targets: str | list[str],
+    *,
+    out: str | Path | None = None,
+    force: bool = False,
+    triton_name: str | None = None,
+    triton_device: str = "cpu",
+    verify_files: bool = True,
+) -> dict:
+    """Write the deployment ``targets`` for the exported decoder ``folder``, in place or into ``out``.
+    Returns the new manifest; its "deploy" entry lists the targets and their files."""
+    targets = parse_targets(targets)
+    if triton_device not in triton.KINDS:
+        raise BadInput(f"unknown Triton instance kind '{triton_device}': choose cpu or gpu")
+    opened = open_folder(folder, verify_files=verify_files)  # refuses a single block, checks the sha256
+    source = opened.folder
+    if opened.manifest is None:
+        raise ContractError(
+            f"'{source}' has no {MANIFEST_NAME}: deploy a folder written by gpt2onnx export or optimize"
+            " (an optimum folder: export the checkpoint with gpt2onnx)"
+        )
+    target = Path(out) if out is not None else source
+    name = triton.model_name(triton_name or target.resolve().name) if "triton" in targets else None
+    in_place = out is None or target.resolve() == source.resolve()
+    if not in_place and (target.resolve().is_relative_to(source.resolve()) or source.resolve().is_relative_to(target.resolve())):
+        raise BadInput(f"output folder '{target}' is inside '{source}' or holds it: choose a folder beside it")
+    big = set(model_files(opened.manifest))
+    with staged_folder(target, force=force or in_place, protect=() if in_place else (source,)) as staging:
+        for path in sorted(source.iterdir()):
+            if path.name == MANIFEST_NAME or path.name in _TARGET_PATHS or not path.is_file() or path.is_symlink():
+                continue
+            if path.name in big:
+                link_or_copy(path, staging / path.name)
+            else:
+                shutil.copyfile(path, staging / path.name)  # small files are written to: never share them
+        _drop_transformers_js_config(staging)
+        written: dict[str, list[str]] = {}
+        if "genai" in targets:
+            genai.write_genai_config(staging, staging)
+            written["genai"] = [genai.CONFIG_NAME]
+        if "transformers-js" in targets:
+            written["transformers-js"] = transformers_js.write_transformers_js(staging, staging, opened.precision)
+        if "triton" in targets:
+            written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
+        manifest = {k: v for k, v in opened.manifest.items() if k not in ("files", "versions", "created", "deploy")}
+        manifest["deploy"] = {
+            "targets": written,
+            "source": str(source),
+            "precision": opened.precision,
+            # write_manifest records the versions and date of this run; keep those of the export
+            "source_versions": opened.manifest.get("versions"),
+            "source_created": opened.manifest.get("created"),
+            **({"triton": {"name": name, "instance_kind": triton.KINDS[triton_device]}} if "triton" in targets else {}),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        log.info("deployed %s to %s: %s", source, target, ", ".join(targets))
+        manifest = write_manifest(staging, manifest)
+    return manifest
+
+
+def _drop_transformers_js_config(staging: Path) -> None:
+    """config.json without the transformers.js key a previous deploy added (it is written again when asked)."""
+    path = staging / CONFIG_FILE
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    if isinstance(config, dict) and transformers_js.CONFIG_KEY in config:
+        del config[transformers_js.CONFIG_KEY]
+        path.write_text(json.dumps(config, indent=2) + "\n")

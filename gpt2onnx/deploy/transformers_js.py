@@ -1,0 +1,67 @@
+"""transformers.js: the layout ``AutoModelForCausalLM.from_pretrained`` loads, local or from a web server.
+
+    config.json             the folder's config, plus "transformers.js_config" (the dtype to load, external data)
+    generation_config.json, tokenizer files (already in the folder)
+    onnx/model.onnx         fp32;  onnx/model_fp16.onnx, onnx/model_quantized.onnx (int8), onnx/model_q4.onnx (int4)
+
+transformers.js picks the file by its dtype suffix, and the external data file by the model file's name
+(``<file>_data``), so a renamed model with external data gets a new (small) graph file whose data location
+names ``<file>_data``; the data itself is hard-linked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+
+from gpt2onnx.artifact.folder import CONFIG_FILE, MODEL_FILE, read_json_file
+from gpt2onnx.artifact.graph import DATA_FILE_SUFFIX, external_data_files, load_graph
+from gpt2onnx.errors import ContractError
+from gpt2onnx.files import link_or_copy
+
+SUBFOLDER = "onnx"
+CONFIG_KEY = "transformers.js_config"
+# our precision → transformers.js dtype and the file name suffix it loads
+DTYPES = {"float32": ("fp32", ""), "float16": ("fp16", "_fp16"), "int8": ("q8", "_quantized"), "int4": ("q4", "_q4")}
+
+
+def dtype_for(precision: str) -> tuple[str, str]:
+    """The transformers.js dtype and its file name for a folder's precision."""
+    if precision not in DTYPES:
+        raise ContractError(f"transformers.js has no dtype for a {precision} model: export fp32, fp16, int8 or int4")
+    dtype, suffix = DTYPES[precision]
+    return dtype, f"model{suffix}.onnx"
+
+
+def write_transformers_js(folder: Path, out: Path, precision: str) -> list[str]:
+    """Write the onnx/ layout into ``out`` (a staging copy of ``folder`` that already holds its config files);
+    returns the files written, relative to ``out``."""
+    dtype, name = dtype_for(precision)
+    target = out / SUBFOLDER
+    target.mkdir()
+    graph = load_graph(folder / MODEL_FILE)
+    data_files = external_data_files(graph)
+    if len(data_files) > 1:
+        raise ContractError(f"'{folder / MODEL_FILE}' has {len(data_files)} external data files: transformers.js loads one")
+    written = [f"{SUBFOLDER}/{name}"]
+    if data_files and name != MODEL_FILE:
+        data_name = name + DATA_FILE_SUFFIX
+        for init in graph.graph.initializer:
+            for entry in init.external_data:
+                if entry.key == "location":
+                    entry.value = data_name
+        onnx.save_model(graph, str(target / name))  # the graph only: its weights stay in the data file
+        link_or_copy(folder / data_files[0], target / data_name)
+        written.append(f"{SUBFOLDER}/{data_name}")
+    else:
+        link_or_copy(folder / MODEL_FILE, target / name)
+        for data in data_files:
+            link_or_copy(folder / data, target / data)
+            written.append(f"{SUBFOLDER}/{data}")
+    config = read_json_file(out / CONFIG_FILE, "config")
+    config[CONFIG_KEY] = {"dtype": dtype, **({"use_external_data_format": {name: 1}} if data_files else {})}
+    (out / CONFIG_FILE).unlink()  # a new file: never write through a link
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return written + [CONFIG_FILE]

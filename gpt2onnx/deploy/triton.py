@@ -1,0 +1,76 @@
+"""Triton Inference Server: a model repository for its ONNX Runtime backend.
+
+    triton/NAME/config.pbtxt    platform "onnxruntime_onnx", every input and output of the graph
+    triton/NAME/1/model.onnx    (+ model.onnx_data), hard-linked from the folder
+
+Dims come from the graph's IO contract, -1 for every symbolic dim. ``max_batch_size: 0`` with the batch dim
+written out as -1: Triton's own batcher would stack requests along a first dim it adds, but two requests
+stack only when every input has the same shape, and the past key/values differ in length from one request
+(and one step) to the next; the client sends whole batches, as it does to onnxruntime. Start the server
+with ``tritonserver --model-repository FOLDER/triton``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpt2onnx.artifact.contract import TensorSpec, graph_io
+from gpt2onnx.artifact.folder import MODEL_FILE
+from gpt2onnx.artifact.graph import external_data_files, load_graph
+from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.files import link_or_copy
+
+SUBFOLDER = "triton"
+KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}
+TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "int64": "TYPE_INT64", "int32": "TYPE_INT32", "bool": "TYPE_BOOL"}
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def model_name(name: str) -> str:
+    """A Triton model name (a folder name in the repository)."""
+    if not _NAME.fullmatch(name) or len(name) > 100:
+        raise BadInput(f"Triton model name '{name}' is not a plain name (letters, digits, '_', '.', '-'): give --triton-name")
+    return name
+
+
+def _tensor(t: TensorSpec) -> str:
+    if t.dtype not in TRITON_DTYPES:
+        raise ContractError(f"'{t.name}' is {t.dtype}, which Triton's ONNX Runtime backend has no type for")
+    dims = ", ".join(str(d) if isinstance(d, int) and d > 0 else "-1" for d in t.dims)
+    return f'  {{ name: "{t.name}" data_type: {TRITON_DTYPES[t.dtype]} dims: [ {dims} ] }}'
+
+
+def config_pbtxt(name: str, inputs: list[TensorSpec], outputs: list[TensorSpec], *, device: str = "cpu") -> str:
+    """Triton's model configuration (protobuf text format) for a graph with these inputs and outputs."""
+    if device not in KINDS:
+        raise BadInput(f"unknown Triton instance kind '{device}': choose cpu or gpu")
+    return "\n".join(
+        [
+            f'name: "{model_name(name)}"',
+            'platform: "onnxruntime_onnx"',
+            "max_batch_size: 0  # the batch dim is explicit (-1): requests carry past key/values of their own length",
+            "input [",
+            ",\n".join(_tensor(t) for t in inputs),
+            "]",
+            "output [",
+            ",\n".join(_tensor(t) for t in outputs),
+            "]",
+            f"instance_group [ {{ kind: {KINDS[device]} count: 1 }} ]",
+            "",
+        ]
+    )
+
+
+def write_triton(folder: Path, out: Path, *, name: str, device: str = "cpu") -> list[str]:
+    """Write triton/NAME/{config.pbtxt, 1/model.onnx[, data]} into ``out``; returns the files written."""
+    graph = load_graph(folder / MODEL_FILE)
+    text = config_pbtxt(name, *graph_io(graph), device=device)
+    version = out / SUBFOLDER / name / "1"
+    version.mkdir(parents=True)
+    (version.parent / "config.pbtxt").write_text(text)
+    written = [f"{SUBFOLDER}/{name}/config.pbtxt"]
+    for file in (MODEL_FILE, *external_data_files(graph)):
+        link_or_copy(folder / file, version / file)
+        written.append(f"{SUBFOLDER}/{name}/1/{file}")
+    return written
