@@ -45,6 +45,8 @@ def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
 
 
 class OnnxDecoder:
+    runtime = "onnxruntime"
+
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         self.session = session
         self.shape = session_shape(session, n_positions or 0)
