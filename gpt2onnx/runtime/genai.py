@@ -155,8 +155,10 @@ class GenaiRunner:
             )
 
     def run_loop(self, prompt, *, max_new_tokens, forced=None, return_logits=False, search=None) -> LoopResult:
-        self.check_length(len(prompt) + (len(forced) + 1 if forced is not None else max_new_tokens))
+        needed = len(prompt) + (len(forced) if forced is not None else max_new_tokens)
+        self.check_length(needed)
         request = {
+            "max_length": min(needed + 1, self.n_positions) if self.n_positions else needed + 1,
             "prompt": [int(t) for t in prompt], "max_new_tokens": int(max_new_tokens),
             "forced": None if forced is None else [int(t) for t in forced], "return_logits": return_logits,
             "search": search or {},

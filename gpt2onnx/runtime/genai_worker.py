@@ -32,19 +32,20 @@ def peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_loop(model, prompt, *, max_new_tokens, forced=None, return_logits=False, search=None) -> dict:
+def run_loop(model, prompt, *, max_new_tokens, forced=None, return_logits=False, search=None, max_length=None) -> dict:
     """Greedy (or ``search``'s sampling) continuation of one prompt on genai's own loop.
 
     ``forced``: tokens appended one at a time instead of the loop's choices (parity's lockstep): the prompt's
     logits come right after append_tokens, then one decode step per forced token (len(forced) + 1 passes). Otherwise the loop runs
     ``max_new_tokens`` generate_next_token calls (it stops early at end-of-sequence).
+    ``max_length``: genai's total length limit (default: what the run needs, plus one).
     Returns {"tokens", "step_seconds" ([0]: prompt step), "logits" (per forward pass, [positions, vocab])}.
     """
     import onnxruntime_genai as og
 
     new = len(forced) if forced is not None else max_new_tokens
     params = og.GeneratorParams(model)
-    params.set_search_options(**{"do_sample": False, **(search or {}), "max_length": len(prompt) + new + 1, "batch_size": 1})
+    params.set_search_options(**{"do_sample": False, **(search or {}), "max_length": max_length or len(prompt) + new + 1, "batch_size": 1})
     generator = og.Generator(model, params)
     tokens, seconds, logits = [], [], []
 
