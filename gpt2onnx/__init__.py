@@ -30,6 +30,7 @@ _HOMES = {
     "ExportResult": ("gpt2onnx.exporters.export", "ExportResult"),
     "QuantizeOptions": ("gpt2onnx.precision", "QuantizeOptions"),
     "ProviderConfig": ("gpt2onnx.runtime.providers", "ProviderConfig"),
+    "RuntimeOptions": ("gpt2onnx.runtime.base", "RuntimeOptions"),
     "Sampling": ("gpt2onnx.runtime.generate", "Sampling"),
     "TextGeneration": ("gpt2onnx.runtime.generate", "TextGeneration"),
     "BenchConfig": ("gpt2onnx.runtime.bench", "BenchConfig"),
@@ -37,6 +38,7 @@ _HOMES = {
     # lower level: a folder, a decoder on it, the decode loop, a checkpoint
     "open_folder": ("gpt2onnx.artifact.folder", "open_folder"),
     "open_decoder": ("gpt2onnx.runtime.decoder", "open_decoder"),
+    "open_runtime": ("gpt2onnx.runtime.base", "open_runtime"),
     "decode": ("gpt2onnx.runtime.generate", "generate"),
     "load_checkpoint": ("gpt2onnx.checkpoint", "load_checkpoint"),
     # errors

@@ -347,6 +347,11 @@ def inspect_command(
 
 # -- running: options shared by generate, parity and bench --------------------------------------------------
 FolderArg = Annotated[Path, typer.Argument(help="Exported model folder.", show_default=True)]
+RuntimeOpt = Annotated[str, typer.Option("--runtime", "-r", help="onnxruntime, genai or openvino.")]
+OvDeviceOpt = Annotated[str, typer.Option("--device", help="openvino: the device (CPU, GPU, … as OpenVINO lists them).")]
+OvPrecisionOpt = Annotated[
+    str, typer.Option("--ov-precision", help="openvino: inference precision f32, bf16 or fp16 (INFERENCE_PRECISION_HINT).")
+]
 ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="cpu, cuda or tensorrt.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option(help="cpu: intra-op threads \\[default: all cores].")]
 SpinOpt = Annotated[bool, typer.Option("--spin/--no-spin", help="cpu: let idle threads spin.")]
@@ -360,6 +365,12 @@ FallbackOpt = Annotated[bool, typer.Option("--allow-fallback", help="Run anyway 
 ReferenceOpt = Annotated[
     Optional[str], typer.Option(help="Reference checkpoint (folder or Hub id) \\[default: the manifest's source].")
 ]
+
+
+def _runtime(name, provider_config, device, ov_precision):
+    from gpt2onnx.runtime.base import RuntimeOptions
+
+    return RuntimeOptions(name=name, provider=provider_config, device=device, ov_precision=ov_precision).check()
 
 
 def _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback):
@@ -388,6 +399,9 @@ def generate(
     top_k: Annotated[int, typer.Option(help="Sample from the k most likely tokens (0: all).")] = 0,
     top_p: Annotated[float, typer.Option(help="Sample from the smallest set with this probability mass.")] = 1.0,
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
+    runtime: RuntimeOpt = "onnxruntime",
+    device: OvDeviceOpt = "CPU",
+    ov_precision: OvPrecisionOpt = "f32",
     provider: ProviderOpt = "cpu",
     threads: ThreadsOpt = None,
     spin: SpinOpt = True,
@@ -408,8 +422,8 @@ def generate(
         console.print(text, end="", markup=False, highlight=False, style="dim" if kind == "prompt" else None)
 
     result = generate_text(
-        folder, prompts=prompt, ids=ids, max_new_tokens=max_new_tokens, sampling=sampling, provider=config,
-        verify_files=verify_files, on_text=show,
+        folder, prompts=prompt, ids=ids, max_new_tokens=max_new_tokens, sampling=sampling,
+        runtime=_runtime(runtime, config, device, ov_precision), verify_files=verify_files, on_text=show,
     )  # fmt: skip
     if len(result.texts) == 1:
         console.print()
@@ -427,6 +441,9 @@ def parity(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
     reference: ReferenceOpt = None,
     gate: GateOpt = None,
+    runtime: RuntimeOpt = "onnxruntime",
+    device: OvDeviceOpt = "CPU",
+    ov_precision: OvPrecisionOpt = "f32",
     provider: ProviderOpt = "cpu",
     threads: ThreadsOpt = None,
     spin: SpinOpt = True,
@@ -457,25 +474,29 @@ def parity(
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("parity cases", total=cases)
         report = check_parity(
-            folder, provider=config, cases=cases, seed=seed, reference=reference, max_batch=min(max_batch, 8),
+            folder, runtime=_runtime(runtime, config, device, ov_precision), cases=cases, seed=seed, reference=reference,
+            max_batch=min(max_batch, 8),
             on_case=lambda _: progress.advance(task), gates=gates, emulate_fp16=emulate_fp16, verify_files=verify_files,
         )  # fmt: skip
     worst = sorted(report.cases, key=lambda r: -r["logits"]["max"])[:10]
-    table = Table(title=f"parity on {report.provider}: {len(report.cases)} cases (worst {len(worst)} shown)")
+    table = Table(title=f"parity on {report.runtime}/{report.provider}: {len(report.cases)} cases (worst {len(worst)} shown)")
     for col in ("batch", "past", "prompt", "steps", "Δlogits max", "Δlogits p99", "Δpresent max", "top-1", "tokens"):
         table.add_column(col, justify="right")
     for r in worst:
         c = r["case"]
         table.add_row(
             str(c["batch"]), str(c["prefix_length"]), str(c["prompt_length"]), str(c["decode_steps"]),
-            f"{r['logits']['max']:.1e}", f"{r['logits']['p99']:.1e}", f"{r['present']['max']:.1e}",
+            f"{r['logits']['max']:.1e}", f"{r['logits']['p99']:.1e}", f"{r['present']['max']:.1e}" if r["present"] else "-",
             f"{100 * r['top1_agreement']:.1f}%", "equal" if r["tokens_equal"] else "[red]differ[/]",
         )  # fmt: skip
     console.print(table)
     t = report.measured
     summary = Table(title="total", show_header=False)
     summary.add_row("|Δlogits| max / p50 / p99", f"{t['logits']['max']:.2e} / {t['logits']['p50']:.2e} / {t['logits']['p99']:.2e}")
-    summary.add_row("|Δpresent| max / p50 / p99", f"{t['present']['max']:.2e} / {t['present']['p50']:.2e} / {t['present']['p99']:.2e}")
+    if "present" in t:
+        summary.add_row("|Δpresent| max / p50 / p99", f"{t['present']['max']:.2e} / {t['present']['p50']:.2e} / {t['present']['p99']:.2e}")
+    else:
+        summary.add_row("|Δpresent|", f"not exposed by {report.runtime}")
     summary.add_row("top-1 agreement", f"{100 * t['top1_agreement']:.3f}% of {t['positions_compared']:,} positions")
     summary.add_row("top-5 agreement", f"{100 * t['top5_agreement']:.3f}%")
     summary.add_row("KL(reference ‖ onnx) mean / max", f"{t['kl']['mean']:.2e} / {t['kl']['max']:.2e}")
@@ -507,6 +528,11 @@ def bench(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Draw decode latency against past length (PNG).")] = None,
     reference: ReferenceOpt = None,
+    runtime: Annotated[
+        str, typer.Option("--runtime", "-r", help="onnxruntime, genai, openvino; several comma-separated, measured side by side.")
+    ] = "onnxruntime",
+    device: OvDeviceOpt = "CPU",
+    ov_precision: OvPrecisionOpt = "f32",
     provider: ProviderOpt = "cpu",
     threads: ThreadsOpt = None,
     spin: SpinOpt = True,
@@ -520,24 +546,41 @@ def bench(
     """Measure time to first token, decode latency, tokens/s, memory and file size (medians of repeated runs)."""
     from rich.progress import Progress
 
+    from gpt2onnx.errors import BadInput
+    from gpt2onnx.runtime.base import RuntimeOptions, parse_runtimes
     from gpt2onnx.runtime.bench import BenchConfig, parse_batches
+    from gpt2onnx.runtime.providers import ProviderConfig
     from gpt2onnx.verify.bench import benchmark
 
     folders = folders or [Path("models/gpt2")]
     config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
+    names = parse_runtimes(runtime)
+    for flag, value, default in (("--device", device, "CPU"), ("--ov-precision", ov_precision, "f32")):
+        if value != default and "openvino" not in names:
+            raise BadInput(f"{flag} applies to the openvino runtime: add it to --runtime, or drop {flag}")
+    if provider != "cpu" and "onnxruntime" not in names:
+        raise BadInput("--provider applies to the onnxruntime runtime: add it to --runtime, or drop --provider")
+    runtimes = [
+        RuntimeOptions(
+            name=name, provider=config if name == "onnxruntime" else ProviderConfig(threads=threads),
+            **({"device": device, "ov_precision": ov_precision} if name == "openvino" else {}),
+        ).check()
+        for name in names
+    ]  # fmt: skip
     bench_config = BenchConfig(
         batches=parse_batches(batch), prompt_len=prompt_len, new_tokens=new_tokens, warmup=warmup, repeat=repeat,
         pasts=parse_batches(past, what="past lengths (--past)") if past else (),
     ).check()
-    engines = len(folders) + (1 if baseline == "torch" else 0)
+    engines = len(folders) * len(runtimes) + (1 if baseline == "torch" else 0)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
         result = benchmark(
-            folders, provider=config, config=bench_config, baseline=baseline, reference=reference, json_path=json_path,
+            folders, runtimes=runtimes, config=bench_config, baseline=baseline, reference=reference, json_path=json_path,
             plot=plot, verify_files=verify_files, progress=lambda: progress.advance(task),
         )  # fmt: skip
     models = result["models"]
-    table = Table(title=f"on {models[0]['provider']}: prompt {prompt_len}, {new_tokens} new tokens, ms, median of {repeat}")
+    where = ", ".join(f"{m['runtime']}/{m['provider']}" for m in models[: len(runtimes)])
+    table = Table(title=f"on {where}: prompt {prompt_len}, {new_tokens} new tokens, ms, median of {repeat}")
     for col in ("model", "batch", "TTFT ms", "decode p50", "p90", "p99", "+/100 past", "tok/s", "RAM MB"):
         table.add_column(col, justify="left" if col == "model" else "right")
     for run in result["runs"]:
@@ -556,14 +599,13 @@ def bench(
             if run.get("decode_ms_at_past"):
                 by_past.add_row(run["label"], str(run["batch"]), *(f"{ms:.2f}" for _, ms in run["decode_ms_at_past"]))
         console.print(by_past)
-    for folder, model in zip(folders, models):
+    for folder, model in zip(folders, models[:: len(runtimes)]):
         console.print(f"{folder.name}: {model['precision']}, {_size(model['model_bytes'])}", highlight=False)
     for run in result["runs"]:
-        if "speedup_of_onnx" in run["extra"]:
-            s = run["extra"]["speedup_of_onnx"]
+        for label, s in run["extra"].get("speedup_by_label", {}).items():
             console.print(
-                f"batch {run['batch']}: {folders[0].name} vs torch eager: first token ×{s['prompt']:.2f}, decode step"
-                f" ×{s['decode']:.2f}, tokens/s ×{s['tokens_per_s']:.2f}"
-            )
+                f"batch {run['batch']}: {label} vs torch eager: first token ×{s['prompt']:.2f}, decode step"
+                f" ×{s['decode']:.2f}, tokens/s ×{s['tokens_per_s']:.2f}", highlight=False,
+            )  # fmt: skip
     if plot:
         console.print(f"plot written to {plot}")

@@ -98,7 +98,7 @@ class PeakMemory:
 
 @dataclass
 class RunStats:
-    engine: str  # "onnxruntime" or "torch"
+    engine: str  # the runtime ("onnxruntime", "openvino", "genai") or "torch"
     batch: int
     prompt_ms: dict  # p50/p90/p99 of the prompt step (time to first token)
     decode_ms: dict  # p50/p90/p99 of one decode step, over all steps and repeats
@@ -170,7 +170,39 @@ def decode_step_at_past(decoder, batch: int, past: int, *, vocab_size: int, seed
     return time.perf_counter() - start
 
 
+def bench_loop(runner, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
+    """A runtime that owns its loop (genai): the rows one after the other, each step's time summed over rows.
+    Peak memory is the worker's own where genai runs in one (it holds the model), else this process's."""
+    ids = random_prompt(batch, config.prompt_len, vocab_size, config.seed)
+    runs, worker_peak = [], 0
+    with PeakMemory() as memory:
+        for i in range(config.warmup + config.repeat):
+            seconds = [0.0] * config.new_tokens
+            for row in ids:
+                result = runner.run_loop(row.tolist(), max_new_tokens=config.new_tokens)
+                worker_peak = max(worker_peak, result.peak_bytes or 0)
+                if len(result.step_seconds) != config.new_tokens:
+                    raise BadInput(
+                        f"genai stopped after {len(result.step_seconds)} of {config.new_tokens} tokens (end-of-sequence):"
+                        " use fewer new tokens or another --seed"
+                    )
+                seconds = [a + b for a, b in zip(seconds, result.step_seconds)]
+            if i >= config.warmup:
+                runs.append(seconds)
+            if progress:
+                progress()
+    stats = summarize_runs(runner.runtime, batch, config.prompt_len, runs, worker_peak or memory.peak_bytes)
+    stats.extra["rows"] = "one at a time" if batch > 1 else "single"
+    stats.extra["peak_memory_of"] = "genai worker process" if worker_peak else "this process"
+    return stats
+
+
 def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
+    """A stepper runtime (onnxruntime, OpenVINO): the batch at once through the decode loop."""
+    if config.pasts and not hasattr(decoder, "past_of_length"):
+        raise BadInput(f"decode steps at a given past (--past) are timed on the onnxruntime runtime only, not {decoder.runtime}: drop --past")
+    if hasattr(decoder, "run_loop"):
+        return bench_loop(decoder, config, batch, vocab_size=vocab_size, progress=progress)
     ids = random_prompt(batch, config.prompt_len, vocab_size, config.seed)
     runs = []
     device_before = _device_used(decoder.device, decoder.device_id)
@@ -184,7 +216,7 @@ def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, pro
     device_peak = None
     if device_before is not None:
         device_peak = max(0, (_device_used(decoder.device, decoder.device_id) or 0) - device_before)
-    stats = summarize_runs("onnxruntime", batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
+    stats = summarize_runs(decoder.runtime, batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
     for past in config.pasts:
         times = [decode_step_at_past(decoder, batch, past, vocab_size=vocab_size, seed=config.seed + i)
                  for i in range(config.warmup + config.repeat)][config.warmup :]  # fmt: skip
@@ -263,36 +295,50 @@ def bench_folder(
     folder,
     *,
     provider=None,
+    runtime=None,
     config: BenchConfig = BenchConfig(),
     verify_files: bool = True,
     progress: Callable[[], None] | None = None,
+    label: str | None = None,
 ) -> dict:
-    """Measure one exported folder on an onnxruntime provider: a JSON-ready dict with one run per batch size."""
+    """Measure one exported folder on one runtime (default: onnxruntime on ``provider``): a JSON-ready dict
+    with one run per batch size, each labelled (``label``, default the folder's name) and with its runtime."""
     from pathlib import Path
 
     import onnxruntime
 
     from gpt2onnx.artifact.folder import open_folder, versions
-    from gpt2onnx.runtime.decoder import open_decoder
+    from gpt2onnx.runtime.base import RuntimeOptions, open_runtime
     from gpt2onnx.runtime.providers import ProviderConfig
 
-    provider = (provider or ProviderConfig()).check()
+    runtime = (runtime or RuntimeOptions(provider=provider or ProviderConfig())).check()
     model = open_folder(folder, verify_files=verify_files)
     config.check(model.n_positions)
-    decoder = open_decoder(model, provider)
-    decoder.check_memory(max(config.batches), config.prompt_len, config.prompt_len + config.new_tokens, what="--batch")
+    decoder = open_runtime(model, runtime)
+    if hasattr(decoder, "check_memory"):
+        decoder.check_memory(max(config.batches), config.prompt_len, config.prompt_len + config.new_tokens, what="--batch")
     vocab = decoder.vocab_size or 50257
-    runs = [bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress).as_dict() for batch in config.batches]
+    try:
+        runs = [bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress).as_dict() for batch in config.batches]
+    finally:
+        getattr(decoder, "close", lambda: None)()
     for run in runs:
-        run["label"] = Path(folder).name
+        run["label"] = label or Path(folder).name
+        run["runtime"] = runtime.name
+    runtime_versions = {"onnxruntime": onnxruntime.__version__}
+    if runtime.name != "onnxruntime":
+        runtime_versions[runtime.name] = getattr(decoder, "version", None)
     return {
         "model": str(model.model_path),
+        "runtime": runtime.name,
+        "runtime_options": runtime.as_dict(),
+        "runtime_mode": getattr(decoder, "mode", "in-process"),
         "provider": decoder.provider,
-        "provider_options": provider.as_dict(),
-        "session_providers": decoder.session.get_providers(),
+        "provider_options": runtime.provider.as_dict(),
+        "session_providers": decoder.session.get_providers() if hasattr(decoder, "session") else [decoder.provider],
         "config": asdict(config),
         "machine": machine_info(),
-        "versions": {**versions(), "onnxruntime": onnxruntime.__version__},
+        "versions": {**versions(), **runtime_versions},
         "model_bytes": sum(p.stat().st_size for p in model.folder.glob("model.onnx*")),
         "precision": model.precision,
         "n_positions": model.n_positions,

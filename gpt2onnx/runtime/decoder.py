@@ -94,6 +94,8 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDec
 
 
 class OnnxDecoder:
+    runtime = "onnxruntime"
+
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         self.session = session
         self.shape = session_shape(session, n_positions or 0)

@@ -16,7 +16,8 @@ import numpy as np
 
 from gpt2onnx.artifact.folder import eos_token_id, open_folder
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtime.decoder import OnnxDecoder, open_decoder, position_ids_for
+from gpt2onnx.runtime.base import LoopRunner, RuntimeOptions, Stepper, open_runtime
+from gpt2onnx.runtime.decoder import position_ids_for
 from gpt2onnx.runtime.prompts import TextStream, encode_prompts, load_tokenizer, parse_id_prompts
 from gpt2onnx.runtime.providers import ProviderConfig
 
@@ -78,17 +79,8 @@ def next_tokens(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator
     return np.array([rng.choice(probs.shape[-1], p=row) for row in probs])
 
 
-def generate(
-    decoder: OnnxDecoder,
-    input_ids: np.ndarray,
-    attention_mask: np.ndarray | None = None,
-    *,
-    max_new_tokens: int,
-    sampling: Sampling = Sampling(),
-    eos_token_id: int | None = None,
-    on_step: Callable[[int, np.ndarray], None] | None = None,
-) -> Generation:
-    """Continue a (left-padded) batch. ``on_step(step, ids)`` is called with each step's new ids, for streaming."""
+def _checked(decoder, input_ids, attention_mask, max_new_tokens: int, sampling: Sampling):
+    """The prompt batch and its mask, refused where no runtime could run it."""
     input_ids = np.asarray(input_ids, dtype=np.int64)
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise BadInput("the prompt is empty: give at least one token")
@@ -105,6 +97,61 @@ def generate(
     sampling.check()
     decoder.check_ids(input_ids, mask)
     decoder.check_length(input_ids.shape[1] + max_new_tokens)
+    return input_ids, mask
+
+
+def generate_loop(
+    runner: LoopRunner,
+    input_ids: np.ndarray,
+    mask: np.ndarray,
+    *,
+    max_new_tokens: int,
+    sampling: Sampling = Sampling(),
+    eos_token_id: int | None = None,
+    on_step: Callable[[int, np.ndarray], None] | None = None,
+) -> Generation:
+    """A runtime that owns its loop (genai): each row on its own (genai pads on the right, our batches are
+    left-padded), its padding dropped. ``step_seconds[k]`` is the sum over rows of step k. ``on_step`` is
+    called after the loop, not while it runs."""
+    search = {}
+    if sampling.sample:
+        search = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                  "top_k": sampling.top_k or (runner.vocab_size or 50257)}  # fmt: skip
+        if sampling.seed is not None:
+            search["random_seed"] = int(sampling.seed % 2**31)
+    fill = eos_token_id if eos_token_id is not None else 0
+    rows, seconds, finished = [], [], []
+    for row, row_mask in zip(input_ids, mask):
+        result = runner.run_loop(row[row_mask > 0].tolist(), max_new_tokens=max_new_tokens, search=search)
+        tokens = result.tokens
+        if eos_token_id is not None and eos_token_id in tokens:
+            tokens = tokens[: tokens.index(eos_token_id) + 1]
+        finished.append(eos_token_id is not None and eos_token_id in tokens)
+        rows.append(tokens)
+        seconds += [0.0] * (len(result.step_seconds) - len(seconds))
+        for k, value in enumerate(result.step_seconds):
+            seconds[k] += value
+    width = max(len(r) for r in rows)
+    tokens = np.array([r + [fill] * (width - len(r)) for r in rows], dtype=np.int64)
+    if on_step is not None:
+        for step in range(width):
+            on_step(step, tokens[:, step])
+    return Generation(tokens, np.array(finished), seconds)
+
+
+def generate(    decoder: Stepper | LoopRunner,
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray | None = None,
+    *,
+    max_new_tokens: int,
+    sampling: Sampling = Sampling(),
+    eos_token_id: int | None = None,
+    on_step: Callable[[int, np.ndarray], None] | None = None,
+) -> Generation:
+    """Continue a (left-padded) batch. ``on_step(step, ids)`` is called with each step's new ids, for streaming."""
+    input_ids, mask = _checked(decoder, input_ids, attention_mask, max_new_tokens, sampling)
+    if hasattr(decoder, "run_loop"):
+        return generate_loop(decoder, input_ids, mask, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos_token_id, on_step=on_step)
     rng = np.random.default_rng(sampling.seed)
     batch = input_ids.shape[0]
     full_mask = decoder.prompt_mask(mask)
@@ -153,6 +200,7 @@ def generate_text(
     max_new_tokens: int = 32,
     sampling: Sampling = Sampling(),
     provider: ProviderConfig = ProviderConfig(),
+    runtime: RuntimeOptions | None = None,
     verify_files: bool = True,
     on_text: Callable[[str, str], None] | None = None,
 ) -> TextGeneration:
@@ -164,14 +212,16 @@ def generate_text(
         ids: prompt token ids, one comma-separated string per row. Give exactly one of the two.
         max_new_tokens: the most tokens to generate per row; rows stop early at end-of-sequence.
         sampling: greedy by default; temperature, top-k, top-p and seed when ``sample`` is set.
-        provider: the execution provider and its options.
+        provider: onnxruntime's execution provider and its options.
+        runtime: the runtime and its options (default: onnxruntime on ``provider``). genai runs the rows one
+            at a time and streams only once its loop has finished.
         verify_files: check the model files against the manifest's sha256 first.
         on_text: streaming, for a single row: called with ("prompt", text) once every check has passed, then
             ("token", new text) per step.
 
     Returns:
         TextGeneration. Raises: BadInput (prompts, options, folder), ContractError, IntegrityError,
-        RuntimeUnavailable (the provider cannot load).
+        RuntimeUnavailable (the runtime or provider cannot load).
     """
     if bool(prompts) == bool(ids):
         raise BadInput("give the prompt as text (--prompt) or as token ids (--ids 1,2,3), one of them")
@@ -180,8 +230,9 @@ def generate_text(
     tokenizer = load_tokenizer(model.folder) if prompts else None
     input_ids, mask = encode_prompts(tokenizer, prompts) if prompts else parse_id_prompts(ids)
     shown = list(prompts) if prompts else [" ".join(map(str, row[m > 0])) for row, m in zip(input_ids, mask)]
-    decoder = open_decoder(model, provider)
-    decoder.check_memory(input_ids.shape[0], input_ids.shape[1], input_ids.shape[1] + max_new_tokens, what="prompt batch")
+    decoder = open_runtime(model, runtime or RuntimeOptions(provider=provider))
+    if hasattr(decoder, "check_memory"):
+        decoder.check_memory(input_ids.shape[0], input_ids.shape[1], input_ids.shape[1] + max_new_tokens, what="prompt batch")
     eos = eos_token_id(model.folder)
     stream = TextStream(tokenizer)
 
@@ -192,7 +243,10 @@ def generate_text(
             on_text("prompt", shown[0])
         on_text("token", stream.push(int(new_ids[0])))
 
-    result = generate(decoder, input_ids, mask, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos, on_step=step)
+    try:
+        result = generate(decoder, input_ids, mask, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos, on_step=step)
+    finally:
+        getattr(decoder, "close", lambda: None)()
     rows = []
     for tokens in result.tokens.tolist():
         rows.append(tokens[: tokens.index(eos) + 1] if eos is not None and eos in tokens else tokens)

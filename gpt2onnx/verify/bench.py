@@ -12,6 +12,7 @@ from typing import Callable
 from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic
 from gpt2onnx.runtime.bench import BenchConfig, PeakMemory, RunStats, bench_folder, check_plot_path, plot_decode_latency, random_prompt, summarize_runs
+from gpt2onnx.runtime.base import RuntimeOptions
 from gpt2onnx.runtime.providers import ProviderConfig
 
 BASELINES = ("torch",)
@@ -45,6 +46,7 @@ def benchmark(
     folders: list[str | Path] | str | Path,
     *,
     provider: ProviderConfig | None = None,
+    runtimes: list[RuntimeOptions] | None = None,
     config: BenchConfig = BenchConfig(),
     baseline: str | None = None,
     reference: str | None = None,
@@ -53,11 +55,15 @@ def benchmark(
     verify_files: bool = True,
     progress: Callable[[], None] | None = None,
 ) -> dict:
-    """Measure exported folders side by side on one provider and workload, and optionally PyTorch eager.
+    """Measure exported folders side by side on one or several runtimes and one workload, and optionally
+    PyTorch eager.
 
     Args:
         folders: one exported folder or several (measured one after the other, same workload).
         provider: the onnxruntime provider and its options (default: cpu, all cores).
+        runtimes: the runtimes, each with its options (default: onnxruntime on ``provider``); every folder is
+            measured on each, one after the other. A run's label is the folder's name, with the runtime after
+            it when there are several.
         config: batches, prompt length, new tokens, warm-up and timed runs.
         baseline: 'torch' also runs transformers' GPT2LMHeadModel (the first folder's reference) on the same workload.
         reference: the checkpoint for the baseline (default: the source the first folder's manifest records).
@@ -66,8 +72,8 @@ def benchmark(
         progress: called after each warm-up or timed run.
 
     Returns:
-        {"models": [per folder: provider, machine, versions, precision, size, runs], "runs": every run, the
-        baseline's included, each with its label}.
+        {"models": [per folder and runtime: runtime, provider, machine, versions, precision, size, runs],
+        "runs": every run, the baseline's included, each with its label and runtime}.
 
     Raises:
         BadInput (options, folders, plot path), ContractError, IntegrityError, RuntimeUnavailable.
@@ -77,14 +83,22 @@ def benchmark(
         raise BadInput("give at least one exported folder to measure")
     if baseline not in (None, *BASELINES):
         raise BadInput(f"baseline '{baseline}' is not supported: the only baseline is 'torch'")
-    provider = (provider or ProviderConfig()).check()
+    runtimes = [r.check() for r in (runtimes or [RuntimeOptions(provider=(provider or ProviderConfig()).check())])]
+    if len({r.name for r in runtimes}) != len(runtimes):
+        raise BadInput("a runtime is named twice: give each once")
     config.check()
     if plot is not None:
         check_plot_path(plot)  # before minutes of measuring, not after
-    results = [bench_folder(f, provider=provider, config=config, verify_files=verify_files, progress=progress) for f in folders]
+    results = []
+    for folder in folders:
+        for runtime in runtimes:
+            label = Path(folder).name + (f" {runtime.name}" if len(runtimes) > 1 else "")
+            results.append(
+                bench_folder(folder, runtime=runtime, config=config, verify_files=verify_files, progress=progress, label=label)
+            )
     runs = [run for result in results for run in result["runs"]]
     if baseline == "torch":
-        runs += _torch_baseline(folders[0], results[0], provider, config, reference, progress)
+        runs += _torch_baseline(folders[0], results, runtimes[0].provider, config, reference, progress)
     report = {"models": results, "runs": runs}
     if json_path is not None:
         write_json_atomic(json_path, report)
@@ -93,8 +107,9 @@ def benchmark(
     return report
 
 
-def _torch_baseline(folder, result: dict, provider: ProviderConfig, config: BenchConfig, reference, progress) -> list[dict]:
-    """The same workload on PyTorch eager, with the speed-up of the first folder over it per batch."""
+def _torch_baseline(folder, results: list[dict], provider: ProviderConfig, config: BenchConfig, reference, progress) -> list[dict]:
+    """The same workload on PyTorch eager, with the speed-up over it of the first folder (``speedup_of_onnx``,
+    on the first runtime) and of every folder and runtime (``speedup_by_label``) per batch."""
     import torch
 
     from gpt2onnx.artifact.folder import open_folder
@@ -105,13 +120,18 @@ def _torch_baseline(folder, result: dict, provider: ProviderConfig, config: Benc
     ref = reference_model(reference_checkpoint(open_folder(folder, verify_files=False), reference))
     runs = []
     for batch in config.batches:
-        stats = bench_torch(ref, config, batch, vocab_size=result["vocab_size"], progress=progress).as_dict()
-        ours = next(r for r in result["runs"] if r["batch"] == batch)
-        stats["label"] = "torch eager"
-        stats["extra"]["speedup_of_onnx"] = {
-            "prompt": stats["prompt_ms"]["p50"] / ours["prompt_ms"]["p50"],
-            "decode": stats["decode_ms"]["p50"] / ours["decode_ms"]["p50"],
-            "tokens_per_s": ours["tokens_per_s"] / stats["tokens_per_s"],
-        }
+        stats = bench_torch(ref, config, batch, vocab_size=results[0]["vocab_size"], progress=progress).as_dict()
+        stats["label"], stats["runtime"] = "torch eager", "torch"
+
+        def speedup(ours: dict) -> dict:
+            return {
+                "prompt": stats["prompt_ms"]["p50"] / ours["prompt_ms"]["p50"],
+                "decode": stats["decode_ms"]["p50"] / ours["decode_ms"]["p50"],
+                "tokens_per_s": ours["tokens_per_s"] / stats["tokens_per_s"],
+            }
+
+        ours = [r for result in results for r in result["runs"] if r["batch"] == batch]
+        stats["extra"]["speedup_of_onnx"] = speedup(ours[0])
+        stats["extra"]["speedup_by_label"] = {r["label"]: speedup(r) for r in ours}
         runs.append(stats)
     return runs

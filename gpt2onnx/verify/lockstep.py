@@ -5,6 +5,7 @@ sides), and their outputs compared. The reference is transformers' GPT2LMHeadMod
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -205,6 +206,59 @@ def run_case(decoder: OnnxDecoder, reference, case: Case, *, vocab_size: int) ->
         {"mean": float(np.concatenate(kls).mean()), "max": float(np.concatenate(kls).max())},
         tokens_before_divergence(ours, theirs),
         {"logits": logits_sample, "present": present_sample},
+    )
+
+
+def run_loop_case(runner, reference, case: Case, *, vocab_size: int) -> CaseResult:
+    """A case on a runtime that owns its loop (genai): one row, the prefix run as part of the prompt (the loop
+    starts from an empty cache). The reference's greedy tokens are forced into the loop one step at a time, so
+    the logits of the prompt and of every decode step are compared; then both run free greedy generation.
+    No presents are exposed: the case has logits, KL, top-k and tokens only."""
+    ids, mask = _case_batch(case, vocab_size)
+    ids, mask = ids[:1], mask[:1]  # row 0 is unpadded
+    ref_steps, forced, ref_past, step_ids, step_mask = [], [], None, ids, mask
+    for step in range(case.decode_steps + 1):
+        positions = position_ids_for(step_mask)[:, -step_ids.shape[1] :]
+        ref_logits, ref_past = reference_step(reference, step_ids, step_mask, positions, ref_past)
+        ref_steps.append(ref_logits)
+        if step < case.decode_steps:
+            step_ids = ref_logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+            forced.append(int(step_ids[0, 0]))
+            step_mask = np.concatenate([step_mask, np.ones_like(step_ids)], axis=1)
+    ours_steps = runner.run_loop(ids[0].tolist(), max_new_tokens=0, forced=forced, return_logits=True).logits
+    rng = np.random.default_rng(case.seed + 1)
+    logit_diffs = Diffs(rng)
+    agree = top5 = compared = nonfinite = 0
+    kls = []
+    for ours, ref_logits in zip(ours_steps, ref_steps):
+        logits = ours[None]
+        ref_logits = ref_logits[:, -logits.shape[1] :]  # --logits last: the last position only
+        nonfinite += int((~np.isfinite(logits)).sum())
+        logit_diffs.add(abs_diff(logits, ref_logits).ravel())
+        agree += int((logits.argmax(-1) == ref_logits.argmax(-1)).sum())
+        top5 += int(top5_hits(ref_logits, logits).sum())
+        kls.append(kl_divergence(ref_logits, logits).ravel())
+        compared += logits.shape[1]
+    if len(ours_steps) != len(ref_steps):
+        nonfinite += 1  # a missing step cannot pass: the loop stopped early
+    ours = np.array([runner.run_loop(ids[0].tolist(), max_new_tokens=case.generate_tokens).tokens], dtype=np.int64)
+    theirs = reference_greedy(reference, ids, mask, case.generate_tokens)
+    # the loop stops at end-of-sequence (the reference does not): equal means equal up to where it stopped
+    theirs_cut = theirs[:, : ours.shape[1]]
+    logits_stats, logits_sample = logit_diffs.summary()
+    kl = np.concatenate(kls)
+    return CaseResult(
+        dataclasses.replace(case, batch=1),
+        logits_stats,
+        {},
+        agree / max(compared, 1),
+        compared,
+        nonfinite,
+        bool(ours.shape[1] > 0 and np.array_equal(ours, theirs_cut)),
+        top5 / max(compared, 1),
+        {"mean": float(kl.mean()), "max": float(kl.max())},
+        tokens_before_divergence(ours, theirs_cut),
+        {"logits": logits_sample, "present": np.zeros(0, np.float32)},
     )
 
 

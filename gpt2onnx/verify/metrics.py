@@ -66,7 +66,7 @@ def tokens_before_divergence(ours: np.ndarray, theirs: np.ndarray) -> int:
 def summarize(results) -> dict:
     """Totals over CaseResults: pooled |Δ| percentiles, agreements weighted by positions, KL, divergence."""
     logits = np.concatenate([r.samples["logits"] for r in results])
-    present = np.concatenate([r.samples["present"] for r in results])
+    with_present = [r for r in results if r.present]  # a loop runtime (genai) exposes no presents
     compared = sum(r.positions_compared for r in results)
     agreed = sum(r.top1_agreement * r.positions_compared for r in results)
     totals = {
@@ -75,11 +75,6 @@ def summarize(results) -> dict:
             "max": max(r.logits["max"] for r in results),
             "p50": float(np.percentile(logits, 50)),
             "p99": float(np.percentile(logits, 99)),
-        },
-        "present": {
-            "max": max(r.present["max"] for r in results),
-            "p50": float(np.percentile(present, 50)),
-            "p99": float(np.percentile(present, 99)),
         },
         "top1_agreement": agreed / max(compared, 1),
         "positions_compared": compared,
@@ -95,4 +90,11 @@ def summarize(results) -> dict:
             "mean": sum(r.tokens_before_divergence for r in results) / len(results),
         },
     }
+    if with_present:
+        present = np.concatenate([r.samples["present"] for r in with_present])
+        totals["present"] = {
+            "max": max(r.present["max"] for r in with_present),
+            "p50": float(np.percentile(present, 50)),
+            "p99": float(np.percentile(present, 99)),
+        }
     return totals

@@ -16,6 +16,7 @@ from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.errors import BadInput
 from gpt2onnx.reference import reference_model
+from gpt2onnx.runtime.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtime.decoder import OnnxDecoder, cpu_decoder, open_decoder
 from gpt2onnx.runtime.providers import ProviderConfig, cpu_session
 from gpt2onnx.verify.gates import TOLERANCES, apply_gates, tolerances_for
@@ -27,6 +28,7 @@ from gpt2onnx.verify.lockstep import (
     left_padded_batch,
     random_cases,
     run_case,
+    run_loop_case,
 )
 from gpt2onnx.verify.metrics import summarize
 
@@ -38,13 +40,14 @@ MAX_CASES = 10_000
 
 
 def gate_report(
-    results: list[CaseResult], precision: str, gates: dict, *, against: str, provider: str = "cpu", keep_cases: bool = False
-) -> CheckReport:
+    results: list[CaseResult], precision: str, gates: dict, *, against: str, provider: str = "cpu", keep_cases: bool = False,
+    runtime: str = "onnxruntime",
+) -> CheckReport:  # fmt: skip
     """The report of randomized cases: their totals against the gates."""
     measured = summarize(results)
     failures = apply_gates(measured, gates, cases=len(results))
     cases = [r.as_dict() for r in results] if keep_cases else []
-    return CheckReport(precision, against, gates, measured, failures, provider=provider, cases=cases)
+    return CheckReport(precision, against, gates, measured, failures, provider=provider, runtime=runtime, cases=cases)
 
 
 def gate_check(
@@ -165,6 +168,7 @@ def check_parity(
     folder: str | Path,
     *,
     provider: ProviderConfig | None = None,
+    runtime: RuntimeOptions | None = None,
     cases: int = 20,
     seed: int = 0,
     reference: str | None = None,
@@ -178,7 +182,10 @@ def check_parity(
 
     Args:
         folder: an exported decoder folder.
-        provider: where the ONNX model runs (default: the cpu provider, all cores).
+        provider: onnxruntime's provider (default: the cpu provider, all cores).
+        runtime: the runtime and its options (default: onnxruntime on ``provider``). genai owns its loop and
+            exposes no presents: its cases are batch 1, the prefix is part of the prompt, the reference's
+            greedy tokens are forced into its loop, and logits, KL, top-k and tokens are compared.
         cases: how many randomized cases (batches 1 to ``max_batch``, left padding, past 0 or longer, decode
             steps, a free greedy run); ``seed`` fixes them.
         reference: the checkpoint to compare with (default: the source the manifest records).
@@ -202,7 +209,10 @@ def check_parity(
         raise BadInput(f"max batch must be 1 to 64, got {max_batch}")
     model = open_folder(folder, verify_files=verify_files)
     tolerances = tolerances_for(model.precision, gates)
-    provider = (provider or ProviderConfig()).check()
+    runtime = (runtime or RuntimeOptions(provider=provider or ProviderConfig())).check()
+    provider = runtime.provider
+    if emulate_fp16 and runtime.name != "onnxruntime":
+        raise BadInput(f"fp16 emulation runs on onnxruntime's cpu provider, not on {runtime.name}: drop one of them")
     if emulate_fp16:
         if model.dtype != "float16":
             raise BadInput(f"fp16 emulation needs an fp16 model: '{folder}' is {model.dtype}; drop --emulate-fp16")
@@ -213,19 +223,23 @@ def check_parity(
             from gpt2onnx.verify.fp16_emulation import write_emulated_fp16
 
             model = dataclasses.replace(model, model_path=write_emulated_fp16(model.model_path, Path(tmp) / "model.onnx"))
-        decoder = open_decoder(model, provider)
         ckpt = reference_checkpoint(model, reference)
+        decoder = open_runtime(model, runtime)
         if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
             raise BadInput("the reference checkpoint does not match the exported model (vocabulary or layer count): give the right one")
         torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
         ref = reference_model(ckpt)
+        run = run_loop_case if hasattr(decoder, "run_loop") else run_case
         results = []
-        for case in random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch):
-            results.append(run_case(decoder, ref, case, vocab_size=ckpt.spec.vocab_size))
-            if on_case is not None:
-                on_case(results[-1])
+        try:
+            for case in random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch):
+                results.append(run(decoder, ref, case, vocab_size=ckpt.spec.vocab_size))
+                if on_case is not None:
+                    on_case(results[-1])
+        finally:
+            getattr(decoder, "close", lambda: None)()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
-    return gate_report(results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True)
+    return gate_report(results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name)
 
 
 __all__ = ["TOLERANCES", "check_parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]

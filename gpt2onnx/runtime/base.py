@@ -1,0 +1,127 @@
+"""What a runtime is to gpt2onnx, and the registry of runtimes: adding one is one new module plus one line here.
+
+A runtime is opened on an exported folder with :class:`RuntimeOptions` and gives one of two things:
+
+- a :class:`Stepper`: the decoder as one forward pass at a time (prompt with an empty past, then one token per
+  step with its cache). generate, parity's lockstep comparison and bench drive it; onnxruntime and OpenVINO
+  are steppers.
+- a :class:`LoopRunner`: the runtime owns the whole generation loop and its cache (onnxruntime-genai). It
+  takes a prompt, optionally tokens to force, and returns the new tokens, the logits it exposes and the time
+  of each step. It exposes no presents, so parity compares logits, KL, top-k and tokens only.
+
+Every runtime refuses what it cannot do with :class:`~gpt2onnx.errors.RuntimeUnavailable` (one line, with the
+command that installs it); nothing falls back to another runtime.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from gpt2onnx.errors import BadInput
+from gpt2onnx.runtime.providers import ProviderConfig
+
+# name → module under gpt2onnx.runtime with an ``open_runtime(model, options)`` function.
+RUNTIMES = {"onnxruntime": "onnxruntime", "openvino": "openvino", "genai": "genai"}
+OV_PRECISIONS = ("f32", "bf16", "f16")
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """The runtime and its options. ``provider`` is onnxruntime's; ``device`` and ``ov_precision`` OpenVINO's."""
+
+    name: str = "onnxruntime"
+    provider: ProviderConfig = field(default_factory=ProviderConfig)
+    device: str = "CPU"  # openvino: a device core.available_devices lists
+    ov_precision: str = "f32"  # openvino: INFERENCE_PRECISION_HINT (f32 unless asked)
+
+    def check(self) -> "RuntimeOptions":
+        if self.name not in RUNTIMES:
+            raise BadInput(f"runtime '{self.name}' is unknown: choose one of {', '.join(RUNTIMES)}")
+        precision = {"fp16": "f16", "fp32": "f32"}.get(self.ov_precision, self.ov_precision)
+        if precision not in OV_PRECISIONS:
+            raise BadInput(f"OpenVINO precision '{self.ov_precision}' is unknown: choose f32, bf16 or fp16")
+        object.__setattr__(self, "ov_precision", precision)
+        if self.name != "openvino" and (self.device != "CPU" or self.ov_precision != "f32"):
+            raise BadInput(f"--device and --ov-precision apply to the openvino runtime, not '{self.name}': drop them")
+        if self.name != "onnxruntime" and self.provider.name != "cpu":
+            raise BadInput(f"--provider applies to the onnxruntime runtime, not '{self.name}': drop it")
+        self.provider.check()
+        return self
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        if self.name != "openvino":
+            data.pop("device"), data.pop("ov_precision")
+        return data
+
+
+@runtime_checkable
+class Stepper(Protocol):
+    """One forward pass at a time, the cache handed back and forth by the caller (:class:`OnnxDecoder`'s shape)."""
+
+    runtime: str  # the registry name
+    provider: str  # where it runs, as a label: "cpu", "cuda", "tensorrt", "CPU" (an OpenVINO device)
+    device: str  # "cpu" or "cuda" for device-memory readings
+    device_id: int
+    dummy_past: int  # masked past slots in front of the prompt step (TensorRT); 0 elsewhere
+    vocab_size: int | None
+    n_layer: int
+    n_positions: int | None
+
+    def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None: ...
+    def check_length(self, total_length: int) -> None: ...
+    def empty_past(self, batch: int) -> list: ...
+    def prompt_mask(self, attention_mask: np.ndarray) -> np.ndarray: ...
+    def run(self, input_ids, attention_mask, position_ids, past, *, last_logits_only: bool = True) -> tuple[np.ndarray, list]: ...
+    def step(self, input_ids, attention_mask, position_ids, past) -> tuple[np.ndarray, list[np.ndarray]]: ...
+
+
+@dataclass
+class LoopResult:
+    """One run of a runtime-owned loop on a single prompt."""
+
+    tokens: list[int]  # new tokens (forced ones included when forcing)
+    step_seconds: list[float]  # [0] is the prompt step
+    logits: list[np.ndarray] = field(default_factory=list)  # per forward pass: [positions, vocab]
+    peak_bytes: int | None = None  # peak resident memory of the process that ran it (a worker's own)
+
+
+@runtime_checkable
+class LoopRunner(Protocol):
+    """A runtime that owns the generation loop and its cache (no presents are exposed)."""
+
+    runtime: str
+    provider: str
+    device: str
+    device_id: int
+    vocab_size: int | None
+    n_layer: int
+    n_positions: int | None
+
+    def run_loop(
+        self, prompt: list[int], *, max_new_tokens: int, forced: list[int] | None = None, return_logits: bool = False,
+        search: dict[str, Any] | None = None,
+    ) -> LoopResult: ...  # fmt: skip
+    def close(self) -> None: ...
+
+
+def open_runtime(model, options: RuntimeOptions) -> Stepper | LoopRunner:
+    """Open ``model`` (an opened :class:`~gpt2onnx.artifact.folder.ModelFolder`) on the runtime ``options`` names."""
+    options = options.check()
+    module = importlib.import_module(f"gpt2onnx.runtime.{RUNTIMES[options.name]}")
+    return module.open_runtime(model, options)
+
+
+def parse_runtimes(value: str) -> list[str]:
+    """'onnxruntime,openvino' → ['onnxruntime', 'openvino']; each known, none twice."""
+    names = [v.strip() for v in value.split(",")]
+    for name in names:
+        if name not in RUNTIMES:
+            raise BadInput(f"runtime '{name}' is unknown: choose from {', '.join(RUNTIMES)} (comma-separated for bench)")
+    if len(set(names)) != len(names):
+        raise BadInput(f"runtimes '{value}' name one twice: give each once")
+    return names

@@ -1,0 +1,228 @@
+"""The onnxruntime-genai runtime: genai's own C++ generation loop on the folder's genai_config.json.
+
+- The config: the folder's genai_config.json when it has one; otherwise a minimal one is written into a
+  temporary overlay (the model files linked, the config beside them) and the folder is left untouched; the
+  config is the one the genai deployment target writes (:mod:`gpt2onnx.deploy.genai`).
+- Where genai runs: in this process when ``import onnxruntime_genai`` works here; otherwise in a worker
+  process (:mod:`gpt2onnx.runtime.genai_worker`, numpy and onnxruntime_genai only) under the Python named by
+  the environment variable ``GPT2ONNX_GENAI_PYTHON``, else ``<repo>/.venv-genai/bin/python`` beside this
+  package (scripts/setup.sh creates it). The isolation is on purpose: the onnxruntime-genai wheel installs
+  the CPU onnxruntime over onnxruntime-gpu.
+- genai runs one prompt at a time here (it pads batches on the right, our contract pads on the left): a batch
+  is run row by row. It exposes logits but no presents.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from gpt2onnx.artifact.folder import ModelFolder
+from gpt2onnx.deploy import genai as deploy_genai
+from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.runtime.base import LoopResult
+from gpt2onnx.runtime.decoder import file_shape
+
+CONFIG_FILE = "genai_config.json"
+PYTHON_ENV = "GPT2ONNX_GENAI_PYTHON"
+INSTALL = (
+    "python3 -m venv .venv-genai && .venv-genai/bin/pip install onnxruntime-genai numpy (or: bash scripts/setup.sh),"
+    f" or set {PYTHON_ENV} to a Python that has onnxruntime_genai"
+)
+WORKER = Path(__file__).with_name("genai_worker.py")
+
+
+def genai_config(model: ModelFolder, *, threads: int | None = None) -> dict:
+    """The folder's genai_config.json as the genai deployment target writes it (:mod:`gpt2onnx.deploy.genai`),
+    with ``threads`` as genai's intra-op thread count."""
+    config = deploy_genai.genai_config(model.folder, filename=model.model_path.name)
+    if threads:
+        config["model"]["decoder"]["session_options"]["intra_op_num_threads"] = threads
+    return config
+
+
+def config_folder(model: ModelFolder, tmp: Path, *, threads: int | None = None) -> tuple[Path, bool]:
+    """The folder genai opens: the model's own when it has genai_config.json, else an overlay in ``tmp``
+    (model files linked, or copied where links are refused). Returns (folder, whether it is an overlay)."""
+    if (model.folder / CONFIG_FILE).is_file():
+        return model.folder, False
+    overlay = tmp / model.folder.name
+    overlay.mkdir(parents=True)
+    for source in model.folder.glob(model.model_path.name + "*"):
+        try:
+            os.symlink(source.resolve(), overlay / source.name)
+        except OSError:
+            shutil.copy2(source, overlay / source.name)
+    (overlay / CONFIG_FILE).write_text(json.dumps(genai_config(model, threads=threads), indent=2) + "\n")
+    return overlay, True
+
+
+def genai_python() -> str | None:
+    """The Python the worker runs under: $GPT2ONNX_GENAI_PYTHON, else <repo>/.venv-genai/bin/python if present."""
+    if os.environ.get(PYTHON_ENV):
+        return os.environ[PYTHON_ENV]
+    candidate = Path(__file__).resolve().parents[2] / ".venv-genai" / "bin" / "python"
+    return str(candidate) if candidate.exists() else None
+
+
+def in_process() -> bool:
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def open_runtime(model: ModelFolder, options) -> "GenaiRunner":
+    shape = file_shape(model.model_path, model.n_positions)
+    if shape.kv_dtype not in ("float32", "float16"):
+        raise RuntimeUnavailable(f"onnxruntime-genai cannot run a {shape.kv_dtype} cache")
+    tmp = Path(tempfile.mkdtemp(prefix="gpt2onnx-genai-"))
+    try:
+        folder, overlay = config_folder(model, tmp, threads=options.provider.threads)
+        backend = _InProcess(folder) if in_process() else _Worker(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return GenaiRunner(backend, shape, model, tmp=tmp, overlay=overlay)
+
+
+class GenaiRunner:
+    """The :class:`~gpt2onnx.runtime.base.LoopRunner` interface on onnxruntime-genai."""
+
+    runtime = "genai"
+    device, device_id, dummy_past = "cpu", 0, 0
+
+    def __init__(self, backend, shape, model: ModelFolder, *, tmp: Path, overlay: bool):
+        self.backend, self.shape, self.tmp = backend, shape, tmp
+        self.n_layer, self.vocab_size, self.n_positions = shape.n_layer, shape.vocab_size, model.n_positions
+        self.provider = "cpu"
+        self.config_written = overlay  # True: genai_config.json was written on the fly (the folder has none)
+        self.version = backend.version
+        self.mode = backend.mode  # "in-process" or "worker (<python>)"
+
+    def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None:
+        ids = input_ids if attention_mask is None else input_ids[attention_mask[:, -input_ids.shape[1] :] > 0]
+        if self.vocab_size is not None and ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
+            raise BadInput(f"token id {bad} is outside the vocabulary (0 to {self.vocab_size - 1})")
+
+    def check_length(self, total_length: int) -> None:
+        if self.n_positions and total_length > self.n_positions:
+            raise BadInput(
+                f"prompt plus new tokens is {total_length} tokens, beyond the model's context of {self.n_positions}:"
+                " shorten the prompt or ask for fewer new tokens"
+            )
+
+    def run_loop(self, prompt, *, max_new_tokens, forced=None, return_logits=False, search=None) -> LoopResult:
+        needed = len(prompt) + (len(forced) if forced is not None else max_new_tokens)
+        self.check_length(needed)
+        request = {
+            "max_length": min(needed + 1, self.n_positions) if self.n_positions else needed + 1,
+            "prompt": [int(t) for t in prompt], "max_new_tokens": int(max_new_tokens),
+            "forced": None if forced is None else [int(t) for t in forced], "return_logits": return_logits,
+            "search": search or {},
+        }  # fmt: skip
+        out = self.backend.run(request)
+        return LoopResult(out["tokens"], out["step_seconds"], out.get("logits", []), out.get("peak_bytes"))
+
+    def close(self) -> None:
+        self.backend.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class _InProcess:
+    def __init__(self, folder: Path):
+        import onnxruntime_genai as og
+
+        from gpt2onnx.runtime import genai_worker
+
+        self.worker, self.version, self.mode = genai_worker, og.__version__, "in-process"
+        try:
+            self.model = genai_worker.open_model(str(folder))
+        except Exception as exc:  # noqa: BLE001 - genai raises RuntimeError/ValueError for configs and graphs
+            raise RuntimeUnavailable(f"onnxruntime-genai cannot open '{folder}': {str(exc).strip().splitlines()[0]}") from None
+
+    def run(self, request: dict) -> dict:
+        return self.worker.run_loop(self.model, request.pop("prompt"), **request)
+
+    def close(self) -> None:
+        self.model = None
+
+
+class _Worker:
+    """genai in a child process under the genai Python, one JSON line per request (see genai_worker)."""
+
+    def __init__(self, folder: Path):
+        python = genai_python()
+        if python is None:
+            raise RuntimeUnavailable(f"onnxruntime-genai is not installed: {INSTALL}")
+        try:
+            self.process = subprocess.Popen(
+                # -I: isolated, and without the script's folder on sys.path, where runtime/onnxruntime.py would
+                # shadow the onnxruntime package that onnxruntime_genai imports
+                [python, "-I", str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            )
+        except OSError as exc:
+            raise RuntimeUnavailable(f"the genai Python '{python}' cannot start ({exc.strerror}): {INSTALL}") from None
+        self.mode = f"worker ({python})"
+        try:
+            answer = self._ask({"op": "open", "folder": str(folder)})
+        except RuntimeUnavailable as exc:
+            self.close()
+            if "ModuleNotFoundError" in str(exc):
+                raise RuntimeUnavailable(f"onnxruntime-genai is not installed in '{python}': {INSTALL}") from None
+            raise RuntimeUnavailable(f"onnxruntime-genai cannot open '{folder}': {exc}") from None
+        self.version = answer["version"]
+
+    def _ask(self, request: dict) -> dict:
+        if self.process.poll() is not None:
+            raise RuntimeUnavailable(f"the genai worker exited (code {self.process.returncode})")
+        self.process.stdin.write(json.dumps(request).encode() + b"\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeUnavailable(f"the genai worker exited (code {self.process.wait()})")
+        answer = json.loads(line)
+        if "npz" in answer:
+            blob = self.process.stdout.read(answer.pop("npz"))
+            arrays = np.load(io.BytesIO(blob))
+            answer["logits"] = [arrays[f"logits_{i}"] for i in range(len(arrays.files))]
+        if "error" in answer:
+            raise RuntimeUnavailable(answer["error"])
+        return answer
+
+    def run(self, request: dict) -> dict:
+        try:
+            return self._ask({"op": "run", **request})
+        except RuntimeUnavailable as exc:
+            raise BadInput(f"onnxruntime-genai refused the run: {exc}") from None
+
+    def close(self) -> None:
+        if getattr(self, "process", None) is None:
+            return
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write(b'{"op": "close"}\n')
+                self.process.stdin.close()
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+__all__ = ["GenaiRunner", "config_folder", "genai_config", "genai_python"]
