@@ -8,20 +8,17 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
-# Runtimes beside onnxruntime (gpt2onnx --runtime): OpenVINO goes into .venv (it leaves onnxruntime-gpu alone);
-# onnxruntime-genai gets its own .venv-genai, because its wheel installs the CPU onnxruntime over onnxruntime-gpu.
-# gpt2onnx finds it there (or through GPT2ONNX_GENAI_PYTHON) and runs it in a worker process.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check openvino 2>&1 | grep -v "^WARNING: Location" || true
-[ -x .venv-genai/bin/python ] || "$PYTHON" -m venv .venv-genai
-.venv-genai/bin/python -m pip install --quiet --disable-pip-version-check onnxruntime-genai numpy 2>&1 | grep -v "^WARNING: Location" || true
+# OpenVINO (gpt2onnx --runtime openvino) goes into .venv: it leaves onnxruntime-gpu alone.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${OPENVINO_SPEC:-openvino==2026.4.1}" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import gpt2onnx, torch, onnxruntime; print('gpt2onnx', gpt2onnx.__version__, '| torch', torch.__version__, '| onnxruntime', onnxruntime.__version__)"
 
-# --- deploy runtimes (issue 12): kept apart from the project venv, safe to rerun -------------------------
+# --- other runtimes (deploy targets, --runtime genai): kept apart from the project venv, safe to rerun ------
 # onnxruntime-genai depends on the CPU onnxruntime and would install it over onnxruntime-gpu in .venv
 # (CUDAExecutionProvider silently gone, pip check silent too): it gets its own venv, .venv-genai, with
 # tritonclient[grpc] (which pins protobuf < 7, another reason to keep it out of .venv). transformers.js
 # goes into tests/js/node_modules from the committed package-lock.json; --ignore-scripts: no postinstall
-# downloads (onnxruntime-node ships its CPU binary in the package). SKIP_DEPLOY_RUNTIMES=1 skips this block.
+# downloads (onnxruntime-node ships its CPU binary in the package). gpt2onnx --runtime genai finds .venv-genai
+# (or GPT2ONNX_GENAI_PYTHON) and runs genai in a worker process. SKIP_DEPLOY_RUNTIMES=1 skips this block.
 if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   GENAI_SPEC="${GENAI_SPEC:-onnxruntime-genai==0.18.0}"
   TRITONCLIENT_SPEC="${TRITONCLIENT_SPEC:-tritonclient[grpc]==2.73.0}"
@@ -37,4 +34,4 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
     echo "npm not found: the transformers.js tests will skip (install Node.js 20+)"
   fi
 fi
-# --- end of deploy runtimes ---------------------------------------------------------------------------------
+# --- end of other runtimes ---------------------------------------------------------------------------------
