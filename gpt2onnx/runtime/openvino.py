@@ -84,7 +84,7 @@ class OpenVinoDecoder:
                 " shorten the prompt or ask for fewer new tokens"
             )
 
-    def empty_past(self, batch: int) -> list[np.ndarray]:
+    def empty_past(self, batch: int, capacity: int | None = None) -> list[np.ndarray]:
         return [np.zeros((batch, self.n_head, 0, self.head_dim), self.kv_dtype) for _ in self.past_names]
 
     def prompt_mask(self, attention_mask: np.ndarray) -> np.ndarray:
