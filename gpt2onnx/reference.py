@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
+import inspect
 
 import numpy as np
 import torch
@@ -15,10 +17,7 @@ def reference_model(ckpt: Checkpoint):
     """GPT2LMHeadModel with eager attention, its parameters sharing storage with the checkpoint's tensors."""
     from transformers import GPT2LMHeadModel
 
-    try:
-        from transformers.modeling_utils import no_init_weights
-    except ImportError:  # moved in some releases; initializing first is only slower
-        no_init_weights = contextlib.nullcontext
+    no_init_weights = _no_init_weights()
     config = copy.deepcopy(ckpt.config)
     config._attn_implementation = "eager"  # the plain softmax(QKᵀ)V path, exact in fp32
     with no_init_weights():
@@ -29,6 +28,43 @@ def reference_model(ckpt: Checkpoint):
     if ckpt.spec.tie_word_embeddings:
         model.tie_weights()
     return model.eval()
+
+
+def _no_init_weights():
+    """transformers' context that skips weight initialization: in transformers.initialization from 5.x, in
+    modeling_utils before; where neither has it, initializing first is only slower."""
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            return importlib.import_module(module).no_init_weights
+        except (ImportError, AttributeError):
+            continue
+    return contextlib.nullcontext
+
+
+def cache_argument(model) -> str:
+    """The keyword a model's forward takes its cache under: ``cache`` in transformers 5.x (which still accepts
+    ``past_key_values`` with a deprecation warning, until 5.40), ``past_key_values`` before and for our
+    stand-ins (OnnxReference)."""
+    forward = getattr(model, "forward", None)
+    try:
+        if forward is not None and "cache" in inspect.signature(forward).parameters:
+            return "cache"
+    except (TypeError, ValueError):
+        pass
+    return "past_key_values"
+
+
+def forward_with_cache(model, past=None, **inputs):
+    """``model(**inputs, use_cache=True)`` with ``past`` passed under the keyword this transformers takes;
+    returns (the output, the cache to feed back)."""
+    out = model(**inputs, **{cache_argument(model): past}, use_cache=True)
+    return out, output_cache(out)
+
+
+def output_cache(out):
+    """The cache an output carries: ``out.cache`` in transformers 5.x, ``out.past_key_values`` before."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def cache_as_arrays(past) -> list[np.ndarray]:
@@ -47,11 +83,11 @@ def cache_as_arrays(past) -> list[np.ndarray]:
 @torch.no_grad()
 def reference_step(model, input_ids, attention_mask, position_ids, past=None):
     """One forward pass; returns (logits as numpy, the cache to feed back)."""
-    out = model(
+    out, cache = forward_with_cache(
+        model,
+        past,
         input_ids=torch.as_tensor(input_ids),
         attention_mask=torch.as_tensor(attention_mask),
         position_ids=torch.as_tensor(position_ids),
-        past_key_values=past,
-        use_cache=True,
     )
-    return out.logits.float().numpy(), out.past_key_values
+    return out.logits.float().numpy(), cache

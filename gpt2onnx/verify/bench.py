@@ -21,6 +21,8 @@ def bench_torch(model, config: BenchConfig, batch: int, *, vocab_size: int, prog
     """The same workload on PyTorch eager (transformers' GPT2LMHeadModel with its cache)."""
     import torch
 
+    from gpt2onnx.reference import forward_with_cache
+
     ids = torch.as_tensor(random_prompt(batch, config.prompt_len, vocab_size, config.seed))
     runs = []
     with PeakMemory() as memory, torch.inference_mode():
@@ -28,10 +30,9 @@ def bench_torch(model, config: BenchConfig, batch: int, *, vocab_size: int, prog
             times, past, step_ids = [], None, ids
             for _ in range(config.new_tokens):
                 start = time.perf_counter()
-                out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
+                out, past = forward_with_cache(model, past, input_ids=step_ids)
                 step_ids = out.logits[:, -1].argmax(-1, keepdim=True)
                 times.append(time.perf_counter() - start)
-                past = out.past_key_values
             if i >= config.warmup:
                 runs.append(times)
             if progress:
