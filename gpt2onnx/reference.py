@@ -13,8 +13,10 @@ import torch
 from gpt2onnx.checkpoint import Checkpoint, to_hf_names
 
 
-def reference_model(ckpt: Checkpoint):
-    """GPT2LMHeadModel with eager attention, its parameters sharing storage with the checkpoint's tensors."""
+def reference_model(ckpt: Checkpoint, *, device: str | None = None, dtype: torch.dtype | None = None):
+    """GPT2LMHeadModel with eager attention, its parameters sharing storage with the checkpoint's tensors; with
+    ``device`` ('cuda', 'cuda:1') or ``dtype`` (torch.float16), a copy moved there (the bench baseline on a GPU).
+    Parity keeps the default: fp32 on the CPU, the exact reference."""
     from transformers import GPT2LMHeadModel
 
     no_init_weights = _no_init_weights()
@@ -27,7 +29,16 @@ def reference_model(ckpt: Checkpoint):
         raise RuntimeError(f"reference model: missing {missing}, unexpected {unexpected}")
     if ckpt.spec.tie_word_embeddings:
         model.tie_weights()
+    if device is not None or dtype is not None:
+        model.to(device=device, dtype=dtype)  # tied weights stay one parameter
     return model.eval()
+
+
+def model_device(model) -> torch.device:
+    """Where a reference's parameters are; the CPU for stand-ins without parameters (OnnxReference)."""
+    parameters = getattr(model, "parameters", None)
+    first = next(iter(parameters()), None) if callable(parameters) else None
+    return first.device if first is not None else torch.device("cpu")
 
 
 def _no_init_weights():
@@ -77,17 +88,18 @@ def cache_as_arrays(past) -> list[np.ndarray]:
         pairs = past.to_legacy_cache()
     else:
         pairs = past
-    return [t.detach().float().numpy() for pair in pairs for t in pair]
+    return [t.detach().float().cpu().numpy() for pair in pairs for t in pair]
 
 
 @torch.no_grad()
 def reference_step(model, input_ids, attention_mask, position_ids, past=None):
     """One forward pass; returns (logits as numpy, the cache to feed back)."""
+    device = model_device(model)
     out, cache = forward_with_cache(
         model,
         past,
-        input_ids=torch.as_tensor(input_ids),
-        attention_mask=torch.as_tensor(attention_mask),
-        position_ids=torch.as_tensor(position_ids),
+        input_ids=torch.as_tensor(input_ids, device=device),
+        attention_mask=torch.as_tensor(attention_mask, device=device),
+        position_ids=torch.as_tensor(position_ids, device=device),
     )
-    return out.logits.float().numpy(), cache
+    return out.logits.float().cpu().numpy(), cache
