@@ -38,7 +38,7 @@ if [ $# -ne 1 ]; then
 fi
 HERE="$(cd "$(dirname "$0")" && pwd)"
 RESULTS="$1"
-PYTHON="${PYTHON:-python}"
+PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
 SIZE="${SIZE:-gpt2}"
 BENCH_BATCHES="${BENCH_BATCHES:-1,8}"
 BENCH_PROMPT_LEN="${BENCH_PROMPT_LEN:-128}"
