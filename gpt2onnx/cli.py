@@ -607,5 +607,7 @@ def bench(
                 f"batch {run['batch']}: {label} vs torch eager: first token ×{s['prompt']:.2f}, decode step"
                 f" ×{s['decode']:.2f}, tokens/s ×{s['tokens_per_s']:.2f}", highlight=False,
             )  # fmt: skip
+        if "note" in run["extra"]:
+            console.print(f"batch {run['batch']}: {run['extra']['note']}", highlight=False)
     if plot:
         console.print(f"plot written to {plot}")

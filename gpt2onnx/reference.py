@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
+import inspect
 
 import numpy as np
 import torch
@@ -11,14 +13,13 @@ import torch
 from gpt2onnx.checkpoint import Checkpoint, to_hf_names
 
 
-def reference_model(ckpt: Checkpoint):
-    """GPT2LMHeadModel with eager attention, its parameters sharing storage with the checkpoint's tensors."""
+def reference_model(ckpt: Checkpoint, *, device: str | None = None, dtype: torch.dtype | None = None):
+    """GPT2LMHeadModel with eager attention, its parameters sharing storage with the checkpoint's tensors; with
+    ``device`` ('cuda', 'cuda:1') or ``dtype`` (torch.float16), a copy moved there (the bench baseline on a GPU).
+    Parity keeps the default: fp32 on the CPU, the exact reference."""
     from transformers import GPT2LMHeadModel
 
-    try:
-        from transformers.modeling_utils import no_init_weights
-    except ImportError:  # moved in some releases; initializing first is only slower
-        no_init_weights = contextlib.nullcontext
+    no_init_weights = _no_init_weights()
     config = copy.deepcopy(ckpt.config)
     config._attn_implementation = "eager"  # the plain softmax(QKᵀ)V path, exact in fp32
     with no_init_weights():
@@ -28,7 +29,53 @@ def reference_model(ckpt: Checkpoint):
         raise RuntimeError(f"reference model: missing {missing}, unexpected {unexpected}")
     if ckpt.spec.tie_word_embeddings:
         model.tie_weights()
+    if device is not None or dtype is not None:
+        model.to(device=device, dtype=dtype)  # tied weights stay one parameter
     return model.eval()
+
+
+def model_device(model) -> torch.device:
+    """Where a reference's parameters are; the CPU for stand-ins without parameters (OnnxReference)."""
+    parameters = getattr(model, "parameters", None)
+    first = next(iter(parameters()), None) if callable(parameters) else None
+    return first.device if first is not None else torch.device("cpu")
+
+
+def _no_init_weights():
+    """transformers' context that skips weight initialization: in transformers.initialization from 5.x, in
+    modeling_utils before; where neither has it, initializing first is only slower."""
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            return importlib.import_module(module).no_init_weights
+        except (ImportError, AttributeError):
+            continue
+    return contextlib.nullcontext
+
+
+def cache_argument(model) -> str:
+    """The keyword a model's forward takes its cache under: ``cache`` in transformers 5.x (which still accepts
+    ``past_key_values`` with a deprecation warning, until 5.40), ``past_key_values`` before and for our
+    stand-ins (OnnxReference)."""
+    forward = getattr(model, "forward", None)
+    try:
+        if forward is not None and "cache" in inspect.signature(forward).parameters:
+            return "cache"
+    except (TypeError, ValueError):
+        pass
+    return "past_key_values"
+
+
+def forward_with_cache(model, past=None, **inputs):
+    """``model(**inputs, use_cache=True)`` with ``past`` passed under the keyword this transformers takes;
+    returns (the output, the cache to feed back)."""
+    out = model(**inputs, **{cache_argument(model): past}, use_cache=True)
+    return out, output_cache(out)
+
+
+def output_cache(out):
+    """The cache an output carries: ``out.cache`` in transformers 5.x, ``out.past_key_values`` before."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def cache_as_arrays(past) -> list[np.ndarray]:
@@ -41,17 +88,18 @@ def cache_as_arrays(past) -> list[np.ndarray]:
         pairs = past.to_legacy_cache()
     else:
         pairs = past
-    return [t.detach().float().numpy() for pair in pairs for t in pair]
+    return [t.detach().float().cpu().numpy() for pair in pairs for t in pair]
 
 
 @torch.no_grad()
 def reference_step(model, input_ids, attention_mask, position_ids, past=None):
     """One forward pass; returns (logits as numpy, the cache to feed back)."""
-    out = model(
-        input_ids=torch.as_tensor(input_ids),
-        attention_mask=torch.as_tensor(attention_mask),
-        position_ids=torch.as_tensor(position_ids),
-        past_key_values=past,
-        use_cache=True,
+    device = model_device(model)
+    out, cache = forward_with_cache(
+        model,
+        past,
+        input_ids=torch.as_tensor(input_ids, device=device),
+        attention_mask=torch.as_tensor(attention_mask, device=device),
+        position_ids=torch.as_tensor(position_ids, device=device),
     )
-    return out.logits.float().numpy(), out.past_key_values
+    return out.logits.float().cpu().numpy(), cache

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Run the tests (set-up included): offline, CPU only, seeded tiny models plus one export of the 124M architecture.
+# Run the tests (set-up included): offline, CPU only, seeded tiny models plus one export of the 124M architecture,
+# in .venv (transformers 4.x with optimum); then again under transformers 5.x (scripts/test-tf5.sh, .venv-tf5,
+# no optimum, not the slow ones). Arguments go to both pytest runs; SKIP_TF5=1 runs the first only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec .venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "$@"
+if [ "${SKIP_TF5:-0}" != 1 ]; then
+    bash scripts/test-tf5.sh "$@"
+fi

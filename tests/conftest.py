@@ -1,6 +1,7 @@
 """Shared fixtures: seeded tiny GPT-2 checkpoints written as Hugging Face folders. Tests never use the network."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -39,8 +40,33 @@ def write_hf_folder(folder, config, *, seed: int = 0, safe_serialization: bool =
         for p in model.parameters():
             if p.ndim == 1:
                 p.add_(torch.randn(p.shape) * config.initializer_range)
-    model.save_pretrained(folder, safe_serialization=safe_serialization)
+    if safe_serialization:
+        model.save_pretrained(folder)
+    else:  # transformers 5 writes only safetensors (save_pretrained has no safe_serialization any more)
+        folder = Path(folder)
+        model.config.save_pretrained(folder)
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
     return folder
+
+
+def import_optimum(module: str, name: str):
+    """``from module import name`` for an optimum module, or skip the test: optimum-onnx is optional (the extra
+    ``optimum``), and its releases so far require transformers < 4.58 (under transformers 5 it is absent, or fails
+    on import)."""
+    import importlib
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return getattr(importlib.import_module(module), name)  # optimum's modules are lazy: the attribute imports
+    except (ImportError, AttributeError) as err:
+        import transformers
+
+        pytest.skip(
+            f"optimum is not usable with transformers {transformers.__version__} here ({err}); "
+            "pip install 'gpt2onnx[optimum]' in an environment with transformers 4.x"
+        )
 
 
 @pytest.fixture(scope="session", params=list(TINY_CONFIGS))

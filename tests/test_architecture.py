@@ -129,3 +129,23 @@ def test_run_commands_work_without_torch(tiny_export, tmp_path, command):
     # the guard works: a command that needs torch says so
     check = subprocess.run([sys.executable, "-c", NO_TORCH, "parity", str(tiny_export), "--cases", "1"], capture_output=True, text=True, timeout=300)
     assert check.returncode != 0 and "not installed on this deployment machine" in check.stderr + check.stdout
+
+
+NO_OPTIMUM = """
+import importlib, pkgutil, sys
+sys.modules["optimum"] = None  # as if not installed: importing it fails, importlib.util.find_spec finds nothing
+import gpt2onnx
+for info in pkgutil.walk_packages(gpt2onnx.__path__, "gpt2onnx."):
+    if info.name != "gpt2onnx.__main__":
+        importlib.import_module(info.name)
+from gpt2onnx.cli import app
+app(sys.argv[1:], prog_name="gpt2onnx")
+"""
+
+
+def test_every_module_imports_and_parity_runs_without_optimum(tiny_export):
+    """optimum is an optional extra (only interop tests use it): nothing in the package may need it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_OPTIMUM, "parity", str(tiny_export), "--cases", "2"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout

@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxscript.rewriter import pattern
 
+from conftest import import_optimum
 from gpt2onnx.checkpoint import load_checkpoint
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
@@ -237,10 +238,9 @@ def test_lower_opset_export_is_fused_after_conversion(tiny_folder, tmp_path):
 # -- optimize: optimum exports, partial fusion, bad input ----------------------------------------------------
 @pytest.fixture(scope="module")
 def optimum_export(tmp_path_factory, tiny_folder):
+    main_export = import_optimum("optimum.exporters.onnx", "main_export")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from optimum.exporters.onnx import main_export
-
         out = tmp_path_factory.mktemp("optimum") / "model"
         main_export(str(tiny_folder), output=out, task="text-generation-with-past", no_post_process=True)
     return out

@@ -100,10 +100,11 @@ def test_optimum_export_runs_through_the_runner(tiny_folder, tmp_path, reference
     """A folder exported by optimum (its own names, its own graph) works with generate and parity."""
     import warnings
 
+    from conftest import import_optimum
+
+    main_export = import_optimum("optimum.exporters.onnx", "main_export")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from optimum.exporters.onnx import main_export
-
         main_export(str(tiny_folder), output=tmp_path / "optimum", task="text-generation-with-past", no_post_process=True)
     decoder = open_decoder(open_folder(tmp_path / "optimum"), ProviderConfig())
     ids, mask = left_padded_batch(1000, batch=3, length=6, seed=8)

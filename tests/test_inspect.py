@@ -86,10 +86,11 @@ def test_inspect_shows_the_checks_of_every_variant(tmp_path, variant, options):
 def test_inspect_an_optimum_folder(tmp_path, tiny_folder):
     import warnings
 
+    from conftest import import_optimum
+
+    main_export = import_optimum("optimum.exporters.onnx", "main_export")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from optimum.exporters.onnx import main_export
-
         main_export(str(tiny_folder), output=tmp_path / "optimum", task="text-generation-with-past", no_post_process=True)
     info = inspect_model(tmp_path / "optimum")
     assert info["manifest"] is None and {t["name"] for t in info["inputs"]} >= {"input_ids", "past_key_values.0.key"}

@@ -5,16 +5,16 @@ import warnings
 import numpy as np
 import torch
 
+from conftest import import_optimum
 from gpt2onnx.checkpoint import load_checkpoint
 from gpt2onnx.reference import reference_model
 from gpt2onnx.verify.lockstep import greedy, left_padded_batch, reference_greedy
 
 
 def test_optimum_generate_matches_transformers(tiny_folder, tiny_export):
+    ORTModelForCausalLM = import_optimum("optimum.onnxruntime", "ORTModelForCausalLM")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from optimum.onnxruntime import ORTModelForCausalLM
-
         model = ORTModelForCausalLM.from_pretrained(tiny_export, provider="CPUExecutionProvider")
     assert model.use_cache
     ids, mask = left_padded_batch(1000, batch=3, length=6, seed=7)

@@ -18,28 +18,61 @@ from gpt2onnx.runtime.providers import ProviderConfig
 BASELINES = ("torch",)
 
 
-def bench_torch(model, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
-    """The same workload on PyTorch eager (transformers' GPT2LMHeadModel with its cache)."""
+def torch_device(provider: ProviderConfig) -> str:
+    """Where the PyTorch baseline runs: on the GPU the ONNX side uses (cuda, tensorrt) when this torch sees it,
+    else on the CPU (a CPU-only torch beside onnxruntime-gpu; the run records it)."""
+    if provider.name in ("cuda", "tensorrt"):
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda:{provider.device_id}"
+    return "cpu"
+
+
+def synchronizer(device) -> Callable[[], None]:
+    """What makes a timing honest on ``device``: on CUDA, wait for the queued kernels; on the CPU, nothing."""
     import torch
 
-    ids = torch.as_tensor(random_prompt(batch, config.prompt_len, vocab_size, config.seed))
+    device = torch.device(device)
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def bench_torch(model, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
+    """The same workload on PyTorch eager (transformers' GPT2LMHeadModel with its cache), on the device the
+    model is on: on a GPU the prompt and the cache stay there, and each step is timed between synchronizations
+    (the greedy pick included, as the ONNX runner's step includes copying the logits out)."""
+    import torch
+
+    from gpt2onnx.reference import forward_with_cache, model_device
+
+    device = model_device(model)
+    sync = synchronizer(device)
+    ids = torch.as_tensor(random_prompt(batch, config.prompt_len, vocab_size, config.seed), device=device)
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+        resident = torch.cuda.memory_allocated(device)  # the weights: the ONNX side's device figure leaves them out too
     runs = []
     with PeakMemory() as memory, torch.inference_mode():
         for i in range(config.warmup + config.repeat):
             times, past, step_ids = [], None, ids
             for _ in range(config.new_tokens):
+                sync()
                 start = time.perf_counter()
-                out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
+                out, past = forward_with_cache(model, past, input_ids=step_ids)
                 step_ids = out.logits[:, -1].argmax(-1, keepdim=True)
+                sync()
                 times.append(time.perf_counter() - start)
-                past = out.past_key_values
             if i >= config.warmup:
                 runs.append(times)
             if progress:
                 progress()
-    return summarize_runs("torch", batch, config.prompt_len, runs, memory.peak_bytes)
-
-
+    device_peak = int(torch.cuda.max_memory_allocated(device) - resident) if on_gpu else None
+    stats = summarize_runs("torch", batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
+    stats.extra.update(device=str(device), dtype=str(next(model.parameters()).dtype).removeprefix("torch."))
+    return stats
 
 
 def benchmark(
@@ -117,11 +150,19 @@ def _torch_baseline(folder, results: list[dict], provider: ProviderConfig, confi
     from gpt2onnx.verify.parity import reference_checkpoint
 
     torch.set_num_threads(provider.threads or os.cpu_count() or 1)
-    ref = reference_model(reference_checkpoint(open_folder(folder, verify_files=False), reference))
+    device = torch_device(provider)
+    # On a GPU an fp16 folder is compared with torch in fp16 (fp32 there would flatter us); on the CPU torch
+    # stays fp32, its fp16 kernels there are not what anyone would run.
+    half = device.startswith("cuda") and results[0]["precision"] == "float16"
+    ckpt = reference_checkpoint(open_folder(folder, verify_files=False), reference)
+    ref = reference_model(ckpt, device=device, dtype=torch.float16 if half else None)
     runs = []
     for batch in config.batches:
         stats = bench_torch(ref, config, batch, vocab_size=results[0]["vocab_size"], progress=progress).as_dict()
-        stats["label"], stats["runtime"] = "torch eager", "torch"
+        stats["label"] = "torch eager" if device == "cpu" else f"torch eager ({device}, {'fp16' if half else 'fp32'})"
+        stats["runtime"] = "torch"
+        if provider.name != "cpu" and device == "cpu":
+            stats["extra"]["note"] = f"torch sees no GPU here: the baseline ran on the CPU while onnxruntime ran on {provider.name}"
 
         def speedup(ours: dict) -> dict:
             return {
