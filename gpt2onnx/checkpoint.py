@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gpt2onnx.artifact.folder import COMPANION_FILES, TOKENIZER_FILES  # noqa: F401 (TOKENIZER_FILES: re-exported)
+from gpt2onnx.artifact.folder import COMPANION_FILES
 from gpt2onnx.config import PRESETS, ModelSpec, check_fits_in_memory, preset_config, spec_from_config
 from gpt2onnx.errors import CheckpointError
 from gpt2onnx.files import sha256_file

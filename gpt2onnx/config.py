@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from gpt2onnx.files import available_memory  # noqa: F401  (re-exported: config.available_memory)

@@ -22,9 +22,8 @@ from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.fusions import fuse, golden_counts
 from gpt2onnx.fusions import pipeline
 from gpt2onnx.reference import reference_model
-from gpt2onnx.runtime.decoder import OnnxDecoder, SharedCacheDecoder, cpu_decoder
+from gpt2onnx.runtime.decoder import SharedCacheDecoder, cpu_decoder
 from gpt2onnx.verify.lockstep import compare_decoder, greedy, left_padded_batch, reference_greedy
-from gpt2onnx.runtime.providers import cpu_session
 
 FP32_TOL = 1e-4
 RNG = np.random.default_rng(0)

@@ -9,7 +9,7 @@ from gpt2onnx.reference import reference_model
 from gpt2onnx.runtime.generate import Sampling, generate
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.runtime.decoder import open_decoder
-from gpt2onnx.verify.lockstep import greedy, left_padded_batch, reference_greedy
+from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 from gpt2onnx.runtime.providers import ProviderConfig
 
 

@@ -8,7 +8,7 @@ import torch
 from conftest import import_optimum
 from gpt2onnx.checkpoint import load_checkpoint
 from gpt2onnx.reference import reference_model
-from gpt2onnx.verify.lockstep import greedy, left_padded_batch, reference_greedy
+from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 
 
 def test_optimum_generate_matches_transformers(tiny_folder, tiny_export):

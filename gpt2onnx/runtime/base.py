@@ -125,3 +125,24 @@ def parse_runtimes(value: str) -> list[str]:
     if len(set(names)) != len(names):
         raise BadInput(f"runtimes '{value}' name one twice: give each once")
     return names
+
+
+class PromptChecks:
+    """The checks every runtime makes of a prompt before running it (needs ``vocab_size`` and ``n_positions``)."""
+
+    vocab_size: int | None
+    n_positions: int | None
+
+    def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None:
+        """Token ids outside the vocabulary would make CUDA's Gather read garbage without an error."""
+        ids = input_ids if attention_mask is None else input_ids[attention_mask[:, -input_ids.shape[1] :] > 0]
+        if self.vocab_size is not None and ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
+            raise BadInput(f"token id {bad} is outside the vocabulary (0 to {self.vocab_size - 1})")
+
+    def check_length(self, total_length: int) -> None:
+        if self.n_positions and total_length > self.n_positions:
+            raise BadInput(
+                f"prompt plus new tokens is {total_length} tokens, beyond the model's context of {self.n_positions}:"
+                " shorten the prompt or ask for fewer new tokens"
+            )

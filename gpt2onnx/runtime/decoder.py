@@ -24,6 +24,7 @@ from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.artifact.graph import load_graph, position_table_rows
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 from gpt2onnx.files import available_memory
+from gpt2onnx.runtime.base import PromptChecks
 from gpt2onnx.runtime.providers import DEVICE_TYPES, TRT_DUMMY_PAST, ProviderConfig, create_session, session_provider
 
 
@@ -93,7 +94,7 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDec
     return kind(cpu_session(model_path), n_positions=n_positions)
 
 
-class OnnxDecoder:
+class OnnxDecoder(PromptChecks):
     runtime = "onnxruntime"
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
@@ -113,20 +114,6 @@ class OnnxDecoder:
         self.dummy_past = TRT_DUMMY_PAST if self.provider == "tensorrt" else 0
 
     # -- inputs -------------------------------------------------------------------------------------------
-    def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None:
-        """Token ids outside the vocabulary would make CUDA's Gather read garbage without an error."""
-        ids = input_ids if attention_mask is None else input_ids[attention_mask[:, -input_ids.shape[1] :] > 0]
-        if self.vocab_size is not None and ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
-            raise BadInput(f"token id {bad} is outside the vocabulary (0 to {self.vocab_size - 1})")
-
-    def check_length(self, total_length: int) -> None:
-        if self.n_positions and total_length > self.n_positions:
-            raise BadInput(
-                f"prompt plus new tokens is {total_length} tokens, beyond the model's context of {self.n_positions}:"
-                " shorten the prompt or ask for fewer new tokens"
-            )
-
     def run_bytes(self, batch: int, prompt_len: int, total_len: int) -> int:
         """Host memory a run needs at its peak, roughly: the prompt step's logits (float32, every position)
         and the key/value cache at full length twice (the past bound as input and the present coming out)."""

@@ -27,7 +27,7 @@ import numpy as np
 from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.deploy import genai as deploy_genai
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
-from gpt2onnx.runtime.base import LoopResult
+from gpt2onnx.runtime.base import LoopResult, PromptChecks
 from gpt2onnx.runtime.decoder import file_shape
 
 CONFIG_FILE = "genai_config.json"
@@ -94,7 +94,7 @@ def open_runtime(model: ModelFolder, options) -> "GenaiRunner":
     return GenaiRunner(backend, shape, model, tmp=tmp, overlay=overlay)
 
 
-class GenaiRunner:
+class GenaiRunner(PromptChecks):
     """The :class:`~gpt2onnx.runtime.base.LoopRunner` interface on onnxruntime-genai."""
 
     runtime = "genai"
@@ -107,19 +107,6 @@ class GenaiRunner:
         self.config_written = overlay  # True: genai_config.json was written on the fly (the folder has none)
         self.version = backend.version
         self.mode = backend.mode  # "in-process" or "worker (<python>)"
-
-    def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None:
-        ids = input_ids if attention_mask is None else input_ids[attention_mask[:, -input_ids.shape[1] :] > 0]
-        if self.vocab_size is not None and ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
-            raise BadInput(f"token id {bad} is outside the vocabulary (0 to {self.vocab_size - 1})")
-
-    def check_length(self, total_length: int) -> None:
-        if self.n_positions and total_length > self.n_positions:
-            raise BadInput(
-                f"prompt plus new tokens is {total_length} tokens, beyond the model's context of {self.n_positions}:"
-                " shorten the prompt or ask for fewer new tokens"
-            )
 
     def run_loop(self, prompt, *, max_new_tokens, forced=None, return_logits=False, search=None) -> LoopResult:
         needed = len(prompt) + (len(forced) if forced is not None else max_new_tokens)

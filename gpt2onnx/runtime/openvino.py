@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.errors import RuntimeUnavailable
+from gpt2onnx.runtime.base import PromptChecks
 from gpt2onnx.runtime.decoder import file_shape
 
 INSTALL = "pip install openvino (or: bash scripts/setup.sh)"
@@ -46,7 +47,7 @@ def open_runtime(model: ModelFolder, options) -> "OpenVinoDecoder":
     return OpenVinoDecoder(compiled, model, device=options.device, precision=options.ov_precision, version=ov.__version__)
 
 
-class OpenVinoDecoder:
+class OpenVinoDecoder(PromptChecks):
     """The :class:`~gpt2onnx.runtime.base.Stepper` interface on an OpenVINO compiled model (host arrays in and out)."""
 
     runtime = "openvino"
@@ -70,19 +71,6 @@ class OpenVinoDecoder:
         missing = [n for n in ["logits", *self.present_names] if n not in names]
         if missing:
             raise RuntimeUnavailable(f"OpenVINO's compiled model has no output named {missing[0]}")
-
-    def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None:
-        ids = input_ids if attention_mask is None else input_ids[attention_mask[:, -input_ids.shape[1] :] > 0]
-        if self.vocab_size is not None and ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
-            raise BadInput(f"token id {bad} is outside the vocabulary (0 to {self.vocab_size - 1})")
-
-    def check_length(self, total_length: int) -> None:
-        if self.n_positions and total_length > self.n_positions:
-            raise BadInput(
-                f"prompt plus new tokens is {total_length} tokens, beyond the model's context of {self.n_positions}:"
-                " shorten the prompt or ask for fewer new tokens"
-            )
 
     def empty_past(self, batch: int, capacity: int | None = None) -> list[np.ndarray]:
         return [np.zeros((batch, self.n_head, 0, self.head_dim), self.kv_dtype) for _ in self.past_names]

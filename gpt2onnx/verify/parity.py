@@ -17,7 +17,7 @@ from gpt2onnx.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.errors import BadInput
 from gpt2onnx.reference import reference_model
 from gpt2onnx.runtime.base import RuntimeOptions, open_runtime
-from gpt2onnx.runtime.decoder import OnnxDecoder, cpu_decoder, open_decoder
+from gpt2onnx.runtime.decoder import OnnxDecoder, cpu_decoder
 from gpt2onnx.runtime.providers import ProviderConfig, cpu_session
 from gpt2onnx.verify.gates import TOLERANCES, apply_gates, tolerances_for
 from gpt2onnx.verify.lockstep import (
