@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -16,6 +19,9 @@ from rich.table import Table
 
 from gpt2onnx import __version__
 from gpt2onnx.errors import Gpt2OnnxError
+
+if TYPE_CHECKING:
+    from gpt2onnx.runtime.providers import ProviderConfig
 
 INTERNAL_ERROR = 70  # a bug of ours, not the user's: still one line, and the traceback with --verbose
 
@@ -367,28 +373,65 @@ ReferenceOpt = Annotated[
 ]
 
 
-def _runtime(name, provider_config, device, ov_precision):
+@dataclass(frozen=True)
+class RunOptions:
+    """What generate, parity and bench share: the provider and its settings, OpenVINO's device and precision, and
+    whether the model files are checked against the manifest first."""
+
+    provider: ProviderConfig
+    device: str
+    ov_precision: str
+    verify_files: bool
+
+
+# name, type, default: added to every command decorated with run_options
+_RUN_OPTIONS = (
+    ("device", OvDeviceOpt, "CPU"),
+    ("ov_precision", OvPrecisionOpt, "f32"),
+    ("provider", ProviderOpt, "cpu"),
+    ("threads", ThreadsOpt, None),
+    ("spin", SpinOpt, True),
+    ("device_id", DeviceOpt, 0),
+    ("trt_fp16", TrtFp16Opt, False),
+    ("trt_cache_dir", TrtCacheOpt, None),
+    ("max_batch", MaxBatchOpt, 8),
+    ("allow_fallback", FallbackOpt, False),
+    ("verify_files", VerifyFilesOpt, True),
+)
+
+
+def run_options(command):
+    """Give a run command the shared options (declared once, in _RUN_OPTIONS) and pass them to it, checked, as
+    one ``options: RunOptions`` argument."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "options"]
+    shared = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind) for name, kind, default in _RUN_OPTIONS]
+
+    @functools.wraps(command)
+    def with_options(**kwargs):
+        values = {name: kwargs.pop(name) for name, _, _ in _RUN_OPTIONS}
+        from gpt2onnx.runtime.providers import ProviderConfig
+
+        provider = ProviderConfig(
+            name=values["provider"], threads=values["threads"], spinning=values["spin"], device_id=values["device_id"],
+            trt_fp16=values["trt_fp16"], trt_cache_dir=str(values["trt_cache_dir"]) if values["trt_cache_dir"] else None,
+            max_batch=values["max_batch"], allow_fallback=values["allow_fallback"],
+        ).check()  # fmt: skip
+        return command(**kwargs, options=RunOptions(provider, values["device"], values["ov_precision"], values["verify_files"]))
+
+    with_options.__signature__ = signature.replace(parameters=own + shared)
+    with_options.__annotations__ = {p.name: p.annotation for p in own + shared}
+    return with_options
+
+
+def _runtime(name: str, options: RunOptions):
     from gpt2onnx.runtime.base import RuntimeOptions
 
-    return RuntimeOptions(name=name, provider=provider_config, device=device, ov_precision=ov_precision).check()
-
-
-def _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback):
-    from gpt2onnx.runtime.providers import ProviderConfig
-
-    return ProviderConfig(
-        name=provider,
-        threads=threads,
-        spinning=spin,
-        device_id=device_id,
-        trt_fp16=trt_fp16,
-        trt_cache_dir=str(trt_cache_dir) if trt_cache_dir else None,
-        max_batch=max_batch,
-        allow_fallback=allow_fallback,
-    ).check()
+    return RuntimeOptions(name=name, provider=options.provider, device=options.device, ov_precision=options.ov_precision).check()
 
 
 @app.command()
+@run_options
 def generate(
     folder: FolderArg = Path("models/gpt2"),
     prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Prompt text (repeat for a batch).")] = None,
@@ -400,22 +443,11 @@ def generate(
     top_p: Annotated[float, typer.Option(help="Sample from the smallest set with this probability mass.")] = 1.0,
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
     runtime: RuntimeOpt = "onnxruntime",
-    device: OvDeviceOpt = "CPU",
-    ov_precision: OvPrecisionOpt = "f32",
-    provider: ProviderOpt = "cpu",
-    threads: ThreadsOpt = None,
-    spin: SpinOpt = True,
-    device_id: DeviceOpt = 0,
-    trt_fp16: TrtFp16Opt = False,
-    trt_cache_dir: TrtCacheOpt = None,
-    max_batch: MaxBatchOpt = 8,
-    allow_fallback: FallbackOpt = False,
-    verify_files: VerifyFilesOpt = True,
+    options: RunOptions = None,
 ) -> None:
     """Generate a continuation, streaming the new tokens."""
     from gpt2onnx.runtime.generate import Sampling, generate_text
 
-    config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
     sampling = Sampling(sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
     def show(kind: str, text: str) -> None:
@@ -423,7 +455,7 @@ def generate(
 
     result = generate_text(
         folder, prompts=prompt, ids=ids, max_new_tokens=max_new_tokens, sampling=sampling,
-        runtime=_runtime(runtime, config, device, ov_precision), verify_files=verify_files, on_text=show,
+        runtime=_runtime(runtime, options), verify_files=options.verify_files, on_text=show,
     )  # fmt: skip
     if len(result.texts) == 1:
         console.print()
@@ -434,6 +466,7 @@ def generate(
 
 
 @app.command()
+@run_options
 def parity(
     folder: FolderArg = Path("models/gpt2"),
     cases: Annotated[int, typer.Option(help="Randomized cases.")] = 20,
@@ -442,16 +475,6 @@ def parity(
     reference: ReferenceOpt = None,
     gate: GateOpt = None,
     runtime: RuntimeOpt = "onnxruntime",
-    device: OvDeviceOpt = "CPU",
-    ov_precision: OvPrecisionOpt = "f32",
-    provider: ProviderOpt = "cpu",
-    threads: ThreadsOpt = None,
-    spin: SpinOpt = True,
-    device_id: DeviceOpt = 0,
-    trt_fp16: TrtFp16Opt = False,
-    trt_cache_dir: TrtCacheOpt = None,
-    max_batch: MaxBatchOpt = 8,
-    allow_fallback: FallbackOpt = False,
     emulate_fp16: Annotated[
         bool,
         typer.Option(
@@ -460,7 +483,7 @@ def parity(
             " most fp16 nodes in fp32, which hides overflow).",
         ),
     ] = False,
-    verify_files: VerifyFilesOpt = True,
+    options: RunOptions = None,
 ) -> None:
     """Check an exported model against PyTorch on randomized cases; exit 1 if a gate fails."""
     from rich.progress import Progress
@@ -470,13 +493,12 @@ def parity(
     from gpt2onnx.verify.parity import check_parity
 
     gates = parse_gates(gate)
-    config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("parity cases", total=cases)
         report = check_parity(
-            folder, runtime=_runtime(runtime, config, device, ov_precision), cases=cases, seed=seed, reference=reference,
-            max_batch=min(max_batch, 8),
-            on_case=lambda _: progress.advance(task), gates=gates, emulate_fp16=emulate_fp16, verify_files=verify_files,
+            folder, runtime=_runtime(runtime, options), cases=cases, seed=seed, reference=reference,
+            max_batch=min(options.provider.max_batch, 8),
+            on_case=lambda _: progress.advance(task), gates=gates, emulate_fp16=emulate_fp16, verify_files=options.verify_files,
         )  # fmt: skip
     worst = sorted(report.cases, key=lambda r: -r["logits"]["max"])[:10]
     table = Table(title=f"parity on {report.runtime}/{report.provider}: {len(report.cases)} cases (worst {len(worst)} shown)")
@@ -512,6 +534,7 @@ def parity(
 
 
 @app.command()
+@run_options
 def bench(
     folders: Annotated[
         Optional[list[Path]], typer.Argument(help="Exported folders; several are measured side by side \\[default: models/gpt2].")
@@ -531,17 +554,7 @@ def bench(
     runtime: Annotated[
         str, typer.Option("--runtime", "-r", help="onnxruntime, genai, openvino; several comma-separated, measured side by side.")
     ] = "onnxruntime",
-    device: OvDeviceOpt = "CPU",
-    ov_precision: OvPrecisionOpt = "f32",
-    provider: ProviderOpt = "cpu",
-    threads: ThreadsOpt = None,
-    spin: SpinOpt = True,
-    device_id: DeviceOpt = 0,
-    trt_fp16: TrtFp16Opt = False,
-    trt_cache_dir: TrtCacheOpt = None,
-    max_batch: MaxBatchOpt = 8,
-    allow_fallback: FallbackOpt = False,
-    verify_files: VerifyFilesOpt = True,
+    options: RunOptions = None,
 ) -> None:
     """Measure time to first token, decode latency, tokens/s, memory and file size (medians of repeated runs)."""
     from rich.progress import Progress
@@ -553,17 +566,17 @@ def bench(
     from gpt2onnx.verify.bench import benchmark
 
     folders = folders or [Path("models/gpt2")]
-    config = _provider(provider, threads, spin, device_id, trt_fp16, trt_cache_dir, max_batch, allow_fallback)
+    config = options.provider
     names = parse_runtimes(runtime)
-    for flag, value, default in (("--device", device, "CPU"), ("--ov-precision", ov_precision, "f32")):
+    for flag, value, default in (("--device", options.device, "CPU"), ("--ov-precision", options.ov_precision, "f32")):
         if value != default and "openvino" not in names:
             raise BadInput(f"{flag} applies to the openvino runtime: add it to --runtime, or drop {flag}")
-    if provider != "cpu" and "onnxruntime" not in names:
+    if config.name != "cpu" and "onnxruntime" not in names:
         raise BadInput("--provider applies to the onnxruntime runtime: add it to --runtime, or drop --provider")
     runtimes = [
         RuntimeOptions(
-            name=name, provider=config if name == "onnxruntime" else ProviderConfig(threads=threads),
-            **({"device": device, "ov_precision": ov_precision} if name == "openvino" else {}),
+            name=name, provider=config if name == "onnxruntime" else ProviderConfig(threads=config.threads),
+            **({"device": options.device, "ov_precision": options.ov_precision} if name == "openvino" else {}),
         ).check()
         for name in names
     ]  # fmt: skip
@@ -576,7 +589,7 @@ def bench(
         task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
         result = benchmark(
             folders, runtimes=runtimes, config=bench_config, baseline=baseline, reference=reference, json_path=json_path,
-            plot=plot, verify_files=verify_files, progress=lambda: progress.advance(task),
+            plot=plot, verify_files=options.verify_files, progress=lambda: progress.advance(task),
         )  # fmt: skip
     models = result["models"]
     where = ", ".join(f"{m['runtime']}/{m['provider']}" for m in models[: len(runtimes)])
