@@ -102,6 +102,61 @@ VerifyFilesOpt = Annotated[
 ]
 
 
+
+def shared_options(spec, make, into: str):
+    """A decorator giving a command the options in ``spec`` (name, type, default), declared once, and passing
+    them to it as one argument ``into``, built (and checked) by ``make(values)``."""
+
+    def decorate(command):
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != into]
+        shared = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=t) for n, t, d in spec]
+
+        @functools.wraps(command)
+        def with_options(**kwargs):
+            values = {name: kwargs.pop(name) for name, _, _ in spec}
+            return command(**kwargs, **{into: make(values)})
+
+        with_options.__signature__ = signature.replace(parameters=own + shared)
+        with_options.__annotations__ = {p.name: p.annotation for p in own + shared}
+        return with_options
+
+    return decorate
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """What export and optimize share: the dtype, what fp16 keeps in fp32, the weight quantization, gate overrides."""
+
+    dtype: str
+    keep_fp32: tuple[str, ...]
+    quantize: str
+    block_size: int
+    gates: dict | None
+
+
+_PRECISION_OPTIONS = (
+    ("dtype", Annotated[str, typer.Option(help="fp32, or fp16 (see --keep-fp32).")], "fp32"),
+    ("keep_fp32", KeepFp32Opt, "layernorm,softmax,logits"),
+    ("quantize", QuantizeOpt, "none"),
+    ("block_size", BlockSizeOpt, 32),
+    ("gate", GateOpt, None),
+)
+
+
+def _make_precision(values: dict) -> PrecisionChoice:
+    from gpt2onnx.precision import parse_keep_fp32
+    from gpt2onnx.verify.gates import parse_gates
+
+    return PrecisionChoice(
+        values["dtype"], parse_keep_fp32(values["keep_fp32"]), values["quantize"], values["block_size"],
+        parse_gates(values["gate"]) or None,
+    )  # fmt: skip
+
+
+
+precision_options = shared_options(_PRECISION_OPTIONS, _make_precision, "precision")
+
 def _version(value: bool) -> None:
     if value:
         console.print(f"gpt2onnx {__version__}")
@@ -136,6 +191,7 @@ def _size(n: int | None) -> str:
 
 
 @app.command()
+@precision_options
 def export(
     model: Annotated[
         str,
@@ -175,18 +231,12 @@ def export(
     allow_partial_fusion: Annotated[
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
-    dtype: Annotated[str, typer.Option(help="fp32, or fp16 (see --keep-fp32).")] = "fp32",
-    keep_fp32: KeepFp32Opt = "layernorm,softmax,logits",
-    quantize: QuantizeOpt = "none",
-    block_size: BlockSizeOpt = 32,
-    gate: GateOpt = None,
+    precision: PrecisionChoice = None,
 ) -> None:
     """Export a GPT-2 checkpoint to an ONNX decoder with past key/values, validated against PyTorch."""
     from gpt2onnx.exporters.export import ExportOptions
     from gpt2onnx.exporters.export import export as run_export
     from gpt2onnx.exporters.torch_export import DEFAULT_OPSET
-    from gpt2onnx.precision import parse_keep_fp32
-    from gpt2onnx.verify.gates import parse_gates
 
     options = ExportOptions(
         opset=DEFAULT_OPSET if opset is None else opset,
@@ -198,11 +248,11 @@ def export(
         force=force,
         fusion=fusion,
         allow_partial_fusion=allow_partial_fusion,
-        dtype=dtype,
-        quantize=quantize,
-        block_size=block_size,
-        gates=parse_gates(gate) or None,
-        keep_fp32=parse_keep_fp32(keep_fp32),
+        dtype=precision.dtype,
+        quantize=precision.quantize,
+        block_size=precision.block_size,
+        gates=precision.gates,
+        keep_fp32=precision.keep_fp32,
     )
     with err_console.status(f"exporting {model}…"):
         result = run_export(
@@ -241,6 +291,7 @@ def _fusion_summary(report: dict) -> str:
 
 
 @app.command()
+@precision_options
 def optimize(
     source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
@@ -250,22 +301,17 @@ def optimize(
     ] = False,
     validate: Annotated[bool, typer.Option(help="Check the fused graph against its source before writing.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
-    dtype: Annotated[str, typer.Option(help="fp32, or fp16 (see --keep-fp32).")] = "fp32",
-    keep_fp32: KeepFp32Opt = "layernorm,softmax,logits",
-    quantize: QuantizeOpt = "none",
-    block_size: BlockSizeOpt = 32,
-    gate: GateOpt = None,
+    precision: PrecisionChoice = None,
 ) -> None:
     """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and reduce its precision)."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
-    from gpt2onnx.precision import QuantizeOptions, parse_keep_fp32
-    from gpt2onnx.verify.gates import parse_gates
+    from gpt2onnx.precision import QuantizeOptions
 
     with err_console.status(f"optimizing {source}…"):
         manifest = run_optimize(
             source, out, fusion=fusion, allow_partial=allow_partial_fusion, force=force, validate=validate,
-            quantization=QuantizeOptions(quantize, block_size), dtype=dtype, gates=parse_gates(gate) or None,
-            keep_fp32=parse_keep_fp32(keep_fp32),
+            quantization=QuantizeOptions(precision.quantize, precision.block_size), dtype=precision.dtype,
+            gates=precision.gates, keep_fp32=precision.keep_fp32,
         )  # fmt: skip
     table = Table(title=f"{source} → {out}", show_header=False)
     table.add_row("fusion", _fusion_summary(manifest["fusion"]))
@@ -400,28 +446,18 @@ _RUN_OPTIONS = (
 )
 
 
-def run_options(command):
-    """Give a run command the shared options (declared once, in _RUN_OPTIONS) and pass them to it, checked, as
-    one ``options: RunOptions`` argument."""
-    signature = inspect.signature(command, eval_str=True)
-    own = [p for p in signature.parameters.values() if p.name != "options"]
-    shared = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind) for name, kind, default in _RUN_OPTIONS]
+def _make_run_options(values: dict) -> RunOptions:
+    from gpt2onnx.runtime.providers import ProviderConfig
 
-    @functools.wraps(command)
-    def with_options(**kwargs):
-        values = {name: kwargs.pop(name) for name, _, _ in _RUN_OPTIONS}
-        from gpt2onnx.runtime.providers import ProviderConfig
+    provider = ProviderConfig(
+        name=values["provider"], threads=values["threads"], spinning=values["spin"], device_id=values["device_id"],
+        trt_fp16=values["trt_fp16"], trt_cache_dir=str(values["trt_cache_dir"]) if values["trt_cache_dir"] else None,
+        max_batch=values["max_batch"], allow_fallback=values["allow_fallback"],
+    ).check()  # fmt: skip
+    return RunOptions(provider, values["device"], values["ov_precision"], values["verify_files"])
 
-        provider = ProviderConfig(
-            name=values["provider"], threads=values["threads"], spinning=values["spin"], device_id=values["device_id"],
-            trt_fp16=values["trt_fp16"], trt_cache_dir=str(values["trt_cache_dir"]) if values["trt_cache_dir"] else None,
-            max_batch=values["max_batch"], allow_fallback=values["allow_fallback"],
-        ).check()  # fmt: skip
-        return command(**kwargs, options=RunOptions(provider, values["device"], values["ov_precision"], values["verify_files"]))
 
-    with_options.__signature__ = signature.replace(parameters=own + shared)
-    with_options.__annotations__ = {p.name: p.annotation for p in own + shared}
-    return with_options
+run_options = shared_options(_RUN_OPTIONS, _make_run_options, "options")
 
 
 def _runtime(name: str, options: RunOptions):
