@@ -247,7 +247,8 @@ def _spawn(cli, argv: list[str], c: Ctx) -> subprocess.Popen:
     return cli(argv, c, wait=False)
 
 
-def _finish(proc: subprocess.Popen, timeout: float = 120) -> Outcome:
+def finish(proc: subprocess.Popen, timeout: float = 120) -> Outcome:
+    """Wait for a CLI subprocess; past ``timeout`` its whole process group is killed (code None)."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -279,7 +280,7 @@ def concurrent_exports(c: Ctx, cli) -> Outcome:
     """Two exports into one folder at once, without --force: one must win, the other must be refused."""
     argv = ["export", "--model", "tiny", "--random-init", "--no-validate", "-o", "same"]
     procs = [_spawn(cli, argv, c) for _ in range(2)]
-    outcomes = sorted((_finish(p) for p in procs), key=lambda o: (o.code != 0, o.code))
+    outcomes = sorted((finish(p) for p in procs), key=lambda o: (o.code != 0, o.code))
     winner, loser = outcomes
     assert winner.code == 0, f"neither export succeeded: {winner.stderr[-500:]}"
     return loser

@@ -19,7 +19,6 @@ import os
 import re
 import resource
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 import pytest
 
 import gpt2onnx
-from bad_input_cases import CASES, Case, Ctx, Outcome
+from bad_input_cases import CASES, Case, Ctx, Outcome, finish
 from conftest import make_config, write_hf_folder, write_tokenizer
 
 REPO = Path(gpt2onnx.__file__).resolve().parent.parent  # the subprocesses import this copy of gpt2onnx
@@ -102,15 +101,7 @@ def make_cli(env: dict[str, str], timeout: float):
             [sys.executable, "-m", "gpt2onnx", *argv], cwd=ctx.dir, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_limit_memory,
         )  # fmt: skip
-        if not wait:
-            return proc
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            return Outcome(None, out, err)
-        return Outcome(proc.returncode, out, err)
+        return finish(proc, timeout) if wait else proc
 
     return cli
 

@@ -47,13 +47,13 @@ def file_shape(model_path: Path, n_positions: int) -> DecoderShape:
 SHARED_CACHE_OP = "GroupQueryAttention"
 
 
-def shares_cache(model_path: Path, manifest: dict | None = None) -> bool:
+def shares_cache(graph, manifest: dict | None = None) -> bool:
     """Whether the graph's past and present can share one buffer (GroupQueryAttention): the manifest's
-    kv_cache record when it has one, else the graph itself (read without its weights)."""
+    kv_cache record when it has one, else the graph itself (a ModelProto, read without its weights)."""
     recorded = (manifest or {}).get("kv_cache")
     if recorded in ("shared", "concat"):
         return recorded == "shared"
-    return any(node.op_type == SHARED_CACHE_OP for node in load_graph(model_path).graph.node)
+    return any(node.op_type == SHARED_CACHE_OP for node in graph.graph.node)
 
 
 def check_shared_cache_provider(provider: str) -> None:
@@ -68,11 +68,11 @@ def check_shared_cache_provider(provider: str) -> None:
 def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     """A session on the provider (checked: no silent fallback), wrapped as the decoder its graph needs."""
     provider = provider.check()
-    shared = shares_cache(model.model_path, model.manifest)
+    # The contract comes from the file first (read once): the TensorRT profile is built from its names and dims.
+    graph = load_graph(model.model_path)
+    shared = shares_cache(graph, model.manifest)
     if shared:
         check_shared_cache_provider(provider.name)
-    # The contract comes from the file first: the TensorRT profile is built from its names and dims.
-    graph = load_graph(model.model_path)
     rows = position_table_rows(graph)
     if rows is not None and model.n_positions > rows:  # config.json edited: trust the graph, not the config
         raise ContractError(
@@ -90,7 +90,7 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDec
     """A decoder on the cpu provider for a bare model file (the checks export and optimize run before writing)."""
     from gpt2onnx.runtime.providers import cpu_session
 
-    kind = SharedCacheDecoder if shares_cache(Path(model_path)) else OnnxDecoder
+    kind = SharedCacheDecoder if shares_cache(load_graph(Path(model_path))) else OnnxDecoder
     return kind(cpu_session(model_path), n_positions=n_positions)
 
 
