@@ -21,7 +21,7 @@ from gpt2onnx import __version__
 from gpt2onnx.errors import Gpt2OnnxError
 
 if TYPE_CHECKING:
-    from gpt2onnx.runtime.providers import ProviderConfig
+    from gpt2onnx.runtimes.providers import ProviderConfig
 
 INTERNAL_ERROR = 70  # a bug of ours, not the user's: still one line, and the traceback with --verbose
 
@@ -64,8 +64,11 @@ class OneLineErrors(typer.core.TyperGroup):
             text = str(err).splitlines()[0][:200] if str(err).strip() else ""
             err_console.print(
                 f"error: internal error ({type(err).__name__}: {text}); please report it with the command you ran"
-                " (--verbose shows the traceback)", markup=False, highlight=False, soft_wrap=True,
-            )  # fmt: skip
+                " (--verbose shows the traceback)",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
             sys.exit(INTERNAL_ERROR)
         if standalone_mode:
             sys.exit(rv if isinstance(rv, int) else 0)
@@ -102,7 +105,6 @@ VerifyFilesOpt = Annotated[
 ]
 
 
-
 def shared_options(spec, make, into: str):
     """A decorator giving a command the options in ``spec`` (name, type, default), declared once, and passing
     them to it as one argument ``into``, built (and checked) by ``make(values)``."""
@@ -110,7 +112,9 @@ def shared_options(spec, make, into: str):
     def decorate(command):
         signature = inspect.signature(command, eval_str=True)
         own = [p for p in signature.parameters.values() if p.name != into]
-        shared = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=t) for n, t, d in spec]
+        shared = [
+            inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=t) for n, t, d in spec
+        ]
 
         @functools.wraps(command)
         def with_options(**kwargs):
@@ -145,17 +149,20 @@ _PRECISION_OPTIONS = (
 
 
 def _make_precision(values: dict) -> PrecisionChoice:
-    from gpt2onnx.precision import parse_keep_fp32
+    from gpt2onnx.passes.precision import parse_keep_fp32
     from gpt2onnx.verify.gates import parse_gates
 
     return PrecisionChoice(
-        values["dtype"], parse_keep_fp32(values["keep_fp32"]), values["quantize"], values["block_size"],
+        values["dtype"],
+        parse_keep_fp32(values["keep_fp32"]),
+        values["quantize"],
+        values["block_size"],
         parse_gates(values["gate"]) or None,
-    )  # fmt: skip
-
+    )
 
 
 precision_options = shared_options(_PRECISION_OPTIONS, _make_precision, "precision")
+
 
 def _version(value: bool) -> None:
     if value:
@@ -196,10 +203,14 @@ def export(
     model: Annotated[
         str,
         typer.Option(
-            "--model", "-m", help="Local Hugging Face folder, Hub id, or (with --random-init) architecture name or config.json."
+            "--model",
+            "-m",
+            help="Local Hugging Face folder, Hub id, or (with --random-init) architecture name or config.json.",
         ),
     ],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder \\[default: models/<name>].")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Output folder \\[default: models/<name>].")
+    ] = None,
     random_init: Annotated[
         bool, typer.Option("--random-init", help="Seeded random weights for a named architecture or a config.json.")
     ] = False,
@@ -225,9 +236,13 @@ def export(
         ),
     ] = None,
     validate: Annotated[bool, typer.Option(help="Check against PyTorch before writing.")] = True,
-    tolerance: Annotated[Optional[float], typer.Option(help="Max |Δlogits| accepted \\[default: 1e-4 for fp32].")] = None,
+    tolerance: Annotated[
+        Optional[float], typer.Option(help="Max |Δlogits| accepted \\[default: 1e-4 for fp32].")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
-    fusion: Annotated[str, typer.Option(help="Fusion profile: none, ort, ort-shared-kv (cpu only), portable or tensorrt.")] = "none",
+    fusion: Annotated[
+        str, typer.Option(help="Fusion profile: none, ort, ort-shared-kv (cpu only), portable or tensorrt.")
+    ] = "none",
     allow_partial_fusion: Annotated[
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
@@ -282,7 +297,12 @@ def _print_check(parity: dict | None) -> None:
     from gpt2onnx.artifact.report import CheckReport
 
     report = CheckReport.from_dict(parity)
-    console.print("check: " + (report.summary() if report else "skipped (--no-validate)"), markup=False, highlight=False, soft_wrap=True)
+    console.print(
+        "check: " + (report.summary() if report else "skipped (--no-validate)"),
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _fusion_summary(report: dict) -> str:
@@ -295,7 +315,12 @@ def _fusion_summary(report: dict) -> str:
 def optimize(
     source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
-    fusion: Annotated[str, typer.Option(help="Fusion profile: ort, ort-shared-kv (cpu only), portable or tensorrt ('none': precision only).")] = "ort",
+    fusion: Annotated[
+        str,
+        typer.Option(
+            help="Fusion profile: ort, ort-shared-kv (cpu only), portable or tensorrt ('none': precision only)."
+        ),
+    ] = "ort",
     allow_partial_fusion: Annotated[
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
@@ -305,14 +330,21 @@ def optimize(
 ) -> None:
     """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and reduce its precision)."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
-    from gpt2onnx.precision import QuantizeOptions
+    from gpt2onnx.passes.precision import QuantizeOptions
 
     with err_console.status(f"optimizing {source}…"):
         manifest = run_optimize(
-            source, out, fusion=fusion, allow_partial=allow_partial_fusion, force=force, validate=validate,
-            quantization=QuantizeOptions(precision.quantize, precision.block_size), dtype=precision.dtype,
-            gates=precision.gates, keep_fp32=precision.keep_fp32,
-        )  # fmt: skip
+            source,
+            out,
+            fusion=fusion,
+            allow_partial=allow_partial_fusion,
+            force=force,
+            validate=validate,
+            quantization=QuantizeOptions(precision.quantize, precision.block_size),
+            dtype=precision.dtype,
+            gates=precision.gates,
+            keep_fp32=precision.keep_fp32,
+        )
     table = Table(title=f"{source} → {out}", show_header=False)
     table.add_row("fusion", _fusion_summary(manifest["fusion"]))
     for check, g in manifest["fusion"]["golden"].items():
@@ -327,25 +359,38 @@ def optimize(
 
 @app.command()
 def deploy(
-    folder: Annotated[Path, typer.Argument(help="Exported decoder folder (gpt2onnx export or optimize, any precision).")],
+    folder: Annotated[
+        Path, typer.Argument(help="Exported decoder folder (gpt2onnx export or optimize, any precision).")
+    ],
     target: Annotated[
-        str, typer.Option("--target", "-t", help="Comma-separated: genai, transformers-js, triton (see README 'Deploy').")
+        str,
+        typer.Option("--target", "-t", help="Comma-separated: genai, transformers-js, triton (see README 'Deploy')."),
     ],
     out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Write a new folder here \\[default: add the targets to FOLDER itself].")
+        Optional[Path],
+        typer.Option("--out", "-o", help="Write a new folder here \\[default: add the targets to FOLDER itself]."),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out folder.")] = False,
-    triton_name: Annotated[Optional[str], typer.Option(help="Triton model name \\[default: the name of the folder written].")] = None,
-    triton_device: Annotated[str, typer.Option(help="Triton instance group: cpu (KIND_CPU) or gpu (KIND_GPU).")] = "cpu",
+    triton_name: Annotated[
+        Optional[str], typer.Option(help="Triton model name \\[default: the name of the folder written].")
+    ] = None,
+    triton_device: Annotated[
+        str, typer.Option(help="Triton instance group: cpu (KIND_CPU) or gpu (KIND_GPU).")
+    ] = "cpu",
     verify_files: VerifyFilesOpt = True,
 ) -> None:
     """Make an exported folder ready for onnxruntime-genai, transformers.js and Triton (the plain folder keeps working)."""
     from gpt2onnx.deploy import deploy as run_deploy
 
     manifest = run_deploy(
-        folder, target, out=out, force=force, triton_name=triton_name, triton_device=triton_device.lower(),
+        folder,
+        target,
+        out=out,
+        force=force,
+        triton_name=triton_name,
+        triton_device=triton_device.lower(),
         verify_files=verify_files,
-    )  # fmt: skip
+    )
     table = Table(title=f"{folder} → {out or folder} ({manifest['deploy']['precision']})", show_header=False)
     for name, files in manifest["deploy"]["targets"].items():
         table.add_row(name, ", ".join(files))
@@ -394,15 +439,20 @@ def inspect_command(
     if info["manifest"] and info["manifest"].get("fusion"):
         console.print("fusion: " + _fusion_summary(info["manifest"]["fusion"]))
     if info["manifest"]:
-        console.print("checked at export: " + info["manifest"]["check_summary"], markup=False, highlight=False, soft_wrap=True)
+        console.print(
+            "checked at export: " + info["manifest"]["check_summary"], markup=False, highlight=False, soft_wrap=True
+        )
 
 
 # -- running: options shared by generate, parity and bench --------------------------------------------------
 FolderArg = Annotated[Path, typer.Argument(help="Exported model folder.", show_default=True)]
 RuntimeOpt = Annotated[str, typer.Option("--runtime", "-r", help="onnxruntime, genai or openvino.")]
-OvDeviceOpt = Annotated[str, typer.Option("--device", help="openvino: the device (CPU, GPU, … as OpenVINO lists them).")]
+OvDeviceOpt = Annotated[
+    str, typer.Option("--device", help="openvino: the device (CPU, GPU, … as OpenVINO lists them).")
+]
 OvPrecisionOpt = Annotated[
-    str, typer.Option("--ov-precision", help="openvino: inference precision f32, bf16 or fp16 (INFERENCE_PRECISION_HINT).")
+    str,
+    typer.Option("--ov-precision", help="openvino: inference precision f32, bf16 or fp16 (INFERENCE_PRECISION_HINT)."),
 ]
 ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="cpu, cuda or tensorrt.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option(help="cpu: intra-op threads \\[default: all cores].")]
@@ -447,13 +497,18 @@ _RUN_OPTIONS = (
 
 
 def _make_run_options(values: dict) -> RunOptions:
-    from gpt2onnx.runtime.providers import ProviderConfig
+    from gpt2onnx.runtimes.providers import ProviderConfig
 
     provider = ProviderConfig(
-        name=values["provider"], threads=values["threads"], spinning=values["spin"], device_id=values["device_id"],
-        trt_fp16=values["trt_fp16"], trt_cache_dir=str(values["trt_cache_dir"]) if values["trt_cache_dir"] else None,
-        max_batch=values["max_batch"], allow_fallback=values["allow_fallback"],
-    ).check()  # fmt: skip
+        name=values["provider"],
+        threads=values["threads"],
+        spinning=values["spin"],
+        device_id=values["device_id"],
+        trt_fp16=values["trt_fp16"],
+        trt_cache_dir=str(values["trt_cache_dir"]) if values["trt_cache_dir"] else None,
+        max_batch=values["max_batch"],
+        allow_fallback=values["allow_fallback"],
+    ).check()
     return RunOptions(provider, values["device"], values["ov_precision"], values["verify_files"])
 
 
@@ -461,9 +516,11 @@ run_options = shared_options(_RUN_OPTIONS, _make_run_options, "options")
 
 
 def _runtime(name: str, options: RunOptions):
-    from gpt2onnx.runtime.base import RuntimeOptions
+    from gpt2onnx.runtimes.base import RuntimeOptions
 
-    return RuntimeOptions(name=name, provider=options.provider, device=options.device, ov_precision=options.ov_precision).check()
+    return RuntimeOptions(
+        name=name, provider=options.provider, device=options.device, ov_precision=options.ov_precision
+    ).check()
 
 
 @app.command()
@@ -471,7 +528,9 @@ def _runtime(name: str, options: RunOptions):
 def generate(
     folder: FolderArg = Path("models/gpt2"),
     prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Prompt text (repeat for a batch).")] = None,
-    ids: Annotated[Optional[list[str]], typer.Option("--ids", help="Prompt token ids, e.g. 1,2,3 (repeat for a batch).")] = None,
+    ids: Annotated[
+        Optional[list[str]], typer.Option("--ids", help="Prompt token ids, e.g. 1,2,3 (repeat for a batch).")
+    ] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 32,
     sample: Annotated[bool, typer.Option("--sample", help="Sample instead of greedy decoding.")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
@@ -482,7 +541,7 @@ def generate(
     options: RunOptions = None,
 ) -> None:
     """Generate a continuation, streaming the new tokens."""
-    from gpt2onnx.runtime.generate import Sampling, generate_text
+    from gpt2onnx.runtimes.generate import Sampling, generate_text
 
     sampling = Sampling(sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
@@ -490,9 +549,15 @@ def generate(
         console.print(text, end="", markup=False, highlight=False, style="dim" if kind == "prompt" else None)
 
     result = generate_text(
-        folder, prompts=prompt, ids=ids, max_new_tokens=max_new_tokens, sampling=sampling,
-        runtime=_runtime(runtime, options), verify_files=options.verify_files, on_text=show,
-    )  # fmt: skip
+        folder,
+        prompts=prompt,
+        ids=ids,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        runtime=_runtime(runtime, options),
+        verify_files=options.verify_files,
+        on_text=show,
+    )
     if len(result.texts) == 1:
         console.print()
         return
@@ -532,36 +597,61 @@ def parity(
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("parity cases", total=cases)
         report = check_parity(
-            folder, runtime=_runtime(runtime, options), cases=cases, seed=seed, reference=reference,
+            folder,
+            runtime=_runtime(runtime, options),
+            cases=cases,
+            seed=seed,
+            reference=reference,
             max_batch=min(options.provider.max_batch, 8),
-            on_case=lambda _: progress.advance(task), gates=gates, emulate_fp16=emulate_fp16, verify_files=options.verify_files,
-        )  # fmt: skip
+            on_case=lambda _: progress.advance(task),
+            gates=gates,
+            emulate_fp16=emulate_fp16,
+            verify_files=options.verify_files,
+        )
     worst = sorted(report.cases, key=lambda r: -r["logits"]["max"])[:10]
-    table = Table(title=f"parity on {report.runtime}/{report.provider}: {len(report.cases)} cases (worst {len(worst)} shown)")
+    table = Table(
+        title=f"parity on {report.runtime}/{report.provider}: {len(report.cases)} cases (worst {len(worst)} shown)"
+    )
     for col in ("batch", "past", "prompt", "steps", "Δlogits max", "Δlogits p99", "Δpresent max", "top-1", "tokens"):
         table.add_column(col, justify="right")
     for r in worst:
         c = r["case"]
         table.add_row(
-            str(c["batch"]), str(c["prefix_length"]), str(c["prompt_length"]), str(c["decode_steps"]),
-            f"{r['logits']['max']:.1e}", f"{r['logits']['p99']:.1e}", f"{r['present']['max']:.1e}" if r["present"] else "-",
-            f"{100 * r['top1_agreement']:.1f}%", "equal" if r["tokens_equal"] else "[red]differ[/]",
-        )  # fmt: skip
+            str(c["batch"]),
+            str(c["prefix_length"]),
+            str(c["prompt_length"]),
+            str(c["decode_steps"]),
+            f"{r['logits']['max']:.1e}",
+            f"{r['logits']['p99']:.1e}",
+            f"{r['present']['max']:.1e}" if r["present"] else "-",
+            f"{100 * r['top1_agreement']:.1f}%",
+            "equal" if r["tokens_equal"] else "[red]differ[/]",
+        )
     console.print(table)
     t = report.measured
     summary = Table(title="total", show_header=False)
-    summary.add_row("|Δlogits| max / p50 / p99", f"{t['logits']['max']:.2e} / {t['logits']['p50']:.2e} / {t['logits']['p99']:.2e}")
+    summary.add_row(
+        "|Δlogits| max / p50 / p99", f"{t['logits']['max']:.2e} / {t['logits']['p50']:.2e} / {t['logits']['p99']:.2e}"
+    )
     if "present" in t:
-        summary.add_row("|Δpresent| max / p50 / p99", f"{t['present']['max']:.2e} / {t['present']['p50']:.2e} / {t['present']['p99']:.2e}")
+        summary.add_row(
+            "|Δpresent| max / p50 / p99",
+            f"{t['present']['max']:.2e} / {t['present']['p50']:.2e} / {t['present']['p99']:.2e}",
+        )
     else:
         summary.add_row("|Δpresent|", f"not exposed by {report.runtime}")
     summary.add_row("top-1 agreement", f"{100 * t['top1_agreement']:.3f}% of {t['positions_compared']:,} positions")
     summary.add_row("top-5 agreement", f"{100 * t['top5_agreement']:.3f}%")
     summary.add_row("KL(reference ‖ onnx) mean / max", f"{t['kl']['mean']:.2e} / {t['kl']['max']:.2e}")
-    summary.add_row("greedy tokens before divergence", f"min {t['tokens_before_divergence']['min']}, mean {t['tokens_before_divergence']['mean']:.1f}")
+    summary.add_row(
+        "greedy tokens before divergence",
+        f"min {t['tokens_before_divergence']['min']}, mean {t['tokens_before_divergence']['mean']:.1f}",
+    )
     summary.add_row("NaN/Inf", str(t["nonfinite"]))
     summary.add_row("greedy tokens equal", f"{t['tokens_equal_cases']} of {t['cases']} cases")
-    summary.add_row("verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + escape("; ".join(report.failures)))
+    summary.add_row(
+        "verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + escape("; ".join(report.failures))
+    )
     console.print(summary)
     if json_path:
         write_json_atomic(json_path, report.as_dict())
@@ -573,13 +663,17 @@ def parity(
 @run_options
 def bench(
     folders: Annotated[
-        Optional[list[Path]], typer.Argument(help="Exported folders; several are measured side by side \\[default: models/gpt2].")
+        Optional[list[Path]],
+        typer.Argument(help="Exported folders; several are measured side by side \\[default: models/gpt2]."),
     ] = None,
     batch: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1,8",
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens per row.")] = 128,
     new_tokens: Annotated[int, typer.Option(help="Tokens generated per run (the prompt step gives the first).")] = 64,
     past: Annotated[
-        Optional[str], typer.Option(help="Also time a decode step at these past lengths, comma-separated (up to the context; zero-filled cache, no prompt run).")
+        Optional[str],
+        typer.Option(
+            help="Also time a decode step at these past lengths, comma-separated (up to the context; zero-filled cache, no prompt run)."
+        ),
     ] = None,
     warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 2,
     repeat: Annotated[int, typer.Option(help="Timed runs.")] = 5,
@@ -588,7 +682,10 @@ def bench(
     plot: Annotated[Optional[Path], typer.Option(help="Draw decode latency against past length (PNG).")] = None,
     reference: ReferenceOpt = None,
     runtime: Annotated[
-        str, typer.Option("--runtime", "-r", help="onnxruntime, genai, openvino; several comma-separated, measured side by side.")
+        str,
+        typer.Option(
+            "--runtime", "-r", help="onnxruntime, genai, openvino; several comma-separated, measured side by side."
+        ),
     ] = "onnxruntime",
     options: RunOptions = None,
 ) -> None:
@@ -596,9 +693,9 @@ def bench(
     from rich.progress import Progress
 
     from gpt2onnx.errors import BadInput
-    from gpt2onnx.runtime.base import RuntimeOptions, parse_runtimes
-    from gpt2onnx.runtime.bench import BenchConfig, parse_batches
-    from gpt2onnx.runtime.providers import ProviderConfig
+    from gpt2onnx.runtimes.base import RuntimeOptions, parse_runtimes
+    from gpt2onnx.runtimes.providers import ProviderConfig
+    from gpt2onnx.runtimes.timing import BenchConfig, parse_batches
     from gpt2onnx.verify.bench import benchmark
 
     folders = folders or [Path("models/gpt2")]
@@ -611,22 +708,34 @@ def bench(
         raise BadInput("--provider applies to the onnxruntime runtime: add it to --runtime, or drop --provider")
     runtimes = [
         RuntimeOptions(
-            name=name, provider=config if name == "onnxruntime" else ProviderConfig(threads=config.threads),
+            name=name,
+            provider=config if name == "onnxruntime" else ProviderConfig(threads=config.threads),
             **({"device": options.device, "ov_precision": options.ov_precision} if name == "openvino" else {}),
         ).check()
         for name in names
-    ]  # fmt: skip
+    ]
     bench_config = BenchConfig(
-        batches=parse_batches(batch), prompt_len=prompt_len, new_tokens=new_tokens, warmup=warmup, repeat=repeat,
+        batches=parse_batches(batch),
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+        warmup=warmup,
+        repeat=repeat,
         pasts=parse_batches(past, what="past lengths (--past)") if past else (),
     ).check()
     engines = len(folders) * len(runtimes) + (1 if baseline == "torch" else 0)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
         result = benchmark(
-            folders, runtimes=runtimes, config=bench_config, baseline=baseline, reference=reference, json_path=json_path,
-            plot=plot, verify_files=options.verify_files, progress=lambda: progress.advance(task),
-        )  # fmt: skip
+            folders,
+            runtimes=runtimes,
+            config=bench_config,
+            baseline=baseline,
+            reference=reference,
+            json_path=json_path,
+            plot=plot,
+            verify_files=options.verify_files,
+            progress=lambda: progress.advance(task),
+        )
     models = result["models"]
     where = ", ".join(f"{m['runtime']}/{m['provider']}" for m in models[: len(runtimes)])
     table = Table(title=f"on {where}: prompt {prompt_len}, {new_tokens} new tokens, ms, median of {repeat}")
@@ -634,11 +743,16 @@ def bench(
         table.add_column(col, justify="left" if col == "model" else "right")
     for run in result["runs"]:
         table.add_row(
-            run["label"], str(run["batch"]), f"{run['prompt_ms']['p50']:.1f}", f"{run['decode_ms']['p50']:.2f}",
-            f"{run['decode_ms']['p90']:.2f}", f"{run['decode_ms']['p99']:.2f}",
-            f"{run['decode_growth_ms_per_100_past']:.2f}", f"{run['tokens_per_s']:.0f}",
+            run["label"],
+            str(run["batch"]),
+            f"{run['prompt_ms']['p50']:.1f}",
+            f"{run['decode_ms']['p50']:.2f}",
+            f"{run['decode_ms']['p90']:.2f}",
+            f"{run['decode_ms']['p99']:.2f}",
+            f"{run['decode_growth_ms_per_100_past']:.2f}",
+            f"{run['tokens_per_s']:.0f}",
             f"{run['peak_host_bytes'] / 1e6:.0f}",
-        )  # fmt: skip
+        )
     console.print(table)
     if bench_config.pasts:
         by_past = Table(title=f"decode step (ms, median of {repeat}) at past length")
@@ -654,8 +768,9 @@ def bench(
         for label, s in run["extra"].get("speedup_by_label", {}).items():
             console.print(
                 f"batch {run['batch']}: {label} vs torch eager: first token ×{s['prompt']:.2f}, decode step"
-                f" ×{s['decode']:.2f}, tokens/s ×{s['tokens_per_s']:.2f}", highlight=False,
-            )  # fmt: skip
+                f" ×{s['decode']:.2f}, tokens/s ×{s['tokens_per_s']:.2f}",
+                highlight=False,
+            )
         if "note" in run["extra"]:
             console.print(f"batch {run['batch']}: {run['extra']['note']}", highlight=False)
     if plot:

@@ -5,7 +5,7 @@ each round times every folder once, in alternating order, and the figures are me
 
 (run from the repository root, so that this checkout of gpt2onnx is the one imported)
 
-Each point is gpt2onnx.runtime.bench.decode_step_at_past: one decode step at that past on a zero-filled cache
+Each point is gpt2onnx.runtimes.timing.decode_step_at_past: one decode step at that past on a zero-filled cache
 (no prompt run). Prints a Markdown table: ms per step, the ratio of each folder to the first, and the growth
 from the first past length to the last. ``--json`` writes every time.
 """
@@ -19,9 +19,9 @@ import time
 import numpy as np
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.runtime.bench import decode_step_at_past, machine_info, parse_batches
-from gpt2onnx.runtime.decoder import open_decoder
-from gpt2onnx.runtime.providers import ProviderConfig
+from gpt2onnx.runtimes.decoder import open_decoder
+from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.runtimes.timing import decode_step_at_past, machine_info, parse_batches
 
 
 def main() -> None:
@@ -45,25 +45,45 @@ def main() -> None:
             for r in range(args.warmup + args.rounds):
                 order = list(range(len(decoders)))[:: 1 if r % 2 == 0 else -1]
                 for i in order:
-                    seconds = decode_step_at_past(decoders[i], batch, past, vocab_size=decoders[i].vocab_size or 50257, seed=r)
+                    seconds = decode_step_at_past(
+                        decoders[i], batch, past, vocab_size=decoders[i].vocab_size or 50257, seed=r
+                    )
                     if r >= args.warmup:
                         times.setdefault((names[i], batch, past), []).append(seconds)
     ms = {key: float(np.median(v)) * 1e3 for key, v in times.items()}
-    print(f"{len(decoders)} folders interleaved, {args.rounds} rounds per point (median ms of one decode step),"
-          f" {time.time() - started:.0f} s; machine: {machine_info()}\n")  # fmt: skip
+    print(
+        f"{len(decoders)} folders interleaved, {args.rounds} rounds per point (median ms of one decode step),"
+        f" {time.time() - started:.0f} s; machine: {machine_info()}\n"
+    )
     header = ["batch", "past", *(f"{n} ms" for n in names), *(f"{n} / {names[0]}" for n in names[1:])]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for batch in batches:
         for past in pasts:
             row = [ms[(n, batch, past)] for n in names]
-            print("| " + " | ".join([str(batch), str(past), *(f"{v:.2f}" for v in row), *(f"{v / row[0]:.2f}" for v in row[1:])]) + " |")
+            print(
+                "| "
+                + " | ".join(
+                    [str(batch), str(past), *(f"{v:.2f}" for v in row), *(f"{v / row[0]:.2f}" for v in row[1:])]
+                )
+                + " |"
+            )
         growth = [ms[(n, batch, pasts[-1])] - ms[(n, batch, pasts[0])] for n in names]
         ratios = " ".join(f"{g / growth[0]:.2f}" if growth[0] > 0 else "n/a" for g in growth[1:])
-        print(f"| {batch} | growth {pasts[0]}→{pasts[-1]} | " + " | ".join(f"{g:+.2f}" for g in growth) + f" | {ratios} |")
+        print(
+            f"| {batch} | growth {pasts[0]}→{pasts[-1]} | " + " | ".join(f"{g:+.2f}" for g in growth) + f" | {ratios} |"
+        )
     if args.json_path:
         with open(args.json_path, "w") as fh:
-            json.dump({"machine": machine_info(), "folders": args.folders, "rounds": args.rounds,
-                       "times_s": {f"{n}|{b}|{p}": v for (n, b, p), v in times.items()}}, fh, indent=1)  # fmt: skip
+            json.dump(
+                {
+                    "machine": machine_info(),
+                    "folders": args.folders,
+                    "rounds": args.rounds,
+                    "times_s": {f"{n}|{b}|{p}": v for (n, b, p), v in times.items()},
+                },
+                fh,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ from importlib.metadata import PackageNotFoundError, version
 import onnxruntime as ort
 import torch
 
-from gpt2onnx.runtime.providers import working_providers
+from gpt2onnx.runtimes.providers import working_providers
 
 def installed(name):
     try:

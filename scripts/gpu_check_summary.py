@@ -80,8 +80,12 @@ def summarize(results: Path) -> str:
     bench = {p: load(results / f"bench-{p}.json") for p in PRECISIONS}
     config = next((b["models"][0]["config"] for b in bench.values() if b), None)
     if config:
-        out.append(f"bench on {provider}: prompt {config['prompt_len']}, {config['new_tokens']} new tokens, p50 of {config['repeat']} runs")
-    out.append(f"  {'':5} {'batch':>5} {'TTFT ms':>8} {'step ms':>8} {'tok/s':>8} | {'torch':>8} {'step ms':>8} {'tok/s':>8}  decode speed-up")
+        out.append(
+            f"bench on {provider}: prompt {config['prompt_len']}, {config['new_tokens']} new tokens, p50 of {config['repeat']} runs"
+        )
+    out.append(
+        f"  {'':5} {'batch':>5} {'TTFT ms':>8} {'step ms':>8} {'tok/s':>8} | {'torch':>8} {'step ms':>8} {'tok/s':>8}  decode speed-up"
+    )
     for p in PRECISIONS:
         out += bench_lines(p, bench[p])
     trt = load(results / "tensorrt.json")

@@ -27,7 +27,8 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
     || .venv-genai/bin/python -m pip install --quiet --disable-pip-version-check "$GENAI_SPEC" "$TRITONCLIENT_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
   .venv-genai/bin/python -c "import onnxruntime_genai as og; print('onnxruntime-genai', og.__version__, '(.venv-genai)')"
   if command -v npm >/dev/null; then
-    [ -d tests/js/node_modules/@huggingface/transformers ] \
+    # npm ls fails when node_modules lacks a package of the lock file (or has another version): then install
+    (cd tests/js && npm ls --depth=0 >/dev/null 2>&1) \
       || (cd tests/js && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
     echo "transformers.js $(node -p "require('./tests/js/node_modules/@huggingface/transformers/package.json').version") (tests/js)"
   else

@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# lint and format first: a violation fails the run (pyproject.toml [tool.ruff])
+.venv/bin/ruff check gpt2onnx tests scripts
+.venv/bin/ruff format --check gpt2onnx tests scripts
 .venv/bin/python -m pytest "$@"
 if [ "${SKIP_TF5:-0}" != 1 ]; then
     bash scripts/test-tf5.sh "$@"

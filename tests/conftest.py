@@ -17,7 +17,13 @@ TINY_CONFIGS = {
     "h4-v1000": dict(n_layer=2, n_head=4, n_embd=64, vocab_size=1000, n_positions=128),
     "h3-v997": dict(n_layer=3, n_head=3, n_embd=48, vocab_size=997, n_positions=64, n_inner=100),
     "h6-v1031-untied": dict(
-        n_layer=1, n_head=6, n_embd=72, vocab_size=1031, n_positions=96, tie_word_embeddings=False, layer_norm_epsilon=1e-6
+        n_layer=1,
+        n_head=6,
+        n_embd=72,
+        vocab_size=1031,
+        n_positions=96,
+        tie_word_embeddings=False,
+        layer_norm_epsilon=1e-6,
     ),
 }
 

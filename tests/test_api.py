@@ -18,13 +18,21 @@ def test_public_api_end_to_end(tmp_path):
     assert len(generated.tokens[0]) <= 3 and generated.prompts == ["1 2 3"]
     decoder = gpt2onnx.open_decoder(gpt2onnx.open_folder(result.folder), gpt2onnx.ProviderConfig())
     assert gpt2onnx.decode(decoder, [[1, 2, 3]], max_new_tokens=3).tokens.shape == (1, 3)
-    figures = gpt2onnx.bench([result.folder], config=gpt2onnx.BenchConfig(batches=(1,), prompt_len=4, new_tokens=3, warmup=0, repeat=1))
+    figures = gpt2onnx.bench(
+        [result.folder], config=gpt2onnx.BenchConfig(batches=(1,), prompt_len=4, new_tokens=3, warmup=0, repeat=1)
+    )
     assert [run["batch"] for run in figures["runs"]] == [1]
 
 
 def test_errors_are_typed_with_exit_codes(tmp_path):
-    assert issubclass(gpt2onnx.CheckpointError, gpt2onnx.BadInput) and issubclass(gpt2onnx.BadInput, gpt2onnx.Gpt2OnnxError)
-    assert (gpt2onnx.BadInput.exit_code, gpt2onnx.CheckFailed.exit_code, gpt2onnx.RuntimeUnavailable.exit_code) == (2, 1, 3)
+    assert issubclass(gpt2onnx.CheckpointError, gpt2onnx.BadInput) and issubclass(
+        gpt2onnx.BadInput, gpt2onnx.Gpt2OnnxError
+    )
+    assert (gpt2onnx.BadInput.exit_code, gpt2onnx.CheckFailed.exit_code, gpt2onnx.RuntimeUnavailable.exit_code) == (
+        2,
+        1,
+        3,
+    )
     with pytest.raises(gpt2onnx.BadInput):
         gpt2onnx.parity(tmp_path / "missing")
     with pytest.raises(gpt2onnx.CheckpointError):

@@ -1,6 +1,7 @@
 """The layers: imports flow one way (imports inside functions count), and the run path needs no torch."""
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -15,14 +16,14 @@ LAYERS = [
     ("cli", {"cli", "__main__"}),
     ("exporters", {"exporters"}),
     ("verify", {"verify"}),
-    ("torch side", {"reference", "checkpoint", "model", "config"}),
-    ("graph passes", {"fusions", "precision"}),
-    ("runtime", {"runtime"}),
+    ("torch side", {"pytorch"}),
+    ("graph passes", {"passes"}),
+    ("runtimes", {"runtimes"}),
     ("deploy", {"deploy"}),  # deployment targets: files written for other runtimes, no runtime needed
     ("artifact", {"artifact"}),
     ("leaves", {"errors", "files"}),
 ]
-TORCH_FREE = ("artifact", "runtime", "deploy", "errors", "files", "config")
+TORCH_FREE = ("artifact", "runtimes", "deploy", "passes", "errors", "files", "pytorch.architecture")
 
 
 def module_name(path: Path) -> str:
@@ -30,21 +31,36 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
+def imports_of(path: Path, tree: ast.Module) -> set[str]:
     """Every gpt2onnx module a file imports, at top level or inside functions."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("gpt2onnx")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpt2onnx"):
             for alias in node.names:  # `from gpt2onnx.artifact import graph` imports a module
                 candidate = f"{node.module}.{alias.name}"
-                found.add(candidate if (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").exists() else node.module)
+                found.add(
+                    candidate
+                    if (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").exists()
+                    else node.module
+                )
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
+@functools.cache
+def parsed_package() -> dict[str, tuple[Path, ast.Module]]:
+    """Every module of the package, parsed once for all the tests here."""
+    return {module_name(p): (p, ast.parse(p.read_text())) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+@functools.cache
+def import_graph() -> dict[str, frozenset[str]]:
+    return {module: frozenset(imports_of(path, tree)) for module, (path, tree) in parsed_package().items()}
+
+
+def torch_free(module: str) -> bool:
+    return any(module == f"gpt2onnx.{name}" or module.startswith(f"gpt2onnx.{name}.") for name in TORCH_FREE)
 
 
 def layer_of(module: str) -> int:
@@ -56,7 +72,8 @@ def layer_of(module: str) -> int:
 
 
 def test_no_import_cycles():
-    graph = {m: {i for i in deps if i != m and i in import_graph_keys} for m, deps in import_graph().items() for import_graph_keys in [set(import_graph())]}
+    modules = set(import_graph())
+    graph = {m: {i for i in deps if i != m and i in modules} for m, deps in import_graph().items()}
     state: dict[str, int] = {}
 
     def visit(module, stack):
@@ -88,13 +105,13 @@ def test_imports_flow_one_way():
 
 
 def test_run_path_modules_never_import_torch_or_transformers_at_top_level():
-    for path in PACKAGE.rglob("*.py"):
-        module = module_name(path)
-        if layer_of(module) < 0 or module.split(".")[1] not in TORCH_FREE:
+    for module, (_, tree) in parsed_package().items():
+        if layer_of(module) < 0 or not torch_free(module):
             continue
-        tree = ast.parse(path.read_text())
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names} | {n.module for n in top if isinstance(n, ast.ImportFrom)}
+        names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names} | {
+            n.module for n in top if isinstance(n, ast.ImportFrom)
+        }
         assert not {n for n in names if n and n.split(".")[0] in ("torch", "transformers")}, module
 
 
@@ -116,7 +133,22 @@ app(sys.argv[1:], prog_name="gpt2onnx")
         ["inspect", "{folder}"],
         ["inspect", "{folder}", "--json"],
         ["generate", "{folder}", "--ids", "5,6,7", "--max-new-tokens", "4"],
-        ["bench", "{folder}", "--batch", "1", "--prompt-len", "4", "--new-tokens", "3", "--warmup", "0", "--repeat", "1", "--json", "{tmp}/b.json"],
+        [
+            "bench",
+            "{folder}",
+            "--batch",
+            "1",
+            "--prompt-len",
+            "4",
+            "--new-tokens",
+            "3",
+            "--warmup",
+            "0",
+            "--repeat",
+            "1",
+            "--json",
+            "{tmp}/b.json",
+        ],
     ],
 )
 def test_run_commands_work_without_torch(tiny_export, tmp_path, command):
@@ -127,7 +159,12 @@ def test_run_commands_work_without_torch(tiny_export, tmp_path, command):
     if command[0] == "bench":
         assert json.loads((tmp_path / "b.json").read_text())["runs"][0]["batch"] == 1
     # the guard works: a command that needs torch says so
-    check = subprocess.run([sys.executable, "-c", NO_TORCH, "parity", str(tiny_export), "--cases", "1"], capture_output=True, text=True, timeout=300)
+    check = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, "parity", str(tiny_export), "--cases", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert check.returncode != 0 and "not installed on this deployment machine" in check.stderr + check.stdout
 
 
@@ -146,6 +183,9 @@ app(sys.argv[1:], prog_name="gpt2onnx")
 def test_every_module_imports_and_parity_runs_without_optimum(tiny_export):
     """optimum is an optional extra (only interop tests use it): nothing in the package may need it."""
     proc = subprocess.run(
-        [sys.executable, "-c", NO_OPTIMUM, "parity", str(tiny_export), "--cases", "2"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", NO_OPTIMUM, "parity", str(tiny_export), "--cases", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout

@@ -28,10 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-import gpt2onnx
 from bad_input_cases import CASES, Case, Ctx, Outcome, finish
 from conftest import make_config, write_hf_folder, write_tokenizer
+
+import gpt2onnx
 
 REPO = Path(gpt2onnx.__file__).resolve().parent.parent  # the subprocesses import this copy of gpt2onnx
 MEMORY_LIMIT = 3 << 30  # address space per CLI run: a case that allocates without bound fails fast, not the machine
@@ -85,9 +85,16 @@ def _diff(before: dict, after: dict, allowed: tuple[str, ...] = ()) -> list[str]
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "PYTEST"))}
     env.update(
-        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(home), TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=str(REPO), COLUMNS="200", NO_COLOR="1", TERM="dumb", OMP_NUM_THREADS="1",
-    )  # fmt: skip
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_HOME=str(home),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(REPO),
+        COLUMNS="200",
+        NO_COLOR="1",
+        TERM="dumb",
+        OMP_NUM_THREADS="1",
+    )
     return env
 
 
@@ -98,9 +105,16 @@ def _limit_memory() -> None:
 def make_cli(env: dict[str, str], timeout: float):
     def cli(argv, ctx: Ctx, *, wait: bool = True):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpt2onnx", *argv], cwd=ctx.dir, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_limit_memory,
-        )  # fmt: skip
+            [sys.executable, "-m", "gpt2onnx", *argv],
+            cwd=ctx.dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=_limit_memory,
+        )
         return finish(proc, timeout) if wait else proc
 
     return cli
@@ -196,12 +210,17 @@ def outcomes(request, shared, tmp_path_factory):
         results.update({cid: f.result() for cid, f in futures.items()})
     shared_after = {k: snapshot(shared[k]) for k in ("src", "exp", "ext")}
     for cid in results:
-        results[cid].shared_changes = [f"{k}: {d}" for k in shared_before for d in _diff(shared_before[k], shared_after[k])]
+        results[cid].shared_changes = [
+            f"{k}: {d}" for k in shared_before for d in _diff(shared_before[k], shared_after[k])
+        ]
     report = {  # what each case did, for whoever fixes the gaps: basetemp/bad-input-report.json
-        cid: {"seconds": round(getattr(r, "seconds", 0), 1), "code": r.outcome.code if r.outcome else None,
-              "stderr": (r.outcome.stderr if r.outcome else repr(r.error or r.skipped))[-400:]}
+        cid: {
+            "seconds": round(getattr(r, "seconds", 0), 1),
+            "code": r.outcome.code if r.outcome else None,
+            "stderr": (r.outcome.stderr if r.outcome else repr(r.error or r.skipped))[-400:],
+        }
         for cid, r in results.items()
-    }  # fmt: skip
+    }
     (tmp_path_factory.getbasetemp() / "bad-input-report.json").write_text(json.dumps(report, indent=1))
     yield results, contexts
     for ctx in contexts.values():  # the cases that made folders read-only or mounted a tmpfs
@@ -224,7 +243,9 @@ def test_bad_input(case: Case, outcomes):
     assert "Traceback" not in out.stderr + out.stdout, f"traceback:\n{out.stderr[-2000:]}"
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     if out.code != 0:
-        assert len(lines) == 1 and lines[0].startswith("error: "), f"not one 'error: ' line on stderr:\n{out.stderr[-2000:]}"
+        assert len(lines) == 1 and lines[0].startswith("error: "), (
+            f"not one 'error: ' line on stderr:\n{out.stderr[-2000:]}"
+        )
         if case.match:
             assert re.search(case.match, lines[0]), f"error line does not match {case.match!r}: {lines[0]}"
         if case.absent:

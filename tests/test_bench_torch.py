@@ -4,10 +4,10 @@ Only the CPU paths run here; the GPU ones run in scripts/gpu_check.sh."""
 import numpy as np
 import torch
 
-from gpt2onnx.checkpoint import load_checkpoint
-from gpt2onnx.reference import model_device, reference_model, reference_step
-from gpt2onnx.runtime.bench import BenchConfig
-from gpt2onnx.runtime.providers import ProviderConfig
+from gpt2onnx.pytorch.checkpoint import load_checkpoint
+from gpt2onnx.pytorch.reference import model_device, reference_model, reference_step
+from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.runtimes.timing import BenchConfig
 from gpt2onnx.verify.bench import bench_torch, synchronizer, torch_device
 from gpt2onnx.verify.lockstep import OnnxReference
 
@@ -47,6 +47,8 @@ def test_reference_model_moves_and_casts_and_steps_where_it_is(tiny_folder):
 
 def test_bench_torch_records_where_and_in_what_it_ran(tiny_folder):
     ref = reference_model(load_checkpoint(str(tiny_folder)))
-    stats = bench_torch(ref, BenchConfig(batches=(2,), prompt_len=4, new_tokens=3, warmup=0, repeat=1), 2, vocab_size=1000)
+    stats = bench_torch(
+        ref, BenchConfig(batches=(2,), prompt_len=4, new_tokens=3, warmup=0, repeat=1), 2, vocab_size=1000
+    )
     assert stats.extra == {"device": "cpu", "dtype": "float32"} and stats.peak_device_bytes is None
     assert [p for p, _ in stats.decode_ms_by_past] == [4, 5]

@@ -20,5 +20,7 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_variant_passes_the_full_onnx_check(variant, tiny_folder, tmp_path):
-    folder = export(str(tiny_folder), tmp_path / variant, options=ExportOptions(validate=False, **VARIANTS[variant])).folder
+    folder = export(
+        str(tiny_folder), tmp_path / variant, options=ExportOptions(validate=False, **VARIANTS[variant])
+    ).folder
     onnx.checker.check_model(str(folder / "model.onnx"), full_check=True)  # by path: external data and all

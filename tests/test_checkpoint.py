@@ -5,11 +5,11 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import make_config, write_hf_folder
-from gpt2onnx.checkpoint import load_checkpoint
-from gpt2onnx.config import PRESETS, preset_config, spec_from_config
+
 from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.pytorch.architecture import PRESETS, preset_config, spec_from_config
+from gpt2onnx.pytorch.checkpoint import load_checkpoint
 
 
 def _copy(src, dst):
@@ -50,7 +50,7 @@ def test_presets_are_representable(name):
 
 
 def test_gpt2_preset_parameter_count():
-    from gpt2onnx.checkpoint import expected_shapes
+    from gpt2onnx.pytorch.checkpoint import expected_shapes
 
     shapes = expected_shapes(spec_from_config(preset_config("gpt2")))
     total = sum(int(torch.Size(s).numel()) for s in shapes.values())
@@ -103,7 +103,9 @@ def test_shape_mismatch_names_the_tensor(tiny_folder, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config["n_positions"] = 256  # the saved wpe has 128 rows
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(Gpt2OnnxError, match=r"'transformer\.wpe\.weight' has shape \[128, 64\], but the config implies \[256, 64\]"):
+    with pytest.raises(
+        Gpt2OnnxError, match=r"'transformer\.wpe\.weight' has shape \[128, 64\], but the config implies \[256, 64\]"
+    ):
         load_checkpoint(str(folder))
 
 
@@ -112,7 +114,9 @@ def test_missing_and_unexpected_tensors(tiny_folder, tmp_path):
 
     tensors = load_file(str(tiny_folder / "model.safetensors"))
     folder = _copy(tiny_folder, tmp_path / "missing")
-    save_file({k: v for k, v in tensors.items() if k != "transformer.h.1.mlp.c_fc.bias"}, str(folder / "model.safetensors"))
+    save_file(
+        {k: v for k, v in tensors.items() if k != "transformer.h.1.mlp.c_fc.bias"}, str(folder / "model.safetensors")
+    )
     with pytest.raises(Gpt2OnnxError, match="missing tensor 'h.1.mlp.c_fc.bias'"):
         load_checkpoint(str(folder))
     folder = _copy(tiny_folder, tmp_path / "unexpected")
@@ -158,7 +162,9 @@ def test_hub_id_that_cannot_be_fetched(monkeypatch, tmp_path):
 
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(Gpt2OnnxError, match=r"could not be fetched from the Hugging Face Hub.*--model PATH.*--random-init"):
+    with pytest.raises(
+        Gpt2OnnxError, match=r"could not be fetched from the Hugging Face Hub.*--model PATH.*--random-init"
+    ):
         load_checkpoint("someone/no-such-gpt2")
 
 

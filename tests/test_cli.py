@@ -83,12 +83,15 @@ def test_shape_mismatch(tmp_path, tiny_folder):
 
 
 def test_unknown_preset(tmp_path):
-    assert_one_line_error(run("export", "-m", "gpt5", "--random-init", "-o", tmp_path / "o"), "unknown architecture 'gpt5'")
+    assert_one_line_error(
+        run("export", "-m", "gpt5", "--random-init", "-o", tmp_path / "o"), "unknown architecture 'gpt5'"
+    )
 
 
 def test_hub_id_that_cannot_be_fetched(tmp_path):
     assert_one_line_error(
-        run("export", "-m", "nobody/no-such-model", "-o", tmp_path / "o"), "--model PATH for a local folder, or --random-init"
+        run("export", "-m", "nobody/no-such-model", "-o", tmp_path / "o"),
+        "--model PATH for a local folder, or --random-init",
     )
 
 
@@ -114,7 +117,10 @@ def test_block_out_of_range(tmp_path):
 
 
 def test_invalid_logits(tmp_path):
-    assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "o", "--logits", "first"), "logits 'first' is not valid")
+    assert_one_line_error(
+        run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "o", "--logits", "first"),
+        "logits 'first' is not valid",
+    )
 
 
 def test_missing_model_option():
@@ -140,7 +146,8 @@ def test_export_with_fusion_and_optimize(tmp_path, tiny_folder):
     assert result.exit_code == 0, result.output
     assert "2 MultiHeadAttention" in result.output
     assert_one_line_error(
-        run("optimize", tmp_path / "f", "--out", tmp_path / "p", "--fusion", "portable"), "start from the unfused export"
+        run("optimize", tmp_path / "f", "--out", tmp_path / "p", "--fusion", "portable"),
+        "start from the unfused export",
     )
     assert run("export", "-m", tiny_folder, "-o", tmp_path / "plain").exit_code == 0
     result = run("optimize", tmp_path / "plain", "--out", tmp_path / "p", "--fusion", "portable")
@@ -151,7 +158,9 @@ def test_export_with_fusion_and_optimize(tmp_path, tiny_folder):
 
 
 def test_fusion_bad_inputs(tmp_path, tiny_folder):
-    assert_one_line_error(run("export", "-m", tiny_folder, "-o", tmp_path / "f", "--fusion", "max"), "unknown fusion profile 'max'")
+    assert_one_line_error(
+        run("export", "-m", tiny_folder, "-o", tmp_path / "f", "--fusion", "max"), "unknown fusion profile 'max'"
+    )
     assert_one_line_error(run("optimize", tmp_path / "nothing", "--out", tmp_path / "o"), "no such file or folder")
     (tmp_path / "bad.onnx").write_text("nope")
     assert_one_line_error(run("optimize", tmp_path / "bad.onnx", "--out", tmp_path / "o"), "is not an ONNX model")

@@ -63,13 +63,21 @@ def ort_greedy(model_path: Path):
 
     session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     inputs, _ = graph_io(load_graph(model_path))
-    past = {t.name: np.zeros((1, t.dims[1], 0, t.dims[3]), np.float32) for t in inputs if t.name.startswith("past_key_values")}
+    past = {
+        t.name: np.zeros((1, t.dims[1], 0, t.dims[3]), np.float32)
+        for t in inputs
+        if t.name.startswith("past_key_values")
+    }
     ids, total, tokens, steps = np.array([PROMPT], np.int64), len(PROMPT), [], []
     names = [o.name for o in session.get_outputs()]
     for _ in range(NEW):
         length = ids.shape[1]
-        feed = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
-                "position_ids": np.arange(total - length, total, dtype=np.int64)[None], **past}  # fmt: skip
+        feed = {
+            "input_ids": ids,
+            "attention_mask": np.ones((1, total), np.int64),
+            "position_ids": np.arange(total - length, total, dtype=np.int64)[None],
+            **past,
+        }
         out = dict(zip(names, session.run(None, feed)))
         steps.append(out["logits"][0])
         tokens.append(int(out["logits"][0, -1].argmax()))
@@ -120,16 +128,28 @@ def deployed(request, tiny_export, reference, tmp_path_factory):
 def test_genai_generates_the_reference_tokens(deployed, tmp_path, request):
     need(GENAI_PYTHON, "onnxruntime-genai (.venv-genai)")
     out = tmp_path / "genai.npz"
-    args = [str(GENAI_PYTHON), str(RUNTIMES / "genai_greedy.py"), str(deployed["folder"]), str(out), ",".join(map(str, PROMPT)), str(NEW)]
+    args = [
+        str(GENAI_PYTHON),
+        str(RUNTIMES / "genai_greedy.py"),
+        str(deployed["folder"]),
+        str(out),
+        ",".join(map(str, PROMPT)),
+        str(NEW),
+    ]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = np.load(out)
     expected = deployed["expected"]
     delta = float(np.abs(result["logits"] - expected["logits"][: len(result["logits"])]).max())
     tokens = result["tokens"].tolist()
-    record(request, runtime=f"onnxruntime-genai {result['version']}", variant=deployed["variant"],
-           against="PyTorch" if deployed["variant"].startswith("fp32") else "onnxruntime, same file",
-           max_abs_delta_logits=delta, tokens_equal=tokens == expected["tokens"])  # fmt: skip
+    record(
+        request,
+        runtime=f"onnxruntime-genai {result['version']}",
+        variant=deployed["variant"],
+        against="PyTorch" if deployed["variant"].startswith("fp32") else "onnxruntime, same file",
+        max_abs_delta_logits=delta,
+        tokens_equal=tokens == expected["tokens"],
+    )
     assert result["logits"].shape == (len(PROMPT) + NEW - 1, 1000)
     assert tokens == expected["tokens"]
     assert delta < (FP32_TOLERANCE if deployed["variant"].startswith("fp32") else SAME_FILE_TOLERANCE), delta
@@ -147,11 +167,19 @@ def test_transformers_js_generates_the_reference_tokens(deployed, tmp_path, requ
     expected = deployed["expected"]
     if not deployed["variant"].startswith("fp32"):  # one forward over the whole sequence, as transformers.js ran it
         sequence = PROMPT + expected["tokens"]
-        expected = {"tokens": expected["tokens"], "logits": ort_forward(deployed["folder"] / "model.onnx", sequence[:-1])}
+        expected = {
+            "tokens": expected["tokens"],
+            "logits": ort_forward(deployed["folder"] / "model.onnx", sequence[:-1]),
+        }
     delta = float(np.abs(logits - expected["logits"]).max())
-    record(request, runtime=f"transformers.js {result['version']} (Node)", variant=deployed["variant"],
-           against="PyTorch" if deployed["variant"].startswith("fp32") else "onnxruntime, same file",
-           max_abs_delta_logits=delta, tokens_equal=result["tokens"] == expected["tokens"])  # fmt: skip
+    record(
+        request,
+        runtime=f"transformers.js {result['version']} (Node)",
+        variant=deployed["variant"],
+        against="PyTorch" if deployed["variant"].startswith("fp32") else "onnxruntime, same file",
+        max_abs_delta_logits=delta,
+        tokens_equal=result["tokens"] == expected["tokens"],
+    )
     assert result["tokens"] == expected["tokens"]
     assert delta < (FP32_TOLERANCE if deployed["variant"].startswith("fp32") else SAME_FILE_TOLERANCE), delta
 
@@ -162,9 +190,18 @@ def ort_forward(model_path: Path, sequence: list[int]) -> np.ndarray:
     session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     inputs, _ = graph_io(load_graph(model_path))
     n = len(sequence)
-    feed = {"input_ids": np.array([sequence], np.int64), "attention_mask": np.ones((1, n), np.int64),
-            "position_ids": np.arange(n, dtype=np.int64)[None]}  # fmt: skip
-    feed.update({t.name: np.zeros((1, t.dims[1], 0, t.dims[3]), np.float32) for t in inputs if t.name.startswith("past_key_values")})
+    feed = {
+        "input_ids": np.array([sequence], np.int64),
+        "attention_mask": np.ones((1, n), np.int64),
+        "position_ids": np.arange(n, dtype=np.int64)[None],
+    }
+    feed.update(
+        {
+            t.name: np.zeros((1, t.dims[1], 0, t.dims[3]), np.float32)
+            for t in inputs
+            if t.name.startswith("past_key_values")
+        }
+    )
     return session.run(["logits"], feed)[0][0]
 
 
@@ -175,21 +212,34 @@ def test_triton_config_parses_with_tritons_schema_and_names_the_graphs_io(deploy
     need(GENAI_PYTHON, "tritonclient (.venv-genai)")
     name = deployed["folder"].name
     repository = deployed["folder"] / "triton" / name
-    proc = subprocess.run([str(GENAI_PYTHON), str(RUNTIMES / "triton_config.py"), str(repository / "config.pbtxt")],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [str(GENAI_PYTHON), str(RUNTIMES / "triton_config.py"), str(repository / "config.pbtxt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     config = json.loads(proc.stdout)
     inputs, outputs = graph_io(load_graph(repository / "1" / "model.onnx"))
     as_triton = lambda specs: [  # noqa: E731
-        {"name": t.name, "data_type": TRITON_TYPES[t.dtype], "dims": [d if isinstance(d, int) else -1 for d in t.dims]} for t in specs
+        {"name": t.name, "data_type": TRITON_TYPES[t.dtype], "dims": [d if isinstance(d, int) else -1 for d in t.dims]}
+        for t in specs
     ]
     assert config["name"] == name and config["platform"] == "onnxruntime_onnx"
     assert config["max_batch_size"] == 0 and config["instance_kinds"] == ["KIND_CPU"]
     assert config["inputs"] == as_triton(inputs)
     assert config["outputs"] == as_triton(outputs)
-    assert (repository / "1" / "model.onnx").samefile(deployed["folder"] / "model.onnx") or os.environ.get("GPT2ONNX_NO_LINKS")
-    record(request, runtime="Triton config (tritonclient model_config_pb2)", variant=deployed["variant"],
-           against="the graph's IO", max_abs_delta_logits=None, tokens_equal=None)  # fmt: skip
+    assert (repository / "1" / "model.onnx").samefile(deployed["folder"] / "model.onnx") or os.environ.get(
+        "GPT2ONNX_NO_LINKS"
+    )
+    record(
+        request,
+        runtime="Triton config (tritonclient model_config_pb2)",
+        variant=deployed["variant"],
+        against="the graph's IO",
+        max_abs_delta_logits=None,
+        tokens_equal=None,
+    )
 
 
 def test_deploy_records_targets_and_keeps_the_plain_folder(deployed):
@@ -199,9 +249,15 @@ def test_deploy_records_targets_and_keeps_the_plain_folder(deployed):
     assert set(manifest["deploy"]["targets"]) == {"genai", "transformers-js", "triton"}
     assert "genai_config.json" in manifest["files"] and "model.onnx" in manifest["files"]
     opened = open_folder(folder)  # the plain folder still opens, hashes and all
-    assert opened.precision == {"fp32": "float32", "fp32-ort": "float32", "int4": "int4", "int8": "int8"}[deployed["variant"]]
+    assert (
+        opened.precision
+        == {"fp32": "float32", "fp32-ort": "float32", "int4": "int4", "int8": "int8"}[deployed["variant"]]
+    )
     config = json.loads((folder / "config.json").read_text())
-    assert config["transformers.js_config"]["dtype"] == {"fp32": "fp32", "fp32-ort": "fp32", "int4": "q4", "int8": "q8"}[deployed["variant"]]
+    assert (
+        config["transformers.js_config"]["dtype"]
+        == {"fp32": "fp32", "fp32-ort": "fp32", "int4": "q4", "int8": "q8"}[deployed["variant"]]
+    )
     genai = json.loads((folder / "genai_config.json").read_text())
     assert genai["model"]["context_length"] == 128 and genai["model"]["decoder"]["head_size"] == 16
     assert genai["model"]["eos_token_id"] == 999 and genai["search"]["past_present_share_buffer"] is False
@@ -211,17 +267,23 @@ def test_deploy_in_place_with_external_data(tiny_folder, tmp_path):
     """In place, on an external-data fp16 folder: the data file is linked under each target's name."""
     from gpt2onnx.exporters.export import ExportOptions, export
 
-    folder = export(str(tiny_folder), tmp_path / "ext", options=ExportOptions(external_data=True, dtype="fp16", validate=False)).folder
+    folder = export(
+        str(tiny_folder), tmp_path / "ext", options=ExportOptions(external_data=True, dtype="fp16", validate=False)
+    ).folder
     deploy(folder, ["transformers-js", "triton"])
     assert (folder / "onnx" / "model_fp16.onnx_data").samefile(folder / "model.onnx_data")
     graph = load_graph(folder / "onnx" / "model_fp16.onnx")
-    assert {e.value for i in graph.graph.initializer for e in i.external_data if e.key == "location"} == {"model_fp16.onnx_data"}
+    assert {e.value for i in graph.graph.initializer for e in i.external_data if e.key == "location"} == {
+        "model_fp16.onnx_data"
+    }
     config = json.loads((folder / "config.json").read_text())["transformers.js_config"]
     assert config == {"dtype": "fp16", "use_external_data_format": {"model_fp16.onnx": 1}}
     assert (folder / "triton" / "ext" / "1" / "model.onnx_data").is_file()
     manifest = deploy(folder, "genai")  # again: only genai now, the others dropped
     assert set(manifest["deploy"]["targets"]) == {"genai"}
-    assert not (folder / "onnx").exists() and "transformers.js_config" not in json.loads((folder / "config.json").read_text())
+    assert not (folder / "onnx").exists() and "transformers.js_config" not in json.loads(
+        (folder / "config.json").read_text()
+    )
 
 
 def test_genai_config_token_ids_and_shared_cache(tiny_export, tmp_path):
@@ -231,7 +293,9 @@ def test_genai_config_token_ids_and_shared_cache(tiny_export, tmp_path):
     manifest = json.loads((folder / "gpt2onnx.json").read_text())
     (folder / "gpt2onnx.json").write_text(json.dumps({**manifest, "kv_cache": "shared"}))
     generation = json.loads((folder / "generation_config.json").read_text())
-    (folder / "generation_config.json").write_text(json.dumps({**generation, "max_length": 50, "top_k": 7, "pad_token_id": 3}))
+    (folder / "generation_config.json").write_text(
+        json.dumps({**generation, "max_length": 50, "top_k": 7, "pad_token_id": 3})
+    )
     config = genai_config(folder)
     assert config["search"]["past_present_share_buffer"] is True
     assert (config["search"]["max_length"], config["search"]["top_k"], config["model"]["pad_token_id"]) == (50, 7, 3)
@@ -261,7 +325,9 @@ def test_deploy_cli(tiny_export, tmp_path):
 
     from gpt2onnx.cli import app
 
-    result = CliRunner().invoke(app, ["deploy", str(tiny_export), "--target", "triton", "-o", str(tmp_path / "d"), "--triton-device", "gpu"])
+    result = CliRunner().invoke(
+        app, ["deploy", str(tiny_export), "--target", "triton", "-o", str(tmp_path / "d"), "--triton-device", "gpu"]
+    )
     assert result.exit_code == 0, result.output
     assert "KIND_GPU" in (tmp_path / "d" / "triton" / "d" / "config.pbtxt").read_text()
     result = CliRunner().invoke(app, ["deploy", str(tiny_export), "--target", "nope"])
@@ -277,10 +343,16 @@ def test_the_project_venv_keeps_onnxruntime_gpu_after_the_set_up():
     try:
         metadata.version("onnxruntime-gpu")
     except metadata.PackageNotFoundError:
-        pytest.skip("this platform's venv has the CPU onnxruntime (pyproject: onnxruntime-gpu on x86-64 Linux/Windows only)")
+        pytest.skip(
+            "this platform's venv has the CPU onnxruntime (pyproject: onnxruntime-gpu on x86-64 Linux/Windows only)"
+        )
 
     assert "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "pip", "show", "onnxruntime-genai"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0, "onnxruntime-genai is installed in the project venv: remove it, it belongs in .venv-genai"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "show", "onnxruntime-genai"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode != 0, (
+        "onnxruntime-genai is installed in the project venv: remove it, it belongs in .venv-genai"
+    )

@@ -6,9 +6,9 @@ import numpy as np
 import onnx
 import pytest
 
+from gpt2onnx.artifact import graph as output
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters import export as export_module
-from gpt2onnx.artifact import graph as output
 from gpt2onnx.exporters.export import ExportOptions, export
 
 
@@ -145,8 +145,8 @@ def test_companion_files_are_copied(tiny_folder, tmp_path):
 
 def test_logits_last_equals_the_last_row_of_all(tiny_export, tmp_path, tiny_folder):
     # the last-position graph computes the vocabulary projection for one position only
-    from gpt2onnx.runtime.decoder import OnnxDecoder
-    from gpt2onnx.runtime.providers import cpu_session
+    from gpt2onnx.runtimes.decoder import OnnxDecoder
+    from gpt2onnx.runtimes.providers import cpu_session
 
     last = export(str(tiny_folder), tmp_path / "last", options=ExportOptions(logits="last")).folder
     full_decoder = OnnxDecoder(cpu_session(tiny_export / "model.onnx"))
@@ -173,5 +173,7 @@ def test_exported_folder_has_ordinary_permissions(tiny_folder, tmp_path):
 
 def test_default_output_names_per_variant():
     assert export_module.default_output("gpt2", ExportOptions()) == export_module.DEFAULT_OUTPUT_ROOT / "gpt2"
-    assert export_module.default_output("gpt2", ExportOptions(logits="last", fusion="ort")).name == "gpt2-last-logits-ort"
+    assert (
+        export_module.default_output("gpt2", ExportOptions(logits="last", fusion="ort")).name == "gpt2-last-logits-ort"
+    )
     assert export_module.default_output("gpt2", ExportOptions(block=3)).name == "gpt2-block3"

@@ -6,12 +6,12 @@ import numpy as np
 import onnx
 import pytest
 
-from gpt2onnx.checkpoint import load_checkpoint
 from gpt2onnx.exporters.export import ExportOptions, export
-from gpt2onnx.reference import reference_model
-from gpt2onnx.runtime.decoder import OnnxDecoder
+from gpt2onnx.pytorch.checkpoint import load_checkpoint
+from gpt2onnx.pytorch.reference import reference_model
+from gpt2onnx.runtimes.decoder import OnnxDecoder
+from gpt2onnx.runtimes.providers import cpu_session
 from gpt2onnx.verify.lockstep import compare_block, compare_decoder, greedy, left_padded_batch, reference_greedy
-from gpt2onnx.runtime.providers import cpu_session
 
 FP32_TOL = 1e-4
 
@@ -35,9 +35,7 @@ def test_prompt_then_decode_steps_match_reference(exported, logits):
     # batch 4, each row left-padded differently; empty past, then 5 decode steps feeding presents back
     ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=4, length=9, seed=1)
     assert len({int(m.sum()) for m in mask}) > 1, "rows must differ in padding"
-    result = compare_decoder(
-        decoder, reference, ids, mask, decode_steps=5, tolerance=FP32_TOL
-    )
+    result = compare_decoder(decoder, reference, ids, mask, decode_steps=5, tolerance=FP32_TOL)
     assert result.measured["logits"]["max"] <= FP32_TOL, result
     assert result.measured["present"]["max"] <= FP32_TOL, result
 
@@ -117,7 +115,10 @@ def test_tied_embedding_stored_once(exported):
     expected = ["wte.weight"] if ckpt.spec.tie_word_embeddings else ["wte.weight", "lm_head"]
     assert sorted(vocab_sized) == sorted(expected)
     n_params = sum(int(np.prod(t.shape)) for t in ckpt.state_dict.values())
-    assert sum(int(np.prod(i.dims)) for i in model.graph.initializer if len(i.dims) >= 1 and np.prod(i.dims) > 1) == n_params
+    assert (
+        sum(int(np.prod(i.dims)) for i in model.graph.initializer if len(i.dims) >= 1 and np.prod(i.dims) > 1)
+        == n_params
+    )
 
 
 def test_nan_in_the_onnx_output_fails_parity(tiny_folder, tmp_path):
@@ -135,6 +136,11 @@ def test_nan_in_the_onnx_output_fails_parity(tiny_folder, tmp_path):
     ckpt = load_checkpoint(str(tiny_folder))
     ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=2, length=4, seed=0)
     result = compare_decoder(
-        OnnxDecoder(cpu_session(folder / "model.onnx")), reference_model(ckpt), ids, mask, decode_steps=1, tolerance=FP32_TOL
+        OnnxDecoder(cpu_session(folder / "model.onnx")),
+        reference_model(ckpt),
+        ids,
+        mask,
+        decode_steps=1,
+        tolerance=FP32_TOL,
     )
     assert not result.passed and result.measured["logits"]["max"] == float("inf")

@@ -7,17 +7,17 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper
+from test_cli import assert_one_line_error, run
 
-from gpt2onnx.checkpoint import load_checkpoint
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.precision import written_out_layer_norms
-from gpt2onnx.reference import reference_model
+from gpt2onnx.passes.precision import written_out_layer_norms
+from gpt2onnx.pytorch.checkpoint import load_checkpoint
+from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.verify.fp16_emulation import emulate_fp16, tensor_types
 from gpt2onnx.verify.gates import TOLERANCES
 from gpt2onnx.verify.parity import check_parity
-from test_cli import assert_one_line_error, run
 
 OUTLIERS = 3000.0  # about what GPT-2 small's outlier channels reach in its residual stream
 WRITTEN_OUT_LN = 14  # below opset 17 the exporter writes LayerNorm out as ReduceMean, Sub, Pow, Sqrt, Div, ...
@@ -55,7 +55,13 @@ def test_fp16_passes_its_gates_with_outliers(gpt2_like_config, tmp_path, opset):
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_models_pass_their_gates_with_outliers(gpt2_like_config, tmp_path, method):
-    result = export(str(gpt2_like_config), tmp_path / method, random_init=True, outliers=OUTLIERS, options=ExportOptions(quantize=method))
+    result = export(
+        str(gpt2_like_config),
+        tmp_path / method,
+        random_init=True,
+        outliers=OUTLIERS,
+        options=ExportOptions(quantize=method),
+    )
     assert result.manifest["parity"]["passed"] and result.manifest["parity"]["precision"] == method
     assert check_parity(result.folder, cases=2).passed
 
@@ -63,24 +69,33 @@ def test_quantized_models_pass_their_gates_with_outliers(gpt2_like_config, tmp_p
 def test_fp16_keeping_nothing_fails_on_outliers(tmp_path):
     """The gate can fail: a written-out LayerNorm computed in fp16 squares the outliers past fp16's range."""
     keep_nothing = ExportOptions(opset=WRITTEN_OUT_LN, dtype="fp16", keep_fp32=())
-    with pytest.raises(Gpt2OnnxError, match=r"validation failed: float16 .*FAIL: fp16 arithmetic as on a GPU: top-1 agreement .*mean KL divergence"):
+    with pytest.raises(
+        Gpt2OnnxError,
+        match=r"validation failed: float16 .*FAIL: fp16 arithmetic as on a GPU: top-1 agreement .*mean KL divergence",
+    ):
         export("tiny", tmp_path / "naive", random_init=True, outliers=OUTLIERS, options=keep_nothing)
     assert not (tmp_path / "naive").exists()
     # the outliers are what breaks it ...
     assert export("tiny", tmp_path / "plain", random_init=True, options=keep_nothing).manifest["parity"]["passed"]
     # ... and a LayerNormalization op computes its statistics in fp32 (its stash_type) whatever the graph's dtype
     fused_ln = ExportOptions(opset=17, dtype="fp16", keep_fp32=())
-    assert export("tiny", tmp_path / "op", random_init=True, outliers=OUTLIERS, options=fused_ln).manifest["parity"]["passed"]
+    assert export("tiny", tmp_path / "op", random_init=True, outliers=OUTLIERS, options=fused_ln).manifest["parity"][
+        "passed"
+    ]
 
 
 def test_written_out_layer_norms_stay_fp32_inside(tmp_path):
     def pow_types(keep):
         options = ExportOptions(opset=WRITTEN_OUT_LN, dtype="fp16", keep_fp32=keep, validate=False)
-        model = onnx.load(str(export("tiny", tmp_path / str(keep), random_init=True, options=options).folder / "model.onnx"))
+        model = onnx.load(
+            str(export("tiny", tmp_path / str(keep), random_init=True, options=options).folder / "model.onnx")
+        )
         types = tensor_types(model)
         return {types[n.output[0]] for n in model.graph.node if n.op_type == "Pow" and "ln_" in n.name}
 
-    fp32 = export("tiny", tmp_path / "fp32", random_init=True, options=ExportOptions(opset=WRITTEN_OUT_LN, validate=False))
+    fp32 = export(
+        "tiny", tmp_path / "fp32", random_init=True, options=ExportOptions(opset=WRITTEN_OUT_LN, validate=False)
+    )
     n_layer = 2
     assert len(written_out_layer_norms(onnx.load(str(fp32.folder / "model.onnx")).graph)) == 2 * n_layer + 1
     assert pow_types(("layernorm", "softmax", "logits")) == {TensorProto.FLOAT}
@@ -103,7 +118,9 @@ def test_emulation_overflows_where_fp16_does():
     x = np.array([OUTLIERS, 0.1, 300.0], np.float16)
     on_cpu = ort.InferenceSession(_pow_then_sqrt().SerializeToString(), providers=["CPUExecutionProvider"])
     assert on_cpu.run(None, {"x": x})[0][0] == OUTLIERS  # the CPU provider squares in fp32: no overflow
-    emulated = ort.InferenceSession(emulate_fp16(_pow_then_sqrt()).SerializeToString(), providers=["CPUExecutionProvider"])
+    emulated = ort.InferenceSession(
+        emulate_fp16(_pow_then_sqrt()).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     y = emulated.run(None, {"x": x.astype(np.float32)})[0]
     with np.errstate(over="ignore"):  # 3000² in fp16 is inf: the point
         squared = np.square(x.astype(np.float32)).astype(np.float16)
@@ -112,7 +129,9 @@ def test_emulation_overflows_where_fp16_does():
 
 
 def test_optimize_to_fp16_keeps_layer_norms_too(tmp_path):
-    source = export("tiny", tmp_path / "src", random_init=True, outliers=OUTLIERS, options=ExportOptions(opset=WRITTEN_OUT_LN)).folder
+    source = export(
+        "tiny", tmp_path / "src", random_init=True, outliers=OUTLIERS, options=ExportOptions(opset=WRITTEN_OUT_LN)
+    ).folder
     manifest = optimize(source, tmp_path / "o", fusion="none", dtype="fp16")
     assert manifest["parity"]["passed"] and manifest["fp16"]["kept_fp32_nodes"]["Pow"] == 5
     with pytest.raises(Gpt2OnnxError, match="fp16 arithmetic as on a GPU"):
@@ -122,7 +141,9 @@ def test_optimize_to_fp16_keeps_layer_norms_too(tmp_path):
 def test_fp16_export_passes_its_gates(gpt2_like_config, tmp_path):
     result = export(str(gpt2_like_config), tmp_path / "fp16", random_init=True, options=ExportOptions(dtype="fp16"))
     manifest = result.manifest
-    assert manifest["dtype"] == "float16" and manifest["parity"]["passed"] and manifest["parity"]["precision"] == "float16"
+    assert (
+        manifest["dtype"] == "float16" and manifest["parity"]["passed"] and manifest["parity"]["precision"] == "float16"
+    )
     n_layer = json_config(gpt2_like_config)["n_layer"]
     assert manifest["fp16"]["kept_fp32_nodes"] == {"LayerNormalization": 2 * n_layer + 1, "Softmax": n_layer}
     inputs = {t["name"]: t["dtype"] for t in manifest["io"]["inputs"]}
@@ -132,8 +153,8 @@ def test_fp16_export_passes_its_gates(gpt2_like_config, tmp_path):
     assert check_parity(result.folder, cases=2).passed
     # the runner keeps an fp16 cache
     from gpt2onnx.artifact.folder import open_folder
-    from gpt2onnx.runtime.decoder import open_decoder
-    from gpt2onnx.runtime.providers import ProviderConfig
+    from gpt2onnx.runtimes.decoder import open_decoder
+    from gpt2onnx.runtimes.providers import ProviderConfig
 
     decoder = open_decoder(open_folder(result.folder), ProviderConfig())
     assert decoder.empty_past(1)[0].dtype == "float16"
@@ -148,7 +169,9 @@ def json_config(path):
 def test_optimize_to_fp16_with_fusion(tmp_path):
     source = export("tiny", tmp_path / "src", random_init=True).folder
     manifest = optimize(source, tmp_path / "o", fusion="ort", dtype="fp16")
-    assert manifest["dtype"] == "float16" and manifest["parity"]["passed"] and manifest["parity"]["precision"] == "float16"
+    assert (
+        manifest["dtype"] == "float16" and manifest["parity"]["passed"] and manifest["parity"]["precision"] == "float16"
+    )
     assert manifest["fusion"]["golden"]["attention"]["found"] == 2
     assert manifest["fp16"]["kept_fp32_nodes"] == {"SkipLayerNormalization": 5}  # softmax is inside MultiHeadAttention
     assert check_parity(tmp_path / "o", cases=2).passed
@@ -160,27 +183,39 @@ def test_fp16_invalid_combinations(tmp_path, tiny_export):
         run("export", "-m", "tiny", "--random-init", "-o", out, "--dtype", "fp16", "--quantize", "int8"),
         "--dtype fp16 and --quantize int8 do not combine",
     )
-    assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", out, "--dtype", "bf16"), "unknown --dtype 'bf16'")
     assert_one_line_error(
-        run("export", "-m", "tiny", "--random-init", "-o", out, "--dtype", "fp16", "--block", 0), "dtype applies to the whole decoder"
+        run("export", "-m", "tiny", "--random-init", "-o", out, "--dtype", "bf16"), "unknown --dtype 'bf16'"
+    )
+    assert_one_line_error(
+        run("export", "-m", "tiny", "--random-init", "-o", out, "--dtype", "fp16", "--block", 0),
+        "dtype applies to the whole decoder",
     )
     assert_one_line_error(
         run("export", "-m", "tiny", "--random-init", "-o", out, "--dtype", "fp16", "--keep-fp32", "layernorm,gelu"),
         "--keep-fp32 'layernorm,gelu' is not valid",
     )
     assert_one_line_error(
-        run("export", "-m", "tiny", "--random-init", "-o", out, "--keep-fp32", "none"), "--keep-fp32 applies to fp16 models only"
+        run("export", "-m", "tiny", "--random-init", "-o", out, "--keep-fp32", "none"),
+        "--keep-fp32 applies to fp16 models only",
     )
-    assert_one_line_error(run("optimize", tiny_export, "-o", out, "--dtype", "fp16", "--keep-fp32", ""), "--keep-fp32 '' is not valid")
+    assert_one_line_error(
+        run("optimize", tiny_export, "-o", out, "--dtype", "fp16", "--keep-fp32", ""), "--keep-fp32 '' is not valid"
+    )
     assert_one_line_error(run("parity", tiny_export, "--emulate-fp16"), "fp16 emulation needs an fp16 model")
     assert not out.exists()
 
 
 def test_outliers_bad_inputs(tmp_path, tiny_folder):
     out = tmp_path / "o"
-    assert_one_line_error(run("export", "-m", tiny_folder, "-o", out, "--outliers", 3000), "--outliers only shapes random weights")
-    assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", out, "--outliers", -1), "--outliers must be a magnitude")
-    assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", out, "--outliers", "nan"), "--outliers must be a magnitude")
+    assert_one_line_error(
+        run("export", "-m", tiny_folder, "-o", out, "--outliers", 3000), "--outliers only shapes random weights"
+    )
+    assert_one_line_error(
+        run("export", "-m", "tiny", "--random-init", "-o", out, "--outliers", -1), "--outliers must be a magnitude"
+    )
+    assert_one_line_error(
+        run("export", "-m", "tiny", "--random-init", "-o", out, "--outliers", "nan"), "--outliers must be a magnitude"
+    )
     assert not out.exists()
 
 

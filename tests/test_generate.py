@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from gpt2onnx.checkpoint import load_checkpoint
-from gpt2onnx.errors import Gpt2OnnxError
-from gpt2onnx.reference import reference_model
-from gpt2onnx.runtime.generate import Sampling, generate
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.runtime.decoder import open_decoder
+from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.pytorch.checkpoint import load_checkpoint
+from gpt2onnx.pytorch.reference import reference_model
+from gpt2onnx.runtimes.decoder import open_decoder
+from gpt2onnx.runtimes.generate import Sampling, generate
+from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
-from gpt2onnx.runtime.providers import ProviderConfig
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +54,12 @@ def test_low_temperature_is_greedy_and_top_k_limits_choices(decoder):
     np.testing.assert_array_equal(cold, greedy)
     logits, _ = decoder.run(ids, np.ones_like(ids), np.arange(4)[None], decoder.empty_past(1))
     top3 = set(np.argsort(-logits[0, -1])[:3])
-    from gpt2onnx.runtime.generate import next_tokens
+    from gpt2onnx.runtimes.generate import next_tokens
 
     rng = np.random.default_rng(0)
-    draws = {int(next_tokens(logits[:, -1], Sampling(sample=True, top_k=3, temperature=5.0), rng)[0]) for _ in range(200)}
+    draws = {
+        int(next_tokens(logits[:, -1], Sampling(sample=True, top_k=3, temperature=5.0), rng)[0]) for _ in range(200)
+    }
     assert draws <= top3 and len(draws) > 1
 
 
@@ -75,7 +77,9 @@ def test_stops_at_end_of_sequence(decoder):
 
 def test_streaming_callback_sees_every_step(decoder):
     seen = []
-    result = generate(decoder, np.array([[9, 8, 7]]), max_new_tokens=5, on_step=lambda step, ids: seen.append((step, int(ids[0]))))
+    result = generate(
+        decoder, np.array([[9, 8, 7]]), max_new_tokens=5, on_step=lambda step, ids: seen.append((step, int(ids[0])))
+    )
     assert [s for s, _ in seen] == list(range(5)) and [t for _, t in seen] == list(result.tokens[0])
 
 
@@ -88,7 +92,11 @@ def test_streaming_callback_sees_every_step(decoder):
         (np.array([[1] * 120]), {"max_new_tokens": 9}, "129 tokens, beyond the model's context of 128"),
         (np.array([[1]]), {"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
         (np.array([[1]]), {"sampling": Sampling(sample=True, top_p=0.0)}, r"top_p \(--top-p\) must be in"),
-        (np.array([[1]]), {"sampling": Sampling(sample=True, temperature=0)}, r"temperature \(--temperature\) must be a positive number"),
+        (
+            np.array([[1]]),
+            {"sampling": Sampling(sample=True, temperature=0)},
+            r"temperature \(--temperature\) must be a positive number",
+        ),
     ],
 )
 def test_bad_generation_inputs(decoder, ids, kwargs, message):
@@ -105,10 +113,14 @@ def test_optimum_export_runs_through_the_runner(tiny_folder, tmp_path, reference
     main_export = import_optimum("optimum.exporters.onnx", "main_export")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        main_export(str(tiny_folder), output=tmp_path / "optimum", task="text-generation-with-past", no_post_process=True)
+        main_export(
+            str(tiny_folder), output=tmp_path / "optimum", task="text-generation-with-past", no_post_process=True
+        )
     decoder = open_decoder(open_folder(tmp_path / "optimum"), ProviderConfig())
     ids, mask = left_padded_batch(1000, batch=3, length=6, seed=8)
-    np.testing.assert_array_equal(generate(decoder, ids, mask, max_new_tokens=10).tokens, reference_greedy(reference, ids, mask, 10))
+    np.testing.assert_array_equal(
+        generate(decoder, ids, mask, max_new_tokens=10).tokens, reference_greedy(reference, ids, mask, 10)
+    )
     from gpt2onnx.verify.parity import check_parity
 
     with pytest.raises(Gpt2OnnxError, match="no gpt2onnx.json manifest.*--reference"):

@@ -12,11 +12,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_gpu_check_runs_on_the_cpu(tmp_path):
     env = {
-        **os.environ, "PYTHON": sys.executable, "SIZE": "tiny", "CASES": "2", "BENCH_BATCHES": "1,2",
-        "BENCH_PROMPT_LEN": "8", "BENCH_NEW_TOKENS": "3", "BENCH_WARMUP": "0", "BENCH_REPEAT": "1",
-    }  # fmt: skip
+        **os.environ,
+        "PYTHON": sys.executable,
+        "SIZE": "tiny",
+        "CASES": "2",
+        "BENCH_BATCHES": "1,2",
+        "BENCH_PROMPT_LEN": "8",
+        "BENCH_NEW_TOKENS": "3",
+        "BENCH_WARMUP": "0",
+        "BENCH_REPEAT": "1",
+    }
     results = tmp_path / "results"
-    proc = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), str(results)], env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts/gpu_check.sh"), str(results)], env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     env_json = json.loads((results / "environment.json").read_text())
     if env_json["cuda_provider"]:  # a machine where CUDA works runs the real thing; the CPU path is what is tested here
@@ -25,7 +34,12 @@ def test_gpu_check_runs_on_the_cpu(tmp_path):
         parity = json.loads((results / f"parity-{p}.json").read_text())
         assert parity["passed"] and parity["provider"] == "cpu" and parity["measured"]["cases"] == 2, p
         bench = json.loads((results / f"bench-{p}.json").read_text())
-        assert {(r["engine"], r["batch"]) for r in bench["runs"]} == {("onnxruntime", 1), ("onnxruntime", 2), ("torch", 1), ("torch", 2)}
+        assert {(r["engine"], r["batch"]) for r in bench["runs"]} == {
+            ("onnxruntime", 1),
+            ("onnxruntime", 2),
+            ("torch", 1),
+            ("torch", 2),
+        }
         assert all(r["extra"]["device"] == "cpu" for r in bench["runs"] if r["engine"] == "torch")
     trt = json.loads((results / "tensorrt.json").read_text())
     assert trt["status"] in ("clear-error", "loads"), trt

@@ -2,9 +2,9 @@
 
 import pytest
 
+from gpt2onnx.artifact.inspect import inspect_model
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
-from gpt2onnx.artifact.inspect import inspect_model
 
 
 def test_inspect_tiny_export(tiny_export):
@@ -16,7 +16,9 @@ def test_inspect_tiny_export(tiny_export):
     ops = {row["op_type"]: row["count"] for row in info["op_histogram"]}
     assert ops["LayerNormalization"] == 5 and ops["Gemm"] == 1 and ops["Softmax"] == 2
     components = {c["component"]: c for c in info["parameters"]["components"]}
-    assert components["h.ln_1"] == dict(component="h.ln_1", params_per_instance=128, instances=2, total=256, uniform=True)
+    assert components["h.ln_1"] == dict(
+        component="h.ln_1", params_per_instance=128, instances=2, total=256, uniform=True
+    )
     assert components["h.attn.c_attn"]["params_per_instance"] == 64 * 192 + 192
     assert info["parameters"]["unnamed"] == []
     assert info["files"]["model.onnx"] == (tiny_export / "model.onnx").stat().st_size
@@ -71,13 +73,16 @@ def test_inspect_errors(tmp_path):
 def test_inspect_shows_the_checks_of_every_variant(tmp_path, variant, options):
     """inspect reads the one check report every export writes, whatever the precision (it used to crash on
     reduced precisions with a KeyError)."""
-    from gpt2onnx.cli import app
     from typer.testing import CliRunner
+
+    from gpt2onnx.cli import app
 
     folder = export("tiny", tmp_path / variant, random_init=True, options=options).folder
     info = inspect_model(folder)
     checks = info["manifest"]["checks"]
-    assert checks["passed"] and checks["precision"] == {"fp16": "float16", "int8": "int8", "int4": "int4"}.get(variant, "float32")
+    assert checks["passed"] and checks["precision"] == {"fp16": "float16", "int8": "int8", "int4": "int4"}.get(
+        variant, "float32"
+    )
     assert "— pass" in info["manifest"]["check_summary"]
     result = CliRunner().invoke(app, ["inspect", str(folder)])
     assert result.exit_code == 0 and "checked at export: " in result.output, result.output
@@ -91,7 +96,9 @@ def test_inspect_an_optimum_folder(tmp_path, tiny_folder):
     main_export = import_optimum("optimum.exporters.onnx", "main_export")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        main_export(str(tiny_folder), output=tmp_path / "optimum", task="text-generation-with-past", no_post_process=True)
+        main_export(
+            str(tiny_folder), output=tmp_path / "optimum", task="text-generation-with-past", no_post_process=True
+        )
     info = inspect_model(tmp_path / "optimum")
     assert info["manifest"] is None and {t["name"] for t in info["inputs"]} >= {"input_ids", "past_key_values.0.key"}
 
@@ -103,7 +110,9 @@ def test_inspect_refuses_what_is_not_a_regular_file_and_a_truncated_data_file(tm
     os.mkfifo(fifo)
     with pytest.raises(Gpt2OnnxError, match="is not a regular file"):
         inspect_model(fifo)
-    folder = export(str(tiny_folder), tmp_path / "ext", options=ExportOptions(external_data=True, validate=False)).folder
+    folder = export(
+        str(tiny_folder), tmp_path / "ext", options=ExportOptions(external_data=True, validate=False)
+    ).folder
     data = folder / "model.onnx_data"
     data.write_bytes(data.read_bytes()[:1000])
     with pytest.raises(Gpt2OnnxError, match="its tensors need"):

@@ -4,10 +4,10 @@ import warnings
 
 import numpy as np
 import torch
-
 from conftest import import_optimum
-from gpt2onnx.checkpoint import load_checkpoint
-from gpt2onnx.reference import reference_model
+
+from gpt2onnx.pytorch.checkpoint import load_checkpoint
+from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 
 

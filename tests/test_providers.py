@@ -3,14 +3,12 @@
 import numpy as np
 import pytest
 
-from gpt2onnx.errors import Gpt2OnnxError
-from gpt2onnx.reference import reference_model
-from gpt2onnx.checkpoint import load_checkpoint
-from gpt2onnx.runtime.decoder import OnnxDecoder
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.runtime.decoder import open_decoder
-from gpt2onnx.verify.lockstep import compare_decoder, greedy, left_padded_batch, reference_greedy
-from gpt2onnx.runtime.providers import (
+from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.pytorch.checkpoint import load_checkpoint
+from gpt2onnx.pytorch.reference import reference_model
+from gpt2onnx.runtimes.decoder import OnnxDecoder, open_decoder
+from gpt2onnx.runtimes.providers import (
     DecoderShape,
     ProviderConfig,
     create_session,
@@ -18,6 +16,7 @@ from gpt2onnx.runtime.providers import (
     tensorrt_profile,
     working_providers,
 )
+from gpt2onnx.verify.lockstep import compare_decoder, greedy, left_padded_batch, reference_greedy
 
 WORKING = working_providers()
 
@@ -65,7 +64,9 @@ def _shape(n_layer=2, n_positions=256):
 
 
 def _parse_profile(text):
-    return {name: tuple(int(d) for d in dims.split("x")) for name, dims in (item.split(":") for item in text.split(","))}
+    return {
+        name: tuple(int(d) for d in dims.split("x")) for name, dims in (item.split(":") for item in text.split(","))
+    }
 
 
 def test_tensorrt_profile_covers_prompt_and_decode_without_zero_dims():
@@ -85,14 +86,18 @@ def test_tensorrt_profile_covers_prompt_and_decode_without_zero_dims():
 
 def test_tensorrt_provider_options(tmp_path):
     model = tmp_path / "m" / "model.onnx"
-    providers = provider_options(ProviderConfig(name="tensorrt", trt_fp16=True, max_batch=2), model_path=model, shape=_shape())
+    providers = provider_options(
+        ProviderConfig(name="tensorrt", trt_fp16=True, max_batch=2), model_path=model, shape=_shape()
+    )
     (trt_name, trt), (cuda_name, cuda), cpu = providers
     assert (trt_name, cuda_name, cpu) == ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
     assert trt["trt_fp16_enable"] is True and trt["trt_engine_cache_enable"] and trt["trt_timing_cache_enable"]
     assert trt["trt_layer_norm_fp32_fallback"] is True  # fp16 engines: LayerNorm statistics in fp32 (outliers)
     assert trt["trt_engine_cache_path"] == str(tmp_path / "m" / "trt_cache") == trt["trt_timing_cache_path"]
     assert _parse_profile(trt["trt_profile_max_shapes"])["input_ids"][0] == 2
-    custom = provider_options(ProviderConfig(name="tensorrt", trt_cache_dir=str(tmp_path / "c")), model_path=model, shape=None)
+    custom = provider_options(
+        ProviderConfig(name="tensorrt", trt_cache_dir=str(tmp_path / "c")), model_path=model, shape=None
+    )
     assert custom[0][1]["trt_engine_cache_path"] == str(tmp_path / "c") and "trt_profile_min_shapes" not in custom[0][1]
     assert custom[0][1]["trt_layer_norm_fp32_fallback"] is False
     with pytest.raises(Gpt2OnnxError, match="max batch must be at least 1"):
@@ -100,7 +105,9 @@ def test_tensorrt_provider_options(tmp_path):
 
 
 def test_cuda_provider_options(tmp_path):
-    providers = provider_options(ProviderConfig(name="cuda", device_id=1), model_path=tmp_path / "model.onnx", shape=None)
+    providers = provider_options(
+        ProviderConfig(name="cuda", device_id=1), model_path=tmp_path / "model.onnx", shape=None
+    )
     assert providers == [("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]
 
 

@@ -5,14 +5,14 @@ from collections import Counter
 
 import onnx
 import pytest
+from test_cli import assert_one_line_error, run
 
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.precision import QuantizeOptions
+from gpt2onnx.passes.precision import QuantizeOptions
 from gpt2onnx.verify.gates import TOLERANCES
 from gpt2onnx.verify.parity import check_parity
-from test_cli import assert_one_line_error, run
 
 
 def _ops(folder) -> Counter:
@@ -26,7 +26,10 @@ def test_export_quantized_passes_its_gates(gpt2_like_config, tmp_path, method, o
     assert manifest["quantization"]["method"] == method and manifest["quantization"]["ops"][op] > 0
     parity = manifest["parity"]
     assert parity["passed"] and parity["precision"] == method
-    assert parity["measured"]["kl"]["mean"] <= TOLERANCES[method]["kl_mean"] and parity["measured"]["top5_agreement"] >= TOLERANCES[method]["top5"]
+    assert (
+        parity["measured"]["kl"]["mean"] <= TOLERANCES[method]["kl_mean"]
+        and parity["measured"]["top5_agreement"] >= TOLERANCES[method]["top5"]
+    )
     model = onnx.load(str(result.folder / "model.onnx"))
     weights = {init.name for init in model.graph.initializer}
     float_projections = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights]
@@ -38,7 +41,9 @@ def test_export_quantized_passes_its_gates(gpt2_like_config, tmp_path, method, o
 def test_int4_is_smaller_than_int8_is_smaller_than_fp32(tiny_folder, tmp_path):
     sizes = {}
     for method in ("none", "int8", "int4"):
-        folder = export(str(tiny_folder), tmp_path / method, options=ExportOptions(quantize=method, validate=False)).folder
+        folder = export(
+            str(tiny_folder), tmp_path / method, options=ExportOptions(quantize=method, validate=False)
+        ).folder
         sizes[method] = (folder / "model.onnx").stat().st_size
     assert sizes["int4"] < sizes["int8"] < sizes["none"]
 
@@ -64,18 +69,34 @@ def test_the_gate_can_fail(tiny_folder, tmp_path, monkeypatch):
 @pytest.mark.parametrize("block_size", [8, 48, 512])
 def test_unsupported_int4_block_size(tmp_path, block_size):
     assert_one_line_error(
-        run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", "--quantize", "int4", "--block-size", block_size),
+        run(
+            "export",
+            "-m",
+            "tiny",
+            "--random-init",
+            "-o",
+            tmp_path / "q",
+            "--quantize",
+            "int4",
+            "--block-size",
+            block_size,
+        ),
         f"--block-size {block_size} is not supported for int4",
     )
 
 
 def test_quantize_bad_inputs(tmp_path, tiny_export):
-    assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", "--quantize", "int2"), "unknown --quantize 'int2'")
+    assert_one_line_error(
+        run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", "--quantize", "int2"),
+        "unknown --quantize 'int2'",
+    )
     assert_one_line_error(
         run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", "--quantize", "int8", "--block", 0),
         "quantize applies to the whole decoder",
     )
-    assert_one_line_error(run("optimize", tiny_export, "--out", tmp_path / "o", "--quantize", "fp8"), "unknown --quantize 'fp8'")
+    assert_one_line_error(
+        run("optimize", tiny_export, "--out", tmp_path / "o", "--quantize", "fp8"), "unknown --quantize 'fp8'"
+    )
 
 
 def test_cli_quantized_export(tmp_path):
@@ -88,11 +109,28 @@ def test_cli_quantized_export(tmp_path):
 
 def test_gates_can_be_overridden(tmp_path, tiny_folder):
     # the test checkpoints' wide init makes int4 fail the default gates (see gpt2_like_config) ...
-    assert_one_line_error(run("export", "-m", tiny_folder, "-o", tmp_path / "q", "--quantize", "int4"), "validation failed: int4")
+    assert_one_line_error(
+        run("export", "-m", tiny_folder, "-o", tmp_path / "q", "--quantize", "int4"), "validation failed: int4"
+    )
     # ... and a user who accepts that can say so, gate by gate
-    result = run("export", "-m", tiny_folder, "-o", tmp_path / "q", "--quantize", "int4", "--gate", "kl_mean=1", "--gate", "top5=0.5")
+    result = run(
+        "export",
+        "-m",
+        tiny_folder,
+        "-o",
+        tmp_path / "q",
+        "--quantize",
+        "int4",
+        "--gate",
+        "kl_mean=1",
+        "--gate",
+        "top5=0.5",
+    )
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "q" / "gpt2onnx.json").read_text())["parity"]["gates"] == {"kl_mean": 1.0, "top5": 0.5}
+    assert json.loads((tmp_path / "q" / "gpt2onnx.json").read_text())["parity"]["gates"] == {
+        "kl_mean": 1.0,
+        "top5": 0.5,
+    }
     assert run("parity", tmp_path / "q", "--cases", 2).exit_code == 1
     assert run("parity", tmp_path / "q", "--cases", 2, "--gate", "kl_mean=1", "--gate", "top5=0.5").exit_code == 0
     assert_one_line_error(run("parity", tmp_path / "q", "--gate", "speed=1"), "unknown gate 'speed'")

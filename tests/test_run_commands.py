@@ -6,14 +6,14 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
-from gpt2onnx.checkpoint import load_checkpoint
 from gpt2onnx.cli import app
-from gpt2onnx.reference import reference_model
+from gpt2onnx.pytorch.checkpoint import load_checkpoint
+from gpt2onnx.pytorch.reference import reference_model
+from gpt2onnx.runtimes.providers import working_providers
 from gpt2onnx.verify.lockstep import reference_greedy
-from gpt2onnx.runtime.providers import working_providers
-from test_cli import assert_one_line_error
 
 runner = CliRunner()
 
@@ -27,12 +27,16 @@ def test_generate_ids_greedy_matches_transformers(tiny_export, tiny_folder):
     result = run("generate", tiny_export, "--ids", "5,6,7,8", "--max-new-tokens", 12)
     assert result.exit_code == 0, result.output
     printed = [int(t) for t in result.output.split()]
-    expected = reference_greedy(reference_model(load_checkpoint(str(tiny_folder))), np.array([[5, 6, 7, 8]]), np.ones((1, 4), int), 12)
+    expected = reference_greedy(
+        reference_model(load_checkpoint(str(tiny_folder))), np.array([[5, 6, 7, 8]]), np.ones((1, 4), int), 12
+    )
     assert printed == [5, 6, 7, 8, *expected[0]]
 
 
 def test_generate_batch_of_id_prompts(tiny_export):
-    result = run("generate", tiny_export, "--ids", "5,6,7,8", "--ids", "9", "--max-new-tokens", 4, "--sample", "--seed", 3)
+    result = run(
+        "generate", tiny_export, "--ids", "5,6,7,8", "--ids", "9", "--max-new-tokens", 4, "--sample", "--seed", 3
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == ["0", "1"] and all(len(line.split(",")) == 4 for line in lines)
@@ -46,7 +50,9 @@ def test_generate_text_streams_with_the_folder_tokenizer(tokenized_export):
     result = run("generate", folder, "--prompt", "the quick brown fox", "--max-new-tokens", 10)
     assert result.exit_code == 0, result.output
     ids = tokenizer.encode("the quick brown fox")
-    expected = reference_greedy(reference_model(load_checkpoint(str(source))), np.array([ids]), np.ones((1, len(ids)), int), 10)
+    expected = reference_greedy(
+        reference_model(load_checkpoint(str(source))), np.array([ids]), np.ones((1, len(ids)), int), 10
+    )
     eos = tokenizer.eos_token_id
     tokens = list(expected[0])
     tokens = tokens[: tokens.index(eos)] if eos in tokens else tokens
@@ -62,7 +68,8 @@ def test_generate_bad_inputs(tiny_export, tmp_path, tokenized_export):
     assert_one_line_error(run("generate", tiny_export, "--ids", "a,b"), "not a comma-separated list of integers")
     assert_one_line_error(run("generate", tiny_export), "give the prompt as text (--prompt) or as token ids")
     assert_one_line_error(
-        run("generate", tiny_export, "--ids", ",".join(["1"] * 100), "--max-new-tokens", 100), "beyond the model's context of 128"
+        run("generate", tiny_export, "--ids", ",".join(["1"] * 100), "--max-new-tokens", 100),
+        "beyond the model's context of 128",
     )
     assert_one_line_error(run("generate", tiny_export, "--ids", "1", "--provider", "npu"), "unknown provider 'npu'")
     assert_one_line_error(run("generate", tmp_path / "nothing", "--ids", "1"), "does not exist")
@@ -73,10 +80,13 @@ def test_generate_bad_inputs(tiny_export, tmp_path, tokenized_export):
 def test_provider_that_cannot_load(tiny_export, provider):
     if provider in working_providers():
         pytest.skip(f"{provider} loads here")
-    assert_one_line_error(run("generate", tiny_export, "--ids", "1,2", "--provider", provider), f"provider '{provider}'")
+    assert_one_line_error(
+        run("generate", tiny_export, "--ids", "1,2", "--provider", provider), f"provider '{provider}'"
+    )
     assert_one_line_error(run("parity", tiny_export, "--cases", 1, "--provider", provider), "could not be used")
     assert_one_line_error(
-        run("bench", tiny_export, "--provider", provider, "--prompt-len", 8, "--new-tokens", 4), "providers that work here: cpu"
+        run("bench", tiny_export, "--provider", provider, "--prompt-len", 8, "--new-tokens", 4),
+        "providers that work here: cpu",
     )
 
 
@@ -140,9 +150,25 @@ def test_parity_bad_inputs(tiny_export):
 # -- bench ---------------------------------------------------------------------------------------------------
 def test_bench_json(tiny_export, tmp_path):
     result = run(
-        "bench", tiny_export, "--batch", "1,3", "--prompt-len", 16, "--new-tokens", 6, "--warmup", 1, "--repeat", 2,
-        "--threads", 1, "--baseline", "torch", "--json", tmp_path / "b.json",
-    )  # fmt: skip
+        "bench",
+        tiny_export,
+        "--batch",
+        "1,3",
+        "--prompt-len",
+        16,
+        "--new-tokens",
+        6,
+        "--warmup",
+        1,
+        "--repeat",
+        2,
+        "--threads",
+        1,
+        "--baseline",
+        "torch",
+        "--json",
+        tmp_path / "b.json",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "b.json").read_text())
     (data,) = report["models"]
@@ -165,25 +191,42 @@ def test_bench_bad_inputs(tiny_export, tmp_path):
     assert_one_line_error(run("bench", tiny_export, "--batch", "0,1"), "batch sizes must be positive")
     assert_one_line_error(run("bench", tiny_export, "--batch", "x"), "not a comma-separated list of integers")
     assert_one_line_error(run("bench", tiny_export, "--prompt-len", 0), "prompt length must be a positive integer")
-    assert_one_line_error(run("bench", tiny_export, "--prompt-len", 100, "--new-tokens", 64), "exceeds the model's context of 128")
+    assert_one_line_error(
+        run("bench", tiny_export, "--prompt-len", 100, "--new-tokens", 64), "exceeds the model's context of 128"
+    )
     assert_one_line_error(run("bench", tiny_export, "--baseline", "jax"), "the only baseline is 'torch'")
     assert_one_line_error(run("bench", tmp_path / "none"), "does not exist")
 
 
 def test_runs_beyond_available_memory_are_refused_before_they_start(tiny_export, monkeypatch):
     """batch × length within the token cap can still need more than the machine has (logits + key/value cache)."""
-    import gpt2onnx.runtime.decoder as decoder
+    import gpt2onnx.runtimes.decoder as decoder
 
     monkeypatch.setattr(decoder, "available_memory", lambda: 2_000_000)  # 2 MB: the tiny model's batch 8 needs ~4 MB
     args = ("--prompt-len", 100, "--new-tokens", 20, "--warmup", 0, "--repeat", 1)
     assert_one_line_error(run("bench", tiny_export, "--batch", 8, *args), "GB (logits and key/value cache)")
-    assert_one_line_error(run("generate", tiny_export, *(["--ids", ",".join(["5"] * 100)] * 8), "--max-new-tokens", 20), "available")
+    assert_one_line_error(
+        run("generate", tiny_export, *(["--ids", ",".join(["5"] * 100)] * 8), "--max-new-tokens", 20), "available"
+    )
     monkeypatch.setattr(decoder, "available_memory", lambda: None)  # not Linux: no estimate, the run goes ahead
     assert run("generate", tiny_export, "--ids", "1,2", "--max-new-tokens", 1).exit_code == 0
 
 
 def test_bench_plot(tiny_export, tmp_path):
-    result = run("bench", tiny_export, "--batch", 1, "--prompt-len", 8, "--new-tokens", 6, "--repeat", 1, "--plot", tmp_path / "p.png")
+    result = run(
+        "bench",
+        tiny_export,
+        "--batch",
+        1,
+        "--prompt-len",
+        8,
+        "--new-tokens",
+        6,
+        "--repeat",
+        1,
+        "--plot",
+        tmp_path / "p.png",
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -210,9 +253,20 @@ def test_bench_precisions_side_by_side(tmp_path):
     for name, extra in (("fp32", []), ("int4", ["--quantize", "int4"])):
         assert run("export", "-m", "tiny", "--random-init", "-o", tmp_path / name, *extra).exit_code == 0
     result = run(
-        "bench", tmp_path / "fp32", tmp_path / "int4", "--batch", 1, "--prompt-len", 8, "--new-tokens", 4, "--repeat", 1,
-        "--json", tmp_path / "b.json",
-    )  # fmt: skip
+        "bench",
+        tmp_path / "fp32",
+        tmp_path / "int4",
+        "--batch",
+        1,
+        "--prompt-len",
+        8,
+        "--new-tokens",
+        4,
+        "--repeat",
+        1,
+        "--json",
+        tmp_path / "b.json",
+    )
     assert result.exit_code == 0, result.output
     models = json.loads((tmp_path / "b.json").read_text())["models"]
     assert [m["precision"] for m in models] == ["float32", "int4"]

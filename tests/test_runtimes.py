@@ -17,10 +17,10 @@ from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.cli import app
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
-from gpt2onnx.runtime import genai
-from gpt2onnx.runtime.base import RUNTIMES, RuntimeOptions, open_runtime, parse_runtimes
-from gpt2onnx.runtime.bench import BenchConfig
-from gpt2onnx.runtime.generate import generate_text
+from gpt2onnx.runtimes import genai
+from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, open_runtime, parse_runtimes
+from gpt2onnx.runtimes.generate import generate_text
+from gpt2onnx.runtimes.timing import BenchConfig
 from gpt2onnx.verify.bench import benchmark
 from gpt2onnx.verify.parity import check_parity
 
@@ -87,8 +87,24 @@ def test_generate_gives_the_same_greedy_tokens(tiny_export, name):
 def test_bench_measures_every_runtime_side_by_side(tiny_export, tmp_path):
     names = [n for n in RUNTIMES if MISSING[n]() is None]
     out = tmp_path / "bench.json"
-    result = runner_invoke("bench", tiny_export, "--runtime", ",".join(names), "--batch", "1,2", "--prompt-len", "8",
-                           "--new-tokens", "4", "--warmup", "0", "--repeat", "2", "--json", out)  # fmt: skip
+    result = runner_invoke(
+        "bench",
+        tiny_export,
+        "--runtime",
+        ",".join(names),
+        "--batch",
+        "1,2",
+        "--prompt-len",
+        "8",
+        "--new-tokens",
+        "4",
+        "--warmup",
+        "0",
+        "--repeat",
+        "2",
+        "--json",
+        out,
+    )
     assert result.exit_code == 0, result.output
     runs = json.loads(out.read_text())["runs"]
     assert [(r["runtime"], r["batch"]) for r in runs] == [(n, b) for n in names for b in (1, 2)]
@@ -100,7 +116,9 @@ def test_bench_measures_every_runtime_side_by_side(tiny_export, tmp_path):
 
 def test_bench_api_keeps_one_runtime_labels(tiny_export):
     result = benchmark(tiny_export, config=BenchConfig(batches=(1,), prompt_len=4, new_tokens=3, warmup=0, repeat=1))
-    assert [(r["label"], r["runtime"], r["engine"]) for r in result["runs"]] == [(tiny_export.name, "onnxruntime", "onnxruntime")]
+    assert [(r["label"], r["runtime"], r["engine"]) for r in result["runs"]] == [
+        (tiny_export.name, "onnxruntime", "onnxruntime")
+    ]
 
 
 @pytest.mark.parametrize("name", [runtime_param("openvino")])

@@ -7,29 +7,31 @@ import json
 import numpy as np
 import onnx
 import pytest
+from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.checkpoint import load_checkpoint
 from gpt2onnx.cli import app
 from gpt2onnx.errors import RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.precision import QuantizeOptions
-from gpt2onnx.reference import reference_model
-from gpt2onnx.runtime.decoder import OnnxDecoder, SharedCacheDecoder, check_shared_cache_provider, open_decoder
-from gpt2onnx.runtime.generate import generate
-from gpt2onnx.runtime.providers import ProviderConfig
+from gpt2onnx.passes.precision import QuantizeOptions
+from gpt2onnx.pytorch.checkpoint import load_checkpoint
+from gpt2onnx.pytorch.reference import reference_model
+from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, check_shared_cache_provider, open_decoder
+from gpt2onnx.runtimes.generate import generate
+from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 from gpt2onnx.verify.parity import check_parity
-from test_cli import assert_one_line_error
 
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def shared_export(tiny_folder, tmp_path_factory):
-    return export(str(tiny_folder), tmp_path_factory.mktemp("shared") / "skv", options=ExportOptions(fusion="ort-shared-kv")).folder
+    return export(
+        str(tiny_folder), tmp_path_factory.mktemp("shared") / "skv", options=ExportOptions(fusion="ort-shared-kv")
+    ).folder
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +46,16 @@ def test_graph_manifest_and_contract(shared_export):
     assert ops.count("GroupQueryAttention") == 2 and "MultiHeadAttention" not in ops
     manifest = json.loads((shared_export / "gpt2onnx.json").read_text())
     assert manifest["kv_cache"] == "shared" and manifest["fusion"]["profile"] == "ort-shared-kv"
-    assert manifest["fusion"]["golden"]["shared_kv"] == {"expected": 2, "found": 2, "ops": ["com.microsoft::GroupQueryAttention"]}
+    assert manifest["fusion"]["golden"]["shared_kv"] == {
+        "expected": 2,
+        "found": 2,
+        "ops": ["com.microsoft::GroupQueryAttention"],
+    }
     dims = {t["name"]: t["dims"] for t in manifest["io"]["inputs"] + manifest["io"]["outputs"]}
-    assert dims["past_key_values.0.key"][2] == "past_buffer_length" and dims["present.1.value"][2] == "present_buffer_length"
+    assert (
+        dims["past_key_values.0.key"][2] == "past_buffer_length"
+        and dims["present.1.value"][2] == "present_buffer_length"
+    )
     assert dims["attention_mask"][1] == "total_sequence_length"
 
 
@@ -77,7 +86,9 @@ def test_generate_greedy_equals_transformers_and_never_reallocates(shared_export
 
     decoder.empty_past = spy
     addresses = []
-    tokens = generate(decoder, ids, mask, max_new_tokens=12, on_step=lambda *_: addresses.append(decoder._buffers[0].ctypes.data)).tokens
+    tokens = generate(
+        decoder, ids, mask, max_new_tokens=12, on_step=lambda *_: addresses.append(decoder._buffers[0].ctypes.data)
+    ).tokens
     assert calls == [(5, 9 + 12)]  # once, for prompt + new tokens (not the context)
     assert decoder._buffers[0].shape == (5, 4, 21, 16) and len(set(addresses)) == 1
     expected = reference_greedy(reference_model(load_checkpoint(str(tiny_folder))), ids, mask, 12)
@@ -107,7 +118,9 @@ def test_chunk_on_a_past_at_batch_3_matches_the_concat_graph(shared_export, tiny
     "dtype, quantize", [("fp16", "none"), ("fp32", "int8"), ("fp32", "int4")], ids=["fp16", "int8", "int4"]
 )
 def test_precisions_on_the_shared_cache(gpt2_init_export, tmp_path, dtype, quantize):
-    manifest = optimize(gpt2_init_export, tmp_path / "out", fusion="ort-shared-kv", dtype=dtype, quantization=QuantizeOptions(quantize))
+    manifest = optimize(
+        gpt2_init_export, tmp_path / "out", fusion="ort-shared-kv", dtype=dtype, quantization=QuantizeOptions(quantize)
+    )
     assert manifest["kv_cache"] == "shared" and manifest["parity"]["passed"]
     report = check_parity(tmp_path / "out", cases=4, seed=1, max_batch=4)
     assert report.passed, report.failures
@@ -129,9 +142,28 @@ def test_refuses_a_second_shared_rewrite(shared_export, tmp_path):
 
 
 def test_bench_at_past_lengths(shared_export, tiny_export, tmp_path):
-    result = runner.invoke(app, ["bench", str(tiny_export), str(shared_export), "--batch", "1,3", "--prompt-len", "4",
-                                 "--new-tokens", "3", "--warmup", "0", "--repeat", "2", "--past", "8,120",
-                                 "--json", str(tmp_path / "b.json")])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            str(tiny_export),
+            str(shared_export),
+            "--batch",
+            "1,3",
+            "--prompt-len",
+            "4",
+            "--new-tokens",
+            "3",
+            "--warmup",
+            "0",
+            "--repeat",
+            "2",
+            "--past",
+            "8,120",
+            "--json",
+            str(tmp_path / "b.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     runs = json.loads((tmp_path / "b.json").read_text())["runs"]
     assert len(runs) == 4 and all([p for p, _ in r["decode_ms_at_past"]] == [8, 120] for r in runs)

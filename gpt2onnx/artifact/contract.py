@@ -15,14 +15,15 @@ from typing import Protocol
 from gpt2onnx.errors import ContractError
 
 
-class ModelSpec(Protocol):
-    """The architecture numbers the contract needs (gpt2onnx.config.ModelSpec has them)."""
+class DecoderDims(Protocol):
+    """The architecture numbers the contract needs (gpt2onnx.pytorch.architecture.Architecture has them)."""
 
     vocab_size: int
     n_layer: int
     n_head: int
     n_embd: int
     head_dim: int
+
 
 BATCH = "batch_size"
 SEQUENCE = "sequence_length"
@@ -35,8 +36,23 @@ PRESENT_BUFFER = "present_buffer_length"
 MASK_WIDTH = "total_sequence_length"
 
 # ONNX element types by number, and ONNX Runtime's type strings, as numpy dtype names.
-ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64", 16: "bfloat16"}
-ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64", "tensor(int32)": "int32"}
+ONNX_DTYPES = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    16: "bfloat16",
+}
+ORT_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+}
 _PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
 
 
@@ -82,7 +98,7 @@ def present_names(n_layer: int) -> list[str]:
 
 
 def decoder_io(
-    spec: ModelSpec, *, last_logits_only: bool = False, dtype: str = "float32", logits_dtype: str = "float32"
+    spec: DecoderDims, *, last_logits_only: bool = False, dtype: str = "float32", logits_dtype: str = "float32"
 ) -> IOSpec:
     kv = lambda name, length: TensorSpec(name, dtype, (BATCH, spec.n_head, length, spec.head_dim))  # noqa: E731
     inputs = (
@@ -102,16 +118,22 @@ def decoder_io(
 
 def shared_cache_io(io: IOSpec) -> IOSpec:
     """The contract of a shared-cache graph: the same names and dtypes, the cache and mask dims renamed."""
-    rename = lambda t, axis, dim: TensorSpec(t.name, t.dtype, tuple(dim if i == axis else d for i, d in enumerate(t.dims)))  # noqa: E731
+    rename = lambda t, axis, dim: TensorSpec(
+        t.name, t.dtype, tuple(dim if i == axis else d for i, d in enumerate(t.dims))
+    )  # noqa: E731
     inputs = tuple(
-        rename(t, 2, PAST_BUFFER) if _PAST.match(t.name) else rename(t, 1, MASK_WIDTH) if t.name == "attention_mask" else t
+        rename(t, 2, PAST_BUFFER)
+        if _PAST.match(t.name)
+        else rename(t, 1, MASK_WIDTH)
+        if t.name == "attention_mask"
+        else t
         for t in io.inputs
     )
     outputs = tuple(rename(t, 2, PRESENT_BUFFER) if t.name.startswith("present.") else t for t in io.outputs)
     return IOSpec(inputs, outputs)
 
 
-def block_io(spec: ModelSpec, *, dtype: str = "float32") -> IOSpec:
+def block_io(spec: DecoderDims, *, dtype: str = "float32") -> IOSpec:
     hidden = lambda name: TensorSpec(name, dtype, (BATCH, SEQUENCE, spec.n_embd))  # noqa: E731
     kv = lambda name, length: TensorSpec(name, dtype, (BATCH, spec.n_head, length, spec.head_dim))  # noqa: E731
     inputs = (
@@ -150,7 +172,9 @@ def check_graph_io(model, io: IOSpec) -> None:
                 raise ContractError(f"exported graph lacks {kind} '{t.name}'")
             if found[t.name].dtype != t.dtype or found[t.name].dims != t.dims:
                 got = found[t.name]
-                raise ContractError(f"exported {kind} '{t.name}' is {got.dtype}{list(got.dims)}, expected {t.dtype}{list(t.dims)}")
+                raise ContractError(
+                    f"exported {kind} '{t.name}' is {got.dtype}{list(got.dims)}, expected {t.dtype}{list(t.dims)}"
+                )
         extra = set(found) - {t.name for t in declared}
         if extra:
             raise ContractError(f"exported graph has unexpected {kind}s: {sorted(extra)}")
@@ -209,15 +233,24 @@ def decoder_shape(inputs: list[TensorSpec], outputs: list[TensorSpec], n_positio
     for i in range(n_layer):
         for kind in ("key", "value"):
             if f"past_key_values.{i}.{kind}" not in found_inputs:
-                raise ContractError(f"model has no input 'past_key_values.{i}.{kind}': it does not follow the IO contract")
+                raise ContractError(
+                    f"model has no input 'past_key_values.{i}.{kind}': it does not follow the IO contract"
+                )
             if f"present.{i}.{kind}" not in found_outputs:
                 raise ContractError(f"model has no output 'present.{i}.{kind}': it does not follow the IO contract")
     ordered = tuple(past_names(n_layer))
     first = found_inputs[ordered[0]]
     if len(first.dims) != 4 or not isinstance(first.dims[1], int) or not isinstance(first.dims[3], int):
-        raise ContractError(f"input '{ordered[0]}' has shape {list(first.dims)}, expected [batch, n_head, past, head_dim]")
+        raise ContractError(
+            f"input '{ordered[0]}' has shape {list(first.dims)}, expected [batch, n_head, past, head_dim]"
+        )
     vocab = found_outputs["logits"].dims[-1] if found_outputs["logits"].dims else None
     return DecoderShape(
-        ordered, first.dims[1], first.dims[3], n_positions, "position_ids" in found_inputs, first.dtype,
+        ordered,
+        first.dims[1],
+        first.dims[3],
+        n_positions,
+        "position_ids" in found_inputs,
+        first.dtype,
         vocab if isinstance(vocab, int) and vocab > 0 else None,
-    )  # fmt: skip
+    )

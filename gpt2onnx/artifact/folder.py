@@ -62,7 +62,9 @@ def read_json_file(path: Path, what: str) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise BadInput(f"{what} '{path}' is not valid JSON ({str(err).splitlines()[0][:120]}): fix or replace the file") from None
+        raise BadInput(
+            f"{what} '{path}' is not valid JSON ({str(err).splitlines()[0][:120]}): fix or replace the file"
+        ) from None
     if not isinstance(data, dict):
         raise BadInput(f"{what} '{path}' holds a JSON {type(data).__name__}, not an object: fix or replace the file")
     return data
@@ -113,7 +115,11 @@ def check_integrity(folder: Path, manifest: dict) -> None:
         path = folder / name
         if not path.is_file():
             raise IntegrityError(f"'{path}' is missing but the manifest lists it: export the folder again")
-        if not isinstance(info, dict) or path.stat().st_size != info.get("bytes") or sha256_file(path) != info.get("sha256"):
+        if (
+            not isinstance(info, dict)
+            or path.stat().st_size != info.get("bytes")
+            or sha256_file(path) != info.get("sha256")
+        ):
             raise IntegrityError(
                 f"'{path}' differs from what the manifest '{folder / MANIFEST_NAME}' records (size or sha256):"
                 " export the folder again, or skip the check (--no-verify-files, verify_files=False) if you changed it on purpose"
@@ -147,7 +153,9 @@ def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder
     if not folder.exists():
         raise BadInput(f"model folder '{folder}' does not exist: export one first (gpt2onnx export) or give its path")
     if not folder.is_dir():
-        raise BadInput(f"'{folder}' is a file, not a folder: give the exported folder that holds model.onnx and config.json")
+        raise BadInput(
+            f"'{folder}' is a file, not a folder: give the exported folder that holds model.onnx and config.json"
+        )
     model_path = folder / MODEL_FILE
     if not model_path.is_file():
         raise ContractError(f"'{folder}' holds no model.onnx: give a folder written by gpt2onnx export (or optimum)")
@@ -214,11 +222,15 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
     if not target.is_dir():
         raise BadInput(f"output '{target}' exists and is not a folder: choose another output folder")
     if not force:
-        raise BadInput(f"output folder '{target}' already exists: choose another output folder, or replace it (--force, force=True)")
+        raise BadInput(
+            f"output folder '{target}' already exists: choose another output folder, or replace it (--force, force=True)"
+        )
     real = target.resolve()
     for path, what in [*((p, "the source model") for p in protect), (Path.cwd(), "the working directory")]:
         if Path(path).resolve() == real:
-            raise BadInput(f"output folder '{target}' is {what} '{path}', which --force would delete: choose another output folder")
+            raise BadInput(
+                f"output folder '{target}' is {what} '{path}', which --force would delete: choose another output folder"
+            )
         if Path(path).resolve().is_relative_to(real):
             raise BadInput(
                 f"output folder '{target}' holds {what} '{path}', which --force would delete: choose another output folder"
@@ -284,7 +296,9 @@ def _output_lock(target: Path):
     try:
         handle = open(lock_path, "a+")
     except OSError as err:
-        raise OutputError(f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one") from None
+        raise OutputError(
+            f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one"
+        ) from None
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -312,14 +326,18 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = ()):
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise OutputError(f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one") from None
+        raise OutputError(
+            f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one"
+        ) from None
     with _output_lock(target) as lock_path:
         check_output(target, force=force, protect=protect)  # again, now that no other run can write it
         _remove_stale_staging(target.parent, keep=lock_path)
         try:
             staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{_STAGING}{os.getpid()}-", dir=target.parent))
         except OSError as err:
-            raise OutputError(f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one") from None
+            raise OutputError(
+                f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one"
+            ) from None
         try:
             try:
                 yield staging

@@ -32,7 +32,9 @@ def resolve_model_path(path: str | Path) -> Path:
             return path / "model.onnx"
         if len(candidates) == 1:
             return candidates[0]
-        raise ContractError(f"'{path}' holds no model.onnx{' (and several .onnx files)' if candidates else ''}: give the file")
+        raise ContractError(
+            f"'{path}' holds no model.onnx{' (and several .onnx files)' if candidates else ''}: give the file"
+        )
     return path
 
 
@@ -45,7 +47,9 @@ def _check_regular_file(path: Path) -> None:
     if not stat.S_ISREG(mode):
         raise BadInput(f"'{path}' is not a regular file: give an .onnx file or an exported folder")
     if path.stat().st_size >= PROTOBUF_LIMIT:
-        raise ContractError(f"'{path}' is {path.stat().st_size:,} bytes, past protobuf's 2 GB limit: it is not an ONNX graph")
+        raise ContractError(
+            f"'{path}' is {path.stat().st_size:,} bytes, past protobuf's 2 GB limit: it is not an ONNX graph"
+        )
 
 
 def load_graph(path: Path) -> onnx.ModelProto:
@@ -56,9 +60,13 @@ def load_graph(path: Path) -> onnx.ModelProto:
         # format="protobuf": onnx would otherwise pick a parser from the extension (a .json file as JSON text).
         model = onnx.load(str(path), format="protobuf", load_external_data=False)
     except (DecodeError, ParseError, RuntimeError, ValueError, OSError, UnicodeDecodeError) as err:
-        raise ContractError(f"'{path}' is not an ONNX model ({type(err).__name__}); give a .onnx file or an exported folder") from None
+        raise ContractError(
+            f"'{path}' is not an ONNX model ({type(err).__name__}); give a .onnx file or an exported folder"
+        ) from None
     if not model.graph.node and not model.graph.input:
-        raise ContractError(f"'{path}' is not an ONNX model (it holds no graph); give a .onnx file or an exported folder")
+        raise ContractError(
+            f"'{path}' is not an ONNX model (it holds no graph); give a .onnx file or an exported folder"
+        )
     return model
 
 
@@ -109,7 +117,12 @@ def save_onnx(model: onnx.ModelProto, path: Path, *, external_data: bool | None)
         return [path.name]
     data_name = path.name + DATA_FILE_SUFFIX
     onnx.save_model(
-        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data_name,
+        size_threshold=1024,
     )
     return [path.name, data_name]
 

@@ -115,9 +115,25 @@ def inspect_model(path: str | Path, *, verify_files: bool = True) -> dict:
         "parameters": parameter_accounting(model),
         "manifest": (
             {
-                **{k: manifest.get(k) for k in ("kind", "name", "source", "dtype", "opset", "options", "fusion", "quantization", "fp16", "targets")},
+                **{
+                    k: manifest.get(k)
+                    for k in (
+                        "kind",
+                        "name",
+                        "source",
+                        "dtype",
+                        "opset",
+                        "options",
+                        "fusion",
+                        "quantization",
+                        "fp16",
+                        "targets",
+                    )
+                },
                 "checks": report.as_dict() if report else None,
-                "check_summary": report.summary() if report else ("not validated" if manifest.get("parity") is None else "unreadable"),
+                "check_summary": report.summary()
+                if report
+                else ("not validated" if manifest.get("parity") is None else "unreadable"),
             }
             if manifest
             else None

@@ -49,7 +49,9 @@ def parse_targets(value: str | list[str]) -> list[str]:
     names = {"transformers-js" if n in ("transformers.js", "transformersjs", "tjs") else n for n in names}
     unknown = names - set(TARGETS)
     if unknown or not names:
-        raise BadInput(f"unknown deploy target {', '.join(sorted(unknown)) or '(none)'}: choose from {', '.join(TARGETS)}")
+        raise BadInput(
+            f"unknown deploy target {', '.join(sorted(unknown)) or '(none)'}: choose from {', '.join(TARGETS)}"
+        )
     return [t for t in TARGETS if t in names]
 
 
@@ -78,7 +80,9 @@ def deploy(
     target = Path(out) if out is not None else source
     name = triton.model_name(triton_name or target.resolve().name) if "triton" in targets else None
     in_place = out is None or target.resolve() == source.resolve()
-    if not in_place and (target.resolve().is_relative_to(source.resolve()) or source.resolve().is_relative_to(target.resolve())):
+    if not in_place and (
+        target.resolve().is_relative_to(source.resolve()) or source.resolve().is_relative_to(target.resolve())
+    ):
         raise BadInput(f"output folder '{target}' is inside '{source}' or holds it: choose a folder beside it")
     big = set(model_files(opened.manifest))
     with staged_folder(target, force=force or in_place, protect=() if in_place else (source,)) as staging:

@@ -12,7 +12,14 @@ import json
 from pathlib import Path
 
 from gpt2onnx.artifact.contract import decoder_shape, graph_io
-from gpt2onnx.artifact.folder import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, read_json_file, read_manifest, read_n_positions
+from gpt2onnx.artifact.folder import (
+    CONFIG_FILE,
+    GENERATION_CONFIG_FILE,
+    MODEL_FILE,
+    read_json_file,
+    read_manifest,
+    read_n_positions,
+)
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.errors import ContractError
 
@@ -24,7 +31,11 @@ SEARCH_DEFAULTS = {"do_sample": False, "top_k": 50, "top_p": 1.0, "temperature":
 def _token_ids(folder: Path, vocab_size: int) -> dict[str, int]:
     """bos, eos and pad ids from generation_config.json, else config.json; pad falls back to eos.
     genai refuses an id outside the vocabulary, so that is an error here too."""
-    sources = [read_json_file(folder / name, name) for name in (GENERATION_CONFIG_FILE, CONFIG_FILE) if (folder / name).is_file()]
+    sources = [
+        read_json_file(folder / name, name)
+        for name in (GENERATION_CONFIG_FILE, CONFIG_FILE)
+        if (folder / name).is_file()
+    ]
 
     def first(key: str) -> int | None:
         for source in sources:
@@ -50,9 +61,16 @@ def _token_ids(folder: Path, vocab_size: int) -> dict[str, int]:
 
 
 def _search(folder: Path, n_positions: int, shared_kv: bool) -> dict:
-    generation = read_json_file(folder / GENERATION_CONFIG_FILE, GENERATION_CONFIG_FILE) if (folder / GENERATION_CONFIG_FILE).is_file() else {}
+    generation = (
+        read_json_file(folder / GENERATION_CONFIG_FILE, GENERATION_CONFIG_FILE)
+        if (folder / GENERATION_CONFIG_FILE).is_file()
+        else {}
+    )
     search = {key: generation.get(key, default) for key, default in SEARCH_DEFAULTS.items()}
-    search = {key: (type(SEARCH_DEFAULTS[key])(value) if value is not None else SEARCH_DEFAULTS[key]) for key, value in search.items()}
+    search = {
+        key: (type(SEARCH_DEFAULTS[key])(value) if value is not None else SEARCH_DEFAULTS[key])
+        for key, value in search.items()
+    }
     max_length = generation.get("max_length")
     max_length = max_length if isinstance(max_length, int) and 0 < max_length <= n_positions else n_positions
     return {
@@ -98,7 +116,11 @@ def genai_config(folder: str | Path, *, filename: str = MODEL_FILE) -> dict:
                     "past_key_names": "past_key_values.%d.key",
                     "past_value_names": "past_key_values.%d.value",
                 },
-                "outputs": {"logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"},
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value",
+                },
             },
         },
         "search": _search(folder, n_positions, manifest.get("kv_cache") == "shared"),

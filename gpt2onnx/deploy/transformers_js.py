@@ -44,7 +44,9 @@ def write_transformers_js(folder: Path, out: Path, precision: str) -> list[str]:
     graph = load_graph(folder / MODEL_FILE)
     data_files = external_data_files(graph)
     if len(data_files) > 1:
-        raise ContractError(f"'{folder / MODEL_FILE}' has {len(data_files)} external data files: transformers.js loads one")
+        raise ContractError(
+            f"'{folder / MODEL_FILE}' has {len(data_files)} external data files: transformers.js loads one"
+        )
     written = [f"{SUBFOLDER}/{name}"]
     if data_files and name != MODEL_FILE:
         data_name = name + DATA_FILE_SUFFIX

@@ -23,14 +23,23 @@ from gpt2onnx.files import link_or_copy
 
 SUBFOLDER = "triton"
 KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}
-TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "int64": "TYPE_INT64", "int32": "TYPE_INT32", "bool": "TYPE_BOOL"}
+TRITON_DTYPES = {
+    "float32": "TYPE_FP32",
+    "float16": "TYPE_FP16",
+    "bfloat16": "TYPE_BF16",
+    "int64": "TYPE_INT64",
+    "int32": "TYPE_INT32",
+    "bool": "TYPE_BOOL",
+}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def model_name(name: str) -> str:
     """A Triton model name (a folder name in the repository)."""
     if not _NAME.fullmatch(name) or len(name) > 100:
-        raise BadInput(f"Triton model name '{name}' is not a plain name (letters, digits, '_', '.', '-'): give --triton-name")
+        raise BadInput(
+            f"Triton model name '{name}' is not a plain name (letters, digits, '_', '.', '-'): give --triton-name"
+        )
     return name
 
 

@@ -12,14 +12,22 @@ from pathlib import Path
 import torch
 
 from gpt2onnx.artifact.contract import block_io, check_graph_io, decoder_io, shared_cache_io
-from gpt2onnx.artifact.folder import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, copy_regular_file, check_output, staged_folder, write_manifest
+from gpt2onnx.artifact.folder import (
+    CONFIG_FILE,
+    GENERATION_CONFIG_FILE,
+    MODEL_FILE,
+    check_output,
+    copy_regular_file,
+    staged_folder,
+    write_manifest,
+)
 from gpt2onnx.artifact.graph import graph_summary, save_onnx
 from gpt2onnx.artifact.report import CheckReport
-from gpt2onnx.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.errors import BadInput, CheckFailed
-from gpt2onnx.exporters.passes import GraphPasses
 from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
-from gpt2onnx.precision import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
+from gpt2onnx.passes.pipeline import GraphPasses
+from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
+from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.verify.gates import tolerances_for
 from gpt2onnx.verify.parity import validate_export
 
@@ -38,7 +46,7 @@ class ExportOptions:
     validate: bool = True
     tolerance: float | None = None  # fp32: max |Δlogits| and |Δpresent|; None: the gate's default (1e-4)
     force: bool = False  # replace an existing output folder (one gpt2onnx wrote, or an empty one)
-    fusion: str = "none"  # fusion profile: none, ort, portable, tensorrt (see gpt2onnx.fusions)
+    fusion: str = "none"  # fusion profile: none, ort, portable, tensorrt (see gpt2onnx.passes.fusions)
     allow_partial_fusion: bool = False  # keep a graph whose fusions fall short of the golden counts
     dtype: str = "fp32"  # fp32, or fp16 (weights, activations and K/V cache; LayerNorm, softmax, logits in fp32)
     quantize: str = "none"  # weight quantization: none, int8 (dynamic) or int4 (block-wise)
@@ -48,7 +56,11 @@ class ExportOptions:
 
     def passes(self) -> GraphPasses:
         return GraphPasses(
-            self.fusion, self.allow_partial_fusion, self.dtype, QuantizeOptions(self.quantize, self.block_size), self.keep_fp32
+            self.fusion,
+            self.allow_partial_fusion,
+            self.dtype,
+            QuantizeOptions(self.quantize, self.block_size),
+            self.keep_fp32,
         )
 
     def check(self) -> "ExportOptions":
@@ -60,8 +72,12 @@ class ExportOptions:
         if self.block is not None:
             if self.block < 0:
                 raise BadInput(f"block {self.block} is not valid: give a block index from 0")
-            for name, whole in (("logits", self.logits != "all"), ("dtype", check_dtype(self.dtype) != "float32"),
-                                ("quantize", self.quantize != "none"), ("fusion", self.fusion != "none")):  # fmt: skip
+            for name, whole in (
+                ("logits", self.logits != "all"),
+                ("dtype", check_dtype(self.dtype) != "float32"),
+                ("quantize", self.quantize != "none"),
+                ("fusion", self.fusion != "none"),
+            ):
                 if whole:
                     raise BadInput(f"{name} applies to the whole decoder, not to a single block: drop one of them")
         self.passes().check()
@@ -69,9 +85,13 @@ class ExportOptions:
             if not (math.isfinite(self.tolerance) and self.tolerance > 0):
                 raise BadInput(f"tolerance must be a positive number, got {self.tolerance}")
             if precision != "float32":
-                raise BadInput(f"tolerance applies to fp32 exports; {precision} is checked by its gates: use --gate instead")
+                raise BadInput(
+                    f"tolerance applies to fp32 exports; {precision} is checked by its gates: use --gate instead"
+                )
         if not self.validate and (self.tolerance is not None or self.gates):
-            raise BadInput("tolerance and gates apply only when the export is validated: drop them, or drop --no-validate")
+            raise BadInput(
+                "tolerance and gates apply only when the export is validated: drop them, or drop --no-validate"
+            )
         tolerances_for(precision, self.gates)  # each gate in its range
         return self
 
@@ -94,7 +114,9 @@ def default_output(ckpt_name: str, options: ExportOptions) -> Path:
     """models/<name>, with a suffix per variant: models/gpt2-last-logits-ort, models/gpt2-block3, ..."""
     if options.block is not None:
         return DEFAULT_OUTPUT_ROOT / f"{ckpt_name}-block{options.block}"
-    suffix = ("-last-logits" if options.logits == "last" else "") + (f"-{options.fusion}" if options.fusion != "none" else "")
+    suffix = ("-last-logits" if options.logits == "last" else "") + (
+        f"-{options.fusion}" if options.fusion != "none" else ""
+    )
     return DEFAULT_OUTPUT_ROOT / f"{ckpt_name}{suffix}"
 
 
@@ -118,7 +140,7 @@ def export(
         random_init: seeded random weights (``seed``) instead of a checkpoint's.
         revision: a Hub branch, tag or commit.
         outliers: with ``random_init``, residual-stream outlier channels of that magnitude
-            (:func:`gpt2onnx.checkpoint.inject_outlier_channels`).
+            (:func:`gpt2onnx.pytorch.checkpoint.inject_outlier_channels`).
         options: opset, logits, block, external data, fusion, precision, gates (:class:`ExportOptions`).
 
     Returns:
@@ -130,7 +152,9 @@ def export(
     """
     options.check()
     if revision is not None and random_init:
-        raise BadInput("a revision picks a Hub checkpoint's version; random weights have none: drop --revision or --random-init")
+        raise BadInput(
+            "a revision picks a Hub checkpoint's version; random weights have none: drop --revision or --random-init"
+        )
     source = Path(model).expanduser()
     protect = (source.parent if source.is_file() else source,) if source.exists() else ()
     if out is not None:
@@ -150,7 +174,7 @@ def export(
 
 
 def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
-    from gpt2onnx.model import BlockForExport, GPT2ForExport
+    from gpt2onnx.pytorch.model import BlockForExport, GPT2ForExport
 
     spec, dtype, passes = ckpt.spec, check_dtype(options.dtype), options.passes()
     start = time.perf_counter()
@@ -183,9 +207,13 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
     if options.validate:
         start = time.perf_counter()
         check = validate_export(
-            folder / MODEL_FILE, ckpt, precision=passes.precision, block=options.block, tolerance=options.tolerance,
+            folder / MODEL_FILE,
+            ckpt,
+            precision=passes.precision,
+            block=options.block,
+            tolerance=options.tolerance,
             gates=options.gates,
-        )  # fmt: skip
+        )
         timings["validate_seconds"] = time.perf_counter() - start
         if not check.passed:
             raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)

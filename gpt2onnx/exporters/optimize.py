@@ -9,11 +9,20 @@ from pathlib import Path
 
 import onnx
 
-from gpt2onnx.artifact.folder import CONFIG_FILE, COMPANION_FILES, MODEL_FILE, check_output, copy_regular_file, read_manifest, staged_folder, write_manifest
+from gpt2onnx.artifact.folder import (
+    COMPANION_FILES,
+    CONFIG_FILE,
+    MODEL_FILE,
+    check_output,
+    copy_regular_file,
+    read_manifest,
+    staged_folder,
+    write_manifest,
+)
 from gpt2onnx.artifact.graph import external_data_files, graph_summary, load_graph, resolve_model_path, save_onnx
 from gpt2onnx.errors import BadInput, CheckFailed, ContractError
-from gpt2onnx.exporters.passes import GraphPasses
-from gpt2onnx.precision import FP16_KEEP_GROUPS, QuantizeOptions
+from gpt2onnx.passes.pipeline import GraphPasses
+from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions
 from gpt2onnx.verify.gates import tolerances_for
 from gpt2onnx.verify.parity import validate_against_source
 
@@ -57,13 +66,17 @@ def optimize(
     passes = GraphPasses(fusion, allow_partial, dtype, quantization, keep_fp32)
     dtype = passes.check()
     if fusion == "none" and passes.precision == "float32":
-        raise BadInput("nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a precision")
+        raise BadInput(
+            "nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a precision"
+        )
     tolerances_for(passes.precision, {"logits": tolerance} if passes.precision == "float32" else gates)
     model_path = resolve_model_path(Path(source))
     graph = load_graph(model_path)  # a clear error for a file that is not ONNX, before the weights are read
     missing = [name for name in external_data_files(graph) if not (model_path.parent / name).is_file()]
     if missing:
-        raise ContractError(f"'{model_path}' keeps its weights in '{missing[0]}', which is missing: copy the whole folder")
+        raise ContractError(
+            f"'{model_path}' keeps its weights in '{missing[0]}', which is missing: copy the whole folder"
+        )
     del graph
     out = Path(out)
     if out.resolve() == model_path.parent.resolve():
@@ -81,7 +94,9 @@ def optimize(
         check = None
         if validate:
             start = time.perf_counter()
-            check = validate_against_source(folder / MODEL_FILE, model_path, precision=passes.precision, tolerance=tolerance, gates=gates)
+            check = validate_against_source(
+                folder / MODEL_FILE, model_path, precision=passes.precision, tolerance=tolerance, gates=gates
+            )
             timings["validate_seconds"] = time.perf_counter() - start
             if not check.passed:
                 raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
@@ -95,7 +110,12 @@ def optimize(
             "dtype": dtype if dtype == "float16" else previous.get("dtype", "float32"),
             "io": None if dtype == "float16" else _io_record(previous.get("io"), reports["kv_cache"]),
             **facts,
-            "options": {**previous.get("options", {}), "fusion": fusion, "allow_partial_fusion": allow_partial, "external_data": len(files) > 1},
+            "options": {
+                **previous.get("options", {}),
+                "fusion": fusion,
+                "allow_partial_fusion": allow_partial,
+                "external_data": len(files) > 1,
+            },
             **reports,
             "parity": check.as_dict() if check else None,
             "timings": timings,

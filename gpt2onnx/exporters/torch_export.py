@@ -10,9 +10,9 @@ from pathlib import Path
 import onnx
 import torch
 
-from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.artifact.contract import BATCH, PAST, SEQUENCE, TOTAL, IOSpec, apply_io_dims, check_graph_io
-from gpt2onnx.config import ModelSpec
+from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.pytorch.architecture import Architecture
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ MAX_OPSET = 20  # the highest opset torch.onnx's TorchScript exporter writes
 IR_VERSION_FOR_OPSET = {14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9}
 
 
-def dummy_inputs(io: IOSpec, spec: ModelSpec, *, batch=2, sequence=3, past=4) -> tuple[torch.Tensor, ...]:
+def dummy_inputs(io: IOSpec, spec: Architecture, *, batch=2, sequence=3, past=4) -> tuple[torch.Tensor, ...]:
     """Trace inputs: distinct sizes for each symbolic dim, so no two get tied together by accident."""
     sizes = {BATCH: batch, SEQUENCE: sequence, PAST: past, TOTAL: past + sequence}
     generator = torch.Generator().manual_seed(0)
@@ -44,12 +44,9 @@ def dummy_inputs(io: IOSpec, spec: ModelSpec, *, batch=2, sequence=3, past=4) ->
     return tuple(tensors)
 
 
-
 def check_opset(opset: int) -> None:
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise BadInput(
-            f"--opset {opset} is not supported: choose {MIN_OPSET} to {MAX_OPSET} (default {DEFAULT_OPSET})"
-        )
+        raise BadInput(f"--opset {opset} is not supported: choose {MIN_OPSET} to {MAX_OPSET} (default {DEFAULT_OPSET})")
 
 
 def export_module(

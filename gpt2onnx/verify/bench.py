@@ -1,5 +1,5 @@
 """Benchmarks side by side: exported folders on an onnxruntime provider, and PyTorch eager (the reference) on the
-same workload in the same run. Measurement itself is :mod:`gpt2onnx.runtime.bench`; without a torch baseline
+same workload in the same run. Measurement itself is :mod:`gpt2onnx.runtimes.timing`; without a torch baseline
 nothing here imports torch."""
 
 from __future__ import annotations
@@ -11,9 +11,18 @@ from typing import Callable
 
 from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic
-from gpt2onnx.runtime.bench import BenchConfig, PeakMemory, RunStats, bench_folder, check_plot_path, plot_decode_latency, random_prompt, summarize_runs
-from gpt2onnx.runtime.base import RuntimeOptions
-from gpt2onnx.runtime.providers import ProviderConfig
+from gpt2onnx.runtimes.base import RuntimeOptions
+from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.runtimes.timing import (
+    BenchConfig,
+    PeakMemory,
+    RunStats,
+    bench_folder,
+    check_plot_path,
+    plot_decode_latency,
+    random_prompt,
+    summarize_runs,
+)
 
 BASELINES = ("torch",)
 
@@ -39,13 +48,15 @@ def synchronizer(device) -> Callable[[], None]:
     return lambda: None
 
 
-def bench_torch(model, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
+def bench_torch(
+    model, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None
+) -> RunStats:
     """The same workload on PyTorch eager (transformers' GPT2LMHeadModel with its cache), on the device the
     model is on: on a GPU the prompt and the cache stay there, and each step is timed between synchronizations
     (the greedy pick included, as the ONNX runner's step includes copying the logits out)."""
     import torch
 
-    from gpt2onnx.reference import forward_with_cache, model_device
+    from gpt2onnx.pytorch.reference import forward_with_cache, model_device
 
     device = model_device(model)
     sync = synchronizer(device)
@@ -127,7 +138,9 @@ def benchmark(
         for runtime in runtimes:
             label = Path(folder).name + (f" {runtime.name}" if len(runtimes) > 1 else "")
             results.append(
-                bench_folder(folder, runtime=runtime, config=config, verify_files=verify_files, progress=progress, label=label)
+                bench_folder(
+                    folder, runtime=runtime, config=config, verify_files=verify_files, progress=progress, label=label
+                )
             )
     runs = [run for result in results for run in result["runs"]]
     if baseline == "torch":
@@ -140,13 +153,15 @@ def benchmark(
     return report
 
 
-def _torch_baseline(folder, results: list[dict], provider: ProviderConfig, config: BenchConfig, reference, progress) -> list[dict]:
+def _torch_baseline(
+    folder, results: list[dict], provider: ProviderConfig, config: BenchConfig, reference, progress
+) -> list[dict]:
     """The same workload on PyTorch eager, with the speed-up over it of the first folder (``speedup_of_onnx``,
     on the first runtime) and of every folder and runtime (``speedup_by_label``) per batch."""
     import torch
 
     from gpt2onnx.artifact.folder import open_folder
-    from gpt2onnx.reference import reference_model
+    from gpt2onnx.pytorch.reference import reference_model
     from gpt2onnx.verify.parity import reference_checkpoint
 
     torch.set_num_threads(provider.threads or os.cpu_count() or 1)
@@ -162,7 +177,9 @@ def _torch_baseline(folder, results: list[dict], provider: ProviderConfig, confi
         stats["label"] = "torch eager" if device == "cpu" else f"torch eager ({device}, {'fp16' if half else 'fp32'})"
         stats["runtime"] = "torch"
         if provider.name != "cpu" and device == "cpu":
-            stats["extra"]["note"] = f"torch sees no GPU here: the baseline ran on the CPU while onnxruntime ran on {provider.name}"
+            stats["extra"]["note"] = (
+                f"torch sees no GPU here: the baseline ran on the CPU while onnxruntime ran on {provider.name}"
+            )
 
         def speedup(ours: dict) -> dict:
             return {

@@ -32,7 +32,13 @@ GATE_NAMES = {
     "kl_mean": "largest mean KL divergence",
 }
 # The range each gate may be set to: a |Δ| is a positive number, an agreement a share in (0, 1], a KL ≥ 0.
-GATE_RANGES = {"logits": (0.0, math.inf), "present": (0.0, math.inf), "top1": (0.0, 1.0), "top5": (0.0, 1.0), "kl_mean": (0.0, math.inf)}
+GATE_RANGES = {
+    "logits": (0.0, math.inf),
+    "present": (0.0, math.inf),
+    "top1": (0.0, 1.0),
+    "top5": (0.0, 1.0),
+    "kl_mean": (0.0, math.inf),
+}
 
 
 def check_gate(name: str, value: float) -> float:
@@ -41,8 +47,12 @@ def check_gate(name: str, value: float) -> float:
         choices = ", ".join(f"{k} ({v})" for k, v in GATE_NAMES.items())
         raise BadInput(f"unknown gate '{name}': choose one of {choices}")
     low, high = GATE_RANGES[name]
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and low < value <= high and math.isfinite(value)):
-        raise BadInput(f"gate {name}={value} is out of range: {GATE_NAMES[name]} must be above {low:g} and at most {high:g}")
+    if not (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and low < value <= high and math.isfinite(value)
+    ):
+        raise BadInput(
+            f"gate {name}={value} is out of range: {GATE_NAMES[name]} must be above {low:g} and at most {high:g}"
+        )
     return float(value)
 
 

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 
 from gpt2onnx.artifact.report import CheckReport
-from gpt2onnx.reference import cache_as_arrays, reference_step
-from gpt2onnx.runtime.decoder import OnnxDecoder, position_ids_for
-from gpt2onnx.runtime.generate import generate
+from gpt2onnx.pytorch.reference import cache_as_arrays, reference_step
+from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
+from gpt2onnx.runtimes.generate import generate
 from gpt2onnx.verify.gates import apply_gates
 from gpt2onnx.verify.metrics import Diffs, abs_diff, kl_divergence, tokens_before_divergence, top5_hits
 
@@ -99,7 +99,14 @@ def random_cases(count: int, *, seed: int, n_positions: int, max_batch: int = 8)
         prompt_length = int(rng.integers(1, max(2, min(32, room // 2) + 1)))
         prefix_length = 0 if i % 2 == 0 else int(rng.integers(1, max(2, room - prompt_length + 1)))
         cases.append(
-            Case(int(rng.integers(1, max_batch + 1)), prefix_length, prompt_length, decode_steps, generate_tokens, seed * 100_003 + i)
+            Case(
+                int(rng.integers(1, max_batch + 1)),
+                prefix_length,
+                prompt_length,
+                decode_steps,
+                generate_tokens,
+                seed * 100_003 + i,
+            )
         )
     return cases
 
@@ -316,7 +323,9 @@ def compare_block(
             kv_real = mask.astype(bool)[:, None, :, None]
             ref_kv = cache_as_arrays(ref_past)[2 * block_index : 2 * block_index + 2]
             for ours, theirs in ((key, ref_kv[0]), (value, ref_kv[1])):
-                worst_present = max(worst_present, float(abs_diff(ours, theirs)[np.broadcast_to(kv_real, ours.shape)].max()))
+                worst_present = max(
+                    worst_present, float(abs_diff(ours, theirs)[np.broadcast_to(kv_real, ours.shape)].max())
+                )
             past = [key, value]
             ids = ref_logits[:, -1].argmax(-1)[:, None].astype(np.int64)
             mask = np.concatenate([mask, np.ones_like(ids)], axis=1)
@@ -324,7 +333,9 @@ def compare_block(
     finally:
         pre.remove()
         post.remove()
-    return _fixed_batch_report(worst_hidden, worst_present, tolerance, input_ids.shape, decode_steps, against="PyTorch (its block)")
+    return _fixed_batch_report(
+        worst_hidden, worst_present, tolerance, input_ids.shape, decode_steps, against="PyTorch (its block)"
+    )
 
 
 def reference_greedy(reference, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int) -> np.ndarray:
@@ -343,7 +354,6 @@ def reference_greedy(reference, input_ids: np.ndarray, attention_mask: np.ndarra
     return out[:, input_ids.shape[1] :].numpy()
 
 
-
 class OnnxReference:
     """An ONNX decoder behind the reference model's interface, to check a rewritten graph against its source
     (gpt2onnx optimize) with the same comparison code that checks exports against PyTorch."""
@@ -355,7 +365,11 @@ class OnnxReference:
         from types import SimpleNamespace
 
         batch = input_ids.shape[0]
-        past = self.decoder.empty_past(batch) if past_key_values is None else [t.numpy() for pair in past_key_values for t in pair]
+        past = (
+            self.decoder.empty_past(batch)
+            if past_key_values is None
+            else [t.numpy() for pair in past_key_values for t in pair]
+        )
         logits, presents = self.decoder.step(input_ids.numpy(), attention_mask.numpy(), position_ids.numpy(), past)
         pairs = [(torch.from_numpy(presents[i]), torch.from_numpy(presents[i + 1])) for i in range(0, len(presents), 2)]
         return SimpleNamespace(logits=torch.from_numpy(logits), past_key_values=pairs)

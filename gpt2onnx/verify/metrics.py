@@ -62,7 +62,6 @@ def tokens_before_divergence(ours: np.ndarray, theirs: np.ndarray) -> int:
     return int(first.min()) if first.size else 0
 
 
-
 def summarize(results) -> dict:
     """Totals over CaseResults: pooled |Δ| percentiles, agreements weighted by positions, KL, divergence."""
     logits = np.concatenate([r.samples["logits"] for r in results])

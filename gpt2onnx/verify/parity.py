@@ -13,12 +13,12 @@ import torch
 
 from gpt2onnx.artifact.folder import ModelFolder, open_folder, read_n_positions
 from gpt2onnx.artifact.report import CheckReport
-from gpt2onnx.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.errors import BadInput
-from gpt2onnx.reference import reference_model
-from gpt2onnx.runtime.base import RuntimeOptions, open_runtime
-from gpt2onnx.runtime.decoder import OnnxDecoder, cpu_decoder
-from gpt2onnx.runtime.providers import ProviderConfig, cpu_session
+from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
+from gpt2onnx.pytorch.reference import reference_model
+from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder
+from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session
 from gpt2onnx.verify.gates import TOLERANCES, apply_gates, tolerances_for
 from gpt2onnx.verify.lockstep import (
     CaseResult,
@@ -40,9 +40,15 @@ MAX_CASES = 10_000
 
 
 def gate_report(
-    results: list[CaseResult], precision: str, gates: dict, *, against: str, provider: str = "cpu", keep_cases: bool = False,
+    results: list[CaseResult],
+    precision: str,
+    gates: dict,
+    *,
+    against: str,
+    provider: str = "cpu",
+    keep_cases: bool = False,
     runtime: str = "onnxruntime",
-) -> CheckReport:  # fmt: skip
+) -> CheckReport:
     """The report of randomized cases: their totals against the gates."""
     measured = summarize(results)
     failures = apply_gates(measured, gates, cases=len(results))
@@ -51,9 +57,16 @@ def gate_report(
 
 
 def gate_check(
-    decoder: OnnxDecoder, reference, *, precision: str, vocab_size: int, n_positions: int, cases: int = 4, gates=None,
+    decoder: OnnxDecoder,
+    reference,
+    *,
+    precision: str,
+    vocab_size: int,
+    n_positions: int,
+    cases: int = 4,
+    gates=None,
     against: str = PYTORCH,
-) -> CheckReport:  # fmt: skip
+) -> CheckReport:
     """The precision's gates on a few seeded randomized cases (what export and optimize check before writing)."""
     tolerances = tolerances_for(precision, gates)
     results = [
@@ -64,9 +77,16 @@ def gate_check(
 
 
 def precision_gates(
-    model_path, reference, *, precision: str, vocab_size: int, n_positions: int, gates=None, decoder=None,
+    model_path,
+    reference,
+    *,
+    precision: str,
+    vocab_size: int,
+    n_positions: int,
+    gates=None,
+    decoder=None,
     against: str = PYTORCH,
-) -> CheckReport:  # fmt: skip
+) -> CheckReport:
     """What export and optimize check before writing a reduced-precision model: the precision's gates on the
     CPU provider and, for fp16, also with fp16 arithmetic emulated as a GPU does it
     (:mod:`gpt2onnx.verify.fp16_emulation`): the CPU provider computes most fp16 nodes in fp32, which hides
@@ -74,9 +94,14 @@ def precision_gates(
 
     def check(decoder: OnnxDecoder) -> CheckReport:
         return gate_check(
-            decoder, reference, precision=precision, vocab_size=vocab_size, n_positions=n_positions, gates=gates,
+            decoder,
+            reference,
+            precision=precision,
+            vocab_size=vocab_size,
+            n_positions=n_positions,
+            gates=gates,
             against=against,
-        )  # fmt: skip
+        )
 
     checked = check(decoder or cpu_decoder(model_path))
     if precision != "float16":
@@ -91,7 +116,9 @@ def precision_gates(
     return checked
 
 
-def validate_export(path: Path, ckpt: Checkpoint, *, precision: str, block: int | None, tolerance: float | None, gates) -> CheckReport:
+def validate_export(
+    path: Path, ckpt: Checkpoint, *, precision: str, block: int | None, tolerance: float | None, gates
+) -> CheckReport:
     """An export before it is written: fp32 on a left-padded batch of 3 (empty past, then two decode steps)
     within ``tolerance``; reduced precisions through their gates; a single block against its PyTorch block."""
     decode_steps = 2
@@ -101,15 +128,23 @@ def validate_export(path: Path, ckpt: Checkpoint, *, precision: str, block: int 
     if precision != "float32":
         log.info("checking the %s gates against transformers' GPT2LMHeadModel", precision)
         return precision_gates(
-            path, reference, precision=precision, vocab_size=ckpt.spec.vocab_size, n_positions=ckpt.spec.n_positions,
+            path,
+            reference,
+            precision=precision,
+            vocab_size=ckpt.spec.vocab_size,
+            n_positions=ckpt.spec.n_positions,
             gates=gates,
-        )  # fmt: skip
+        )
     tolerance = tolerances_for("float32", {"logits": tolerance} if tolerance is not None else gates)["logits"]
     log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)
     if block is not None:
-        report = compare_block(cpu_session(path), reference, block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
+        report = compare_block(
+            cpu_session(path), reference, block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance
+        )
     else:
-        report = compare_decoder(cpu_decoder(path), reference, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
+        report = compare_decoder(
+            cpu_decoder(path), reference, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance
+        )
     log.info("%s", report.summary())
     return report
 
@@ -123,9 +158,15 @@ def validate_against_source(rewritten: Path, source: Path, *, precision: str, to
     vocab = fused.vocab_size or 1000
     if precision != "float32":
         return precision_gates(
-            rewritten, reference, precision=precision, vocab_size=vocab, n_positions=n_positions,
-            gates=gates, decoder=fused, against=SOURCE_ONNX,
-        )  # fmt: skip
+            rewritten,
+            reference,
+            precision=precision,
+            vocab_size=vocab,
+            n_positions=n_positions,
+            gates=gates,
+            decoder=fused,
+            against=SOURCE_ONNX,
+        )
     input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)
     return compare_decoder(fused, reference, input_ids, mask, decode_steps=2, tolerance=tolerance, against=SOURCE_ONNX)
 
@@ -136,12 +177,16 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
         return load_checkpoint(reference, option="--reference")
     source = (model.manifest or {}).get("source")
     if not isinstance(source, dict) or not source:
-        raise BadInput(f"'{model.folder}' has no gpt2onnx.json manifest naming its source: give the reference checkpoint (--reference)")
+        raise BadInput(
+            f"'{model.folder}' has no gpt2onnx.json manifest naming its source: give the reference checkpoint (--reference)"
+        )
     kind = source.get("kind")
     try:
         if kind == "random":
             outliers = float((source.get("outliers") or {}).get("magnitude", 0.0))
-            ckpt = load_checkpoint(source["architecture"], random_init=True, seed=int(source["seed"]), outliers=outliers)
+            ckpt = load_checkpoint(
+                source["architecture"], random_init=True, seed=int(source["seed"]), outliers=outliers
+            )
             if ckpt.source.get("spec_sha256") != source.get("spec_sha256"):
                 raise BadInput(
                     f"the architecture '{source['architecture']}' recorded in the manifest no longer matches the export:"
@@ -155,7 +200,9 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
         else:
             raise BadInput(f"manifest source kind '{kind}' is unknown: give the reference checkpoint (--reference)")
     except (KeyError, TypeError, ValueError):
-        raise BadInput(f"the manifest of '{model.folder}' has an incomplete source record: give the reference checkpoint (--reference)") from None
+        raise BadInput(
+            f"the manifest of '{model.folder}' has an incomplete source record: give the reference checkpoint (--reference)"
+        ) from None
     if source.get("sha256") and ckpt.source.get("sha256") != source["sha256"]:
         raise BadInput(
             "the source checkpoint's weights changed since the export (sha256 differs): give the reference (--reference),"
@@ -222,11 +269,15 @@ def check_parity(
         if emulate_fp16:
             from gpt2onnx.verify.fp16_emulation import write_emulated_fp16
 
-            model = dataclasses.replace(model, model_path=write_emulated_fp16(model.model_path, Path(tmp) / "model.onnx"))
+            model = dataclasses.replace(
+                model, model_path=write_emulated_fp16(model.model_path, Path(tmp) / "model.onnx")
+            )
         ckpt = reference_checkpoint(model, reference)
         decoder = open_runtime(model, runtime)
         if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
-            raise BadInput("the reference checkpoint does not match the exported model (vocabulary or layer count): give the right one")
+            raise BadInput(
+                "the reference checkpoint does not match the exported model (vocabulary or layer count): give the right one"
+            )
         torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
         ref = reference_model(ckpt)
         run = run_loop_case if hasattr(decoder, "run_loop") else run_case
@@ -239,7 +290,9 @@ def check_parity(
         finally:
             getattr(decoder, "close", lambda: None)()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
-    return gate_report(results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name)
+    return gate_report(
+        results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
+    )
 
 
 __all__ = ["TOLERANCES", "check_parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]

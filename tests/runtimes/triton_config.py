@@ -16,7 +16,9 @@ print(
             "platform": config.platform,
             "max_batch_size": config.max_batch_size,
             "inputs": [{"name": t.name, "data_type": name_of(t.data_type), "dims": list(t.dims)} for t in config.input],
-            "outputs": [{"name": t.name, "data_type": name_of(t.data_type), "dims": list(t.dims)} for t in config.output],
+            "outputs": [
+                {"name": t.name, "data_type": name_of(t.data_type), "dims": list(t.dims)} for t in config.output
+            ],
             "instance_kinds": [model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group],
         }
     )

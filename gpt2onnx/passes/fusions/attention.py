@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from gpt2onnx.fusions._common import constant_value, static_dim
+from gpt2onnx.passes.graph_tools import constant_value, static_dim
 
 
 def _heads(op, x, shape):
@@ -84,7 +84,9 @@ class AttentionWithPastDivScale(_AttentionBase):
 class AttentionWithPastSplitScale(_AttentionBase):
     """scores = (q · s) · (kᵀ · s), NaN-guarded softmax: torch's SDPA decomposition (optimum's export)."""
 
-    def pattern(self, op, q, k, v, q_shape, k_shape, v_shape, out_shape, past_key, past_value, q_scale, k_scale, attn_bias, zero):
+    def pattern(
+        self, op, q, k, v, q_shape, k_shape, v_shape, out_shape, past_key, past_value, q_scale, k_scale, attn_bias, zero
+    ):
         present_key = op.Concat(past_key, _heads(op, k, k_shape), axis=-2)
         present_value = op.Concat(past_value, _heads(op, v, v_shape), axis=-2)
         scores = op.MatMul(

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gpt2onnx.config import ModelSpec
+from gpt2onnx.pytorch.architecture import Architecture
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -34,7 +34,7 @@ class Conv1D(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: Architecture):
         super().__init__()
         self.n_head = spec.n_head
         self.head_dim = spec.n_embd // spec.n_head
@@ -57,7 +57,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: Architecture):
         super().__init__()
         self.c_fc = Conv1D(spec.n_embd, spec.n_inner)
         self.c_proj = Conv1D(spec.n_inner, spec.n_embd)
@@ -67,7 +67,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: Architecture):
         super().__init__()
         self.ln_1 = nn.LayerNorm(spec.n_embd, eps=spec.layer_norm_epsilon)
         self.attn = CausalSelfAttention(spec)
@@ -103,7 +103,7 @@ class GPT2ForExport(nn.Module):
     returns (logits, present_0_key, present_0_value, ...).
     """
 
-    def __init__(self, spec: ModelSpec, *, last_logits_only: bool = False):
+    def __init__(self, spec: Architecture, *, last_logits_only: bool = False):
         super().__init__()
         self.spec = spec
         self.last_logits_only = last_logits_only

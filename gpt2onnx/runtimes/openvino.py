@@ -16,8 +16,8 @@ import numpy as np
 
 from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.errors import RuntimeUnavailable
-from gpt2onnx.runtime.base import PromptChecks
-from gpt2onnx.runtime.decoder import file_shape
+from gpt2onnx.runtimes.base import PromptChecks
+from gpt2onnx.runtimes.decoder import file_shape
 
 INSTALL = "pip install openvino (or: bash scripts/setup.sh)"
 
@@ -35,7 +35,9 @@ def open_runtime(model: ModelFolder, options) -> "OpenVinoDecoder":
     core = ov.Core()
     devices = list(core.available_devices)
     if options.device not in devices:
-        raise RuntimeUnavailable(f"OpenVINO cannot use device '{options.device}' here: it lists {', '.join(devices) or 'none'}")
+        raise RuntimeUnavailable(
+            f"OpenVINO cannot use device '{options.device}' here: it lists {', '.join(devices) or 'none'}"
+        )
     config = {"INFERENCE_PRECISION_HINT": options.ov_precision}
     if options.provider.threads:
         config["INFERENCE_NUM_THREADS"] = options.provider.threads
@@ -43,12 +45,16 @@ def open_runtime(model: ModelFolder, options) -> "OpenVinoDecoder":
         compiled = core.compile_model(core.read_model(str(model.model_path)), options.device, config)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RuntimeUnavailable(f"OpenVINO cannot compile '{model.model_path}' for {options.device}: {first}") from None
-    return OpenVinoDecoder(compiled, model, device=options.device, precision=options.ov_precision, version=ov.__version__)
+        raise RuntimeUnavailable(
+            f"OpenVINO cannot compile '{model.model_path}' for {options.device}: {first}"
+        ) from None
+    return OpenVinoDecoder(
+        compiled, model, device=options.device, precision=options.ov_precision, version=ov.__version__
+    )
 
 
 class OpenVinoDecoder(PromptChecks):
-    """The :class:`~gpt2onnx.runtime.base.Stepper` interface on an OpenVINO compiled model (host arrays in and out)."""
+    """The :class:`~gpt2onnx.runtimes.base.Stepper` interface on an OpenVINO compiled model (host arrays in and out)."""
 
     runtime = "openvino"
 

@@ -10,7 +10,7 @@ import math
 
 from onnxscript.rewriter import pattern
 
-from gpt2onnx.fusions._common import constant_value
+from gpt2onnx.passes.graph_tools import constant_value
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -22,7 +22,13 @@ def _tanh_gelu(op, x, half, cube, coeff, sqrt_2_over_pi, one):
 
 def _check_constants(half, cube, coeff, sqrt_2_over_pi, one) -> pattern.MatchResult:
     result = pattern.MatchResult()
-    expected = {"0.5": (half, 0.5), "3": (cube, 3.0), "0.044715": (coeff, 0.044715), "√(2/π)": (sqrt_2_over_pi, _SQRT_2_OVER_PI), "1": (one, 1.0)}
+    expected = {
+        "0.5": (half, 0.5),
+        "3": (cube, 3.0),
+        "0.044715": (coeff, 0.044715),
+        "√(2/π)": (sqrt_2_over_pi, _SQRT_2_OVER_PI),
+        "1": (one, 1.0),
+    }
     for label, (value, target) in expected.items():
         found = constant_value(value)
         if found is None or not math.isclose(found, target, rel_tol=1e-5):

@@ -45,13 +45,17 @@ _Q, _K, _V, _BIAS, _KEY_PADDING_MASK, _ATTN_BIAS, _PAST_K, _PAST_V = range(8)
 
 def _length_nodes() -> list[onnx.NodeProto]:
     """seqlens_k ([B] int32) and total_sequence_length (int32 scalar), from the mask's width."""
-    const = lambda name, array: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name), name=name)  # noqa: E731
+    const = lambda name, array: helper.make_node(
+        "Constant", [], [name], value=numpy_helper.from_array(array, name), name=name
+    )  # noqa: E731
     return [
         const("shared_kv/axis0", np.array([0], np.int64)),
         const("shared_kv/one", np.array(1, np.int32)),
         helper.make_node("Shape", [MASK], ["shared_kv/width"], start=1, end=2, name="shared_kv/width"),
         helper.make_node("Shape", [MASK], ["shared_kv/batch"], start=0, end=1, name="shared_kv/batch"),
-        helper.make_node("Cast", ["shared_kv/width"], ["shared_kv/width_i32"], to=TensorProto.INT32, name="shared_kv/cast"),
+        helper.make_node(
+            "Cast", ["shared_kv/width"], ["shared_kv/width_i32"], to=TensorProto.INT32, name="shared_kv/cast"
+        ),
         helper.make_node("Squeeze", ["shared_kv/width_i32", "shared_kv/axis0"], [TOTAL_LEN], name="shared_kv/total"),
         helper.make_node("Sub", [TOTAL_LEN, "shared_kv/one"], ["shared_kv/last"], name="shared_kv/last"),
         helper.make_node("Expand", ["shared_kv/last", "shared_kv/batch"], [SEQLENS_K], name="shared_kv/seqlens_k"),
@@ -63,7 +67,9 @@ def _past_shape_nodes(node: onnx.NodeProto, heads: int, head_dim: int, index: in
     instead: [batch, heads, mask width − sequence length, head_dim]. With a shared buffer, the past input's own
     length is the buffer's, not the past's."""
     p = f"shared_kv/past_shape{index}/"
-    const = lambda name, value: helper.make_node("Constant", [], [p + name], value=numpy_helper.from_array(np.array([value], np.int64), p + name))  # noqa: E731
+    const = lambda name, value: helper.make_node(
+        "Constant", [], [p + name], value=numpy_helper.from_array(np.array([value], np.int64), p + name)
+    )  # noqa: E731
     nodes = [
         const("heads", heads),
         const("head_dim", head_dim),
@@ -76,7 +82,9 @@ def _past_shape_nodes(node: onnx.NodeProto, heads: int, head_dim: int, index: in
     if start == 0 and end is None:
         return nodes + [helper.make_node("Identity", [p + "shape"], list(node.output), name=node.name or None)]
     nodes += [const("start", start), const("end", end if end is not None else 4)]
-    return nodes + [helper.make_node("Slice", [p + "shape", p + "start", p + "end"], list(node.output), name=node.name or None)]
+    return nodes + [
+        helper.make_node("Slice", [p + "shape", p + "start", p + "end"], list(node.output), name=node.name or None)
+    ]
 
 
 def _attribute(node: onnx.NodeProto, name: str, default=None):
@@ -92,7 +100,9 @@ def _rename_dim(value: onnx.ValueInfoProto, axis: int, name: str) -> None:
 def _as_group_query_attention(node: onnx.NodeProto) -> onnx.NodeProto:
     ins = list(node.input) + [""] * (8 - len(node.input))
     if ins[_BIAS] or ins[_KEY_PADDING_MASK] or not ins[_ATTN_BIAS] or not ins[_PAST_K] or not ins[_PAST_V]:
-        raise BadInput(f"MultiHeadAttention '{node.name}' is not q, k, v + attention_bias + past K/V: it cannot share its cache")
+        raise BadInput(
+            f"MultiHeadAttention '{node.name}' is not q, k, v + attention_bias + past K/V: it cannot share its cache"
+        )
     if len(node.output) != 3 or not all(node.output):
         raise BadInput(f"MultiHeadAttention '{node.name}' has no present K/V outputs: it cannot share its cache")
     if _attribute(node, "unidirectional", 0):
@@ -133,7 +143,9 @@ def share_kv_cache(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         return model, 0
     readers = sorted({n.op_type for n in nodes if set(n.input) & set(pasts) and n.op_type != "GroupQueryAttention"})
     if readers:
-        raise BadInput(f"the graph reads its past K/V outside attention ({', '.join(readers)}): it cannot share its cache")
+        raise BadInput(
+            f"the graph reads its past K/V outside attention ({', '.join(readers)}): it cannot share its cache"
+        )
     if head_dim % HEAD_DIM_MULTIPLE:
         raise BadInput(
             f"a shared K/V cache needs a head size that is a multiple of {HEAD_DIM_MULTIPLE} (onnxruntime's"

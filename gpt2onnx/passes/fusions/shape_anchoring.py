@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gpt2onnx.fusions._common import skeleton
+from gpt2onnx.passes.graph_tools import skeleton
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,9 @@ def anchor_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         for dim in dims:
             part = fresh(output)
             if isinstance(dim, int):
-                nodes.append(helper.make_node("Constant", [], [part], value=numpy_helper.from_array(np.array([dim], np.int64))))
+                nodes.append(
+                    helper.make_node("Constant", [], [part], value=numpy_helper.from_array(np.array([dim], np.int64)))
+                )
             else:
                 source, axis = anchors[dim]
                 nodes.append(helper.make_node("Shape", [source], [part], start=axis, end=axis + 1))
@@ -103,7 +105,9 @@ def anchor_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             nodes.append(helper.make_node("Concat", parts, [vector], axis=0))
         if scalar:
             axes = fresh(output)
-            nodes.append(helper.make_node("Constant", [], [axes], value=numpy_helper.from_array(np.array([0], np.int64))))
+            nodes.append(
+                helper.make_node("Constant", [], [axes], value=numpy_helper.from_array(np.array([0], np.int64)))
+            )
             nodes.append(helper.make_node("Squeeze", [vector, axes], [output]))
         return nodes
 
@@ -124,7 +128,11 @@ def anchor_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         handled_all, replacement = True, []
         for reader in readers:
             picked = _select(dims, reader, constants)
-            scalar = reader.op_type == "Gather" and constants.get(reader.input[1]) is not None and constants[reader.input[1]].ndim == 0
+            scalar = (
+                reader.op_type == "Gather"
+                and constants.get(reader.input[1]) is not None
+                and constants[reader.input[1]].ndim == 0
+            )
             nodes = emit(picked, reader.output[0], scalar=scalar) if picked is not None else None
             if nodes is None:
                 handled_all = False

@@ -10,7 +10,7 @@ import inspect
 import numpy as np
 import torch
 
-from gpt2onnx.checkpoint import Checkpoint, to_hf_names
+from gpt2onnx.pytorch.checkpoint import Checkpoint, to_hf_names
 
 
 def reference_model(ckpt: Checkpoint, *, device: str | None = None, dtype: torch.dtype | None = None):

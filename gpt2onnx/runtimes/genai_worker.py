@@ -2,7 +2,7 @@
 
 This file imports only the standard library, numpy and onnxruntime_genai, never gpt2onnx: it runs as a
 script under the Python of an isolated environment (``.venv-genai``), because the onnxruntime-genai wheel
-installs the CPU onnxruntime over onnxruntime-gpu. gpt2onnx.runtime.genai imports it directly when
+installs the CPU onnxruntime over onnxruntime-gpu. gpt2onnx.runtimes.genai imports it directly when
 onnxruntime_genai is importable in its own process.
 
 The worker protocol (stdin/stdout, binary): one JSON request per line; each answer is one JSON line, then,
@@ -45,7 +45,9 @@ def run_loop(model, prompt, *, max_new_tokens, forced=None, return_logits=False,
 
     new = len(forced) if forced is not None else max_new_tokens
     params = og.GeneratorParams(model)
-    params.set_search_options(**{"do_sample": False, **(search or {}), "max_length": max_length or len(prompt) + new + 1, "batch_size": 1})
+    params.set_search_options(
+        **{"do_sample": False, **(search or {}), "max_length": max_length or len(prompt) + new + 1, "batch_size": 1}
+    )
     generator = og.Generator(model, params)
     tokens, seconds, logits = [], [], []
 

@@ -35,7 +35,9 @@ def load_tokenizer(folder: Path):
 
         return GPT2TokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as err:  # transformers raises many types for broken tokenizer files
-        raise BadInput(f"cannot load the tokenizer in '{folder}' ({str(err).splitlines()[0][:200]}); use --ids") from None
+        raise BadInput(
+            f"cannot load the tokenizer in '{folder}' ({str(err).splitlines()[0][:200]}); use --ids"
+        ) from None
 
 
 def left_pad(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -66,9 +68,13 @@ def parse_id_prompts(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
         try:
             row = [int(v) for v in parts]  # int('') fails: '1,,2' is refused, not read as 1,2
         except ValueError:
-            raise BadInput(f"token ids (--ids) '{value}' are not a comma-separated list of integers (e.g. 464,3290,318)") from None
+            raise BadInput(
+                f"token ids (--ids) '{value}' are not a comma-separated list of integers (e.g. 464,3290,318)"
+            ) from None
         if any(not 0 <= v <= MAX_TOKEN_ID for v in row):
-            raise BadInput(f"token ids (--ids) '{value}' hold a value outside 0 to {MAX_TOKEN_ID}: give ids of the vocabulary")
+            raise BadInput(
+                f"token ids (--ids) '{value}' hold a value outside 0 to {MAX_TOKEN_ID}: give ids of the vocabulary"
+            )
         rows.append(row)
     return left_pad(rows)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from gpt2onnx.errors import BadInput
-from gpt2onnx.precision import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
+from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class GraphPasses:
 
     def check(self) -> str:
         """Refuse an unknown profile, dtype or method, or fp16 with quantized weights; returns the dtype."""
-        from gpt2onnx.fusions.pipeline import check_profile
+        from gpt2onnx.passes.fusions.profiles import check_profile
 
         check_profile(self.fusion)
         self.quantization.check()
@@ -41,20 +41,20 @@ class GraphPasses:
         """Run the passes; returns the model and the manifest's reports (fusion, fp16, quantization, kv_cache)."""
         reports: dict = {"fusion": None, "fp16": None, "quantization": None, "kv_cache": None}
         if self.fusion != "none":
-            from gpt2onnx.fusions import fuse
+            from gpt2onnx.passes.fusions import fuse
 
             start = time.perf_counter()
             model, report = fuse(model, self.fusion, allow_partial=self.allow_partial_fusion)
             reports["fusion"] = report.as_dict()
             timings["fusion_seconds"] = time.perf_counter() - start
         if self.check() == "float16":
-            from gpt2onnx.precision import to_fp16
+            from gpt2onnx.passes.precision import to_fp16
 
             start = time.perf_counter()
             model, reports["fp16"] = to_fp16(model, keep_fp32=parse_keep_fp32(self.keep_fp32))
             timings["fp16_seconds"] = time.perf_counter() - start
         if self.quantization.method != "none":
-            from gpt2onnx.precision import quantize
+            from gpt2onnx.passes.precision import quantize
 
             start = time.perf_counter()
             model, reports["quantization"] = quantize(model, self.quantization)

@@ -24,8 +24,8 @@ from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.artifact.graph import load_graph, position_table_rows
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 from gpt2onnx.files import available_memory
-from gpt2onnx.runtime.base import PromptChecks
-from gpt2onnx.runtime.providers import DEVICE_TYPES, TRT_DUMMY_PAST, ProviderConfig, create_session, session_provider
+from gpt2onnx.runtimes.base import PromptChecks
+from gpt2onnx.runtimes.providers import DEVICE_TYPES, TRT_DUMMY_PAST, ProviderConfig, create_session, session_provider
 
 
 def position_ids_for(attention_mask: np.ndarray) -> np.ndarray:
@@ -36,7 +36,9 @@ def position_ids_for(attention_mask: np.ndarray) -> np.ndarray:
 
 def session_shape(session: ort.InferenceSession, n_positions: int) -> DecoderShape:
     as_spec = lambda v: TensorSpec(v.name, ORT_DTYPES.get(v.type, v.type), tuple(v.shape))  # noqa: E731
-    return decoder_shape([as_spec(i) for i in session.get_inputs()], [as_spec(o) for o in session.get_outputs()], n_positions)
+    return decoder_shape(
+        [as_spec(i) for i in session.get_inputs()], [as_spec(o) for o in session.get_outputs()], n_positions
+    )
 
 
 def file_shape(model_path: Path, n_positions: int) -> DecoderShape:
@@ -88,7 +90,7 @@ def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
 
 def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDecoder":
     """A decoder on the cpu provider for a bare model file (the checks export and optimize run before writing)."""
-    from gpt2onnx.runtime.providers import cpu_session
+    from gpt2onnx.runtimes.providers import cpu_session
 
     kind = SharedCacheDecoder if shares_cache(load_graph(Path(model_path))) else OnnxDecoder
     return kind(cpu_session(model_path), n_positions=n_positions)
@@ -243,10 +245,16 @@ class SharedCacheDecoder(OnnxDecoder):
         if self._binding is None or batch != self.batch:
             raise BadInput("start each sequence with empty_past(batch, capacity): no buffer is bound for this batch")
         if total > self.capacity:
-            raise BadInput(f"{total} tokens do not fit the K/V buffer of {self.capacity}: give the total length to empty_past")
+            raise BadInput(
+                f"{total} tokens do not fit the K/V buffer of {self.capacity}: give the total length to empty_past"
+            )
         if length > 1 and total > length and batch > 1:  # the kernel's limit: chunk on a past at batch 1 only
-            steps = [self._run_once(input_ids[:, i : i + 1], attention_mask[:, : total - length + i + 1], position_ids[:, i : i + 1])
-                     for i in range(length)]  # fmt: skip
+            steps = [
+                self._run_once(
+                    input_ids[:, i : i + 1], attention_mask[:, : total - length + i + 1], position_ids[:, i : i + 1]
+                )
+                for i in range(length)
+            ]
             logits = steps[-1] if self.last_logits_graph else np.concatenate(steps, axis=1)
         else:
             logits = self._run_once(input_ids, attention_mask, position_ids)

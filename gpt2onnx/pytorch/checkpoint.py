@@ -1,7 +1,7 @@
 """Where weights come from: a local Hugging Face folder, a Hub id, or a named architecture with seeded random weights.
 
-Every path ends in a :class:`Checkpoint`: a checked config, its :class:`ModelSpec`, and a state dict in
-:class:`gpt2onnx.model.GPT2ForExport`'s naming whose every tensor was checked against that config.
+Every path ends in a :class:`Checkpoint`: a checked config, its :class:`Architecture`, and a state dict in
+:class:`gpt2onnx.pytorch.model.GPT2ForExport`'s naming whose every tensor was checked against that config.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from gpt2onnx.artifact.folder import COMPANION_FILES
-from gpt2onnx.config import PRESETS, ModelSpec, check_fits_in_memory, preset_config, spec_from_config
 from gpt2onnx.errors import CheckpointError
 from gpt2onnx.files import sha256_file
+from gpt2onnx.pytorch.architecture import PRESETS, Architecture, check_fits_in_memory, preset_config, spec_from_config
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 @dataclass
 class Checkpoint:
     config: Any  # transformers.GPT2Config
-    spec: ModelSpec
+    spec: Architecture
     state_dict: dict[str, torch.Tensor]
     name: str  # a short name for the default output folder
     source: dict[str, Any]  # what the manifest records: kind, id/path, revision, hash, seed
@@ -64,7 +64,9 @@ def load_checkpoint(
     what = f"model '{model}' ({option})"
     path = Path(model).expanduser()
     if outliers and not random_init:
-        raise CheckpointError("--outliers only shapes random weights: add --random-init (random_init=True), or leave it out")
+        raise CheckpointError(
+            "--outliers only shapes random weights: add --random-init (random_init=True), or leave it out"
+        )
     if not (math.isfinite(outliers) and outliers >= 0):
         raise CheckpointError(f"--outliers must be a magnitude ≥ 0 (GPT-2's reach about 3000), got {outliers}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
@@ -145,7 +147,7 @@ def _read_config(config_file: Path, what: str, root: Path | None = None):
     return config
 
 
-def _checked_spec(config, what: str) -> ModelSpec:
+def _checked_spec(config, what: str) -> Architecture:
     spec = spec_from_config(config)
     check_fits_in_memory(spec, what)
     return spec
@@ -277,8 +279,12 @@ def _shards(folder: Path, index: str, root: Path, what: str) -> list[Path]:
         weight_map = json.loads(index_file.read_text())["weight_map"]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as err:
         reason = f"no {err}" if isinstance(err, KeyError) else str(err)
-        raise CheckpointError(f"'{folder / index}' is not a valid weight index ({reason}); fix or replace the file") from None
-    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise CheckpointError(
+            f"'{folder / index}' is not a valid weight index ({reason}); fix or replace the file"
+        ) from None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
         raise CheckpointError(
             f"'{folder / index}': weight_map must map tensor names to shard file names (strings), got"
             f" {json.dumps(weight_map)[:80]}; fix or replace the file"
@@ -318,7 +324,9 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(
             f"'{file}': cannot read weights ({reason[:200]}); the file is corrupt or truncated, download it again"
         ) from None
-    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()):
+    if not isinstance(weights, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
+    ):
         raise CheckpointError(
             f"'{file}' does not hold a state dict (tensor names to tensors); save the model's state_dict() as"
             " model.safetensors"
@@ -326,16 +334,16 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+def expected_shapes(spec: Architecture) -> dict[str, tuple[int, ...]]:
     """Every parameter of GPT2ForExport with its shape, in module order."""
-    from gpt2onnx.model import GPT2ForExport
+    from gpt2onnx.pytorch.model import GPT2ForExport
 
     with torch.device("meta"):
         module = GPT2ForExport(spec)
     return {name: tuple(p.shape) for name, p in module.named_parameters()}
 
 
-def to_export_names(state_dict: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+def to_export_names(state_dict: dict[str, torch.Tensor], spec: Architecture) -> dict[str, torch.Tensor]:
     """Map a Hugging Face GPT-2 state dict (GPT2LMHeadModel or GPT2Model keys) onto GPT2ForExport's names,
     checking that every tensor is there, expected, and of the shape the config implies."""
     expected = expected_shapes(spec)
@@ -371,7 +379,7 @@ def to_export_names(state_dict: dict[str, torch.Tensor], spec: ModelSpec) -> dic
     return {name: mapped[name] for name in expected}
 
 
-def to_hf_names(state_dict: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+def to_hf_names(state_dict: dict[str, torch.Tensor], spec: Architecture) -> dict[str, torch.Tensor]:
     """The inverse of to_export_names: keys for transformers' GPT2LMHeadModel."""
     out = {f"transformer.{k}": v for k, v in state_dict.items() if k != "lm_head"}
     out["lm_head.weight"] = state_dict["wte.weight"] if spec.tie_word_embeddings else state_dict["lm_head"]

@@ -4,7 +4,7 @@
   temporary overlay (the model files linked, the config beside them) and the folder is left untouched; the
   config is the one the genai deployment target writes (:mod:`gpt2onnx.deploy.genai`).
 - Where genai runs: in this process when ``import onnxruntime_genai`` works here; otherwise in a worker
-  process (:mod:`gpt2onnx.runtime.genai_worker`, numpy and onnxruntime_genai only) under the Python named by
+  process (:mod:`gpt2onnx.runtimes.genai_worker`, numpy and onnxruntime_genai only) under the Python named by
   the environment variable ``GPT2ONNX_GENAI_PYTHON``, else ``<repo>/.venv-genai/bin/python`` beside this
   package (scripts/setup.sh creates it). The isolation is on purpose: the onnxruntime-genai wheel installs
   the CPU onnxruntime over onnxruntime-gpu.
@@ -27,8 +27,8 @@ import numpy as np
 from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.deploy import genai as deploy_genai
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
-from gpt2onnx.runtime.base import LoopResult, PromptChecks
-from gpt2onnx.runtime.decoder import file_shape
+from gpt2onnx.runtimes.base import LoopResult, PromptChecks
+from gpt2onnx.runtimes.decoder import file_shape
 
 CONFIG_FILE = "genai_config.json"
 PYTHON_ENV = "GPT2ONNX_GENAI_PYTHON"
@@ -95,7 +95,7 @@ def open_runtime(model: ModelFolder, options) -> "GenaiRunner":
 
 
 class GenaiRunner(PromptChecks):
-    """The :class:`~gpt2onnx.runtime.base.LoopRunner` interface on onnxruntime-genai."""
+    """The :class:`~gpt2onnx.runtimes.base.LoopRunner` interface on onnxruntime-genai."""
 
     runtime = "genai"
     device, device_id, dummy_past = "cpu", 0, 0
@@ -113,10 +113,12 @@ class GenaiRunner(PromptChecks):
         self.check_length(needed)
         request = {
             "max_length": min(needed + 1, self.n_positions) if self.n_positions else needed + 1,
-            "prompt": [int(t) for t in prompt], "max_new_tokens": int(max_new_tokens),
-            "forced": None if forced is None else [int(t) for t in forced], "return_logits": return_logits,
+            "prompt": [int(t) for t in prompt],
+            "max_new_tokens": int(max_new_tokens),
+            "forced": None if forced is None else [int(t) for t in forced],
+            "return_logits": return_logits,
             "search": search or {},
-        }  # fmt: skip
+        }
         out = self.backend.run(request)
         return LoopResult(out["tokens"], out["step_seconds"], out.get("logits", []), out.get("peak_bytes"))
 
@@ -135,13 +137,15 @@ class _InProcess:
     def __init__(self, folder: Path):
         import onnxruntime_genai as og
 
-        from gpt2onnx.runtime import genai_worker
+        from gpt2onnx.runtimes import genai_worker
 
         self.worker, self.version, self.mode = genai_worker, og.__version__, "in-process"
         try:
             self.model = genai_worker.open_model(str(folder))
         except Exception as exc:  # noqa: BLE001 - genai raises RuntimeError/ValueError for configs and graphs
-            raise RuntimeUnavailable(f"onnxruntime-genai cannot open '{folder}': {str(exc).strip().splitlines()[0]}") from None
+            raise RuntimeUnavailable(
+                f"onnxruntime-genai cannot open '{folder}': {str(exc).strip().splitlines()[0]}"
+            ) from None
 
     def run(self, request: dict) -> dict:
         return self.worker.run_loop(self.model, request.pop("prompt"), **request)
@@ -161,7 +165,10 @@ class _Worker:
             self.process = subprocess.Popen(
                 # -I: isolated, and without the script's folder on sys.path, where runtime/onnxruntime.py would
                 # shadow the onnxruntime package that onnxruntime_genai imports
-                [python, "-I", str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+                [python, "-I", str(WORKER)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
             )
         except OSError as exc:
             raise RuntimeUnavailable(f"the genai Python '{python}' cannot start ({exc.strerror}): {INSTALL}") from None

@@ -22,9 +22,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtime.providers import ProviderConfig
+from gpt2onnx.runtimes.providers import ProviderConfig
 
-# name → module under gpt2onnx.runtime with an ``open_runtime(model, options)`` function.
+# name → module under gpt2onnx.runtimes with an ``open_runtime(model, options)`` function.
 RUNTIMES = {"onnxruntime": "onnxruntime", "openvino": "openvino", "genai": "genai"}
 OV_PRECISIONS = ("f32", "bf16", "f16")
 
@@ -74,9 +74,13 @@ class Stepper(Protocol):
 
     def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None: ...
     def check_length(self, total_length: int) -> None: ...
-    def empty_past(self, batch: int, capacity: int | None = None) -> list: ...  # capacity: prompt + new tokens (preallocating steppers)
+    def empty_past(
+        self, batch: int, capacity: int | None = None
+    ) -> list: ...  # capacity: prompt + new tokens (preallocating steppers)
     def prompt_mask(self, attention_mask: np.ndarray) -> np.ndarray: ...
-    def run(self, input_ids, attention_mask, position_ids, past, *, last_logits_only: bool = True) -> tuple[np.ndarray, list]: ...
+    def run(
+        self, input_ids, attention_mask, position_ids, past, *, last_logits_only: bool = True
+    ) -> tuple[np.ndarray, list]: ...
     def step(self, input_ids, attention_mask, position_ids, past) -> tuple[np.ndarray, list[np.ndarray]]: ...
 
 
@@ -103,16 +107,21 @@ class LoopRunner(Protocol):
     n_positions: int | None
 
     def run_loop(
-        self, prompt: list[int], *, max_new_tokens: int, forced: list[int] | None = None, return_logits: bool = False,
+        self,
+        prompt: list[int],
+        *,
+        max_new_tokens: int,
+        forced: list[int] | None = None,
+        return_logits: bool = False,
         search: dict[str, Any] | None = None,
-    ) -> LoopResult: ...  # fmt: skip
+    ) -> LoopResult: ...
     def close(self) -> None: ...
 
 
 def open_runtime(model, options: RuntimeOptions) -> Stepper | LoopRunner:
     """Open ``model`` (an opened :class:`~gpt2onnx.artifact.folder.ModelFolder`) on the runtime ``options`` names."""
     options = options.check()
-    module = importlib.import_module(f"gpt2onnx.runtime.{RUNTIMES[options.name]}")
+    module = importlib.import_module(f"gpt2onnx.runtimes.{RUNTIMES[options.name]}")
     return module.open_runtime(model, options)
 
 
@@ -121,7 +130,9 @@ def parse_runtimes(value: str) -> list[str]:
     names = [v.strip() for v in value.split(",")]
     for name in names:
         if name not in RUNTIMES:
-            raise BadInput(f"runtime '{name}' is unknown: choose from {', '.join(RUNTIMES)} (comma-separated for bench)")
+            raise BadInput(
+                f"runtime '{name}' is unknown: choose from {', '.join(RUNTIMES)} (comma-separated for bench)"
+            )
     if len(set(names)) != len(names):
         raise BadInput(f"runtimes '{value}' name one twice: give each once")
     return names

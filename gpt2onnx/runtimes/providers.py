@@ -47,7 +47,9 @@ class ProviderConfig:
         """Refuse options out of range, and options the chosen provider would ignore."""
         check_provider(self.name)
         if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
-            raise BadInput(f"threads must be 1 to {MAX_THREADS} (this machine has {os.cpu_count()} cores), got {self.threads}")
+            raise BadInput(
+                f"threads must be 1 to {MAX_THREADS} (this machine has {os.cpu_count()} cores), got {self.threads}"
+            )
         if self.name != "cpu" and self.threads is not None:
             raise BadInput(f"threads apply to the cpu provider, not '{self.name}': drop the thread count")
         if self.device_id < 0:
@@ -57,7 +59,9 @@ class ProviderConfig:
         if self.name != "tensorrt":
             ignored = [n for n, on in (("trt_fp16", self.trt_fp16), ("trt_cache_dir", self.trt_cache_dir)) if on]
             if ignored:
-                raise BadInput(f"{', '.join(ignored)} apply to the tensorrt provider only, not '{self.name}': drop them")
+                raise BadInput(
+                    f"{', '.join(ignored)} apply to the tensorrt provider only, not '{self.name}': drop them"
+                )
         return self
 
     def as_dict(self) -> dict:
@@ -117,7 +121,11 @@ def provider_options(config: ProviderConfig, *, model_path: Path, shape: Decoder
     if shape is not None:
         trt.update(tensorrt_profile(shape, max_batch=config.max_batch))
     # Nodes TensorRT cannot take run on CUDA (not on the CPU), so the cache never leaves the device.
-    return [("TensorrtExecutionProvider", trt), ("CUDAExecutionProvider", {"device_id": config.device_id}), "CPUExecutionProvider"]
+    return [
+        ("TensorrtExecutionProvider", trt),
+        ("CUDAExecutionProvider", {"device_id": config.device_id}),
+        "CPUExecutionProvider",
+    ]
 
 
 def session_options(config: ProviderConfig) -> ort.SessionOptions:
@@ -183,7 +191,9 @@ def working_providers() -> list[str]:
     return usable
 
 
-def create_session(model_path: str | Path, config: ProviderConfig, *, shape: DecoderShape | None = None) -> ort.InferenceSession:
+def create_session(
+    model_path: str | Path, config: ProviderConfig, *, shape: DecoderShape | None = None
+) -> ort.InferenceSession:
     """A session on ``config.name``; raises if ONNX Runtime fell back to another provider (unless allowed)."""
     model_path = Path(model_path)
     providers = provider_options(config, model_path=model_path, shape=shape)
@@ -194,7 +204,9 @@ def create_session(model_path: str | Path, config: ProviderConfig, *, shape: Dec
             try:
                 cache.mkdir(parents=True)
             except OSError as err:
-                raise BadInput(f"TensorRT cache folder '{cache}' cannot be created ({err.strerror or err}): choose a writable one") from None
+                raise BadInput(
+                    f"TensorRT cache folder '{cache}' cannot be created ({err.strerror or err}): choose a writable one"
+                ) from None
             made_cache = cache
     wanted = ORT_NAMES[config.name]
     with _provider_messages_captured() as native:

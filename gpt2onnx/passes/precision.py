@@ -114,7 +114,7 @@ def to_fp16(model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GR
     """
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    from gpt2onnx.fusions._common import infer_value_info
+    from gpt2onnx.passes.graph_tools import infer_value_info
 
     keep_ops = {op for group in keep_fp32 for op in FP16_KEEP_OPS.get(group, ())}
     kept_nodes: list[onnx.NodeProto] = []
@@ -132,9 +132,12 @@ def to_fp16(model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GR
     kept = Counter(n.op_type for n in model.graph.node if n.op_type in keep_ops or n.name in names)
     ir_version = model.ir_version
     converted = convert_float_to_float16(
-        model, keep_io_types=keep_io or False, op_block_list=sorted(keep_ops), node_block_list=sorted(names),
+        model,
+        keep_io_types=keep_io or False,
+        op_block_list=sorted(keep_ops),
+        node_block_list=sorted(names),
         disable_shape_infer=True,
-    )  # fmt: skip
+    )
     _drop_repeated_casts(converted.graph)
     sort_topologically(converted.graph)  # the converter appends its Casts at the end of the node list
     converted.ir_version = ir_version
@@ -246,7 +249,9 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.Mod
 
         with tempfile.TemporaryDirectory(prefix="gpt2onnx-int8-") as tmp:
             out = Path(tmp) / "model.onnx"
-            quantize_dynamic(model, out, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8, use_external_data_format=True)
+            quantize_dynamic(
+                model, out, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8, use_external_data_format=True
+            )
             quantized = onnx.load(str(out))
     opset = next((i.version for i in quantized.opset_import if i.domain in ("", "ai.onnx")), 0)
     # the int4 quantizer may raise the opset (GatherBlockQuantized); keep the IR version in step with it

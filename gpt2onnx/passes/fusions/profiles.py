@@ -29,13 +29,13 @@ import onnxscript.optimizer
 from onnxscript.rewriter import pattern
 
 from gpt2onnx.errors import BadInput, CheckFailed, ContractError
-from gpt2onnx.fusions._common import infer_value_info
-from gpt2onnx.fusions.attention import attention_div_rule, attention_split_scale_rule
-from gpt2onnx.fusions.gelu import fast_gelu_rule, fast_gelu_with_bias_rule, standard_gelu_rule
-from gpt2onnx.fusions.layer_norm import layer_norm_rule
-from gpt2onnx.fusions.shape_anchoring import anchor_shapes
-from gpt2onnx.fusions.shared_kv import share_kv_cache
-from gpt2onnx.fusions.skip_layer_norm import skip_layer_norm_rule, skip_layer_norm_with_bias_rule
+from gpt2onnx.passes.fusions.attention import attention_div_rule, attention_split_scale_rule
+from gpt2onnx.passes.fusions.gelu import fast_gelu_rule, fast_gelu_with_bias_rule, standard_gelu_rule
+from gpt2onnx.passes.fusions.layer_norm import layer_norm_rule
+from gpt2onnx.passes.fusions.shape_anchoring import anchor_shapes
+from gpt2onnx.passes.fusions.shared_kv import share_kv_cache
+from gpt2onnx.passes.fusions.skip_layer_norm import skip_layer_norm_rule, skip_layer_norm_with_bias_rule
+from gpt2onnx.passes.graph_tools import infer_value_info
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,11 @@ def golden_counts(profile: str, n_layer: int) -> dict[str, tuple[tuple[tuple[str
     layer_norms = (("", "LayerNormalization"), (MS, "SkipLayerNormalization"))
     return {
         "none": {},
-        "ort": {"attention": (((MS, "MultiHeadAttention"),), L), "gelu": (((MS, "FastGelu"),), L), "layer_norm": (layer_norms, 2 * L + 1)},
+        "ort": {
+            "attention": (((MS, "MultiHeadAttention"),), L),
+            "gelu": (((MS, "FastGelu"),), L),
+            "layer_norm": (layer_norms, 2 * L + 1),
+        },
         "ort-shared-kv": {
             "shared_kv": (((MS, "GroupQueryAttention"),), L),
             "gelu": (((MS, "FastGelu"),), L),
@@ -99,7 +103,13 @@ class FusionReport:
     partial: list[str] = field(default_factory=list)  # messages for checks below golden
 
     def as_dict(self) -> dict:
-        return {"profile": self.profile, "applied": self.applied, "op_counts": self.op_counts, "golden": self.golden, "partial": self.partial}
+        return {
+            "profile": self.profile,
+            "applied": self.applied,
+            "op_counts": self.op_counts,
+            "golden": self.golden,
+            "partial": self.partial,
+        }
 
 
 def check_profile(profile: str) -> None:
@@ -155,7 +165,9 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
         return model, FusionReport(profile, {}, {}, {})
     contrib = sorted({n.op_type for n in model.graph.node if n.domain == MS})
     if "GroupQueryAttention" in contrib:
-        raise BadInput("the model already has a shared K/V cache (GroupQueryAttention): start from the unfused or ort export")
+        raise BadInput(
+            "the model already has a shared K/V cache (GroupQueryAttention): start from the unfused or ort export"
+        )
     if contrib and profile not in CONTRIB_PROFILES:
         raise BadInput(
             f"the model already holds com.microsoft ops ({', '.join(contrib)}) from the ort profile, which the"
@@ -192,7 +204,9 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
             fusion = next(f for f in PROFILE_FUSIONS[profile] if f.name == check)
             # shared_kv rewrites the attention fusion's nodes: where that one stopped is the reason
             where = _where_it_stopped(graph, ATTENTION if fusion is SHARED_KV else fusion)
-            partial.append(f"fusion '{check}' reached {found} of {expected} {'/'.join(op for _, op in ops)} ops: {where}")
+            partial.append(
+                f"fusion '{check}' reached {found} of {expected} {'/'.join(op for _, op in ops)} ops: {where}"
+            )
     if partial and not allow_partial:
         raise CheckFailed(partial[0] + "; allow a partly fused graph (--allow-partial-fusion) to keep it")
     for message in partial:

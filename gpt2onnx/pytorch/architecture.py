@@ -6,8 +6,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpt2onnx.files import available_memory  # noqa: F401  (re-exported: config.available_memory)
 from gpt2onnx.errors import CheckpointError
+from gpt2onnx.files import available_memory  # noqa: F401  (re-exported: config.available_memory)
 
 # Sizes of the released checkpoints (OpenAI's four and distilgpt2), and a tiny one for tests and demos.
 PRESETS: dict[str, dict[str, int]] = {
@@ -24,7 +24,7 @@ TANH_GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class Architecture:
     """The numbers that fix a GPT-2 architecture."""
 
     vocab_size: int
@@ -58,8 +58,8 @@ def preset_config(name: str):
     return GPT2Config(**params)
 
 
-def spec_from_config(config) -> ModelSpec:
-    """Check a transformers GPT2Config and return its ModelSpec; refuse what this model cannot represent."""
+def spec_from_config(config) -> Architecture:
+    """Check a transformers GPT2Config and return its Architecture; refuse what this model cannot represent."""
     get = lambda key, default=None: getattr(config, key, default)  # noqa: E731
     model_type = get("model_type")
     if model_type != "gpt2":
@@ -88,14 +88,18 @@ def spec_from_config(config) -> ModelSpec:
     if n_embd % n_head:
         raise CheckpointError(f"config: n_embd={n_embd} is not divisible by n_head={n_head}; fix config.json")
     epsilon = get("layer_norm_epsilon", 1e-5)
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (math.isfinite(epsilon) and epsilon > 0):
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, (int, float))
+        or not (math.isfinite(epsilon) and epsilon > 0)
+    ):
         raise CheckpointError(
             f"config: layer_norm_epsilon must be a positive finite number (GPT-2: 1e-5), got {epsilon!r}; fix config.json"
         )
     tie = get("tie_word_embeddings", True)
     if not isinstance(tie, bool):
         raise CheckpointError(f"config: tie_word_embeddings must be true or false, got {tie!r}; fix config.json")
-    return ModelSpec(
+    return Architecture(
         vocab_size=get("vocab_size"),
         n_positions=get("n_positions"),
         n_embd=n_embd,
@@ -125,10 +129,12 @@ def _check_int(key: str, value, low: int, high: int) -> None:
         shown = f"{value!r} ({type(value).__name__})" if value is not None else "missing"
         raise CheckpointError(f"config: {key} must be an integer from {low} to {high}, got {shown}; fix config.json")
     if not low <= value <= high:
-        raise CheckpointError(f"config: {key}={value} is out of range: it must be from {low} to {high}; fix config.json")
+        raise CheckpointError(
+            f"config: {key}={value} is out of range: it must be from {low} to {high}; fix config.json"
+        )
 
 
-def parameter_count(spec: ModelSpec) -> int:
+def parameter_count(spec: Architecture) -> int:
     """The parameters of a GPT-2 of this shape (exact for GPT2ForExport: blocks, embeddings, final LayerNorm, head)."""
     d, inner = spec.n_embd, spec.n_inner
     per_block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * inner + inner) + (inner * d + d)
@@ -141,11 +147,11 @@ def parameter_count(spec: ModelSpec) -> int:
 EXPORT_BYTES_PER_PARAMETER = 12
 
 
-def export_peak_bytes(spec: ModelSpec) -> int:
+def export_peak_bytes(spec: Architecture) -> int:
     return EXPORT_BYTES_PER_PARAMETER * parameter_count(spec)
 
 
-def check_fits_in_memory(spec: ModelSpec, what: str) -> None:
+def check_fits_in_memory(spec: Architecture, what: str) -> None:
     """Refuse, before anything is allocated, a model whose export would need more memory than this machine has."""
     needed, available = export_peak_bytes(spec), available_memory()
     if available is not None and needed > available:

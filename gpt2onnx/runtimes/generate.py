@@ -16,10 +16,10 @@ import numpy as np
 
 from gpt2onnx.artifact.folder import eos_token_id, open_folder
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtime.base import LoopRunner, RuntimeOptions, Stepper, open_runtime
-from gpt2onnx.runtime.decoder import position_ids_for
-from gpt2onnx.runtime.prompts import TextStream, encode_prompts, load_tokenizer, parse_id_prompts
-from gpt2onnx.runtime.providers import ProviderConfig
+from gpt2onnx.runtimes.base import LoopRunner, RuntimeOptions, Stepper, open_runtime
+from gpt2onnx.runtimes.decoder import position_ids_for
+from gpt2onnx.runtimes.prompts import TextStream, encode_prompts, load_tokenizer, parse_id_prompts
+from gpt2onnx.runtimes.providers import ProviderConfig
 
 MAX_BATCH_TOKENS = 1 << 20  # batch × total length: beyond this the logits and cache would not fit in memory
 
@@ -36,10 +36,20 @@ class Sampling:
 
     def check(self) -> None:
         if not self.sample:
-            ignored = [name for name, on in (("temperature", self.temperature != 1.0), ("top_k", self.top_k != 0),
-                                             ("top_p", self.top_p != 1.0), ("seed", self.seed is not None)) if on]  # fmt: skip
+            ignored = [
+                name
+                for name, on in (
+                    ("temperature", self.temperature != 1.0),
+                    ("top_k", self.top_k != 0),
+                    ("top_p", self.top_p != 1.0),
+                    ("seed", self.seed is not None),
+                )
+                if on
+            ]
             if ignored:
-                raise BadInput(f"{', '.join(ignored)} only apply when sampling: turn sampling on (--sample), or drop them")
+                raise BadInput(
+                    f"{', '.join(ignored)} only apply when sampling: turn sampling on (--sample), or drop them"
+                )
         if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise BadInput(f"temperature (--temperature) must be a positive number, got {self.temperature}")
         if self.top_k < 0:
@@ -115,8 +125,12 @@ def generate_loop(
     called after the loop, not while it runs."""
     search = {}
     if sampling.sample:
-        search = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                  "top_k": sampling.top_k or (runner.vocab_size or 50257)}  # fmt: skip
+        search = {
+            "do_sample": True,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k or (runner.vocab_size or 50257),
+        }
         if sampling.seed is not None:
             search["random_seed"] = int(sampling.seed % 2**31)
     fill = eos_token_id if eos_token_id is not None else 0
@@ -139,7 +153,8 @@ def generate_loop(
     return Generation(tokens, np.array(finished), seconds)
 
 
-def generate(    decoder: Stepper | LoopRunner,
+def generate(
+    decoder: Stepper | LoopRunner,
     input_ids: np.ndarray,
     attention_mask: np.ndarray | None = None,
     *,
@@ -151,7 +166,15 @@ def generate(    decoder: Stepper | LoopRunner,
     """Continue a (left-padded) batch. ``on_step(step, ids)`` is called with each step's new ids, for streaming."""
     input_ids, mask = _checked(decoder, input_ids, attention_mask, max_new_tokens, sampling)
     if hasattr(decoder, "run_loop"):
-        return generate_loop(decoder, input_ids, mask, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos_token_id, on_step=on_step)
+        return generate_loop(
+            decoder,
+            input_ids,
+            mask,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_token_id=eos_token_id,
+            on_step=on_step,
+        )
     rng = np.random.default_rng(sampling.seed)
     batch = input_ids.shape[0]
     full_mask = decoder.prompt_mask(mask)
@@ -232,7 +255,9 @@ def generate_text(
     shown = list(prompts) if prompts else [" ".join(map(str, row[m > 0])) for row, m in zip(input_ids, mask)]
     decoder = open_runtime(model, runtime or RuntimeOptions(provider=provider))
     if hasattr(decoder, "check_memory"):
-        decoder.check_memory(input_ids.shape[0], input_ids.shape[1], input_ids.shape[1] + max_new_tokens, what="prompt batch")
+        decoder.check_memory(
+            input_ids.shape[0], input_ids.shape[1], input_ids.shape[1] + max_new_tokens, what="prompt batch"
+        )
     eos = eos_token_id(model.folder)
     stream = TextStream(tokenizer)
 
@@ -244,7 +269,9 @@ def generate_text(
         on_text("token", stream.push(int(new_ids[0])))
 
     try:
-        result = generate(decoder, input_ids, mask, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos, on_step=step)
+        result = generate(
+            decoder, input_ids, mask, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos, on_step=step
+        )
     finally:
         getattr(decoder, "close", lambda: None)()
     rows = []

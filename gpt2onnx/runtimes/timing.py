@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtime.generate import MAX_BATCH_TOKENS, generate
+from gpt2onnx.runtimes.generate import MAX_BATCH_TOKENS, generate
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,11 @@ class BenchConfig:
     def check(self, n_positions: int | None = None) -> "BenchConfig":
         if not self.batches or any(b < 1 for b in self.batches):
             raise BadInput(f"batch sizes must be positive integers, got {','.join(map(str, self.batches))}")
-        for name, value in (("prompt length", self.prompt_len), ("new tokens", self.new_tokens), ("repeat", self.repeat)):
+        for name, value in (
+            ("prompt length", self.prompt_len),
+            ("new tokens", self.new_tokens),
+            ("repeat", self.repeat),
+        ):
             if value < 1:
                 raise BadInput(f"{name} must be a positive integer, got {value}")
         if not 0 <= self.warmup <= 1000 or self.repeat > 10000:
@@ -51,7 +55,9 @@ class BenchConfig:
         if any(p < 1 for p in self.pasts):
             raise BadInput(f"past lengths must be positive integers, got {','.join(map(str, self.pasts))}")
         if self.pasts and max(self.batches) * (max(self.pasts) + 1) > MAX_BATCH_TOKENS:
-            raise BadInput(f"batch {max(self.batches)} × past {max(self.pasts)} is more than {MAX_BATCH_TOKENS:,} tokens: use a shorter past")
+            raise BadInput(
+                f"batch {max(self.batches)} × past {max(self.pasts)} is more than {MAX_BATCH_TOKENS:,} tokens: use a shorter past"
+            )
         if n_positions and self.pasts and max(self.pasts) >= n_positions:
             raise BadInput(
                 f"past length {max(self.pasts)} leaves no room for a decode step in the model's context of {n_positions}:"
@@ -117,10 +123,16 @@ class RunStats:
 
 def _percentiles(values_ms) -> dict:
     values = np.asarray(values_ms, dtype=np.float64)
-    return {"p50": float(np.median(values)), "p90": float(np.percentile(values, 90)), "p99": float(np.percentile(values, 99))}
+    return {
+        "p50": float(np.median(values)),
+        "p90": float(np.percentile(values, 90)),
+        "p99": float(np.percentile(values, 99)),
+    }
 
 
-def summarize_runs(engine: str, batch: int, prompt_len: int, runs: list[list[float]], peak: int, device_peak=None) -> RunStats:
+def summarize_runs(
+    engine: str, batch: int, prompt_len: int, runs: list[list[float]], peak: int, device_peak=None
+) -> RunStats:
     """``runs``: per repeat, the step times in seconds ([0] is the prompt step)."""
     prompt = [r[0] * 1e3 for r in runs]
     steps = np.array([r[1:] for r in runs]) * 1e3  # (repeat, decode steps)
@@ -170,7 +182,9 @@ def decode_step_at_past(decoder, batch: int, past: int, *, vocab_size: int, seed
     return time.perf_counter() - start
 
 
-def bench_loop(runner, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
+def bench_loop(
+    runner, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None
+) -> RunStats:
     """A runtime that owns its loop (genai): the rows one after the other, each step's time summed over rows.
     Peak memory is the worker's own where genai runs in one (it holds the model), else this process's."""
     ids = random_prompt(batch, config.prompt_len, vocab_size, config.seed)
@@ -197,10 +211,14 @@ def bench_loop(runner, config: BenchConfig, batch: int, *, vocab_size: int, prog
     return stats
 
 
-def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None) -> RunStats:
+def bench_onnx(
+    decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None
+) -> RunStats:
     """A stepper runtime (onnxruntime, OpenVINO): the batch at once through the decode loop."""
     if config.pasts and not hasattr(decoder, "past_of_length"):
-        raise BadInput(f"decode steps at a given past (--past) are timed on the onnxruntime runtime only, not {decoder.runtime}: drop --past")
+        raise BadInput(
+            f"decode steps at a given past (--past) are timed on the onnxruntime runtime only, not {decoder.runtime}: drop --past"
+        )
     if hasattr(decoder, "run_loop"):
         return bench_loop(decoder, config, batch, vocab_size=vocab_size, progress=progress)
     ids = random_prompt(batch, config.prompt_len, vocab_size, config.seed)
@@ -218,8 +236,10 @@ def bench_onnx(decoder, config: BenchConfig, batch: int, *, vocab_size: int, pro
         device_peak = max(0, (_device_used(decoder.device, decoder.device_id) or 0) - device_before)
     stats = summarize_runs(decoder.runtime, batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
     for past in config.pasts:
-        times = [decode_step_at_past(decoder, batch, past, vocab_size=vocab_size, seed=config.seed + i)
-                 for i in range(config.warmup + config.repeat)][config.warmup :]  # fmt: skip
+        times = [
+            decode_step_at_past(decoder, batch, past, vocab_size=vocab_size, seed=config.seed + i)
+            for i in range(config.warmup + config.repeat)
+        ][config.warmup :]
         stats.decode_ms_at_past.append((past, float(np.median(times)) * 1e3))
     return stats
 
@@ -271,7 +291,9 @@ def check_plot_path(path) -> None:
         raise BadInput(f"plot '{path}' must be a .png file: give a name ending in .png")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir() or not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise BadInput(f"plot '{path}' cannot be written (the folder does not exist or is not writable): choose another path")
+        raise BadInput(
+            f"plot '{path}' cannot be written (the folder does not exist or is not writable): choose another path"
+        )
     require_matplotlib()  # after the path: a bad path is bad input (exit 2) whether or not matplotlib is here
 
 
@@ -308,18 +330,23 @@ def bench_folder(
     import onnxruntime
 
     from gpt2onnx.artifact.folder import open_folder, versions
-    from gpt2onnx.runtime.base import RuntimeOptions, open_runtime
-    from gpt2onnx.runtime.providers import ProviderConfig
+    from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+    from gpt2onnx.runtimes.providers import ProviderConfig
 
     runtime = (runtime or RuntimeOptions(provider=provider or ProviderConfig())).check()
     model = open_folder(folder, verify_files=verify_files)
     config.check(model.n_positions)
     decoder = open_runtime(model, runtime)
     if hasattr(decoder, "check_memory"):
-        decoder.check_memory(max(config.batches), config.prompt_len, config.prompt_len + config.new_tokens, what="--batch")
+        decoder.check_memory(
+            max(config.batches), config.prompt_len, config.prompt_len + config.new_tokens, what="--batch"
+        )
     vocab = decoder.vocab_size or 50257
     try:
-        runs = [bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress).as_dict() for batch in config.batches]
+        runs = [
+            bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress).as_dict()
+            for batch in config.batches
+        ]
     finally:
         getattr(decoder, "close", lambda: None)()
     for run in runs:
