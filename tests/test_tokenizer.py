@@ -222,7 +222,7 @@ def test_generate_text_in_text_out_in_every_runtime(gpt2_deployed, reference_tex
     assert result.texts == [reference_text]
 
 
-def test_generate_prompt_on_a_standard_folder_prints_no_tokenizer_warning(trained_export, capfd):
+def test_generate_prompt_on_a_standard_folder_prints_no_tokenizer_warning(trained_checkpoint, trained_export, capfd):
     """tokenizer_config.json names GPT2Tokenizer and tokenizer.json is there, as in a folder that transformers
     saved: the prompt's text goes in, the continuation's text comes out, and transformers warns of nothing."""
     from transformers import GPT2LMHeadModel, GPT2TokenizerFast
@@ -232,7 +232,7 @@ def test_generate_prompt_on_a_standard_folder_prints_no_tokenizer_warning(traine
 
     prompt = "Return the"
     tokenizer = GPT2TokenizerFast.from_pretrained(trained_export)
-    model = GPT2LMHeadModel.from_pretrained(trained_export).eval()
+    model = GPT2LMHeadModel.from_pretrained(trained_checkpoint).eval()
     ids = torch.tensor([tokenizer.encode(prompt)])
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)

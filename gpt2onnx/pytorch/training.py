@@ -49,8 +49,17 @@ class Corpus:
     def train_text(self) -> str:
         return "\n\n".join(self.train.values())
 
-    def heldout_text(self) -> str:
-        return "\n\n".join(self.heldout.values())
+    def heldout_text(self, max_chars: int | None = None) -> str:
+        """The held-out documents joined by blank lines; ``max_chars``: only the first documents, up to the
+        one that reaches that length (a shorter text for quick evaluations)."""
+        if max_chars is None:
+            return "\n\n".join(self.heldout.values())
+        text = ""
+        for document in self.heldout.values():
+            if len(text) >= max_chars:
+                break
+            text += ("\n\n" if text else "") + document
+        return text
 
 
 def module_docstrings(path: Path) -> str | None:
