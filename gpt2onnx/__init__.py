@@ -4,10 +4,10 @@ The Python API does what the CLI does, one function per command::
 
     import gpt2onnx
     result = gpt2onnx.export("gpt2", "models/gpt2", random_init=True, options=gpt2onnx.ExportOptions(logits="last"))
-    print(gpt2onnx.inspect(result.folder)["manifest"]["check_summary"])
+    print(gpt2onnx.inspect(result.folder).manifest.check_summary)
     report = gpt2onnx.parity(result.folder, cases=20)          # a CheckReport
     text = gpt2onnx.generate(result.folder, ids=["464,3290"]).texts
-    figures = gpt2onnx.bench([result.folder], baseline="torch")
+    figures = gpt2onnx.bench([result.folder], baseline="torch")  # a BenchReport; .as_dict() is its JSON
 
 Errors are subclasses of :class:`Gpt2OnnxError` (:mod:`gpt2onnx.errors`). Importing the package is cheap:
 each name loads its module on first use, and nothing on the run path (inspect, generate, bench without a
@@ -28,6 +28,11 @@ _HOMES = {
     # their options and results
     "ExportOptions": ("gpt2onnx.exporters.export", "ExportOptions"),
     "ExportResult": ("gpt2onnx.exporters.export", "ExportResult"),
+    "OptimizeResult": ("gpt2onnx.exporters.optimize", "OptimizeResult"),
+    "DeployResult": ("gpt2onnx.deploy", "DeployResult"),
+    "ModelDescription": ("gpt2onnx.artifact.inspect", "ModelDescription"),
+    "BenchReport": ("gpt2onnx.verify.bench", "BenchReport"),
+    "Manifest": ("gpt2onnx.artifact.manifest", "Manifest"),
     "QuantizeOptions": ("gpt2onnx.passes.precision", "QuantizeOptions"),
     "ProviderConfig": ("gpt2onnx.runtimes.providers", "ProviderConfig"),
     "RuntimeOptions": ("gpt2onnx.runtimes.base", "RuntimeOptions"),

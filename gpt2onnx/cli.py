@@ -7,6 +7,7 @@ import inspect
 import json
 import logging
 import sys
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -21,6 +22,7 @@ from gpt2onnx import __version__
 from gpt2onnx.errors import Gpt2OnnxError
 
 if TYPE_CHECKING:
+    from gpt2onnx.artifact.report import CheckReport
     from gpt2onnx.runtimes.providers import ProviderConfig
 
 INTERNAL_ERROR = 70  # a bug of ours, not the user's: still one line, and the traceback with --verbose
@@ -29,8 +31,32 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+# --help at 80 columns: a short metavar per value type (typer shows "<list[str]>", "<int>"), none for flags
+_METAVARS = {int: "N", float: "X"}
+
+
+def _short_metavars(command) -> None:
+    for param in command.params:
+        if not isinstance(param, typer.core.TyperOption) or param.metavar is not None:
+            continue
+        descriptor = param.type_descriptor
+        if param.is_flag:
+            param.metavar = ""
+        elif descriptor.is_path:
+            param.metavar = "PATH"
+        else:
+            element = (typing.get_args(descriptor.annotation) or (descriptor.annotation,))[0]
+            param.metavar = _METAVARS.get(element, "TEXT")
+
+
 class OneLineErrors(typer.core.TyperGroup):
     """Every failure the user can cause ends as one line on stderr and a non-zero exit, never a traceback."""
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _short_metavars(command)
+        return command
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         try:
@@ -38,9 +64,10 @@ class OneLineErrors(typer.core.TyperGroup):
         except typer.TyperException as err:  # usage errors: bad option values, missing options
             if not standalone_mode:
                 raise
-            message = err.format_message() if hasattr(err, "format_message") else str(err)
-            err_console.print(f"error: {message} (see --help)", markup=False, highlight=False, soft_wrap=True)
-            sys.exit(getattr(err, "exit_code", 2))
+            err_console.print(
+                f"error: {err.format_message()} (see --help)", markup=False, highlight=False, soft_wrap=True
+            )
+            sys.exit(err.exit_code)
         except typer.Abort:
             err_console.print("aborted", markup=False)
             sys.exit(1)
@@ -274,40 +301,30 @@ def export(
             model, out, random_init=random_init, seed=seed, revision=revision, outliers=outliers, options=options
         )
     manifest = result.manifest
-    table = Table(title=f"{manifest['name']} → {result.folder}", show_header=False)
-    table.add_row("kind", manifest["kind"] + (f" {options.block}" if options.block is not None else ""))
-    table.add_row("opset", str(manifest["opset"]))
-    for name, info in manifest["files"].items():
-        table.add_row(name, _size(info["bytes"]))
-    if manifest.get("fusion"):
-        table.add_row("fusion", _fusion_summary(manifest["fusion"]))
-    if manifest.get("quantization"):
-        q = manifest["quantization"]
-        table.add_row("quantization", q["method"] + (f", block {q['block_size']}" if q.get("block_size") else ""))
-    if manifest.get("fp16"):
-        kept = manifest["fp16"]["kept_fp32"]
-        table.add_row("precision", f"float16; fp32 kept for {', '.join(kept) or 'nothing'}")
+    table = Table(title=f"{manifest.name} → {result.folder}", show_header=False)
+    table.add_row("kind", manifest.kind + (f" {options.block}" if options.block is not None else ""))
+    table.add_row("opset", str(manifest.opset))
+    for name, info in manifest.files.items():
+        table.add_row(name, _size(info.bytes))
+    if manifest.fusion:
+        table.add_row("fusion", manifest.fusion.summary())
+    if manifest.quantization:
+        table.add_row("quantization", manifest.quantization.summary())
+    if manifest.fp16:
+        table.add_row("precision", f"float16; fp32 kept for {', '.join(manifest.fp16.kept_fp32) or 'nothing'}")
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
     console.print(table)
-    _print_check(manifest["parity"])
+    _print_check(result.check)
 
 
-def _print_check(parity: dict | None) -> None:
+def _print_check(report: CheckReport | None) -> None:
     """The check a folder passed before it was written, on one line of its own (never cut by a table)."""
-    from gpt2onnx.artifact.report import CheckReport
-
-    report = CheckReport.from_dict(parity)
     console.print(
         "check: " + (report.summary() if report else "skipped (--no-validate)"),
         markup=False,
         highlight=False,
         soft_wrap=True,
     )
-
-
-def _fusion_summary(report: dict) -> str:
-    counts = ", ".join(f"{n} {op.split('::')[-1]}" for op, n in report["op_counts"].items()) or "nothing fused"
-    return f"{report['profile']}: {counts}" + (" (PARTIAL)" if report.get("partial") else "")
 
 
 @app.command()
@@ -333,7 +350,7 @@ def optimize(
     from gpt2onnx.passes.precision import QuantizeOptions
 
     with err_console.status(f"optimizing {source}…"):
-        manifest = run_optimize(
+        result = run_optimize(
             source,
             out,
             fusion=fusion,
@@ -345,16 +362,18 @@ def optimize(
             gates=precision.gates,
             keep_fp32=precision.keep_fp32,
         )
+    manifest = result.manifest
     table = Table(title=f"{source} → {out}", show_header=False)
-    table.add_row("fusion", _fusion_summary(manifest["fusion"]))
-    for check, g in manifest["fusion"]["golden"].items():
-        table.add_row(f"  {check}", f"{g['found']} of {g['expected']} ({', '.join(g['ops'])})")
-    for name, info in manifest["files"].items():
-        table.add_row(name, _size(info["bytes"]))
-    if manifest.get("quantization"):
-        table.add_row("quantization", ", ".join(f"{n} {op}" for op, n in manifest["quantization"]["ops"].items()))
+    if manifest.fusion:
+        table.add_row("fusion", manifest.fusion.summary())
+        for check, g in manifest.fusion.golden.items():
+            table.add_row(f"  {check}", f"{g.found} of {g.expected} ({', '.join(g.ops)})")
+    for name, info in manifest.files.items():
+        table.add_row(name, _size(info.bytes))
+    if manifest.quantization:
+        table.add_row("quantization", ", ".join(f"{n} {op}" for op, n in manifest.quantization.ops.items()))
     console.print(table)
-    _print_check(manifest["parity"])
+    _print_check(result.check)
 
 
 @app.command()
@@ -382,7 +401,7 @@ def deploy(
     """Make an exported folder ready for onnxruntime-genai, transformers.js and Triton (the plain folder keeps working)."""
     from gpt2onnx.deploy import deploy as run_deploy
 
-    manifest = run_deploy(
+    result = run_deploy(
         folder,
         target,
         out=out,
@@ -391,8 +410,8 @@ def deploy(
         triton_device=triton_device.lower(),
         verify_files=verify_files,
     )
-    table = Table(title=f"{folder} → {out or folder} ({manifest['deploy']['precision']})", show_header=False)
-    for name, files in manifest["deploy"]["targets"].items():
+    table = Table(title=f"{folder} → {result.folder} ({result.record.precision})", show_header=False)
+    for name, files in result.targets.items():
         table.add_row(name, ", ".join(files))
     console.print(table)
 
@@ -408,39 +427,39 @@ def inspect_command(
 
     info = inspect_model(path, verify_files=verify_files)
     if as_json:
-        console.print_json(json.dumps(info))
+        console.print_json(json.dumps(info.as_dict()))
         return
-    console.print(f"[bold]{info['path']}[/]  IR {info['ir_version']}, {info['producer'] or 'unknown producer'}")
-    console.print("opsets: " + ", ".join(f"{d} {v}" for d, v in info["opset_imports"].items()))
+    console.print(f"[bold]{escape(info.path)}[/]  IR {info.ir_version}, {info.producer or 'unknown producer'}")
+    console.print("opsets: " + ", ".join(f"{d} {v}" for d, v in info.opset_imports.items()))
     io = Table(title="inputs and outputs")
     for col in ("", "name", "dtype", "dims"):
         io.add_column(col)
-    for kind in ("inputs", "outputs"):
-        for t in info[kind]:
-            io.add_row(kind[:-1], t["name"], t["dtype"], escape("[" + ", ".join(map(str, t["dims"])) + "]"))
+    for kind, tensors in (("input", info.inputs), ("output", info.outputs)):
+        for t in tensors:
+            io.add_row(kind, t.name, t.dtype, escape("[" + ", ".join(map(str, t.dims)) + "]"))
     console.print(io)
-    ops = Table(title=f"ops ({info['node_count']} nodes)")
+    ops = Table(title=f"ops ({info.node_count} nodes)")
     for col in ("domain", "op", "count"):
         ops.add_column(col, justify="right" if col == "count" else "left")
-    for row in info["op_histogram"]:
-        ops.add_row(row["domain"], row["op_type"], str(row["count"]))
+    for row in info.op_histogram:
+        ops.add_row(row.domain, row.op_type, str(row.count))
     console.print(ops)
-    params = info["parameters"]
+    params = info.parameters
     acc = Table(title="parameters")
     for col in ("component", "per instance", "instances", "total"):
         acc.add_column(col, justify="left" if col == "component" else "right")
-    for c in params["components"]:
-        acc.add_row(c["component"], f"{c['params_per_instance']:,}", str(c["instances"]), f"{c['total']:,}")
-    for u in params["unnamed"]:
-        acc.add_row(f"{u['name']} (unnamed)", f"{u['params']:,}", "1", f"{u['params']:,}")
-    acc.add_row("[bold]total[/]", "", "", f"[bold]{params['total']:,}[/]")
+    for c in params.components:
+        acc.add_row(c.component, f"{c.params_per_instance:,}", str(c.instances), f"{c.total:,}")
+    for u in params.unnamed:
+        acc.add_row(f"{u.name} (unnamed)", f"{u.params:,}", "1", f"{u.params:,}")
+    acc.add_row("[bold]total[/]", "", "", f"[bold]{params.total:,}[/]")
     console.print(acc)
-    console.print("files: " + ", ".join(f"{name} {_size(size)}" for name, size in info["files"].items()))
-    if info["manifest"] and info["manifest"].get("fusion"):
-        console.print("fusion: " + _fusion_summary(info["manifest"]["fusion"]))
-    if info["manifest"]:
+    console.print("files: " + ", ".join(f"{name} {_size(size)}" for name, size in info.files.items()))
+    if info.manifest and info.manifest.fusion:
+        console.print("fusion: " + info.manifest.fusion.summary())
+    if info.manifest:
         console.print(
-            "checked at export: " + info["manifest"]["check_summary"], markup=False, highlight=False, soft_wrap=True
+            "checked at export: " + info.manifest.check_summary, markup=False, highlight=False, soft_wrap=True
         )
 
 
@@ -508,7 +527,7 @@ def _make_run_options(values: dict) -> RunOptions:
         trt_cache_dir=str(values["trt_cache_dir"]) if values["trt_cache_dir"] else None,
         max_batch=values["max_batch"],
         allow_fallback=values["allow_fallback"],
-    ).check()
+    )
     return RunOptions(provider, values["device"], values["ov_precision"], values["verify_files"])
 
 
@@ -520,7 +539,7 @@ def _runtime(name: str, options: RunOptions):
 
     return RuntimeOptions(
         name=name, provider=options.provider, device=options.device, ov_precision=options.ov_precision
-    ).check()
+    )
 
 
 @app.command()
@@ -711,7 +730,7 @@ def bench(
             name=name,
             provider=config if name == "onnxruntime" else ProviderConfig(threads=config.threads),
             **({"device": options.device, "ov_precision": options.ov_precision} if name == "openvino" else {}),
-        ).check()
+        )
         for name in names
     ]
     bench_config = BenchConfig(
@@ -721,7 +740,7 @@ def bench(
         warmup=warmup,
         repeat=repeat,
         pasts=parse_batches(past, what="past lengths (--past)") if past else (),
-    ).check()
+    )
     engines = len(folders) * len(runtimes) + (1 if baseline == "torch" else 0)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
@@ -736,42 +755,41 @@ def bench(
             verify_files=options.verify_files,
             progress=lambda: progress.advance(task),
         )
-    models = result["models"]
-    where = ", ".join(f"{m['runtime']}/{m['provider']}" for m in models[: len(runtimes)])
+    models = result.models
+    where = ", ".join(f"{m.runtime}/{m.provider}" for m in models[: len(runtimes)])
     table = Table(title=f"on {where}: prompt {prompt_len}, {new_tokens} new tokens, ms, median of {repeat}")
     for col in ("model", "batch", "TTFT ms", "decode p50", "p90", "p99", "+/100 past", "tok/s", "RAM MB"):
         table.add_column(col, justify="left" if col == "model" else "right")
-    for run in result["runs"]:
+    for run in result.runs:
+        decode = run.decode_ms
         table.add_row(
-            run["label"],
-            str(run["batch"]),
-            f"{run['prompt_ms']['p50']:.1f}",
-            f"{run['decode_ms']['p50']:.2f}",
-            f"{run['decode_ms']['p90']:.2f}",
-            f"{run['decode_ms']['p99']:.2f}",
-            f"{run['decode_growth_ms_per_100_past']:.2f}",
-            f"{run['tokens_per_s']:.0f}",
-            f"{run['peak_host_bytes'] / 1e6:.0f}",
+            run.label,
+            str(run.batch),
+            f"{run.prompt_ms.p50:.1f}",
+            *((f"{decode.p50:.2f}", f"{decode.p90:.2f}", f"{decode.p99:.2f}") if decode else ("-", "-", "-")),
+            f"{run.decode_growth_ms_per_100_past:.2f}",
+            f"{run.tokens_per_s:.0f}",
+            f"{run.peak_host_bytes / 1e6:.0f}",
         )
     console.print(table)
     if bench_config.pasts:
         by_past = Table(title=f"decode step (ms, median of {repeat}) at past length")
         for col in ("model", "batch", *map(str, bench_config.pasts)):
             by_past.add_column(col, justify="left" if col == "model" else "right")
-        for run in result["runs"]:
-            if run.get("decode_ms_at_past"):
-                by_past.add_row(run["label"], str(run["batch"]), *(f"{ms:.2f}" for _, ms in run["decode_ms_at_past"]))
+        for run in result.runs:
+            if run.decode_ms_at_past:
+                by_past.add_row(run.label, str(run.batch), *(f"{ms:.2f}" for _, ms in run.decode_ms_at_past))
         console.print(by_past)
     for folder, model in zip(folders, models[:: len(runtimes)]):
-        console.print(f"{folder.name}: {model['precision']}, {_size(model['model_bytes'])}", highlight=False)
-    for run in result["runs"]:
-        for label, s in run["extra"].get("speedup_by_label", {}).items():
+        console.print(f"{folder.name}: {model.precision}, {_size(model.model_bytes)}", highlight=False)
+    for run in result.runs:
+        for label, s in run.speedup_by_label.items():
             console.print(
-                f"batch {run['batch']}: {label} vs torch eager: first token ×{s['prompt']:.2f}, decode step"
-                f" ×{s['decode']:.2f}, tokens/s ×{s['tokens_per_s']:.2f}",
+                f"batch {run.batch}: {label} vs torch eager: first token ×{s.prompt:.2f}, decode step"
+                f" ×{s.decode:.2f}, tokens/s ×{s.tokens_per_s:.2f}",
                 highlight=False,
             )
-        if "note" in run["extra"]:
-            console.print(f"batch {run['batch']}: {run['extra']['note']}", highlight=False)
+        if run.note:
+            console.print(f"batch {run.batch}: {run.note}", highlight=False)
     if plot:
         console.print(f"plot written to {plot}")

@@ -17,20 +17,16 @@ not named again are dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gpt2onnx.artifact.folder import (
-    CONFIG_FILE,
-    MANIFEST_NAME,
-    model_files,
-    open_folder,
-    staged_folder,
-    write_manifest,
-)
+from gpt2onnx.artifact.folder import CONFIG_FILE, MANIFEST_NAME, open_folder, staged_folder, write_manifest
+from gpt2onnx.artifact.manifest import DeployRecord, Manifest, TritonRecord
 from gpt2onnx.deploy import genai, transformers_js, triton
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
@@ -40,6 +36,22 @@ log = logging.getLogger(__name__)
 TARGETS = ("genai", "transformers-js", "triton")
 # what a target adds to the folder: dropped when the folder is deployed again
 _TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER)
+
+
+@dataclass
+class DeployResult:
+    """What :func:`deploy` returns: the folder written, its manifest, and per target the files it added."""
+
+    folder: Path
+    manifest: Manifest
+
+    @property
+    def record(self) -> DeployRecord:
+        return self.manifest.deploy
+
+    @property
+    def targets(self) -> dict[str, list[str]]:
+        return self.manifest.deploy.targets
 
 
 def parse_targets(value: str | list[str]) -> list[str]:
@@ -64,9 +76,9 @@ def deploy(
     triton_name: str | None = None,
     triton_device: str = "cpu",
     verify_files: bool = True,
-) -> dict:
+) -> DeployResult:
     """Write the deployment ``targets`` for the exported decoder ``folder``, in place or into ``out``.
-    Returns the new manifest; its "deploy" entry lists the targets and their files."""
+    Returns the folder and its new manifest, whose ``deploy`` record lists the targets and their files."""
     targets = parse_targets(targets)
     if triton_device not in triton.KINDS:
         raise BadInput(f"unknown Triton instance kind '{triton_device}': choose cpu or gpu")
@@ -84,7 +96,7 @@ def deploy(
         target.resolve().is_relative_to(source.resolve()) or source.resolve().is_relative_to(target.resolve())
     ):
         raise BadInput(f"output folder '{target}' is inside '{source}' or holds it: choose a folder beside it")
-    big = set(model_files(opened.manifest))
+    big = set(opened.manifest.model_files)
     with staged_folder(target, force=force or in_place, protect=() if in_place else (source,)) as staging:
         for path in sorted(source.iterdir()):
             if path.name == MANIFEST_NAME or path.name in _TARGET_PATHS or not path.is_file() or path.is_symlink():
@@ -102,20 +114,20 @@ def deploy(
             written["transformers-js"] = transformers_js.write_transformers_js(staging, staging, opened.precision)
         if "triton" in targets:
             written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
-        manifest = {k: v for k, v in opened.manifest.items() if k not in ("files", "versions", "created", "deploy")}
-        manifest["deploy"] = {
-            "targets": written,
-            "source": str(source),
-            "precision": opened.precision,
+        record = DeployRecord(
+            targets=written,
+            source=str(source),
+            precision=opened.precision,
             # write_manifest records the versions and date of this run; keep those of the export
-            "source_versions": opened.manifest.get("versions"),
-            "source_created": opened.manifest.get("created"),
-            **({"triton": {"name": name, "instance_kind": triton.KINDS[triton_device]}} if "triton" in targets else {}),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
+            source_versions=opened.manifest.versions,
+            source_created=opened.manifest.created,
+            triton=TritonRecord(name, triton.KINDS[triton_device]) if "triton" in targets else None,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        manifest = dataclasses.replace(opened.manifest, deploy=record)
         log.info("deployed %s to %s: %s", source, target, ", ".join(targets))
         manifest = write_manifest(staging, manifest)
-    return manifest
+    return DeployResult(target, manifest)
 
 
 def _drop_transformers_js_config(staging: Path) -> None:

@@ -22,6 +22,7 @@ from gpt2onnx.artifact.folder import (
     write_manifest,
 )
 from gpt2onnx.artifact.graph import graph_summary, save_onnx
+from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
@@ -53,6 +54,9 @@ class ExportOptions:
     block_size: int = 32  # int4: weights per scale
     gates: dict | None = None  # overrides of the precision's default gates (gpt2onnx.verify.gates.TOLERANCES)
     keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
+
+    def __post_init__(self) -> None:
+        self.check()  # an invalid one cannot be built
 
     def passes(self) -> GraphPasses:
         return GraphPasses(
@@ -101,13 +105,13 @@ class ExportResult:
     """What :func:`export` returns: the folder written, its manifest, the check it passed, timings in seconds."""
 
     folder: Path
-    manifest: dict
+    manifest: Manifest
     check: CheckReport | None = None  # None with validate=False
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def model_bytes(self) -> int:
-        return sum(f["bytes"] for name, f in self.manifest["files"].items() if name.startswith(MODEL_FILE))
+        return self.manifest.model_bytes
 
 
 def default_output(ckpt_name: str, options: ExportOptions) -> Path:
@@ -189,19 +193,21 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
     log.info("exporting %s (%s, opset %d)", ckpt.name, kind, options.opset)
     proto = export_module(module, io, spec, opset=options.opset, head_weight=head)
     timings["export_seconds"] = time.perf_counter() - start
-    proto, reports = passes.apply(proto, timings)
+    passed = passes.apply(proto, timings)
+    proto = passed.model
     if dtype == "float16":
         logits_dtype = "float32" if "logits" in parse_keep_fp32(options.keep_fp32) else "float16"
         io = decoder_io(spec, last_logits_only=options.logits == "last", dtype=dtype, logits_dtype=logits_dtype)
-    if reports["kv_cache"] == "shared":
+    if passed.kv_cache == "shared":
         io = shared_cache_io(io)
-    if dtype == "float16" or reports["kv_cache"] == "shared":
+    if dtype == "float16" or passed.kv_cache == "shared":
         check_graph_io(proto, io)
     start = time.perf_counter()
     model_files = save_onnx(proto, folder / MODEL_FILE, external_data=options.external_data)
     timings["save_seconds"] = time.perf_counter() - start
     graph_facts = graph_summary(proto)
     del proto
+    passed.model = None  # free the graph before validation; the pass records stay
 
     check = None
     if options.validate:
@@ -218,19 +224,22 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         if not check.passed:
             raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
     _write_companions(folder, ckpt)
-    manifest = {
-        "kind": kind,
-        "name": ckpt.name,
-        "source": ckpt.source,
-        "architecture": spec.as_dict(),
-        "dtype": dtype,
-        "io": io.as_dict(),
+    manifest = Manifest(
+        kind=kind,
+        name=ckpt.name,
+        source=ckpt.source,
+        architecture=spec.as_dict(),
+        dtype=dtype,
+        io=io,
         **graph_facts,
-        "options": {**asdict(options), "external_data": len(model_files) > 1},
-        **reports,
-        "parity": check.as_dict() if check else None,
-        "timings": timings,
-    }
+        options={**asdict(options), "external_data": len(model_files) > 1},
+        fusion=passed.fusion,
+        fp16=passed.fp16,
+        quantization=passed.quantization,
+        kv_cache=passed.kv_cache,
+        check=check,
+        timings=timings,
+    )
     return write_manifest(folder, manifest), check
 
 
