@@ -35,8 +35,13 @@ err_console = Console(stderr=True)
 _METAVARS = {int: "N", float: "X"}
 
 
-def _short_metavars(command) -> None:
+def _short_metavars(command, ctx) -> None:
+    help_option = command.get_help_option(ctx)
+    if help_option is not None and help_option.metavar is None:
+        help_option.metavar = ""
     for param in command.params:
+        if isinstance(param, typer.core.TyperArgument) and param.type_descriptor.is_list:
+            param.display_type_rich = lambda ctx: "PATH..."  # typer shows "<list[Path]>" and ignores metavar
         if not isinstance(param, typer.core.TyperOption) or param.metavar is not None:
             continue
         descriptor = param.type_descriptor
@@ -52,10 +57,14 @@ def _short_metavars(command) -> None:
 class OneLineErrors(typer.core.TyperGroup):
     """Every failure the user can cause ends as one line on stderr and a non-zero exit, never a traceback."""
 
+    def format_help(self, ctx, formatter):
+        _short_metavars(self, ctx)
+        return super().format_help(ctx, formatter)
+
     def get_command(self, ctx, cmd_name):
         command = super().get_command(ctx, cmd_name)
         if command is not None:
-            _short_metavars(command)
+            _short_metavars(command, ctx)
         return command
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
@@ -111,24 +120,25 @@ app = typer.Typer(
 )
 
 
-QuantizeOpt = Annotated[str, typer.Option("--quantize", help="Weights: none, int8 (dynamic) or int4 (block-wise).")]
-BlockSizeOpt = Annotated[int, typer.Option(help="int4: weights per scale (16, 32, 64, 128 or 256).")]
+QuantizeOpt = Annotated[str, typer.Option("--quantize", help="Weights: none, int8 or int4.")]
+BlockSizeOpt = Annotated[int, typer.Option(help="int4: weights per scale, 16 to 256.")]
 KeepFp32Opt = Annotated[
     str,
     typer.Option(
         "--keep-fp32",
-        help="fp16: what stays fp32, a comma-separated subset of layernorm (its statistics), softmax and logits"
-        " (the output), or 'none'.",
+        metavar="LIST",
+        show_default=False,
+        help="fp16: kept fp32, of layernorm, softmax, logits \\[default: all]; or none.",
     ),
 ]
 GateOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--gate", help="Override a default gate, e.g. kl_mean=0.02, top5=0.9, top1=0.99 (repeatable)."),
+    typer.Option("--gate", metavar="NAME=X", help="Override a gate, e.g. kl_mean=0.02 (repeatable)."),
 ]
 
 VerifyFilesOpt = Annotated[
     bool,
-    typer.Option("--verify-files/--no-verify-files", help="Check the model files against the manifest's sha256 first."),
+    typer.Option("--verify-files/--no-verify-files", help="Check the model files' sha256 first."),
 ]
 
 
@@ -232,50 +242,38 @@ def export(
         typer.Option(
             "--model",
             "-m",
-            help="Local Hugging Face folder, Hub id, or (with --random-init) architecture name or config.json.",
+            help="Folder, Hub id, or a preset name.",
         ),
     ],
-    out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Output folder \\[default: models/<name>].")
-    ] = None,
-    random_init: Annotated[
-        bool, typer.Option("--random-init", help="Seeded random weights for a named architecture or a config.json.")
-    ] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder \\[default: models/NAME].")] = None,
+    random_init: Annotated[bool, typer.Option("--random-init", help="Seeded random weights, no download.")] = False,
     seed: Annotated[int, typer.Option(help="Seed for --random-init.")] = 0,
     outliers: Annotated[
         float,
-        typer.Option(
-            help="With --random-init: trained GPT-2's massive activations, ±this value in two residual-stream"
-            " channels of every sequence's first token (GPT-2 small: about 3000); tests fp16 on realistic"
-            " activations. 0 = none."
-        ),
+        typer.Option(help="--random-init: outliers of this size (GPT-2: 3000)."),
     ] = 0.0,
-    revision: Annotated[Optional[str], typer.Option(help="Hub revision (branch, tag or commit).")] = None,
+    revision: Annotated[Optional[str], typer.Option(help="Hub branch, tag or commit.")] = None,
     opset: Annotated[Optional[int], typer.Option(help="ONNX opset, 14 to 20 \\[default: 17].")] = None,
-    logits: Annotated[str, typer.Option(help="'all' positions, or 'last' only (\\[batch, 1, vocab]).")] = "all",
-    block: Annotated[Optional[int], typer.Option(help="Export transformer block I alone.")] = None,
+    logits: Annotated[str, typer.Option(help="'all' positions or the 'last'.")] = "all",
+    block: Annotated[Optional[int], typer.Option(help="Export transformer block N alone.")] = None,
     external_data: Annotated[
         Optional[bool],
         typer.Option(
             "--external-data/--no-external-data",
-            help="Weights in model.onnx_data \\[default: only past protobuf's 2 GB limit].",
+            help="Weights in model.onnx_data \\[default: past 2 GB].",
             show_default=False,
         ),
     ] = None,
     validate: Annotated[bool, typer.Option(help="Check against PyTorch before writing.")] = True,
-    tolerance: Annotated[
-        Optional[float], typer.Option(help="Max |Δlogits| accepted \\[default: 1e-4 for fp32].")
-    ] = None,
+    tolerance: Annotated[Optional[float], typer.Option(help="fp32: max |Δlogits| \\[default: 1e-4].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
-    fusion: Annotated[
-        str, typer.Option(help="Fusion profile: none, ort, ort-shared-kv (cpu only), portable or tensorrt.")
-    ] = "none",
+    fusion: Annotated[str, typer.Option(help="none, ort, ort-shared-kv, portable, tensorrt.")] = "none",
     allow_partial_fusion: Annotated[
-        bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
+        bool, typer.Option("--allow-partial-fusion", help="Keep a graph short of its golden counts.")
     ] = False,
     precision: PrecisionChoice = None,
 ) -> None:
-    """Export a GPT-2 checkpoint to an ONNX decoder with past key/values, validated against PyTorch."""
+    """Export a checkpoint to an ONNX decoder with past key/values, checked against PyTorch."""
     from gpt2onnx.exporters.export import ExportOptions
     from gpt2onnx.exporters.export import export as run_export
     from gpt2onnx.exporters.torch_export import DEFAULT_OPSET
@@ -334,18 +332,16 @@ def optimize(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
     fusion: Annotated[
         str,
-        typer.Option(
-            help="Fusion profile: ort, ort-shared-kv (cpu only), portable or tensorrt ('none': precision only)."
-        ),
+        typer.Option(help="ort, ort-shared-kv, portable, tensorrt, or none."),
     ] = "ort",
     allow_partial_fusion: Annotated[
-        bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
+        bool, typer.Option("--allow-partial-fusion", help="Keep a graph short of its golden counts.")
     ] = False,
-    validate: Annotated[bool, typer.Option(help="Check the fused graph against its source before writing.")] = True,
+    validate: Annotated[bool, typer.Option(help="Check against the source before writing.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
     precision: PrecisionChoice = None,
 ) -> None:
-    """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and reduce its precision)."""
+    """Fuse LayerNorm, GELU and attention in an exported decoder, or reduce its precision."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
     from gpt2onnx.passes.precision import QuantizeOptions
 
@@ -378,27 +374,21 @@ def optimize(
 
 @app.command()
 def deploy(
-    folder: Annotated[
-        Path, typer.Argument(help="Exported decoder folder (gpt2onnx export or optimize, any precision).")
-    ],
+    folder: Annotated[Path, typer.Argument(help="Exported decoder folder.")],
     target: Annotated[
         str,
-        typer.Option("--target", "-t", help="Comma-separated: genai, transformers-js, triton (see README 'Deploy')."),
+        typer.Option("--target", "-t", metavar="LIST", help="genai, transformers-js, triton (comma-separated)."),
     ],
     out: Annotated[
         Optional[Path],
-        typer.Option("--out", "-o", help="Write a new folder here \\[default: add the targets to FOLDER itself]."),
+        typer.Option("--out", "-o", help="A new folder \\[default: FOLDER itself]."),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out folder.")] = False,
-    triton_name: Annotated[
-        Optional[str], typer.Option(help="Triton model name \\[default: the name of the folder written].")
-    ] = None,
-    triton_device: Annotated[
-        str, typer.Option(help="Triton instance group: cpu (KIND_CPU) or gpu (KIND_GPU).")
-    ] = "cpu",
+    triton_name: Annotated[Optional[str], typer.Option(help="Triton model name \\[default: the folder's].")] = None,
+    triton_device: Annotated[str, typer.Option(help="Triton instances: cpu or gpu.")] = "cpu",
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Make an exported folder ready for onnxruntime-genai, transformers.js and Triton (the plain folder keeps working)."""
+    """Make an exported folder ready for onnxruntime-genai, transformers.js and Triton."""
     from gpt2onnx.deploy import deploy as run_deploy
 
     result = run_deploy(
@@ -422,7 +412,7 @@ def inspect_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON.")] = False,
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Show inputs, outputs, opsets, op histogram, file sizes, parameter accounting and the export's checks."""
+    """Show IO, opsets, ops, file sizes, parameters and the export's checks."""
     from gpt2onnx.artifact.inspect import inspect_model
 
     info = inspect_model(path, verify_files=verify_files)
@@ -466,26 +456,20 @@ def inspect_command(
 # -- running: options shared by generate, parity and bench --------------------------------------------------
 FolderArg = Annotated[Path, typer.Argument(help="Exported model folder.", show_default=True)]
 RuntimeOpt = Annotated[str, typer.Option("--runtime", "-r", help="onnxruntime, genai or openvino.")]
-OvDeviceOpt = Annotated[
-    str, typer.Option("--device", help="openvino: the device (CPU, GPU, … as OpenVINO lists them).")
-]
+OvDeviceOpt = Annotated[str, typer.Option("--device", help="openvino: CPU, GPU, …")]
 OvPrecisionOpt = Annotated[
     str,
-    typer.Option("--ov-precision", help="openvino: inference precision f32, bf16 or fp16 (INFERENCE_PRECISION_HINT)."),
+    typer.Option("--ov-precision", help="openvino: f32, bf16 or fp16."),
 ]
 ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="cpu, cuda or tensorrt.")]
-ThreadsOpt = Annotated[Optional[int], typer.Option(help="cpu: intra-op threads \\[default: all cores].")]
+ThreadsOpt = Annotated[Optional[int], typer.Option(help="cpu: threads \\[default: all cores].")]
 SpinOpt = Annotated[bool, typer.Option("--spin/--no-spin", help="cpu: let idle threads spin.")]
 DeviceOpt = Annotated[int, typer.Option(help="cuda/tensorrt: GPU index.")]
 TrtFp16Opt = Annotated[bool, typer.Option("--trt-fp16", help="tensorrt: allow fp16 kernels.")]
-TrtCacheOpt = Annotated[
-    Optional[Path], typer.Option(help="tensorrt: engine and timing cache folder \\[default: DIR/trt_cache].")
-]
-MaxBatchOpt = Annotated[int, typer.Option(help="tensorrt: largest batch of the optimization profile.")]
-FallbackOpt = Annotated[bool, typer.Option("--allow-fallback", help="Run anyway if the provider cannot load.")]
-ReferenceOpt = Annotated[
-    Optional[str], typer.Option(help="Reference checkpoint (folder or Hub id) \\[default: the manifest's source].")
-]
+TrtCacheOpt = Annotated[Optional[Path], typer.Option(help="tensorrt: cache \\[default: DIR/trt_cache].")]
+MaxBatchOpt = Annotated[int, typer.Option(help="tensorrt: largest batch.")]
+FallbackOpt = Annotated[bool, typer.Option("--allow-fallback", help="Run on if the provider fails.")]
+ReferenceOpt = Annotated[Optional[str], typer.Option(help="Reference \\[default: the manifest's source].")]
 
 
 @dataclass(frozen=True)
@@ -546,15 +530,15 @@ def _runtime(name: str, options: RunOptions):
 @run_options
 def generate(
     folder: FolderArg = Path("models/gpt2"),
-    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Prompt text (repeat for a batch).")] = None,
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Prompt text (repeat: a batch).")] = None,
     ids: Annotated[
-        Optional[list[str]], typer.Option("--ids", help="Prompt token ids, e.g. 1,2,3 (repeat for a batch).")
+        Optional[list[str]], typer.Option("--ids", metavar="IDS", help="Token ids, e.g. 1,2,3 (repeatable).")
     ] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 32,
-    sample: Annotated[bool, typer.Option("--sample", help="Sample instead of greedy decoding.")] = False,
+    sample: Annotated[bool, typer.Option("--sample", help="Sample instead of greedy.")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
-    top_k: Annotated[int, typer.Option(help="Sample from the k most likely tokens (0: all).")] = 0,
-    top_p: Annotated[float, typer.Option(help="Sample from the smallest set with this probability mass.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Sample from the top k (0: all).")] = 0,
+    top_p: Annotated[float, typer.Option(help="Sample from the top-p mass.")] = 1.0,
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
     runtime: RuntimeOpt = "onnxruntime",
     options: RunOptions = None,
@@ -591,7 +575,7 @@ def parity(
     folder: FolderArg = Path("models/gpt2"),
     cases: Annotated[int, typer.Option(help="Randomized cases.")] = 20,
     seed: Annotated[int, typer.Option(help="Seed of the cases.")] = 0,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure here.")] = None,
     reference: ReferenceOpt = None,
     gate: GateOpt = None,
     runtime: RuntimeOpt = "onnxruntime",
@@ -599,13 +583,12 @@ def parity(
         bool,
         typer.Option(
             "--emulate-fp16",
-            help="fp16 models on the cpu provider: round every fp16 tensor as a GPU stores it (the CPU computes"
-            " most fp16 nodes in fp32, which hides overflow).",
+            help="fp16 on cpu: round tensors as a GPU stores them.",
         ),
     ] = False,
     options: RunOptions = None,
 ) -> None:
-    """Check an exported model against PyTorch on randomized cases; exit 1 if a gate fails."""
+    """Check an exported model against PyTorch; exit 1 if a gate fails."""
     from rich.progress import Progress
 
     from gpt2onnx.files import write_json_atomic
@@ -683,32 +666,31 @@ def parity(
 def bench(
     folders: Annotated[
         Optional[list[Path]],
-        typer.Argument(help="Exported folders; several are measured side by side \\[default: models/gpt2]."),
+        typer.Argument(help="Folders, side by side \\[default: models/gpt2]."),
     ] = None,
-    batch: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1,8",
+    batch: Annotated[str, typer.Option(metavar="LIST", help="Batch sizes, comma-separated.")] = "1,8",
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens per row.")] = 128,
-    new_tokens: Annotated[int, typer.Option(help="Tokens generated per run (the prompt step gives the first).")] = 64,
+    new_tokens: Annotated[int, typer.Option(help="Tokens per run, the first included.")] = 64,
     past: Annotated[
         Optional[str],
         typer.Option(
-            help="Also time a decode step at these past lengths, comma-separated (up to the context; zero-filled cache, no prompt run)."
+            metavar="LIST",
+            help="Also time one step at these past lengths.",
         ),
     ] = None,
     warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 2,
     repeat: Annotated[int, typer.Option(help="Timed runs.")] = 5,
-    baseline: Annotated[Optional[str], typer.Option(help="'torch': the same workload on PyTorch eager.")] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Draw decode latency against past length (PNG).")] = None,
+    baseline: Annotated[Optional[str], typer.Option(help="'torch': PyTorch eager too.")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG: decode latency by past.")] = None,
     reference: ReferenceOpt = None,
     runtime: Annotated[
         str,
-        typer.Option(
-            "--runtime", "-r", help="onnxruntime, genai, openvino; several comma-separated, measured side by side."
-        ),
+        typer.Option("--runtime", "-r", metavar="LIST", help="onnxruntime, genai, openvino (comma-separated)."),
     ] = "onnxruntime",
     options: RunOptions = None,
 ) -> None:
-    """Measure time to first token, decode latency, tokens/s, memory and file size (medians of repeated runs)."""
+    """Measure first-token and decode latency, tokens/s and memory (medians)."""
     from rich.progress import Progress
 
     from gpt2onnx.errors import BadInput
