@@ -14,6 +14,9 @@ each name loads its module on first use, and nothing on the run path (inspect, g
 torch baseline) imports torch.
 """
 
+import sys
+import types
+
 __version__ = "0.1.0"
 
 _HOMES = {
@@ -67,3 +70,20 @@ def __getattr__(name):  # lazy: `gpt2onnx --version` and `import gpt2onnx` stay 
         raise AttributeError(f"module 'gpt2onnx' has no attribute {name!r}")
     module, attribute = _HOMES[name]
     return getattr(import_module(module), attribute)
+
+
+class _Package(types.ModuleType):
+    """`gpt2onnx.deploy` names both a command (the function) and the subpackage of deployment targets. Importing
+    the subpackage makes Python set the package attribute of that name to the module, which would hide the
+    function; this property keeps the function there (the subpackage stays in sys.modules for imports)."""
+
+    @property
+    def deploy(self):
+        return __getattr__("deploy")
+
+    @deploy.setter
+    def deploy(self, value):  # the import system recording the subpackage
+        pass
+
+
+sys.modules[__name__].__class__ = _Package
