@@ -775,3 +775,119 @@ def bench(
             console.print(f"batch {run['batch']}: {run['extra']['note']}", highlight=False)
     if plot:
         console.print(f"plot written to {plot}")
+
+
+# -- eval: quality on real text ---------------------------------------------------------------------------------
+@app.command("eval")
+@run_options
+def eval_command(
+    folders: Annotated[list[Path], typer.Argument(help="Exported folders, evaluated side by side on the same tokens.")],
+    text: Annotated[Optional[Path], typer.Option("--text", help="A UTF-8 text file to evaluate on.")] = None,
+    dataset: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Or a datasets split NAME[:CONFIG[:SPLIT]] (split default test), e.g. wikitext:wikitext-2-raw-v1;"
+            " needs the network or the Hugging Face cache, and pip install 'gpt2onnx[eval]'."
+        ),
+    ] = None,
+    context: Annotated[
+        Optional[int], typer.Option(help="Tokens per window \\[default: the models' position count].")
+    ] = None,
+    stride: Annotated[
+        Optional[int], typer.Option(help="Tokens between window starts \\[default: context / 2].")
+    ] = None,
+    reference: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Compare with this checkpoint (folder or Hub id) or exported folder \\[default: PyTorch fp32 from"
+            " the manifest's source]."
+        ),
+    ] = None,
+    max_ppl_increase: Annotated[
+        Optional[float],
+        typer.Option(help="Gate: exit 1 when a folder's perplexity is this many percent above the reference's."),
+    ] = None,
+    max_kl: Annotated[
+        Optional[float], typer.Option(help="Gate: exit 1 when a folder's mean KL divergence is above this.")
+    ] = None,
+    greedy_tokens: Annotated[
+        int, typer.Option(help="New tokens of the greedy comparison, from the text's first 32 tokens (0: none).")
+    ] = 64,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
+    runtime: RuntimeOpt = "onnxruntime",
+    options: RunOptions = None,
+) -> None:
+    """Perplexity on real text (sliding windows), and KL, top-1 and greedy agreement against a reference."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from gpt2onnx.errors import CheckFailed
+    from gpt2onnx.files import write_json_atomic
+    from gpt2onnx.verify.evaluate import EvalGates, evaluate
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        task = progress.add_task("windows", total=None)
+        report = evaluate(
+            folders,
+            text=text,
+            dataset=dataset,
+            context=context,
+            stride=stride,
+            reference=reference,
+            runtime=_runtime(runtime, options),
+            gates=EvalGates(max_ppl_increase=max_ppl_increase, max_kl=max_kl),
+            greedy_tokens=greedy_tokens,
+            verify_files=options.verify_files,
+            on_window=lambda done, total: progress.update(task, completed=done, total=total),
+        )
+    p = report.protocol
+    source = p["text"].get("file") or ":".join(
+        filter(None, (p["text"].get("dataset"), p["text"].get("config"), p["text"].get("split")))
+    )
+    console.print(
+        f"{p['method']}: {p['scored_tokens']:,} scored tokens of {source} ({p['tokens']:,} tokens), context"
+        f" {p['context']}, stride {p['stride']}, {p['windows']} windows; against {p['reference']}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    short = {"float32": "fp32", "float16": "fp16"}
+    ref, rows = report.reference, report.rows
+    # one column per model, so that several folders fit a terminal
+    table = Table(title=f"greedy: {p['greedy']['prompt_tokens']} prompt tokens from the text's start")
+    table.add_column("")
+    table.add_column("reference", justify="right")
+    for r in rows:
+        table.add_column(escape(Path(r.label).name), justify="right")
+
+    def greedy(r) -> str:
+        if not r.greedy:
+            return "-"
+        if r.greedy["first_divergence"] is None:
+            return f"same {r.greedy['new_tokens']} tokens"
+        return f"differs at token {r.greedy['first_divergence']}"
+
+    figures = [
+        ("precision", short.get(ref.precision, ref.precision), lambda r: short.get(r.precision, r.precision)),
+        (
+            "runtime",
+            ref.runtime,
+            lambda r: f"{r.runtime}/{r.provider}" + (", token by token" if r.token_by_token else ""),
+        ),
+        ("PPL ± se", f"{ref.ppl:.6g} ± {ref.ppl_stderr:.2g}", lambda r: f"{r.ppl:.6g} ± {r.ppl_stderr:.2g}"),
+        ("ΔPPL % ± se", "", lambda r: f"{r.delta_ppl_percent:+.3f} ± {r.delta_ppl_stderr:.2g}"),
+        ("mean KL ± se", "", lambda r: f"{r.kl['mean']:.3g} ± {r.kl['stderr']:.2g}"),
+        ("KL p99 / max", "", lambda r: f"{r.kl['p99']:.2g} / {r.kl['max']:.2g}"),
+        ("same top-1", "", lambda r: f"{100 * r.same_top1:.2f} %"),
+        ("RMS Δp", "", lambda r: f"{r.rms_dp:.3g}"),
+        ("greedy", "", greedy),
+        ("verdict", "", lambda r: "-" if r.check is None else "[green]pass[/]" if r.check.passed else "[red]FAIL[/]"),
+    ]
+    for name, ref_value, value in figures:
+        table.add_row(name, ref_value, *(value(r) for r in rows))
+    console.print(table)
+    if json_path:
+        write_json_atomic(json_path, report.as_dict())
+    if not report.passed:
+        failing = next(r.check for r in report.rows if r.check and r.check.failures)
+        raise CheckFailed("eval gate failed: " + "; ".join(report.failures), failing)
