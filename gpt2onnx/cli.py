@@ -164,6 +164,44 @@ def _make_precision(values: dict) -> PrecisionChoice:
 precision_options = shared_options(_PRECISION_OPTIONS, _make_precision, "precision")
 
 
+@dataclass(frozen=True)
+class EvalChoice:
+    """What export and optimize share with eval: a text to check the new folder on, and the gates on it."""
+
+    text: str | None
+    max_ppl_increase: float | None
+    max_kl: float | None
+
+
+MaxPplOpt = Annotated[
+    Optional[float], typer.Option(help="Gate: the most a perplexity may exceed the reference's, in percent.")
+]
+MaxKlOpt = Annotated[Optional[float], typer.Option(help="Gate: the largest mean KL divergence from the reference.")]
+_EVAL_OPTIONS = (
+    (
+        "eval_text",
+        Annotated[
+            Optional[Path],
+            typer.Option(
+                help="Before writing, evaluate the new folder on this text file (as gpt2onnx eval does) and apply"
+                " --max-ppl-increase / --max-kl; a failed gate writes nothing."
+            ),
+        ],
+        None,
+    ),
+    ("max_ppl_increase", MaxPplOpt, None),
+    ("max_kl", MaxKlOpt, None),
+)
+
+
+def _make_eval(values: dict) -> EvalChoice:
+    text = values["eval_text"]
+    return EvalChoice(str(text) if text is not None else None, values["max_ppl_increase"], values["max_kl"])
+
+
+eval_options = shared_options(_EVAL_OPTIONS, _make_eval, "quality")
+
+
 def _version(value: bool) -> None:
     if value:
         console.print(f"gpt2onnx {__version__}")
@@ -199,6 +237,7 @@ def _size(n: int | None) -> str:
 
 @app.command()
 @precision_options
+@eval_options
 def export(
     model: Annotated[
         str,
@@ -247,6 +286,7 @@ def export(
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
     precision: PrecisionChoice = None,
+    quality: EvalChoice = None,
 ) -> None:
     """Export a GPT-2 checkpoint to an ONNX decoder with past key/values, validated against PyTorch."""
     from gpt2onnx.exporters.export import ExportOptions
@@ -268,6 +308,9 @@ def export(
         block_size=precision.block_size,
         gates=precision.gates,
         keep_fp32=precision.keep_fp32,
+        eval_text=quality.text,
+        max_ppl_increase=quality.max_ppl_increase,
+        max_kl=quality.max_kl,
     )
     with err_console.status(f"exporting {model}…"):
         result = run_export(
@@ -289,10 +332,10 @@ def export(
         table.add_row("precision", f"float16; fp32 kept for {', '.join(kept) or 'nothing'}")
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
     console.print(table)
-    _print_check(manifest["parity"])
+    _print_check(manifest["parity"], manifest.get("eval"))
 
 
-def _print_check(parity: dict | None) -> None:
+def _print_check(parity: dict | None, quality: dict | None = None) -> None:
     """The check a folder passed before it was written, on one line of its own (never cut by a table)."""
     from gpt2onnx.artifact.report import CheckReport
 
@@ -303,6 +346,17 @@ def _print_check(parity: dict | None) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    for row in (quality or {}).get("rows", []):
+        p = quality["protocol"]
+        console.print(
+            f"real text: PPL {row['ppl']:.6g} against {p['reference']}'s {quality['reference']['ppl']:.6g}"
+            f" (ΔPPL {row['delta_ppl_percent']:+.3f} %), mean KL {row['kl']['mean']:.3g}, same top-1"
+            f" {100 * row['same_top1']:.2f} % on {p['scored_tokens']:,} tokens (context {p['context']}, stride"
+            f" {p['stride']})" + (" — pass" if row.get("check") else ""),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _fusion_summary(report: dict) -> str:
@@ -312,6 +366,7 @@ def _fusion_summary(report: dict) -> str:
 
 @app.command()
 @precision_options
+@eval_options
 def optimize(
     source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
@@ -327,10 +382,12 @@ def optimize(
     validate: Annotated[bool, typer.Option(help="Check the fused graph against its source before writing.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
     precision: PrecisionChoice = None,
+    quality: EvalChoice = None,
 ) -> None:
     """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and reduce its precision)."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
     from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.verify.evaluate import EvalGates
 
     with err_console.status(f"optimizing {source}…"):
         manifest = run_optimize(
@@ -344,6 +401,8 @@ def optimize(
             dtype=precision.dtype,
             gates=precision.gates,
             keep_fp32=precision.keep_fp32,
+            eval_text=quality.text,
+            eval_gates=EvalGates(max_ppl_increase=quality.max_ppl_increase, max_kl=quality.max_kl),
         )
     table = Table(title=f"{source} → {out}", show_header=False)
     table.add_row("fusion", _fusion_summary(manifest["fusion"]))
@@ -354,7 +413,7 @@ def optimize(
     if manifest.get("quantization"):
         table.add_row("quantization", ", ".join(f"{n} {op}" for op, n in manifest["quantization"]["ops"].items()))
     console.print(table)
-    _print_check(manifest["parity"])
+    _print_check(manifest["parity"], manifest.get("eval"))
 
 
 @app.command()
@@ -803,13 +862,8 @@ def eval_command(
             " the manifest's source]."
         ),
     ] = None,
-    max_ppl_increase: Annotated[
-        Optional[float],
-        typer.Option(help="Gate: exit 1 when a folder's perplexity is this many percent above the reference's."),
-    ] = None,
-    max_kl: Annotated[
-        Optional[float], typer.Option(help="Gate: exit 1 when a folder's mean KL divergence is above this.")
-    ] = None,
+    max_ppl_increase: MaxPplOpt = None,
+    max_kl: MaxKlOpt = None,
     greedy_tokens: Annotated[
         int, typer.Option(help="New tokens of the greedy comparison, from the text's first 32 tokens (0: none).")
     ] = 64,

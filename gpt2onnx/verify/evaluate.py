@@ -444,6 +444,19 @@ def evaluate(
             scorer.close()
 
 
+def check_eval_options(eval_text: str | Path | None, gates: EvalGates) -> None:
+    """export's and optimize's --eval-text with its gates: the file exists, the gates are in range and
+    have a text to apply to."""
+    gates.check()
+    if gates.active and eval_text is None:
+        raise BadInput(
+            "max_ppl_increase and max_kl (--max-ppl-increase, --max-kl) gate the quality on real text: give the"
+            " text (--eval-text FILE)"
+        )
+    if eval_text is not None:
+        TextSource(Path(eval_text)).check()
+
+
 def evaluate_written(
     folder: Path,
     *,
@@ -451,10 +464,11 @@ def evaluate_written(
     text: str | Path,
     gates: EvalGates,
     against: str,
+    label: str | None = None,
 ) -> EvalReport:
     """What export and optimize run with ``--eval-text`` on the folder they are writing (staged, before its
     manifest): onnxruntime's cpu provider, the default context and stride, against the checkpoint (export) or
-    the source folder (optimize)."""
+    the source folder (optimize). ``label``: the folder's name in the report (its final path)."""
     from gpt2onnx.artifact.folder import MODEL_FILE, read_n_positions
 
     source = TextSource(Path(text)).check()
@@ -463,9 +477,11 @@ def evaluate_written(
         ref = _TorchScorer(against, reference)
     else:
         ref = _RuntimeScorer(against, reference, RuntimeOptions())
-    candidate = _RuntimeScorer(str(folder), model, RuntimeOptions())
+    candidate = _RuntimeScorer(label or str(folder), model, RuntimeOptions())
     try:
-        return _run([candidate], ref, load_tokenizer(folder), source, gates=gates, tokenizer_folder=folder)
+        return _run(
+            [candidate], ref, load_tokenizer(folder), source, gates=gates, tokenizer_folder=Path(label or folder)
+        )
     finally:
         candidate.close()
         ref.close()
@@ -633,4 +649,4 @@ def _gate(row: EvalRow, gates: EvalGates, *, against: str) -> CheckReport:
     )
 
 
-__all__ = ["EvalGates", "EvalReport", "EvalRow", "evaluate", "evaluate_written"]
+__all__ = ["EvalGates", "EvalReport", "EvalRow", "check_eval_options", "evaluate", "evaluate_written"]
