@@ -643,6 +643,12 @@ def parity(
             " most fp16 nodes in fp32, which hides overflow).",
         ),
     ] = False,
+    text: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--text", help="Take the prompts from this UTF-8 text file (the folder's tokenizer) instead of random ids."
+        ),
+    ] = None,
     options: RunOptions = None,
 ) -> None:
     """Check an exported model against PyTorch on randomized cases; exit 1 if a gate fails."""
@@ -666,6 +672,7 @@ def parity(
             gates=gates,
             emulate_fp16=emulate_fp16,
             verify_files=options.verify_files,
+            text=text,
         )
     worst = sorted(report.cases, key=lambda r: -r["logits"]["max"])[:10]
     table = Table(
@@ -707,6 +714,7 @@ def parity(
         f"min {t['tokens_before_divergence']['min']}, mean {t['tokens_before_divergence']['mean']:.1f}",
     )
     summary.add_row("NaN/Inf", str(t["nonfinite"]))
+    summary.add_row("prompts", t["prompts"])
     summary.add_row("greedy tokens equal", f"{t['tokens_equal_cases']} of {t['cases']} cases")
     summary.add_row(
         "verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + escape("; ".join(report.failures))
