@@ -213,6 +213,7 @@ _KEYS = (
     "quantization",
     "kv_cache",
     "parity",
+    "eval",
     "timings",
     "format_version",
     "deploy",
@@ -245,6 +246,7 @@ class Manifest:
     quantization: QuantizationRecord | None = None
     kv_cache: str | None = None  # "shared" (one buffer for past and present) or "concat"; None: not recorded
     check: CheckReport | None = None
+    eval: dict | None = None  # quality on real text checked before writing (gpt2onnx.verify.evaluate's report JSON)
     timings: dict[str, float] = field(default_factory=dict)
     deploy: DeployRecord | None = None
     files: dict[str, FileRecord] = field(default_factory=dict)
@@ -293,6 +295,7 @@ class Manifest:
             "quantization": self.quantization.as_dict() if self.quantization else None,
             "kv_cache": self.kv_cache,
             "parity": self.check.as_dict() if self.check else None,
+            "eval": self.eval,
             "timings": self.timings,
             "format_version": self.format_version,
             "deploy": self.deploy.as_dict() if self.deploy else None,
@@ -304,6 +307,8 @@ class Manifest:
             del values["optimized_from"]  # an export never wrote it
         if self.deploy is None:
             del values["deploy"]
+        if self.eval is None:
+            del values["eval"]  # written only by an export or optimize with --eval-text
         return {**values, **self.extra}
 
     @classmethod
@@ -352,6 +357,7 @@ class Manifest:
             quantization=record("quantization", QuantizationRecord.from_dict),
             kv_cache=record("kv_cache", str, str),
             check=check,
+            eval=record("eval", dict),
             timings=record("timings", dict) or {},
             deploy=record("deploy", DeployRecord.from_dict),
             files={str(name): FileRecord.from_dict(info) for name, info in data["files"].items()},
