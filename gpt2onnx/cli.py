@@ -364,7 +364,11 @@ def deploy(
     ],
     target: Annotated[
         str,
-        typer.Option("--target", "-t", help="Comma-separated: genai, transformers-js, triton (see README 'Deploy')."),
+        typer.Option(
+            "--target",
+            "-t",
+            help="Comma-separated: genai, transformers-js, triton, ort-generate (see README 'Deploy').",
+        ),
     ],
     out: Annotated[
         Optional[Path],
@@ -379,7 +383,7 @@ def deploy(
     ] = "cpu",
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Make an exported folder ready for onnxruntime-genai, transformers.js and Triton (the plain folder keeps working)."""
+    """Make an exported folder ready for onnxruntime-genai, transformers.js, Triton and onnxruntime's generation ops (the plain folder keeps working)."""
     from gpt2onnx.deploy import deploy as run_deploy
 
     manifest = run_deploy(

@@ -6,6 +6,7 @@
     genai_config.json                      onnxruntime-genai (gpt2onnx.deploy.genai)
     onnx/model[_suffix].onnx, config.json  transformers.js (gpt2onnx.deploy.transformers_js)
     triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton)
+    ort-generate/*_search.onnx, ...        onnxruntime's generation ops, the loop in the graph (gpt2onnx.deploy.ort_generate)
 
 It works on any gpt2onnx decoder folder, exported or optimized, in any precision, and leaves export and
 optimize alone. The result is written like every folder: staged beside the target and moved into place
@@ -31,15 +32,15 @@ from gpt2onnx.artifact.folder import (
     staged_folder,
     write_manifest,
 )
-from gpt2onnx.deploy import genai, transformers_js, triton
+from gpt2onnx.deploy import genai, ort_generate, transformers_js, triton
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("genai", "transformers-js", "triton")
+TARGETS = ("genai", "transformers-js", "triton", "ort-generate")
 # what a target adds to the folder: dropped when the folder is deployed again
-_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER)
+_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER, ort_generate.SUBFOLDER)
 
 
 def parse_targets(value: str | list[str]) -> list[str]:
@@ -102,6 +103,9 @@ def deploy(
             written["transformers-js"] = transformers_js.write_transformers_js(staging, staging, opened.precision)
         if "triton" in targets:
             written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
+        fixed = None
+        if "ort-generate" in targets:
+            written["ort-generate"], fixed = ort_generate.write_ort_generate(staging, staging)
         manifest = {k: v for k, v in opened.manifest.items() if k not in ("files", "versions", "created", "deploy")}
         manifest["deploy"] = {
             "targets": written,
@@ -111,6 +115,7 @@ def deploy(
             "source_versions": opened.manifest.get("versions"),
             "source_created": opened.manifest.get("created"),
             **({"triton": {"name": name, "instance_kind": triton.KINDS[triton_device]}} if "triton" in targets else {}),
+            **({"ort_generate": fixed.as_dict()} if fixed is not None else {}),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         log.info("deployed %s to %s: %s", source, target, ", ".join(targets))
