@@ -314,108 +314,133 @@ def _refuse(setting: str, reason: str) -> None:
     raise BadInput(f"ort-generate cannot {setting}: {reason}")
 
 
-def generate(
-    folder: str | Path,
-    prompts: list[list[int]],
-    *,
-    max_new_tokens: int,
-    min_new_tokens: int = 0,
-    num_beams: int = 1,
-    num_return_sequences: int = 1,
-    length_penalty: float = 1.0,
-    repetition_penalty: float = 1.0,
-    do_sample: bool = False,
-    top_k: int | None = None,
-    seed: int | None = None,
-    no_repeat_ngram_size: int | None = None,
-    early_stopping: bool | str | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    threads: int | None = None,
-) -> GenerateResult:
-    """Generate with a deployed ort-generate folder, in one session.run, with transformers' option names.
-    Prompts of different lengths are left-padded with the pad id and masked (the attention_mask input).
-    Attribute settings (no_repeat_ngram_size, early_stopping, temperature, top_p) must equal the deployed ones."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise RuntimeUnavailable("onnxruntime is not installed: pip install onnxruntime") from None
-    folder = Path(folder)
-    fixed = deployed_settings(folder)
-    if early_stopping == "never":
-        _refuse("use early_stopping='never'", "BeamSearch's early_stopping attribute is true or false only")
-    for name, value in (
-        ("no_repeat_ngram_size", no_repeat_ngram_size),
-        ("early_stopping", early_stopping),
-        ("temperature", temperature),
-        ("top_p", top_p),
-    ):
-        if value is not None and value != getattr(fixed, name):
+class OrtGenerator:
+    """A deployed ort-generate folder, opened: one onnxruntime session per search kind, made on first use and
+    kept, so that a caller generating many times pays the session set-up once."""
+
+    def __init__(self, folder: str | Path, *, threads: int | None = None):
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            raise RuntimeUnavailable("onnxruntime is not installed: pip install onnxruntime") from None
+        self.folder = Path(folder)
+        self.fixed = deployed_settings(self.folder)
+        self.n_positions = read_n_positions(self.folder)
+        self.threads = threads
+        self._sessions: dict[str, object] = {}
+
+    def session(self, kind: str):
+        if kind not in self._sessions:
+            import onnxruntime as ort
+
+            path = self.folder / SUBFOLDER / FILES[kind]
+            if not path.is_file():
+                raise ContractError(f"'{path}' is missing: run gpt2onnx deploy {self.folder} --target ort-generate")
+            options = ort.SessionOptions()
+            if self.threads:
+                options.intra_op_num_threads = self.threads
+            self._sessions[kind] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return self._sessions[kind]
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        min_new_tokens: int = 0,
+        num_beams: int = 1,
+        num_return_sequences: int = 1,
+        length_penalty: float = 1.0,
+        repetition_penalty: float = 1.0,
+        do_sample: bool = False,
+        top_k: int | None = None,
+        seed: int | None = None,
+        no_repeat_ngram_size: int | None = None,
+        early_stopping: bool | str | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+    ) -> GenerateResult:
+        """Generate in one session.run, with transformers' option names. Prompts of different lengths are
+        left-padded with the pad id and masked (the attention_mask input). Attribute settings
+        (no_repeat_ngram_size, early_stopping, temperature, top_p) must equal the deployed ones."""
+        fixed = self.fixed
+        if early_stopping == "never":
+            _refuse("use early_stopping='never'", "BeamSearch's early_stopping attribute is true or false only")
+        for name, value in (
+            ("no_repeat_ngram_size", no_repeat_ngram_size),
+            ("early_stopping", early_stopping),
+            ("temperature", temperature),
+            ("top_p", top_p),
+        ):
+            if value is not None and value != getattr(fixed, name):
+                _refuse(
+                    f"set {name}={value} at run time",
+                    f"the op takes it as an attribute, deployed as {getattr(fixed, name)}; set it in"
+                    f" {GENERATION_CONFIG_FILE} and deploy again",
+                )
+        if top_k:
             _refuse(
-                f"set {name}={value} at run time",
-                f"the op takes it as an attribute, deployed as {getattr(fixed, name)}; set it in"
-                f" {GENERATION_CONFIG_FILE} and deploy again",
+                f"use top_k={top_k}", "no onnxruntime generation op has top-k (Sampling has top_p only); pass top_k=0"
             )
-    if top_k:
-        _refuse(f"use top_k={top_k}", "no onnxruntime generation op has top-k (Sampling has top_p only); pass top_k=0")
-    if num_beams < 1 or num_return_sequences < 1 or num_return_sequences > num_beams:
-        raise BadInput(
-            f"num_beams {num_beams} and num_return_sequences {num_return_sequences}: give 1 <= sequences <= beams"
+        if num_beams < 1 or num_return_sequences < 1 or num_return_sequences > num_beams:
+            raise BadInput(
+                f"num_beams {num_beams} and num_return_sequences {num_return_sequences}: give 1 <= sequences <= beams"
+            )
+        if do_sample and num_beams > 1:
+            _refuse("sample with beams", "BeamSearch has no sampling (beam-sample); use num_beams=1 or do_sample=False")
+        if num_beams > 1 and length_penalty != 0:
+            # BeamHypotheses::Add: score = sum_logprobs / total_length ** length_penalty, where transformers
+            # divides by the generated length: with finished beams of different lengths they rank them otherwise
+            _refuse(
+                f"apply length_penalty={length_penalty} as transformers does",
+                "BeamSearch divides a beam's score by its whole length (prompt and padding included), transformers by"
+                " the generated length; pass length_penalty=0.0 (the same beams and scores), or run the file yourself",
+            )
+        if max_new_tokens < 1 or not 0 <= min_new_tokens <= max_new_tokens:
+            raise BadInput(
+                f"max_new_tokens {max_new_tokens}, min_new_tokens {min_new_tokens}: give 0 <= min <= max, max >= 1"
+            )
+        if repetition_penalty <= 0:
+            raise BadInput(f"repetition_penalty {repetition_penalty}: give a value > 0 (1.0 is none)")
+        if not prompts or any(not p for p in prompts):
+            raise BadInput("give at least one prompt, none of them empty")
+        kind = "sampling" if do_sample else ("beam" if num_beams > 1 else "greedy")
+        width = max(len(p) for p in prompts)
+        if width + max_new_tokens > self.n_positions:
+            raise BadInput(
+                f"prompt length {width} + {max_new_tokens} new tokens exceeds the context ({self.n_positions})"
+            )
+        ids = np.full((len(prompts), width), fixed.pad_token_id, np.int32)
+        mask = np.zeros((len(prompts), width), np.int32)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = prompt
+            mask[row, width - len(prompt) :] = 1
+        feed = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "max_length": np.array([width + max_new_tokens], np.int32),
+            # transformers' min_new_tokens, as the op's min_length: the whole (padded) length, as it counts
+            "min_length": np.array([width + min_new_tokens if min_new_tokens else 0], np.int32),
+            "repetition_penalty": np.array([repetition_penalty], np.float32),
+        }
+        if kind == "beam":
+            feed["num_beams"] = np.array([num_beams], np.int32)
+            feed["num_return_sequences"] = np.array([num_return_sequences], np.int32)
+            feed["length_penalty"] = np.array([length_penalty], np.float32)
+        if kind == "sampling":
+            feed["seed"] = np.array([0 if seed is None else seed], np.int32)
+        session = self.session(kind)
+        results = session.run(None, feed)
+        sequences = results[0] if kind == "beam" else results[0][:, None, :]
+        tokens = [[_generated(seq[width:], fixed) for seq in row] for row in sequences]
+        return GenerateResult(
+            tokens, sequences, results[1] if kind == "beam" else None, str(self.folder / SUBFOLDER / FILES[kind]), feed
         )
-    if do_sample and num_beams > 1:
-        _refuse("sample with beams", "BeamSearch has no sampling (beam-sample); use num_beams=1 or do_sample=False")
-    if num_beams > 1 and length_penalty != 0:
-        # BeamHypotheses::Add: score = sum_logprobs / total_length ** length_penalty, where transformers
-        # divides by the generated length: with finished beams of different lengths they rank them otherwise
-        _refuse(
-            f"apply length_penalty={length_penalty} as transformers does",
-            "BeamSearch divides a beam's score by its whole length (prompt and padding included), transformers by"
-            " the generated length; pass length_penalty=0.0 (the same beams and scores), or run the file yourself",
-        )
-    if max_new_tokens < 1 or not 0 <= min_new_tokens <= max_new_tokens:
-        raise BadInput(
-            f"max_new_tokens {max_new_tokens}, min_new_tokens {min_new_tokens}: give 0 <= min <= max, max >= 1"
-        )
-    if repetition_penalty <= 0:
-        raise BadInput(f"repetition_penalty {repetition_penalty}: give a value > 0 (1.0 is none)")
-    if not prompts or any(not p for p in prompts):
-        raise BadInput("give at least one prompt, none of them empty")
-    kind = "sampling" if do_sample else ("beam" if num_beams > 1 else "greedy")
-    width = max(len(p) for p in prompts)
-    if width + max_new_tokens > read_n_positions(folder):
-        raise BadInput(
-            f"prompt length {width} + {max_new_tokens} new tokens exceeds the context ({read_n_positions(folder)})"
-        )
-    ids = np.full((len(prompts), width), fixed.pad_token_id, np.int32)
-    mask = np.zeros((len(prompts), width), np.int32)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = prompt
-        mask[row, width - len(prompt) :] = 1
-    feed = {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "max_length": np.array([width + max_new_tokens], np.int32),
-        # transformers' min_new_tokens, as the op's min_length: the whole (padded) length, as it counts
-        "min_length": np.array([width + min_new_tokens if min_new_tokens else 0], np.int32),
-        "repetition_penalty": np.array([repetition_penalty], np.float32),
-    }
-    if kind == "beam":
-        feed["num_beams"] = np.array([num_beams], np.int32)
-        feed["num_return_sequences"] = np.array([num_return_sequences], np.int32)
-        feed["length_penalty"] = np.array([length_penalty], np.float32)
-    if kind == "sampling":
-        feed["seed"] = np.array([0 if seed is None else seed], np.int32)
-    path = folder / SUBFOLDER / FILES[kind]
-    if not path.is_file():
-        raise ContractError(f"'{path}' is missing: run gpt2onnx deploy {folder} --target ort-generate")
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    results = session.run(None, feed)
-    sequences = results[0] if kind == "beam" else results[0][:, None, :]
-    tokens = [[_generated(seq[width:], fixed) for seq in row] for row in sequences]
-    return GenerateResult(tokens, sequences, results[1] if kind == "beam" else None, str(path), feed)
+
+
+def generate(folder: str | Path, prompts: list[list[int]], *, threads: int | None = None, **settings) -> GenerateResult:
+    """One generation with a deployed ort-generate folder (see :meth:`OrtGenerator.generate` for ``settings``)."""
+    return OrtGenerator(folder, threads=threads).generate(prompts, **settings)
 
 
 def _generated(tail: np.ndarray, fixed: FixedSettings) -> list[int]:
