@@ -19,7 +19,9 @@ num_return_sequences, length_penalty, repetition_penalty, attention_mask for lef
 takes as attributes (eos and pad ids, no_repeat_ngram_size, early_stopping, temperature, top_p) are fixed
 when the folder is deployed, from its generation_config.json (transformers' defaults where it says nothing).
 ``generate`` (below) runs a file with transformers' option names and refuses, in one line, a setting the op
-cannot express: top-k (no op has it), sampling with beams, an attribute other than the deployed one.
+cannot express as transformers means it: top-k (no op has it), sampling with beams, an attribute other than the
+deployed one, and a length_penalty other than 0 with beams (BeamSearch divides by the whole length, prompt and
+padding included, where transformers divides by the generated length).
 """
 
 from __future__ import annotations
@@ -70,8 +72,8 @@ class FixedSettings:
 
 
 def fixed_settings(folder: str | Path, vocab_size: int) -> FixedSettings:
-    """The attributes from generation_config.json, as transformers' generate() would read them there: pad
-    falls back to eos (GPT-2 has no pad token); top_k must be unset or 0, since no op has top-k."""
+    """The attributes from generation_config.json, as transformers' generate() would read them there (its
+    defaults where the file says nothing); pad falls back to eos (GPT-2 has no pad token)."""
     folder = Path(folder)
     path = folder / GENERATION_CONFIG_FILE
     config = read_json_file(path, GENERATION_CONFIG_FILE) if path.is_file() else {}
@@ -90,13 +92,22 @@ def fixed_settings(folder: str | Path, vocab_size: int) -> FixedSettings:
         raise BadInput(
             f"early_stopping {early!r} in '{path}': onnxruntime's BeamSearch has only true or false; set one"
         )
+
+    def number(key: str, default: float, kind: type) -> float:
+        value = config.get(key)
+        if value is None:
+            return kind(default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or kind is int and value != int(value):
+            raise BadInput(f"{key} {value!r} in '{path}' is not a{'n integer' if kind is int else ' number'}: fix it")
+        return kind(value)
+
     settings = FixedSettings(
         eos_token_id=eos,
         pad_token_id=pad,
-        no_repeat_ngram_size=int(config.get("no_repeat_ngram_size") or 0),
+        no_repeat_ngram_size=number("no_repeat_ngram_size", 0, int),
         early_stopping=bool(early),
-        temperature=float(config.get("temperature") or 1.0),
-        top_p=float(1.0 if config.get("top_p") is None else config["top_p"]),
+        temperature=number("temperature", 1.0, float),
+        top_p=number("top_p", 1.0, float),
     )
     if settings.no_repeat_ngram_size < 0 or settings.temperature <= 0 or not 0 < settings.top_p <= 1:
         raise BadInput(
