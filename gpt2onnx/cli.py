@@ -428,7 +428,12 @@ def deploy(
     folder: Annotated[Path, typer.Argument(help="Exported decoder folder.")],
     target: Annotated[
         str,
-        typer.Option("--target", "-t", metavar="LIST", help="genai, transformers-js, triton (comma-separated)."),
+        typer.Option(
+            "--target",
+            "-t",
+            metavar="LIST",
+            help="genai, transformers-js, triton, ort-generate (comma-separated).",
+        ),
     ],
     out: Annotated[
         Optional[Path],
@@ -439,7 +444,7 @@ def deploy(
     triton_device: Annotated[str, typer.Option(help="Triton instances: cpu or gpu.")] = "cpu",
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Make an exported folder ready for onnxruntime-genai, transformers.js and Triton."""
+    """Make an exported folder ready for genai, transformers.js, Triton, onnxruntime's generation ops."""
     from gpt2onnx.deploy import deploy as run_deploy
 
     result = run_deploy(

@@ -157,6 +157,7 @@ class DeployRecord:
     source_versions: dict | None = None  # the versions and date of the export (the manifest's are this run's)
     source_created: str | None = None
     triton: TritonRecord | None = None
+    ort_generate: dict | None = None  # the search settings fixed in the ort-generate graphs (deploy.ort_generate)
     created: str | None = None
     extra: dict = field(default_factory=dict)  # keys this release does not know, written back as they are
 
@@ -168,6 +169,7 @@ class DeployRecord:
             "source_versions": self.source_versions,
             "source_created": self.source_created,
             **({"triton": self.triton.as_dict()} if self.triton else {}),
+            **({"ort_generate": self.ort_generate} if self.ort_generate is not None else {}),
             "created": self.created,
         }
         return {**data, **self.extra}
@@ -175,7 +177,16 @@ class DeployRecord:
     @classmethod
     def from_dict(cls, data: dict) -> "DeployRecord":
         triton = data.get("triton")
-        known = ("targets", "source", "precision", "source_versions", "source_created", "triton", "created")
+        known = (
+            "targets",
+            "source",
+            "precision",
+            "source_versions",
+            "source_created",
+            "triton",
+            "ort_generate",
+            "created",
+        )
         return cls(
             targets={str(k): [str(f) for f in v] for k, v in data.get("targets", {}).items()},
             source=str(data.get("source", "")),
@@ -183,6 +194,7 @@ class DeployRecord:
             source_versions=data.get("source_versions"),
             source_created=data.get("source_created"),
             triton=TritonRecord(str(triton["name"]), str(triton["instance_kind"])) if triton else None,
+            ort_generate=data.get("ort_generate") if isinstance(data.get("ort_generate"), dict) else None,
             created=data.get("created"),
             extra={k: v for k, v in data.items() if k not in known},
         )

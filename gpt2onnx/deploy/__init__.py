@@ -8,6 +8,7 @@
     triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton)
     tokenizer.json                         genai and transformers.js, which read only this file, when the
                                            folder has only vocab.json + merges.txt (gpt2onnx.artifact.tokenizer)
+    ort-generate/*_search.onnx, ...        onnxruntime's generation ops, the loop in the graph (gpt2onnx.deploy.ort_generate)
 
 It works on any gpt2onnx decoder folder, exported or optimized, in any precision, and leaves export and
 optimize alone. The result is written like every folder: staged beside the target and moved into place
@@ -30,16 +31,16 @@ from pathlib import Path
 from gpt2onnx.artifact.folder import CONFIG_FILE, MANIFEST_NAME, open_folder, staged_folder, write_manifest
 from gpt2onnx.artifact.manifest import DeployRecord, Manifest, TritonRecord
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
-from gpt2onnx.deploy import genai, transformers_js, triton
+from gpt2onnx.deploy import genai, ort_generate, transformers_js, triton
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("genai", "transformers-js", "triton")
+TARGETS = ("genai", "transformers-js", "triton", "ort-generate")
 NEED_TOKENIZER_JSON = {"genai", "transformers-js"}
 # what a target adds to the folder: dropped when the folder is deployed again
-_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER)
+_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER, ort_generate.SUBFOLDER)
 
 
 @dataclass
@@ -121,6 +122,9 @@ def deploy(
             written["transformers-js"] = files + made
         if "triton" in targets:
             written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
+        fixed = None
+        if "ort-generate" in targets:
+            written["ort-generate"], fixed = ort_generate.write_ort_generate(staging, staging)
         record = DeployRecord(
             targets=written,
             source=str(source),
@@ -129,6 +133,7 @@ def deploy(
             source_versions=opened.manifest.versions,
             source_created=opened.manifest.created,
             triton=TritonRecord(name, triton.KINDS[triton_device]) if "triton" in targets else None,
+            ort_generate=fixed.as_dict() if fixed is not None else None,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         manifest = dataclasses.replace(opened.manifest, deploy=record)
