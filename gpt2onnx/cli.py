@@ -364,7 +364,9 @@ def deploy(
     ],
     target: Annotated[
         str,
-        typer.Option("--target", "-t", help="Comma-separated: genai, transformers-js, triton (see README 'Deploy')."),
+        typer.Option(
+            "--target", "-t", help="Comma-separated: genai, transformers-js, triton, web (see README 'Deploy')."
+        ),
     ],
     out: Annotated[
         Optional[Path],
@@ -377,9 +379,16 @@ def deploy(
     triton_device: Annotated[
         str, typer.Option(help="Triton instance group: cpu (KIND_CPU) or gpu (KIND_GPU).")
     ] = "cpu",
+    web_lib: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="web: the node_modules holding @huggingface/transformers to copy the page's library from"
+            " \\[default: $GPT2ONNX_WEB_LIB, else this repository's tests/js/node_modules, else ./node_modules]."
+        ),
+    ] = None,
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Make an exported folder ready for onnxruntime-genai, transformers.js and Triton (the plain folder keeps working)."""
+    """Make an exported folder ready for onnxruntime-genai, transformers.js, Triton and the browser (the plain folder keeps working)."""
     from gpt2onnx.deploy import deploy as run_deploy
 
     manifest = run_deploy(
@@ -389,12 +398,15 @@ def deploy(
         force=force,
         triton_name=triton_name,
         triton_device=triton_device.lower(),
+        web_lib=web_lib,
         verify_files=verify_files,
     )
     table = Table(title=f"{folder} → {out or folder} ({manifest['deploy']['precision']})", show_header=False)
     for name, files in manifest["deploy"]["targets"].items():
         table.add_row(name, ", ".join(files))
     console.print(table)
+    if "web" in manifest["deploy"]["targets"]:
+        console.print(f"open the page with: gpt2onnx serve {out or folder}", highlight=False, soft_wrap=True)
 
 
 @app.command("inspect")
@@ -775,3 +787,23 @@ def bench(
             console.print(f"batch {run['batch']}: {run['extra']['note']}", highlight=False)
     if plot:
         console.print(f"plot written to {plot}")
+
+
+# --- the browser (issue 21): gpt2onnx serve ------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    folder: Annotated[Path, typer.Argument(help="A folder written by gpt2onnx deploy --target web.")],
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free port).")] = 8000,
+) -> None:
+    """Serve a web folder on 127.0.0.1 with cross-origin isolation (the wasm thread pool needs it); Ctrl-C stops."""
+    from gpt2onnx.deploy.web_server import open_server
+
+    server = open_server(folder, port=port)
+    # one line, flushed: scripts and tests read the address from it
+    print(f"serving {server.folder} at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # the way to stop it: not an error
+        pass

@@ -5,6 +5,8 @@
 
     genai_config.json                      onnxruntime-genai (gpt2onnx.deploy.genai)
     onnx/model[_suffix].onnx, config.json  transformers.js (gpt2onnx.deploy.transformers_js)
+    index.html, gpt2onnx-web.js, lib/      a page that generates in the browser (gpt2onnx.deploy.web; it loads
+                                           the transformers.js layout, which "web" therefore adds too)
     triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton)
 
 It works on any gpt2onnx decoder folder, exported or optimized, in any precision, and leaves export and
@@ -31,15 +33,15 @@ from gpt2onnx.artifact.folder import (
     staged_folder,
     write_manifest,
 )
-from gpt2onnx.deploy import genai, transformers_js, triton
+from gpt2onnx.deploy import genai, transformers_js, triton, web
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("genai", "transformers-js", "triton")
+TARGETS = ("genai", "transformers-js", "triton", "web")
 # what a target adds to the folder: dropped when the folder is deployed again
-_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER)
+_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER, *web.PATHS)
 
 
 def parse_targets(value: str | list[str]) -> list[str]:
@@ -52,6 +54,8 @@ def parse_targets(value: str | list[str]) -> list[str]:
         raise BadInput(
             f"unknown deploy target {', '.join(sorted(unknown)) or '(none)'}: choose from {', '.join(TARGETS)}"
         )
+    if "web" in names:
+        names.add("transformers-js")  # the page loads the transformers.js layout
     return [t for t in TARGETS if t in names]
 
 
@@ -63,9 +67,12 @@ def deploy(
     force: bool = False,
     triton_name: str | None = None,
     triton_device: str = "cpu",
+    web_lib: str | Path | None = None,
     verify_files: bool = True,
 ) -> dict:
     """Write the deployment ``targets`` for the exported decoder ``folder``, in place or into ``out``.
+    ``web_lib``: the node_modules with transformers.js that the web target copies its library files from
+    (default: $GPT2ONNX_WEB_LIB, else this repository's tests/js/node_modules, else ./node_modules).
     Returns the new manifest; its "deploy" entry lists the targets and their files."""
     targets = parse_targets(targets)
     if triton_device not in triton.KINDS:
@@ -100,6 +107,8 @@ def deploy(
             written["genai"] = [genai.CONFIG_NAME]
         if "transformers-js" in targets:
             written["transformers-js"] = transformers_js.write_transformers_js(staging, staging, opened.precision)
+        if "web" in targets:
+            written["web"] = web.write_web(source, staging, opened.precision, web_lib=web_lib)
         if "triton" in targets:
             written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
         manifest = {k: v for k, v in opened.manifest.items() if k not in ("files", "versions", "created", "deploy")}
