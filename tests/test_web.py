@@ -349,6 +349,7 @@ def test_deploy_web_writes_a_self_contained_page(web_folder, checkpoint, tmp_pat
     assert "cdn." not in html and "https://" not in html and "https://" not in (folder / "gpt2onnx-web.js").read_text()
     settings = page_settings(folder)
     assert settings["dtype"] == "q4" and settings["model_file"] == "onnx/model_q4.onnx"
+    assert settings["name"] == folder.name and f"<title>{folder.name} ·" in html
     assert settings["transformers_js"] == "4.3.2" and settings["n_positions"] == 64
     assert "index.html" in manifest["files"]
     # the int4 web graph: standard ops for the embeddings, fp32 MatMulNBits (what the wasm kernels compute)

@@ -108,7 +108,9 @@ def deploy(
         if "transformers-js" in targets:
             written["transformers-js"] = transformers_js.write_transformers_js(staging, staging, opened.precision)
         if "web" in targets:
-            written["web"] = web.write_web(source, staging, opened.precision, web_lib=web_lib)
+            written["web"] = web.write_web(
+                source, staging, opened.precision, name=target.resolve().name, web_lib=web_lib
+            )
         if "triton" in targets:
             written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
         manifest = {k: v for k, v in opened.manifest.items() if k not in ("files", "versions", "created", "deploy")}

@@ -197,16 +197,16 @@ def with_fp32_matmul_nbits(model: onnx.ModelProto) -> int:
     return changed
 
 
-def settings(folder: Path, precision: str, library: WebLibrary) -> dict:
-    """What the page needs to know about the folder (written into index.html)."""
+def settings(folder: Path, precision: str, library: WebLibrary, *, name: str) -> dict:
+    """What the page needs to know about the folder (written into index.html); ``name`` is its title."""
     config = read_json_file(folder / CONFIG_FILE, "config")
-    dtype, name = transformers_js.dtype_for(precision)
+    dtype, model_file = transformers_js.dtype_for(precision)
     tjs = config.get(transformers_js.CONFIG_KEY, {})
     return {
-        "name": folder.name,
+        "name": name,
         "precision": precision,
         "dtype": dtype,
-        "model_file": f"{transformers_js.SUBFOLDER}/{name}",
+        "model_file": f"{transformers_js.SUBFOLDER}/{model_file}",
         "external_data": bool(tjs.get("use_external_data_format")),
         "n_positions": config.get("n_positions"),
         "transformers_js": library.transformers_js_version,
@@ -224,9 +224,11 @@ def render_page(page_settings: dict) -> str:
     )
 
 
-def write_web(folder: Path, out: Path, precision: str, *, web_lib: str | Path | None = None) -> list[str]:
+def write_web(
+    folder: Path, out: Path, precision: str, *, name: str | None = None, web_lib: str | Path | None = None
+) -> list[str]:
     """Write the page into ``out``, a staging copy of ``folder`` with the transformers-js layout already written;
-    returns the files written, relative to ``out``."""
+    ``name``: the page's title (the deployed folder's name). Returns the files written, relative to ``out``."""
     library = find_web_library(web_lib)
     missing = [name for name in TOKENIZER_FILES if not (out / name).is_file()]
     if missing:
@@ -238,7 +240,7 @@ def write_web(folder: Path, out: Path, precision: str, *, web_lib: str | Path | 
     if not (out / transformers_js.SUBFOLDER).is_dir():
         raise BadInput("the web target needs the transformers-js target: deploy with --target web (it adds both)")
     written = [PAGE, SCRIPT]
-    page_settings = settings(out, precision, library)
+    page_settings = settings(out, precision, library, name=name or folder.name)
     graph_file = out / page_settings["model_file"]
     graph = load_graph(graph_file)
     rewritten = {
