@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -47,24 +48,32 @@ class Browser:
     """tests/js/browser.mjs: one Chromium, one JSON request and answer per line."""
 
     def __init__(self, *flags: str):
+        self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would block the driver
         self.proc = subprocess.Popen(
             ["node", "browser.mjs", *flags],
             cwd=JS,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self.log,
             text=True,
         )
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the browser did not start: {self.proc.stderr.read()[-2000:]}")
+            raise RuntimeError(f"the browser did not start: {self.stderr()}")
         self.info = json.loads(line)
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-2000:]
 
     def visit(self, url: str, *, screenshot: Path | None = None, timeout_s: float = 120) -> dict:
         request = {"url": url, "screenshot": str(screenshot) if screenshot else None, "timeout_ms": timeout_s * 1000}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
+        line = self.proc.stdout.readline()
+        if not line:  # the driver died: say why
+            raise RuntimeError(f"tests/js/browser.mjs exited: {self.stderr()}")
+        return json.loads(line)
 
     def close(self):
         self.proc.stdin.close()
@@ -72,6 +81,7 @@ class Browser:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        self.log.close()
 
 
 def _browser(request, *flags):
@@ -216,6 +226,7 @@ def test_the_page_streams_shows_speed_and_backend_and_uses_threads(browser, web_
     assert f"{NEW} new tokens in" in text and "tokens/s" in text
     assert "backend: wasm, 2 thread(s), cross-origin isolated" in text
     assert float(result["stats"]["tokensPerSecond"]) > 0
+    assert int(result["stats"]["streamedChunks"]) >= 2  # streamed in while generating, not written once at the end
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000  # a rendered page, not an empty image
 

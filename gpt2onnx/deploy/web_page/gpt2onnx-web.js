@@ -4,7 +4,7 @@
 // Automation contract: index.html?prompt=TEXT&max_new_tokens=N starts greedy generation at once. The new text
 // goes into #output; document.body.dataset.done becomes "true" when it has finished, or "error" with the message
 // in #error. #stats carries the figures as data attributes (data-ids, data-new-tokens, data-tokens-per-second,
-// data-decode-tokens-per-second, data-backend). Options: &backend=wasm|webgpu (default: WebGPU when offered),
+// data-decode-tokens-per-second, data-first-token-ms, data-streamed-chunks, data-backend). Options: &backend=wasm|webgpu (default: WebGPU when offered),
 // &threads=N (wasm threads; more than 1 needs cross-origin isolation, which `gpt2onnx serve` provides).
 import { env, AutoModelForCausalLM, AutoTokenizer, TextStreamer } from "./lib/transformers.min.js";
 
@@ -124,10 +124,14 @@ async function generate(prompt, maxNewTokens) {
     );
   }
   const times = [];
+  let chunks = 0; // text pieces streamed into #output while generating
   const streamer = new TextStreamer(tokenizer, {
     skip_prompt: true,
     skip_special_tokens: true,
-    callback_function: (text) => ($("output").textContent += text),
+    callback_function: (text) => {
+      $("output").textContent += text;
+      chunks += 1;
+    },
     token_callback_function: () => times.push(performance.now()),
   });
   const started = performance.now();
@@ -152,6 +156,7 @@ async function generate(prompt, maxNewTokens) {
     firstTokenMs: String(firstMs),
     tokensPerSecond: String(perSecond),
     decodeTokensPerSecond: String(decodePerSecond),
+    streamedChunks: String(chunks),
     backend: backend.device,
   });
   $("status").textContent = "done";
