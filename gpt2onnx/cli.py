@@ -432,7 +432,7 @@ def deploy(
             "--target",
             "-t",
             metavar="LIST",
-            help="genai, transformers-js, triton, ort-generate (comma-separated).",
+            help="genai, transformers-js, triton, ort-generate, web (comma-separated).",
         ),
     ],
     out: Annotated[
@@ -442,9 +442,17 @@ def deploy(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out folder.")] = False,
     triton_name: Annotated[Optional[str], typer.Option(help="Triton model name \\[default: the folder's].")] = None,
     triton_device: Annotated[str, typer.Option(help="Triton instances: cpu or gpu.")] = "cpu",
+    web_lib: Annotated[
+        Optional[Path],
+        typer.Option(
+            metavar="PATH",
+            help="web: node_modules with @huggingface/transformers \\[default: $GPT2ONNX_WEB_LIB, else"
+            " tests/js/node_modules of this checkout, else ./node_modules].",
+        ),
+    ] = None,
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Make an exported folder ready for genai, transformers.js, Triton, onnxruntime's generation ops."""
+    """Make an exported folder ready for genai, transformers.js, Triton, ort-generate, the browser."""
     from gpt2onnx.deploy import deploy as run_deploy
 
     result = run_deploy(
@@ -454,12 +462,15 @@ def deploy(
         force=force,
         triton_name=triton_name,
         triton_device=triton_device.lower(),
+        web_lib=web_lib,
         verify_files=verify_files,
     )
     table = Table(title=f"{folder} → {result.folder} ({result.record.precision})", show_header=False)
     for name, files in result.targets.items():
         table.add_row(name, ", ".join(files))
     console.print(table)
+    if "web" in manifest["deploy"]["targets"]:
+        console.print(f"open the page with: gpt2onnx serve {out or folder}", highlight=False, soft_wrap=True)
 
 
 @app.command("inspect")
@@ -950,3 +961,23 @@ def eval_command(
     if not report.passed:
         failing = next(r.check for r in report.rows if r.check and r.check.failures)
         raise CheckFailed("eval gate failed: " + "; ".join(report.failures), failing)
+
+
+# --- the browser (issue 21): gpt2onnx serve ------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    folder: Annotated[Path, typer.Argument(help="A folder written by gpt2onnx deploy --target web.")],
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free port).")] = 8000,
+) -> None:
+    """Serve a web folder on 127.0.0.1 with cross-origin isolation (the wasm thread pool needs it); Ctrl-C stops."""
+    from gpt2onnx.deploy.web_server import open_server
+
+    server = open_server(folder, port=port)
+    # one line, flushed: scripts and tests read the address from it
+    print(f"serving {server.folder} at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # the way to stop it: not an error
+        pass

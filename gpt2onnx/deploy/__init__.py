@@ -5,6 +5,8 @@
 
     genai_config.json                      onnxruntime-genai (gpt2onnx.deploy.genai)
     onnx/model[_suffix].onnx, config.json  transformers.js (gpt2onnx.deploy.transformers_js)
+    index.html, gpt2onnx-web.js, lib/      a page that generates in the browser (gpt2onnx.deploy.web; it loads
+                                           the transformers.js layout, which "web" therefore adds too)
     triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton)
     tokenizer.json                         genai and transformers.js, which read only this file, when the
                                            folder has only vocab.json + merges.txt (gpt2onnx.artifact.tokenizer)
@@ -31,16 +33,16 @@ from pathlib import Path
 from gpt2onnx.artifact.folder import CONFIG_FILE, MANIFEST_NAME, open_folder, staged_folder, write_manifest
 from gpt2onnx.artifact.manifest import DeployRecord, Manifest, TritonRecord
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
-from gpt2onnx.deploy import genai, ort_generate, transformers_js, triton
+from gpt2onnx.deploy import genai, ort_generate, transformers_js, triton, web
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("genai", "transformers-js", "triton", "ort-generate")
+TARGETS = ("genai", "transformers-js", "triton", "ort-generate", "web")
 NEED_TOKENIZER_JSON = {"genai", "transformers-js"}
 # what a target adds to the folder: dropped when the folder is deployed again
-_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER, ort_generate.SUBFOLDER)
+_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER, ort_generate.SUBFOLDER, *web.PATHS)
 
 
 @dataclass
@@ -69,6 +71,8 @@ def parse_targets(value: str | list[str]) -> list[str]:
         raise BadInput(
             f"unknown deploy target {', '.join(sorted(unknown)) or '(none)'}: choose from {', '.join(TARGETS)}"
         )
+    if "web" in names:
+        names.add("transformers-js")  # the page loads the transformers.js layout
     return [t for t in TARGETS if t in names]
 
 
@@ -80,9 +84,12 @@ def deploy(
     force: bool = False,
     triton_name: str | None = None,
     triton_device: str = "cpu",
+    web_lib: str | Path | None = None,
     verify_files: bool = True,
 ) -> DeployResult:
     """Write the deployment ``targets`` for the exported decoder ``folder``, in place or into ``out``.
+    ``web_lib``: the node_modules with transformers.js that the web target copies its library files from
+    (default: $GPT2ONNX_WEB_LIB, else this repository's tests/js/node_modules, else ./node_modules).
     Returns the folder and its new manifest, whose ``deploy`` record lists the targets and their files."""
     targets = parse_targets(targets)
     if triton_device not in triton.KINDS:
@@ -120,6 +127,10 @@ def deploy(
         if "transformers-js" in targets:
             files = transformers_js.write_transformers_js(staging, staging, opened.precision)
             written["transformers-js"] = files + made
+        if "web" in targets:
+            written["web"] = web.write_web(
+                source, staging, opened.precision, name=target.resolve().name, web_lib=web_lib
+            )
         if "triton" in targets:
             written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
         fixed = None
