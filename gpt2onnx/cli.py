@@ -469,7 +469,7 @@ def deploy(
     for name, files in result.targets.items():
         table.add_row(name, ", ".join(files))
     console.print(table)
-    if "web" in manifest["deploy"]["targets"]:
+    if "web" in result.targets:
         console.print(f"open the page with: gpt2onnx serve {out or folder}", highlight=False, soft_wrap=True)
 
 
