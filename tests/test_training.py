@@ -4,8 +4,10 @@ full softmax is the one trained, training is deterministic, and the corpus split
 import math
 
 import numpy as np
+import pytest
 import torch
 
+from gpt2onnx.errors import BadInput
 from gpt2onnx.pytorch.training import Recipe, heldout_quality, stdlib_docstrings, train_gpt2
 
 TINY = Recipe(n_layer=1, n_head=2, n_embd=16, n_positions=32, block=16, batch=4, steps=6, warmup=2, threads=1)
@@ -54,3 +56,8 @@ def test_corpus_is_split_by_module_and_smaller_corpora_keep_the_heldout_modules(
     assert "Python" in full.source
     text = full.heldout_text(max_chars=100)
     assert text == next(iter(full.heldout.values())) or len(text) >= 100
+
+
+def test_a_text_shorter_than_one_row_is_refused():
+    with pytest.raises(BadInput, match="the training text has 10 tokens: give more than 17"):
+        train_gpt2(stream(5, 10), vocab_size=1000, eos_id=999, recipe=TINY)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from gpt2onnx.artifact.tokenizer import END_OF_TEXT, write_tokenizer_files
+from gpt2onnx.errors import BadInput, CheckFailed
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ def train_gpt2(
     generator = torch.Generator().manual_seed(recipe.seed)
     span = recipe.block + 1
     if len(stream) <= span:
-        raise ValueError(f"the training text has {len(stream)} tokens: it needs more than {span}")
+        raise BadInput(f"the training text has {len(stream)} tokens: give more than {span} (the rows are {span} long)")
     model.train()
     losses, start = [], time.perf_counter()
     for step in range(recipe.steps):
@@ -259,7 +260,10 @@ def train_gpt2(
         full_logits = full(input_ids=ids[:, :-1]).logits
         expanded = torch.nn.functional.cross_entropy(full_logits.reshape(-1, vocab_size), ids[:, 1:].reshape(-1))
     if not math.isclose(trained.item(), expanded.item(), rel_tol=1e-4):
-        raise RuntimeError(f"the expanded model's loss {expanded.item()} differs from the trained {trained.item()}")
+        raise CheckFailed(
+            f"the saved model's loss {expanded.item():.6f} differs from the trained {trained.item():.6f}: a bug in the"
+            " tied-tail expansion (gpt2onnx.pytorch.training)"
+        )
     tail = losses[-max(1, recipe.steps // 10) :]
     return TrainResult(
         model=full,
