@@ -422,6 +422,7 @@ def evaluate(
     runtime = (runtime or RuntimeOptions()).check()
     _check_greedy(greedy_tokens)
     models = [open_folder(f, verify_files=verify_files) for f in folders]
+    _check_length(context, stride, min(m.n_positions for m in models))  # before any model is loaded
     tokenizer_folder = _tokenizer_folder([m.folder for m in models], None, required=False)
     summary = None
     if tokenizer_folder is not None:  # the text is read (and checked) once before any model is loaded
@@ -476,10 +477,12 @@ def evaluate_written(
     gates: EvalGates,
     against: str,
     label: str | None = None,
+    precision: str | None = None,
 ) -> EvalReport:
     """What export and optimize run with ``--eval-text`` on the folder they are writing (staged, before its
     manifest): onnxruntime's cpu provider, the default context and stride, against the checkpoint (export) or
-    the source folder (optimize). ``label``: the folder's name in the report (its final path)."""
+    the source folder (optimize). ``label``: the folder's name in the report (its final path); ``precision``: its
+    precision (the staged folder has no manifest yet)."""
     from gpt2onnx.artifact.folder import MODEL_FILE, read_n_positions
 
     source = TextSource(Path(text)).check()
@@ -489,6 +492,7 @@ def evaluate_written(
     else:
         ref = _RuntimeScorer(against, reference, RuntimeOptions())
     candidate = _RuntimeScorer(label or str(folder), model, RuntimeOptions())
+    candidate.precision = precision or candidate.precision
     try:
         return _run(
             [candidate], ref, load_tokenizer(folder), source, gates=gates, tokenizer_folder=Path(label or folder)
