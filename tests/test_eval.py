@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import write_hf_folder
 from test_cli import assert_one_line_error, run
+from test_runtimes import runtime_param
 
 from gpt2onnx.errors import CheckFailed
 from gpt2onnx.exporters.export import ExportOptions, export
@@ -82,9 +83,16 @@ def pytorch_perplexity(checkpoint: Path, ids: list[int], *, context: int, stride
     return math.exp(nll_sum / n_tokens)
 
 
-def test_fp32_perplexity_equals_pytorch(eval_setup, gpt2_tokenizer, tmp_path):
+@pytest.fixture(scope="session")
+def last_export(eval_setup, tmp_path_factory):
+    """The same checkpoint exported with --logits last (evaluated token by token)."""
+    options = ExportOptions(logits="last", validate=False)
+    return export(str(eval_setup[0]), tmp_path_factory.mktemp("eval-last") / "last", options=options).folder
+
+
+def test_fp32_perplexity_equals_pytorch(eval_setup, last_export, gpt2_tokenizer):
     checkpoint, fp32, text = eval_setup
-    last = export(str(checkpoint), tmp_path / "last", options=ExportOptions(logits="last", validate=False)).folder
+    last = last_export
     report = evaluate([fp32, last], text=text, context=64, stride=24, greedy_tokens=16)
     ids = gpt2_tokenizer.encode(text.read_text())
     expected = pytorch_perplexity(checkpoint, ids, context=64, stride=24)
@@ -99,6 +107,23 @@ def test_fp32_perplexity_equals_pytorch(eval_setup, gpt2_tokenizer, tmp_path):
         assert abs(row.delta_ppl_percent) < 1e-3 and row.nonfinite == 0
         assert row.greedy == {"prompt_tokens": 32, "new_tokens": 16, "matching_tokens": 16, "first_divergence": None}
     assert 1 < expected < 50257 * 10  # a sane perplexity, not a constant
+
+
+@pytest.mark.parametrize("runtime", [runtime_param("openvino"), runtime_param("genai")])
+def test_other_runtimes_give_the_same_perplexity(eval_setup, last_export, tmp_path, runtime):
+    """genai gets the window forced into its own loop (all positions' logits from the prompt, or one forced token
+    per pass for --logits last); OpenVINO is a stepper like onnxruntime."""
+    from gpt2onnx.runtimes.base import RuntimeOptions
+
+    checkpoint, fp32, text = eval_setup
+    short = tmp_path / "short.txt"
+    short.write_text(text.read_text()[:700])
+    report = evaluate(
+        [fp32, last_export], text=short, context=48, runtime=RuntimeOptions(name=runtime), greedy_tokens=8
+    )
+    for row in report.rows:
+        assert row.runtime == runtime and abs(row.ppl / report.reference.ppl - 1) < 1e-4, (row.label, row.ppl)
+        assert row.kl["max"] < 1e-8 and row.same_top1 == 1.0 and row.greedy["first_divergence"] is None
 
 
 def test_tokens_streamed_in_pieces_equal_the_whole_text(gpt2_tokenizer, tmp_path, monkeypatch):
@@ -245,6 +270,6 @@ def test_eval_bad_input(eval_setup, tmp_path, monkeypatch):
     assert_one_line_error(run("eval", fp32, "--text", tmp_path / "latin1.txt"), "is not UTF-8")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     result = run("eval", fp32, "--dataset", "wikitext:wikitext-2-raw-v1:test")
-    assert_one_line_error(result, "datasets")  # offline (or without the library): one line, what to do
+    assert_one_line_error(result, "dataset")  # offline (or without the library): one line, what to do
     assert result.exit_code in (2, 3)
     assert not (tmp_path / "x").exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -82,7 +83,9 @@ def _dataset_chunks(value: str) -> Iterator[str]:
     """The rows of a datasets split, joined by blank lines, streamed row by row (datasets memory-maps the split)."""
     name, config, split = _dataset_parts(value)
     try:
-        import datasets
+        with warnings.catch_warnings():  # a library's import-time deprecation notices are not the user's error
+            warnings.simplefilter("ignore")
+            import datasets
     except ImportError:
         raise RuntimeUnavailable(f"--dataset needs the datasets library, which is not installed: {DATASETS_INSTALL}")
     datasets.logging.set_verbosity_error()
