@@ -239,7 +239,7 @@ def window_logits(runner, window: Window, *, last_logits: bool) -> np.ndarray:
     past fed back (the same figures, one step per scored token). A runtime that owns its loop (genai) gets
     the window's tokens forced into it."""
     ids, first = window.ids, window.first
-    if hasattr(runner, "run_loop"):  # genai: the prompt's logits, then one pass per forced token
+    if runner.capabilities.owns_loop:  # genai: the prompt's logits, then one pass per forced token
         if last_logits:
             out = runner.run_loop(
                 ids[:first].tolist(), max_new_tokens=0, forced=ids[first:-1].tolist(), return_logits=True
@@ -268,7 +268,7 @@ def window_logits(runner, window: Window, *, last_logits: bool) -> np.ndarray:
 def graph_logits_last(model) -> bool:
     """Whether a folder's graph returns the last position's logits only (exported with --logits last): from
     its manifest, else from the graph's logits dims ([batch, 1, vocab])."""
-    options = (model.manifest or {}).get("options") or {}
+    options = model.manifest.options if model.manifest is not None else {}
     if options.get("logits") in ("all", "last"):
         return options["logits"] == "last"
     from gpt2onnx.artifact.contract import graph_io
