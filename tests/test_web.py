@@ -66,7 +66,9 @@ class Browser:
         self.log.seek(0)
         return self.log.read()[-2000:]
 
-    def visit(self, url: str, *, screenshot: Path | None = None, timeout_s: float = 120) -> dict:
+    def visit(self, url: str, *, screenshot: Path | None = None, timeout_s: float = 300) -> dict:
+        """Open ``url`` and wait for data-done; the limit is generous: a page takes 5-10 s on 2 quiet cores, but
+        several times that when the cores are shared (SwiftShader's WebGPU most)."""
         request = {"url": url, "screenshot": str(screenshot) if screenshot else None, "timeout_ms": timeout_s * 1000}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
