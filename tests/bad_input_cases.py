@@ -316,6 +316,11 @@ def no_space_left(c: Ctx):
     return mock.patch("onnx.save_model", side_effect=OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
 
 
+def _generation_config(folder: Path, **changes) -> None:
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
 # -- the corpus -------------------------------------------------------------------------------------------------
 B, F = EXIT_BAD_INPUT, EXIT_CHECK_FAILED
 EXPORT_TINY = ("export", "--model", "tiny", "--random-init")
@@ -907,6 +912,14 @@ CASES: list[Case] = [
         ("deploy", "{exp}", "--target", "triton", "-o", "out", "--triton-name", "../x"),
         B,
         match="Triton model name",
+    ),
+    Case(
+        "deploy-ort-generate-early-stopping-never",
+        "options",
+        ("deploy", "m", "--target", "ort-generate", "-o", "out"),
+        B,
+        lambda c: _generation_config(c.copy("exp", "m"), early_stopping="never"),
+        match="early_stopping 'never'.*true or false",
     ),
     Case(
         "deploy-triton-device-bogus",
