@@ -469,8 +469,8 @@ def deploy(
     for name, files in result.targets.items():
         table.add_row(name, ", ".join(files))
     console.print(table)
-    if "web" in manifest["deploy"]["targets"]:
-        console.print(f"open the page with: gpt2onnx serve {out or folder}", highlight=False, soft_wrap=True)
+    if "web" in result.targets:
+        console.print(f"open the page with: gpt2onnx serve {result.folder}", highlight=False, soft_wrap=True)
 
 
 @app.command("inspect")
