@@ -211,19 +211,14 @@ class EvalChoice:
     max_kl: float | None
 
 
-MaxPplOpt = Annotated[
-    Optional[float], typer.Option(help="Gate: the most a perplexity may exceed the reference's, in percent.")
-]
-MaxKlOpt = Annotated[Optional[float], typer.Option(help="Gate: the largest mean KL divergence from the reference.")]
+MaxPplOpt = Annotated[Optional[float], typer.Option(help="Gate: the most ΔPPL %.")]
+MaxKlOpt = Annotated[Optional[float], typer.Option(help="Gate: the most mean KL.")]
 _EVAL_OPTIONS = (
     (
         "eval_text",
         Annotated[
             Optional[Path],
-            typer.Option(
-                help="Before writing, evaluate the new folder on this text file (as gpt2onnx eval does) and apply"
-                " --max-ppl-increase / --max-kl; a failed gate writes nothing."
-            ),
+            typer.Option(help="Evaluate on this text before writing (see eval)."),
         ],
         None,
     ),
@@ -446,8 +441,7 @@ def deploy(
         Optional[Path],
         typer.Option(
             metavar="PATH",
-            help="web: node_modules with @huggingface/transformers \\[default: $GPT2ONNX_WEB_LIB, else"
-            " tests/js/node_modules of this checkout, else ./node_modules].",
+            help="web: node_modules with transformers.js (README).",
         ),
     ] = None,
     verify_files: VerifyFilesOpt = True,
@@ -861,8 +855,7 @@ def eval_command(
     dataset: Annotated[
         Optional[str],
         typer.Option(
-            help="Or a datasets split NAME[:CONFIG[:SPLIT]] (split default test), e.g. wikitext:wikitext-2-raw-v1;"
-            " needs the network or the Hugging Face cache, and pip install 'gpt2onnx[eval]'."
+            help="Or NAME[:CONFIG[:SPLIT]] via datasets (README).",
         ),
     ] = None,
     context: Annotated[
@@ -874,15 +867,12 @@ def eval_command(
     reference: Annotated[
         Optional[str],
         typer.Option(
-            help="Compare with this checkpoint (folder or Hub id) or exported folder \\[default: PyTorch fp32 from"
-            " the manifest's source]."
+            help="Checkpoint or folder \\[default: the source].",
         ),
     ] = None,
     max_ppl_increase: MaxPplOpt = None,
     max_kl: MaxKlOpt = None,
-    greedy_tokens: Annotated[
-        int, typer.Option(help="New tokens of the greedy comparison, from the text's first 32 tokens (0: none).")
-    ] = 64,
+    greedy_tokens: Annotated[int, typer.Option(help="Greedy tokens compared (0: none).")] = 64,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
     runtime: RuntimeOpt = "onnxruntime",
     options: RunOptions = None,
