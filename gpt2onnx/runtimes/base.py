@@ -92,6 +92,7 @@ class LoopResult:
     step_seconds: list[float]  # [0] is the prompt step
     logits: list[np.ndarray] = field(default_factory=list)  # per forward pass: [positions, vocab]
     peak_bytes: int | None = None  # peak resident memory of the process that ran it (a worker's own)
+    sequences: list[list[int]] = field(default_factory=list)  # beam search: new tokens per returned beam, best first
 
 
 @runtime_checkable
