@@ -689,6 +689,16 @@ def parity(
     )
     summary.add_row("NaN/Inf", str(t["nonfinite"]))
     summary.add_row("greedy tokens equal", f"{t['tokens_equal_cases']} of {t['cases']} cases")
+    if report.kv_path is not None and report.kv_path.skipped:
+        summary.add_row("K/V path", f"not checked: {report.kv_path.skipped}")
+    for check in report.kv_path.checks if report.kv_path is not None else []:
+        m = check.measured
+        summary.add_row(
+            f"K/V path: {check.description}",
+            f"max |Δlogits| {m['logits']['max']:.2e}, top-1 {100 * m['top1_agreement']:.1f}%,"
+            f" KL mean {m['kl']['mean']:.2e} ({m['positions_compared']} positions)"
+            + ("" if check.passed else " [red]FAIL[/]"),
+        )
     summary.add_row(
         "verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + escape("; ".join(report.failures))
     )

@@ -6,6 +6,7 @@ strings; the sampling warpers compared as filtered distributions; the K/V reorde
 The model: the seeded tiny checkpoint with a wide init (0.3), whose next-token distributions are peaked and
 differ from step to step, so beams and penalties change the tokens."""
 
+import contextlib
 import json
 import shutil
 
@@ -51,7 +52,7 @@ def eos_export(tiny_export, reference, tmp_path_factory):
     ids, mask = padded(PAD)
     found = []
     for beams in (1, 4):
-        with torch.no_grad():
+        with torch.no_grad(), one_torch_thread():
             out = reference.generate(
                 torch.tensor(ids),
                 attention_mask=torch.tensor(mask),
@@ -74,8 +75,19 @@ def eos_export(tiny_export, reference, tmp_path_factory):
     return folder
 
 
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch's small ops on 2 shared, busy cores: one thread is several times faster than two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def transformers_generate(reference, ids, mask, eos, **settings):
-    with torch.no_grad():
+    with torch.no_grad(), one_torch_thread():
         out = reference.generate(
             torch.tensor(ids),
             attention_mask=torch.tensor(mask),
@@ -207,7 +219,7 @@ def test_stop_strings_as_transformers(tokenized_export):
     eos_ids, pad = generation_token_ids(folder)
     pad = eos_ids[0] if pad is None else pad
     ids, mask = _left_pad(ours.prompt_ids, pad)
-    with torch.no_grad():
+    with torch.no_grad(), one_torch_thread():
         out = GPT2LMHeadModel.from_pretrained(str(source)).generate(
             torch.tensor(ids),
             attention_mask=torch.tensor(mask),
@@ -240,20 +252,6 @@ def test_reorder_past_stays_an_ortvalue_and_picks_rows(tiny_export):
     assert all(isinstance(p, ort.OrtValue) for p in picked) and len(picked) == len(past)
     for before, after in zip(past, picked):
         np.testing.assert_array_equal(after.numpy(), before.numpy()[rows])
-
-
-def test_shared_cache_beam_search_equals_the_concat_graph(tiny_folder, tiny_export, tmp_path):
-    from gpt2onnx.exporters.export import ExportOptions, export
-
-    shared = export(str(tiny_folder), tmp_path / "skv", options=ExportOptions(fusion="ort-shared-kv")).folder
-    ids, mask = padded(0)
-    decoding = Decoding(num_beams=3, num_return_sequences=3, no_repeat_ngram_size=2)
-    results = [
-        generate(open_decoder(open_folder(f), ProviderConfig()), ids, mask, max_new_tokens=8, decoding=decoding)
-        for f in (tiny_export, shared)
-    ]
-    np.testing.assert_array_equal(results[0].tokens, results[1].tokens)
-    np.testing.assert_allclose(results[0].scores, results[1].scores, atol=1e-4)
 
 
 def _runtime_or_skip(folder, name):

@@ -20,6 +20,7 @@ from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session
 from gpt2onnx.verify.gates import TOLERANCES, apply_gates, tolerances_for
+from gpt2onnx.verify.kv_path import check_kv_path
 from gpt2onnx.verify.lockstep import (
     CaseResult,
     OnnxReference,
@@ -242,7 +243,9 @@ def check_parity(
         verify_files: check the model files against the manifest's sha256 first.
 
     Returns:
-        CheckReport with the totals, the failures (empty when it passed) and every case.
+        CheckReport with the totals, the failures (empty when it passed), every case, and ``kv_path``: the model
+        against itself on one left-padded batch (a past vs recomputed, the batch vs each row alone, chunks vs
+        the whole prompt; :mod:`gpt2onnx.verify.kv_path`), its failures among the report's.
 
     Raises:
         BadInput (options, folder, reference), ContractError, IntegrityError, RuntimeUnavailable.
@@ -287,12 +290,16 @@ def check_parity(
                 results.append(run(decoder, ref, case, vocab_size=ckpt.spec.vocab_size))
                 if on_case is not None:
                     on_case(results[-1])
+            kv_path = check_kv_path(decoder, vocab_size=ckpt.spec.vocab_size, tolerances=tolerances, seed=seed)
         finally:
             getattr(decoder, "close", lambda: None)()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
-    return gate_report(
+    report = gate_report(
         results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
     )
+    report.kv_path = kv_path
+    report.failures += kv_path.failures
+    return report
 
 
 __all__ = ["TOLERANCES", "check_parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]
