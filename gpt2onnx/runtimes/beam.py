@@ -98,6 +98,7 @@ def beam_search(
     full_mask, positions = full_mask[spread], positions[spread]
     seconds = [time.perf_counter() - start]
     identity = np.arange(batch * beams)
+    padding = np.repeat((mask == 0).sum(axis=1), beams)  # each beam's left padding (the repetition penalty's skip)
     vocab = None
     cur_len = prompt_length
     while True:
@@ -110,6 +111,7 @@ def beam_search(
             decoding=decoding,
             sampling=sampling,
             eos_token_ids=eos_token_ids,
+            padding=padding,
         )
         vocab = log_probs.shape[-1]
         log_probs = log_probs.reshape(batch, beams, vocab) + running_scores[:, :, None]

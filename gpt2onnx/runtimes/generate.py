@@ -156,11 +156,13 @@ def process_scores(
     decoding: Decoding,
     sampling: Sampling,
     eos_token_ids: tuple[int, ...],
+    padding: np.ndarray | None = None,
     min_tokens_to_keep: int = 1,
 ) -> np.ndarray:
     """The logits processors of transformers' generate() in its order, on [rows, vocab] float32 scores and the
-    rows' sequences so far (left-padded prompt included); the warpers only when sampling."""
-    scores = logits.repetition_penalty(scores, sequences, decoding.repetition_penalty)
+    rows' sequences so far (left-padded prompt included; ``padding``: each row's count of left padding, which the
+    repetition penalty leaves out); the warpers only when sampling."""
+    scores = logits.repetition_penalty(scores, sequences, decoding.repetition_penalty, skip=padding)
     scores = logits.no_repeat_ngram(scores, sequences, decoding.no_repeat_ngram_size)
     scores = logits.min_new_tokens(scores, sequences.shape[1] - prompt_length, decoding.min_new_tokens, eos_token_ids)
     if sampling.sample:
@@ -282,6 +284,7 @@ def generate(
     out, past = decoder.run(input_ids, full_mask, positions, past)
     seconds.append(time.perf_counter() - start)
     processed = sampling.sample or decoding.processors_on()
+    padding = (mask == 0).sum(axis=1)  # left padding: transformers 5's (mask != 0).argmax(1)
     for step in range(max_new_tokens):
         last = out[:, -1].astype(np.float32)
         if processed:
@@ -292,6 +295,7 @@ def generate(
                 decoding=decoding,
                 sampling=sampling,
                 eos_token_ids=eos_ids,
+                padding=padding,
             )
         ids = draw(last, rng) if sampling.sample else last.argmax(-1)
         chosen = np.take_along_axis(logits.log_softmax(last), ids[:, None], axis=1)[:, 0]

@@ -12,16 +12,23 @@ from __future__ import annotations
 import numpy as np
 
 
-def repetition_penalty(scores: np.ndarray, sequences: np.ndarray, penalty: float) -> np.ndarray:
-    """RepetitionPenaltyLogitsProcessor: every token already in the row (prompt and padding included) has its
-    score divided by ``penalty`` where positive, multiplied where negative."""
+def repetition_penalty(
+    scores: np.ndarray, sequences: np.ndarray, penalty: float, *, skip: np.ndarray | None = None
+) -> np.ndarray:
+    """RepetitionPenaltyLogitsProcessor: every token already in the row has its score divided by ``penalty``
+    where positive, multiplied where negative. ``skip``: per row, the leading positions left out (transformers
+    5 passes each row's left padding, so the pad id is not penalised; transformers 4 penalised it too)."""
     if penalty == 1.0:
         return scores
-    seen = np.take_along_axis(scores, sequences, axis=1)
+    vocab = scores.shape[-1]
+    ids = np.minimum(sequences, vocab)  # column ``vocab``: a sink for the positions left out
+    if skip is not None:
+        ids = np.where(np.arange(ids.shape[1])[None, :] < np.asarray(skip)[:, None], vocab, ids)
+    out = np.concatenate([scores, np.zeros((scores.shape[0], 1), scores.dtype)], axis=1)
+    seen = np.take_along_axis(out, ids, axis=1)
     seen = np.where(seen < 0, seen * np.float32(penalty), seen / np.float32(penalty)).astype(scores.dtype)
-    out = scores.copy()
-    np.put_along_axis(out, sequences, seen, axis=1)
-    return out
+    np.put_along_axis(out, ids, seen, axis=1)
+    return out[:, :vocab]
 
 
 def banned_ngram_tokens(sequence: list[int], size: int) -> list[int]:
