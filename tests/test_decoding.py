@@ -306,9 +306,9 @@ def test_openvino_beam_search_equals_transformers(eos_export, reference):
 
 
 def test_genai_beam_search_equals_transformers_where_comparable(eos_export, reference):
-    """genai's own beam loop normalises a finished beam's score differently (by the whole length, prompt
-    included) and its early stopping differs: with length_penalty 0 (no normalisation) and early_stopping
-    False every returned beam is transformers'; the other settings are documented in README (Generate)."""
+    """genai's own beam loop normalises and stops finished beams differently: with length_penalty 0 (no
+    normalisation) and early_stopping False every returned beam is transformers'; the other settings are
+    measured in README (Decoding options). Greedy with a repetition penalty is transformers' too."""
     runner = _runtime_or_skip(eos_export, "genai")
     try:
         eos = generation_token_ids(eos_export)[0][0]
@@ -320,8 +320,17 @@ def test_genai_beam_search_equals_transformers_where_comparable(eos_export, refe
         for row, length in enumerate(ours.lengths):
             assert ours.tokens[row, :length].tolist() == theirs[row, :length].tolist()
             assert (theirs[row, length:] == eos).all()
-        with pytest.raises(BadInput, match="the genai runtime cannot do --no-repeat-ngram-size as transformers"):
-            generate(runner, ids, mask, max_new_tokens=4, decoding=Decoding(no_repeat_ngram_size=2))
+        settings = {"repetition_penalty": 1.3}
+        ours = generate(runner, ids, mask, max_new_tokens=NEW, decoding=Decoding(**settings), eos_token_id=eos)
+        want, _, _ = reference_rows(reference, ids, mask, eos, settings, ours.tokens.shape[1])
+        for row, length in enumerate(ours.lengths):
+            assert ours.tokens[row, :length].tolist() == want[row, :length].tolist()
+        for refused, option in (
+            (dict(no_repeat_ngram_size=2), "--no-repeat-ngram-size"),
+            (dict(num_beams=2, repetition_penalty=1.2), "--repetition-penalty with beam search"),
+        ):
+            with pytest.raises(BadInput, match=f"the genai runtime cannot do {option} as transformers"):
+                generate(runner, ids, mask, max_new_tokens=4, decoding=Decoding(**refused))
     finally:
         runner.close()
 

@@ -329,7 +329,6 @@ GENAI_SEARCH = {
     "num_beams": "num_beams",
     "length_penalty": "length_penalty",
     "num_return_sequences": "num_return_sequences",
-    "repetition_penalty": "repetition_penalty",
 }
 
 
@@ -340,6 +339,8 @@ def genai_search(sampling: Sampling, decoding: Decoding, vocab_size: int | None)
         (decoding.min_new_tokens > 0, "--min-new-tokens"),
         (decoding.early_stopping == "never", "--early-stopping never"),
         (decoding.beams and bool(decoding.stop), "--stop with beam search"),
+        # genai penalises the logits before its beam scores' log-softmax; transformers the log-probabilities
+        (decoding.beams and decoding.repetition_penalty != 1.0, "--repetition-penalty with beam search"),
         (sampling.sample and decoding.num_return_sequences > 1, "--num-return-sequences with sampling"),
     ]
     for bad, option in refused:
@@ -360,7 +361,7 @@ def genai_search(sampling: Sampling, decoding: Decoding, vocab_size: int | None)
     if decoding.beams:
         search.update({theirs: getattr(decoding, ours) for ours, theirs in GENAI_SEARCH.items()})
         search["early_stopping"] = bool(decoding.early_stopping)
-    elif decoding.repetition_penalty != 1.0:
+    if decoding.repetition_penalty != 1.0:  # greedy: as transformers 5 on each row alone (tested)
         search["repetition_penalty"] = decoding.repetition_penalty
     return search
 
