@@ -22,6 +22,7 @@ import numpy as np
 
 from gpt2onnx.runtimes import logits
 from gpt2onnx.runtimes.decoder import position_ids_for
+from gpt2onnx.runtimes.decoding import Generation, Sampling, process_scores
 
 NEG = np.float32(-1.0e9)  # transformers' "impossible" score
 
@@ -62,8 +63,6 @@ def beam_search(
 ):
     """Beam search over a left-padded batch (checked by the caller): a :class:`Generation` with
     ``num_return_sequences`` rows per prompt, best first, and transformers' sequence scores."""
-    from gpt2onnx.runtimes.generate import Generation, Sampling, process_scores
-
     sampling = sampling or Sampling()
     batch, prompt_length = input_ids.shape
     beams = decoding.num_beams
