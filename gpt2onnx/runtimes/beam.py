@@ -43,12 +43,6 @@ def _gather(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return np.take_along_axis(array, index, axis=1)
 
 
-def _reorder(decoder, past, rows: np.ndarray):
-    if hasattr(decoder, "reorder_past"):
-        return decoder.reorder_past(past, rows)
-    return [np.ascontiguousarray(p[rows]) for p in past]  # a stepper whose cache is host arrays (openvino)
-
-
 def beam_search(
     decoder,
     input_ids: np.ndarray,
@@ -92,7 +86,7 @@ def beam_search(
     past = decoder.empty_past(batch, capacity=full_mask.shape[1] + max_new_tokens)
     out, past = decoder.run(input_ids, full_mask, positions, past)
     spread = np.repeat(np.arange(batch), beams)
-    past = _reorder(decoder, past, spread)
+    past = decoder.reorder_past(past, spread)
     out = out[spread]
     full_mask, positions = full_mask[spread], positions[spread]
     seconds = [time.perf_counter() - start]
@@ -173,7 +167,7 @@ def beam_search(
             break
 
         if not np.array_equal(rows, identity):
-            past = _reorder(decoder, past, rows)
+            past = decoder.reorder_past(past, rows)
         next_ids = running[:, :, cur_len - 1].reshape(-1, 1)
         full_mask = np.concatenate([full_mask, np.ones((batch * beams, 1), np.int64)], axis=1)
         positions = positions[:, -1:] + 1

@@ -24,6 +24,9 @@ class Sampling:
     top_p: float = 1.0  # 1.0: no nucleus filter
     seed: int | None = None
 
+    def __post_init__(self) -> None:
+        self.check()  # an invalid one cannot be built
+
     def check(self) -> None:
         if not self.sample:
             ignored = [
@@ -69,19 +72,25 @@ class Decoding:
     min_new_tokens: int = 0
     stop: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        self.check(None)  # an invalid one cannot be built; with sampling, generate checks the pair again
+
     @property
     def beams(self) -> bool:
         return self.num_beams > 1
 
-    def check(self, sampling: Sampling = Sampling()) -> "Decoding":
+    def check(self, sampling: Sampling | None = Sampling()) -> "Decoding":
+        """Refuse invalid settings; ``sampling``: the pair's checks too (None: the settings alone)."""
         if self.num_beams < 1:
             raise BadInput(f"num_beams (--num-beams) must be at least 1, got {self.num_beams}")
-        if not 1 <= self.num_return_sequences <= max(self.num_beams, 1 if not sampling.sample else 2**31):
+        if self.num_return_sequences < 1 or (
+            sampling is not None and self.num_return_sequences > max(self.num_beams, 2**31 if sampling.sample else 1)
+        ):
             raise BadInput(
                 f"num_return_sequences (--num-return-sequences) {self.num_return_sequences} must be 1 to num_beams"
                 f" ({self.num_beams}) with beam search, 1 with greedy decoding: raise --num-beams, or sample"
             )
-        if self.beams and sampling.sample:
+        if self.beams and sampling is not None and sampling.sample:
             raise BadInput("beam sampling (--num-beams with --sample) is not offered: drop one of them")
         if not self.beams:
             ignored = [

@@ -18,7 +18,7 @@ import numpy as np
 from gpt2onnx.artifact.folder import generation_token_ids, open_folder
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import logits
-from gpt2onnx.runtimes.base import LoopRunner, RuntimeOptions, Stepper, open_runtime
+from gpt2onnx.runtimes.base import LoopRunner, Runtime, RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.beam import beam_search
 from gpt2onnx.runtimes.decoder import position_ids_for
 from gpt2onnx.runtimes.decoding import (  # noqa: F401 - re-exported: the public names live here too
@@ -68,7 +68,7 @@ def as_ids(eos_token_id) -> tuple[int, ...]:
 
 
 def generate(
-    decoder: Stepper | LoopRunner,
+    decoder: Runtime,
     input_ids: np.ndarray,
     attention_mask: np.ndarray | None = None,
     *,
@@ -88,7 +88,7 @@ def generate(
     input_ids, mask = _checked(decoder, input_ids, attention_mask, max_new_tokens, sampling, decoding)
     eos_ids = as_ids(eos_token_id)
     pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else None)
-    if hasattr(decoder, "run_loop"):
+    if decoder.capabilities.owns_loop:
         return generate_loop(
             decoder,
             input_ids,
@@ -353,8 +353,7 @@ def generate_text(
     shown = list(prompts) if prompts else [" ".join(map(str, row[m > 0])) for row, m in zip(input_ids, mask)]
     decoder = open_runtime(model, runtime or RuntimeOptions(provider=provider))
     rows = input_ids.shape[0] * max(decoding.num_beams, decoding.num_return_sequences)
-    if hasattr(decoder, "check_memory"):
-        decoder.check_memory(rows, input_ids.shape[1], input_ids.shape[1] + max_new_tokens, what="prompt batch")
+    decoder.check_memory(rows, input_ids.shape[1], input_ids.shape[1] + max_new_tokens, what="prompt batch")
     stream = TextStream(tokenizer if prompts else None)
     stop = StopStrings(tokenizer, decoding.stop) if decoding.stop else None
 
@@ -379,7 +378,7 @@ def generate_text(
             on_step=step,
         )
     finally:
-        getattr(decoder, "close", lambda: None)()
+        decoder.close()
     lengths = result.lengths if result.lengths is not None else [result.tokens.shape[1]] * len(result.tokens)
     new = [row[:length] for row, length in zip(result.tokens.tolist(), lengths)]
     texts = [TextStream(tokenizer if prompts else None).text(row) for row in new]
@@ -391,7 +390,7 @@ def generate_text(
         "max_new_tokens": max_new_tokens,
         "eos_token_id": list(eos_ids),
         "pad_token_id": pad_id,
-        "runtime": getattr(decoder, "runtime", None),
+        "runtime": decoder.runtime,
     }
     settings["stop"] = list(decoding.stop)
     return TextGeneration(

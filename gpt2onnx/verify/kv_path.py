@@ -81,7 +81,7 @@ def kv_path_gates(tolerances: dict) -> dict:
 
 def check_kv_path(decoder, *, vocab_size: int, tolerances: dict, seed: int = 0, length: int = 12, steps: int = 4):
     """The three checks on one seeded left-padded batch of 3 (row 0 unpadded, the others padded differently)."""
-    if not hasattr(decoder, "run"):
+    if decoder.capabilities.owns_loop:
         return KvPathReport(skipped=f"the {decoder.runtime} runtime owns its loop and cache: no past to check")
     length = max(4, min(length, (decoder.n_positions or 128) - steps - 1))
     ids, mask = left_padded_batch(vocab_size, batch=3, length=length, seed=seed)
