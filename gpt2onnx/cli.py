@@ -601,27 +601,15 @@ def generate(
     top_k: Annotated[int, typer.Option(help="Sample from the top k (0: all).")] = 0,
     top_p: Annotated[float, typer.Option(help="Sample from the top-p mass.")] = 1.0,
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
-    num_beams: Annotated[int, typer.Option(help="Beam search with this many beams (1: greedy or sampling).")] = 1,
-    length_penalty: Annotated[
-        float, typer.Option(help="Beam search: a finished beam's score is divided by new_length ** this.")
-    ] = 1.0,
-    early_stopping: Annotated[
-        str, typer.Option(help="Beam search: true (stop at num_beams finished), false (heuristic) or never.")
-    ] = "false",
-    num_return_sequences: Annotated[
-        int, typer.Option(help="Sequences returned per prompt (at most --num-beams; any number when sampling).")
-    ] = 1,
-    repetition_penalty: Annotated[
-        float, typer.Option(help="Divide (multiply, if negative) the scores of tokens already in the row by this.")
-    ] = 1.0,
-    no_repeat_ngram_size: Annotated[int, typer.Option(help="No n-gram of this size occurs twice (0: off).")] = 0,
-    min_new_tokens: Annotated[int, typer.Option(help="End-of-sequence is impossible before this many tokens.")] = 0,
-    stop: Annotated[
-        Optional[list[str]], typer.Option("--stop", help="Stop a row when it produces this text (repeatable).")
-    ] = None,
-    json_path: Annotated[
-        Optional[Path], typer.Option("--json", help="Write token ids, text and score per sequence to this file.")
-    ] = None,
+    num_beams: Annotated[int, typer.Option(help="Beams (1: greedy or sampling).")] = 1,
+    length_penalty: Annotated[float, typer.Option(help="Beams: score / new_length ** this.")] = 1.0,
+    early_stopping: Annotated[str, typer.Option(help="Beams: true, false or never.")] = "false",
+    num_return_sequences: Annotated[int, typer.Option(help="Sequences per prompt (≤ beams).")] = 1,
+    repetition_penalty: Annotated[float, typer.Option(help="Penalise tokens already in the row.")] = 1.0,
+    no_repeat_ngram_size: Annotated[int, typer.Option(help="No n-gram of this size twice (0: off).")] = 0,
+    min_new_tokens: Annotated[int, typer.Option(help="No end-of-sequence before this many.")] = 0,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop a row at this text (repeatable).")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write ids, text and score per sequence.")] = None,
     runtime: RuntimeOpt = "onnxruntime",
     options: RunOptions = None,
 ) -> None:
