@@ -69,3 +69,14 @@ def test_parity_report_and_cli_show_the_kv_path(tiny_export, tmp_path):
     assert out.exit_code == 0, out.output
     for text in ("K/V path: decode steps", "K/V path: a left-padded", "K/V path: a prompt fed"):  # rows may wrap
         assert text in out.output
+
+
+def test_kv_path_on_text_ids_runs_the_same_checks(decoder):
+    """With parity's --text, the batch is stretches of the text and the decode steps its next tokens."""
+    text_ids = (np.arange(300) * 7919) % 1000
+    report = check_kv_path(decoder, vocab_size=1000, tolerances=TOLERANCES["float32"], text_ids=text_ids)
+    assert [c.name for c in report.checks] == ["past", "batch", "chunks"] and not report.failures
+    assert (
+        report.checks[0].measured
+        != check_kv_path(decoder, vocab_size=1000, tolerances=TOLERANCES["float32"]).checks[0].measured
+    ), "other inputs than the random ids"

@@ -79,14 +79,31 @@ def kv_path_gates(tolerances: dict) -> dict:
     return {k: v for k, v in tolerances.items() if k in ("logits", "top1", "top5", "kl_mean")}
 
 
-def check_kv_path(decoder, *, vocab_size: int, tolerances: dict, seed: int = 0, length: int = 12, steps: int = 4):
-    """The three checks on one seeded left-padded batch of 3 (row 0 unpadded, the others padded differently)."""
+def check_kv_path(
+    decoder,
+    *,
+    vocab_size: int,
+    tolerances: dict,
+    seed: int = 0,
+    length: int = 12,
+    steps: int = 4,
+    text_ids: np.ndarray | None = None,
+):
+    """The three checks on one seeded left-padded batch of 3 (row 0 unpadded, the others padded differently):
+    random token ids, or with ``text_ids`` (a tokenized text, as parity's cases use) stretches of that text
+    from seeded offsets, the decode steps fed with the text's next tokens."""
     if decoder.capabilities.owns_loop:
         return KvPathReport(skipped=f"the {decoder.runtime} runtime owns its loop and cache: no past to check")
     length = max(4, min(length, (decoder.n_positions or 128) - steps - 1))
     ids, mask = left_padded_batch(vocab_size, batch=3, length=length, seed=seed)
     gates = kv_path_gates(tolerances)
     new = np.random.default_rng(seed + 1).integers(0, vocab_size, size=(3, steps))
+    if text_ids is not None and len(text_ids) > length + steps:
+        starts = np.random.default_rng(seed).integers(0, len(text_ids) - length - steps + 1, size=3)
+        for row, start in enumerate(starts):
+            real = int(mask[row].sum())  # the row's real tokens: a stretch of text, then its next tokens
+            ids[row, length - real :] = text_ids[start : start + real]
+            new[row] = text_ids[start + real : start + real + steps]
 
     # past: prompt + decode steps against each prefix recomputed without a past
     stepped = _run_sequence(decoder, ids, mask, [length], new)  # [1 + steps, batch, vocab]

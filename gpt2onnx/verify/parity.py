@@ -300,7 +300,9 @@ def check_parity(
                 results.append(run(decoder, ref, case, vocab_size=ckpt.spec.vocab_size, text_ids=text_ids))
                 if on_case is not None:
                     on_case(results[-1])
-            kv_path = check_kv_path(decoder, vocab_size=ckpt.spec.vocab_size, tolerances=tolerances, seed=seed)
+            kv_path = check_kv_path(
+                decoder, vocab_size=ckpt.spec.vocab_size, tolerances=tolerances, seed=seed, text_ids=text_ids
+            )
         finally:
             decoder.close()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
