@@ -3,8 +3,9 @@ GPT2LMHeadModel.generate on a left-padded batch of three prompts of different le
 reached (the folder's eos is a token the model produces often); penalties, n-grams, minimum new tokens, stop
 strings; the sampling warpers compared as filtered distributions; the K/V reorder on the device side.
 
-The model: the seeded tiny checkpoint with a wide init (0.3), whose next-token distributions are peaked and
-differ from step to step, so beams and penalties change the tokens."""
+The model: the trained test checkpoint (conftest's trained_checkpoint: 2 layers trained on docstrings, its own
+512-token BPE), whose next-token distributions are spread as a trained model's are, so beams and penalties
+change the tokens; the tiny random checkpoints serve the checks that need no reference."""
 
 import contextlib
 import json
@@ -26,7 +27,7 @@ from gpt2onnx.runtimes.generate import Decoding, Sampling, generate, generate_te
 from gpt2onnx.runtimes.providers import ProviderConfig
 
 # three prompts of different lengths, left-padded with the pad id (= eos) as a transformers user pads them
-PROMPTS = [[5, 17, 301, 44, 9, 870, 12], [33, 402, 7], [610, 2, 75, 19]]
+PROMPTS = [[5, 17, 301, 44, 9, 470, 12], [33, 402, 7], [410, 2, 75, 19]]  # ids of both test vocabularies
 NEW = 12
 PAD = 0
 
@@ -39,14 +40,14 @@ def padded(pad: int):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_folder):
+def reference(trained_checkpoint):
     from transformers import GPT2LMHeadModel
 
-    return GPT2LMHeadModel.from_pretrained(str(tiny_folder)).eval()
+    return GPT2LMHeadModel.from_pretrained(str(trained_checkpoint)).eval()
 
 
 @pytest.fixture(scope="module")
-def eos_export(tiny_export, reference, tmp_path_factory):
+def eos_export(trained_export, reference, tmp_path_factory):
     """The tiny export with its eos (config.json and generation_config.json) moved to the token that greedy and
     beam search produce most often early on, so that rows and beams finish before max_new_tokens; its pad id is
     0 (a pad id of its own, as many folders have)."""
@@ -62,13 +63,13 @@ def eos_export(tiny_export, reference, tmp_path_factory):
                 max_new_tokens=6,
                 do_sample=False,
                 pad_token_id=PAD,
-                eos_token_id=999,
+                eos_token_id=reference.config.eos_token_id,
             )
         found.append(out[:, ids.shape[1] + 1 :].numpy())
     greedy, beams = found
     eos = max(set(greedy.flatten().tolist()), key=lambda t: ((beams == t).sum(), (greedy == t).sum(), -t))
     folder = tmp_path_factory.mktemp("eos") / "model"
-    shutil.copytree(tiny_export, folder)
+    shutil.copytree(trained_export, folder)
     for name in ("config.json", "generation_config.json"):
         data = json.loads((folder / name).read_text())
         data.update(eos_token_id=eos, bos_token_id=eos, pad_token_id=PAD)
