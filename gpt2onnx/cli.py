@@ -413,9 +413,9 @@ def inspect_command(
     verify_files: VerifyFilesOpt = True,
 ) -> None:
     """Show IO, opsets, ops, file sizes, parameters and the export's checks."""
-    from gpt2onnx.artifact.inspect import inspect_model
+    from gpt2onnx.artifact.inspect import inspect as run_inspect
 
-    info = inspect_model(path, verify_files=verify_files)
+    info = run_inspect(path, verify_files=verify_files)
     if as_json:
         console.print_json(json.dumps(info.as_dict()))
         return
@@ -544,14 +544,15 @@ def generate(
     options: RunOptions = None,
 ) -> None:
     """Generate a continuation, streaming the new tokens."""
-    from gpt2onnx.runtimes.generate import Sampling, generate_text
+    from gpt2onnx.runtimes.generate import Sampling
+    from gpt2onnx.runtimes.generate import generate as run_generate
 
     sampling = Sampling(sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
     def show(kind: str, text: str) -> None:
         console.print(text, end="", markup=False, highlight=False, style="dim" if kind == "prompt" else None)
 
-    result = generate_text(
+    result = run_generate(
         folder,
         prompts=prompt,
         ids=ids,
@@ -593,12 +594,12 @@ def parity(
 
     from gpt2onnx.files import write_json_atomic
     from gpt2onnx.verify.gates import parse_gates
-    from gpt2onnx.verify.parity import check_parity
+    from gpt2onnx.verify.parity import parity as run_parity
 
     gates = parse_gates(gate)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("parity cases", total=cases)
-        report = check_parity(
+        report = run_parity(
             folder,
             runtime=_runtime(runtime, options),
             cases=cases,
@@ -697,7 +698,7 @@ def bench(
     from gpt2onnx.runtimes.base import RuntimeOptions, parse_runtimes
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.runtimes.timing import BenchConfig, parse_batches
-    from gpt2onnx.verify.bench import benchmark
+    from gpt2onnx.verify.bench import bench as run_bench
 
     folders = folders or [Path("models/gpt2")]
     config = options.provider
@@ -726,7 +727,7 @@ def bench(
     engines = len(folders) * len(runtimes) + (1 if baseline == "torch" else 0)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
-        result = benchmark(
+        result = run_bench(
             folders,
             runtimes=runtimes,
             config=bench_config,

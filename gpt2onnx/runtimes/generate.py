@@ -113,7 +113,7 @@ def _checked(decoder, input_ids, attention_mask, max_new_tokens: int, sampling: 
     return input_ids, mask
 
 
-def generate_loop(
+def decode_loop(
     runner: LoopRunner,
     input_ids: np.ndarray,
     mask: np.ndarray,
@@ -156,7 +156,7 @@ def generate_loop(
     return Generation(tokens, np.array(finished), seconds)
 
 
-def generate(
+def decode(
     decoder: Runtime,
     input_ids: np.ndarray,
     attention_mask: np.ndarray | None = None,
@@ -169,7 +169,7 @@ def generate(
     """Continue a (left-padded) batch. ``on_step(step, ids)`` is called with each step's new ids, for streaming."""
     input_ids, mask = _checked(decoder, input_ids, attention_mask, max_new_tokens, sampling)
     if decoder.capabilities.owns_loop:
-        return generate_loop(
+        return decode_loop(
             decoder,
             input_ids,
             mask,
@@ -209,7 +209,7 @@ def generate(
 
 @dataclass
 class TextGeneration:
-    """What :func:`generate_text` returns: per row, the prompt as shown, the new token ids and the new text."""
+    """What :func:`generate` returns: per row, the prompt as shown, the new token ids and the new text."""
 
     prompts: list[str]
     tokens: list[list[int]]  # new ids per row, up to and including end-of-sequence
@@ -218,7 +218,7 @@ class TextGeneration:
     step_seconds: list[float]
 
 
-def generate_text(
+def generate(
     folder: str | Path,
     *,
     prompts: list[str] | None = None,
@@ -271,7 +271,7 @@ def generate_text(
         on_text("token", stream.push(int(new_ids[0])))
 
     try:
-        result = generate(
+        result = decode(
             decoder, input_ids, mask, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos, on_step=step
         )
     finally:

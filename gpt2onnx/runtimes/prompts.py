@@ -16,7 +16,8 @@ MAX_TOKEN_ID = 2**31 - 1
 def load_tokenizer(folder: Path):
     if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
         raise BadInput(
-            f"'{folder}' has no tokenizer files (tokenizer.json or vocab.json + merges.txt): give token ids with --ids 1,2,3"
+            f"'{folder}' has no tokenizer files (tokenizer.json or vocab.json + merges.txt): give token ids with --ids"
+            " 1,2,3"
         )
     from transformers import PreTrainedTokenizerFast
 

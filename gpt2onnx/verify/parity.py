@@ -178,7 +178,8 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
     source = model.manifest.source if model.manifest else None
     if not isinstance(source, dict) or not source:
         raise BadInput(
-            f"'{model.folder}' has no gpt2onnx.json manifest naming its source: give the reference checkpoint (--reference)"
+            f"'{model.folder}' has no gpt2onnx.json manifest naming its source: give the reference checkpoint"
+            " (--reference)"
         )
     kind = source.get("kind")
     try:
@@ -189,8 +190,8 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
             )
             if ckpt.source.get("spec_sha256") != source.get("spec_sha256"):
                 raise BadInput(
-                    f"the architecture '{source['architecture']}' recorded in the manifest no longer matches the export:"
-                    " give the reference checkpoint (--reference)"
+                    f"the architecture '{source['architecture']}' recorded in the manifest no longer matches the"
+                    " export: give the reference checkpoint (--reference)"
                 )
             return ckpt
         if kind == "local":
@@ -201,17 +202,18 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
             raise BadInput(f"manifest source kind '{kind}' is unknown: give the reference checkpoint (--reference)")
     except (KeyError, TypeError, ValueError):
         raise BadInput(
-            f"the manifest of '{model.folder}' has an incomplete source record: give the reference checkpoint (--reference)"
+            f"the manifest of '{model.folder}' has an incomplete source record: give the reference checkpoint"
+            " (--reference)"
         ) from None
     if source.get("sha256") and ckpt.source.get("sha256") != source["sha256"]:
         raise BadInput(
-            "the source checkpoint's weights changed since the export (sha256 differs): give the reference (--reference),"
-            " or export again"
+            "the source checkpoint's weights changed since the export (sha256 differs): give the reference"
+            " (--reference), or export again"
         )
     return ckpt
 
 
-def check_parity(
+def parity(
     folder: str | Path,
     *,
     provider: ProviderConfig | None = None,
@@ -276,7 +278,8 @@ def check_parity(
         decoder = open_runtime(model, runtime)
         if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
             raise BadInput(
-                "the reference checkpoint does not match the exported model (vocabulary or layer count): give the right one"
+                "the reference checkpoint does not match the exported model (vocabulary or layer count): give the"
+                " right one"
             )
         torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
         ref = reference_model(ckpt)
@@ -295,4 +298,4 @@ def check_parity(
     )
 
 
-__all__ = ["TOLERANCES", "check_parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]
+__all__ = ["TOLERANCES", "parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]
