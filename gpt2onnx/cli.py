@@ -24,6 +24,7 @@ from gpt2onnx.errors import Gpt2OnnxError
 if TYPE_CHECKING:
     from gpt2onnx.artifact.report import CheckReport
     from gpt2onnx.runtimes.providers import ProviderConfig
+    from gpt2onnx.verify.evaluate import EvalReport
 
 INTERNAL_ERROR = 70  # a bug of ours, not the user's: still one line, and the traceback with --verbose
 
@@ -201,6 +202,39 @@ def _make_precision(values: dict) -> PrecisionChoice:
 precision_options = shared_options(_PRECISION_OPTIONS, _make_precision, "precision")
 
 
+@dataclass(frozen=True)
+class EvalChoice:
+    """What export and optimize share with eval: a text to check the new folder on, and the gates on it."""
+
+    text: str | None
+    max_ppl_increase: float | None
+    max_kl: float | None
+
+
+MaxPplOpt = Annotated[Optional[float], typer.Option(help="Gate: the most ΔPPL, in percent.")]
+MaxKlOpt = Annotated[Optional[float], typer.Option(help="Gate: the most mean KL.")]
+_EVAL_OPTIONS = (
+    (
+        "eval_text",
+        Annotated[
+            Optional[Path],
+            typer.Option(help="Evaluate on this text before writing (gates: --max-*)."),
+        ],
+        None,
+    ),
+    ("max_ppl_increase", MaxPplOpt, None),
+    ("max_kl", MaxKlOpt, None),
+)
+
+
+def _make_eval(values: dict) -> EvalChoice:
+    text = values["eval_text"]
+    return EvalChoice(str(text) if text is not None else None, values["max_ppl_increase"], values["max_kl"])
+
+
+eval_options = shared_options(_EVAL_OPTIONS, _make_eval, "quality")
+
+
 def _version(value: bool) -> None:
     if value:
         console.print(f"gpt2onnx {__version__}")
@@ -236,6 +270,7 @@ def _size(n: int | None) -> str:
 
 @app.command()
 @precision_options
+@eval_options
 def export(
     model: Annotated[
         str,
@@ -272,6 +307,7 @@ def export(
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph short of its golden counts.")
     ] = False,
     precision: PrecisionChoice = None,
+    quality: EvalChoice = None,
 ) -> None:
     """Export a checkpoint to an ONNX decoder with past key/values, checked against PyTorch."""
     from gpt2onnx.exporters.export import ExportOptions
@@ -293,6 +329,9 @@ def export(
         block_size=precision.block_size,
         gates=precision.gates,
         keep_fp32=precision.keep_fp32,
+        eval_text=quality.text,
+        max_ppl_increase=quality.max_ppl_increase,
+        max_kl=quality.max_kl,
     )
     with err_console.status(f"exporting {model}…"):
         result = run_export(
@@ -312,10 +351,10 @@ def export(
         table.add_row("precision", f"float16; fp32 kept for {', '.join(manifest.fp16.kept_fp32) or 'nothing'}")
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
     console.print(table)
-    _print_check(result.check)
+    _print_check(result.check, result.quality)
 
 
-def _print_check(report: CheckReport | None) -> None:
+def _print_check(report: CheckReport | None, quality: EvalReport | None = None) -> None:
     """The check a folder passed before it was written, on one line of its own (never cut by a table)."""
     console.print(
         "check: " + (report.summary() if report else "skipped (--no-validate)"),
@@ -323,10 +362,13 @@ def _print_check(report: CheckReport | None) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    if quality is not None:
+        console.print("real text: " + quality.summary(), markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
 @precision_options
+@eval_options
 def optimize(
     source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
@@ -340,10 +382,12 @@ def optimize(
     validate: Annotated[bool, typer.Option(help="Check against the source before writing.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
     precision: PrecisionChoice = None,
+    quality: EvalChoice = None,
 ) -> None:
     """Fuse LayerNorm, GELU and attention in an exported decoder, or reduce its precision."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
     from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.verify.evaluate import EvalGates
 
     with err_console.status(f"optimizing {source}…"):
         result = run_optimize(
@@ -357,6 +401,8 @@ def optimize(
             dtype=precision.dtype,
             gates=precision.gates,
             keep_fp32=precision.keep_fp32,
+            eval_text=quality.text,
+            eval_gates=EvalGates(max_ppl_increase=quality.max_ppl_increase, max_kl=quality.max_kl),
         )
     manifest = result.manifest
     table = Table(title=f"{source} → {out}", show_header=False)
@@ -369,7 +415,7 @@ def optimize(
     if manifest.quantization:
         table.add_row("quantization", ", ".join(f"{n} {op}" for op, n in manifest.quantization.ops.items()))
     console.print(table)
-    _print_check(result.check)
+    _print_check(result.check, result.quality)
 
 
 @app.command()
@@ -377,7 +423,12 @@ def deploy(
     folder: Annotated[Path, typer.Argument(help="Exported decoder folder.")],
     target: Annotated[
         str,
-        typer.Option("--target", "-t", metavar="LIST", help="genai, transformers-js, triton (comma-separated)."),
+        typer.Option(
+            "--target",
+            "-t",
+            metavar="LIST",
+            help="genai, transformers-js, triton, ort-generate, web.",
+        ),
     ],
     out: Annotated[
         Optional[Path],
@@ -386,9 +437,16 @@ def deploy(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out folder.")] = False,
     triton_name: Annotated[Optional[str], typer.Option(help="Triton model name \\[default: the folder's].")] = None,
     triton_device: Annotated[str, typer.Option(help="Triton instances: cpu or gpu.")] = "cpu",
+    web_lib: Annotated[
+        Optional[Path],
+        typer.Option(
+            metavar="PATH",
+            help="web: transformers.js's node_modules \\[default: $GPT2ONNX_WEB_LIB, or found (README)].",
+        ),
+    ] = None,
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Make an exported folder ready for onnxruntime-genai, transformers.js and Triton."""
+    """Make an exported folder ready for genai, transformers.js, Triton, ort-generate, the browser."""
     from gpt2onnx.deploy import deploy as run_deploy
 
     result = run_deploy(
@@ -398,12 +456,15 @@ def deploy(
         force=force,
         triton_name=triton_name,
         triton_device=triton_device.lower(),
+        web_lib=web_lib,
         verify_files=verify_files,
     )
     table = Table(title=f"{folder} → {result.folder} ({result.record.precision})", show_header=False)
     for name, files in result.targets.items():
         table.add_row(name, ", ".join(files))
     console.print(table)
+    if "web" in result.targets:
+        console.print(f"open the page with: gpt2onnx serve {out or folder}", highlight=False, soft_wrap=True)
 
 
 @app.command("inspect")
@@ -587,6 +648,12 @@ def parity(
             help="fp16 on cpu: round tensors as a GPU stores them.",
         ),
     ] = False,
+    text: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--text", help="Take the prompts from this UTF-8 text file (the folder's tokenizer) instead of random ids."
+        ),
+    ] = None,
     options: RunOptions = None,
 ) -> None:
     """Check an exported model against PyTorch; exit 1 if a gate fails."""
@@ -610,6 +677,7 @@ def parity(
             gates=gates,
             emulate_fp16=emulate_fp16,
             verify_files=options.verify_files,
+            text=text,
         )
     worst = sorted(report.cases, key=lambda r: -r["logits"]["max"])[:10]
     table = Table(
@@ -651,6 +719,7 @@ def parity(
         f"min {t['tokens_before_divergence']['min']}, mean {t['tokens_before_divergence']['mean']:.1f}",
     )
     summary.add_row("NaN/Inf", str(t["nonfinite"]))
+    summary.add_row("prompts", t["prompts"])
     summary.add_row("greedy tokens equal", f"{t['tokens_equal_cases']} of {t['cases']} cases")
     summary.add_row(
         "verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + escape("; ".join(report.failures))
@@ -776,3 +845,127 @@ def bench(
             console.print(f"batch {run.batch}: {run.note}", highlight=False)
     if plot:
         console.print(f"plot written to {plot}")
+
+
+# -- eval: quality on real text ---------------------------------------------------------------------------------
+@app.command("eval")
+@run_options
+def eval_command(
+    folders: Annotated[list[Path], typer.Argument(help="Exported folders, side by side.")],
+    text: Annotated[Optional[Path], typer.Option("--text", help="A UTF-8 text file to evaluate on.")] = None,
+    dataset: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="NAME",
+            help="Or a datasets NAME\\[:CONFIG\\[:SPLIT]] (README).",
+        ),
+    ] = None,
+    context: Annotated[Optional[int], typer.Option(help="Tokens per window \\[default: the context].")] = None,
+    stride: Annotated[Optional[int], typer.Option(help="Window step \\[default: context / 2].")] = None,
+    reference: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Checkpoint or folder \\[default: the manifest's source].",
+        ),
+    ] = None,
+    max_ppl_increase: MaxPplOpt = None,
+    max_kl: MaxKlOpt = None,
+    greedy_tokens: Annotated[int, typer.Option(help="Greedy tokens compared (0: none).")] = 64,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
+    runtime: RuntimeOpt = "onnxruntime",
+    options: RunOptions = None,
+) -> None:
+    """Perplexity on real text (sliding windows), and KL, top-1 and greedy agreement against a reference."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from gpt2onnx.errors import CheckFailed
+    from gpt2onnx.files import write_json_atomic
+    from gpt2onnx.verify.evaluate import EvalGates, evaluate
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        task = progress.add_task("windows", total=None)
+        report = evaluate(
+            folders,
+            text=text,
+            dataset=dataset,
+            context=context,
+            stride=stride,
+            reference=reference,
+            runtime=_runtime(runtime, options),
+            gates=EvalGates(max_ppl_increase=max_ppl_increase, max_kl=max_kl),
+            greedy_tokens=greedy_tokens,
+            verify_files=options.verify_files,
+            on_window=lambda done, total: progress.update(task, completed=done, total=total),
+        )
+    p = report.protocol
+    source = p["text"].get("file") or ":".join(
+        filter(None, (p["text"].get("dataset"), p["text"].get("config"), p["text"].get("split")))
+    )
+    console.print(
+        f"{p['method']}: {p['scored_tokens']:,} scored tokens of {source} ({p['tokens']:,} tokens), context"
+        f" {p['context']}, stride {p['stride']}, {p['windows']} windows; against {p['reference']}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    short = {"float32": "fp32", "float16": "fp16"}
+    ref, rows = report.reference, report.rows
+    # one column per model, so that several folders fit a terminal
+    table = Table(title=f"greedy: {p['greedy']['prompt_tokens']} prompt tokens from the text's start")
+    table.add_column("")
+    table.add_column("reference", justify="right")
+    for r in rows:
+        table.add_column(escape(Path(r.label).name), justify="right")
+
+    def greedy(r) -> str:
+        if not r.greedy:
+            return "-"
+        if r.greedy["first_divergence"] is None:
+            return f"same {r.greedy['new_tokens']} tokens"
+        return f"differs at token {r.greedy['first_divergence']}"
+
+    figures = [
+        ("precision", short.get(ref.precision, ref.precision), lambda r: short.get(r.precision, r.precision)),
+        (
+            "runtime",
+            ref.runtime,
+            lambda r: f"{r.runtime}/{r.provider}" + (", token by token" if r.token_by_token else ""),
+        ),
+        ("PPL ± se", f"{ref.ppl:.6g} ± {ref.ppl_stderr:.2g}", lambda r: f"{r.ppl:.6g} ± {r.ppl_stderr:.2g}"),
+        ("ΔPPL % ± se", "", lambda r: f"{r.delta_ppl_percent:+.3f} ± {r.delta_ppl_stderr:.2g}"),
+        ("mean KL ± se", "", lambda r: f"{r.kl['mean']:.3g} ± {r.kl['stderr']:.2g}"),
+        ("KL p99 / max", "", lambda r: f"{r.kl['p99']:.2g} / {r.kl['max']:.2g}"),
+        ("same top-1", "", lambda r: f"{100 * r.same_top1:.2f} %"),
+        ("RMS Δp", "", lambda r: f"{r.rms_dp:.3g}"),
+        ("greedy", "", greedy),
+        ("verdict", "", lambda r: "-" if r.check is None else "[green]pass[/]" if r.check.passed else "[red]FAIL[/]"),
+    ]
+    for name, ref_value, value in figures:
+        table.add_row(name, ref_value, *(value(r) for r in rows))
+    console.print(table)
+    if json_path:
+        write_json_atomic(json_path, report.as_dict())
+    if not report.passed:
+        failing = next(r.check for r in report.rows if r.check and r.check.failures)
+        raise CheckFailed("eval gate failed: " + "; ".join(report.failures), failing)
+
+
+# --- the browser (issue 21): gpt2onnx serve ------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    folder: Annotated[Path, typer.Argument(help="A folder written by gpt2onnx deploy --target web.")],
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free port).")] = 8000,
+) -> None:
+    """Serve a web folder on 127.0.0.1 with cross-origin isolation (the wasm thread pool needs it); Ctrl-C stops."""
+    from gpt2onnx.deploy.web_server import open_server
+
+    server = open_server(folder, port=port)
+    # one line, flushed: scripts and tests read the address from it
+    print(f"serving {server.folder} at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # the way to stop it: not an error
+        pass

@@ -39,3 +39,11 @@ def test_errors_are_typed_with_exit_codes(tmp_path):
         gpt2onnx.export("no-such-architecture", tmp_path / "x", random_init=True)
     with pytest.raises(gpt2onnx.BadInput):
         gpt2onnx.ProviderConfig(threads=0).check()
+
+
+def test_deploy_stays_the_command_after_its_subpackage_is_imported():
+    import gpt2onnx.deploy  # noqa: F401  (Python sets the package attribute `deploy` to the subpackage here)
+    from gpt2onnx.deploy import genai
+
+    assert callable(gpt2onnx.deploy) and gpt2onnx.deploy.__name__ == "deploy"
+    assert genai.CONFIG_NAME == "genai_config.json"

@@ -157,6 +157,7 @@ class DeployRecord:
     source_versions: dict | None = None  # the versions and date of the export (the manifest's are this run's)
     source_created: str | None = None
     triton: TritonRecord | None = None
+    ort_generate: dict | None = None  # the search settings fixed in the ort-generate graphs (deploy.ort_generate)
     created: str | None = None
     extra: dict = field(default_factory=dict)  # keys this release does not know, written back as they are
 
@@ -168,6 +169,7 @@ class DeployRecord:
             "source_versions": self.source_versions,
             "source_created": self.source_created,
             **({"triton": self.triton.as_dict()} if self.triton else {}),
+            **({"ort_generate": self.ort_generate} if self.ort_generate is not None else {}),
             "created": self.created,
         }
         return {**data, **self.extra}
@@ -175,7 +177,16 @@ class DeployRecord:
     @classmethod
     def from_dict(cls, data: dict) -> "DeployRecord":
         triton = data.get("triton")
-        known = ("targets", "source", "precision", "source_versions", "source_created", "triton", "created")
+        known = (
+            "targets",
+            "source",
+            "precision",
+            "source_versions",
+            "source_created",
+            "triton",
+            "ort_generate",
+            "created",
+        )
         return cls(
             targets={str(k): [str(f) for f in v] for k, v in data.get("targets", {}).items()},
             source=str(data.get("source", "")),
@@ -183,6 +194,7 @@ class DeployRecord:
             source_versions=data.get("source_versions"),
             source_created=data.get("source_created"),
             triton=TritonRecord(str(triton["name"]), str(triton["instance_kind"])) if triton else None,
+            ort_generate=data.get("ort_generate") if isinstance(data.get("ort_generate"), dict) else None,
             created=data.get("created"),
             extra={k: v for k, v in data.items() if k not in known},
         )
@@ -213,6 +225,7 @@ _KEYS = (
     "quantization",
     "kv_cache",
     "parity",
+    "eval",
     "timings",
     "format_version",
     "deploy",
@@ -245,6 +258,7 @@ class Manifest:
     quantization: QuantizationRecord | None = None
     kv_cache: str | None = None  # "shared" (one buffer for past and present) or "concat"; None: not recorded
     check: CheckReport | None = None
+    eval: dict | None = None  # quality on real text checked before writing (gpt2onnx.verify.evaluate's report JSON)
     timings: dict[str, float] = field(default_factory=dict)
     deploy: DeployRecord | None = None
     files: dict[str, FileRecord] = field(default_factory=dict)
@@ -294,6 +308,7 @@ class Manifest:
             "quantization": self.quantization.as_dict() if self.quantization else None,
             "kv_cache": self.kv_cache,
             "parity": self.check.as_dict() if self.check else None,
+            "eval": self.eval,
             "timings": self.timings,
             "format_version": self.format_version,
             "deploy": self.deploy.as_dict() if self.deploy else None,
@@ -305,6 +320,8 @@ class Manifest:
             del values["optimized_from"]  # an export never wrote it
         if self.deploy is None:
             del values["deploy"]
+        if self.eval is None:
+            del values["eval"]  # written only by an export or optimize with --eval-text
         return {**values, **self.extra}
 
     @classmethod
@@ -357,6 +374,7 @@ class Manifest:
             quantization=record("quantization", QuantizationRecord.from_dict),
             kv_cache=record("kv_cache", str, str),
             check=check,
+            eval=record("eval", dict),
             timings=record("timings", dict) or {},
             deploy=record("deploy", DeployRecord.from_dict),
             files={str(name): FileRecord.from_dict(info) for name, info in data["files"].items()},
