@@ -211,14 +211,14 @@ class EvalChoice:
     max_kl: float | None
 
 
-MaxPplOpt = Annotated[Optional[float], typer.Option(help="Gate: the most ΔPPL, in percent.")]
+MaxPplOpt = Annotated[Optional[float], typer.Option(help="Gate: the most ΔPPL %.")]
 MaxKlOpt = Annotated[Optional[float], typer.Option(help="Gate: the most mean KL.")]
 _EVAL_OPTIONS = (
     (
         "eval_text",
         Annotated[
             Optional[Path],
-            typer.Option(help="Evaluate on this text before writing (gates: --max-*)."),
+            typer.Option(help="Evaluate on this text before writing (see eval)."),
         ],
         None,
     ),
@@ -441,7 +441,7 @@ def deploy(
         Optional[Path],
         typer.Option(
             metavar="PATH",
-            help="web: transformers.js's node_modules \\[default: $GPT2ONNX_WEB_LIB, or found (README)].",
+            help="web: node_modules with transformers.js (README).",
         ),
     ] = None,
     verify_files: VerifyFilesOpt = True,
@@ -856,8 +856,7 @@ def eval_command(
     dataset: Annotated[
         Optional[str],
         typer.Option(
-            metavar="NAME",
-            help="Or a datasets NAME\\[:CONFIG\\[:SPLIT]] (README).",
+            help="Or NAME[:CONFIG[:SPLIT]] via datasets (README).",
         ),
     ] = None,
     context: Annotated[Optional[int], typer.Option(help="Tokens per window \\[default: the context].")] = None,
@@ -865,7 +864,7 @@ def eval_command(
     reference: Annotated[
         Optional[str],
         typer.Option(
-            help="Checkpoint or folder \\[default: the manifest's source].",
+            help="Checkpoint or folder \\[default: the source].",
         ),
     ] = None,
     max_ppl_increase: MaxPplOpt = None,
