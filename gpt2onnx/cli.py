@@ -427,7 +427,7 @@ def deploy(
             "--target",
             "-t",
             metavar="LIST",
-            help="genai, transformers-js, triton, ort-generate, web (comma-separated).",
+            help="genai, transformers-js, triton, ort-generate, web.",
         ),
     ],
     out: Annotated[
@@ -474,9 +474,9 @@ def inspect_command(
     verify_files: VerifyFilesOpt = True,
 ) -> None:
     """Show IO, opsets, ops, file sizes, parameters and the export's checks."""
-    from gpt2onnx.artifact.inspect import inspect_model
+    from gpt2onnx.artifact.inspect import inspect as run_inspect
 
-    info = inspect_model(path, verify_files=verify_files)
+    info = run_inspect(path, verify_files=verify_files)
     if as_json:
         console.print_json(json.dumps(info.as_dict()))
         return
@@ -616,7 +616,8 @@ def generate(
     """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers)."""
     from gpt2onnx.errors import BadInput
     from gpt2onnx.files import write_json_atomic
-    from gpt2onnx.runtimes.generate import EARLY_STOPPING, Decoding, Sampling, generate_text
+    from gpt2onnx.runtimes.generate import EARLY_STOPPING, Decoding, Sampling
+    from gpt2onnx.runtimes.generate import generate as run_generate
 
     if early_stopping.lower() not in EARLY_STOPPING:
         raise BadInput(f"--early-stopping must be true, false or never, got '{early_stopping}'")
@@ -635,7 +636,7 @@ def generate(
     def show(kind: str, text: str) -> None:
         console.print(text, end="", markup=False, highlight=False, style="dim" if kind == "prompt" else None)
 
-    result = generate_text(
+    result = run_generate(
         folder,
         prompts=prompt,
         ids=ids,
@@ -688,12 +689,12 @@ def parity(
 
     from gpt2onnx.files import write_json_atomic
     from gpt2onnx.verify.gates import parse_gates
-    from gpt2onnx.verify.parity import check_parity
+    from gpt2onnx.verify.parity import parity as run_parity
 
     gates = parse_gates(gate)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("parity cases", total=cases)
-        report = check_parity(
+        report = run_parity(
             folder,
             runtime=_runtime(runtime, options),
             cases=cases,
@@ -804,7 +805,7 @@ def bench(
     from gpt2onnx.runtimes.base import RuntimeOptions, parse_runtimes
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.runtimes.timing import BenchConfig, parse_batches
-    from gpt2onnx.verify.bench import benchmark
+    from gpt2onnx.verify.bench import bench as run_bench
 
     folders = folders or [Path("models/gpt2")]
     config = options.provider
@@ -833,7 +834,7 @@ def bench(
     engines = len(folders) * len(runtimes) + (1 if baseline == "torch" else 0)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
-        result = benchmark(
+        result = run_bench(
             folders,
             runtimes=runtimes,
             config=bench_config,
@@ -888,7 +889,7 @@ def bench(
 @app.command("eval")
 @run_options
 def eval_command(
-    folders: Annotated[list[Path], typer.Argument(help="Exported folders, evaluated side by side on the same tokens.")],
+    folders: Annotated[list[Path], typer.Argument(help="Exported folders, side by side.")],
     text: Annotated[Optional[Path], typer.Option("--text", help="A UTF-8 text file to evaluate on.")] = None,
     dataset: Annotated[
         Optional[str],
@@ -896,12 +897,8 @@ def eval_command(
             help="Or NAME[:CONFIG[:SPLIT]] via datasets (README).",
         ),
     ] = None,
-    context: Annotated[
-        Optional[int], typer.Option(help="Tokens per window \\[default: the models' position count].")
-    ] = None,
-    stride: Annotated[
-        Optional[int], typer.Option(help="Tokens between window starts \\[default: context / 2].")
-    ] = None,
+    context: Annotated[Optional[int], typer.Option(help="Tokens per window \\[default: the context].")] = None,
+    stride: Annotated[Optional[int], typer.Option(help="Window step \\[default: context / 2].")] = None,
     reference: Annotated[
         Optional[str],
         typer.Option(

@@ -22,7 +22,7 @@ import torch
 
 from gpt2onnx.artifact.folder import generation_token_ids, open_folder
 from gpt2onnx.runtimes.decoder import open_decoder
-from gpt2onnx.runtimes.generate import Decoding, generate
+from gpt2onnx.runtimes.generate import Decoding, decode
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.runtimes.timing import machine_info
 from gpt2onnx.verify.lockstep import left_padded_batch
@@ -59,7 +59,7 @@ def main() -> None:
     eos = eos_ids[0] if eos_ids else vocab - 1
 
     def ours():
-        return generate(decoder, ids, mask, max_new_tokens=args.new_tokens, decoding=decoding, eos_token_id=eos).tokens
+        return decode(decoder, ids, mask, max_new_tokens=args.new_tokens, decoding=decoding, eos_token_id=eos).tokens
 
     def numpy_reorder(past, rows):  # the alternative: every step's cache through host copies
         return [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(p.numpy()[rows])) for p in past]

@@ -23,7 +23,7 @@ from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import logits as processors
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import open_decoder
-from gpt2onnx.runtimes.generate import Decoding, Sampling, generate, generate_text, warp
+from gpt2onnx.runtimes.generate import Decoding, Sampling, decode, generate, warp
 from gpt2onnx.runtimes.providers import ProviderConfig
 
 # three prompts of different lengths, left-padded with the pad id (= eos) as a transformers user pads them
@@ -119,7 +119,7 @@ PENALISES_PADDING = int(transformers.__version__.split(".")[0]) < 5
 
 
 def reference_rows(reference, ids, mask, eos, settings, width):
-    """transformers' new tokens per returned sequence, each row filled to ``width`` as generate() fills it, and
+    """transformers' new tokens per returned sequence, each row filled to ``width`` as decode() fills it, and
     its sequence scores (beam search) or per-step processed scores (greedy)."""
     if PENALISES_PADDING and settings.get("repetition_penalty", 1.0) != 1.0:
         fill = eos if settings.get("num_beams", 1) > 1 and not PAD else PAD  # transformers' `pad or eos`
@@ -144,7 +144,7 @@ def test_equal_to_transformers_generate(eos_export, reference, settings):
     eos = eos_ids[0]
     ids, mask = padded(pad)
     decoder = open_decoder(open_folder(eos_export), ProviderConfig())
-    ours = generate(
+    ours = decode(
         decoder, ids, mask, max_new_tokens=NEW, decoding=Decoding(**settings), eos_token_id=eos_ids, pad_token_id=pad
     )
     want, sequence_scores, step_scores = reference_rows(reference, ids, mask, eos, settings, ours.tokens.shape[1])
@@ -166,7 +166,7 @@ def test_the_batch_finishes_beams_at_different_lengths(eos_export):
     decoder = open_decoder(open_folder(eos_export), ProviderConfig())
     ids, mask = padded(PAD)
     decoding = Decoding(num_beams=4, num_return_sequences=4)
-    result = generate(decoder, ids, mask, max_new_tokens=NEW, decoding=decoding, eos_token_id=eos_ids)
+    result = decode(decoder, ids, mask, max_new_tokens=NEW, decoding=decoding, eos_token_id=eos_ids)
     assert len(set(result.lengths.tolist())) > 1 and result.finished.any()
 
 
@@ -222,8 +222,8 @@ def test_sampling_returns_seeded_sequences_per_prompt(tiny_export):
     decoder = open_decoder(open_folder(tiny_export), ProviderConfig())
     ids, mask = padded(0)
     options = dict(max_new_tokens=8, decoding=Decoding(num_return_sequences=3, repetition_penalty=1.3))
-    a = generate(decoder, ids, mask, sampling=Sampling(sample=True, top_k=20, seed=3), **options)
-    b = generate(decoder, ids, mask, sampling=Sampling(sample=True, top_k=20, seed=3), **options)
+    a = decode(decoder, ids, mask, sampling=Sampling(sample=True, top_k=20, seed=3), **options)
+    b = decode(decoder, ids, mask, sampling=Sampling(sample=True, top_k=20, seed=3), **options)
     assert a.tokens.shape == (9, 8) and a.num_return_sequences == 3
     np.testing.assert_array_equal(a.tokens, b.tokens)
     assert len({tuple(row) for row in a.tokens[:3].tolist()}) > 1, "three draws of one prompt differ"
@@ -234,7 +234,7 @@ def test_stop_strings_as_transformers(tokenized_export):
 
     folder, source = tokenized_export
     prompts = ["the quick brown", "hello", "this is"]
-    free = generate_text(folder, prompts=prompts, max_new_tokens=10)
+    free = generate(folder, prompts=prompts, max_new_tokens=10)
     # a printable ASCII character of a continuation, past its first token (a byte-level token can be half a
     # character, whose text the two transformers versions clean differently)
     candidates = [
@@ -245,7 +245,7 @@ def test_stop_strings_as_transformers(tokenized_export):
     ]
     assert candidates, free.texts
     *_, longest, stop = min(candidates)
-    ours = generate_text(folder, prompts=prompts, max_new_tokens=10, decoding=Decoding(stop=(stop,)))
+    ours = generate(folder, prompts=prompts, max_new_tokens=10, decoding=Decoding(stop=(stop,)))
     eos_ids, pad = generation_token_ids(folder)
     pad = eos_ids[0] if pad is None else pad
     ids, mask = _left_pad(ours.prompt_ids, pad)
@@ -300,7 +300,7 @@ def test_openvino_beam_search_equals_transformers(eos_export, reference):
     ids, mask = padded(PAD)
     settings = {"num_beams": 3, "num_return_sequences": 3, "repetition_penalty": 1.2}
     decoding = Decoding(**settings)
-    ours = generate(runner, ids, mask, max_new_tokens=NEW, decoding=decoding, eos_token_id=eos, pad_token_id=PAD)
+    ours = decode(runner, ids, mask, max_new_tokens=NEW, decoding=decoding, eos_token_id=eos, pad_token_id=PAD)
     want, scores, _ = reference_rows(reference, ids, mask, eos, settings, ours.tokens.shape[1])
     np.testing.assert_array_equal(ours.tokens, want)
     np.testing.assert_allclose(ours.scores, scores, rtol=1e-4, atol=1e-4)
@@ -315,14 +315,14 @@ def test_genai_beam_search_equals_transformers_where_comparable(eos_export, refe
         eos = generation_token_ids(eos_export)[0][0]
         ids, mask = padded(PAD)
         settings = {"num_beams": 3, "num_return_sequences": 3, "length_penalty": 0.0}
-        ours = generate(runner, ids, mask, max_new_tokens=NEW, decoding=Decoding(**settings), eos_token_id=eos)
+        ours = decode(runner, ids, mask, max_new_tokens=NEW, decoding=Decoding(**settings), eos_token_id=eos)
         theirs = transformers_generate(reference, ids, mask, eos, **settings).sequences[:, ids.shape[1] :].numpy()
         assert ours.finished.any()
         for row, length in enumerate(ours.lengths):
             assert ours.tokens[row, :length].tolist() == theirs[row, :length].tolist()
             assert (theirs[row, length:] == eos).all()
         settings = {"repetition_penalty": 1.3}
-        ours = generate(runner, ids, mask, max_new_tokens=NEW, decoding=Decoding(**settings), eos_token_id=eos)
+        ours = decode(runner, ids, mask, max_new_tokens=NEW, decoding=Decoding(**settings), eos_token_id=eos)
         want, _, _ = reference_rows(reference, ids, mask, eos, settings, ours.tokens.shape[1])
         for row, length in enumerate(ours.lengths):
             assert ours.tokens[row, :length].tolist() == want[row, :length].tolist()
@@ -331,7 +331,7 @@ def test_genai_beam_search_equals_transformers_where_comparable(eos_export, refe
             (dict(num_beams=2, repetition_penalty=1.2), "--repetition-penalty with beam search"),
         ):
             with pytest.raises(BadInput, match=f"the genai runtime cannot do {option} as transformers"):
-                generate(runner, ids, mask, max_new_tokens=4, decoding=Decoding(**refused))
+                decode(runner, ids, mask, max_new_tokens=4, decoding=Decoding(**refused))
     finally:
         runner.close()
 

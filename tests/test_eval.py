@@ -247,10 +247,10 @@ def test_parity_takes_its_prompts_from_text(eval_setup):
     from transformers import GPT2TokenizerFast
 
     from gpt2onnx.verify.lockstep import _case_batch, random_cases
-    from gpt2onnx.verify.parity import check_parity
+    from gpt2onnx.verify.parity import parity
 
     checkpoint, fp32, text = eval_setup
-    report = check_parity(fp32, cases=2, text=text)
+    report = parity(fp32, cases=2, text=text)
     assert report.passed and report.measured["prompts"].startswith(f"text '{text}'")
     ids = np.array(GPT2TokenizerFast.from_pretrained(checkpoint).encode(text.read_text()))
     case = random_cases(1, seed=3, n_positions=128, max_batch=4)[0]

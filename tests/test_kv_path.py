@@ -12,7 +12,7 @@ from gpt2onnx.runtimes.decoder import open_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.gates import TOLERANCES
 from gpt2onnx.verify.kv_path import check_kv_path
-from gpt2onnx.verify.parity import check_parity
+from gpt2onnx.verify.parity import parity
 
 
 class Faulty:
@@ -61,7 +61,7 @@ def test_each_check_catches_its_bug(decoder, bug, fails):
 
 
 def test_parity_report_and_cli_show_the_kv_path(tiny_export, tmp_path):
-    report = check_parity(tiny_export, cases=1)
+    report = parity(tiny_export, cases=1)
     assert report.passed and report.kv_path is not None and len(report.kv_path.checks) == 3
     again = CheckReport.from_dict(report.as_dict())
     assert again.kv_path.checks[1].measured == report.kv_path.checks[1].measured

@@ -126,7 +126,8 @@ def check_integrity(folder: Path, manifest: Manifest) -> None:
         if path.stat().st_size != info.bytes or sha256_file(path) != info.sha256:
             raise IntegrityError(
                 f"'{path}' differs from what the manifest '{folder / MANIFEST_NAME}' records (size or sha256):"
-                " export the folder again, or skip the check (--no-verify-files, verify_files=False) if you changed it on purpose"
+                " export the folder again, or skip the check (--no-verify-files, verify_files=False) if you changed it"
+                " on purpose"
             )
 
 
@@ -226,7 +227,8 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
         raise BadInput(f"output '{target}' exists and is not a folder: choose another output folder")
     if not force:
         raise BadInput(
-            f"output folder '{target}' already exists: choose another output folder, or replace it (--force, force=True)"
+            f"output folder '{target}' already exists: choose another output folder, or replace it (--force,"
+            " force=True)"
         )
     real = target.resolve()
     for path, what in [*((p, "the source model") for p in protect), (Path.cwd(), "the working directory")]:
@@ -236,7 +238,8 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
             )
         if Path(path).resolve().is_relative_to(real):
             raise BadInput(
-                f"output folder '{target}' holds {what} '{path}', which --force would delete: choose another output folder"
+                f"output folder '{target}' holds {what} '{path}', which --force would delete: choose another output"
+                " folder"
             )
     if any(real.iterdir()) and not (real / MANIFEST_NAME).is_file():
         raise BadInput(
@@ -310,7 +313,8 @@ def _output_lock(target: Path):
                 raise OSError(errno.EAGAIN, "lock file replaced")
         except OSError:
             raise OutputError(
-                f"output folder '{target}' is being written by another gpt2onnx run: wait for it, or choose another output folder"
+                f"output folder '{target}' is being written by another gpt2onnx run: wait for it, or choose another"
+                " output folder"
             ) from None
         try:
             yield lock_path

@@ -95,7 +95,8 @@ class CheckReport:
             parts.append(f"fp16 as on a GPU: mean KL {self.fp16_emulated.measured['kl']['mean']:.2e}")
         gates = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in self.gates.items())
         verdict = "pass" if self.passed else "FAIL: " + "; ".join(self.failures)
-        return f"{self.precision} against {self.against} on {self.runtime}/{self.provider}: {', '.join(parts)} (gates: {gates}) — {verdict}"
+        where = f"{self.precision} against {self.against} on {self.runtime}/{self.provider}"
+        return f"{where}: {', '.join(parts)} (gates: {gates}) — {verdict}"
 
     def as_dict(self) -> dict:
         data = asdict(self)

@@ -90,7 +90,8 @@ def optimize(
     dtype = passes.check()
     if fusion == "none" and passes.precision == "float32":
         raise BadInput(
-            "nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a precision"
+            "nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a"
+            " precision"
         )
     tolerances_for(passes.precision, {"logits": tolerance} if passes.precision == "float32" else gates)
     check_eval_options(eval_text, eval_gates)

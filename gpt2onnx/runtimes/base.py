@@ -11,8 +11,9 @@ A runtime is opened on an exported folder with :class:`RuntimeOptions` and gives
 
 Every runtime is a :class:`Runtime`: it declares what it can do in :class:`Capabilities` (owns its loop,
 times a step at a given past, shares one cache buffer, checks memory first), and callers dispatch on that;
-nothing probes a runtime for attributes. Every runtime refuses what it cannot do with :class:`~gpt2onnx.errors.RuntimeUnavailable` (one line, with the
-command that installs it); nothing falls back to another runtime.
+nothing probes a runtime for attributes. Every runtime refuses what it cannot do with
+:class:`~gpt2onnx.errors.RuntimeUnavailable` (one line, with the command that installs it); nothing falls back
+to another runtime.
 """
 
 from __future__ import annotations

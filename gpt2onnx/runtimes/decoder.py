@@ -36,7 +36,9 @@ def position_ids_for(attention_mask: np.ndarray) -> np.ndarray:
 
 
 def session_shape(session: ort.InferenceSession, n_positions: int) -> DecoderShape:
-    as_spec = lambda v: TensorSpec(v.name, ORT_DTYPES.get(v.type, v.type), tuple(v.shape))  # noqa: E731
+    def as_spec(v):
+        return TensorSpec(v.name, ORT_DTYPES.get(v.type, v.type), tuple(v.shape))
+
     return decoder_shape(
         [as_spec(i) for i in session.get_inputs()], [as_spec(o) for o in session.get_outputs()], n_positions
     )
@@ -62,7 +64,8 @@ def shares_cache(graph, manifest: Manifest | None = None) -> bool:
 def check_shared_cache_provider(provider: str) -> None:
     if provider != "cpu":
         raise RuntimeUnavailable(
-            f"this model shares its K/V cache (GroupQueryAttention, fusion ort-shared-kv), which runs on the cpu provider"
+            "this model shares its K/V cache (GroupQueryAttention, fusion ort-shared-kv), which runs on the cpu"
+            " provider"
             f" only: onnxruntime's {provider} GroupQueryAttention has no fp32 kernel and no attention_bias input;"
             " use --provider cpu, or a model exported with --fusion ort"
         )

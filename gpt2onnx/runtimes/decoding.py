@@ -103,7 +103,8 @@ class Decoding:
             ]
             if ignored:
                 raise BadInput(
-                    f"{' and '.join(ignored)} only {'apply' if len(ignored) > 1 else 'applies'} to beam search: give --num-beams 2 or more"
+                    f"{' and '.join(ignored)} only {'apply' if len(ignored) > 1 else 'applies'} to beam search:"
+                    " give --num-beams 2 or more"
                 )
         if self.early_stopping not in (True, False, "never"):
             raise BadInput(f"early_stopping (--early-stopping) must be true, false or never, got {self.early_stopping}")

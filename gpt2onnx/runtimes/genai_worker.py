@@ -36,8 +36,8 @@ def run_loop(model, prompt, *, max_new_tokens, forced=None, return_logits=False,
     """Greedy (or ``search``'s sampling) continuation of one prompt on genai's own loop.
 
     ``forced``: tokens appended one at a time instead of the loop's choices (parity's lockstep): the prompt's
-    logits come right after append_tokens, then one decode step per forced token (len(forced) + 1 passes). Otherwise the loop runs
-    ``max_new_tokens`` generate_next_token calls (it stops early at end-of-sequence).
+    logits come right after append_tokens, then one decode step per forced token (len(forced) + 1 passes).
+    Otherwise the loop runs ``max_new_tokens`` generate_next_token calls (it stops early at end-of-sequence).
     ``max_length``: genai's total length limit (default: what the run needs, plus one).
     Returns {"tokens", "step_seconds" ([0]: prompt step), "logits" (per forward pass, [positions, vocab])}, and
     "sequences" (the returned beams' new tokens, best first) when ``search`` asks for beams.

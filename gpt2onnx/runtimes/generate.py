@@ -67,7 +67,7 @@ def as_ids(eos_token_id) -> tuple[int, ...]:
     return (int(eos_token_id),) if np.ndim(eos_token_id) == 0 else tuple(int(i) for i in eos_token_id)
 
 
-def generate(
+def decode(
     decoder: Runtime,
     input_ids: np.ndarray,
     attention_mask: np.ndarray | None = None,
@@ -89,7 +89,7 @@ def generate(
     eos_ids = as_ids(eos_token_id)
     pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else None)
     if decoder.capabilities.owns_loop:
-        return generate_loop(
+        return decode_loop(
             decoder,
             input_ids,
             mask,
@@ -212,7 +212,7 @@ def genai_search(sampling: Sampling, decoding: Decoding, vocab_size: int | None)
     return search
 
 
-def generate_loop(
+def decode_loop(
     runner: LoopRunner,
     input_ids: np.ndarray,
     mask: np.ndarray,
@@ -267,7 +267,7 @@ def generate_loop(
 
 @dataclass
 class TextGeneration:
-    """What :func:`generate_text` returns: per returned sequence (``num_return_sequences`` per prompt, best beam
+    """What :func:`generate` returns: per returned sequence (``num_return_sequences`` per prompt, best beam
     first), the prompt as shown, the new token ids, the new text and its score."""
 
     prompts: list[str]  # per row: the prompt it continues
@@ -303,7 +303,7 @@ class TextGeneration:
         return {"settings": self.settings, "prompts": prompts, "step_seconds": self.step_seconds}
 
 
-def generate_text(
+def generate(
     folder: str | Path,
     *,
     prompts: list[str] | None = None,
@@ -365,7 +365,7 @@ def generate_text(
         on_text("token", stream.push(int(new_ids[0])))
 
     try:
-        result = generate(
+        result = decode(
             decoder,
             input_ids,
             mask,

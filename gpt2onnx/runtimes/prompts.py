@@ -33,7 +33,8 @@ def _tokenizer_class(folder: Path) -> str | None:
 def load_tokenizer(folder: Path):
     if not has_tokenizer(folder):
         raise BadInput(
-            f"'{folder}' has no tokenizer files (tokenizer.json or vocab.json + merges.txt): give token ids with --ids 1,2,3"
+            f"'{folder}' has no tokenizer files (tokenizer.json or vocab.json + merges.txt): give token ids with --ids"
+            " 1,2,3"
         )
     from transformers import PreTrainedTokenizerFast
 

@@ -94,8 +94,9 @@ def _dataset_chunks(value: str) -> Iterator[str]:
     except Exception as err:  # noqa: BLE001 - datasets raises many types (offline, unknown name, bad config or split)
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         raise BadInput(
-            f"dataset '{value}' cannot be loaded ({type(err).__name__}: {reason}): check NAME[:CONFIG[:SPLIT]], and that"
-            " this machine is online or has the dataset in its Hugging Face cache; or give a text file (--text)"
+            f"dataset '{value}' cannot be loaded ({type(err).__name__}: {reason}): check NAME[:CONFIG[:SPLIT]],"
+            " and that this machine is online or has the dataset in its Hugging Face cache; or give a text file"
+            " (--text)"
         ) from None
     columns = [c for c, f in data.features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
     column = "text" if "text" in columns else (columns[0] if len(columns) == 1 else None)

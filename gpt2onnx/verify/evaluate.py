@@ -39,7 +39,7 @@ from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model, reference_step
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import position_ids_for
-from gpt2onnx.runtimes.generate import generate
+from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.runtimes.prompts import load_tokenizer
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.runtimes.text import (
@@ -261,7 +261,7 @@ class _RuntimeScorer:
         return out
 
     def greedy(self, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
-        return generate(self.runner, prompt[None], max_new_tokens=new_tokens).tokens[0]
+        return decode(self.runner, prompt[None], max_new_tokens=new_tokens).tokens[0]
 
     def close(self) -> None:
         self.runner.close()

@@ -180,7 +180,8 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
     source = model.manifest.source if model.manifest else None
     if not isinstance(source, dict) or not source:
         raise BadInput(
-            f"'{model.folder}' has no gpt2onnx.json manifest naming its source: give the reference checkpoint (--reference)"
+            f"'{model.folder}' has no gpt2onnx.json manifest naming its source: give the reference checkpoint"
+            " (--reference)"
         )
     kind = source.get("kind")
     try:
@@ -191,8 +192,8 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
             )
             if ckpt.source.get("spec_sha256") != source.get("spec_sha256"):
                 raise BadInput(
-                    f"the architecture '{source['architecture']}' recorded in the manifest no longer matches the export:"
-                    " give the reference checkpoint (--reference)"
+                    f"the architecture '{source['architecture']}' recorded in the manifest no longer matches the"
+                    " export: give the reference checkpoint (--reference)"
                 )
             return ckpt
         if kind == "local":
@@ -203,17 +204,18 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
             raise BadInput(f"manifest source kind '{kind}' is unknown: give the reference checkpoint (--reference)")
     except (KeyError, TypeError, ValueError):
         raise BadInput(
-            f"the manifest of '{model.folder}' has an incomplete source record: give the reference checkpoint (--reference)"
+            f"the manifest of '{model.folder}' has an incomplete source record: give the reference checkpoint"
+            " (--reference)"
         ) from None
     if source.get("sha256") and ckpt.source.get("sha256") != source["sha256"]:
         raise BadInput(
-            "the source checkpoint's weights changed since the export (sha256 differs): give the reference (--reference),"
-            " or export again"
+            "the source checkpoint's weights changed since the export (sha256 differs): give the reference"
+            " (--reference), or export again"
         )
     return ckpt
 
 
-def check_parity(
+def parity(
     folder: str | Path,
     *,
     provider: ProviderConfig | None = None,
@@ -284,7 +286,8 @@ def check_parity(
         decoder = open_runtime(model, runtime)
         if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
             raise BadInput(
-                "the reference checkpoint does not match the exported model (vocabulary or layer count): give the right one"
+                "the reference checkpoint does not match the exported model (vocabulary or layer count): give the"
+                " right one"
             )
         if text_ids is not None and text_ids.max() >= ckpt.spec.vocab_size:
             raise BadInput(
@@ -341,4 +344,4 @@ def prompt_text_ids(model: ModelFolder, text: str | Path) -> np.ndarray:
     return ids
 
 
-__all__ = ["TOLERANCES", "check_parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]
+__all__ = ["TOLERANCES", "parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]
