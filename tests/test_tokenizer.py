@@ -246,7 +246,7 @@ def test_generate_prompt_on_a_standard_folder_prints_no_tokenizer_warning(traine
     logger back to warnings."""
     from transformers import GPT2LMHeadModel, GPT2TokenizerFast
 
-    from gpt2onnx.runtimes.generate import generate_text
+    from gpt2onnx.runtimes.generate import generate
 
     prompt = "Return the"
     tokenizer = GPT2TokenizerFast.from_pretrained(trained_export)
@@ -269,7 +269,7 @@ def test_generate_prompt_on_a_standard_folder_prints_no_tokenizer_warning(traine
     level, library.level = library.level, logging.WARNING
     library.addHandler(catcher)
     try:
-        result = generate_text(trained_export, prompts=[prompt], max_new_tokens=8)
+        result = generate(trained_export, prompts=[prompt], max_new_tokens=8)
     finally:
         library.removeHandler(catcher)
         library.setLevel(level)
