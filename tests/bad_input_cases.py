@@ -928,4 +928,22 @@ CASES: list[Case] = [
         B,
         match="tpu",
     ),
+    # -- the browser: deploy --target web, serve ---------------------------------------------------------------------
+    Case(
+        "deploy-web-lib-missing",
+        "message",
+        ("deploy", "{exp}", "--target", "web", "-o", "out", "--web-lib", "{dir}"),
+        B,
+        match="transformers.js is not installed in",
+    ),
+    Case("serve-missing-folder", "message", ("serve", "nope"), B, match="is not a folder"),
+    Case("serve-not-a-web-folder", "message", ("serve", "{exp}"), B, match="has no index.html"),
+    Case(
+        "serve-port-bogus",
+        "options",
+        ("serve", "{dir}", "--port", "70000"),
+        B,
+        lambda c: (c.dir / "index.html").write_text("<p>hi</p>"),
+        match="not a port number",
+    ),
 ]

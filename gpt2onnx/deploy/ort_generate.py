@@ -337,8 +337,8 @@ def write_ort_generate(folder: Path, out: Path) -> tuple[list[str], FixedSetting
 
 def deployed_settings(folder: str | Path) -> FixedSettings:
     """The attributes an ort-generate folder was deployed with (recorded in its manifest)."""
-    manifest = read_manifest(folder) or {}
-    recorded = (manifest.get("deploy") or {}).get("ort_generate")
+    manifest = read_manifest(folder)
+    recorded = manifest.deploy.ort_generate if manifest and manifest.deploy else None
     if not recorded:
         raise ContractError(
             f"'{folder}' has no ort-generate deployment in its {MANIFEST_NAME}: run gpt2onnx deploy"
