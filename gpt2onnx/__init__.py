@@ -42,6 +42,7 @@ _HOMES = {
     "ProviderConfig": ("gpt2onnx.runtimes.providers", "ProviderConfig"),
     "RuntimeOptions": ("gpt2onnx.runtimes.base", "RuntimeOptions"),
     "Sampling": ("gpt2onnx.runtimes.generate", "Sampling"),
+    "Decoding": ("gpt2onnx.runtimes.generate", "Decoding"),
     "TextGeneration": ("gpt2onnx.runtimes.generate", "TextGeneration"),
     "BenchConfig": ("gpt2onnx.runtimes.timing", "BenchConfig"),
     "CheckReport": ("gpt2onnx.artifact.report", "CheckReport"),

@@ -19,7 +19,7 @@ from gpt2onnx.passes.precision import QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, check_shared_cache_provider, open_decoder
-from gpt2onnx.runtimes.generate import generate
+from gpt2onnx.runtimes.generate import Decoding, generate
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 from gpt2onnx.verify.parity import check_parity
@@ -170,3 +170,16 @@ def test_bench_at_past_lengths(shared_export, tiny_export, tmp_path):
     refused = runner.invoke(app, ["bench", str(shared_export), "--past", "128"])
     assert refused.exit_code == 2
     assert_one_line_error(refused, "at most 127")
+
+
+def test_beam_search_reorders_the_shared_buffers_in_place(shared_export, tiny_export):
+    """Beam search on the shared cache (rows picked inside the bound buffers) gives the concat graph's beams."""
+    ids = np.array([[5, 17, 301, 44], [0, 0, 33, 402]])
+    mask = (np.arange(4)[None] >= np.array([[0], [2]])).astype(np.int64)
+    decoding = Decoding(num_beams=3, num_return_sequences=3, no_repeat_ngram_size=2)
+    results = [
+        generate(open_decoder(open_folder(f), ProviderConfig()), ids, mask, max_new_tokens=8, decoding=decoding)
+        for f in (tiny_export, shared_export)
+    ]
+    np.testing.assert_array_equal(results[0].tokens, results[1].tokens)
+    np.testing.assert_allclose(results[0].scores, results[1].scores, atol=1e-4)

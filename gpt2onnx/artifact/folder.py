@@ -100,6 +100,23 @@ def eos_token_id(folder: str | Path) -> int | None:
     return None
 
 
+def generation_token_ids(folder: str | Path) -> tuple[tuple[int, ...], int | None]:
+    """(end-of-sequence ids, padding id) as transformers' generate() reads them: generation_config.json first,
+    else config.json; eos may be one id or a list; no pad id: None (generate then pads with the first eos)."""
+    found: dict[str, object] = {}
+    for name in (GENERATION_CONFIG_FILE, CONFIG_FILE):
+        if (Path(folder) / name).is_file():
+            data = read_json_file(Path(folder) / name, name)
+            for key in ("eos_token_id", "pad_token_id"):
+                if found.get(key) is None and data.get(key) is not None:
+                    found[key] = data[key]
+    is_id = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    eos = found.get("eos_token_id")
+    eos_ids = tuple(v for v in (eos if isinstance(eos, list) else [eos]) if is_id(v))
+    pad = found.get("pad_token_id")
+    return eos_ids, pad if is_id(pad) else None
+
+
 def check_integrity(folder: Path, manifest: Manifest) -> None:
     """Each model file must have the size and sha256 the manifest records (about 1 s for the 124M model)."""
     for name, info in manifest.model_files.items():

@@ -137,7 +137,13 @@ def optimize(
             start = time.perf_counter()
             reference = ModelFolder(model_path.parent, model_path, previous, read_n_positions(folder))
             quality = evaluate_written(
-                folder, reference=reference, text=eval_text, gates=eval_gates, against=SOURCE_ONNX, label=str(out)
+                folder,
+                reference=reference,
+                text=eval_text,
+                gates=eval_gates,
+                against=SOURCE_ONNX,
+                label=str(out),
+                precision=passes.precision,
             )
             timings["eval_seconds"] = time.perf_counter() - start
             if not quality.passed:

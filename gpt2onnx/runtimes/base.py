@@ -108,6 +108,7 @@ class LoopResult:
     step_seconds: list[float]  # [0] is the prompt step
     logits: list[np.ndarray] = field(default_factory=list)  # per forward pass: [positions, vocab]
     peak_bytes: int | None = None  # peak resident memory of the process that ran it (a worker's own)
+    sequences: list[list[int]] = field(default_factory=list)  # beam search: new tokens per returned beam, best first
 
 
 @runtime_checkable
@@ -181,6 +182,11 @@ class Runtime:
 
     def close(self) -> None:
         """Free what the runtime holds (a worker process, temporary files); a no-op where it holds nothing."""
+
+    def reorder_past(self, past: list, rows: np.ndarray) -> list:
+        """Beam search's reorder: the cache with its batch rows picked (``rows``, repeats allowed). This default
+        gathers host arrays (OpenVINO); onnxruntime's steppers keep it on their device."""
+        return [np.ascontiguousarray(p[np.asarray(rows, dtype=np.int64)]) for p in past]
 
     def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None:
         """Token ids outside the vocabulary would make CUDA's Gather read garbage without an error."""

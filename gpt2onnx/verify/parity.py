@@ -21,6 +21,7 @@ from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session
 from gpt2onnx.verify.gates import TOLERANCES, apply_gates, tolerances_for
+from gpt2onnx.verify.kv_path import check_kv_path
 from gpt2onnx.verify.lockstep import (
     CaseResult,
     OnnxReference,
@@ -246,7 +247,9 @@ def check_parity(
             offsets (instead of random token ids); the cases are otherwise the same.
 
     Returns:
-        CheckReport with the totals, the failures (empty when it passed) and every case.
+        CheckReport with the totals, the failures (empty when it passed), every case, and ``kv_path``: the model
+        against itself on one left-padded batch (a past vs recomputed, the batch vs each row alone, chunks vs
+        the whole prompt; :mod:`gpt2onnx.verify.kv_path`), its failures among the report's.
 
     Raises:
         BadInput (options, folder, reference), ContractError, IntegrityError, RuntimeUnavailable.
@@ -297,12 +300,17 @@ def check_parity(
                 results.append(run(decoder, ref, case, vocab_size=ckpt.spec.vocab_size, text_ids=text_ids))
                 if on_case is not None:
                     on_case(results[-1])
+            kv_path = check_kv_path(
+                decoder, vocab_size=ckpt.spec.vocab_size, tolerances=tolerances, seed=seed, text_ids=text_ids
+            )
         finally:
             decoder.close()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
     report = gate_report(
         results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
     )
+    report.kv_path = kv_path
+    report.failures += kv_path.failures
     report.measured["prompts"] = "random token ids" if text is None else f"text '{text}' ({len(text_ids):,} tokens)"
     return report
 
