@@ -29,12 +29,13 @@ NEW = 20
 SCORE_TOLERANCE = 1e-4  # beam scores (sums of fp32 log-probabilities over 20 steps) against transformers'
 
 
-def padded(pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.full((len(PROMPTS), WIDTH), pad_id, np.int64)
-    mask = np.zeros((len(PROMPTS), WIDTH), np.int64)
-    for row, prompt in enumerate(PROMPTS):
-        ids[row, WIDTH - len(prompt) :] = prompt
-        mask[row, WIDTH - len(prompt) :] = 1
+def padded(pad_id: int, prompts=PROMPTS) -> tuple[np.ndarray, np.ndarray]:
+    width = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), width), pad_id, np.int64)
+    mask = np.zeros((len(prompts), width), np.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = prompt
+        mask[row, width - len(prompt) :] = 1
     return ids, mask
 
 
@@ -53,14 +54,20 @@ def torch_model(tiny_folder):
     torch.set_num_threads(threads)
 
 
-def ort_generate(folder, **settings):
-    return og.generate(folder, PROMPTS, max_new_tokens=NEW, threads=1, **settings)
+def ort_generate(folder, prompts=PROMPTS, **settings):
+    import transformers
+
+    # transformers 4 counts the left padding in the repetition penalty, transformers 5 does not: the reference
+    # is the installed one
+    penalize_padding = int(transformers.__version__.split(".")[0]) < 5
+    return og.generate(folder, prompts, max_new_tokens=NEW, threads=1, penalize_padding=penalize_padding, **settings)
 
 
-def hf_generate(model, eos: int, **settings):
+def hf_generate(model, eos: int, prompts=PROMPTS, **settings):
     import torch
 
-    ids, mask = padded(eos)
+    ids, mask = padded(eos, prompts)
+    width = ids.shape[1]
     with torch.no_grad():
         out = model.generate(
             torch.tensor(ids),
@@ -74,8 +81,8 @@ def hf_generate(model, eos: int, **settings):
             **settings,
         )
     n = settings.get("num_return_sequences", 1)
-    tokens = out.sequences[:, WIDTH:].reshape(len(PROMPTS), n, -1).tolist()
-    scores = out.sequences_scores.reshape(len(PROMPTS), n).numpy() if settings.get("num_beams", 1) > 1 else None
+    tokens = out.sequences[:, width:].reshape(len(prompts), n, -1).tolist()
+    scores = out.sequences_scores.reshape(len(prompts), n).numpy() if settings.get("num_beams", 1) > 1 else None
     return [[cut(seq, eos) for seq in row] for row in tokens], scores
 
 
@@ -143,6 +150,16 @@ def test_equal_to_transformers_generate(deployed, torch_model, eos, settings):
     assert got.inputs["attention_mask"].sum(1).tolist() == [len(p) for p in PROMPTS]  # left padding, masked
     if scores is not None:
         np.testing.assert_allclose(got.scores, scores, atol=SCORE_TOLERANCE, rtol=0)
+
+
+def test_a_real_pad_id_inside_a_prompt(deployed, torch_model, eos):
+    """GPT-2's pad id is its end-of-sequence id, which real text holds between documents. The ops number
+    positions by input_ids != pad_token_id; the wrapper numbers them from the attention_mask, as transformers."""
+    prompts = [[5, 17, eos, 123, 7, 300], [9, eos, 400], PROMPTS[2]]
+    for settings in (dict(num_beams=1), dict(num_beams=3, length_penalty=0.0)):
+        assert (
+            ort_generate(deployed, prompts, **settings).tokens == hf_generate(torch_model, eos, prompts, **settings)[0]
+        )
 
 
 def test_deployed_attributes_equal_transformers(tiny_export, torch_model, eos, tmp_path):

@@ -142,7 +142,42 @@ def decoder_subgraph(model: onnx.ModelProto, shape: DecoderShape) -> tuple[onnx.
 
     nodes: list[onnx.NodeProto] = []
     for name, inner in own.items():  # the op feeds int32; our graph takes int64
-        nodes.append(helper.make_node("Cast", [name], [inner], to=TensorProto.INT64, name=f"cast_{name}"))
+        if name != "position_ids":
+            nodes.append(helper.make_node("Cast", [name], [inner], to=TensorProto.INT64, name=f"cast_{name}"))
+    if "position_ids" in own:
+        # The ops derive position_ids from input_ids == pad_token_id, even with an attention_mask
+        # (generation_device_helper.cc CreateGptInputs): a real pad/eos id inside a prompt would get position 0
+        # and shift the rest. Positions from the mask instead, as transformers does: cumsum(mask) - 1, 1 on
+        # padding, the last sequence_length columns (the whole prompt, then one per step).
+        mask, position = own["attention_mask"], own["position_ids"]
+        nodes += [
+            helper.make_node("CumSum", [mask, "gpt2onnx.axis_1"], ["gpt2onnx.mask_cumsum"], name="positions_cumsum"),
+            helper.make_node(
+                "Sub", ["gpt2onnx.mask_cumsum", "gpt2onnx.one"], ["gpt2onnx.counted"], name="positions_sub"
+            ),
+            helper.make_node("Equal", [mask, "gpt2onnx.zero"], ["gpt2onnx.is_padding"], name="positions_padding"),
+            helper.make_node(
+                "Where",
+                ["gpt2onnx.is_padding", "gpt2onnx.one", "gpt2onnx.counted"],
+                ["gpt2onnx.all_positions"],
+                name="positions_where",
+            ),
+            helper.make_node("Shape", [own["input_ids"]], ["gpt2onnx.ids_shape"], name="positions_shape"),
+            helper.make_node(
+                "Gather",
+                ["gpt2onnx.ids_shape", "gpt2onnx.axis_1"],
+                ["gpt2onnx.step_length"],
+                axis=0,
+                name="positions_len",
+            ),
+            helper.make_node("Neg", ["gpt2onnx.step_length"], ["gpt2onnx.step_start"], name="positions_start"),
+            helper.make_node(
+                "Slice",
+                ["gpt2onnx.all_positions", "gpt2onnx.step_start", "gpt2onnx.big", "gpt2onnx.axis_1"],
+                [position],
+                name="positions_slice",
+            ),
+        ]
     for layer in range(shape.n_layer):
         for index, kind in enumerate(("key", "value")):
             target = f"past_key_values.{layer}.{kind}"
@@ -179,6 +214,10 @@ def decoder_subgraph(model: onnx.ModelProto, shape: DecoderShape) -> tuple[onnx.
         helper.make_tensor("gpt2onnx.index_0", TensorProto.INT64, [], [0]),
         helper.make_tensor("gpt2onnx.index_1", TensorProto.INT64, [], [1]),
         helper.make_tensor("gpt2onnx.axis_0", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("gpt2onnx.axis_1", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("gpt2onnx.zero", TensorProto.INT64, [], [0]),
+        helper.make_tensor("gpt2onnx.one", TensorProto.INT64, [], [1]),
+        helper.make_tensor("gpt2onnx.big", TensorProto.INT64, [1], [2**62]),
     ]
     nodes = [helper.make_node("Constant", [], [t.name], value=t, name=f"const_{t.name}") for t in constants] + nodes
     inputs = [
@@ -370,10 +409,16 @@ class OrtGenerator:
         early_stopping: bool | str | None = None,
         temperature: float | None = None,
         top_p: float | None = None,
+        penalize_padding: bool = False,
     ) -> GenerateResult:
         """Generate in one session.run, with transformers' option names. Prompts of different lengths are
-        left-padded with the pad id and masked (the attention_mask input). Attribute settings
-        (no_repeat_ngram_size, early_stopping, temperature, top_p) must equal the deployed ones."""
+        left-padded and masked (the attention_mask input). Attribute settings (no_repeat_ngram_size,
+        early_stopping, temperature, top_p) must equal the deployed ones.
+
+        ``penalize_padding``: the ops' repetition penalty counts every id in the sequence, padding included, as
+        transformers 4 does; transformers 5 leaves the padding out. By default (False, transformers 5) a row is
+        padded with its own first token, which the penalty counts anyway (once per distinct id, as both do);
+        True pads with the pad id (transformers 4)."""
         fixed = self.fixed
         if early_stopping == "never":
             _refuse("use early_stopping='never'", "BeamSearch's early_stopping attribute is true or false only")
@@ -421,9 +466,19 @@ class OrtGenerator:
             raise BadInput(
                 f"prompt length {width} + {max_new_tokens} new tokens exceeds the context ({self.n_positions})"
             )
+        own_padding = repetition_penalty != 1.0 and not penalize_padding
+        padded = any(len(p) < width for p in prompts)
+        if own_padding and padded and fixed.no_repeat_ngram_size:
+            _refuse(
+                "leave the padding out of repetition_penalty with no_repeat_ngram_size on a padded batch",
+                "the ops count the padding in both (transformers 5 in the n-grams only); pass penalize_padding=True"
+                " (transformers 4), or prompts of one length",
+            )
         ids = np.full((len(prompts), width), fixed.pad_token_id, np.int32)
         mask = np.zeros((len(prompts), width), np.int32)
         for row, prompt in enumerate(prompts):
+            if own_padding:
+                ids[row] = prompt[0]  # an id the penalty counts anyway: the padding adds none
             ids[row, width - len(prompt) :] = prompt
             mask[row, width - len(prompt) :] = 1
         feed = {
