@@ -102,7 +102,10 @@ class CheckReport:
         data = asdict(self)
         data["passed"] = self.passed
         data["fp16_emulated"] = self.fp16_emulated.as_dict() if self.fp16_emulated else None
-        data["kv_path"] = self.kv_path.as_dict() if self.kv_path else None
+        if self.kv_path is not None:  # parity's own checks; export and older releases never wrote the key
+            data["kv_path"] = self.kv_path.as_dict()
+        else:
+            del data["kv_path"]
         return data
 
     @classmethod
