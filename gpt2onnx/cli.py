@@ -6,6 +6,7 @@ import functools
 import inspect
 import json
 import logging
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpt2onnx import __version__
-from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.errors import BadInput, Gpt2OnnxError
 
 if TYPE_CHECKING:
     from gpt2onnx.runtimes.providers import ProviderConfig
@@ -34,6 +35,7 @@ class OneLineErrors(typer.core.TyperGroup):
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         try:
+            _refuse_underscored_numbers(args[0] if args else kwargs.get("args"))
             rv = super().main(*args, standalone_mode=False, **kwargs)
         except typer.TyperException as err:  # usage errors: bad option values, missing options
             if not standalone_mode:
@@ -75,6 +77,23 @@ class OneLineErrors(typer.core.TyperGroup):
         return rv
 
 
+_UNDERSCORED_NUMBER = re.compile(r"[+-]?[0-9][0-9_]*_[0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9_]+)?")
+_TEXT_OPTIONS = ("--prompt", "--ids")  # free text, or parsed digit by digit by their own parser
+
+
+def _refuse_underscored_numbers(args) -> None:
+    """Python's int() and float(), which parse option values, read '1_0' as 10: refuse it as a typo."""
+    args = list(sys.argv[1:] if args is None else args)
+    for before, value in zip(args, args[1:]):
+        flag = before.split("=")[0]
+        if flag.startswith("--") and flag not in _TEXT_OPTIONS and _UNDERSCORED_NUMBER.fullmatch(value):
+            raise BadInput(f"{flag} '{value}' is not a number as written: give it without underscores")
+    for arg in args:
+        flag, _, value = arg.partition("=")
+        if flag.startswith("--") and flag not in _TEXT_OPTIONS and _UNDERSCORED_NUMBER.fullmatch(value):
+            raise BadInput(f"{flag} '{value}' is not a number as written: give it without underscores")
+
+
 app = typer.Typer(
     cls=OneLineErrors,
     help="GPT-2 from a PyTorch checkpoint to a verified, fast ONNX decoder with past key/values.",
@@ -85,7 +104,9 @@ app = typer.Typer(
 
 
 QuantizeOpt = Annotated[str, typer.Option("--quantize", help="Weights: none, int8 (dynamic) or int4 (block-wise).")]
-BlockSizeOpt = Annotated[int, typer.Option(help="int4: weights per scale (16, 32, 64, 128 or 256).")]
+BlockSizeOpt = Annotated[
+    Optional[int], typer.Option(help="int4: weights per scale (16, 32, 64, 128 or 256) \\[default: 32].")
+]
 KeepFp32Opt = Annotated[
     str,
     typer.Option(
@@ -143,7 +164,7 @@ _PRECISION_OPTIONS = (
     ("dtype", Annotated[str, typer.Option(help="fp32, or fp16 (see --keep-fp32).")], "fp32"),
     ("keep_fp32", KeepFp32Opt, "layernorm,softmax,logits"),
     ("quantize", QuantizeOpt, "none"),
-    ("block_size", BlockSizeOpt, 32),
+    ("block_size", BlockSizeOpt, None),
     ("gate", GateOpt, None),
 )
 
@@ -156,9 +177,16 @@ def _make_precision(values: dict) -> PrecisionChoice:
         values["dtype"],
         parse_keep_fp32(values["keep_fp32"]),
         values["quantize"],
-        values["block_size"],
+        _block_size(values["block_size"], values["quantize"]),
         parse_gates(values["gate"]) or None,
     )
+
+
+def _block_size(value: int | None, quantize: str) -> int:
+    """--block-size given without int4 would be ignored: refused; int4's default is 32."""
+    if value is not None and quantize != "int4":
+        raise BadInput(f"--block-size applies to --quantize int4, not '{quantize}': drop it, or add --quantize int4")
+    return 32 if value is None else value
 
 
 precision_options = shared_options(_PRECISION_OPTIONS, _make_precision, "precision")
@@ -589,11 +617,14 @@ def parity(
     """Check an exported model against PyTorch on randomized cases; exit 1 if a gate fails."""
     from rich.progress import Progress
 
+    from gpt2onnx.artifact.paths import check_output_file
     from gpt2onnx.files import write_json_atomic
     from gpt2onnx.verify.gates import parse_gates
     from gpt2onnx.verify.parity import check_parity
 
     gates = parse_gates(gate)
+    if json_path:
+        check_output_file(json_path, option="--json", inputs=(folder,) + ((Path(reference),) if reference else ()))
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("parity cases", total=cases)
         report = check_parity(

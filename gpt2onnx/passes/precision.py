@@ -194,6 +194,10 @@ class QuantizeOptions:
     def check(self) -> None:
         if self.method not in METHODS:
             raise BadInput(f"unknown --quantize '{self.method}': choose one of {', '.join(METHODS)}")
+        if self.method != "int4" and self.block_size != QuantizeOptions.block_size:
+            raise BadInput(
+                f"--block-size applies to --quantize int4, not '{self.method}': drop it, or add --quantize int4"
+            )
         if self.method == "int4" and self.block_size not in INT4_BLOCK_SIZES:
             raise BadInput(
                 f"--block-size {self.block_size} is not supported for int4: choose one of"

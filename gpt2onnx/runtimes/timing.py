@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import resource
 import threading
 import time
@@ -162,8 +163,8 @@ def random_prompt(batch: int, length: int, vocab_size: int, seed: int) -> np.nda
 
 def parse_batches(value: str, *, what: str = "batch sizes (--batch)") -> tuple[int, ...]:
     """'1,8' → (1, 8); refuses empty items ('1,,8') and anything that is not an integer."""
-    try:
-        return tuple(int(v) for v in value.split(","))
+    try:  # digits only: int() also reads '1_0' (10) and ' 8'
+        return tuple(int(v) if re.fullmatch(r"[+-]?[0-9]+", v) else int("not a number") for v in value.split(","))
     except ValueError:
         raise BadInput(f"{what} '{value}' are not a comma-separated list of integers (e.g. 1,8)") from None
 

@@ -17,7 +17,7 @@ from gpt2onnx.errors import BadInput
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder
+from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder, file_shape
 from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session
 from gpt2onnx.verify.gates import TOLERANCES, apply_gates, tolerances_for
 from gpt2onnx.verify.lockstep import (
@@ -211,6 +211,20 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
     return ckpt
 
 
+def check_reference_matches(model: ModelFolder, ckpt: Checkpoint) -> None:
+    """The reference must have the graph's architecture (vocabulary, layers, heads, head size): another one
+    would give figures that mean nothing, or fail deep inside a comparison."""
+    shape = file_shape(model.model_path, model.n_positions)
+    spec = ckpt.spec
+    graph = (shape.vocab_size, shape.n_layer, shape.n_head, shape.head_dim)
+    ours = (spec.vocab_size, spec.n_layer, spec.n_head, spec.n_embd // spec.n_head)
+    if any(g is not None and g != o for g, o in zip(graph, ours)):
+        raise BadInput(
+            f"the reference checkpoint (vocabulary, layers, heads, head size {ours}) does not match the model in"
+            f" '{model.folder}' {graph}: give the checkpoint it was exported from (--reference)"
+        )
+
+
 def check_parity(
     folder: str | Path,
     *,
@@ -274,10 +288,7 @@ def check_parity(
             )
         ckpt = reference_checkpoint(model, reference)
         decoder = open_runtime(model, runtime)
-        if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
-            raise BadInput(
-                "the reference checkpoint does not match the exported model (vocabulary or layer count): give the right one"
-            )
+        check_reference_matches(model, ckpt)
         torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
         ref = reference_model(ckpt)
         run = run_loop_case if hasattr(decoder, "run_loop") else run_case
