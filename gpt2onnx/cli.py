@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import inspect
 import json
 import logging
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -37,6 +40,8 @@ class OneLineErrors(typer.core.TyperGroup):
         try:
             _refuse_underscored_numbers(args[0] if args else kwargs.get("args"))
             rv = super().main(*args, standalone_mode=False, **kwargs)
+            if standalone_mode:
+                sys.stdout.flush()  # a full or closed stdout fails here, not at exit
         except typer.TyperException as err:  # usage errors: bad option values, missing options
             if not standalone_mode:
                 raise
@@ -54,6 +59,20 @@ class OneLineErrors(typer.core.TyperGroup):
         except KeyboardInterrupt:
             err_console.print("interrupted", markup=False)
             sys.exit(130)
+        except OSError as err:
+            if not standalone_mode or err.errno not in (errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT):
+                if not standalone_mode:
+                    raise
+                _internal_error(err)
+            with contextlib.suppress(OSError):  # what is still buffered goes nowhere, quietly, at exit
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            err_console.print(
+                f"error: cannot write the output to stdout ({os.strerror(err.errno)}): free space, or send it elsewhere",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+            sys.exit(4)
         except MemoryError:
             if not standalone_mode:
                 raise
@@ -62,19 +81,23 @@ class OneLineErrors(typer.core.TyperGroup):
         except Exception as err:  # a bug: one line for the user, the traceback in the log with --verbose
             if not standalone_mode:
                 raise
-            logging.getLogger("gpt2onnx").debug("internal error", exc_info=True)
-            text = str(err).splitlines()[0][:200] if str(err).strip() else ""
-            err_console.print(
-                f"error: internal error ({type(err).__name__}: {text}); please report it with the command you ran"
-                " (--verbose shows the traceback)",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
-            sys.exit(INTERNAL_ERROR)
+            _internal_error(err)
         if standalone_mode:
             sys.exit(rv if isinstance(rv, int) else 0)
         return rv
+
+
+def _internal_error(err: BaseException) -> None:
+    logging.getLogger("gpt2onnx").debug("internal error", exc_info=err)
+    text = str(err).splitlines()[0][:200] if str(err).strip() else ""
+    err_console.print(
+        f"error: internal error ({type(err).__name__}: {text}); please report it with the command you ran"
+        " (--verbose shows the traceback)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    sys.exit(INTERNAL_ERROR)
 
 
 _UNDERSCORED_NUMBER = re.compile(r"[+-]?[0-9][0-9_]*_[0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9_]+)?")

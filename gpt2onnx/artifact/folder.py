@@ -373,7 +373,7 @@ def _recover(parent: Path, name: str, entries: list[tuple[str, str]]) -> None:
         if not entry.startswith(prefix) or path.is_symlink() or not path.is_dir():
             continue
         if kind == "backup" and (path / name).is_dir() and not target.exists() and not target.is_symlink():
-            log.warning("restoring '%s' from '%s', left by an interrupted replace", target, path)
+            log.info("restoring '%s' from '%s', left by an interrupted replace", target, path)
             os.replace(path / name, target)
         log.info("removing '%s', left by an interrupted run", path)
         shutil.rmtree(path, ignore_errors=True)
@@ -521,6 +521,7 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
                         os.replace(staging, target)
                     except BaseException:
                         os.replace(backup / target.name, target)  # put the old folder back
+                        shutil.rmtree(backup, ignore_errors=True)
                         raise
                     shutil.rmtree(backup, ignore_errors=True)
                 else:

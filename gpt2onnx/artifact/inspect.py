@@ -11,6 +11,7 @@ import onnx
 from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.artifact.folder import check_integrity, read_manifest
 from gpt2onnx.artifact.graph import external_data_files, load_graph, resolve_model_path
+from gpt2onnx.artifact.paths import file_in_folder
 from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.errors import ContractError
 
@@ -63,9 +64,46 @@ def _expected_data_bytes(model: onnx.ModelProto) -> dict[str, int]:
         if init.data_location != onnx.TensorProto.EXTERNAL:
             continue
         entry = {e.key: e.value for e in init.external_data}
-        end = int(entry.get("offset", 0)) + int(entry.get("length", 0))
+        try:
+            end = int(entry.get("offset", 0)) + int(entry.get("length", 0))
+        except ValueError:
+            raise ContractError(
+                f"tensor '{init.name}' has an external-data offset or length that is not a number: export it again"
+            ) from None
         needed[entry.get("location", "")] = max(needed.get(entry.get("location", ""), 0), end)
     return needed
+
+
+# What inspect shows of a manifest, with the type each section must have; a section of another type (a
+# hand-edited or damaged manifest) is shown as None and listed under "unreadable", never rendered.
+_SECTIONS = {
+    "kind": str,
+    "name": str,
+    "source": dict,
+    "dtype": str,
+    "opset": int,
+    "options": dict,
+    "fusion": dict,
+    "quantization": dict,
+    "fp16": dict,
+    "targets": (list, dict),
+}
+
+
+def _manifest_sections(manifest: dict) -> dict:
+    shown, unreadable = {}, []
+    for key, kind in _SECTIONS.items():
+        value = manifest.get(key)
+        fusion_ok = key != "fusion" or (
+            isinstance(value, dict)
+            and isinstance(value.get("op_counts"), dict)
+            and isinstance(value.get("profile"), str)
+        )
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool) or not fusion_ok):
+            unreadable.append(key)
+            value = None
+        shown[key] = value
+    return {**shown, "unreadable": unreadable}
 
 
 def inspect_model(path: str | Path, *, verify_files: bool = True) -> dict:
@@ -88,7 +126,9 @@ def inspect_model(path: str | Path, *, verify_files: bool = True) -> dict:
     model = load_graph(model_path)
     files: dict[str, int | None] = {model_path.name: model_path.stat().st_size}
     for name, needed in _expected_data_bytes(model).items():
-        data_path = model_path.parent / name
+        data_path = file_in_folder(
+            model_path.parent, name, what="external data file", where=model_path, must_exist=False
+        )
         files[name] = data_path.stat().st_size if data_path.is_file() else None
         if files[name] is None or files[name] < needed:
             state = "is missing" if files[name] is None else f"is {files[name]:,} bytes, its tensors need {needed:,}"
@@ -115,21 +155,7 @@ def inspect_model(path: str | Path, *, verify_files: bool = True) -> dict:
         "parameters": parameter_accounting(model),
         "manifest": (
             {
-                **{
-                    k: manifest.get(k)
-                    for k in (
-                        "kind",
-                        "name",
-                        "source",
-                        "dtype",
-                        "opset",
-                        "options",
-                        "fusion",
-                        "quantization",
-                        "fp16",
-                        "targets",
-                    )
-                },
+                **_manifest_sections(manifest),
                 "checks": report.as_dict() if report else None,
                 "check_summary": report.summary()
                 if report

@@ -253,9 +253,21 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.Mod
 
         with tempfile.TemporaryDirectory(prefix="gpt2onnx-int8-") as tmp:
             out = Path(tmp) / "model.onnx"
-            quantize_dynamic(
-                model, out, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8, use_external_data_format=True
-            )
+            # quantize_dynamic logs a pre-processing hint on the root logger (logging.warning), which would be a
+            # second line on stderr: the tool's output is one line per error, and the hint is not one
+            hint = logging.Filter()
+            hint.filter = lambda record: "pre-processing before quantization" not in record.getMessage()
+            logging.getLogger().addFilter(hint)
+            try:
+                quantize_dynamic(
+                    model,
+                    out,
+                    op_types_to_quantize=["MatMul"],
+                    weight_type=QuantType.QInt8,
+                    use_external_data_format=True,
+                )
+            finally:
+                logging.getLogger().removeFilter(hint)
             quantized = onnx.load(str(out))
     opset = next((i.version for i in quantized.opset_import if i.domain in ("", "ai.onnx")), 0)
     # the int4 quantizer may raise the opset (GatherBlockQuantized); keep the IR version in step with it

@@ -52,12 +52,20 @@ class Sampling:
                 )
         if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise BadInput(f"temperature (--temperature) must be a positive number, got {self.temperature}")
+        if self.temperature < MIN_TEMPERATURE:  # logits / 1e-310 overflow to inf, and the softmax to NaN
+            raise BadInput(
+                f"temperature (--temperature) {self.temperature} is below {MIN_TEMPERATURE}: for the most likely"
+                " token every time, use greedy decoding (drop --sample)"
+            )
         if self.top_k < 0:
             raise BadInput(f"top_k (--top-k) must be 0 (off) or positive, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise BadInput(f"top_p (--top-p) must be in (0, 1], got {self.top_p}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise BadInput(f"seed (--seed) must be 0 to 2**63 - 1, got {self.seed}")
+
+
+MIN_TEMPERATURE = 1e-6
 
 
 @dataclass

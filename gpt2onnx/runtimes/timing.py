@@ -46,6 +46,11 @@ class BenchConfig:
         ):
             if value < 1:
                 raise BadInput(f"{name} must be a positive integer, got {value}")
+        if self.new_tokens < 2:
+            raise BadInput(
+                f"new tokens (--new-tokens) must be at least 2, got {self.new_tokens}: the prompt step gives the first,"
+                " and decode latency needs at least one decode step"
+            )
         if not 0 <= self.warmup <= 1000 or self.repeat > 10000:
             raise BadInput(f"warmup must be 0 to 1000 and repeat at most 10000, got {self.warmup} and {self.repeat}")
         if max(self.batches) * (self.prompt_len + self.new_tokens) > MAX_BATCH_TOKENS:
