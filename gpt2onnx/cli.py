@@ -101,7 +101,21 @@ def _internal_error(err: BaseException) -> None:
 
 
 _UNDERSCORED_NUMBER = re.compile(r"[+-]?[0-9][0-9_]*_[0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9_]+)?")
-_TEXT_OPTIONS = ("--prompt", "--ids")  # free text, or parsed digit by digit by their own parser
+# free text, paths and names, or values parsed by their own parser: never read by int() or float()
+_TEXT_OPTIONS = (
+    "--prompt",
+    "--ids",
+    "--model",
+    "--out",
+    "--reference",
+    "--revision",
+    "--json",
+    "--plot",
+    "--trt-cache-dir",
+    "--triton-name",
+    "--target",
+    "--device",
+)
 
 
 def _refuse_underscored_numbers(args) -> None:

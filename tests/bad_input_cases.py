@@ -1091,6 +1091,8 @@ def _deploy_keeps(c: Ctx, out: Outcome) -> None:
     assert os.readlink(folder / "tokenizer-link") == "tokenizer.json", "the link was lost"
     assert (folder / "notes.txt").read_text() == "mine", "notes.txt was lost"
     assert (folder / "genai_config.json").is_file()
+    listed = json.loads((folder / "gpt2onnx.json").read_text())["files"]
+    assert "notes.txt" not in listed and "genai_config.json" in listed, sorted(listed)
 
 
 def _user_things(c: Ctx) -> None:
@@ -1492,6 +1494,14 @@ CASES += [
         _deployed_with_user_things,
         creates=("m",),
         check=_redeploy_drops_only_ours,
+    ),
+    Case(
+        "force-after-deploy-keeps-user-file",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "m", "--force"),
+        B,
+        _deployed_with_user_things,
+        match="does not list",
     ),
     Case(
         "deploy-in-place-foreign-onnx-folder",

@@ -234,15 +234,17 @@ def versions() -> dict[str, str | None]:
     return {"gpt2onnx": __version__, **found, "onnxruntime": onnxruntime, "python": platform.python_version()}
 
 
-def write_manifest(folder: Path, manifest: dict) -> dict:
-    """Add the file hashes, versions and date, and write gpt2onnx.json (the last file of a folder)."""
+def write_manifest(folder: Path, manifest: dict, *, exclude: tuple[str, ...] = ()) -> dict:
+    """Add the file hashes, versions and date, and write gpt2onnx.json (the last file of a folder).
+    ``exclude``: files in the folder that are not ours (what deploy in place keeps): not listed, so never
+    replaced by a later --force."""
     manifest = {
         **manifest,
         "format_version": MANIFEST_FORMAT_VERSION,
         "files": {
             p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
             for p in sorted(folder.iterdir())
-            if p.is_file() and p.name != MANIFEST_NAME
+            if p.is_file() and not p.is_symlink() and p.name != MANIFEST_NAME and p.name not in exclude
         },
         "versions": versions(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -94,8 +94,14 @@ def deploy(
         raise BadInput(f"'{folder}' is a symbolic link: give the real folder's path to deploy into it")
     carried = _carried(source, owned, writes, targets) if in_place else []
     with staged_folder(target, force=force, protect=(source,), check=not in_place) as staging:
+        foreign = [p.name for p in carried]
         for path in sorted(source.iterdir()):
             if path.name == MANIFEST_NAME or path.name in _TARGET_PATHS or not path.is_file() or path.is_symlink():
+                continue
+            if path.name not in owned:  # not ours: kept as it is in place (never listed), left out of a new folder
+                if in_place:
+                    link_or_copy(path, staging / path.name)
+                    foreign.append(path.name)
                 continue
             if path.name in big:
                 link_or_copy(path, staging / path.name)
@@ -129,7 +135,7 @@ def deploy(
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         log.info("deployed %s to %s: %s", source, target, ", ".join(targets))
-        manifest = write_manifest(staging, manifest)
+        manifest = write_manifest(staging, manifest, exclude=tuple(foreign))
     return manifest
 
 
