@@ -1311,7 +1311,7 @@ CASES += [
         0,
         tokenizer_config_key("tokenizer_file", "{dir}/pipe.json", drop=("tokenizer.json",), fifo=True),
         process=True,
-        timeout=60,
+        timeout=120,
     ),
     Case(
         "tokenizer-vocab-file-outside",

@@ -91,6 +91,8 @@ class LayerNormBeforeReshape(pattern.RewriteRuleClassBase):
         stash = node.attributes.get_int("stash_type", 1)
         allowzero = flat.producer().attributes.get_int("allowzero", 0)
         out = op.LayerNormalization(x, gamma, beta, axis=-1, stash_type=stash, **_attributes(normalized))
+        # typed like x (a LayerNorm keeps type and shape): the fp16 pass casts only tensors it has a type for
+        out.type, out.shape = x.type, x.shape
         return op.Reshape(out, shape, allowzero=allowzero)
 
 
