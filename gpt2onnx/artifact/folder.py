@@ -9,6 +9,7 @@ Only onnx and json here: a deployment machine without torch can open, inspect an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -24,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 
 from gpt2onnx.artifact.graph import external_data_files, load_graph, position_table_rows
+from gpt2onnx.artifact.manifest import MANIFEST_FORMAT_VERSION, MODEL_FILE, FileRecord, Manifest
 from gpt2onnx.artifact.paths import file_in_folder
 from gpt2onnx.errors import BadInput, ContractError, Gpt2OnnxError, IntegrityError, OutputError
 from gpt2onnx.files import sha256_file
@@ -31,8 +33,6 @@ from gpt2onnx.files import sha256_file
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "gpt2onnx.json"
-MANIFEST_FORMAT_VERSION = 1
-MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 TOKENIZER_FILES = (
@@ -71,16 +71,12 @@ def read_json_file(path: Path, what: str) -> dict:
     return data
 
 
-def read_manifest(folder: str | Path) -> dict | None:
+def read_manifest(folder: str | Path) -> Manifest | None:
     """The folder's manifest, or None when it has none (an optimum folder); a damaged one is an error."""
     path = Path(folder) / MANIFEST_NAME
     if not path.exists() and not path.is_symlink():
         return None
-    manifest = read_json_file(path, "manifest")
-    for key, kind in (("format_version", int), ("kind", str), ("files", dict)):
-        if not isinstance(manifest.get(key), kind):
-            raise BadInput(f"manifest '{path}' has no valid '{key}': export the folder again, or delete the manifest")
-    return manifest
+    return Manifest.from_dict(read_json_file(path, "manifest"), where=f"manifest '{path}'")
 
 
 def read_n_positions(folder: str | Path) -> int:
@@ -105,12 +101,7 @@ def eos_token_id(folder: str | Path) -> int | None:
     return None
 
 
-def model_files(manifest: dict) -> dict[str, dict]:
-    """The manifest's entries for the model's own files (model.onnx and its external data)."""
-    return {name: info for name, info in manifest.get("files", {}).items() if name.startswith(MODEL_FILE)}
-
-
-def check_integrity(folder: Path, manifest: dict, *, data_files: tuple[str, ...] | None = None) -> None:
+def check_integrity(folder: Path, manifest: Manifest, *, data_files: tuple[str, ...] | None = None) -> None:
     """Each model file must have the size and sha256 the manifest records (about 1 s for the 124M model), and
     every external data file the graph names (``data_files``, read from the graph when not given) must be one
     of them: the check covers every file onnxruntime will load."""
@@ -118,7 +109,7 @@ def check_integrity(folder: Path, manifest: dict, *, data_files: tuple[str, ...]
     where = folder / MANIFEST_NAME
     if data_files is None:
         data_files = graph_data_files(folder / MODEL_FILE)
-    listed = model_files(manifest)
+    listed = manifest.model_files
     for name in data_files:
         if name not in listed:
             raise IntegrityError(
@@ -131,11 +122,7 @@ def check_integrity(folder: Path, manifest: dict, *, data_files: tuple[str, ...]
             raise IntegrityError(f"'{path}' is missing but the manifest lists it: export the folder again")
         path = file_in_folder(folder, name, what="model file", where=where)
         try:
-            matches = (
-                isinstance(info, dict)
-                and path.stat().st_size == info.get("bytes")
-                and sha256_file(path) == info.get("sha256")
-            )
+            matches = path.stat().st_size == info.bytes and sha256_file(path) == info.sha256
         except PermissionError as err:
             raise BadInput(
                 f"'{path}' cannot be read ({err.strerror}): give read permission to the folder's files"
@@ -163,21 +150,19 @@ class ModelFolder:
 
     folder: Path
     model_path: Path
-    manifest: dict | None
+    manifest: Manifest | None
     n_positions: int
     shared_kv: bool = False  # the graph has GroupQueryAttention (ort-shared-kv): past and present share a buffer
     data_files: tuple[str, ...] = ()  # external data files the graph names, checked to lie inside the folder
 
     @property
     def dtype(self) -> str:
-        return (self.manifest or {}).get("dtype", "float32")
+        return self.manifest.dtype if self.manifest else "float32"
 
     @property
     def precision(self) -> str:
         """The quantization method if the weights are quantized, else the dtype: the key of the parity gates."""
-        quantization = (self.manifest or {}).get("quantization")
-        method = quantization.get("method", "none") if isinstance(quantization, dict) else "none"
-        return self.dtype if method == "none" else method
+        return self.manifest.precision if self.manifest else "float32"
 
 
 SHARED_CACHE_OP = "GroupQueryAttention"
@@ -198,7 +183,7 @@ def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder
     if not model_path.is_file():
         raise ContractError(f"'{folder}' holds no model.onnx: give a folder written by gpt2onnx export (or optimum)")
     manifest = read_manifest(folder)
-    if manifest is not None and manifest.get("kind") == "block":
+    if manifest is not None and manifest.kind == "block":
         raise ContractError(f"'{folder}' holds a single-block export: give a whole decoder folder")
     graph = load_graph(model_path)
     data_files = tuple(external_data_files(graph))
@@ -234,22 +219,22 @@ def versions() -> dict[str, str | None]:
     return {"gpt2onnx": __version__, **found, "onnxruntime": onnxruntime, "python": platform.python_version()}
 
 
-def write_manifest(folder: Path, manifest: dict, *, exclude: tuple[str, ...] = ()) -> dict:
+def write_manifest(folder: Path, manifest: Manifest, *, exclude: tuple[str, ...] = ()) -> Manifest:
     """Add the file hashes, versions and date, and write gpt2onnx.json (the last file of a folder).
     ``exclude``: files in the folder that are not ours (what deploy in place keeps): not listed, so never
     replaced by a later --force."""
-    manifest = {
-        **manifest,
-        "format_version": MANIFEST_FORMAT_VERSION,
-        "files": {
-            p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    manifest = dataclasses.replace(
+        manifest,
+        format_version=MANIFEST_FORMAT_VERSION,
+        files={
+            p.name: FileRecord(p.stat().st_size, sha256_file(p))
             for p in sorted(folder.iterdir())
             if p.is_file() and not p.is_symlink() and p.name != MANIFEST_NAME and p.name not in exclude
         },
-        "versions": versions(),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        versions=versions(),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest.as_dict(), indent=2) + "\n")
     return manifest
 
 
@@ -264,16 +249,13 @@ def copy_regular_file(source: Path, target: Path, *, within: Path) -> None:
     shutil.copyfile(real, target)  # the new file gets the umask's permissions, not the source's
 
 
-def owned_entries(manifest: dict) -> set[str]:
+def owned_entries(manifest: Manifest) -> set[str]:
     """The top-level names of a folder that its manifest says gpt2onnx wrote: the files it lists, the manifest,
     and the deployment targets' files (onnx/, triton/, genai_config.json)."""
-    names = {MANIFEST_NAME, *(str(n).split("/")[0] for n in manifest.get("files", {}))}
-    deployed = manifest.get("deploy")
-    targets = deployed.get("targets") if isinstance(deployed, dict) else None
-    if isinstance(targets, dict):
-        for files in targets.values():
-            if isinstance(files, list):
-                names |= {f.split("/")[0] for f in files if isinstance(f, str)}
+    names = {MANIFEST_NAME, *(str(n).split("/")[0] for n in manifest.files)}
+    if manifest.deploy is not None:
+        for files in manifest.deploy.targets.values():
+            names |= {f.split("/")[0] for f in files}
     return names
 
 

@@ -5,7 +5,12 @@
 
     genai_config.json                      onnxruntime-genai (gpt2onnx.deploy.genai)
     onnx/model[_suffix].onnx, config.json  transformers.js (gpt2onnx.deploy.transformers_js)
+    index.html, gpt2onnx-web.js, lib/      a page that generates in the browser (gpt2onnx.deploy.web; it loads
+                                           the transformers.js layout, which "web" therefore adds too)
     triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton)
+    tokenizer.json                         genai and transformers.js, which read only this file, when the
+                                           folder has only vocab.json + merges.txt (gpt2onnx.artifact.tokenizer)
+    ort-generate/*_search.onnx, ...        onnxruntime's generation ops, the loop in the graph (gpt2onnx.deploy.ort_generate)
 
 It works on any gpt2onnx decoder folder, exported or optimized, in any precision, and leaves export and
 optimize alone. The result is written like every folder: staged beside the target and moved into place
@@ -18,31 +23,51 @@ not named again are dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from gpt2onnx.artifact.folder import (
     CONFIG_FILE,
     MANIFEST_NAME,
-    model_files,
     open_folder,
     owned_entries,
     staged_folder,
     write_manifest,
 )
-from gpt2onnx.deploy import genai, transformers_js, triton
+from gpt2onnx.artifact.manifest import DeployRecord, Manifest, TritonRecord
+from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
+from gpt2onnx.deploy import genai, ort_generate, transformers_js, triton, web
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("genai", "transformers-js", "triton")
+TARGETS = ("genai", "transformers-js", "triton", "ort-generate", "web")
+NEED_TOKENIZER_JSON = {"genai", "transformers-js"}
 # what a target adds to the folder: dropped when the folder is deployed again
-_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER)
+_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER, ort_generate.SUBFOLDER, *web.PATHS)
+
+
+@dataclass
+class DeployResult:
+    """What :func:`deploy` returns: the folder written, its manifest, and per target the files it added."""
+
+    folder: Path
+    manifest: Manifest
+
+    @property
+    def record(self) -> DeployRecord:
+        return self.manifest.deploy
+
+    @property
+    def targets(self) -> dict[str, list[str]]:
+        return self.manifest.deploy.targets
 
 
 def parse_targets(value: str | list[str]) -> list[str]:
@@ -55,6 +80,8 @@ def parse_targets(value: str | list[str]) -> list[str]:
         raise BadInput(
             f"unknown deploy target {', '.join(sorted(unknown)) or '(none)'}: choose from {', '.join(TARGETS)}"
         )
+    if "web" in names:
+        names.add("transformers-js")  # the page loads the transformers.js layout
     return [t for t in TARGETS if t in names]
 
 
@@ -66,10 +93,13 @@ def deploy(
     force: bool = False,
     triton_name: str | None = None,
     triton_device: str = "cpu",
+    web_lib: str | Path | None = None,
     verify_files: bool = True,
-) -> dict:
+) -> DeployResult:
     """Write the deployment ``targets`` for the exported decoder ``folder``, in place or into ``out``.
-    Returns the new manifest; its "deploy" entry lists the targets and their files."""
+    ``web_lib``: the node_modules with transformers.js that the web target copies its library files from
+    (default: $GPT2ONNX_WEB_LIB, else this repository's tests/js/node_modules, else ./node_modules).
+    Returns the folder and its new manifest, whose ``deploy`` record lists the targets and their files."""
     targets = parse_targets(targets)
     if triton_device not in triton.KINDS:
         raise BadInput(f"unknown Triton instance kind '{triton_device}': choose cpu or gpu")
@@ -87,9 +117,15 @@ def deploy(
         target.resolve().is_relative_to(source.resolve()) or source.resolve().is_relative_to(target.resolve())
     ):
         raise BadInput(f"output folder '{target}' is inside '{source}' or holds it: choose a folder beside it")
-    big = set(model_files(opened.manifest))
+    big = set(opened.manifest.model_files)
     owned = owned_entries(opened.manifest)
-    writes = {genai.CONFIG_NAME: "genai", transformers_js.SUBFOLDER: "transformers-js", triton.SUBFOLDER: "triton"}
+    writes = {
+        genai.CONFIG_NAME: "genai",
+        transformers_js.SUBFOLDER: "transformers-js",
+        triton.SUBFOLDER: "triton",
+        ort_generate.SUBFOLDER: "ort-generate",
+        **{path: "web" for path in web.PATHS},
+    }
     if in_place and Path(folder).is_symlink():
         raise BadInput(f"'{folder}' is a symbolic link: give the real folder's path to deploy into it")
     carried = _carried(source, owned, writes, targets) if in_place else []
@@ -116,27 +152,38 @@ def deploy(
                 link_or_copy(path, staging / path.name)
         _drop_transformers_js_config(staging)
         written: dict[str, list[str]] = {}
+        # genai's og.Tokenizer and transformers.js read only tokenizer.json: build it from vocab.json + merges.txt
+        made = [TOKENIZER_JSON] if set(targets) & NEED_TOKENIZER_JSON and ensure_tokenizer_json(staging) else []
         if "genai" in targets:
             genai.write_genai_config(staging, staging)
-            written["genai"] = [genai.CONFIG_NAME]
+            written["genai"] = [genai.CONFIG_NAME, *made]
         if "transformers-js" in targets:
-            written["transformers-js"] = transformers_js.write_transformers_js(staging, staging, opened.precision)
+            files = transformers_js.write_transformers_js(staging, staging, opened.precision)
+            written["transformers-js"] = files + made
+        if "web" in targets:
+            written["web"] = web.write_web(
+                source, staging, opened.precision, name=target.resolve().name, web_lib=web_lib
+            )
         if "triton" in targets:
             written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
-        manifest = {k: v for k, v in opened.manifest.items() if k not in ("files", "versions", "created", "deploy")}
-        manifest["deploy"] = {
-            "targets": written,
-            "source": str(source),
-            "precision": opened.precision,
+        fixed = None
+        if "ort-generate" in targets:
+            written["ort-generate"], fixed = ort_generate.write_ort_generate(staging, staging)
+        record = DeployRecord(
+            targets=written,
+            source=str(source),
+            precision=opened.precision,
             # write_manifest records the versions and date of this run; keep those of the export
-            "source_versions": opened.manifest.get("versions"),
-            "source_created": opened.manifest.get("created"),
-            **({"triton": {"name": name, "instance_kind": triton.KINDS[triton_device]}} if "triton" in targets else {}),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
+            source_versions=opened.manifest.versions,
+            source_created=opened.manifest.created,
+            triton=TritonRecord(name, triton.KINDS[triton_device]) if "triton" in targets else None,
+            ort_generate=fixed.as_dict() if fixed is not None else None,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        manifest = dataclasses.replace(opened.manifest, deploy=record)
         log.info("deployed %s to %s: %s", source, target, ", ".join(targets))
         manifest = write_manifest(staging, manifest, exclude=tuple(foreign))
-    return manifest
+    return DeployResult(target, manifest)
 
 
 def _carried(source: Path, owned: set[str], writes: dict[str, str], targets: list[str]) -> list[Path]:

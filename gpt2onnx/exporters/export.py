@@ -16,18 +16,21 @@ from gpt2onnx.artifact.folder import (
     CONFIG_FILE,
     GENERATION_CONFIG_FILE,
     MODEL_FILE,
+    TOKENIZER_FILES,
     check_output,
     copy_regular_file,
     staged_folder,
     write_manifest,
 )
 from gpt2onnx.artifact.graph import graph_summary, save_onnx
+from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
 from gpt2onnx.passes.pipeline import GraphPasses
 from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
+from gpt2onnx.verify.evaluate import EvalGates, EvalReport, check_eval_options, evaluate_written
 from gpt2onnx.verify.gates import tolerances_for
 from gpt2onnx.verify.parity import validate_export
 
@@ -53,6 +56,15 @@ class ExportOptions:
     block_size: int = 32  # int4: weights per scale
     gates: dict | None = None  # overrides of the precision's default gates (gpt2onnx.verify.gates.TOLERANCES)
     keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
+    eval_text: str | None = None  # a text file: perplexity, KL against PyTorch before writing (verify.evaluate)
+    max_ppl_increase: float | None = None  # with eval_text: the most ΔPPL (percent) accepted
+    max_kl: float | None = None  # with eval_text: the most mean KL accepted
+
+    def eval_gates(self) -> EvalGates:
+        return EvalGates(max_ppl_increase=self.max_ppl_increase, max_kl=self.max_kl)
+
+    def __post_init__(self) -> None:
+        self.check()  # an invalid one cannot be built
 
     def passes(self) -> GraphPasses:
         return GraphPasses(
@@ -93,6 +105,9 @@ class ExportOptions:
                 "tolerance and gates apply only when the export is validated: drop them, or drop --no-validate"
             )
         tolerances_for(precision, self.gates)  # each gate in its range
+        check_eval_options(self.eval_text, self.eval_gates())
+        if self.eval_text is not None and self.block is not None:
+            raise BadInput("eval_text (--eval-text) evaluates a whole decoder, not a single block: drop one of them")
         return self
 
 
@@ -101,13 +116,14 @@ class ExportResult:
     """What :func:`export` returns: the folder written, its manifest, the check it passed, timings in seconds."""
 
     folder: Path
-    manifest: dict
+    manifest: Manifest
     check: CheckReport | None = None  # None with validate=False
     timings: dict[str, float] = field(default_factory=dict)
+    quality: EvalReport | None = None  # quality on real text, with eval_text (--eval-text)
 
     @property
     def model_bytes(self) -> int:
-        return sum(f["bytes"] for name, f in self.manifest["files"].items() if name.startswith(MODEL_FILE))
+        return self.manifest.model_bytes
 
 
 def default_output(ckpt_name: str, options: ExportOptions) -> Path:
@@ -165,15 +181,20 @@ def export(
     timings["load_seconds"] = time.perf_counter() - start
     if options.block is not None and not 0 <= options.block < ckpt.spec.n_layer:
         raise BadInput(f"block {options.block} is out of range: this model has blocks 0 to {ckpt.spec.n_layer - 1}")
+    if options.eval_text is not None and not set(ckpt.companion_files) & set(TOKENIZER_FILES):
+        raise BadInput(
+            f"eval_text (--eval-text) needs the model's tokenizer, but '{model}' has no tokenizer files"
+            " (tokenizer.json, or vocab.json and merges.txt): add them to the checkpoint folder, or drop --eval-text"
+        )
     target = Path(out) if out is not None else default_output(ckpt.name, options)
     protect += (ckpt.companion_dir,) if ckpt.companion_dir is not None else ()
     with staged_folder(target, force=options.force, protect=protect) as staging:
-        manifest, check = _export_into(staging, ckpt, options, timings)
+        manifest, check, quality = _export_into(staging, ckpt, options, timings, label=str(target))
     log.info("exported %s to %s", ckpt.name, target)
-    return ExportResult(target, manifest, check, timings)
+    return ExportResult(target, manifest, check, timings, quality)
 
 
-def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
+def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float], *, label: str):
     from gpt2onnx.pytorch.model import BlockForExport, GPT2ForExport
 
     spec, dtype, passes = ckpt.spec, check_dtype(options.dtype), options.passes()
@@ -189,19 +210,21 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
     log.info("exporting %s (%s, opset %d)", ckpt.name, kind, options.opset)
     proto = export_module(module, io, spec, opset=options.opset, head_weight=head)
     timings["export_seconds"] = time.perf_counter() - start
-    proto, reports = passes.apply(proto, timings)
+    passed = passes.apply(proto, timings)
+    proto = passed.model
     if dtype == "float16":
         logits_dtype = "float32" if "logits" in parse_keep_fp32(options.keep_fp32) else "float16"
         io = decoder_io(spec, last_logits_only=options.logits == "last", dtype=dtype, logits_dtype=logits_dtype)
-    if reports["kv_cache"] == "shared":
+    if passed.kv_cache == "shared":
         io = shared_cache_io(io)
-    if dtype == "float16" or reports["kv_cache"] == "shared":
+    if dtype == "float16" or passed.kv_cache == "shared":
         check_graph_io(proto, io)
     start = time.perf_counter()
     model_files = save_onnx(proto, folder / MODEL_FILE, external_data=options.external_data)
     timings["save_seconds"] = time.perf_counter() - start
     graph_facts = graph_summary(proto)
     del proto
+    passed.model = None  # free the graph before validation; the pass records stay
 
     check = None
     if options.validate:
@@ -218,20 +241,42 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         if not check.passed:
             raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
     _write_companions(folder, ckpt)
-    manifest = {
-        "kind": kind,
-        "name": ckpt.name,
-        "source": ckpt.source,
-        "architecture": spec.as_dict(),
-        "dtype": dtype,
-        "io": io.as_dict(),
+    quality = None
+    if options.eval_text is not None:
+        start = time.perf_counter()
+        quality = evaluate_written(
+            folder,
+            reference=ckpt,
+            text=options.eval_text,
+            gates=options.eval_gates(),
+            against=f"PyTorch fp32 ({ckpt.name})",
+            label=label,
+        )
+        timings["eval_seconds"] = time.perf_counter() - start
+        log.info("quality on real text: %s", quality.summary())
+        if not quality.passed:
+            failing = next(r.check for r in quality.rows if r.check and r.check.failures)
+            raise CheckFailed(
+                f"quality on real text failed: {'; '.join(quality.failures)}; nothing was written", failing
+            )
+    manifest = Manifest(
+        kind=kind,
+        name=ckpt.name,
+        source=ckpt.source,
+        architecture=spec.as_dict(),
+        dtype=dtype,
+        io=io,
         **graph_facts,
-        "options": {**asdict(options), "external_data": len(model_files) > 1},
-        **reports,
-        "parity": check.as_dict() if check else None,
-        "timings": timings,
-    }
-    return write_manifest(folder, manifest), check
+        options={**asdict(options), "external_data": len(model_files) > 1},
+        fusion=passed.fusion,
+        fp16=passed.fp16,
+        quantization=passed.quantization,
+        kv_cache=passed.kv_cache,
+        check=check,
+        eval=quality.as_dict() if quality else None,
+        timings=timings,
+    )
+    return write_manifest(folder, manifest), check, quality
 
 
 def _write_companions(folder: Path, ckpt: Checkpoint) -> None:

@@ -20,6 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from gpt2onnx.artifact.graph import sort_topologically
+from gpt2onnx.artifact.manifest import Fp16Record, QuantizationRecord
 from gpt2onnx.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,9 @@ def written_out_layer_norms(graph: onnx.GraphProto) -> list[list[onnx.NodeProto]
     return found
 
 
-def to_fp16(model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS) -> tuple[onnx.ModelProto, dict]:
+def to_fp16(
+    model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS
+) -> tuple[onnx.ModelProto, Fp16Record]:
     """fp16 weights, activations and K/V cache; the ``keep_fp32`` groups (FP16_KEEP_GROUPS) stay fp32.
 
     onnxruntime's converter keeps nodes in fp32 one by one: it casts every tensor between two kept nodes to
@@ -142,8 +145,7 @@ def to_fp16(model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GR
     sort_topologically(converted.graph)  # the converter appends its Casts at the end of the node list
     converted.ir_version = ir_version
     log.info("fp16; kept in fp32: %s", dict(kept) or "nothing")
-    report = {"dtype": "float16", "kept_fp32": list(keep_fp32), "kept_fp32_nodes": dict(kept), "kept_fp32_io": keep_io}
-    return converted, report
+    return converted, Fp16Record(list(keep_fp32), dict(kept), keep_io)
 
 
 def _untype_inner_tensors(graph: onnx.GraphProto, kept: set[str]) -> None:
@@ -191,6 +193,9 @@ class QuantizeOptions:
     method: str = "none"
     block_size: int = 32  # int4: weights per scale
 
+    def __post_init__(self) -> None:
+        self.check()  # an invalid one cannot be built
+
     def check(self) -> None:
         if self.method not in METHODS:
             raise BadInput(f"unknown --quantize '{self.method}': choose one of {', '.join(METHODS)}")
@@ -229,11 +234,11 @@ def _logits_gemm_to_matmul(model: onnx.ModelProto) -> int:
     return changed
 
 
-def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.ModelProto, dict]:
+def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.ModelProto, QuantizationRecord | None]:
     """Quantize ``model`` (changed in place on the way); returns the new model and what was done."""
     options.check()
     if options.method == "none":
-        return model, options.as_dict()
+        return model, None
     ir_version = model.ir_version
     _logits_gemm_to_matmul(model)
     if options.method == "int4":
@@ -277,4 +282,5 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.Mod
         if node.op_type in ("MatMulNBits", "GatherBlockQuantized", "MatMulInteger", "DynamicQuantizeLinear"):
             ops[node.op_type] = ops.get(node.op_type, 0) + 1
     log.info("quantized (%s): %s", options.method, ops)
-    return quantized, {**options.as_dict(), "ops": ops}
+    block_size = options.block_size if options.method == "int4" else None
+    return quantized, QuantizationRecord(options.method, block_size, ops)

@@ -24,7 +24,7 @@ from gpt2onnx.artifact.folder import SHARED_CACHE_OP, ModelFolder
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
-from gpt2onnx.runtimes.base import PromptChecks
+from gpt2onnx.runtimes.base import Capabilities, Runtime
 from gpt2onnx.runtimes.providers import DEVICE_TYPES, TRT_DUMMY_PAST, ProviderConfig, create_session, session_provider
 
 
@@ -84,8 +84,12 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDec
     return kind(cpu_session(model_path), n_positions=n_positions)
 
 
-class OnnxDecoder(PromptChecks):
+class OnnxDecoder(Runtime):
+    """The Stepper on an onnxruntime session: present = past + the new K/V, a new tensor every step."""
+
     runtime = "onnxruntime"
+    version = ort.__version__
+    capabilities = Capabilities(past_of_length=True, memory_check=True)
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         self.session = session
@@ -102,6 +106,9 @@ class OnnxDecoder(PromptChecks):
         self.device, self.device_id = DEVICE_TYPES.get(self.provider, "cpu"), device_id
         # TensorRT rejects zero-sized dims: the prompt step gets masked dummy past slots instead of an empty past.
         self.dummy_past = TRT_DUMMY_PAST if self.provider == "tensorrt" else 0
+
+    def session_providers(self) -> list[str]:
+        return self.session.get_providers()
 
     # -- inputs -------------------------------------------------------------------------------------------
     def run_bytes(self, batch: int, prompt_len: int, total_len: int) -> int:
@@ -178,6 +185,8 @@ class SharedCacheDecoder(OnnxDecoder):
     onnxruntime's kernel takes a multi-token step on a non-empty past at batch 1 only: such a step at batch > 1
     (a prompt continued in chunks) runs token by token, with the same result.
     """
+
+    capabilities = Capabilities(past_of_length=True, shared_cache=True, memory_check=True)
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         super().__init__(session, n_positions=n_positions, device_id=device_id)

@@ -36,6 +36,19 @@ TOKENIZER_CONFIG_KEYS = (
 )
 
 
+# what AutoTokenizer would load as GPT2TokenizerFast in a folder whose config.json says model_type gpt2
+GPT2_CLASSES = (None, "GPT2Tokenizer", "GPT2TokenizerFast")
+
+
+def _tokenizer_class(folder: Path) -> str | None:
+    """The class tokenizer_config.json names (None when it names none or the folder has no such file)."""
+    if not (folder / "tokenizer_config.json").exists():
+        return None
+    path = file_in_folder(folder, "tokenizer_config.json", what="tokenizer file", where=folder)
+    named = read_json_file(path, "tokenizer config").get("tokenizer_class")
+    return named if isinstance(named, str) else None
+
+
 def load_tokenizer(folder: Path):
     """The folder's tokenizer in a fixed class, loaded from a private copy of exactly its tokenizer files
     (each a regular file inside the folder) with tokenizer_config.json reduced to its data keys."""
@@ -47,6 +60,7 @@ def load_tokenizer(folder: Path):
         )
     from transformers import GPT2TokenizerFast, PreTrainedTokenizerFast
 
+    named = _tokenizer_class(folder)
     with tempfile.TemporaryDirectory(prefix="gpt2onnx-tokenizer-") as tmp:
         for name in present:
             path = file_in_folder(folder, name, what="tokenizer file", where=folder)
@@ -58,9 +72,14 @@ def load_tokenizer(folder: Path):
                 shutil.copyfile(path, Path(tmp) / name)
         try:
             # A fixed class, never AutoTokenizer: a tokenizer_config.json's auto_map could name code in the folder,
-            # and no code from a model folder ever runs. GPT-2's byte-level BPE loads from tokenizer.json, or is
-            # converted from vocab.json and merges.txt through GPT2TokenizerFast.
-            kind = PreTrainedTokenizerFast if "tokenizer.json" in present else GPT2TokenizerFast
+            # and no code from a model folder ever runs. A GPT-2 folder (its config names GPT2Tokenizer, or names
+            # nothing) loads as GPT2TokenizerFast, from tokenizer.json or converted from vocab.json and merges.txt;
+            # another class named there loads from tokenizer.json through the generic fast class.
+            kind = (
+                GPT2TokenizerFast
+                if named in GPT2_CLASSES or "tokenizer.json" not in present
+                else PreTrainedTokenizerFast
+            )
             return kind.from_pretrained(tmp, trust_remote_code=False, local_files_only=True)
         except Exception as err:  # transformers raises many types for broken tokenizer files
             raise BadInput(
