@@ -1764,8 +1764,9 @@ CASES += [
         "quantization-record-garbage",
         "silent",
         ("generate", "m", *GEN),
-        0,
+        B,
         export_copy(manifest_edit(quantization="int4")),
+        match="unreadable",
     ),
     # -- options that would be ignored --------------------------------------------------------------------------------
     Case(
@@ -1917,11 +1918,12 @@ CASES += [
             f"manifest-{key}-garbage-{cmd}",
             "traceback",
             (cmd, "m", *args),
-            code,
+            0 if key == "parity" else B,  # an old release's check is shown as unreadable; a damaged record refused
             export_copy(manifest_edit(**{key: value})),
+            match=None if key == "parity" else "unreadable",
         )
         for key, value in (("parity", "garbage"), ("fusion", [1, 2]), ("fp16", 7), ("deploy", "x"))
-        for cmd, args, code in (("inspect", (), 0), ("generate", GEN, 0))
+        for cmd, args in (("inspect", ()), ("generate", GEN))
     ),
     Case(
         "manifest-files-garbage",
