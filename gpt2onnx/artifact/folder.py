@@ -101,6 +101,23 @@ def eos_token_id(folder: str | Path) -> int | None:
     return None
 
 
+def generation_token_ids(folder: str | Path) -> tuple[tuple[int, ...], int | None]:
+    """(end-of-sequence ids, padding id) as transformers' generate() reads them: generation_config.json first,
+    else config.json; eos may be one id or a list; no pad id: None (generate then pads with the first eos)."""
+    found: dict[str, object] = {}
+    for name in (GENERATION_CONFIG_FILE, CONFIG_FILE):
+        if (Path(folder) / name).is_file():
+            data = read_json_file(Path(folder) / name, name)
+            for key in ("eos_token_id", "pad_token_id"):
+                if found.get(key) is None and data.get(key) is not None:
+                    found[key] = data[key]
+    is_id = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    eos = found.get("eos_token_id")
+    eos_ids = tuple(v for v in (eos if isinstance(eos, list) else [eos]) if is_id(v))
+    pad = found.get("pad_token_id")
+    return eos_ids, pad if is_id(pad) else None
+
+
 def check_integrity(folder: Path, manifest: Manifest, *, data_files: tuple[str, ...] | None = None) -> None:
     """Each model file must have the size and sha256 the manifest records (about 1 s for the 124M model), and
     every external data file the graph names (``data_files``, read from the graph when not given) must be one
@@ -130,7 +147,8 @@ def check_integrity(folder: Path, manifest: Manifest, *, data_files: tuple[str, 
         if not matches:
             raise IntegrityError(
                 f"'{path}' differs from what the manifest '{where}' records (size or sha256):"
-                " export the folder again, or skip the check (--no-verify-files, verify_files=False) if you changed it on purpose"
+                " export the folder again, or skip the check (--no-verify-files, verify_files=False) if you changed it"
+                " on purpose"
             )
 
 
@@ -272,7 +290,8 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
         raise BadInput(f"output '{target}' exists and is not a folder: choose another output folder")
     if not force:
         raise BadInput(
-            f"output folder '{target}' already exists: choose another output folder, or replace it (--force, force=True)"
+            f"output folder '{target}' already exists: choose another output folder, or replace it (--force,"
+            " force=True)"
         )
     real = target.resolve()
     for path, what in [*((p, "the source model") for p in protect), (Path.cwd(), "the working directory")]:
@@ -282,7 +301,8 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
             )
         if Path(path).resolve().is_relative_to(real):
             raise BadInput(
-                f"output folder '{target}' holds {what} '{path}', which --force would delete: choose another output folder"
+                f"output folder '{target}' holds {what} '{path}', which --force would delete: choose another output"
+                " folder"
             )
     try:
         entries = sorted(p.name for p in real.iterdir())
@@ -408,7 +428,8 @@ def _output_lock(target: Path):
     handle = _open_lock(lock_path)
     if handle is None:
         raise OutputError(
-            f"{cannot}: its lock file '{lock_path}' cannot be created or is not a regular file; choose a writable folder"
+            f"{cannot}: its lock file '{lock_path}' cannot be created or is not a regular file;"
+            " choose a writable folder"
         )
     with handle:
         try:
@@ -418,7 +439,8 @@ def _output_lock(target: Path):
                 raise OSError(errno.EAGAIN, "lock file replaced")
         except OSError:
             raise OutputError(
-                f"output folder '{target}' is being written by another gpt2onnx run: wait for it, or choose another output folder"
+                f"output folder '{target}' is being written by another gpt2onnx run: wait for it, or choose another"
+                " output folder"
             ) from None
         previous = _record(handle)
         handle.seek(0, os.SEEK_END)

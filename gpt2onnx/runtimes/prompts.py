@@ -36,6 +36,10 @@ TOKENIZER_CONFIG_KEYS = (
 )
 
 
+def has_tokenizer(folder: Path) -> bool:
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
+
+
 # what AutoTokenizer would load as GPT2TokenizerFast in a folder whose config.json says model_type gpt2
 GPT2_CLASSES = (None, "GPT2Tokenizer", "GPT2TokenizerFast")
 
@@ -56,7 +60,8 @@ def load_tokenizer(folder: Path):
     present = [name for name in TOKENIZER_FILES if (folder / name).exists() or (folder / name).is_symlink()]
     if not any(name in present for name in ("tokenizer.json", "vocab.json")):
         raise BadInput(
-            f"'{folder}' has no tokenizer files (tokenizer.json or vocab.json + merges.txt): give token ids with --ids 1,2,3"
+            f"'{folder}' has no tokenizer files (tokenizer.json or vocab.json + merges.txt): give token ids with --ids"
+            " 1,2,3"
         )
     from transformers import GPT2TokenizerFast, PreTrainedTokenizerFast
 
@@ -98,15 +103,15 @@ def left_pad(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.nda
     return ids, mask
 
 
-def encode_prompts(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def encode_prompts(tokenizer, texts: list[str], *, pad_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     rows = [tokenizer.encode(text) for text in texts]
     for text, row in zip(texts, rows):
         if not row:
             raise BadInput(f"--prompt {text!r} is empty (no tokens): give some text")
-    return left_pad(rows, pad_id=tokenizer.eos_token_id or 0)
+    return left_pad(rows, pad_id=pad_id if pad_id is not None else tokenizer.eos_token_id or 0)
 
 
-def parse_id_prompts(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def parse_id_prompts(values: list[str], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rows = []
     for value in values:
         parts = re.split(r"\s*,\s*|\s+", value.strip()) if value.strip() else []
@@ -124,7 +129,7 @@ def parse_id_prompts(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
                 f"token ids (--ids) '{value}' hold a value outside 0 to {MAX_TOKEN_ID}: give ids of the vocabulary"
             )
         rows.append(row)
-    return left_pad(rows)
+    return left_pad(rows, pad_id)
 
 
 class TextStream:
