@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import inspect
 import json
 import logging
+import os
+import re
 import sys
 import typing
 from dataclasses import dataclass
@@ -19,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpt2onnx import __version__
-from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.errors import BadInput, Gpt2OnnxError
 
 if TYPE_CHECKING:
     from gpt2onnx.artifact.report import CheckReport
@@ -70,7 +74,10 @@ class OneLineErrors(typer.core.TyperGroup):
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         try:
+            _refuse_underscored_numbers(args[0] if args else kwargs.get("args"))
             rv = super().main(*args, standalone_mode=False, **kwargs)
+            if standalone_mode:
+                sys.stdout.flush()  # a full or closed stdout fails here, not at exit
         except typer.TyperException as err:  # usage errors: bad option values, missing options
             if not standalone_mode:
                 raise
@@ -89,6 +96,21 @@ class OneLineErrors(typer.core.TyperGroup):
         except KeyboardInterrupt:
             err_console.print("interrupted", markup=False)
             sys.exit(130)
+        except OSError as err:
+            if not standalone_mode or err.errno not in (errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT):
+                if not standalone_mode:
+                    raise
+                _internal_error(err)
+            with contextlib.suppress(OSError):  # what is still buffered goes nowhere, quietly, at exit
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            err_console.print(
+                f"error: cannot write the output to stdout ({os.strerror(err.errno)}):"
+                " free space, or send it elsewhere",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+            sys.exit(4)
         except MemoryError:
             if not standalone_mode:
                 raise
@@ -97,19 +119,54 @@ class OneLineErrors(typer.core.TyperGroup):
         except Exception as err:  # a bug: one line for the user, the traceback in the log with --verbose
             if not standalone_mode:
                 raise
-            logging.getLogger("gpt2onnx").debug("internal error", exc_info=True)
-            text = str(err).splitlines()[0][:200] if str(err).strip() else ""
-            err_console.print(
-                f"error: internal error ({type(err).__name__}: {text}); please report it with the command you ran"
-                " (--verbose shows the traceback)",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
-            sys.exit(INTERNAL_ERROR)
+            _internal_error(err)
         if standalone_mode:
             sys.exit(rv if isinstance(rv, int) else 0)
         return rv
+
+
+def _internal_error(err: BaseException) -> None:
+    logging.getLogger("gpt2onnx").debug("internal error", exc_info=err)
+    text = str(err).splitlines()[0][:200] if str(err).strip() else ""
+    err_console.print(
+        f"error: internal error ({type(err).__name__}: {text}); please report it with the command you ran"
+        " (--verbose shows the traceback)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    sys.exit(INTERNAL_ERROR)
+
+
+_UNDERSCORED_NUMBER = re.compile(r"[+-]?[0-9][0-9_]*_[0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9_]+)?")
+# free text, paths and names, or values parsed by their own parser: never read by int() or float()
+_TEXT_OPTIONS = (
+    "--prompt",
+    "--ids",
+    "--model",
+    "--out",
+    "--reference",
+    "--revision",
+    "--json",
+    "--plot",
+    "--trt-cache-dir",
+    "--triton-name",
+    "--target",
+    "--device",
+)
+
+
+def _refuse_underscored_numbers(args) -> None:
+    """Python's int() and float(), which parse option values, read '1_0' as 10: refuse it as a typo."""
+    args = list(sys.argv[1:] if args is None else args)
+    for before, value in zip(args, args[1:]):
+        flag = before.split("=")[0]
+        if flag.startswith("--") and flag not in _TEXT_OPTIONS and _UNDERSCORED_NUMBER.fullmatch(value):
+            raise BadInput(f"{flag} '{value}' is not a number as written: give it without underscores")
+    for arg in args:
+        flag, _, value = arg.partition("=")
+        if flag.startswith("--") and flag not in _TEXT_OPTIONS and _UNDERSCORED_NUMBER.fullmatch(value):
+            raise BadInput(f"{flag} '{value}' is not a number as written: give it without underscores")
 
 
 app = typer.Typer(
@@ -122,7 +179,7 @@ app = typer.Typer(
 
 
 QuantizeOpt = Annotated[str, typer.Option("--quantize", help="Weights: none, int8 or int4.")]
-BlockSizeOpt = Annotated[int, typer.Option(help="int4: weights per scale, 16 to 256.")]
+BlockSizeOpt = Annotated[Optional[int], typer.Option(help="int4: weights per scale, 16 to 256 \\[default: 32].")]
 KeepFp32Opt = Annotated[
     str,
     typer.Option(
@@ -181,7 +238,7 @@ _PRECISION_OPTIONS = (
     ("dtype", Annotated[str, typer.Option(help="fp32, or fp16 (see --keep-fp32).")], "fp32"),
     ("keep_fp32", KeepFp32Opt, "layernorm,softmax,logits"),
     ("quantize", QuantizeOpt, "none"),
-    ("block_size", BlockSizeOpt, 32),
+    ("block_size", BlockSizeOpt, None),
     ("gate", GateOpt, None),
 )
 
@@ -194,9 +251,16 @@ def _make_precision(values: dict) -> PrecisionChoice:
         values["dtype"],
         parse_keep_fp32(values["keep_fp32"]),
         values["quantize"],
-        values["block_size"],
+        _block_size(values["block_size"], values["quantize"]),
         parse_gates(values["gate"]) or None,
     )
+
+
+def _block_size(value: int | None, quantize: str) -> int:
+    """--block-size given without int4 would be ignored: refused; int4's default is 32."""
+    if value is not None and quantize != "int4":
+        raise BadInput(f"--block-size applies to --quantize int4, not '{quantize}': drop it, or add --quantize int4")
+    return 32 if value is None else value
 
 
 precision_options = shared_options(_PRECISION_OPTIONS, _make_precision, "precision")
@@ -687,11 +751,14 @@ def parity(
     """Check an exported model against PyTorch; exit 1 if a gate fails."""
     from rich.progress import Progress
 
+    from gpt2onnx.artifact.paths import check_output_file
     from gpt2onnx.files import write_json_atomic
     from gpt2onnx.verify.gates import parse_gates
     from gpt2onnx.verify.parity import parity as run_parity
 
     gates = parse_gates(gate)
+    if json_path:
+        check_output_file(json_path, option="--json", inputs=(folder,) + ((Path(reference),) if reference else ()))
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("parity cases", total=cases)
         report = run_parity(

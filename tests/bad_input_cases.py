@@ -8,7 +8,8 @@ the one-line error must match. The runner also checks that stderr is that one li
 no file was written or lost anywhere it can see.
 
 Placeholders in the command line: {src} a tiny Hugging Face checkpoint with tokenizer files, {exp} its export,
-{ext} an export with external data (all three shared, read-only), {dir} the case's folder.
+{ext} an export with external data, {skv} one with the shared K/V cache (ort-shared-kv), {q4} one in int4 (all
+shared, read-only), {dir} the case's folder.
 
 """
 
@@ -36,6 +37,8 @@ class Ctx:
     src: Path
     exp: Path
     ext: Path
+    skv: Path | None = None  # an ort-shared-kv export (GroupQueryAttention)
+    q4: Path | None = None  # an int4 export
 
     def copy(self, what: str, name: str) -> Path:
         return Path(shutil.copytree(getattr(self, what), self.dir / name, symlinks=True))
@@ -349,7 +352,7 @@ CASES: list[Case] = [
         0,
         remote_code_tokenizer,
         check=no_marker,
-        timeout=60,
+        timeout=120,
         process=True,
     ),
     Case(
@@ -995,3 +998,1046 @@ CASES: list[Case] = [
         match="not a port number",
     ),
 ]
+
+
+# -- round two (issue 22): the newer surfaces ---------------------------------------------------------------------
+def rehash(folder: Path) -> None:
+    """Make the manifest agree with the files again, as someone handing over a crafted folder would."""
+    from gpt2onnx.files import sha256_file
+
+    path = folder / "gpt2onnx.json"
+    manifest = json.loads(path.read_text())
+    for name in list(manifest["files"]):
+        if (folder / name).is_file():
+            manifest["files"][name] = {"bytes": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)}
+    path.write_text(json.dumps(manifest))
+
+
+def data_location(location: str, *, move: bool = True, link: bool = False, fifo: bool = False, list_it: bool = False):
+    """A copy of the external-data export as 'm' whose graph names ``location`` ({dir}: the case folder) for its
+    weights; ``move``: the data file goes to the case folder as outside.bin; ``link``: model.onnx_data becomes a
+    link to it; ``fifo``: the location is a FIFO in the folder. The manifest is re-hashed (a crafted folder)."""
+
+    def setup(c: Ctx) -> None:
+        import onnx
+
+        folder = c.copy("ext", "m")
+        if move:
+            shutil.move(folder / "model.onnx_data", c.dir / "outside.bin")
+        if link:
+            (folder / "model.onnx_data").symlink_to(c.dir / "outside.bin")
+        if fifo:
+            os.mkfifo(folder / location)
+        model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+        for init in model.graph.initializer:
+            for entry in init.external_data:
+                if entry.key == "location":
+                    entry.value = location.format(dir=c.dir)
+        onnx.save(model, str(folder / "model.onnx"))
+        rehash(folder)
+        if list_it:
+            manifest = json.loads((folder / "gpt2onnx.json").read_text())
+            manifest["files"][location] = manifest["files"].pop("model.onnx_data")
+            (folder / "gpt2onnx.json").write_text(json.dumps(manifest))
+
+    return setup
+
+
+CONSTRUCTOR_C = (
+    "#include <stdio.h>\n__attribute__((constructor)) static void ran(void) {\n"
+    f'  FILE *f = fopen("{MARKER}", "w"); if (f) {{ fputs("x", f); fclose(f); }}\n}}\n'
+)
+
+
+def genai_config_file(session: dict | None = None, decoder: dict | None = None, raw: str | None = None):
+    """A copy of the export as 'm' with its own genai_config.json: ours with ``session`` options or ``decoder``
+    fields changed, or ``raw`` text. ``session`` may name {lib}: a library in the folder whose constructor
+    writes the marker (built with cc where there is one, else a file that is no library)."""
+
+    def setup(c: Ctx) -> None:
+        from gpt2onnx.deploy.genai import genai_config
+
+        folder = c.copy("exp", "m")
+        if raw is not None:
+            (folder / "genai_config.json").write_text(raw)
+            return
+        lib = folder / "libevil.so"
+        if shutil.which("cc"):
+            (c.dir / "evil.c").write_text(CONSTRUCTOR_C)
+            subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(c.dir / "evil.c")], check=True)
+        else:
+            lib.write_text("not a library")
+        config = genai_config(folder)
+        options = config["model"]["decoder"]["session_options"]
+        options.update(
+            {k: (v.format(lib=lib, dir=c.dir) if isinstance(v, str) else v) for k, v in (session or {}).items()}
+        )
+        config["model"]["decoder"].update(decoder or {})
+        (folder / "genai_config.json").write_text(json.dumps(config))
+
+    return setup
+
+
+def tokenizer_edit(edit: Callable[[Ctx, Path], None]) -> Callable[[Ctx], None]:
+    def setup(c: Ctx) -> None:
+        edit(c, c.copy("exp", "m"))
+
+    return setup
+
+
+def tokenizer_config_key(key: str, value: str, *, drop: tuple[str, ...] = (), fifo: bool = False):
+    """tokenizer_config.json gains ``key``: ``value`` ({dir}: the case folder); ``drop``: files removed first;
+    ``fifo``: the value names a FIFO (a load that would block forever)."""
+
+    def edit(c: Ctx, folder: Path) -> None:
+        for name in drop:
+            (folder / name).unlink()
+        target = value.format(dir=c.dir)
+        if fifo:
+            os.mkfifo(target)
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config[key] = target
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+    return tokenizer_edit(edit)
+
+
+def manifest_edit(**changes) -> Callable[[Path], None]:
+    return edit_json("gpt2onnx.json", **changes)
+
+
+def manifest_file_name(name: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        manifest = json.loads((folder / "gpt2onnx.json").read_text())
+        manifest["files"][name] = manifest["files"]["model.onnx"]
+        (folder / "gpt2onnx.json").write_text(json.dumps(manifest))
+
+    return edit
+
+
+def other_checkpoint(**changes) -> Callable[[Ctx], None]:
+    """'other': a checkpoint of a different architecture from the shared one."""
+
+    def setup(c: Ctx) -> None:
+        from conftest import make_config, write_hf_folder
+
+        config = make_config("h4-v1000")
+        for key, value in changes.items():
+            setattr(config, key, value)
+        write_hf_folder(c.dir / "other", config)
+
+    return setup
+
+
+def genai_share_buffer(expected: bool) -> Callable[[Ctx, Outcome], None]:
+    def check(c: Ctx, out: Outcome) -> None:
+        config = json.loads((c.dir / "out" / "genai_config.json").read_text())
+        assert config["search"]["past_present_share_buffer"] is expected, config["search"]
+
+    return check
+
+
+def _foreign_leftovers(c: Ctx) -> None:
+    """Things in the output's parent that look like our staging, backup and lock names but are not ours."""
+    (c.dir / ".out.tmp-999999-abc").mkdir()
+    (c.dir / ".out.tmp-999999-abc" / "keep.txt").write_text("mine")
+    (c.dir / ".out.old-999999-abc" / "out").mkdir(parents=True)
+    (c.dir / ".out.old-999999-abc" / "out" / "keep.txt").write_text("mine")
+    (c.dir / ".photos.lock").write_text("my own lock file")
+    (c.dir / ".empty.lock").write_text("")
+
+
+LOCK_HEADER = "gpt2onnx output lock 1"
+
+
+def _killed_between_renames(c: Ctx) -> None:
+    """What a run killed between the two renames of a replace leaves: the old folder in a backup its lock
+    file records, the output itself missing, the new one in a staging folder."""
+    c.copy("exp", ".out.old-999999-abc/out")
+    c.copy("exp", ".out.tmp-999999-abc")
+    (c.dir / ".out.lock").write_text(f"{LOCK_HEADER}\nstaging .out.tmp-999999-abc\nbackup .out.old-999999-abc\n")
+
+
+def _recovered(c: Ctx, out: Outcome) -> None:
+    assert (c.dir / "out" / "gpt2onnx.json").is_file(), "the old folder was not recovered"
+    left = sorted(p.name for p in c.dir.iterdir() if p.name.startswith("."))
+    assert left == [], f"left beside it: {left}"
+
+
+def _deploy_keeps(c: Ctx, out: Outcome) -> None:
+    folder = c.dir / "m"
+    assert (folder / "trt_cache" / "engine.bin").read_text() == "engine", "trt_cache/ was lost"
+    assert os.readlink(folder / "tokenizer-link") == "tokenizer.json", "the link was lost"
+    assert (folder / "notes.txt").read_text() == "mine", "notes.txt was lost"
+    assert (folder / "genai_config.json").is_file()
+    listed = json.loads((folder / "gpt2onnx.json").read_text())["files"]
+    assert "notes.txt" not in listed and "genai_config.json" in listed, sorted(listed)
+
+
+def _user_things(c: Ctx) -> None:
+    folder = c.copy("exp", "m")
+    (folder / "trt_cache").mkdir()
+    (folder / "trt_cache" / "engine.bin").write_text("engine")
+    (folder / "tokenizer-link").symlink_to("tokenizer.json")
+    (folder / "notes.txt").write_text("mine")
+
+
+def _redeploy_drops_only_ours(c: Ctx, out: Outcome) -> None:
+    folder = c.dir / "m"
+    assert not (folder / "genai_config.json").exists(), "the genai target deployed before was kept"
+    assert (folder / "triton").is_dir() and (folder / "trt_cache" / "engine.bin").is_file()
+
+
+def _deployed_with_user_things(c: Ctx) -> None:
+    from gpt2onnx.deploy import deploy
+
+    _user_things(c)
+    deploy(c.dir / "m", "genai")
+
+
+def _no_replace_of_staging(c: Ctx):
+    """The final rename of a replace fails (EACCES, as in a folder the user may not write)."""
+    import errno
+    from unittest import mock
+
+    real = os.replace
+
+    def replace(src, dst):
+        if ".tmp-" in str(src):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(src))
+        return real(src, dst)
+
+    return mock.patch("gpt2onnx.artifact.folder.os.replace", side_effect=replace)
+
+
+def stdout_full(c: Ctx, cli) -> Outcome:
+    """stdout on a full device (/dev/full): one line on stderr, exit 4."""
+    import sys
+
+    import pytest
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    from test_bad_input import REPO, _env, _limit_memory  # noqa: F401 - the runner's own environment
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpt2onnx", "inspect", str(c.exp)],
+            cwd=c.dir,
+            env=_env(c.dir / "hf"),
+            stdin=subprocess.DEVNULL,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            err = proc.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return Outcome(None, "", proc.communicate()[1])
+        return Outcome(proc.returncode, "", err)
+
+
+BENCH_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2", "--warmup", "0", "--repeat", "1")
+GEN = ("--ids", "1,2", "--max-new-tokens", "2")
+
+CASES += [
+    # -- security: a folder's genai_config.json never reaches onnxruntime-genai ---------------------------------
+    Case(
+        "genai-custom-ops-library",
+        "security",
+        ("generate", "m", *GEN, "--runtime", "genai"),
+        0,
+        genai_config_file(session={"custom_ops_library": "{lib}"}),
+        check=no_marker,
+    ),
+    Case(
+        "genai-enable-profiling",
+        "security",
+        ("generate", "m", *GEN, "--runtime", "genai"),
+        0,
+        genai_config_file(session={"enable_profiling": "{dir}/profile"}),
+    ),
+    Case(
+        "genai-decoder-filename",
+        "security",
+        ("generate", "m", *GEN, "--runtime", "genai"),
+        0,
+        genai_config_file(decoder={"filename": "libevil.so"}),
+    ),
+    Case(
+        "genai-config-not-json",
+        "message",
+        ("generate", "m", *GEN, "--runtime", "genai"),
+        0,
+        genai_config_file(raw="{not json"),
+    ),
+    Case(
+        "genai-parity-custom-ops",
+        "security",
+        ("parity", "m", "--cases", "1", "--runtime", "genai"),
+        0,
+        genai_config_file(session={"custom_ops_library": "{lib}"}),
+        check=no_marker,
+    ),
+    # -- security: paths inside files ---------------------------------------------------------------------------
+    *(
+        Case(
+            f"data-dotdot-{cmd}",
+            "security",
+            (cmd, "m", *args),
+            B,
+            data_location("../outside.bin"),
+            match="not a plain file name",
+        )
+        for cmd, args in (
+            ("generate", GEN),
+            ("inspect", ()),
+            ("parity", ("--cases", "1")),
+            ("bench", BENCH_QUICK),
+            ("deploy", ("--target", "triton", "-o", "out")),
+            ("optimize", ("-o", "out")),
+        )
+    ),
+    Case(
+        "data-absolute",
+        "security",
+        ("deploy", "m", "--target", "transformers-js", "-o", "out"),
+        B,
+        data_location("{dir}/outside.bin"),
+        match="not a plain file name",
+    ),
+    Case(
+        "data-absolute-no-verify",
+        "security",
+        ("generate", "m", *GEN, "--no-verify-files"),
+        B,
+        data_location("{dir}/outside.bin"),
+        match="not a plain file name",
+    ),
+    Case(
+        "data-link-outside",
+        "security",
+        ("deploy", "m", "--target", "triton", "-o", "out"),
+        B,
+        data_location("model.onnx_data", link=True),
+        match="leads outside",
+    ),
+    Case(
+        "data-link-outside-genai",
+        "security",
+        ("generate", "m", *GEN, "--runtime", "genai", "--no-verify-files"),
+        B,
+        data_location("model.onnx_data", link=True),
+        match="leads outside",
+    ),
+    Case(
+        "data-fifo",
+        "hang",
+        ("generate", "m", *GEN),
+        B,
+        data_location("weights.bin", fifo=True),
+        match="regular file",
+        process=True,
+        timeout=120,
+    ),
+    Case(
+        "data-not-in-manifest",
+        "security",
+        ("generate", "m", *GEN),
+        B,
+        export_copy(
+            lambda f: (shutil.copy(f / "model.onnx_data", f / "weights.bin"), _relocate(f, "weights.bin")), what="ext"
+        ),
+        match="does not list",
+    ),
+    Case(
+        "manifest-name-dotdot",
+        "security",
+        ("inspect", "m"),
+        B,
+        export_copy(manifest_file_name("model.onnx/../../secret")),
+        match="not a plain file name",
+    ),
+    Case(
+        "manifest-name-absolute",
+        "security",
+        ("generate", "m", *GEN),
+        B,
+        export_copy(manifest_file_name("model.onnx_data/../../../etc/passwd")),
+        match="not a plain file name",
+    ),
+    Case(
+        "deploy-manifest-name-dotdot",
+        "security",
+        ("deploy", "m", "--target", "genai", "-o", "out"),
+        B,
+        export_copy(manifest_file_name("model.onnx/../../secret")),
+        match="not a plain file name",
+    ),
+    Case(
+        "tokenizer-file-outside",
+        "security",
+        ("generate", "m", "--prompt", "hello", "--max-new-tokens", "2"),
+        0,
+        tokenizer_config_key("tokenizer_file", "{dir}/nowhere.json", drop=("tokenizer.json",)),
+    ),
+    Case(
+        "tokenizer-file-fifo",
+        "hang",
+        ("generate", "m", "--prompt", "hello", "--max-new-tokens", "2"),
+        0,
+        tokenizer_config_key("tokenizer_file", "{dir}/pipe.json", drop=("tokenizer.json",), fifo=True),
+        process=True,
+        timeout=120,
+    ),
+    Case(
+        "tokenizer-vocab-file-outside",
+        "security",
+        ("generate", "m", "--prompt", "hello", "--max-new-tokens", "2"),
+        0,
+        tokenizer_config_key("vocab_file", "/etc/passwd", drop=("tokenizer.json",)),
+    ),
+    Case(
+        "tokenizer-json-link-outside",
+        "security",
+        ("generate", "m", "--prompt", "hello", "--max-new-tokens", "2"),
+        B,
+        tokenizer_edit(
+            lambda c, f: (
+                shutil.move(f / "tokenizer.json", c.dir / "t.json"),
+                (f / "tokenizer.json").symlink_to(c.dir / "t.json"),
+            )
+        ),
+        match="leads outside",
+    ),
+    Case(
+        "tokenizer-json-fifo",
+        "hang",
+        ("generate", "m", "--prompt", "hello", "--max-new-tokens", "2"),
+        B,
+        tokenizer_edit(lambda c, f: ((f / "tokenizer.json").unlink(), os.mkfifo(f / "tokenizer.json"))),
+        match="regular file",
+        process=True,
+        timeout=120,
+    ),
+    Case(
+        "tokenizer-json-folder",
+        "traceback",
+        ("generate", "m", "--prompt", "hello", "--max-new-tokens", "2"),
+        B,
+        tokenizer_edit(lambda c, f: ((f / "tokenizer.json").unlink(), (f / "tokenizer.json").mkdir())),
+        match="regular file",
+    ),
+    Case(
+        "lock-file-link",
+        "security",
+        (*EXPORT_TINY, "--no-validate", "-o", "out"),
+        EXIT_OUTPUT,
+        lambda c: ((c.dir / "target.txt").write_text("keep"), (c.dir / ".out.lock").symlink_to(c.dir / "target.txt")),
+        match="symbolic link",
+    ),
+    Case(
+        "lock-file-foreign",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "out"),
+        EXIT_OUTPUT,
+        lambda c: (c.dir / ".out.lock").write_text("my notes"),
+        match="not a gpt2onnx lock file",
+    ),
+    # -- data loss: cleanup removes only what a lock file of ours records ------------------------------------------
+    Case(
+        "foreign-leftovers-kept",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "out2"),
+        0,
+        _foreign_leftovers,
+        creates=("out2",),
+    ),
+    Case(
+        "foreign-leftovers-same-name",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "out"),
+        0,
+        _foreign_leftovers,
+        creates=("out",),
+    ),
+    Case(
+        "killed-between-renames-other-output",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "other"),
+        0,
+        _killed_between_renames,
+        creates=("out", "other", ".out.old-999999-abc", ".out.tmp-999999-abc", ".out.lock"),
+        check=_recovered,
+    ),
+    Case(
+        "killed-between-renames-same-output",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "out"),
+        B,
+        _killed_between_renames,
+        creates=("out", ".out.old-999999-abc", ".out.tmp-999999-abc", ".out.lock"),
+        check=_recovered,
+        match="already exists",
+    ),
+    Case(
+        "replace-rename-refused",
+        "traceback",
+        (*EXPORT_TINY, "--no-validate", "-o", "out", "--force"),
+        EXIT_OUTPUT,
+        lambda c: c.copy("exp", "out"),
+        inject=_no_replace_of_staging,
+        match="old one is kept",
+    ),
+    Case(
+        "force-empty-manifest",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "out", "--force"),
+        B,
+        lambda c: (
+            (c.dir / "out").mkdir(),
+            (c.dir / "out/gpt2onnx.json").write_text("{}"),
+            (c.dir / "out/a.txt").write_text("x"),
+        ),
+        match="not a valid gpt2onnx manifest",
+    ),
+    Case(
+        "force-manifest-list",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "out", "--force"),
+        B,
+        lambda c: ((c.dir / "out").mkdir(), (c.dir / "out/gpt2onnx.json").write_text("[]")),
+        match="not a valid gpt2onnx manifest",
+    ),
+    Case(
+        "force-manifest-link",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "out", "--force"),
+        B,
+        lambda c: (
+            c.copy("exp", "real"),
+            (c.dir / "out").mkdir(),
+            (c.dir / "out/gpt2onnx.json").symlink_to(c.dir / "real/gpt2onnx.json"),
+        ),
+        match="never replaced",
+    ),
+    Case(
+        "force-foreign-file-beside",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "out", "--force"),
+        B,
+        lambda c: (c.copy("exp", "out"), (c.dir / "out/thesis.tex").write_text("years of work")),
+        match="thesis.tex",
+    ),
+    Case(
+        "force-foreign-folder-beside",
+        "data-loss",
+        ("optimize", "{exp}", "-o", "out", "--force"),
+        B,
+        lambda c: (c.copy("exp", "out"), (c.dir / "out/photos").mkdir()),
+        match="photos",
+    ),
+    Case(
+        "force-own-folder-replaced",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "out", "--force"),
+        0,
+        lambda c: c.copy("exp", "out"),
+        creates=("out",),
+    ),
+    Case(
+        "deploy-force-empty-manifest",
+        "data-loss",
+        ("deploy", "{exp}", "--target", "genai", "-o", "out", "--force"),
+        B,
+        lambda c: ((c.dir / "out").mkdir(), (c.dir / "out/gpt2onnx.json").write_text("{}")),
+        match="not a valid gpt2onnx manifest",
+    ),
+    # -- data loss: deploy in place keeps what it does not own -----------------------------------------------------
+    Case(
+        "deploy-in-place-keeps-user-things",
+        "data-loss",
+        ("deploy", "m", "--target", "genai"),
+        0,
+        _user_things,
+        creates=("m",),
+        check=_deploy_keeps,
+    ),
+    Case(
+        "deploy-again-drops-only-its-own",
+        "data-loss",
+        ("deploy", "m", "--target", "triton"),
+        0,
+        _deployed_with_user_things,
+        creates=("m",),
+        check=_redeploy_drops_only_ours,
+    ),
+    Case(
+        "force-after-deploy-keeps-user-file",
+        "data-loss",
+        (*EXPORT_TINY, "--no-validate", "-o", "m", "--force"),
+        B,
+        _deployed_with_user_things,
+        match="does not list",
+    ),
+    Case(
+        "deploy-in-place-foreign-onnx-folder",
+        "data-loss",
+        ("deploy", "m", "--target", "transformers-js"),
+        B,
+        export_copy(lambda f: ((f / "onnx").mkdir(), (f / "onnx" / "mine.onnx").write_text("x"))),
+        match="not written by gpt2onnx deploy",
+    ),
+    Case(
+        "deploy-in-place-foreign-genai-config",
+        "data-loss",
+        ("deploy", "m", "--target", "genai"),
+        B,
+        export_copy(write("genai_config.json", '{"mine": true}')),
+        match="not written by gpt2onnx deploy",
+    ),
+    Case(
+        "deploy-in-place-fifo",
+        "data-loss",
+        ("deploy", "m", "--target", "genai"),
+        B,
+        export_copy(lambda f: os.mkfifo(f / "queue")),
+        match="FIFO",
+    ),
+    Case(
+        "deploy-in-place-symlink-folder",
+        "data-loss",
+        ("deploy", "link", "--target", "genai"),
+        B,
+        lambda c: (c.copy("exp", "real"), (c.dir / "link").symlink_to("real")),
+        match="symbolic link",
+    ),
+    # -- data loss: --json and --plot -------------------------------------------------------------------------------
+    Case(
+        "json-onto-model",
+        "data-loss",
+        ("bench", "m", *BENCH_QUICK, "--json", "m/model.onnx"),
+        B,
+        export_copy(),
+        match="inside the model folder",
+    ),
+    Case(
+        "json-onto-manifest",
+        "data-loss",
+        ("parity", "m", "--cases", "1", "--json", "m/gpt2onnx.json"),
+        B,
+        export_copy(),
+        match="inside the model folder",
+    ),
+    Case(
+        "json-into-model-folder-new-file",
+        "data-loss",
+        ("bench", "{exp}", *BENCH_QUICK, "--json", "{exp}/bench.json"),
+        B,
+        match="inside the model folder",
+    ),
+    Case(
+        "json-fifo",
+        "hang",
+        ("bench", "{exp}", *BENCH_QUICK, "--json", "pipe.json"),
+        B,
+        lambda c: os.mkfifo(c.dir / "pipe.json"),
+        match="not a regular file",
+    ),
+    Case(
+        "json-folder",
+        "traceback",
+        ("parity", "{exp}", "--cases", "1", "--json", "d"),
+        B,
+        lambda c: (c.dir / "d").mkdir(),
+        match="not a regular file",
+    ),
+    Case(
+        "json-symlink",
+        "data-loss",
+        ("bench", "{exp}", *BENCH_QUICK, "--json", "link.json"),
+        B,
+        lambda c: ((c.dir / "keep.txt").write_text("keep"), (c.dir / "link.json").symlink_to("keep.txt")),
+        match="symbolic link",
+    ),
+    Case(
+        "json-no-folder",
+        "traceback",
+        ("parity", "{exp}", "--cases", "1", "--json", "nope/p.json"),
+        B,
+        match="does not exist",
+    ),
+    Case(
+        "plot-is-folder",
+        "traceback",
+        ("bench", "{exp}", *BENCH_QUICK, "--plot", "d.png"),
+        B,
+        lambda c: (c.dir / "d.png").mkdir(),
+        match="not a regular file",
+    ),
+    Case(
+        "plot-in-model-folder",
+        "data-loss",
+        ("bench", "m", *BENCH_QUICK, "--plot", "m/p.png"),
+        B,
+        export_copy(),
+        match="inside the model folder",
+    ),
+    Case(
+        "plot-same-as-json",
+        "data-loss",
+        ("bench", "{exp}", *BENCH_QUICK, "--json", "a.png", "--plot", "a.png"),
+        B,
+        match="two files",
+    ),
+    Case(
+        "json-regular-file-replaced",
+        "data-loss",
+        ("bench", "{exp}", *BENCH_QUICK, "--json", "old.json"),
+        0,
+        lambda c: (c.dir / "old.json").write_text("{}"),
+        creates=("old.json",),
+    ),
+    # -- silent: facts from the graph win over the manifest and the configs -------------------------------------------
+    Case("kv-cache-lie-shared", "silent", ("generate", "m", *GEN), 0, export_copy(manifest_edit(kv_cache="shared"))),
+    Case(
+        "kv-cache-lie-shared-deploy",
+        "silent",
+        ("deploy", "m", "--target", "genai", "-o", "out"),
+        0,
+        export_copy(manifest_edit(kv_cache="shared")),
+        creates=("out",),
+        check=genai_share_buffer(False),
+    ),
+    Case(
+        "kv-cache-lie-concat",
+        "silent",
+        ("deploy", "m", "--target", "genai", "-o", "out"),
+        0,
+        export_copy(manifest_edit(kv_cache="concat"), what="skv"),
+        creates=("out",),
+        check=genai_share_buffer(True),
+    ),
+    Case(
+        "skv-deploy-genai-share-buffer",
+        "silent",
+        ("deploy", "{skv}", "--target", "genai", "-o", "out"),
+        0,
+        creates=("out",),
+        check=genai_share_buffer(True),
+    ),
+    Case(
+        "skv-openvino-batch-2",
+        "traceback",
+        ("generate", "{skv}", "--ids", "1,2", "--ids", "3", "--max-new-tokens", "2", "--runtime", "openvino"),
+        0,
+    ),
+    Case(
+        "skv-genai-batch-2",
+        "traceback",
+        ("generate", "{skv}", "--ids", "1,2", "--ids", "3", "--max-new-tokens", "2", "--runtime", "genai"),
+        0,
+    ),
+    *(
+        Case(
+            f"n-positions-raised-{name}",
+            "silent",
+            ("generate", "m", "--ids", ",".join(["5"] * 130), "--max-new-tokens", "2", *args),
+            B,
+            export_copy(edit_json("config.json", n_positions=4096), what=what),
+            match="position table",
+        )
+        for name, what, args in (
+            ("int4", "q4", ()),
+            ("openvino", "exp", ("--runtime", "openvino")),
+            ("genai", "exp", ("--runtime", "genai")),
+            ("bench", "exp", ()),
+        )
+    ),
+    *(
+        Case(
+            f"generation-config-{key}-{kind}",
+            "silent",
+            ("deploy", "m", "--target", "genai", "-o", "out"),
+            B,
+            export_copy(edit_json("generation_config.json", **{key: value})),
+            match=key,
+        )
+        for key, kind, value in (
+            ("do_sample", "string", "false"),
+            ("top_k", "float", 2.5),
+            ("top_p", "above-1", 3),
+            ("temperature", "negative", -1),
+            ("eos_token_id", "string", "50256"),
+            ("max_length", "bool", True),
+        )
+    ),
+    Case(
+        "generation-config-string-genai-run",
+        "silent",
+        ("generate", "m", *GEN, "--runtime", "genai"),
+        B,
+        export_copy(edit_json("generation_config.json", do_sample="false")),
+        match="do_sample",
+    ),
+    Case("ids-underscore", "silent", ("generate", "{exp}", "--ids", "1_0"), B, match="--ids"),
+    Case("batch-underscore", "silent", ("bench", "{exp}", *BENCH_QUICK[2:], "--batch", "1_0"), B, match="--batch"),
+    Case(
+        "max-new-tokens-underscore",
+        "silent",
+        ("generate", "{exp}", "--ids", "1", "--max-new-tokens", "1_0"),
+        B,
+        match="underscores",
+    ),
+    Case("tolerance-underscore", "silent", (*EXPORT_TINY, "--tolerance=1_0", "-o", "out"), B, match="underscores"),
+    Case(
+        "bench-reference-other-architecture",
+        "silent",
+        ("bench", "{exp}", *BENCH_QUICK, "--baseline", "torch", "--reference", "other"),
+        B,
+        other_checkpoint(n_head=8),
+        match="does not match",
+    ),
+    Case(
+        "parity-reference-other-heads",
+        "silent",
+        ("parity", "{exp}", "--cases", "1", "--reference", "other"),
+        B,
+        other_checkpoint(n_head=8),
+        match="does not match",
+    ),
+    Case(
+        "quantization-record-garbage",
+        "silent",
+        ("generate", "m", *GEN),
+        (0, B),
+        export_copy(manifest_edit(quantization="int4")),
+        match="unreadable",
+    ),
+    # -- options that would be ignored --------------------------------------------------------------------------------
+    Case(
+        "block-size-without-int4", "options", (*EXPORT_TINY, "--block-size", "64", "-o", "out"), B, match="--block-size"
+    ),
+    Case(
+        "block-size-with-int8",
+        "options",
+        (*EXPORT_TINY, "--quantize", "int8", "--block-size", "32", "-o", "out"),
+        B,
+        match="--block-size",
+    ),
+    Case(
+        "optimize-block-size-without-int4",
+        "options",
+        ("optimize", "{exp}", "-o", "out", "--block-size", "16"),
+        B,
+        match="--block-size",
+    ),
+    Case(
+        "partial-fusion-without-fusion",
+        "options",
+        (*EXPORT_TINY, "--allow-partial-fusion", "-o", "out"),
+        B,
+        match="--allow-partial-fusion",
+    ),
+    Case(
+        "optimize-partial-fusion-none",
+        "options",
+        ("optimize", "{exp}", "-o", "out", "--fusion", "none", "--quantize", "int8", "--allow-partial-fusion"),
+        B,
+        match="--allow-partial-fusion",
+    ),
+    Case(
+        "trt-cache-dir-on-cpu",
+        "options",
+        ("generate", "{exp}", "--ids", "1", "--trt-cache-dir", "c"),
+        B,
+        match="tensorrt",
+    ),
+    Case("device-id-on-cpu", "options", ("generate", "{exp}", "--ids", "1", "--device-id", "1"), B, match="device id"),
+    Case(
+        "no-spin-on-cuda",
+        "options",
+        ("generate", "{exp}", "--ids", "1", "--provider", "cuda", "--no-spin"),
+        B,
+        match="--no-spin",
+    ),
+    Case(
+        "allow-fallback-on-cpu",
+        "options",
+        ("generate", "{exp}", "--ids", "1", "--allow-fallback"),
+        B,
+        match="--allow-fallback",
+    ),
+    Case(
+        "reference-without-baseline",
+        "options",
+        ("bench", "{exp}", *BENCH_QUICK, "--reference", "{src}"),
+        B,
+        match="--baseline torch",
+    ),
+    Case(
+        "ov-precision-on-onnxruntime",
+        "options",
+        ("generate", "{exp}", "--ids", "1", "--ov-precision", "bf16"),
+        B,
+        match="openvino",
+    ),
+    Case(
+        "device-on-genai",
+        "options",
+        ("generate", "{exp}", "--ids", "1", "--runtime", "genai", "--device", "GPU"),
+        B,
+        match="openvino",
+    ),
+    Case(
+        "provider-on-openvino",
+        "options",
+        ("generate", "{exp}", "--ids", "1", "--runtime", "openvino", "--provider", "cuda"),
+        B,
+        match="--provider",
+    ),
+    Case("threads-zero", "options", ("generate", "{exp}", "--ids", "1", "--threads", "0"), B, match="threads"),
+    Case("runtime-bogus", "options", ("generate", "{exp}", "--ids", "1", "--runtime", "tflite"), B, match="tflite"),
+    Case(
+        "bench-runtime-twice",
+        "options",
+        ("bench", "{exp}", *BENCH_QUICK, "--runtime", "openvino,openvino"),
+        B,
+        match="twice",
+    ),
+    Case("emulate-fp16-on-fp32", "options", ("parity", "{exp}", "--cases", "1", "--emulate-fp16"), B, match="fp16"),
+    Case(
+        "keep-fp32-without-fp16", "options", (*EXPORT_TINY, "--keep-fp32", "none", "-o", "out"), B, match="--keep-fp32"
+    ),
+    Case(
+        "gate-unknown",
+        "options",
+        (*EXPORT_TINY, "--quantize", "int8", "--gate", "speed=2", "-o", "out"),
+        B,
+        match="speed",
+    ),
+    Case(
+        "no-validate-with-tolerance",
+        "options",
+        (*EXPORT_TINY, "--no-validate", "--tolerance", "1e-3", "-o", "out"),
+        B,
+        match="validat",
+    ),
+    # -- internal errors: each a refusal in one line ------------------------------------------------------------------
+    *(
+        Case(
+            f"n-positions-{n}",
+            "traceback",
+            ("export", "--model", "config.json", "--random-init", "-o", "out"),
+            B,
+            config_file(n_positions=n),
+            match="n_positions",
+        )
+        for n in (1, 2, 7)
+    ),
+    Case(
+        "initializer-range-negative",
+        "traceback",
+        ("export", "--model", "config.json", "--random-init", "-o", "out"),
+        B,
+        config_file(initializer_range=-1),
+        match="initializer_range",
+    ),
+    Case(
+        "initializer-range-nan",
+        "traceback",
+        ("export", "--model", "config.json", "--random-init", "-o", "out"),
+        B,
+        config_file(initializer_range=float("nan")),
+        match="initializer_range",
+    ),
+    Case(
+        "initializer-range-string",
+        "traceback",
+        ("export", "--model", "config.json", "--random-init", "-o", "out"),
+        B,
+        config_file(initializer_range="0.02"),
+        match="initializer_range",
+    ),
+    *(
+        Case(
+            f"manifest-{key}-garbage-{cmd}",
+            "traceback",
+            (cmd, "m", *args),
+            (0, B),  # shown as unreadable, or refused in one line: never an internal error
+            export_copy(manifest_edit(**{key: value})),
+            match="unreadable",
+        )
+        for key, value in (("parity", "garbage"), ("fusion", [1, 2]), ("fp16", 7), ("deploy", "x"))
+        for cmd, args in (("inspect", ()), ("generate", GEN))
+    ),
+    Case(
+        "manifest-files-garbage",
+        "traceback",
+        ("inspect", "m"),
+        B,
+        export_copy(manifest_edit(files={"model.onnx": "x"})),
+        match="model.onnx",
+    ),
+    Case(
+        "bench-new-tokens-1",
+        "traceback",
+        ("bench", "{exp}", "--batch", "1", "--prompt-len", "4", "--new-tokens", "1", "--warmup", "0", "--repeat", "1"),
+        B,
+        match="new tokens",
+    ),
+    Case(
+        "bench-new-tokens-0",
+        "traceback",
+        ("bench", "{exp}", "--batch", "1", "--prompt-len", "4", "--new-tokens", "0", "--warmup", "0", "--repeat", "1"),
+        B,
+        match="new tokens",
+    ),
+    Case(
+        "temperature-subnormal",
+        "traceback",
+        ("generate", "{exp}", "--ids", "1,2", "--sample", "--temperature", "1e-310"),
+        B,
+        match="temperature",
+    ),
+    Case(
+        "temperature-tiny",
+        "traceback",
+        ("generate", "{exp}", "--ids", "1,2", "--sample", "--temperature", "1e-9"),
+        B,
+        match="temperature",
+    ),
+    Case("stdout-full", "traceback", (), EXIT_OUTPUT, run=stdout_full, match="stdout|output", timeout=60),
+    # -- misleading messages ------------------------------------------------------------------------------------------
+    Case(
+        "error-names-no-staging-folder",
+        "message",
+        (*EXPORT_TINY, "--gate", "logits=1e-12", "-o", "out"),
+        F,
+        match="validation failed",
+        absent=r"\.tmp-",
+    ),
+    Case(
+        "optimize-error-names-no-staging-folder",
+        "message",
+        ("optimize", "{exp}", "-o", "out", "--fusion", "none", "--quantize", "int8", "--gate", "kl_mean=1e-12"),
+        F,
+        absent=r"\.tmp-",
+    ),
+]
+
+
+def _relocate(folder: Path, name: str) -> None:
+    """model.onnx's weights read from ``name`` (a copy of its data file the manifest does not list); the
+    manifest re-hashed for model.onnx only."""
+    import onnx
+
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    for init in model.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                entry.value = name
+    onnx.save(model, str(folder / "model.onnx"))
+    rehash(folder)

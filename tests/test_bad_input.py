@@ -36,6 +36,7 @@ import gpt2onnx
 REPO = Path(gpt2onnx.__file__).resolve().parent.parent  # the subprocesses import this copy of gpt2onnx
 MEMORY_LIMIT = 3 << 30  # address space per CLI run: a case that allocates without bound fails fast, not the machine
 WORKERS = 2  # subprocess cases at once, next to the in-process ones in the main thread
+SHARED = ("src", "exp", "ext", "skv", "q4")  # the shared folders, in Ctx's order
 
 
 class ExitCodeMismatch(AssertionError):
@@ -157,7 +158,7 @@ def _run_case_timed(case: Case, ctx: Ctx, env: dict[str, str], home: Path) -> Re
             case.setup(ctx)
         before = snapshot(ctx.dir)
         cli = make_cli(env, case.timeout)
-        argv = [a.format(src=ctx.src, exp=ctx.exp, ext=ctx.ext, dir=ctx.dir) for a in case.argv]
+        argv = [a.format(**{k: getattr(ctx, k) for k in SHARED}, dir=ctx.dir) for a in case.argv]
         if case.run:
             outcome = case.run(ctx, cli)
         elif case.process:
@@ -184,7 +185,9 @@ def shared(tmp_path_factory):
     write_tokenizer(src)
     exp = export(str(src), root / "exp").folder
     ext = export(str(src), root / "ext", options=ExportOptions(external_data=True, validate=False)).folder
-    return {"src": src, "exp": exp, "ext": ext, "home": root / "hf-home"}
+    skv = export(str(src), root / "skv", options=ExportOptions(fusion="ort-shared-kv", validate=False)).folder
+    q4 = export(str(src), root / "q4", options=ExportOptions(quantize="int4", validate=False)).folder
+    return {"src": src, "exp": exp, "ext": ext, "skv": skv, "q4": q4, "home": root / "hf-home"}
 
 
 @pytest.fixture(scope="session")
@@ -195,20 +198,20 @@ def outcomes(request, shared, tmp_path_factory):
         for item in request.session.items
         if getattr(item, "callspec", None) and isinstance(item.callspec.params.get("case"), Case)
     ]
-    shared_before = {k: snapshot(shared[k]) for k in ("src", "exp", "ext")}
+    shared_before = {k: snapshot(shared[k]) for k in SHARED}
     env = _env(shared["home"])
     cases_root = tmp_path_factory.mktemp("bad-input-cases")
     contexts = {}
     for case in selected:
         (cases_root / case.id).mkdir()
-        contexts[case.id] = Ctx(cases_root / case.id, shared["src"], shared["exp"], shared["ext"])
+        contexts[case.id] = Ctx(cases_root / case.id, *(shared[k] for k in SHARED))
     # Real processes in a pool (slow ones first), and meanwhile the in-process cases one after another here.
     spawned = sorted((c for c in selected if c.run or c.process), key=lambda c: -(c.timeout + (100 if c.run else 0)))
     with ThreadPoolExecutor(WORKERS) as pool:
         futures = {case.id: pool.submit(_run_case, case, contexts[case.id], env, shared["home"]) for case in spawned}
         results = {c.id: _run_case(c, contexts[c.id], env, shared["home"]) for c in selected if c.id not in futures}
         results.update({cid: f.result() for cid, f in futures.items()})
-    shared_after = {k: snapshot(shared[k]) for k in ("src", "exp", "ext")}
+    shared_after = {k: snapshot(shared[k]) for k in SHARED}
     for cid in results:
         results[cid].shared_changes = [
             f"{k}: {d}" for k in shared_before for d in _diff(shared_before[k], shared_after[k])
@@ -265,4 +268,4 @@ def test_the_corpus_covers_every_command_and_class():
     commands = {c.argv[0] for c in CASES if c.argv} | {"export"}  # the fault-injection rows run export
     assert commands == {"export", "optimize", "inspect", "generate", "parity", "bench", "deploy", "eval", "serve"}
     assert {c.cls for c in CASES} == {"security", "data-loss", "hang", "silent", "traceback", "message", "options"}
-    assert len(CASES) >= 60
+    assert len(CASES) >= 160

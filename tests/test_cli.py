@@ -145,7 +145,7 @@ def test_python_dash_m(tmp_path):
 def test_export_with_fusion_and_optimize(tmp_path, tiny_folder):
     result = run("export", "-m", tiny_folder, "-o", tmp_path / "f", "--fusion", "ort")
     assert result.exit_code == 0, result.output
-    assert "2 MultiHeadAttention" in result.output
+    assert "2 MultiHeadAttention" in re.sub(r"[│\s]+", " ", result.output)  # the table may wrap the row
     assert_one_line_error(
         run("optimize", tmp_path / "f", "--out", tmp_path / "p", "--fusion", "portable"),
         "start from the unfused export",

@@ -304,7 +304,8 @@ def test_genai_config_token_ids_and_shared_cache(tiny_export, tmp_path):
         json.dumps({**generation, "max_length": 50, "top_k": 7, "pad_token_id": 3})
     )
     config = genai_config(folder)
-    assert config["search"]["past_present_share_buffer"] is True
+    # the graph concatenates its cache (no GroupQueryAttention): the manifest's claim is not trusted
+    assert config["search"]["past_present_share_buffer"] is False
     assert (config["search"]["max_length"], config["search"]["top_k"], config["model"]["pad_token_id"]) == (50, 7, 3)
     assert json.loads(write_genai_config(folder, tmp_path).read_text()) == config
     (folder / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": 1000}))

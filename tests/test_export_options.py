@@ -60,10 +60,14 @@ def test_existing_folder_is_kept_without_force(tiny_folder, tmp_path):
 def test_force_replaces_the_folder(tiny_folder, tmp_path):
     target = tmp_path / "out"
     export(str(tiny_folder), target, options=ExportOptions(validate=False))
-    (target / "old.txt").write_text("old")
+    old = (target / "model.onnx").stat().st_ino
     export(str(tiny_folder), target, options=ExportOptions(force=True))
-    assert not (target / "old.txt").exists() and (target / "model.onnx").is_file()
-    assert _leftovers(tmp_path) == []
+    assert (target / "model.onnx").stat().st_ino != old and _leftovers(tmp_path) == []
+    # a file its manifest does not list is never deleted: the replace is refused, naming it
+    (target / "old.txt").write_text("old")
+    with pytest.raises(Gpt2OnnxError, match="holds 'old.txt'"):
+        export(str(tiny_folder), target, options=ExportOptions(force=True, validate=False))
+    assert (target / "old.txt").read_text() == "old" and _leftovers(tmp_path) == []
 
 
 def test_force_never_replaces_a_folder_gpt2onnx_did_not_write(tiny_folder, tmp_path):
@@ -86,11 +90,10 @@ def test_failed_validation_leaves_nothing(tiny_folder, tmp_path):
 def test_failed_validation_with_force_keeps_the_old_folder(tiny_folder, tmp_path):
     target = tmp_path / "out"
     export(str(tiny_folder), target, options=ExportOptions(validate=False))
-    (target / "old.txt").write_text("old")
-    before = sorted(p.name for p in target.iterdir())
+    before = {p.name: p.stat().st_ino for p in target.iterdir()}
     with pytest.raises(Gpt2OnnxError, match="validation failed"):
         export(str(tiny_folder), target, options=ExportOptions(tolerance=1e-12, force=True))
-    assert sorted(p.name for p in target.iterdir()) == before and _leftovers(tmp_path) == []
+    assert {p.name: p.stat().st_ino for p in target.iterdir()} == before and _leftovers(tmp_path) == []
 
 
 def test_interrupted_export_leaves_nothing(tiny_folder, tmp_path, monkeypatch):

@@ -230,3 +230,28 @@ def test_emulate_fp16_is_onnxruntime_only(tiny_export):
 
 def runner_invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
+
+
+PROFILES = ("none", "ort", "ort-shared-kv", "portable")
+
+
+@pytest.fixture(scope="module")
+def profile_exports(tiny_folder, tmp_path_factory):
+    """The tiny checkpoint exported with each fusion profile (validated against PyTorch at export)."""
+    root = tmp_path_factory.mktemp("profiles")
+    return {p: export(str(tiny_folder), root / p, options=ExportOptions(fusion=p)).folder for p in PROFILES}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_each_runtime_runs_each_profile_at_batch_1_and_2(profile_exports, name):
+    """Every runtime on every profile, one prompt and a left-padded batch of two: the greedy tokens of
+    onnxruntime on the plain export (itself checked against PyTorch), or a one-line refusal. OpenVINO on the
+    shared-cache graph once failed at batch 2 (its GroupQueryAttention reshape); it now runs the rows apart."""
+    prompts = {1: ["5,6,7"], 2: ["5,6,7", "9"]}
+    expected = {
+        batch: generate(profile_exports["none"], ids=ids, max_new_tokens=4).tokens for batch, ids in prompts.items()
+    }
+    for profile, folder in profile_exports.items():
+        for batch, ids in prompts.items():
+            result = generate(folder, ids=ids, max_new_tokens=4, runtime=RuntimeOptions(name=name))
+            assert result.tokens == expected[batch], (profile, batch, result.tokens, expected[batch])

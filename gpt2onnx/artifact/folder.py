@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import platform
-import re
 import shutil
 import stat
 import tempfile
@@ -25,8 +24,10 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from gpt2onnx.artifact.graph import external_data_files, load_graph, position_table_rows
 from gpt2onnx.artifact.manifest import MANIFEST_FORMAT_VERSION, MODEL_FILE, FileRecord, Manifest
-from gpt2onnx.errors import BadInput, ContractError, IntegrityError, OutputError
+from gpt2onnx.artifact.paths import file_in_folder
+from gpt2onnx.errors import BadInput, ContractError, Gpt2OnnxError, IntegrityError, OutputError
 from gpt2onnx.files import sha256_file
 
 log = logging.getLogger(__name__)
@@ -117,28 +118,60 @@ def generation_token_ids(folder: str | Path) -> tuple[tuple[int, ...], int | Non
     return eos_ids, pad if is_id(pad) else None
 
 
-def check_integrity(folder: Path, manifest: Manifest) -> None:
-    """Each model file must have the size and sha256 the manifest records (about 1 s for the 124M model)."""
-    for name, info in manifest.model_files.items():
-        path = folder / name
-        if not path.is_file():
-            raise IntegrityError(f"'{path}' is missing but the manifest lists it: export the folder again")
-        if path.stat().st_size != info.bytes or sha256_file(path) != info.sha256:
+def check_integrity(folder: Path, manifest: Manifest, *, data_files: tuple[str, ...] | None = None) -> None:
+    """Each model file must have the size and sha256 the manifest records (about 1 s for the 124M model), and
+    every external data file the graph names (``data_files``, read from the graph when not given) must be one
+    of them: the check covers every file onnxruntime will load."""
+    folder = Path(folder)
+    where = folder / MANIFEST_NAME
+    if data_files is None:
+        data_files = graph_data_files(folder / MODEL_FILE)
+    listed = manifest.model_files
+    for name in data_files:
+        if name not in listed:
             raise IntegrityError(
-                f"'{path}' differs from what the manifest '{folder / MANIFEST_NAME}' records (size or sha256):"
+                f"'{folder / MODEL_FILE}' loads '{name}', which the manifest '{where}' does not list:"
+                " export the folder again, or skip the check (--no-verify-files) if you changed it on purpose"
+            )
+    for name, info in listed.items():
+        path = file_in_folder(folder, name, what="model file", where=where, must_exist=False)
+        if not path.exists():
+            raise IntegrityError(f"'{path}' is missing but the manifest lists it: export the folder again")
+        path = file_in_folder(folder, name, what="model file", where=where)
+        try:
+            matches = path.stat().st_size == info.bytes and sha256_file(path) == info.sha256
+        except PermissionError as err:
+            raise BadInput(
+                f"'{path}' cannot be read ({err.strerror}): give read permission to the folder's files"
+            ) from None
+        if not matches:
+            raise IntegrityError(
+                f"'{path}' differs from what the manifest '{where}' records (size or sha256):"
                 " export the folder again, or skip the check (--no-verify-files, verify_files=False) if you changed it"
                 " on purpose"
             )
 
 
+def graph_data_files(model_path: Path) -> tuple[str, ...]:
+    """The external data files ``model_path`` names, each checked (a plain name, a regular file inside its
+    folder): the graph is the one place onnxruntime reads these paths from."""
+    names = tuple(external_data_files(load_graph(model_path)))
+    for name in names:
+        file_in_folder(model_path.parent, name, what="external data file", where=model_path)
+    return names
+
+
 @dataclass
 class ModelFolder:
-    """An exported decoder folder, opened: where its model is, its manifest (None for optimum's), its context."""
+    """An exported decoder folder, opened: where its model is, its manifest (None for optimum's), its context,
+    and what its graph says (facts from the graph win over the manifest and the configs)."""
 
     folder: Path
     model_path: Path
     manifest: Manifest | None
     n_positions: int
+    shared_kv: bool = False  # the graph has GroupQueryAttention (ort-shared-kv): past and present share a buffer
+    data_files: tuple[str, ...] = ()  # external data files the graph names, checked to lie inside the folder
 
     @property
     def dtype(self) -> str:
@@ -150,8 +183,12 @@ class ModelFolder:
         return self.manifest.precision if self.manifest else "float32"
 
 
+SHARED_CACHE_OP = "GroupQueryAttention"
+
+
 def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder:
-    """An exported decoder folder, checked: it holds model.onnx and config.json, it is not a single block, and
+    """An exported decoder folder, checked: it holds model.onnx and config.json, it is not a single block, the
+    external data its graph names lies inside it, the config's context fits the graph's position table, and
     (with ``verify_files``) its model files match the manifest's sha256."""
     folder = Path(folder)
     if not folder.exists():
@@ -166,9 +203,22 @@ def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder
     manifest = read_manifest(folder)
     if manifest is not None and manifest.kind == "block":
         raise ContractError(f"'{folder}' holds a single-block export: give a whole decoder folder")
+    graph = load_graph(model_path)
+    data_files = tuple(external_data_files(graph))
+    for name in data_files:
+        file_in_folder(folder, name, what="external data file", where=model_path)
+    rows = position_table_rows(graph)
+    shared = any(node.op_type == SHARED_CACHE_OP for node in graph.graph.node)
+    del graph
+    n_positions = read_n_positions(folder)
+    if rows is not None and n_positions > rows:  # config.json edited: trust the graph, not the config
+        raise ContractError(
+            f"'{folder / CONFIG_FILE}' gives n_positions {n_positions}, but the graph's position table has"
+            f" {rows} rows: set n_positions to {rows} or less in config.json, or export the folder again"
+        )
     if manifest is not None and verify_files:
-        check_integrity(folder, manifest)
-    return ModelFolder(folder, model_path, manifest, read_n_positions(folder))
+        check_integrity(folder, manifest, data_files=data_files)
+    return ModelFolder(folder, model_path, manifest, n_positions, shared_kv=shared, data_files=data_files)
 
 
 # -- writing --------------------------------------------------------------------------------------------------
@@ -187,15 +237,17 @@ def versions() -> dict[str, str | None]:
     return {"gpt2onnx": __version__, **found, "onnxruntime": onnxruntime, "python": platform.python_version()}
 
 
-def write_manifest(folder: Path, manifest: Manifest) -> Manifest:
-    """Add the file hashes, versions and date, and write gpt2onnx.json (the last file of a folder)."""
+def write_manifest(folder: Path, manifest: Manifest, *, exclude: tuple[str, ...] = ()) -> Manifest:
+    """Add the file hashes, versions and date, and write gpt2onnx.json (the last file of a folder).
+    ``exclude``: files in the folder that are not ours (what deploy in place keeps): not listed, so never
+    replaced by a later --force."""
     manifest = dataclasses.replace(
         manifest,
         format_version=MANIFEST_FORMAT_VERSION,
         files={
             p.name: FileRecord(p.stat().st_size, sha256_file(p))
             for p in sorted(folder.iterdir())
-            if p.is_file() and p.name != MANIFEST_NAME
+            if p.is_file() and not p.is_symlink() and p.name != MANIFEST_NAME and p.name not in exclude
         },
         versions=versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -215,9 +267,20 @@ def copy_regular_file(source: Path, target: Path, *, within: Path) -> None:
     shutil.copyfile(real, target)  # the new file gets the umask's permissions, not the source's
 
 
+def owned_entries(manifest: Manifest) -> set[str]:
+    """The top-level names of a folder that its manifest says gpt2onnx wrote: the files it lists, the manifest,
+    and the deployment targets' files (onnx/, triton/, genai_config.json)."""
+    names = {MANIFEST_NAME, *(str(n).split("/")[0] for n in manifest.files)}
+    if manifest.deploy is not None:
+        for files in manifest.deploy.targets.values():
+            names |= {f.split("/")[0] for f in files}
+    return names
+
+
 def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -> None:
-    """Refuse an output that exists (without ``force``), that is not a folder this tool wrote or an empty one,
-    or that is, or contains, a protected path (the source checkpoint) or the working directory."""
+    """Refuse an output that exists (without ``force``), that is not a folder this tool wrote (a manifest that
+    parses and validates, listing everything in it) or an empty one, or that is, or contains, a protected
+    path (the source checkpoint) or the working directory."""
     target = Path(target)
     if target.is_symlink():
         raise BadInput(f"output '{target}' is a symbolic link: give the real folder's path")
@@ -241,70 +304,133 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
                 f"output folder '{target}' holds {what} '{path}', which --force would delete: choose another output"
                 " folder"
             )
-    if any(real.iterdir()) and not (real / MANIFEST_NAME).is_file():
+    try:
+        entries = sorted(p.name for p in real.iterdir())
+    except OSError as err:
+        raise OutputError(
+            f"output folder '{target}' cannot be read ({err.strerror or err}): choose another one"
+        ) from None
+    if not entries:
+        return
+    never = "it is never replaced; choose another output folder"
+    if not (real / MANIFEST_NAME).is_file() or (real / MANIFEST_NAME).is_symlink():
         raise BadInput(
-            f"output folder '{target}' is not empty and was not written by gpt2onnx (no {MANIFEST_NAME}):"
-            " it is never replaced; choose another output folder"
+            f"output folder '{target}' is not empty and was not written by gpt2onnx (no {MANIFEST_NAME}): {never}"
+        )
+    try:
+        manifest = read_manifest(real)
+    except BadInput:
+        raise BadInput(
+            f"output folder '{target}' has a {MANIFEST_NAME} that is not a valid gpt2onnx manifest: {never}"
+        ) from None
+    foreign = [name for name in entries if name not in owned_entries(manifest)]
+    if foreign:
+        raise BadInput(
+            f"output folder '{target}' holds '{foreign[0]}', which its {MANIFEST_NAME} does not list (not written by"
+            f" gpt2onnx): move it out first, or {never.split('; ')[1]}"
         )
 
 
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)(?P<kind>\.tmp-|\.old-)(?P<pid>\d+)-[^/]*$")
+# -- one writer per output, and what a killed run left -------------------------------------------------------
+# The lock file .NAME.lock beside an output is this tool's record: its first line is _LOCK_HEADER, then one line
+# per staging or backup folder the run made ("staging .NAME.tmp-…", "backup .NAME.old-…"). Only folders a
+# record names, and only records no run holds, are ever cleaned up; anything else in the parent is left alone.
 _LOCK_SUFFIX = ".lock"
+_LOCK_HEADER = "gpt2onnx output lock 1"
+
+
+def _open_lock(lock_path: Path):
+    """The lock file, opened without following a link, as a regular file; None if it cannot be opened."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return None
+    handle = os.fdopen(fd, "r+")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        handle.close()
+        return None
+    return handle
+
+
+def _record(handle) -> list[tuple[str, str]] | None:
+    """The (kind, folder name) lines of a lock file, or None when it is not one of ours."""
+    handle.seek(0)
+    lines = handle.read(1 << 16).splitlines()
+    if not lines or lines[0] != _LOCK_HEADER:
+        return None
+    entries = []
+    for line in lines[1:]:
+        kind, _, name = line.partition(" ")
+        if kind in ("staging", "backup") and name and "/" not in name and name not in (".", ".."):
+            entries.append((kind, name))
+    return entries
+
+
+def _recover(parent: Path, name: str, entries: list[tuple[str, str]]) -> None:
+    """Undo what a killed run into ``parent/name`` left: its staging folders are removed; a backup of the old
+    folder is moved back when the output is missing (killed between the two renames of a replace), else
+    removed. Only folders named in its record, with this output's prefixes, are touched."""
+    target = parent / name
+    for kind, entry in entries:
+        path = parent / entry
+        prefix = f".{name}{_STAGING if kind == 'staging' else _BACKUP}"
+        if not entry.startswith(prefix) or path.is_symlink() or not path.is_dir():
+            continue
+        if kind == "backup" and (path / name).is_dir() and not target.exists() and not target.is_symlink():
+            log.info("restoring '%s' from '%s', left by an interrupted replace", target, path)
+            os.replace(path / name, target)
+        log.info("removing '%s', left by an interrupted run", path)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _remove_stale_staging(parent: Path, keep: Path | None = None) -> None:
-    """What runs that were killed (kill -9, power loss) left in ``parent``, for any output name: staging and
-    backup folders whose process is gone, and lock files no run holds. ``keep``: this run's own lock file."""
+    """What runs that were killed (kill -9, power loss) left in ``parent``, for any output name: the staging
+    and backup folders their lock files record, once no run holds that lock. ``keep``: this run's lock."""
     try:
         entries = list(parent.iterdir())
     except OSError:
         return
     for path in entries:
-        found = _LEFTOVER.match(path.name)
-        if found and path.is_dir() and not path.is_symlink() and not _alive(int(found["pid"])):
-            log.info("removing '%s', left by an interrupted run", path)
-            shutil.rmtree(path, ignore_errors=True)
-        elif path.name.startswith(".") and path.name.endswith(_LOCK_SUFFIX) and path != keep and path.is_file():
-            _remove_free_lock(path)
+        if path.name.startswith(".") and path.name.endswith(_LOCK_SUFFIX) and path != keep and not path.is_symlink():
+            name = path.name[1 : -len(_LOCK_SUFFIX)]
+            if name and path.is_file():
+                _remove_free_lock(path, parent, name)
 
 
-def _remove_free_lock(path: Path) -> None:
-    """A lock file no run holds (its run was killed) is removed, holding its lock while doing so."""
-    try:
-        handle = open(path, "a+")
-    except OSError:
+def _remove_free_lock(path: Path, parent: Path, name: str) -> None:
+    """A lock file of ours that no run holds (its run was killed): its record is recovered, then it is removed,
+    holding its lock while doing so."""
+    handle = _open_lock(path)
+    if handle is None:
         return
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return  # held: a live run
+        entries = _record(handle)
+        if entries is None:
+            return  # not ours (someone else's .NAME.lock): left alone
         with contextlib.suppress(OSError):
+            _recover(parent, name, entries)
             if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
                 path.unlink()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextlib.contextmanager
 def _output_lock(target: Path):
-    """One writer per output folder: a second export into it fails at once, clearly. Yields the lock file's path;
-    the lock file is removed when the run ends (only by the run that holds it)."""
+    """One writer per output folder: a second export into it fails at once, clearly. Yields the lock file's
+    handle (append a line with :func:`_note`); it is removed when the run ends, by the run that holds it."""
     lock_path = target.parent / f".{target.name}{_LOCK_SUFFIX}"
-    try:
-        handle = open(lock_path, "a+")
-    except OSError as err:
+    cannot = f"cannot write to output folder '{target}'"
+    if lock_path.is_symlink():
+        raise OutputError(f"{cannot}: its lock file '{lock_path}' is a symbolic link; remove it")
+    handle = _open_lock(lock_path)
+    if handle is None:
         raise OutputError(
-            f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one"
-        ) from None
+            f"{cannot}: its lock file '{lock_path}' cannot be created or is not a regular file;"
+            " choose a writable folder"
+        )
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -316,31 +442,63 @@ def _output_lock(target: Path):
                 f"output folder '{target}' is being written by another gpt2onnx run: wait for it, or choose another"
                 " output folder"
             ) from None
+        previous = _record(handle)
+        handle.seek(0, os.SEEK_END)
+        if previous is None and handle.tell() > 0:
+            raise OutputError(f"{cannot}: '{lock_path}' exists and is not a gpt2onnx lock file; move it out of the way")
+        if previous:
+            _recover(target.parent, target.name, previous)  # a killed run into this same output
         try:
-            yield lock_path
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{_LOCK_HEADER}\n")
+            handle.flush()
+        except OSError as err:
+            raise OutputError(f"{cannot} ({err.strerror or err}); free space or choose a writable one") from None
+        try:
+            yield handle
         finally:
             with contextlib.suppress(OSError):
                 lock_path.unlink()  # while still holding the lock
 
 
+def _note(handle, kind: str, folder: Path) -> None:
+    """Record a folder this run made, before anything is moved into it (so a kill leaves it recoverable)."""
+    handle.write(f"{kind} {folder.name}\n")
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def _unstaged(err: BaseException, staging: Path, target: Path) -> None:
+    """Messages name the output the user gave, never the internal staging folder."""
+    if isinstance(err, Gpt2OnnxError) and err.args and isinstance(err.args[0], str):
+        err.args = (err.args[0].replace(str(staging), str(target)), *err.args[1:])
+
+
 @contextlib.contextmanager
-def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = ()):
+def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), check: bool = True):
     """Yield a fresh temporary folder; on success it replaces ``target``, on any failure it is removed.
 
-    ``protect``: paths (the source checkpoint) that the output must not be, nor contain."""
+    ``protect``: paths (the source checkpoint) that the output must not be, nor contain. ``check=False``: the
+    caller checked the output itself (deploy in place, which carries what it does not own). The replace can be
+    recovered at every instant: the old folder is moved into a recorded backup folder first, and a run killed
+    between the two renames gets it back at the next run."""
     target = Path(target)
-    check_output(target, force=force, protect=protect)
+    if check:
+        check_output(target, force=force, protect=protect)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise OutputError(
             f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one"
         ) from None
-    with _output_lock(target) as lock_path:
-        check_output(target, force=force, protect=protect)  # again, now that no other run can write it
-        _remove_stale_staging(target.parent, keep=lock_path)
+    with _output_lock(target) as lock:
+        if check:
+            check_output(target, force=force, protect=protect)  # again, now that no other run can write it
+        _remove_stale_staging(target.parent, keep=target.parent / f".{target.name}{_LOCK_SUFFIX}")
         try:
             staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{_STAGING}{os.getpid()}-", dir=target.parent))
+            _note(lock, "staging", staging)
         except OSError as err:
             raise OutputError(
                 f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one"
@@ -349,23 +507,36 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = ()):
             try:
                 yield staging
             except OSError as err:
-                if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
+                if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EPERM):
                     raise OutputError(
                         f"cannot write the output folder '{target}' ({err.strerror}); free space or choose another one;"
                         " nothing was written"
                     ) from None
                 raise
+            except BaseException as err:
+                _unstaged(err, staging, target)
+                raise
             _apply_umask(staging)
-            if target.exists():
-                # Move the old folder aside first, so that a failure here still leaves one complete folder.
-                backup = Path(tempfile.mkdtemp(prefix=f".{target.name}{_BACKUP}{os.getpid()}-", dir=target.parent))
-                try:
+            try:
+                if target.exists():
+                    # Move the old folder aside first, so that a failure here still leaves one complete folder.
+                    backup = Path(tempfile.mkdtemp(prefix=f".{target.name}{_BACKUP}{os.getpid()}-", dir=target.parent))
+                    _note(lock, "backup", backup)
                     os.replace(target, backup / target.name)
-                    os.replace(staging, target)
-                finally:
+                    try:
+                        os.replace(staging, target)
+                    except BaseException:
+                        os.replace(backup / target.name, target)  # put the old folder back
+                        shutil.rmtree(backup, ignore_errors=True)
+                        raise
                     shutil.rmtree(backup, ignore_errors=True)
-            else:
-                os.replace(staging, target)
+                else:
+                    os.replace(staging, target)
+            except OSError as err:
+                raise OutputError(
+                    f"cannot move the new folder into '{target}' ({err.strerror or err}); the old one is kept:"
+                    " check the permissions of its parent folder"
+                ) from None
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -373,9 +544,16 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = ()):
 
 def _apply_umask(folder: Path) -> None:
     """mkdtemp makes the folder private (0700) and some writers make files 0600; give the finished folder
-    the permissions a plain mkdir and open would have."""
+    the permissions a plain mkdir and open would have. Links are left alone, and so are files with other
+    names (hard links to the source's model files, or to what deploy carries over): chmod would change them
+    there too."""
     umask = os.umask(0)
     os.umask(umask)
     folder.chmod(0o777 & ~umask)
-    for path in folder.rglob("*"):
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in dirnames + filenames:
+            info = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISDIR(info.st_mode):
+                os.chmod(os.path.join(dirpath, name), 0o777 & ~umask)
+            elif stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+                os.chmod(os.path.join(dirpath, name), 0o666 & ~umask)

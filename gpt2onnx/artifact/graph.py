@@ -74,8 +74,15 @@ _POSITION_TABLE = re.compile(r"^(?:transformer\.)?wpe(?:\.weight)?$")
 
 
 def position_table_rows(model: onnx.ModelProto) -> int | None:
-    """Rows of the graph's learned position table (wpe): the most positions the graph can embed.
-    None when the graph has no initializer by that name (a renamed or folded table)."""
+    """Rows of the graph's learned position table (wpe): the most positions the graph can embed. The table is
+    the initializer a Gather (or int4's GatherBlockQuantized) reads with the ``position_ids`` input, else
+    the initializer named wpe. None when the graph has neither (a folded table)."""
+    inits = {init.name: init for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in ("Gather", "GatherBlockQuantized") and len(node.input) > 1:
+            table = inits.get(node.input[0])
+            if node.input[1] == "position_ids" and table is not None and len(table.dims) >= 2:
+                return int(table.dims[0])
     for init in model.graph.initializer:
         if _POSITION_TABLE.match(init.name) and len(init.dims) == 2:
             return int(init.dims[0])

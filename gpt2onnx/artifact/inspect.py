@@ -13,6 +13,7 @@ from gpt2onnx.artifact.contract import TensorSpec, graph_io
 from gpt2onnx.artifact.folder import check_integrity, read_manifest
 from gpt2onnx.artifact.graph import external_data_files, load_graph, resolve_model_path
 from gpt2onnx.artifact.manifest import Manifest
+from gpt2onnx.artifact.paths import file_in_folder
 from gpt2onnx.errors import ContractError
 
 _BLOCK_PARAM = re.compile(r"^(?:transformer\.)?h\.(\d+)\.(.+)\.(weight|bias)$")
@@ -151,7 +152,12 @@ def _expected_data_bytes(model: onnx.ModelProto) -> dict[str, int]:
         if init.data_location != onnx.TensorProto.EXTERNAL:
             continue
         entry = {e.key: e.value for e in init.external_data}
-        end = int(entry.get("offset", 0)) + int(entry.get("length", 0))
+        try:
+            end = int(entry.get("offset", 0)) + int(entry.get("length", 0))
+        except ValueError:
+            raise ContractError(
+                f"tensor '{init.name}' has an external-data offset or length that is not a number: export it again"
+            ) from None
         needed[entry.get("location", "")] = max(needed.get(entry.get("location", ""), 0), end)
     return needed
 
@@ -176,7 +182,9 @@ def inspect(path: str | Path, *, verify_files: bool = True) -> ModelDescription:
     model = load_graph(model_path)
     files: dict[str, int | None] = {model_path.name: model_path.stat().st_size}
     for name, needed in _expected_data_bytes(model).items():
-        data_path = model_path.parent / name
+        data_path = file_in_folder(
+            model_path.parent, name, what="external data file", where=model_path, must_exist=False
+        )
         files[name] = data_path.stat().st_size if data_path.is_file() else None
         if files[name] is None or files[name] < needed:
             state = "is missing" if files[name] is None else f"is {files[name]:,} bytes, its tensors need {needed:,}"

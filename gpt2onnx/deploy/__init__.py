@@ -15,7 +15,8 @@
 
 It works on any gpt2onnx decoder folder, exported or optimized, in any precision, and leaves export and
 optimize alone. The result is written like every folder: staged beside the target and moved into place
-whole. In place (no ``out``) or into a new folder ``out``; the model files are hard-linked, not copied,
+whole. In place (no ``out``), everything the manifest does not list (sub-folders such as trt_cache/, links,
+other files) is kept as it was; or into a new folder ``out``. The model files are hard-linked, not copied,
 where the filesystem allows it (one copy on disk however many targets), else copied. The manifest records
 the targets and their files. Each run writes exactly the targets it is given: targets deployed earlier and
 not named again are dropped.
@@ -26,12 +27,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gpt2onnx.artifact.folder import CONFIG_FILE, MANIFEST_NAME, open_folder, staged_folder, write_manifest
+from gpt2onnx.artifact.folder import (
+    CONFIG_FILE,
+    MANIFEST_NAME,
+    open_folder,
+    owned_entries,
+    staged_folder,
+    write_manifest,
+)
 from gpt2onnx.artifact.manifest import DeployRecord, Manifest, TritonRecord
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
 from gpt2onnx.deploy import genai, ort_generate, transformers_js, triton, web
@@ -110,14 +119,38 @@ def deploy(
     ):
         raise BadInput(f"output folder '{target}' is inside '{source}' or holds it: choose a folder beside it")
     big = set(opened.manifest.model_files)
-    with staged_folder(target, force=force or in_place, protect=() if in_place else (source,)) as staging:
+    owned = owned_entries(opened.manifest)
+    writes = {
+        genai.CONFIG_NAME: "genai",
+        transformers_js.SUBFOLDER: "transformers-js",
+        triton.SUBFOLDER: "triton",
+        ort_generate.SUBFOLDER: "ort-generate",
+        **{path: "web" for path in web.PATHS},
+    }
+    if in_place and Path(folder).is_symlink():
+        raise BadInput(f"'{folder}' is a symbolic link: give the real folder's path to deploy into it")
+    carried = _carried(source, owned, writes, targets) if in_place else []
+    with staged_folder(target, force=force, protect=(source,), check=not in_place) as staging:
+        foreign = [p.name for p in carried]
         for path in sorted(source.iterdir()):
             if path.name == MANIFEST_NAME or path.name in _TARGET_PATHS or not path.is_file() or path.is_symlink():
+                continue
+            if path.name not in owned:  # not ours: kept as it is in place (never listed), left out of a new folder
+                if in_place:
+                    link_or_copy(path, staging / path.name)
+                    foreign.append(path.name)
                 continue
             if path.name in big:
                 link_or_copy(path, staging / path.name)
             else:
                 shutil.copyfile(path, staging / path.name)  # small files are written to: never share them
+        for path in carried:  # in place: what deploy does not own stays in the folder as it was
+            if path.is_symlink():
+                os.symlink(os.readlink(path), staging / path.name)
+            elif path.is_dir():
+                shutil.copytree(path, staging / path.name, symlinks=True, copy_function=link_or_copy)
+            else:
+                link_or_copy(path, staging / path.name)
         _drop_transformers_js_config(staging)
         written: dict[str, list[str]] = {}
         # genai's og.Tokenizer and transformers.js read only tokenizer.json: build it from vocab.json + merges.txt
@@ -150,8 +183,33 @@ def deploy(
         )
         manifest = dataclasses.replace(opened.manifest, deploy=record)
         log.info("deployed %s to %s: %s", source, target, ", ".join(targets))
-        manifest = write_manifest(staging, manifest)
+        manifest = write_manifest(staging, manifest, exclude=tuple(foreign))
     return DeployResult(target, manifest)
+
+
+def _carried(source: Path, owned: set[str], writes: dict[str, str], targets: list[str]) -> list[Path]:
+    """What an in-place deploy keeps as it is, beside the files it writes: every entry its manifest does not
+    list (sub-folders such as trt_cache/, links, other files), and a target folder it wrote but is not asked
+    for is dropped. A foreign entry where a target asked for would write is refused."""
+    kept = []
+    for path in sorted(source.iterdir()):
+        name = path.name
+        if path.is_file() and not path.is_symlink() and name not in writes:
+            continue  # a plain file: copied like the model's own
+        if name in owned and not path.is_symlink() and (path.is_file() or name in writes):
+            continue  # a target of ours: written again when asked for, else dropped
+        if name in writes and writes[name] in targets:
+            raise BadInput(
+                f"'{path}' was not written by gpt2onnx deploy, and the {writes[name]} target would replace it:"
+                " move it out of the folder, or deploy into a new folder (-o)"
+            )
+        if not (path.is_symlink() or path.is_dir() or path.is_file()):
+            raise BadInput(
+                f"'{path}' is not a file, a folder or a link (a FIFO, socket or device): deploy in place would"
+                " lose it; move it out of the folder, or deploy into a new folder (-o)"
+            )
+        kept.append(path)
+    return kept
 
 
 def _drop_transformers_js_config(staging: Path) -> None:

@@ -3,12 +3,16 @@
 The config describes our IO contract to genai's "decoder" model type: per-layer past/present names as
 printf patterns, the sizes, the token ids, and the search defaults of generation_config.json.
 Field names as onnxruntime-genai 0.18 reads them (src/config.cpp; unknown keys are rejected there).
-Also used by the genai runtime (gpt2onnx/runtimes), which writes the config into a temporary folder.
+Every field is written by us from the graph, config.json and generation_config.json (an allow-list, typed):
+nothing of a folder's own genai_config.json is passed through (custom_ops_library, enable_profiling,
+decoder.filename would load code, write files or run another model). The genai runtime
+(gpt2onnx/runtimes/genai.py) writes this config into a temporary overlay for every run.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from gpt2onnx.artifact.contract import decoder_shape, graph_io
@@ -16,8 +20,8 @@ from gpt2onnx.artifact.folder import (
     CONFIG_FILE,
     GENERATION_CONFIG_FILE,
     MODEL_FILE,
+    SHARED_CACHE_OP,
     read_json_file,
-    read_manifest,
     read_n_positions,
 )
 from gpt2onnx.artifact.graph import load_graph
@@ -28,22 +32,32 @@ CONFIG_NAME = "genai_config.json"
 SEARCH_DEFAULTS = {"do_sample": False, "top_k": 50, "top_p": 1.0, "temperature": 1.0, "repetition_penalty": 1.0}
 
 
+def _bad(folder: Path, name: str, key: str, value, wanted: str) -> ContractError:
+    return ContractError(
+        f"'{folder / name}' gives {key} {json.dumps(value)[:40]}, which is not {wanted}: fix or delete the field"
+    )
+
+
 def _token_ids(folder: Path, vocab_size: int) -> dict[str, int]:
     """bos, eos and pad ids from generation_config.json, else config.json; pad falls back to eos.
-    genai refuses an id outside the vocabulary, so that is an error here too."""
+    genai refuses an id outside the vocabulary, so that is an error here too; so is an id that is not an
+    integer (or a list of them)."""
     sources = [
-        read_json_file(folder / name, name)
+        (name, read_json_file(folder / name, name))
         for name in (GENERATION_CONFIG_FILE, CONFIG_FILE)
         if (folder / name).is_file()
     ]
 
     def first(key: str) -> int | None:
-        for source in sources:
+        for name, source in sources:
             value = source.get(key)
             if isinstance(value, list):
                 value = value[0] if value else None
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise _bad(folder, name, key, source.get(key), "a token id (an integer)")
+            return value
         return None
 
     eos = first("eos_token_id")
@@ -60,19 +74,38 @@ def _token_ids(folder: Path, vocab_size: int) -> dict[str, int]:
     return ids
 
 
+def _search_value(folder: Path, key: str, value):
+    """A search default of generation_config.json, typed as transformers reads it: a string "false" is not a
+    boolean, a float is not top_k."""
+    default = SEARCH_DEFAULTS[key]
+    if value is None:
+        return default
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise _bad(folder, GENERATION_CONFIG_FILE, key, value, "true or false")
+        return value
+    if isinstance(default, int):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise _bad(folder, GENERATION_CONFIG_FILE, key, value, "an integer of 0 or more")
+        return value
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise _bad(folder, GENERATION_CONFIG_FILE, key, value, "a positive number")
+    if key == "top_p" and value > 1:
+        raise _bad(folder, GENERATION_CONFIG_FILE, key, value, "a number in (0, 1]")
+    return float(value)
+
+
 def _search(folder: Path, n_positions: int, shared_kv: bool) -> dict:
     generation = (
         read_json_file(folder / GENERATION_CONFIG_FILE, GENERATION_CONFIG_FILE)
         if (folder / GENERATION_CONFIG_FILE).is_file()
         else {}
     )
-    search = {key: generation.get(key, default) for key, default in SEARCH_DEFAULTS.items()}
-    search = {
-        key: (type(SEARCH_DEFAULTS[key])(value) if value is not None else SEARCH_DEFAULTS[key])
-        for key, value in search.items()
-    }
+    search = {key: _search_value(folder, key, generation.get(key)) for key in SEARCH_DEFAULTS}
     max_length = generation.get("max_length")
-    max_length = max_length if isinstance(max_length, int) and 0 < max_length <= n_positions else n_positions
+    if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1):
+        raise _bad(folder, GENERATION_CONFIG_FILE, "max_length", max_length, "a positive integer")
+    max_length = max_length if max_length is not None and max_length <= n_positions else n_positions
     return {
         **search,
         "num_beams": 1,
@@ -91,10 +124,13 @@ def genai_config(folder: str | Path, *, filename: str = MODEL_FILE) -> dict:
     """The genai_config.json for an exported decoder folder (any precision; read from its graph and configs)."""
     folder = Path(folder)
     n_positions = read_n_positions(folder)
-    shape = decoder_shape(*graph_io(load_graph(folder / filename)), n_positions)
+    graph = load_graph(folder / filename)
+    shape = decoder_shape(*graph_io(graph), n_positions)
     if shape.vocab_size is None:
         raise ContractError(f"'{folder / filename}' has no fixed vocabulary size on its logits: genai needs it")
-    manifest = read_manifest(folder)
+    # the graph says whether it shares its cache, not a manifest (a staging folder has none yet)
+    shared_kv = any(node.op_type == SHARED_CACHE_OP for node in graph.graph.node)
+    del graph
     return {
         "model": {
             "type": "decoder",
@@ -123,7 +159,7 @@ def genai_config(folder: str | Path, *, filename: str = MODEL_FILE) -> dict:
                 },
             },
         },
-        "search": _search(folder, n_positions, manifest is not None and manifest.kv_cache == "shared"),
+        "search": _search(folder, n_positions, shared_kv),
     }
 
 

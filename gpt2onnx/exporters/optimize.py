@@ -19,15 +19,16 @@ from gpt2onnx.artifact.folder import (
     ModelFolder,
     check_output,
     copy_regular_file,
+    graph_data_files,
     read_manifest,
     read_n_positions,
     staged_folder,
     write_manifest,
 )
-from gpt2onnx.artifact.graph import external_data_files, graph_summary, load_graph, resolve_model_path, save_onnx
+from gpt2onnx.artifact.graph import graph_summary, resolve_model_path, save_onnx
 from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.artifact.report import CheckReport
-from gpt2onnx.errors import BadInput, CheckFailed, ContractError
+from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.passes.pipeline import GraphPasses
 from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions
 from gpt2onnx.verify.evaluate import EvalGates, EvalReport, check_eval_options, evaluate_written
@@ -101,13 +102,9 @@ def optimize(
             f"eval_text (--eval-text) needs the model's tokenizer, but '{model_path.parent}' has no tokenizer files"
             " (tokenizer.json, or vocab.json and merges.txt): copy them into the source folder, or drop --eval-text"
         )
-    graph = load_graph(model_path)  # a clear error for a file that is not ONNX, before the weights are read
-    missing = [name for name in external_data_files(graph) if not (model_path.parent / name).is_file()]
-    if missing:
-        raise ContractError(
-            f"'{model_path}' keeps its weights in '{missing[0]}', which is missing: copy the whole folder"
-        )
-    del graph
+    # a clear error for a file that is not ONNX, or external data that is missing or outside its folder (a
+    # location with '..', a link leading out, a FIFO), before the weights are read
+    graph_data_files(model_path)
     out = Path(out)
     if out.resolve() == model_path.parent.resolve():
         raise BadInput("the output folder is the input folder: write the optimized model to another folder")

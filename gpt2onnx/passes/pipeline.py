@@ -42,6 +42,8 @@ class GraphPasses:
             from gpt2onnx.passes.fusions.profiles import check_profile
 
             check_profile(self.fusion)
+        if self.allow_partial_fusion and self.fusion == "none":
+            raise BadInput("--allow-partial-fusion applies to a fusion profile: add --fusion, or drop it")
         self.quantization.check()
         dtype = check_dtype(self.dtype, self.quantization.method)
         keep = parse_keep_fp32(self.keep_fp32)

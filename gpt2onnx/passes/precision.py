@@ -200,6 +200,10 @@ class QuantizeOptions:
     def check(self) -> None:
         if self.method not in METHODS:
             raise BadInput(f"unknown --quantize '{self.method}': choose one of {', '.join(METHODS)}")
+        if self.method != "int4" and self.block_size != QuantizeOptions.block_size:
+            raise BadInput(
+                f"--block-size applies to --quantize int4, not '{self.method}': drop it, or add --quantize int4"
+            )
         if self.method == "int4" and self.block_size not in INT4_BLOCK_SIZES:
             raise BadInput(
                 f"--block-size {self.block_size} is not supported for int4: choose one of"
@@ -255,9 +259,21 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.Mod
 
         with tempfile.TemporaryDirectory(prefix="gpt2onnx-int8-") as tmp:
             out = Path(tmp) / "model.onnx"
-            quantize_dynamic(
-                model, out, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8, use_external_data_format=True
-            )
+            # quantize_dynamic logs a pre-processing hint on the root logger (logging.warning), which would be a
+            # second line on stderr: the tool's output is one line per error, and the hint is not one
+            hint = logging.Filter()
+            hint.filter = lambda record: "pre-processing before quantization" not in record.getMessage()
+            logging.getLogger().addFilter(hint)
+            try:
+                quantize_dynamic(
+                    model,
+                    out,
+                    op_types_to_quantize=["MatMul"],
+                    weight_type=QuantType.QInt8,
+                    use_external_data_format=True,
+                )
+            finally:
+                logging.getLogger().removeFilter(hint)
             quantized = onnx.load(str(out))
     opset = next((i.version for i in quantized.opset_import if i.domain in ("", "ai.onnx")), 0)
     # the int4 quantizer may raise the opset (GatherBlockQuantized); keep the IR version in step with it

@@ -122,7 +122,7 @@ INT_FIELDS: dict[str, tuple[int, int]] = {
     "n_head": (1, 4096),
     "n_embd": (1, 1 << 18),
     "vocab_size": (1, 1 << 24),
-    "n_positions": (1, 1 << 20),
+    "n_positions": (8, 1 << 20),  # below 8 the export's own check (a prompt and two decode steps) cannot run
 }
 MAX_N_INNER = 1 << 20
 

@@ -173,6 +173,12 @@ def _random_checkpoint(model: str, path: Path, seed: int, outliers: float, what:
             " config.json"
         )
     spec = _checked_spec(config, what)
+    scale = getattr(config, "initializer_range", 0.02)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale >= 0):
+        raise CheckpointError(
+            f"{what}: initializer_range must be a finite number of 0 or more (GPT-2: 0.02), got {scale!r};"
+            " fix the config"
+        )
     config.tie_word_embeddings = spec.tie_word_embeddings
     config.architectures = ["GPT2LMHeadModel"]
     log.info("initializing %s with random weights (seed %d)", name, seed)

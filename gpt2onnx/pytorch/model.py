@@ -123,11 +123,13 @@ class GPT2ForExport(nn.Module):
             presents += [present_key, present_value]
         if self.last_logits_only:
             x = x[:, -1:, :]
-        x = self.ln_f(x)
         head = self.wte.weight if self.lm_head is None else self.lm_head
-        # 2-D linear exports as Gemm(transB=1) on the embedding itself: no transposed copy is folded in.
+        # 2-D linear exports as Gemm(transB=1) on the embedding itself: no transposed copy is folded in. The
+        # reshape comes before ln_f (the same values: LayerNorm is per row): onnxruntime's transformer
+        # optimizer rewrites a Gemm fed by Reshape(LayerNormalization) as if it had a bias and weights [C, V],
+        # and crashes (IndexError) on ours.
         B, T, C = x.shape
-        logits = F.linear(x.reshape(B * T, C), head).reshape(B, T, self.spec.vocab_size)
+        logits = F.linear(self.ln_f(x.reshape(B * T, C)), head).reshape(B, T, self.spec.vocab_size)
         return (logits, *presents)
 
 

@@ -20,10 +20,9 @@ import numpy as np
 import onnxruntime as ort
 
 from gpt2onnx.artifact.contract import ORT_DTYPES, DecoderShape, TensorSpec, decoder_shape, graph_io
-from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.artifact.graph import load_graph, position_table_rows
-from gpt2onnx.artifact.manifest import Manifest
-from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
+from gpt2onnx.artifact.folder import SHARED_CACHE_OP, ModelFolder
+from gpt2onnx.artifact.graph import load_graph
+from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
 from gpt2onnx.runtimes.base import Capabilities, Runtime
 from gpt2onnx.runtimes.providers import DEVICE_TYPES, TRT_DUMMY_PAST, ProviderConfig, create_session, session_provider
@@ -49,15 +48,9 @@ def file_shape(model_path: Path, n_positions: int) -> DecoderShape:
     return decoder_shape(*graph_io(load_graph(model_path)), n_positions)
 
 
-SHARED_CACHE_OP = "GroupQueryAttention"
-
-
-def shares_cache(graph, manifest: Manifest | None = None) -> bool:
-    """Whether the graph's past and present can share one buffer (GroupQueryAttention): the manifest's
-    kv_cache record when it has one, else the graph itself (a ModelProto, read without its weights)."""
-    recorded = manifest.kv_cache if manifest else None
-    if recorded in ("shared", "concat"):
-        return recorded == "shared"
+def shares_cache(graph) -> bool:
+    """Whether the graph's past and present can share one buffer (GroupQueryAttention), read from the graph
+    itself (a ModelProto, read without its weights), never from a manifest."""
     return any(node.op_type == SHARED_CACHE_OP for node in graph.graph.node)
 
 
@@ -76,15 +69,9 @@ def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     provider = provider.check()
     # The contract comes from the file first (read once): the TensorRT profile is built from its names and dims.
     graph = load_graph(model.model_path)
-    shared = shares_cache(graph, model.manifest)
+    shared = shares_cache(graph)  # the graph, not the manifest (open_folder checked the position table)
     if shared:
         check_shared_cache_provider(provider.name)
-    rows = position_table_rows(graph)
-    if rows is not None and model.n_positions > rows:  # config.json edited: trust the graph, not the config
-        raise ContractError(
-            f"'{model.folder}/config.json' gives n_positions {model.n_positions}, but the graph's position table has"
-            f" {rows} rows: set n_positions to {rows} or less in config.json, or export the folder again"
-        )
     shape = decoder_shape(*graph_io(graph), model.n_positions)
     del graph
     session = create_session(model.model_path, provider, shape=shape)

@@ -13,6 +13,8 @@ import numpy as np
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import logits
 
+MIN_TEMPERATURE = 1e-6  # below this, logits / temperature overflow float64
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -45,6 +47,11 @@ class Sampling:
                 )
         if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise BadInput(f"temperature (--temperature) must be a positive number, got {self.temperature}")
+        if self.temperature < MIN_TEMPERATURE:  # logits / 1e-310 overflow to inf, and the softmax to NaN
+            raise BadInput(
+                f"temperature (--temperature) {self.temperature} is below {MIN_TEMPERATURE}: for the most likely"
+                " token every time, use greedy decoding (drop --sample)"
+            )
         if self.top_k < 0:
             raise BadInput(f"top_k (--top-k) must be 0 (off) or positive, got {self.top_k}")
         if not 0 < self.top_p <= 1:

@@ -1,8 +1,8 @@
 """The onnxruntime-genai runtime: genai's own C++ generation loop on the folder's genai_config.json.
 
-- The config: the folder's genai_config.json when it has one; otherwise a minimal one is written into a
-  temporary overlay (the model files linked, the config beside them) and the folder is left untouched; the
-  config is the one the genai deployment target writes (:mod:`gpt2onnx.deploy.genai`).
+- The config: always the one the genai deployment target writes (:mod:`gpt2onnx.deploy.genai`, from the graph
+  and the configs), in a temporary overlay (the model files linked, the config beside them); the folder is
+  left untouched, and its own genai_config.json, if any, is never passed to genai.
 - Where genai runs: in this process when ``import onnxruntime_genai`` works here; otherwise in a worker
   process (:mod:`gpt2onnx.runtimes.genai_worker`, numpy and onnxruntime_genai only) under the Python named by
   the environment variable ``GPT2ONNX_GENAI_PYTHON``, else ``<repo>/.venv-genai/bin/python`` beside this
@@ -49,17 +49,21 @@ def genai_config(model: ModelFolder, *, threads: int | None = None) -> dict:
 
 
 def config_folder(model: ModelFolder, tmp: Path, *, threads: int | None = None) -> tuple[Path, bool]:
-    """The folder genai opens: the model's own when it has genai_config.json, else an overlay in ``tmp``
-    (model files linked, or copied where links are refused). Returns (folder, whether it is an overlay)."""
-    if (model.folder / CONFIG_FILE).is_file():
-        return model.folder, False
+    """The folder genai opens: always an overlay in ``tmp`` holding the config we write (from the graph and the
+    configs, :mod:`gpt2onnx.deploy.genai`) and links to exactly the files the graph loads (model.onnx and the
+    external data it names, checked to lie inside the folder), or copies where links are refused. The folder's
+    own genai_config.json is never passed to genai: its session options could load a library
+    (custom_ops_library), write files (enable_profiling) or run another model (decoder.filename).
+    Returns (folder, True)."""
     overlay = tmp / model.folder.name
     overlay.mkdir(parents=True)
-    for source in model.folder.glob(model.model_path.name + "*"):
+    for name in (model.model_path.name, *model.data_files):
+        source = model.folder / name
+        (overlay / name).parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.symlink(source.resolve(), overlay / source.name)
+            os.symlink(source.resolve(), overlay / name)
         except OSError:
-            shutil.copy2(source, overlay / source.name)
+            shutil.copyfile(source, overlay / name)
     (overlay / CONFIG_FILE).write_text(json.dumps(genai_config(model, threads=threads), indent=2) + "\n")
     return overlay, True
 
@@ -104,7 +108,7 @@ class GenaiRunner(Runtime):
         self.backend, self.shape, self.tmp = backend, shape, tmp
         self.n_layer, self.vocab_size, self.n_positions = shape.n_layer, shape.vocab_size, model.n_positions
         self.provider = "cpu"
-        self.config_written = overlay  # True: genai_config.json was written on the fly (the folder has none)
+        self.config_written = overlay  # always True: genai_config.json is written by us for every run
         self.version = backend.version
         self.mode = backend.mode  # "in-process" or "worker (<python>)"
 

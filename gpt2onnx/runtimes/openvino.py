@@ -73,6 +73,7 @@ class OpenVinoDecoder(Runtime):
         self.device, self.device_id = "cpu" if device == "CPU" else device.lower(), 0
         self.dummy_past = 0
         self.precision, self.version = precision, version
+        self.shared_kv = model.shared_kv
         names = {n for output in compiled.outputs for n in output.get_names()}
         missing = [n for n in ["logits", *self.present_names] if n not in names]
         if missing:
@@ -86,6 +87,24 @@ class OpenVinoDecoder(Runtime):
 
     def run(self, input_ids, attention_mask, position_ids, past, *, last_logits_only: bool = True):
         """One step; returns (logits: last position only unless asked otherwise, presents as numpy arrays)."""
+        if self.shared_kv and len(input_ids) > 1:
+            # OpenVINO's GroupQueryAttention (ort-shared-kv) breaks at batch > 1 ("the shape of input data (2)
+            # conflicts with the reshape pattern (1)"): the rows are independent, so run them one at a time.
+            rows = [
+                self._run(
+                    input_ids[i : i + 1],
+                    attention_mask[i : i + 1],
+                    position_ids[i : i + 1],
+                    [p[i : i + 1] for p in past],
+                    last_logits_only,
+                )
+                for i in range(len(input_ids))
+            ]
+            logits = np.concatenate([r[0] for r in rows])
+            return logits, [np.concatenate([r[1][j] for r in rows]) for j in range(len(self.present_names))]
+        return self._run(input_ids, attention_mask, position_ids, past, last_logits_only)
+
+    def _run(self, input_ids, attention_mask, position_ids, past, last_logits_only):
         feed = {
             "input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
             "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),

@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from gpt2onnx.artifact.folder import TOKENIZER_FILES, read_json_file
+from gpt2onnx.artifact.paths import file_in_folder
 from gpt2onnx.errors import BadInput
 
 MAX_TOKEN_ID = 2**31 - 1
+
+
+# tokenizer_config.json keys passed on to the tokenizer class: data only. A path (tokenizer_file, vocab_file,
+# merges_file) would load files from outside the folder, auto_map names code.
+TOKENIZER_CONFIG_KEYS = (
+    "add_prefix_space",
+    "add_bos_token",
+    "add_eos_token",
+    "added_tokens_decoder",
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "pad_token",
+    "model_max_length",
+    "clean_up_tokenization_spaces",
+    "errors",
+    "padding_side",
+    "truncation_side",
+)
 
 
 def has_tokenizer(folder: Path) -> bool:
@@ -23,41 +46,50 @@ GPT2_CLASSES = (None, "GPT2Tokenizer", "GPT2TokenizerFast")
 
 def _tokenizer_class(folder: Path) -> str | None:
     """The class tokenizer_config.json names (None when it names none or the folder has no such file)."""
-    path = folder / "tokenizer_config.json"
-    if not path.is_file():
+    if not (folder / "tokenizer_config.json").exists():
         return None
+    path = file_in_folder(folder, "tokenizer_config.json", what="tokenizer file", where=folder)
     named = read_json_file(path, "tokenizer config").get("tokenizer_class")
     return named if isinstance(named, str) else None
 
 
 def load_tokenizer(folder: Path):
-    if not has_tokenizer(folder):
+    """The folder's tokenizer in a fixed class, loaded from a private copy of exactly its tokenizer files
+    (each a regular file inside the folder) with tokenizer_config.json reduced to its data keys."""
+    folder = Path(folder)
+    present = [name for name in TOKENIZER_FILES if (folder / name).exists() or (folder / name).is_symlink()]
+    if not any(name in present for name in ("tokenizer.json", "vocab.json")):
         raise BadInput(
             f"'{folder}' has no tokenizer files (tokenizer.json or vocab.json + merges.txt): give token ids with --ids"
             " 1,2,3"
         )
-    from transformers import PreTrainedTokenizerFast
+    from transformers import GPT2TokenizerFast, PreTrainedTokenizerFast
 
-    folder = Path(folder)
-    for name in TOKENIZER_FILES:
-        path = folder / name
-        if path.is_symlink() and not path.resolve().is_relative_to(folder.resolve()):
-            raise BadInput(f"tokenizer file '{path}' points outside the folder: replace the link with the file itself")
     named = _tokenizer_class(folder)
-    try:
-        # A fixed class, never AutoTokenizer: a tokenizer_config.json's auto_map could name code in the folder,
-        # and no code from a model folder ever runs. A GPT-2 folder (its config names GPT2Tokenizer, or names
-        # nothing) loads as GPT2TokenizerFast, from tokenizer.json or converted from vocab.json and merges.txt;
-        # another class named there loads from tokenizer.json through the generic fast class.
-        if named in GPT2_CLASSES or not (folder / "tokenizer.json").is_file():
-            from transformers import GPT2TokenizerFast
-
-            return GPT2TokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
-        return PreTrainedTokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
-    except Exception as err:  # transformers raises many types for broken tokenizer files
-        raise BadInput(
-            f"cannot load the tokenizer in '{folder}' ({str(err).splitlines()[0][:200]}); use --ids"
-        ) from None
+    with tempfile.TemporaryDirectory(prefix="gpt2onnx-tokenizer-") as tmp:
+        for name in present:
+            path = file_in_folder(folder, name, what="tokenizer file", where=folder)
+            if name == "tokenizer_config.json":
+                config = read_json_file(path, "tokenizer config")
+                kept = {k: v for k, v in config.items() if k in TOKENIZER_CONFIG_KEYS}
+                (Path(tmp) / name).write_text(json.dumps(kept))
+            else:
+                shutil.copyfile(path, Path(tmp) / name)
+        try:
+            # A fixed class, never AutoTokenizer: a tokenizer_config.json's auto_map could name code in the folder,
+            # and no code from a model folder ever runs. A GPT-2 folder (its config names GPT2Tokenizer, or names
+            # nothing) loads as GPT2TokenizerFast, from tokenizer.json or converted from vocab.json and merges.txt;
+            # another class named there loads from tokenizer.json through the generic fast class.
+            kind = (
+                GPT2TokenizerFast
+                if named in GPT2_CLASSES or "tokenizer.json" not in present
+                else PreTrainedTokenizerFast
+            )
+            return kind.from_pretrained(tmp, trust_remote_code=False, local_files_only=True)
+        except Exception as err:  # transformers raises many types for broken tokenizer files
+            raise BadInput(
+                f"cannot load the tokenizer in '{folder}' ({str(err).splitlines()[0][:200]}); use --ids"
+            ) from None
 
 
 def left_pad(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +118,8 @@ def parse_id_prompts(values: list[str], pad_id: int = 0) -> tuple[np.ndarray, np
         if not parts:
             raise BadInput("token ids (--ids) are empty: give at least one token id")
         try:
-            row = [int(v) for v in parts]  # int('') fails: '1,,2' is refused, not read as 1,2
+            # int('') fails: '1,,2' is refused, not read as 1,2; int('1_0') is 10, so digits are matched first
+            row = [int(v) if re.fullmatch(r"[+-]?[0-9]+", v) else int("not a number") for v in parts]
         except ValueError:
             raise BadInput(
                 f"token ids (--ids) '{value}' are not a comma-separated list of integers (e.g. 464,3290,318)"

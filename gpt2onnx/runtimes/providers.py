@@ -59,6 +59,14 @@ class ProviderConfig:
             raise BadInput(f"device id must be 0 or more, got {self.device_id}")
         if not 1 <= self.max_batch <= 4096:
             raise BadInput(f"max batch must be 1 to 4096, got {self.max_batch}")
+        if self.name == "cpu" and self.device_id != 0:
+            raise BadInput("device id applies to the cuda and tensorrt providers, not 'cpu': drop it")
+        if self.name == "cpu" and self.allow_fallback:
+            raise BadInput(
+                "--allow-fallback applies to the cuda and tensorrt providers (cpu has nothing to fall back to): drop it"
+            )
+        if self.name != "cpu" and not self.spinning:
+            raise BadInput(f"--no-spin applies to the cpu provider, not '{self.name}': drop it")
         if self.name != "tensorrt":
             ignored = [n for n, on in (("trt_fp16", self.trt_fp16), ("trt_cache_dir", self.trt_cache_dir)) if on]
             if ignored:

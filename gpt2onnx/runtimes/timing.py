@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import resource
 import threading
 import time
@@ -48,6 +49,11 @@ class BenchConfig:
         ):
             if value < 1:
                 raise BadInput(f"{name} must be a positive integer, got {value}")
+        if self.new_tokens < 2:
+            raise BadInput(
+                f"new tokens (--new-tokens) must be at least 2, got {self.new_tokens}: the prompt step gives the first,"
+                " and decode latency needs at least one decode step"
+            )
         if not 0 <= self.warmup <= 1000 or self.repeat > 10000:
             raise BadInput(f"warmup must be 0 to 1000 and repeat at most 10000, got {self.warmup} and {self.repeat}")
         if max(self.batches) * (self.prompt_len + self.new_tokens) > MAX_BATCH_TOKENS:
@@ -199,8 +205,8 @@ def random_prompt(batch: int, length: int, vocab_size: int, seed: int) -> np.nda
 
 def parse_batches(value: str, *, what: str = "batch sizes (--batch)") -> tuple[int, ...]:
     """'1,8' → (1, 8); refuses empty items ('1,,8') and anything that is not an integer."""
-    try:
-        return tuple(int(v) for v in value.split(","))
+    try:  # digits only: int() also reads '1_0' (10) and ' 8'
+        return tuple(int(v) if re.fullmatch(r"[+-]?[0-9]+", v) else int("not a number") for v in value.split(","))
     except ValueError:
         raise BadInput(f"{what} '{value}' are not a comma-separated list of integers (e.g. 1,8)") from None
 

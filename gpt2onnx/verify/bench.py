@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from gpt2onnx.artifact.paths import check_output_file
 from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic
 from gpt2onnx.runtimes.base import RuntimeOptions
@@ -146,8 +147,16 @@ def bench(
     runtimes = runtimes or [RuntimeOptions(provider=provider or ProviderConfig())]
     if len({r.name for r in runtimes}) != len(runtimes):
         raise BadInput("a runtime is named twice: give each once")
+    if reference is not None and baseline != "torch":
+        raise BadInput("--reference applies to the torch baseline: add --baseline torch, or drop --reference")
+    inputs = tuple(Path(f) for f in folders) + ((Path(reference),) if reference and Path(reference).exists() else ())
+    if json_path is not None:
+        check_output_file(json_path, option="--json", inputs=inputs)
     if plot is not None:
+        check_output_file(plot, option="--plot", inputs=inputs)
         check_plot_path(plot)  # before minutes of measuring, not after
+        if json_path is not None and Path(plot).resolve() == Path(json_path).resolve():
+            raise BadInput(f"--plot and --json both name '{plot}': give two files")
     results = []
     for folder in folders:
         for runtime in runtimes:
@@ -177,14 +186,16 @@ def _torch_baseline(
 
     from gpt2onnx.artifact.folder import open_folder
     from gpt2onnx.pytorch.reference import reference_model
-    from gpt2onnx.verify.parity import reference_checkpoint
+    from gpt2onnx.verify.parity import check_reference_matches, reference_checkpoint
 
     torch.set_num_threads(provider.threads or os.cpu_count() or 1)
     device = torch_device(provider)
     # On a GPU an fp16 folder is compared with torch in fp16 (fp32 there would flatter us); on the CPU torch
     # stays fp32, its fp16 kernels there are not what anyone would run.
     half = device.startswith("cuda") and results[0].precision == "float16"
-    ckpt = reference_checkpoint(open_folder(folder, verify_files=False), reference)
+    model = open_folder(folder, verify_files=False)
+    ckpt = reference_checkpoint(model, reference)
+    check_reference_matches(model, ckpt)  # the baseline must run the same architecture
     ref = reference_model(ckpt, device=device, dtype=torch.float16 if half else None)
     runs = []
     for batch in config.batches:

@@ -18,7 +18,7 @@ from gpt2onnx.errors import BadInput
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder
+from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder, file_shape
 from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session
 from gpt2onnx.verify.gates import TOLERANCES, apply_gates, tolerances_for
 from gpt2onnx.verify.kv_path import check_kv_path
@@ -215,6 +215,20 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
     return ckpt
 
 
+def check_reference_matches(model: ModelFolder, ckpt: Checkpoint) -> None:
+    """The reference must have the graph's architecture (vocabulary, layers, heads, head size): another one
+    would give figures that mean nothing, or fail deep inside a comparison."""
+    shape = file_shape(model.model_path, model.n_positions)
+    spec = ckpt.spec
+    graph = (shape.vocab_size, shape.n_layer, shape.n_head, shape.head_dim)
+    ours = (spec.vocab_size, spec.n_layer, spec.n_head, spec.n_embd // spec.n_head)
+    if any(g is not None and g != o for g, o in zip(graph, ours)):
+        raise BadInput(
+            f"the reference checkpoint (vocabulary, layers, heads, head size {ours}) does not match the model in"
+            f" '{model.folder}' {graph}: give the checkpoint it was exported from (--reference)"
+        )
+
+
 def parity(
     folder: str | Path,
     *,
@@ -284,11 +298,7 @@ def parity(
             )
         ckpt = reference_checkpoint(model, reference)
         decoder = open_runtime(model, runtime)
-        if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
-            raise BadInput(
-                "the reference checkpoint does not match the exported model (vocabulary or layer count): give the"
-                " right one"
-            )
+        check_reference_matches(model, ckpt)
         if text_ids is not None and text_ids.max() >= ckpt.spec.vocab_size:
             raise BadInput(
                 f"the tokenizer of '{model.folder}' gives token id {int(text_ids.max())}, outside the vocabulary of"

@@ -36,7 +36,11 @@ from gpt2onnx.passes.fusions.gelu import fast_gelu_rule, fast_gelu_with_bias_rul
 from gpt2onnx.passes.fusions.layer_norm import layer_norm_rule
 from gpt2onnx.passes.fusions.shape_anchoring import anchor_shapes
 from gpt2onnx.passes.fusions.shared_kv import share_kv_cache
-from gpt2onnx.passes.fusions.skip_layer_norm import skip_layer_norm_rule, skip_layer_norm_with_bias_rule
+from gpt2onnx.passes.fusions.skip_layer_norm import (
+    layer_norm_before_reshape_rule,
+    skip_layer_norm_rule,
+    skip_layer_norm_with_bias_rule,
+)
 from gpt2onnx.passes.graph_tools import infer_value_info
 
 log = logging.getLogger(__name__)
@@ -59,7 +63,9 @@ ATTENTION = Fusion("attention", (attention_div_rule, attention_split_scale_rule)
 FAST_GELU = Fusion("gelu", (fast_gelu_with_bias_rule, fast_gelu_rule), ((MS, "FastGelu"),))
 STANDARD_GELU = Fusion("gelu", (standard_gelu_rule,), (("", "Gelu"),))
 SKIP_LAYER_NORM = Fusion(
-    "skip_layer_norm", (skip_layer_norm_with_bias_rule, skip_layer_norm_rule), ((MS, "SkipLayerNormalization"),)
+    "skip_layer_norm",
+    (layer_norm_before_reshape_rule, skip_layer_norm_with_bias_rule, skip_layer_norm_rule),
+    ((MS, "SkipLayerNormalization"),),
 )
 # Not a pattern rule: a rewrite of every MultiHeadAttention node at once, after the rules (fuse() runs it).
 SHARED_KV = Fusion("shared_kv", (), ((MS, "GroupQueryAttention"),))

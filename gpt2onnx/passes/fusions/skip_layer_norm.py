@@ -67,5 +67,35 @@ class SkipLayerNorm(pattern.RewriteRuleClassBase):
         return out, total
 
 
+class LayerNormBeforeReshape(pattern.RewriteRuleClassBase):
+    """LayerNormalization(Reshape(x)) → Reshape(LayerNormalization(x)) where the reshape only merges the leading
+    axes (x's last axis is the one normalized, of gamma's length): the same values, since LayerNorm works per
+    row. Our exporter flattens [B, T, C] to [B*T, C] before ln_f (so that onnxruntime's own optimizer can run
+    on the plain export); moved after ln_f, the final residual Add and ln_f fuse like every other pair."""
+
+    def pattern(self, op, x, shape, gamma, beta):
+        flat = op.Reshape(x, shape, _allow_other_attributes=True, _outputs=["flat"])
+        return op.LayerNormalization(flat, gamma, beta, _allow_other_attributes=True, _outputs=["normalized"])
+
+    def check(self, context, x, gamma, normalized, **_):
+        result = pattern.MatchResult()
+        if not _attributes(normalized):
+            return result.fail("LayerNormalization does not normalize the last axis", normalized.producer())
+        width = gamma.shape[0] if gamma.shape is not None and len(gamma.shape) == 1 else None
+        if not isinstance(width, int) or x.shape is None or len(x.shape) < 2 or x.shape[-1] != width:
+            return result.fail("the reshape may change the normalized axis", x)
+        return result
+
+    def rewrite(self, op, x, shape, gamma, beta, normalized, flat, **_):
+        node = normalized.producer()
+        stash = node.attributes.get_int("stash_type", 1)
+        allowzero = flat.producer().attributes.get_int("allowzero", 0)
+        out = op.LayerNormalization(x, gamma, beta, axis=-1, stash_type=stash, **_attributes(normalized))
+        # typed like x (a LayerNorm keeps type and shape): the fp16 pass casts only tensors it has a type for
+        out.type, out.shape = x.type, x.shape
+        return op.Reshape(out, shape, allowzero=allowzero)
+
+
+layer_norm_before_reshape_rule = LayerNormBeforeReshape.rule()
 skip_layer_norm_with_bias_rule = SkipLayerNormWithBias.rule()
 skip_layer_norm_rule = SkipLayerNorm.rule()
