@@ -85,7 +85,21 @@ app = typer.Typer(
 
 
 QuantizeOpt = Annotated[str, typer.Option("--quantize", help="Weights: none, int8 (dynamic) or int4 (block-wise).")]
-BlockSizeOpt = Annotated[int, typer.Option(help="int4: weights per scale (16, 32, 64, 128 or 256).")]
+BlockSizeOpt = Annotated[
+    int, typer.Option(help="Block-wise quantization (int4, 8-bit embeddings): weights per scale (16 to 256).")
+]
+AccuracyLevelOpt = Annotated[
+    Optional[int],
+    typer.Option(help="int4: MatMulNBits arithmetic, 0 (fp32) or 4 (int8 activations) \\[default: the recipe's, 4]."),
+]
+LmHeadOpt = Annotated[
+    Optional[str],
+    typer.Option("--lm-head", help="int8/int4: the logits projection in int4, int8 or fp32 \\[default: the recipe's]."),
+]
+EmbeddingsOpt = Annotated[
+    Optional[str],
+    typer.Option(help="int8/int4: token and position embeddings in int4, int8 or fp32 \\[default: the recipe's]."),
+]
 KeepFp32Opt = Annotated[
     str,
     typer.Option(
@@ -137,6 +151,14 @@ class PrecisionChoice:
     quantize: str
     block_size: int
     gates: dict | None
+    accuracy_level: int | None = None
+    lm_head: str | None = None
+    embeddings: str | None = None
+
+    def quantization(self):
+        from gpt2onnx.passes.precision import QuantizeOptions
+
+        return QuantizeOptions(self.quantize, self.block_size, self.accuracy_level, self.lm_head, self.embeddings)
 
 
 _PRECISION_OPTIONS = (
@@ -144,6 +166,9 @@ _PRECISION_OPTIONS = (
     ("keep_fp32", KeepFp32Opt, "layernorm,softmax,logits"),
     ("quantize", QuantizeOpt, "none"),
     ("block_size", BlockSizeOpt, 32),
+    ("accuracy_level", AccuracyLevelOpt, None),
+    ("lm_head", LmHeadOpt, None),
+    ("embeddings", EmbeddingsOpt, None),
     ("gate", GateOpt, None),
 )
 
@@ -158,6 +183,9 @@ def _make_precision(values: dict) -> PrecisionChoice:
         values["quantize"],
         values["block_size"],
         parse_gates(values["gate"]) or None,
+        values["accuracy_level"],
+        values["lm_head"],
+        values["embeddings"],
     )
 
 
@@ -266,6 +294,9 @@ def export(
         dtype=precision.dtype,
         quantize=precision.quantize,
         block_size=precision.block_size,
+        accuracy_level=precision.accuracy_level,
+        lm_head=precision.lm_head,
+        embeddings=precision.embeddings,
         gates=precision.gates,
         keep_fp32=precision.keep_fp32,
     )
@@ -283,13 +314,23 @@ def export(
         table.add_row("fusion", _fusion_summary(manifest["fusion"]))
     if manifest.get("quantization"):
         q = manifest["quantization"]
-        table.add_row("quantization", q["method"] + (f", block {q['block_size']}" if q.get("block_size") else ""))
+        table.add_row("quantization", _quantization_summary(q))
     if manifest.get("fp16"):
         kept = manifest["fp16"]["kept_fp32"]
         table.add_row("precision", f"float16; fp32 kept for {', '.join(kept) or 'nothing'}")
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
     console.print(table)
     _print_check(manifest["parity"])
+
+
+def _quantization_summary(q: dict) -> str:
+    """int4, block 32, accuracy level 4; lm_head int8, embeddings int4 (manifests before these options: the method)."""
+    text = q["method"] + (f", block {q['block_size']}" if q.get("block_size") else "")
+    if q.get("accuracy_level") is not None:
+        text += f", accuracy level {q['accuracy_level']}"
+    if q.get("lm_head"):
+        text += f"; lm_head {q['lm_head']}, embeddings {q['embeddings']}"
+    return text
 
 
 def _print_check(parity: dict | None) -> None:
@@ -330,7 +371,6 @@ def optimize(
 ) -> None:
     """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and reduce its precision)."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
-    from gpt2onnx.passes.precision import QuantizeOptions
 
     with err_console.status(f"optimizing {source}…"):
         manifest = run_optimize(
@@ -340,7 +380,7 @@ def optimize(
             allow_partial=allow_partial_fusion,
             force=force,
             validate=validate,
-            quantization=QuantizeOptions(precision.quantize, precision.block_size),
+            quantization=precision.quantization(),
             dtype=precision.dtype,
             gates=precision.gates,
             keep_fp32=precision.keep_fp32,
@@ -352,7 +392,10 @@ def optimize(
     for name, info in manifest["files"].items():
         table.add_row(name, _size(info["bytes"]))
     if manifest.get("quantization"):
-        table.add_row("quantization", ", ".join(f"{n} {op}" for op, n in manifest["quantization"]["ops"].items()))
+        q = manifest["quantization"]
+        table.add_row(
+            "quantization", _quantization_summary(q) + "; " + ", ".join(f"{n} {op}" for op, n in q["ops"].items())
+        )
     console.print(table)
     _print_check(manifest["parity"])
 
