@@ -8,6 +8,7 @@ The Python API does what the CLI does, one function per command::
     report = gpt2onnx.parity(result.folder, cases=20)          # a CheckReport
     text = gpt2onnx.generate(result.folder, ids=["464,3290"]).texts
     figures = gpt2onnx.bench([result.folder], baseline="torch")
+    quality = gpt2onnx.eval([result.folder], text="held-out.txt")   # an EvalReport: perplexity, KL, top-1
 
 Errors are subclasses of :class:`Gpt2OnnxError` (:mod:`gpt2onnx.errors`). Importing the package is cheap:
 each name loads its module on first use, and nothing on the run path (inspect, generate, bench without a
@@ -25,6 +26,7 @@ _HOMES = {
     "parity": ("gpt2onnx.verify.parity", "check_parity"),
     "bench": ("gpt2onnx.verify.bench", "benchmark"),
     "deploy": ("gpt2onnx.deploy", "deploy"),
+    "eval": ("gpt2onnx.verify.evaluate", "evaluate"),
     # their options and results
     "ExportOptions": ("gpt2onnx.exporters.export", "ExportOptions"),
     "ExportResult": ("gpt2onnx.exporters.export", "ExportResult"),
@@ -35,6 +37,8 @@ _HOMES = {
     "TextGeneration": ("gpt2onnx.runtimes.generate", "TextGeneration"),
     "BenchConfig": ("gpt2onnx.runtimes.timing", "BenchConfig"),
     "CheckReport": ("gpt2onnx.artifact.report", "CheckReport"),
+    "EvalGates": ("gpt2onnx.verify.evaluate", "EvalGates"),
+    "EvalReport": ("gpt2onnx.verify.evaluate", "EvalReport"),
     # lower level: a folder, a decoder on it, the decode loop, a checkpoint
     "open_folder": ("gpt2onnx.artifact.folder", "open_folder"),
     "open_decoder": ("gpt2onnx.runtimes.decoder", "open_decoder"),

@@ -192,6 +192,44 @@ def _make_precision(values: dict) -> PrecisionChoice:
 precision_options = shared_options(_PRECISION_OPTIONS, _make_precision, "precision")
 
 
+@dataclass(frozen=True)
+class EvalChoice:
+    """What export and optimize share with eval: a text to check the new folder on, and the gates on it."""
+
+    text: str | None
+    max_ppl_increase: float | None
+    max_kl: float | None
+
+
+MaxPplOpt = Annotated[
+    Optional[float], typer.Option(help="Gate: the most a perplexity may exceed the reference's, in percent.")
+]
+MaxKlOpt = Annotated[Optional[float], typer.Option(help="Gate: the largest mean KL divergence from the reference.")]
+_EVAL_OPTIONS = (
+    (
+        "eval_text",
+        Annotated[
+            Optional[Path],
+            typer.Option(
+                help="Before writing, evaluate the new folder on this text file (as gpt2onnx eval does) and apply"
+                " --max-ppl-increase / --max-kl; a failed gate writes nothing."
+            ),
+        ],
+        None,
+    ),
+    ("max_ppl_increase", MaxPplOpt, None),
+    ("max_kl", MaxKlOpt, None),
+)
+
+
+def _make_eval(values: dict) -> EvalChoice:
+    text = values["eval_text"]
+    return EvalChoice(str(text) if text is not None else None, values["max_ppl_increase"], values["max_kl"])
+
+
+eval_options = shared_options(_EVAL_OPTIONS, _make_eval, "quality")
+
+
 def _version(value: bool) -> None:
     if value:
         console.print(f"gpt2onnx {__version__}")
@@ -227,6 +265,7 @@ def _size(n: int | None) -> str:
 
 @app.command()
 @precision_options
+@eval_options
 def export(
     model: Annotated[
         str,
@@ -275,6 +314,7 @@ def export(
         bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
     ] = False,
     precision: PrecisionChoice = None,
+    quality: EvalChoice = None,
 ) -> None:
     """Export a GPT-2 checkpoint to an ONNX decoder with past key/values, validated against PyTorch."""
     from gpt2onnx.exporters.export import ExportOptions
@@ -299,6 +339,9 @@ def export(
         embeddings=precision.embeddings,
         gates=precision.gates,
         keep_fp32=precision.keep_fp32,
+        eval_text=quality.text,
+        max_ppl_increase=quality.max_ppl_increase,
+        max_kl=quality.max_kl,
     )
     with err_console.status(f"exporting {model}…"):
         result = run_export(
@@ -320,7 +363,7 @@ def export(
         table.add_row("precision", f"float16; fp32 kept for {', '.join(kept) or 'nothing'}")
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
     console.print(table)
-    _print_check(manifest["parity"])
+    _print_check(manifest["parity"], manifest.get("eval"))
 
 
 def _quantization_summary(q: dict) -> str:
@@ -333,7 +376,7 @@ def _quantization_summary(q: dict) -> str:
     return text
 
 
-def _print_check(parity: dict | None) -> None:
+def _print_check(parity: dict | None, quality: dict | None = None) -> None:
     """The check a folder passed before it was written, on one line of its own (never cut by a table)."""
     from gpt2onnx.artifact.report import CheckReport
 
@@ -344,6 +387,17 @@ def _print_check(parity: dict | None) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    for row in (quality or {}).get("rows", []):
+        p = quality["protocol"]
+        console.print(
+            f"real text: PPL {row['ppl']:.6g} against {p['reference']}'s {quality['reference']['ppl']:.6g}"
+            f" (ΔPPL {row['delta_ppl_percent']:+.3f} %), mean KL {row['kl']['mean']:.3g}, same top-1"
+            f" {100 * row['same_top1']:.2f} % on {p['scored_tokens']:,} tokens (context {p['context']}, stride"
+            f" {p['stride']})" + (" — pass" if row.get("check") else ""),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _fusion_summary(report: dict) -> str:
@@ -353,6 +407,7 @@ def _fusion_summary(report: dict) -> str:
 
 @app.command()
 @precision_options
+@eval_options
 def optimize(
     source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
@@ -368,9 +423,11 @@ def optimize(
     validate: Annotated[bool, typer.Option(help="Check the fused graph against its source before writing.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
     precision: PrecisionChoice = None,
+    quality: EvalChoice = None,
 ) -> None:
     """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and reduce its precision)."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
+    from gpt2onnx.verify.evaluate import EvalGates
 
     with err_console.status(f"optimizing {source}…"):
         manifest = run_optimize(
@@ -384,6 +441,8 @@ def optimize(
             dtype=precision.dtype,
             gates=precision.gates,
             keep_fp32=precision.keep_fp32,
+            eval_text=quality.text,
+            eval_gates=EvalGates(max_ppl_increase=quality.max_ppl_increase, max_kl=quality.max_kl),
         )
     table = Table(title=f"{source} → {out}", show_header=False)
     table.add_row("fusion", _fusion_summary(manifest["fusion"]))
@@ -397,7 +456,7 @@ def optimize(
             "quantization", _quantization_summary(q) + "; " + ", ".join(f"{n} {op}" for op, n in q["ops"].items())
         )
     console.print(table)
-    _print_check(manifest["parity"])
+    _print_check(manifest["parity"], manifest.get("eval"))
 
 
 @app.command()
@@ -627,6 +686,12 @@ def parity(
             " most fp16 nodes in fp32, which hides overflow).",
         ),
     ] = False,
+    text: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--text", help="Take the prompts from this UTF-8 text file (the folder's tokenizer) instead of random ids."
+        ),
+    ] = None,
     options: RunOptions = None,
 ) -> None:
     """Check an exported model against PyTorch on randomized cases; exit 1 if a gate fails."""
@@ -650,6 +715,7 @@ def parity(
             gates=gates,
             emulate_fp16=emulate_fp16,
             verify_files=options.verify_files,
+            text=text,
         )
     worst = sorted(report.cases, key=lambda r: -r["logits"]["max"])[:10]
     table = Table(
@@ -691,6 +757,7 @@ def parity(
         f"min {t['tokens_before_divergence']['min']}, mean {t['tokens_before_divergence']['mean']:.1f}",
     )
     summary.add_row("NaN/Inf", str(t["nonfinite"]))
+    summary.add_row("prompts", t["prompts"])
     summary.add_row("greedy tokens equal", f"{t['tokens_equal_cases']} of {t['cases']} cases")
     summary.add_row(
         "verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + escape("; ".join(report.failures))
@@ -818,3 +885,114 @@ def bench(
             console.print(f"batch {run['batch']}: {run['extra']['note']}", highlight=False)
     if plot:
         console.print(f"plot written to {plot}")
+
+
+# -- eval: quality on real text ---------------------------------------------------------------------------------
+@app.command("eval")
+@run_options
+def eval_command(
+    folders: Annotated[list[Path], typer.Argument(help="Exported folders, evaluated side by side on the same tokens.")],
+    text: Annotated[Optional[Path], typer.Option("--text", help="A UTF-8 text file to evaluate on.")] = None,
+    dataset: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Or a datasets split NAME[:CONFIG[:SPLIT]] (split default test), e.g. wikitext:wikitext-2-raw-v1;"
+            " needs the network or the Hugging Face cache, and pip install 'gpt2onnx[eval]'."
+        ),
+    ] = None,
+    context: Annotated[
+        Optional[int], typer.Option(help="Tokens per window \\[default: the models' position count].")
+    ] = None,
+    stride: Annotated[
+        Optional[int], typer.Option(help="Tokens between window starts \\[default: context / 2].")
+    ] = None,
+    reference: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Compare with this checkpoint (folder or Hub id) or exported folder \\[default: PyTorch fp32 from"
+            " the manifest's source]."
+        ),
+    ] = None,
+    max_ppl_increase: MaxPplOpt = None,
+    max_kl: MaxKlOpt = None,
+    greedy_tokens: Annotated[
+        int, typer.Option(help="New tokens of the greedy comparison, from the text's first 32 tokens (0: none).")
+    ] = 64,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
+    runtime: RuntimeOpt = "onnxruntime",
+    options: RunOptions = None,
+) -> None:
+    """Perplexity on real text (sliding windows), and KL, top-1 and greedy agreement against a reference."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from gpt2onnx.errors import CheckFailed
+    from gpt2onnx.files import write_json_atomic
+    from gpt2onnx.verify.evaluate import EvalGates, evaluate
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        task = progress.add_task("windows", total=None)
+        report = evaluate(
+            folders,
+            text=text,
+            dataset=dataset,
+            context=context,
+            stride=stride,
+            reference=reference,
+            runtime=_runtime(runtime, options),
+            gates=EvalGates(max_ppl_increase=max_ppl_increase, max_kl=max_kl),
+            greedy_tokens=greedy_tokens,
+            verify_files=options.verify_files,
+            on_window=lambda done, total: progress.update(task, completed=done, total=total),
+        )
+    p = report.protocol
+    source = p["text"].get("file") or ":".join(
+        filter(None, (p["text"].get("dataset"), p["text"].get("config"), p["text"].get("split")))
+    )
+    console.print(
+        f"{p['method']}: {p['scored_tokens']:,} scored tokens of {source} ({p['tokens']:,} tokens), context"
+        f" {p['context']}, stride {p['stride']}, {p['windows']} windows; against {p['reference']}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    short = {"float32": "fp32", "float16": "fp16"}
+    ref, rows = report.reference, report.rows
+    # one column per model, so that several folders fit a terminal
+    table = Table(title=f"greedy: {p['greedy']['prompt_tokens']} prompt tokens from the text's start")
+    table.add_column("")
+    table.add_column("reference", justify="right")
+    for r in rows:
+        table.add_column(escape(Path(r.label).name), justify="right")
+
+    def greedy(r) -> str:
+        if not r.greedy:
+            return "-"
+        if r.greedy["first_divergence"] is None:
+            return f"same {r.greedy['new_tokens']} tokens"
+        return f"differs at token {r.greedy['first_divergence']}"
+
+    figures = [
+        ("precision", short.get(ref.precision, ref.precision), lambda r: short.get(r.precision, r.precision)),
+        (
+            "runtime",
+            ref.runtime,
+            lambda r: f"{r.runtime}/{r.provider}" + (", token by token" if r.token_by_token else ""),
+        ),
+        ("PPL ± se", f"{ref.ppl:.6g} ± {ref.ppl_stderr:.2g}", lambda r: f"{r.ppl:.6g} ± {r.ppl_stderr:.2g}"),
+        ("ΔPPL % ± se", "", lambda r: f"{r.delta_ppl_percent:+.3f} ± {r.delta_ppl_stderr:.2g}"),
+        ("mean KL ± se", "", lambda r: f"{r.kl['mean']:.3g} ± {r.kl['stderr']:.2g}"),
+        ("KL p99 / max", "", lambda r: f"{r.kl['p99']:.2g} / {r.kl['max']:.2g}"),
+        ("same top-1", "", lambda r: f"{100 * r.same_top1:.2f} %"),
+        ("RMS Δp", "", lambda r: f"{r.rms_dp:.3g}"),
+        ("greedy", "", greedy),
+        ("verdict", "", lambda r: "-" if r.check is None else "[green]pass[/]" if r.check.passed else "[red]FAIL[/]"),
+    ]
+    for name, ref_value, value in figures:
+        table.add_row(name, ref_value, *(value(r) for r in rows))
+    console.print(table)
+    if json_path:
+        write_json_atomic(json_path, report.as_dict())
+    if not report.passed:
+        failing = next(r.check for r in report.rows if r.check and r.check.failures)
+        raise CheckFailed("eval gate failed: " + "; ".join(report.failures), failing)

@@ -34,6 +34,8 @@ class CheckReport:
             parts.append(f"max |Δlogits| {m['logits']['max']:.2e}")
         if "present" in m:
             parts.append(f"max |Δpresent| {m['present']['max']:.2e}")
+        if "delta_ppl_percent" in m:
+            parts.append(f"ΔPPL {m['delta_ppl_percent']:+.2f} %")
         if "kl" in m and "kl_mean" in self.gates:
             parts.append(f"mean KL {m['kl']['mean']:.2e}")
         if "top5_agreement" in m and "top5" in self.gates:

@@ -16,6 +16,7 @@ from gpt2onnx.artifact.folder import (
     CONFIG_FILE,
     GENERATION_CONFIG_FILE,
     MODEL_FILE,
+    TOKENIZER_FILES,
     check_output,
     copy_regular_file,
     staged_folder,
@@ -28,6 +29,7 @@ from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_m
 from gpt2onnx.passes.pipeline import GraphPasses
 from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
+from gpt2onnx.verify.evaluate import EvalGates, check_eval_options, evaluate_written
 from gpt2onnx.verify.gates import tolerances_for
 from gpt2onnx.verify.parity import validate_export
 
@@ -56,6 +58,12 @@ class ExportOptions:
     embeddings: str | None = None  # int8/int4: the embeddings' precision (int4, int8, fp32); None: the recipe's
     gates: dict | None = None  # overrides of the precision's default gates (gpt2onnx.verify.gates.TOLERANCES)
     keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
+    eval_text: str | None = None  # a text file: perplexity, KL against PyTorch before writing (verify.evaluate)
+    max_ppl_increase: float | None = None  # with eval_text: the most ΔPPL (percent) accepted
+    max_kl: float | None = None  # with eval_text: the most mean KL accepted
+
+    def eval_gates(self) -> EvalGates:
+        return EvalGates(max_ppl_increase=self.max_ppl_increase, max_kl=self.max_kl)
 
     def passes(self) -> GraphPasses:
         return GraphPasses(
@@ -96,6 +104,9 @@ class ExportOptions:
                 "tolerance and gates apply only when the export is validated: drop them, or drop --no-validate"
             )
         tolerances_for(precision, self.gates)  # each gate in its range
+        check_eval_options(self.eval_text, self.eval_gates())
+        if self.eval_text is not None and self.block is not None:
+            raise BadInput("eval_text (--eval-text) evaluates a whole decoder, not a single block: drop one of them")
         return self
 
 
@@ -168,15 +179,20 @@ def export(
     timings["load_seconds"] = time.perf_counter() - start
     if options.block is not None and not 0 <= options.block < ckpt.spec.n_layer:
         raise BadInput(f"block {options.block} is out of range: this model has blocks 0 to {ckpt.spec.n_layer - 1}")
+    if options.eval_text is not None and not set(ckpt.companion_files) & set(TOKENIZER_FILES):
+        raise BadInput(
+            f"eval_text (--eval-text) needs the model's tokenizer, but '{model}' has no tokenizer files"
+            " (tokenizer.json, or vocab.json and merges.txt): add them to the checkpoint folder, or drop --eval-text"
+        )
     target = Path(out) if out is not None else default_output(ckpt.name, options)
     protect += (ckpt.companion_dir,) if ckpt.companion_dir is not None else ()
     with staged_folder(target, force=options.force, protect=protect) as staging:
-        manifest, check = _export_into(staging, ckpt, options, timings)
+        manifest, check = _export_into(staging, ckpt, options, timings, label=str(target))
     log.info("exported %s to %s", ckpt.name, target)
     return ExportResult(target, manifest, check, timings)
 
 
-def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
+def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float], *, label: str):
     from gpt2onnx.pytorch.model import BlockForExport, GPT2ForExport
 
     spec, dtype, passes = ckpt.spec, check_dtype(options.dtype), options.passes()
@@ -221,6 +237,24 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         if not check.passed:
             raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
     _write_companions(folder, ckpt)
+    quality = None
+    if options.eval_text is not None:
+        start = time.perf_counter()
+        quality = evaluate_written(
+            folder,
+            reference=ckpt,
+            text=options.eval_text,
+            gates=options.eval_gates(),
+            against=f"PyTorch fp32 ({ckpt.name})",
+            label=label,
+        )
+        timings["eval_seconds"] = time.perf_counter() - start
+        log.info("quality on real text: %s", quality.summary())
+        if not quality.passed:
+            failing = next(r.check for r in quality.rows if r.check and r.check.failures)
+            raise CheckFailed(
+                f"quality on real text failed: {'; '.join(quality.failures)}; nothing was written", failing
+            )
     manifest = {
         "kind": kind,
         "name": ckpt.name,
@@ -232,6 +266,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         "options": {**asdict(options), "external_data": len(model_files) > 1},
         **reports,
         "parity": check.as_dict() if check else None,
+        "eval": quality.as_dict() if quality else None,
         "timings": timings,
     }
     return write_manifest(folder, manifest), check

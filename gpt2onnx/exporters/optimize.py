@@ -13,9 +13,12 @@ from gpt2onnx.artifact.folder import (
     COMPANION_FILES,
     CONFIG_FILE,
     MODEL_FILE,
+    TOKENIZER_FILES,
+    ModelFolder,
     check_output,
     copy_regular_file,
     read_manifest,
+    read_n_positions,
     staged_folder,
     write_manifest,
 )
@@ -23,8 +26,9 @@ from gpt2onnx.artifact.graph import external_data_files, graph_summary, load_gra
 from gpt2onnx.errors import BadInput, CheckFailed, ContractError
 from gpt2onnx.passes.pipeline import GraphPasses
 from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions
+from gpt2onnx.verify.evaluate import EvalGates, check_eval_options, evaluate_written
 from gpt2onnx.verify.gates import tolerances_for
-from gpt2onnx.verify.parity import validate_against_source
+from gpt2onnx.verify.parity import SOURCE_ONNX, validate_against_source
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,8 @@ def optimize(
     dtype: str = "fp32",
     gates: dict | None = None,
     keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS,
+    eval_text: str | Path | None = None,
+    eval_gates: EvalGates = EvalGates(),
 ) -> dict:
     """Rewrite an exported decoder (gpt2onnx's or optimum's) with a fusion profile and a precision, checked against
     the graph it came from before the new folder is written.
@@ -55,6 +61,8 @@ def optimize(
         validate: compare with the source (fp32: max |Δlogits| within ``tolerance``; otherwise the gates).
         quantization, dtype, keep_fp32: weight quantization, fp16 and what fp16 keeps in fp32.
         gates: overrides of the precision's default gates.
+        eval_text: a text file: the new graph's perplexity, KL and top-1 against the source graph on it
+            (:mod:`gpt2onnx.verify.evaluate`), gated by ``eval_gates`` (ΔPPL percent, mean KL) before writing.
 
     Returns:
         The new folder's manifest (its "parity" entry is the CheckReport as a dict).
@@ -70,7 +78,13 @@ def optimize(
             "nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a precision"
         )
     tolerances_for(passes.precision, {"logits": tolerance} if passes.precision == "float32" else gates)
+    check_eval_options(eval_text, eval_gates)
     model_path = resolve_model_path(Path(source))
+    if eval_text is not None and not any((model_path.parent / name).is_file() for name in TOKENIZER_FILES):
+        raise BadInput(
+            f"eval_text (--eval-text) needs the model's tokenizer, but '{model_path.parent}' has no tokenizer files"
+            " (tokenizer.json, or vocab.json and merges.txt): copy them into the source folder, or drop --eval-text"
+        )
     graph = load_graph(model_path)  # a clear error for a file that is not ONNX, before the weights are read
     missing = [name for name in external_data_files(graph) if not (model_path.parent / name).is_file()]
     if missing:
@@ -101,6 +115,19 @@ def optimize(
             if not check.passed:
                 raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
         previous = read_manifest(model_path.parent) or {}
+        quality = None
+        if eval_text is not None:
+            start = time.perf_counter()
+            reference = ModelFolder(model_path.parent, model_path, previous or None, read_n_positions(folder))
+            quality = evaluate_written(
+                folder, reference=reference, text=eval_text, gates=eval_gates, against=SOURCE_ONNX, label=str(out)
+            )
+            timings["eval_seconds"] = time.perf_counter() - start
+            if not quality.passed:
+                failing = next(r.check for r in quality.rows if r.check and r.check.failures)
+                raise CheckFailed(
+                    f"quality on real text failed: {'; '.join(quality.failures)}; nothing was written", failing
+                )
         manifest = {
             "kind": "decoder",
             "name": previous.get("name", model_path.parent.name),
@@ -118,6 +145,7 @@ def optimize(
             },
             **reports,
             "parity": check.as_dict() if check else None,
+            "eval": quality.as_dict() if quality else None,
             "timings": timings,
         }
         return write_manifest(folder, manifest)

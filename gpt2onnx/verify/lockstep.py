@@ -111,11 +111,16 @@ def random_cases(count: int, *, seed: int, n_positions: int, max_batch: int = 8)
     return cases
 
 
-def _case_batch(case: Case, vocab_size: int):
-    """ids and mask of prefix + prompt, each row left-padded differently (row 0 unpadded)."""
+def _case_batch(case: Case, vocab_size: int, text_ids: np.ndarray | None = None):
+    """ids and mask of prefix + prompt, each row left-padded differently (row 0 unpadded). The ids are random,
+    or with ``text_ids`` (a tokenized text) each row is a stretch of that text from a seeded offset."""
     total = case.prefix_length + case.prompt_length
     rng = np.random.default_rng(case.seed)
-    ids = rng.integers(0, vocab_size, size=(case.batch, total), dtype=np.int64)
+    if text_ids is None:
+        ids = rng.integers(0, vocab_size, size=(case.batch, total), dtype=np.int64)
+    else:
+        starts = rng.integers(0, len(text_ids) - total + 1, size=case.batch)
+        ids = np.stack([text_ids[s : s + total] for s in starts]).astype(np.int64)
     mask = np.ones_like(ids)
     for row in range(1, case.batch):
         pad = int(rng.integers(0, total))  # at least one real token per row
@@ -178,8 +183,10 @@ def _kv_diffs(step: _Step):
         yield ours, abs_diff(ours, theirs)[np.broadcast_to(step.real_keys, ours.shape)]
 
 
-def run_case(decoder: OnnxDecoder, reference, case: Case, *, vocab_size: int) -> CaseResult:
-    ids, mask = _case_batch(case, vocab_size)
+def run_case(
+    decoder: OnnxDecoder, reference, case: Case, *, vocab_size: int, text_ids: np.ndarray | None = None
+) -> CaseResult:
+    ids, mask = _case_batch(case, vocab_size, text_ids)
     rng = np.random.default_rng(case.seed + 1)
     logit_diffs, present_diffs = Diffs(rng), Diffs(rng)
     agree = top5 = compared = nonfinite = 0
@@ -216,12 +223,12 @@ def run_case(decoder: OnnxDecoder, reference, case: Case, *, vocab_size: int) ->
     )
 
 
-def run_loop_case(runner, reference, case: Case, *, vocab_size: int) -> CaseResult:
+def run_loop_case(runner, reference, case: Case, *, vocab_size: int, text_ids: np.ndarray | None = None) -> CaseResult:
     """A case on a runtime that owns its loop (genai): one row, the prefix run as part of the prompt (the loop
     starts from an empty cache). The reference's greedy tokens are forced into the loop one step at a time, so
     the logits of the prompt and of every decode step are compared; then both run free greedy generation.
     No presents are exposed: the case has logits, KL, top-k and tokens only."""
-    ids, mask = _case_batch(case, vocab_size)
+    ids, mask = _case_batch(case, vocab_size, text_ids)
     ids, mask = ids[:1], mask[:1]  # row 0 is unpadded
     ref_steps, forced, ref_past, step_ids, step_mask = [], [], None, ids, mask
     for step in range(case.decode_steps + 1):

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from gpt2onnx.artifact.folder import ModelFolder, open_folder, read_n_positions
@@ -224,6 +225,7 @@ def check_parity(
     gates: dict[str, float] | None = None,
     emulate_fp16: bool = False,
     verify_files: bool = True,
+    text: str | Path | None = None,
 ) -> CheckReport:
     """Randomized cases of an exported folder against the PyTorch reference rebuilt from its manifest.
 
@@ -240,6 +242,8 @@ def check_parity(
         gates: overrides of the precision's default gates (see :data:`gpt2onnx.verify.gates.TOLERANCES`).
         emulate_fp16: run an fp16 model with fp16 arithmetic as a GPU does it, on the cpu provider.
         verify_files: check the model files against the manifest's sha256 first.
+        text: a UTF-8 text file: the prompts are stretches of it, tokenized by the folder's tokenizer, at seeded
+            offsets (instead of random token ids); the cases are otherwise the same.
 
     Returns:
         CheckReport with the totals, the failures (empty when it passed) and every case.
@@ -255,6 +259,7 @@ def check_parity(
     if not 1 <= max_batch <= 64:
         raise BadInput(f"max batch must be 1 to 64, got {max_batch}")
     model = open_folder(folder, verify_files=verify_files)
+    text_ids = prompt_text_ids(model, text) if text is not None else None
     tolerances = tolerances_for(model.precision, gates)
     runtime = (runtime or RuntimeOptions(provider=provider or ProviderConfig())).check()
     provider = runtime.provider
@@ -278,21 +283,54 @@ def check_parity(
             raise BadInput(
                 "the reference checkpoint does not match the exported model (vocabulary or layer count): give the right one"
             )
+        if text_ids is not None and text_ids.max() >= ckpt.spec.vocab_size:
+            raise BadInput(
+                f"the tokenizer of '{model.folder}' gives token id {int(text_ids.max())}, outside the vocabulary of"
+                f" {ckpt.spec.vocab_size}: the tokenizer files do not belong to this model"
+            )
         torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
         ref = reference_model(ckpt)
         run = run_loop_case if hasattr(decoder, "run_loop") else run_case
         results = []
         try:
             for case in random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch):
-                results.append(run(decoder, ref, case, vocab_size=ckpt.spec.vocab_size))
+                results.append(run(decoder, ref, case, vocab_size=ckpt.spec.vocab_size, text_ids=text_ids))
                 if on_case is not None:
                     on_case(results[-1])
         finally:
             getattr(decoder, "close", lambda: None)()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
-    return gate_report(
+    report = gate_report(
         results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
     )
+    report.measured["prompts"] = "random token ids" if text is None else f"text '{text}' ({len(text_ids):,} tokens)"
+    return report
+
+
+MAX_TEXT_TOKENS = 1 << 20  # parity's prompts come from at most this many tokens of the text's start
+PARITY_TEXT_TOKENS = 96  # the longest prefix + prompt of a case (random_cases' budget)
+
+
+def prompt_text_ids(model: ModelFolder, text: str | Path) -> np.ndarray:
+    """The first tokens of a text file through the folder's tokenizer, for parity's prompts."""
+    from gpt2onnx.runtimes.prompts import load_tokenizer
+    from gpt2onnx.runtimes.text import TextSource, token_pieces
+
+    source = TextSource(Path(text)).check()
+    tokenizer = load_tokenizer(model.folder)
+    pieces, count = [], 0
+    for piece in token_pieces(tokenizer, source):
+        pieces.append(piece)
+        count += len(piece)
+        if count >= MAX_TEXT_TOKENS:
+            break
+    ids = np.concatenate(pieces)[:MAX_TEXT_TOKENS] if pieces else np.zeros(0, np.int64)
+    needed = min(PARITY_TEXT_TOKENS, model.n_positions)
+    if len(ids) < needed:
+        raise BadInput(
+            f"text '{text}' has {len(ids)} tokens: parity's prompts need at least {needed}; give a longer text"
+        )
+    return ids
 
 
 __all__ = ["TOLERANCES", "check_parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]

@@ -1,0 +1,652 @@
+"""``gpt2onnx eval``: quality on real text, for several folders side by side against one reference.
+
+The protocol, stated in every report (``EvalReport.protocol``):
+
+- Perplexity by the sliding-window protocol of transformers' perplexity guide ("Perplexity of fixed-length
+  models"): windows of ``context`` tokens (default: the models' position count) every ``stride`` tokens
+  (default: half the context), each window scoring only the tokens after the previous window's end, so every
+  token but the text's first is scored once, from up to ``context - 1`` tokens before it. The NLL is summed
+  per scored token (the guide weights each window's mean loss by its valid labels minus one for the shift,
+  which is exact for the first window and one token short for the others). The same tokens, tokenized once,
+  are scored for every folder and for the reference. The standard error of the perplexity is PPL × the
+  standard error of the mean NLL (tokens taken as independent), as llama.cpp's ``llama-perplexity`` reports.
+- Against the reference (PyTorch fp32 rebuilt from the manifest's source, or ``reference``), on every scored
+  token, llama.cpp's statistics: ΔPPL % (from the mean paired NLL difference, with its standard error), mean
+  KL(reference ‖ folder) with its standard error, 99th percentile (from a log-spaced histogram, 2.3 %
+  resolution, so memory stays flat) and maximum, the share of tokens whose top-1 token is the same, and the
+  RMS of the change in the probability of the correct token. Then greedy continuation of the text's first
+  tokens on both sides, and the first new token where they differ.
+- Everything is streamed window by window: one window's logits per model at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from gpt2onnx.artifact.folder import TOKENIZER_FILES, ModelFolder, open_folder
+from gpt2onnx.artifact.report import CheckReport
+from gpt2onnx.errors import BadInput
+from gpt2onnx.files import sha256_file
+from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
+from gpt2onnx.pytorch.reference import reference_model, reference_step
+from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.decoder import position_ids_for
+from gpt2onnx.runtimes.generate import generate
+from gpt2onnx.runtimes.prompts import load_tokenizer
+from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.runtimes.text import (
+    TextSource,
+    Window,
+    graph_logits_last,
+    sliding_windows,
+    summarize_text,
+    token_pieces,
+    window_count,
+    window_logits,
+)
+from gpt2onnx.verify.lockstep import reference_greedy
+from gpt2onnx.verify.metrics import tokens_before_divergence
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "sliding window (transformers' perplexity guide)"
+GREEDY_PROMPT = 32  # tokens of the text's start that prompt the greedy comparison
+MAX_GREEDY_TOKENS = 1024
+_ROWS = 64  # positions per chunk of the statistics (float64 over the vocabulary)
+_KL_DECADES = (-16, 4)  # histogram range of KL values (log10); below lands in the first bin
+_KL_PER_DECADE = 100
+_KL_BINS = (_KL_DECADES[1] - _KL_DECADES[0]) * _KL_PER_DECADE
+
+
+@dataclass(frozen=True)
+class EvalGates:
+    """Thresholds on the figures against the reference: the most ΔPPL (percent) and mean KL accepted."""
+
+    max_ppl_increase: float | None = None
+    max_kl: float | None = None
+
+    def check(self) -> "EvalGates":
+        for name, value in (("max_ppl_increase", self.max_ppl_increase), ("max_kl", self.max_kl)):
+            if value is not None and not (
+                isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+            ):
+                raise BadInput(f"{name.replace('_', '-')} must be a number ≥ 0, got {value!r}")
+        return self
+
+    @property
+    def active(self) -> bool:
+        return self.max_ppl_increase is not None or self.max_kl is not None
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
+class EvalRow:
+    """One folder's figures (the reference's own row has only the perplexity)."""
+
+    label: str  # the folder
+    precision: str
+    runtime: str
+    provider: str
+    tokens: int  # scored tokens
+    ppl: float
+    ppl_stderr: float
+    nll_mean: float
+    delta_ppl_percent: float | None = None  # (PPL / PPL_ref - 1) × 100, from the mean paired NLL difference
+    delta_ppl_stderr: float | None = None  # in percentage points
+    kl: dict = field(default_factory=dict)  # KL(reference ‖ this) per token: mean, stderr, p99, max
+    same_top1: float | None = None  # share of scored tokens with the reference's top-1 token
+    rms_dp: float | None = None  # RMS of p(correct token) − p_ref(correct token)
+    mean_dp: float | None = None
+    nonfinite: int = 0  # positions with a NaN or Inf figure
+    greedy: dict = field(default_factory=dict)  # prompt_tokens, new_tokens, matching_tokens, first_divergence
+    token_by_token: bool = False  # a --logits last graph, run one token per step
+    seconds: float = 0.0  # time spent computing this model's logits
+    check: CheckReport | None = None  # the gates, when given
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["check"] = self.check.as_dict() if self.check else None
+        return data
+
+
+@dataclass
+class EvalReport:
+    """What :func:`evaluate` returns: the protocol, the reference's perplexity, one row per folder."""
+
+    protocol: dict
+    reference: EvalRow
+    rows: list[EvalRow]
+
+    @property
+    def failures(self) -> list[str]:
+        return [f for row in self.rows if row.check for f in row.check.failures]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def as_dict(self) -> dict:
+        return {
+            "protocol": self.protocol,
+            "reference": self.reference.as_dict(),
+            "rows": [r.as_dict() for r in self.rows],
+            "failures": self.failures,
+            "passed": self.passed,
+        }
+
+    def summary(self) -> str:
+        """One line per folder is too long for a manifest summary: the verdict and the worst figures."""
+        parts = [
+            f"{r.label}: PPL {r.ppl:.4g} ({r.delta_ppl_percent:+.2f} %), mean KL {r.kl['mean']:.2e}, "
+            f"top-1 {100 * r.same_top1:.1f} %"
+            for r in self.rows
+        ]
+        verdict = "pass" if self.passed else "FAIL: " + "; ".join(self.failures)
+        return (
+            f"on {self.protocol['scored_tokens']:,} tokens of real text against {self.reference.label} "
+            f"(PPL {self.reference.ppl:.4g}): {'; '.join(parts)} — {verdict}"
+        )
+
+
+# -- accumulating the figures, chunk by chunk --------------------------------------------------------------
+def _softmax(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the logits in float64, the probabilities, the log-sum-exp per row): float64, so that the KL of an fp32
+    graph (about 1e-13) is not lost in rounding."""
+    x = logits.astype(np.float64)
+    top = x.max(-1, keepdims=True)
+    e = np.exp(x - top)
+    total = e.sum(-1, keepdims=True)
+    e /= total
+    return x, e, (top + np.log(total))[:, 0]
+
+
+def _log_sum_exp(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = logits.astype(np.float64)
+    top = x.max(-1, keepdims=True)
+    return x, (top + np.log(np.exp(x - top).sum(-1, keepdims=True)))[:, 0]
+
+
+class _Tally:
+    """Running sums over scored tokens (nothing per token is kept)."""
+
+    def __init__(self):
+        self.n = self.top1 = self.nonfinite = 0
+        self.nll = self.nll_sq = self.diff = self.diff_sq = 0.0
+        self.kl = self.kl_sq = self.kl_max = self.dp = self.dp_sq = 0.0
+        self.kl_hist = np.zeros(_KL_BINS, np.int64)
+
+    def add_nll(self, nll: np.ndarray) -> None:
+        self.n += nll.size
+        self.nll += float(nll.sum())
+        self.nll_sq += float((nll**2).sum())
+
+    def add_comparison(self, nll, ref_nll, kl, top1, dp) -> None:
+        self.add_nll(nll)
+        bad = ~(np.isfinite(nll) & np.isfinite(kl))
+        self.nonfinite += int(bad.sum())
+        diff = nll - ref_nll
+        self.diff += float(diff.sum())
+        self.diff_sq += float((diff**2).sum())
+        self.kl += float(kl.sum())
+        self.kl_sq += float((kl**2).sum())
+        self.kl_max = max(self.kl_max, float(kl.max())) if not np.isnan(kl).any() else math.nan
+        finite = kl[np.isfinite(kl)]
+        index = (np.log10(np.maximum(finite, 1e-300)) - _KL_DECADES[0]) * _KL_PER_DECADE
+        np.add.at(self.kl_hist, np.clip(np.floor(index), 0, _KL_BINS - 1).astype(np.int64), 1)
+        self.kl_hist[-1] += int((kl == np.inf).sum())
+        self.top1 += int(top1.sum())
+        self.dp += float(dp.sum())
+        self.dp_sq += float((dp**2).sum())
+
+    @staticmethod
+    def _mean_stderr(total: float, squares: float, n: int) -> tuple[float, float]:
+        mean = total / n
+        variance = max(squares / n - mean * mean, 0.0) * n / max(n - 1, 1)
+        return mean, math.sqrt(variance / n)
+
+    def perplexity(self) -> tuple[float, float, float]:
+        """(PPL, its standard error, the mean NLL)."""
+        mean, stderr = self._mean_stderr(self.nll, self.nll_sq, self.n)
+        ppl = math.exp(mean) if mean < 700 else math.inf
+        return ppl, ppl * stderr, mean
+
+    def kl_p99(self) -> float:
+        if self.kl_hist.sum() == 0:
+            return math.nan
+        bin_ = int(np.searchsorted(np.cumsum(self.kl_hist), math.ceil(0.99 * self.kl_hist.sum())))
+        upper = 10 ** (_KL_DECADES[0] + (bin_ + 1) / _KL_PER_DECADE)
+        return min(upper, self.kl_max) if bin_ < _KL_BINS - 1 else self.kl_max
+
+    def comparison(self) -> dict:
+        diff, diff_se = self._mean_stderr(self.diff, self.diff_sq, self.n)
+        kl, kl_se = self._mean_stderr(self.kl, self.kl_sq, self.n)
+        ratio = math.exp(diff) if diff < 700 else math.inf
+        return {
+            "delta_ppl_percent": 100 * (ratio - 1),
+            "delta_ppl_stderr": 100 * ratio * diff_se,
+            "kl": {"mean": kl, "stderr": kl_se, "p99": self.kl_p99(), "max": self.kl_max},
+            "same_top1": self.top1 / self.n,
+            "rms_dp": math.sqrt(self.dp_sq / self.n),
+            "mean_dp": self.dp / self.n,
+            "nonfinite": self.nonfinite,
+        }
+
+
+# -- the models: candidates on a runtime, the reference on PyTorch or a runtime ------------------------------
+class _RuntimeScorer:
+    def __init__(self, label: str, model: ModelFolder, runtime: RuntimeOptions):
+        self.label, self.model = label, model
+        self.runner = open_runtime(model, runtime)
+        self.runtime, self.provider = runtime.name, self.runner.provider
+        self.precision = model.precision
+        self.vocab_size, self.n_positions = self.runner.vocab_size, model.n_positions
+        self.last_logits = graph_logits_last(model)
+        self.seconds = 0.0
+
+    def logits(self, window: Window) -> np.ndarray:
+        start = time.perf_counter()
+        out = window_logits(self.runner, window, last_logits=self.last_logits)
+        self.seconds += time.perf_counter() - start
+        return out
+
+    def greedy(self, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
+        return generate(self.runner, prompt[None], max_new_tokens=new_tokens).tokens[0]
+
+    def close(self) -> None:
+        getattr(self.runner, "close", lambda: None)()
+
+
+class _TorchScorer:
+    runtime, provider, precision, last_logits = "torch", "cpu", "float32", False
+
+    def __init__(self, label: str, ckpt: Checkpoint):
+        self.label, self.ckpt = label, ckpt
+        self.model = reference_model(ckpt)
+        self.vocab_size, self.n_positions = ckpt.spec.vocab_size, ckpt.spec.n_positions
+        self.seconds = 0.0
+        import torch
+
+        # onnxruntime's threads spin after each run: torch on the same cores then crawls (10x under load)
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def logits(self, window: Window) -> np.ndarray:
+        start = time.perf_counter()
+        inputs = window.ids[None, :-1]
+        mask = np.ones_like(inputs)
+        logits, _ = reference_step(self.model, inputs, mask, position_ids_for(mask))
+        self.seconds += time.perf_counter() - start
+        return logits[0, window.first - 1 :]
+
+    def greedy(self, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
+        return reference_greedy(self.model, prompt[None], np.ones((1, len(prompt)), np.int64), new_tokens)[0]
+
+    def close(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads)
+
+
+def _tokenizer_digest(folder: Path) -> str | None:
+    names = [n for n in TOKENIZER_FILES if (folder / n).is_file()]
+    if not names:
+        return None
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(name.encode() + sha256_file(folder / name).encode())
+    return digest.hexdigest()
+
+
+def _tokenizer_folder(folders: Sequence[Path], fallback: Path | None) -> Path:
+    """The folder whose tokenizer tokenizes the text: the first that has tokenizer files; every other folder
+    with tokenizer files must have the same ones (the same scored tokens for all)."""
+    digests = {f: _tokenizer_digest(f) for f in folders}
+    having = [f for f in folders if digests[f] is not None]
+    for other in having[1:]:
+        if digests[other] != digests[having[0]]:
+            raise BadInput(
+                f"'{other}' and '{having[0]}' have different tokenizer files: evaluate folders of the same tokenizer"
+                " together (each one's perplexity is on its own tokens)"
+            )
+    if having:
+        return having[0]
+    if fallback is not None and _tokenizer_digest(fallback) is not None:
+        return fallback
+    raise BadInput(
+        f"no tokenizer files (tokenizer.json, or vocab.json and merges.txt) in '{folders[0]}': the text needs the"
+        " model's tokenizer; copy the checkpoint's tokenizer files into the folder"
+    )
+
+
+def _same_source(models: list[ModelFolder]) -> None:
+    """The default reference is the first folder's source: the others must come from the same one."""
+    keys = ("kind", "id", "path", "sha256", "architecture", "seed", "spec_sha256", "outliers")
+
+    def key(model):
+        source = (model.manifest or {}).get("source") or {}
+        return tuple(str(source.get(k)) for k in keys)
+
+    for model in models[1:]:
+        if key(model) != key(models[0]):
+            raise BadInput(
+                f"'{model.folder}' and '{models[0].folder}' were exported from different sources: give the"
+                " reference to compare them with (--reference)"
+            )
+
+
+def _reference_scorer(models: list[ModelFolder], reference: str | None, runtime: RuntimeOptions, verify_files: bool):
+    if reference is not None and (Path(reference) / "model.onnx").is_file():
+        provider = (
+            runtime.provider if runtime.name == "onnxruntime" else ProviderConfig(threads=runtime.provider.threads)
+        )
+        folder = open_folder(reference, verify_files=verify_files)
+        return _RuntimeScorer(str(reference), folder, RuntimeOptions(provider=provider))
+    from gpt2onnx.verify.parity import reference_checkpoint
+
+    if reference is None:
+        _same_source(models)
+        ckpt = reference_checkpoint(models[0])
+        return _TorchScorer(f"PyTorch fp32 ({ckpt.name}, the manifest's source)", ckpt)
+    return _TorchScorer(f"PyTorch fp32 ({reference})", load_checkpoint(reference, option="--reference"))
+
+
+def _check_length(context: int | None, stride: int | None, limit: int) -> tuple[int, int]:
+    context = limit if context is None else context
+    if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= limit:
+        raise BadInput(f"context (--context) must be 2 to {limit} tokens (the models' position count), got {context}")
+    stride = max(1, context // 2) if stride is None else stride
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= context:
+        raise BadInput(f"stride (--stride) must be 1 to the context ({context}), got {stride}")
+    return context, stride
+
+
+# -- the evaluation --------------------------------------------------------------------------------------------
+def evaluate(
+    folders: Sequence[str | Path],
+    *,
+    text: str | Path | None = None,
+    dataset: str | None = None,
+    context: int | None = None,
+    stride: int | None = None,
+    reference: str | None = None,
+    runtime: RuntimeOptions | None = None,
+    gates: EvalGates = EvalGates(),
+    greedy_tokens: int = 64,
+    verify_files: bool = True,
+    on_window: Callable[[int, int], None] | None = None,
+) -> EvalReport:
+    """Perplexity of exported folders on real text, side by side, and their figures against a reference.
+
+    Args:
+        folders: exported decoder folders (any precision, fusion, ``--logits last`` included: those run token by
+            token). They share one tokenizer: the first folder's tokenizer files tokenize the text once.
+        text: a UTF-8 text file; or
+        dataset: NAME[:CONFIG[:SPLIT]] through the ``datasets`` library (split default ``test``), its rows joined
+            with blank lines as transformers' guide does (e.g. ``wikitext:wikitext-2-raw-v1``). Give one.
+        context: tokens per window (default: the models' position count); ``stride``: tokens between window
+            starts (default: half the context).
+        reference: a checkpoint (folder or Hub id) or an exported folder to compare with (default: PyTorch fp32
+            rebuilt from the first folder's manifest source, which every folder must share).
+        runtime: the runtime and provider for the folders (default: onnxruntime on the cpu provider).
+        gates: ``max_ppl_increase`` (percent) and ``max_kl`` (mean KL); a failure is in the report, not raised.
+        greedy_tokens: new tokens of the greedy comparison from the text's first 32 tokens (0: none).
+        verify_files: check the model files against the manifest's sha256 first.
+        on_window: called with (windows done, windows in all) after each window, for progress.
+
+    Returns:
+        EvalReport: the protocol, the reference's row, one row per folder (with its CheckReport when gated).
+
+    Raises:
+        BadInput (folders, text, options, tokenizer, reference), ContractError, IntegrityError,
+        RuntimeUnavailable (the runtime, provider or the datasets library).
+    """
+    if not folders:
+        raise BadInput("give at least one exported folder to evaluate")
+    if len({Path(f).resolve() for f in folders}) != len(folders):
+        raise BadInput("a folder is given twice: give each folder once")
+    source = TextSource(Path(text) if text is not None else None, dataset).check()
+    gates = gates.check()
+    runtime = (runtime or RuntimeOptions()).check()
+    models = [open_folder(f, verify_files=verify_files) for f in folders]
+    scorers: list = []
+    try:
+        ref = _reference_scorer(models, reference, runtime, verify_files)
+        scorers.append(ref)
+        # folders without tokenizer files (an optimum export, say) use the reference's
+        fallback = ref.ckpt.companion_dir if isinstance(ref, _TorchScorer) else ref.model.folder
+        tokenizer_folder = _tokenizer_folder([m.folder for m in models], fallback)
+        for model in models:
+            scorers.append(_RuntimeScorer(str(model.folder), model, runtime))
+        return _run(
+            scorers[1:],
+            ref,
+            load_tokenizer(tokenizer_folder),
+            source,
+            context=context,
+            stride=stride,
+            gates=gates,
+            greedy_tokens=greedy_tokens,
+            tokenizer_folder=tokenizer_folder,
+            on_window=on_window,
+        )
+    finally:
+        for scorer in scorers:
+            scorer.close()
+
+
+def check_eval_options(eval_text: str | Path | None, gates: EvalGates) -> None:
+    """export's and optimize's --eval-text with its gates: the file exists, the gates are in range and
+    have a text to apply to."""
+    gates.check()
+    if gates.active and eval_text is None:
+        raise BadInput(
+            "max_ppl_increase and max_kl (--max-ppl-increase, --max-kl) gate the quality on real text: give the"
+            " text (--eval-text FILE)"
+        )
+    if eval_text is not None:
+        TextSource(Path(eval_text)).check()
+
+
+def evaluate_written(
+    folder: Path,
+    *,
+    reference: Checkpoint | ModelFolder,
+    text: str | Path,
+    gates: EvalGates,
+    against: str,
+    label: str | None = None,
+) -> EvalReport:
+    """What export and optimize run with ``--eval-text`` on the folder they are writing (staged, before its
+    manifest): onnxruntime's cpu provider, the default context and stride, against the checkpoint (export) or
+    the source folder (optimize). ``label``: the folder's name in the report (its final path)."""
+    from gpt2onnx.artifact.folder import MODEL_FILE, read_n_positions
+
+    source = TextSource(Path(text)).check()
+    model = ModelFolder(folder, folder / MODEL_FILE, None, read_n_positions(folder))
+    if isinstance(reference, Checkpoint):
+        ref = _TorchScorer(against, reference)
+    else:
+        ref = _RuntimeScorer(against, reference, RuntimeOptions())
+    candidate = _RuntimeScorer(label or str(folder), model, RuntimeOptions())
+    try:
+        return _run(
+            [candidate], ref, load_tokenizer(folder), source, gates=gates, tokenizer_folder=Path(label or folder)
+        )
+    finally:
+        candidate.close()
+        ref.close()
+
+
+def _run(
+    candidates: list[_RuntimeScorer],
+    ref,
+    tokenizer,
+    source: TextSource,
+    *,
+    context: int | None = None,
+    stride: int | None = None,
+    gates: EvalGates = EvalGates(),
+    greedy_tokens: int = 64,
+    tokenizer_folder: Path | None = None,
+    on_window: Callable[[int, int], None] | None = None,
+) -> EvalReport:
+    if (
+        isinstance(greedy_tokens, bool)
+        or not isinstance(greedy_tokens, int)
+        or not 0 <= greedy_tokens <= MAX_GREEDY_TOKENS
+    ):
+        raise BadInput(f"greedy tokens (--greedy-tokens) must be 0 to {MAX_GREEDY_TOKENS}, got {greedy_tokens}")
+    for scorer in candidates:
+        if scorer.vocab_size not in (None, ref.vocab_size):
+            raise BadInput(
+                f"'{scorer.label}' has a vocabulary of {scorer.vocab_size}, the reference {ref.vocab_size}: give the"
+                " reference it was exported from (--reference)"
+            )
+    limit = min(s.n_positions for s in [ref, *candidates] if s.n_positions)
+    context, stride = _check_length(context, stride, limit)
+    summary = summarize_text(tokenizer, source)
+    if summary.tokens < 2:
+        raise BadInput(f"the text has {summary.tokens} token(s): perplexity needs at least 2; give a longer text")
+    if summary.max_id >= ref.vocab_size:
+        raise BadInput(
+            f"the tokenizer of '{tokenizer_folder}' gives token id {summary.max_id}, outside the model's vocabulary of"
+            f" {ref.vocab_size}: the tokenizer files do not belong to this model"
+        )
+    windows = window_count(summary.tokens, context=context, stride=stride)
+    log.info("%d tokens, %d windows of %d (stride %d)", summary.tokens, windows, context, stride)
+    ref_tally, tallies = _Tally(), [_Tally() for _ in candidates]
+    for done, window in enumerate(
+        sliding_windows(token_pieces(tokenizer, source), context=context, stride=stride), start=1
+    ):
+        targets = window.ids[window.first :]
+        ref_logits = ref.logits(window)
+        for start in range(0, len(targets), _ROWS):
+            rows = slice(start, start + _ROWS)
+            r, lse = _log_sum_exp(ref_logits[rows])
+            ref_tally.add_nll(lse - r[np.arange(len(targets[rows])), targets[rows]])
+        for scorer, tally in zip(candidates, tallies):
+            _compare(scorer.logits(window), ref_logits, targets, tally)
+        if on_window is not None:
+            on_window(done, windows)
+    greedy = _greedy(candidates, ref, summary.head, greedy_tokens=greedy_tokens, context=context)
+    ppl, ppl_se, nll = ref_tally.perplexity()
+    ref_row = EvalRow(ref.label, ref.precision, ref.runtime, ref.provider, ref_tally.n, ppl, ppl_se, nll)
+    ref_row.seconds = ref.seconds
+    rows = []
+    for scorer, tally, greedy_row in zip(candidates, tallies, greedy):
+        ppl, ppl_se, nll = tally.perplexity()
+        row = EvalRow(
+            scorer.label,
+            scorer.precision,
+            scorer.runtime,
+            scorer.provider,
+            tally.n,
+            ppl,
+            ppl_se,
+            nll,
+            **tally.comparison(),
+            greedy=greedy_row,
+            token_by_token=scorer.last_logits,
+            seconds=scorer.seconds,
+        )
+        if gates.active:
+            row.check = _gate(row, gates, against=ref.label)
+        rows.append(row)
+    protocol = {
+        "method": PROTOCOL,
+        "context": context,
+        "stride": stride,
+        "tokens": summary.tokens,
+        "scored_tokens": ref_tally.n,
+        "windows": windows,
+        "text": {**source.describe(), "sha256": summary.sha256},
+        "tokenizer": str(tokenizer_folder) if tokenizer_folder else None,
+        "reference": ref.label,
+        "ppl_stderr": "PPL × standard error of the mean NLL, tokens taken as independent",
+        "kl": "KL(reference ‖ folder) of the next-token distributions; p99 from a log-spaced histogram (2.3 %)",
+        "greedy": {"prompt_tokens": int(min(GREEDY_PROMPT, len(summary.head))), "new_tokens": greedy_tokens},
+        "gates": gates.as_dict(),
+    }
+    return EvalReport(protocol, ref_row, rows)
+
+
+def _compare(logits: np.ndarray, ref_logits: np.ndarray, targets: np.ndarray, tally: _Tally) -> None:
+    if logits.shape != ref_logits.shape:
+        raise BadInput(f"a model returned logits of shape {logits.shape}, the reference {ref_logits.shape}")
+    for start in range(0, len(targets), _ROWS):
+        rows = slice(start, start + _ROWS)
+        index = np.arange(len(targets[rows])), targets[rows]
+        r, ref_p, ref_lse = _softmax(ref_logits[rows])
+        o, lse = _log_sum_exp(logits[rows])
+        with np.errstate(invalid="ignore", over="ignore"):
+            # KL(p_ref ‖ p) = Σ p_ref (r − o) − LSE(r) + LSE(o), with r, o the logits
+            kl = np.einsum("ij,ij->i", ref_p, r - o) - ref_lse + lse
+        nll, ref_nll = lse - o[index], ref_lse - r[index]
+        same = logits[rows].argmax(-1) == ref_logits[rows].argmax(-1)
+        tally.add_comparison(nll, ref_nll, kl, same, np.exp(-nll) - np.exp(-ref_nll))
+
+
+def _greedy(candidates, ref, head: np.ndarray, *, greedy_tokens: int, context: int) -> list[dict]:
+    prompt = head[: min(GREEDY_PROMPT, len(head) - 1)]
+    new = min(greedy_tokens, context - len(prompt))
+    if new < 1 or len(prompt) < 1:
+        return [{} for _ in candidates]
+    theirs = np.asarray(ref.greedy(prompt, new))
+    out = []
+    for scorer in candidates:
+        ours = np.asarray(scorer.greedy(prompt, new))
+        compared = min(len(ours), len(theirs))  # genai stops at end-of-sequence
+        matching = tokens_before_divergence(ours[None, :compared], theirs[None, :compared])
+        out.append(
+            {
+                "prompt_tokens": int(len(prompt)),
+                "new_tokens": int(compared),
+                "matching_tokens": int(matching),
+                "first_divergence": None if matching == compared else int(matching),
+            }
+        )
+    return out
+
+
+def _gate(row: EvalRow, gates: EvalGates, *, against: str) -> CheckReport:
+    failures = []
+    if gates.max_ppl_increase is not None and not row.delta_ppl_percent <= gates.max_ppl_increase:
+        failures.append(f"{row.label}: ΔPPL {row.delta_ppl_percent:+.3g} % > {gates.max_ppl_increase:g} %")
+    if gates.max_kl is not None and not row.kl["mean"] <= gates.max_kl:
+        failures.append(f"{row.label}: mean KL {row.kl['mean']:.3g} > {gates.max_kl:g}")
+    if row.nonfinite:
+        failures.append(f"{row.label}: {row.nonfinite} tokens with NaN/Inf figures")
+    measured = {
+        "ppl": row.ppl,
+        "delta_ppl_percent": row.delta_ppl_percent,
+        "kl": row.kl,
+        "same_top1": row.same_top1,
+        "rms_dp": row.rms_dp,
+        "tokens": row.tokens,
+    }
+    return CheckReport(
+        row.precision,
+        against,
+        {
+            name: value
+            for name, value in (("ppl_increase_percent", gates.max_ppl_increase), ("kl_mean", gates.max_kl))
+            if value is not None
+        },
+        measured,
+        failures,
+        provider=row.provider,
+        runtime=row.runtime,
+    )
+
+
+__all__ = ["EvalGates", "EvalReport", "EvalRow", "check_eval_options", "evaluate", "evaluate_written"]
