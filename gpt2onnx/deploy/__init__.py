@@ -6,6 +6,8 @@
     genai_config.json                      onnxruntime-genai (gpt2onnx.deploy.genai)
     onnx/model[_suffix].onnx, config.json  transformers.js (gpt2onnx.deploy.transformers_js)
     triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton)
+    tokenizer.json                         genai and transformers.js, which read only this file, when the
+                                           folder has only vocab.json + merges.txt (gpt2onnx.artifact.tokenizer)
 
 It works on any gpt2onnx decoder folder, exported or optimized, in any precision, and leaves export and
 optimize alone. The result is written like every folder: staged beside the target and moved into place
@@ -31,6 +33,7 @@ from gpt2onnx.artifact.folder import (
     staged_folder,
     write_manifest,
 )
+from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
 from gpt2onnx.deploy import genai, transformers_js, triton
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
@@ -38,6 +41,7 @@ from gpt2onnx.files import link_or_copy
 log = logging.getLogger(__name__)
 
 TARGETS = ("genai", "transformers-js", "triton")
+NEED_TOKENIZER_JSON = {"genai", "transformers-js"}
 # what a target adds to the folder: dropped when the folder is deployed again
 _TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER)
 
@@ -95,11 +99,14 @@ def deploy(
                 shutil.copyfile(path, staging / path.name)  # small files are written to: never share them
         _drop_transformers_js_config(staging)
         written: dict[str, list[str]] = {}
+        # genai's og.Tokenizer and transformers.js read only tokenizer.json: build it from vocab.json + merges.txt
+        made = [TOKENIZER_JSON] if set(targets) & NEED_TOKENIZER_JSON and ensure_tokenizer_json(staging) else []
         if "genai" in targets:
             genai.write_genai_config(staging, staging)
-            written["genai"] = [genai.CONFIG_NAME]
+            written["genai"] = [genai.CONFIG_NAME, *made]
         if "transformers-js" in targets:
-            written["transformers-js"] = transformers_js.write_transformers_js(staging, staging, opened.precision)
+            files = transformers_js.write_transformers_js(staging, staging, opened.precision)
+            written["transformers-js"] = files + made
         if "triton" in targets:
             written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
         manifest = {k: v for k, v in opened.manifest.items() if k not in ("files", "versions", "created", "deploy")}

@@ -7,10 +7,23 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2onnx.artifact.folder import TOKENIZER_FILES
+from gpt2onnx.artifact.folder import TOKENIZER_FILES, read_json_file
 from gpt2onnx.errors import BadInput
 
 MAX_TOKEN_ID = 2**31 - 1
+
+
+# what AutoTokenizer would load as GPT2TokenizerFast in a folder whose config.json says model_type gpt2
+GPT2_CLASSES = (None, "GPT2Tokenizer", "GPT2TokenizerFast")
+
+
+def _tokenizer_class(folder: Path) -> str | None:
+    """The class tokenizer_config.json names (None when it names none or the folder has no such file)."""
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    named = read_json_file(path, "tokenizer config").get("tokenizer_class")
+    return named if isinstance(named, str) else None
 
 
 def load_tokenizer(folder: Path):
@@ -25,15 +38,17 @@ def load_tokenizer(folder: Path):
         path = folder / name
         if path.is_symlink() and not path.resolve().is_relative_to(folder.resolve()):
             raise BadInput(f"tokenizer file '{path}' points outside the folder: replace the link with the file itself")
+    named = _tokenizer_class(folder)
     try:
         # A fixed class, never AutoTokenizer: a tokenizer_config.json's auto_map could name code in the folder,
-        # and no code from a model folder ever runs. GPT-2's byte-level BPE loads from tokenizer.json, or is
-        # converted from vocab.json and merges.txt through GPT2TokenizerFast.
-        if (folder / "tokenizer.json").is_file():
-            return PreTrainedTokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
-        from transformers import GPT2TokenizerFast
+        # and no code from a model folder ever runs. A GPT-2 folder (its config names GPT2Tokenizer, or names
+        # nothing) loads as GPT2TokenizerFast, from tokenizer.json or converted from vocab.json and merges.txt;
+        # another class named there loads from tokenizer.json through the generic fast class.
+        if named in GPT2_CLASSES or not (folder / "tokenizer.json").is_file():
+            from transformers import GPT2TokenizerFast
 
-        return GPT2TokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
+            return GPT2TokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
+        return PreTrainedTokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as err:  # transformers raises many types for broken tokenizer files
         raise BadInput(
             f"cannot load the tokenizer in '{folder}' ({str(err).splitlines()[0][:200]}); use --ids"
