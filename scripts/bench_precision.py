@@ -87,7 +87,10 @@ VARIANTS = (
     Variant("int4-bs128-head8", quantize="int4", block_size=128, lm_head="int8", embeddings="int4", accuracy_level=4),
 )
 # Gates wide open while building: the table measures each variant, the gates are recalibrated from it.
-OPEN_GATES = {"float16": {"kl_mean": 1e9, "top1": 1e-9, "top5": 1e-9}, "quantized": {"kl_mean": 1e9, "top5": 1e-9}}
+OPEN_GATES = {
+    "float16": {"kl_mean": 1e9, "top1": 1e-9, "top5": 1e-9},
+    "quantized": {"kl_mean": 1e9, "top1": 1e-9, "top5": 1e-9},
+}
 
 
 def build(source_model: str, work: Path, variants, *, log) -> dict[str, Path]:
@@ -287,11 +290,16 @@ def main() -> None:
         text=scored,
         runtime=RuntimeOptions(provider=ProviderConfig(threads=args.threads)),
         greedy_tokens=args.greedy_tokens,
+        on_window=lambda done, total: (done % 10 == 0 or done == total) and log(f"eval window {done}/{total}"),
     )
     loads["after_eval"] = os.getloadavg()
+    if args.json_path:  # the slow part: kept even if what follows fails
+        args.json_path.with_suffix(".eval.json").write_text(json.dumps(report.as_dict(), indent=1, default=str))
     rows = {v.name: row for v, row in zip(variants, report.rows)}
     log("gate figures (randomized ids against PyTorch)")
     gates = gate_figures({v.name: folders[v.name] for v in variants}, cases=args.gate_cases)
+    n_positions = report.protocol.get("context") or args.past + 1
+    args.past, args.prompt = min(args.past, n_positions - 2), min(args.prompt, n_positions - 1)  # within the model
     log(f"timing: {args.rounds} rounds, decode b1 at past {args.past}, prompt b1×{args.prompt}")
     decode, prefill = time_folders(
         {v.name: folders[v.name] for v in variants},

@@ -111,3 +111,39 @@ def test_8bit_embeddings_round_trip(gpt2_init_export):
 def test_recipe_bad_inputs(tmp_path, args, message):
     assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", *args), message)
     assert not (tmp_path / "q").exists()
+
+
+def _damage(monkeypatch, method: str) -> None:
+    """Make ``method`` quantize with fewer bits per weight than it says, through the real pipeline: int4 with
+    2-bit MatMulNBits, int8 with 4-bit MatMulNBits in place of quantize_dynamic's int8."""
+    import onnxruntime.quantization
+
+    import gpt2onnx.passes.precision as precision
+
+    real = precision._matmul_nbits
+    if method == "int4":
+        monkeypatch.setattr(
+            precision, "_matmul_nbits", lambda model, options, **kw: real(model, options, **{**kw, "bits": 2})
+        )
+        return
+
+    def four_bits(model, out, *, nodes_to_exclude=(), **_):
+        options = QuantizeOptions("int4", 32, 0)
+        onnx.save(real(model, options, bits=4, exclude=set(nodes_to_exclude), gathers=False), str(out))
+
+    monkeypatch.setattr(onnxruntime.quantization, "quantize_dynamic", four_bits)
+
+
+@pytest.mark.parametrize("method", ["int4", "int8"])
+def test_default_gates_pass_the_recipes_and_fail_a_damaged_one(trained_export, tmp_path, monkeypatch, method):
+    """On a model that has learned something, the method's recipe passes its default gates; the same method with
+    fewer bits per weight (int4 → 2 bits, int8 → 4 bits) fails them, and nothing is written."""
+    from gpt2onnx.errors import CheckFailed
+
+    good = optimize(trained_export, tmp_path / "good", fusion="none", quantization=QuantizeOptions(method))
+    assert good["parity"]["passed"], good["parity"]
+    _damage(monkeypatch, method)
+    with pytest.raises(CheckFailed, match=f"validation failed: {method}") as failed:
+        optimize(trained_export, tmp_path / "damaged", fusion="none", quantization=QuantizeOptions(method))
+    assert not (tmp_path / "damaged").exists()
+    assert failed.value.report.failures
