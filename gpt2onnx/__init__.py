@@ -4,16 +4,19 @@ The Python API does what the CLI does, one function per command::
 
     import gpt2onnx
     result = gpt2onnx.export("gpt2", "models/gpt2", random_init=True, options=gpt2onnx.ExportOptions(logits="last"))
-    print(gpt2onnx.inspect(result.folder)["manifest"]["check_summary"])
+    print(gpt2onnx.inspect(result.folder).manifest.check_summary)
     report = gpt2onnx.parity(result.folder, cases=20)          # a CheckReport
     text = gpt2onnx.generate(result.folder, ids=["464,3290"]).texts
-    figures = gpt2onnx.bench([result.folder], baseline="torch")
+    figures = gpt2onnx.bench([result.folder], baseline="torch")  # a BenchReport; .as_dict() is its JSON
     quality = gpt2onnx.eval([result.folder], text="held-out.txt")   # an EvalReport: perplexity, KL, top-1
 
 Errors are subclasses of :class:`Gpt2OnnxError` (:mod:`gpt2onnx.errors`). Importing the package is cheap:
 each name loads its module on first use, and nothing on the run path (inspect, generate, bench without a
 torch baseline) imports torch.
 """
+
+import sys
+import types
 
 __version__ = "0.1.0"
 
@@ -30,6 +33,11 @@ _HOMES = {
     # their options and results
     "ExportOptions": ("gpt2onnx.exporters.export", "ExportOptions"),
     "ExportResult": ("gpt2onnx.exporters.export", "ExportResult"),
+    "OptimizeResult": ("gpt2onnx.exporters.optimize", "OptimizeResult"),
+    "DeployResult": ("gpt2onnx.deploy", "DeployResult"),
+    "ModelDescription": ("gpt2onnx.artifact.inspect", "ModelDescription"),
+    "BenchReport": ("gpt2onnx.verify.bench", "BenchReport"),
+    "Manifest": ("gpt2onnx.artifact.manifest", "Manifest"),
     "QuantizeOptions": ("gpt2onnx.passes.precision", "QuantizeOptions"),
     "ProviderConfig": ("gpt2onnx.runtimes.providers", "ProviderConfig"),
     "RuntimeOptions": ("gpt2onnx.runtimes.base", "RuntimeOptions"),
@@ -66,3 +74,20 @@ def __getattr__(name):  # lazy: `gpt2onnx --version` and `import gpt2onnx` stay 
         raise AttributeError(f"module 'gpt2onnx' has no attribute {name!r}")
     module, attribute = _HOMES[name]
     return getattr(import_module(module), attribute)
+
+
+class _Package(types.ModuleType):
+    """`gpt2onnx.deploy` names both a command (the function) and the subpackage of deployment targets. Importing
+    the subpackage makes Python set the package attribute of that name to the module, which would hide the
+    function; this property keeps the function there (the subpackage stays in sys.modules for imports)."""
+
+    @property
+    def deploy(self):
+        return __getattr__("deploy")
+
+    @deploy.setter
+    def deploy(self, value):  # the import system recording the subpackage
+        pass
+
+
+sys.modules[__name__].__class__ = _Package

@@ -7,6 +7,7 @@ import inspect
 import json
 import logging
 import sys
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -21,7 +22,9 @@ from gpt2onnx import __version__
 from gpt2onnx.errors import Gpt2OnnxError
 
 if TYPE_CHECKING:
+    from gpt2onnx.artifact.report import CheckReport
     from gpt2onnx.runtimes.providers import ProviderConfig
+    from gpt2onnx.verify.evaluate import EvalReport
 
 INTERNAL_ERROR = 70  # a bug of ours, not the user's: still one line, and the traceback with --verbose
 
@@ -29,8 +32,41 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+# --help at 80 columns: a short metavar per value type (typer shows "<list[str]>", "<int>"), none for flags
+_METAVARS = {int: "N", float: "X"}
+
+
+def _short_metavars(command, ctx) -> None:
+    help_option = command.get_help_option(ctx)
+    if help_option is not None and help_option.metavar is None:
+        help_option.metavar = ""
+    for param in command.params:
+        if isinstance(param, typer.core.TyperArgument) and param.type_descriptor.is_list:
+            param.display_type_rich = lambda ctx: "PATH..."  # typer shows "<list[Path]>" and ignores metavar
+        if not isinstance(param, typer.core.TyperOption) or param.metavar is not None:
+            continue
+        descriptor = param.type_descriptor
+        if param.is_flag:
+            param.metavar = ""
+        elif descriptor.is_path:
+            param.metavar = "PATH"
+        else:
+            element = (typing.get_args(descriptor.annotation) or (descriptor.annotation,))[0]
+            param.metavar = _METAVARS.get(element, "TEXT")
+
+
 class OneLineErrors(typer.core.TyperGroup):
     """Every failure the user can cause ends as one line on stderr and a non-zero exit, never a traceback."""
+
+    def format_help(self, ctx, formatter):
+        _short_metavars(self, ctx)
+        return super().format_help(ctx, formatter)
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _short_metavars(command, ctx)
+        return command
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         try:
@@ -38,9 +74,10 @@ class OneLineErrors(typer.core.TyperGroup):
         except typer.TyperException as err:  # usage errors: bad option values, missing options
             if not standalone_mode:
                 raise
-            message = err.format_message() if hasattr(err, "format_message") else str(err)
-            err_console.print(f"error: {message} (see --help)", markup=False, highlight=False, soft_wrap=True)
-            sys.exit(getattr(err, "exit_code", 2))
+            err_console.print(
+                f"error: {err.format_message()} (see --help)", markup=False, highlight=False, soft_wrap=True
+            )
+            sys.exit(err.exit_code)
         except typer.Abort:
             err_console.print("aborted", markup=False)
             sys.exit(1)
@@ -84,38 +121,32 @@ app = typer.Typer(
 )
 
 
-QuantizeOpt = Annotated[str, typer.Option("--quantize", help="Weights: none, int8 (dynamic) or int4 (block-wise).")]
-BlockSizeOpt = Annotated[
-    int, typer.Option(help="Block-wise quantization (int4, 8-bit embeddings): weights per scale (16 to 256).")
-]
+QuantizeOpt = Annotated[str, typer.Option("--quantize", help="Weights: none, int8 or int4.")]
+BlockSizeOpt = Annotated[int, typer.Option(help="Block-wise tensors: weights per scale, 16 to 256.")]
 AccuracyLevelOpt = Annotated[
-    Optional[int],
-    typer.Option(help="int4: MatMulNBits arithmetic, 0 (fp32) or 4 (int8 activations) \\[default: the recipe's, 4]."),
+    Optional[int], typer.Option(help="int4 arithmetic: 0 (fp32) or 4 (int8) [default: recipe].", show_default=False)
 ]
 LmHeadOpt = Annotated[
-    Optional[str],
-    typer.Option("--lm-head", help="int8/int4: the logits projection in int4, int8 or fp32 \\[default: the recipe's]."),
+    Optional[str], typer.Option("--lm-head", help="Logits projection: int4, int8, fp32 [default: recipe].")
 ]
-EmbeddingsOpt = Annotated[
-    Optional[str],
-    typer.Option(help="int8/int4: token and position embeddings in int4, int8 or fp32 \\[default: the recipe's]."),
-]
+EmbeddingsOpt = Annotated[Optional[str], typer.Option(help="Embeddings: int4, int8, fp32 [default: recipe].")]
 KeepFp32Opt = Annotated[
     str,
     typer.Option(
         "--keep-fp32",
-        help="fp16: what stays fp32, a comma-separated subset of layernorm (its statistics), softmax and logits"
-        " (the output), or 'none'.",
+        metavar="LIST",
+        show_default=False,
+        help="fp16: kept fp32, of layernorm, softmax, logits \\[default: all]; or none.",
     ),
 ]
 GateOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--gate", help="Override a default gate, e.g. kl_mean=0.02, top5=0.9, top1=0.99 (repeatable)."),
+    typer.Option("--gate", metavar="NAME=X", help="Override a gate, e.g. kl_mean=0.02 (repeatable)."),
 ]
 
 VerifyFilesOpt = Annotated[
     bool,
-    typer.Option("--verify-files/--no-verify-files", help="Check the model files against the manifest's sha256 first."),
+    typer.Option("--verify-files/--no-verify-files", help="Check the model files' sha256 first."),
 ]
 
 
@@ -201,19 +232,14 @@ class EvalChoice:
     max_kl: float | None
 
 
-MaxPplOpt = Annotated[
-    Optional[float], typer.Option(help="Gate: the most a perplexity may exceed the reference's, in percent.")
-]
-MaxKlOpt = Annotated[Optional[float], typer.Option(help="Gate: the largest mean KL divergence from the reference.")]
+MaxPplOpt = Annotated[Optional[float], typer.Option(help="Gate: the most ΔPPL %.")]
+MaxKlOpt = Annotated[Optional[float], typer.Option(help="Gate: the most mean KL.")]
 _EVAL_OPTIONS = (
     (
         "eval_text",
         Annotated[
             Optional[Path],
-            typer.Option(
-                help="Before writing, evaluate the new folder on this text file (as gpt2onnx eval does) and apply"
-                " --max-ppl-increase / --max-kl; a failed gate writes nothing."
-            ),
+            typer.Option(help="Evaluate on this text before writing (see eval)."),
         ],
         None,
     ),
@@ -272,51 +298,39 @@ def export(
         typer.Option(
             "--model",
             "-m",
-            help="Local Hugging Face folder, Hub id, or (with --random-init) architecture name or config.json.",
+            help="Folder, Hub id, or a preset name.",
         ),
     ],
-    out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Output folder \\[default: models/<name>].")
-    ] = None,
-    random_init: Annotated[
-        bool, typer.Option("--random-init", help="Seeded random weights for a named architecture or a config.json.")
-    ] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder \\[default: models/NAME].")] = None,
+    random_init: Annotated[bool, typer.Option("--random-init", help="Seeded random weights, no download.")] = False,
     seed: Annotated[int, typer.Option(help="Seed for --random-init.")] = 0,
     outliers: Annotated[
         float,
-        typer.Option(
-            help="With --random-init: trained GPT-2's massive activations, ±this value in two residual-stream"
-            " channels of every sequence's first token (GPT-2 small: about 3000); tests fp16 on realistic"
-            " activations. 0 = none."
-        ),
+        typer.Option(help="--random-init: outliers of this size (GPT-2: 3000)."),
     ] = 0.0,
-    revision: Annotated[Optional[str], typer.Option(help="Hub revision (branch, tag or commit).")] = None,
+    revision: Annotated[Optional[str], typer.Option(help="Hub branch, tag or commit.")] = None,
     opset: Annotated[Optional[int], typer.Option(help="ONNX opset, 14 to 20 \\[default: 17].")] = None,
-    logits: Annotated[str, typer.Option(help="'all' positions, or 'last' only (\\[batch, 1, vocab]).")] = "all",
-    block: Annotated[Optional[int], typer.Option(help="Export transformer block I alone.")] = None,
+    logits: Annotated[str, typer.Option(help="'all' positions or the 'last'.")] = "all",
+    block: Annotated[Optional[int], typer.Option(help="Export transformer block N alone.")] = None,
     external_data: Annotated[
         Optional[bool],
         typer.Option(
             "--external-data/--no-external-data",
-            help="Weights in model.onnx_data \\[default: only past protobuf's 2 GB limit].",
+            help="Weights in model.onnx_data \\[default: past 2 GB].",
             show_default=False,
         ),
     ] = None,
     validate: Annotated[bool, typer.Option(help="Check against PyTorch before writing.")] = True,
-    tolerance: Annotated[
-        Optional[float], typer.Option(help="Max |Δlogits| accepted \\[default: 1e-4 for fp32].")
-    ] = None,
+    tolerance: Annotated[Optional[float], typer.Option(help="fp32: max |Δlogits| \\[default: 1e-4].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
-    fusion: Annotated[
-        str, typer.Option(help="Fusion profile: none, ort, ort-shared-kv (cpu only), portable or tensorrt.")
-    ] = "none",
+    fusion: Annotated[str, typer.Option(help="none, ort, ort-shared-kv, portable, tensorrt.")] = "none",
     allow_partial_fusion: Annotated[
-        bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
+        bool, typer.Option("--allow-partial-fusion", help="Keep a graph short of its golden counts.")
     ] = False,
     precision: PrecisionChoice = None,
     quality: EvalChoice = None,
 ) -> None:
-    """Export a GPT-2 checkpoint to an ONNX decoder with past key/values, validated against PyTorch."""
+    """Export a checkpoint to an ONNX decoder with past key/values, checked against PyTorch."""
     from gpt2onnx.exporters.export import ExportOptions
     from gpt2onnx.exporters.export import export as run_export
     from gpt2onnx.exporters.torch_export import DEFAULT_OPSET
@@ -348,61 +362,32 @@ def export(
             model, out, random_init=random_init, seed=seed, revision=revision, outliers=outliers, options=options
         )
     manifest = result.manifest
-    table = Table(title=f"{manifest['name']} → {result.folder}", show_header=False)
-    table.add_row("kind", manifest["kind"] + (f" {options.block}" if options.block is not None else ""))
-    table.add_row("opset", str(manifest["opset"]))
-    for name, info in manifest["files"].items():
-        table.add_row(name, _size(info["bytes"]))
-    if manifest.get("fusion"):
-        table.add_row("fusion", _fusion_summary(manifest["fusion"]))
-    if manifest.get("quantization"):
-        q = manifest["quantization"]
-        table.add_row("quantization", _quantization_summary(q))
-    if manifest.get("fp16"):
-        kept = manifest["fp16"]["kept_fp32"]
-        table.add_row("precision", f"float16; fp32 kept for {', '.join(kept) or 'nothing'}")
+    table = Table(title=f"{manifest.name} → {result.folder}", show_header=False)
+    table.add_row("kind", manifest.kind + (f" {options.block}" if options.block is not None else ""))
+    table.add_row("opset", str(manifest.opset))
+    for name, info in manifest.files.items():
+        table.add_row(name, _size(info.bytes))
+    if manifest.fusion:
+        table.add_row("fusion", manifest.fusion.summary())
+    if manifest.quantization:
+        table.add_row("quantization", manifest.quantization.summary())
+    if manifest.fp16:
+        table.add_row("precision", f"float16; fp32 kept for {', '.join(manifest.fp16.kept_fp32) or 'nothing'}")
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
     console.print(table)
-    _print_check(manifest["parity"], manifest.get("eval"))
+    _print_check(result.check, result.quality)
 
 
-def _quantization_summary(q: dict) -> str:
-    """int4, block 32, accuracy level 4; lm_head int8, embeddings int4 (manifests before these options: the method)."""
-    text = q["method"] + (f", block {q['block_size']}" if q.get("block_size") else "")
-    if q.get("accuracy_level") is not None:
-        text += f", accuracy level {q['accuracy_level']}"
-    if q.get("lm_head"):
-        text += f"; lm_head {q['lm_head']}, embeddings {q['embeddings']}"
-    return text
-
-
-def _print_check(parity: dict | None, quality: dict | None = None) -> None:
+def _print_check(report: CheckReport | None, quality: EvalReport | None = None) -> None:
     """The check a folder passed before it was written, on one line of its own (never cut by a table)."""
-    from gpt2onnx.artifact.report import CheckReport
-
-    report = CheckReport.from_dict(parity)
     console.print(
         "check: " + (report.summary() if report else "skipped (--no-validate)"),
         markup=False,
         highlight=False,
         soft_wrap=True,
     )
-    for row in (quality or {}).get("rows", []):
-        p = quality["protocol"]
-        console.print(
-            f"real text: PPL {row['ppl']:.6g} against {p['reference']}'s {quality['reference']['ppl']:.6g}"
-            f" (ΔPPL {row['delta_ppl_percent']:+.3f} %), mean KL {row['kl']['mean']:.3g}, same top-1"
-            f" {100 * row['same_top1']:.2f} % on {p['scored_tokens']:,} tokens (context {p['context']}, stride"
-            f" {p['stride']})" + (" — pass" if row.get("check") else ""),
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-
-
-def _fusion_summary(report: dict) -> str:
-    counts = ", ".join(f"{n} {op.split('::')[-1]}" for op, n in report["op_counts"].items()) or "nothing fused"
-    return f"{report['profile']}: {counts}" + (" (PARTIAL)" if report.get("partial") else "")
+    if quality is not None:
+        console.print("real text: " + quality.summary(), markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -413,24 +398,22 @@ def optimize(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
     fusion: Annotated[
         str,
-        typer.Option(
-            help="Fusion profile: ort, ort-shared-kv (cpu only), portable or tensorrt ('none': precision only)."
-        ),
+        typer.Option(help="ort, ort-shared-kv, portable, tensorrt, or none."),
     ] = "ort",
     allow_partial_fusion: Annotated[
-        bool, typer.Option("--allow-partial-fusion", help="Keep a graph whose fusions fall short of the golden counts.")
+        bool, typer.Option("--allow-partial-fusion", help="Keep a graph short of its golden counts.")
     ] = False,
-    validate: Annotated[bool, typer.Option(help="Check the fused graph against its source before writing.")] = True,
+    validate: Annotated[bool, typer.Option(help="Check against the source before writing.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
     precision: PrecisionChoice = None,
     quality: EvalChoice = None,
 ) -> None:
-    """Fuse LayerNorm, SkipLayerNorm, GELU and attention in an exported decoder (and reduce its precision)."""
+    """Fuse LayerNorm, GELU and attention in an exported decoder, or reduce its precision."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
     from gpt2onnx.verify.evaluate import EvalGates
 
     with err_console.status(f"optimizing {source}…"):
-        manifest = run_optimize(
+        result = run_optimize(
             source,
             out,
             fusion=fusion,
@@ -444,59 +427,68 @@ def optimize(
             eval_text=quality.text,
             eval_gates=EvalGates(max_ppl_increase=quality.max_ppl_increase, max_kl=quality.max_kl),
         )
+    manifest = result.manifest
     table = Table(title=f"{source} → {out}", show_header=False)
-    table.add_row("fusion", _fusion_summary(manifest["fusion"]))
-    for check, g in manifest["fusion"]["golden"].items():
-        table.add_row(f"  {check}", f"{g['found']} of {g['expected']} ({', '.join(g['ops'])})")
-    for name, info in manifest["files"].items():
-        table.add_row(name, _size(info["bytes"]))
-    if manifest.get("quantization"):
-        q = manifest["quantization"]
-        table.add_row(
-            "quantization", _quantization_summary(q) + "; " + ", ".join(f"{n} {op}" for op, n in q["ops"].items())
-        )
+    if manifest.fusion:
+        table.add_row("fusion", manifest.fusion.summary())
+        for check, g in manifest.fusion.golden.items():
+            table.add_row(f"  {check}", f"{g.found} of {g.expected} ({', '.join(g.ops)})")
+    for name, info in manifest.files.items():
+        table.add_row(name, _size(info.bytes))
+    if manifest.quantization:
+        ops = ", ".join(f"{n} {op}" for op, n in manifest.quantization.ops.items())
+        table.add_row("quantization", f"{manifest.quantization.summary()}; {ops}")
     console.print(table)
-    _print_check(manifest["parity"], manifest.get("eval"))
+    _print_check(result.check, result.quality)
 
 
 @app.command()
 def deploy(
-    folder: Annotated[
-        Path, typer.Argument(help="Exported decoder folder (gpt2onnx export or optimize, any precision).")
-    ],
+    folder: Annotated[Path, typer.Argument(help="Exported decoder folder.")],
     target: Annotated[
         str,
-        typer.Option("--target", "-t", help="Comma-separated: genai, transformers-js, triton (see README 'Deploy')."),
+        typer.Option(
+            "--target",
+            "-t",
+            metavar="LIST",
+            help="genai, transformers-js, triton, ort-generate, web (comma-separated).",
+        ),
     ],
     out: Annotated[
         Optional[Path],
-        typer.Option("--out", "-o", help="Write a new folder here \\[default: add the targets to FOLDER itself]."),
+        typer.Option("--out", "-o", help="A new folder \\[default: FOLDER itself]."),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out folder.")] = False,
-    triton_name: Annotated[
-        Optional[str], typer.Option(help="Triton model name \\[default: the name of the folder written].")
+    triton_name: Annotated[Optional[str], typer.Option(help="Triton model name \\[default: the folder's].")] = None,
+    triton_device: Annotated[str, typer.Option(help="Triton instances: cpu or gpu.")] = "cpu",
+    web_lib: Annotated[
+        Optional[Path],
+        typer.Option(
+            metavar="PATH",
+            help="web: node_modules with transformers.js (README).",
+        ),
     ] = None,
-    triton_device: Annotated[
-        str, typer.Option(help="Triton instance group: cpu (KIND_CPU) or gpu (KIND_GPU).")
-    ] = "cpu",
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Make an exported folder ready for onnxruntime-genai, transformers.js and Triton (the plain folder keeps working)."""
+    """Make an exported folder ready for genai, transformers.js, Triton, ort-generate, the browser."""
     from gpt2onnx.deploy import deploy as run_deploy
 
-    manifest = run_deploy(
+    result = run_deploy(
         folder,
         target,
         out=out,
         force=force,
         triton_name=triton_name,
         triton_device=triton_device.lower(),
+        web_lib=web_lib,
         verify_files=verify_files,
     )
-    table = Table(title=f"{folder} → {out or folder} ({manifest['deploy']['precision']})", show_header=False)
-    for name, files in manifest["deploy"]["targets"].items():
+    table = Table(title=f"{folder} → {result.folder} ({result.record.precision})", show_header=False)
+    for name, files in result.targets.items():
         table.add_row(name, ", ".join(files))
     console.print(table)
+    if "web" in result.targets:
+        console.print(f"open the page with: gpt2onnx serve {out or folder}", highlight=False, soft_wrap=True)
 
 
 @app.command("inspect")
@@ -505,70 +497,64 @@ def inspect_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON.")] = False,
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Show inputs, outputs, opsets, op histogram, file sizes, parameter accounting and the export's checks."""
+    """Show IO, opsets, ops, file sizes, parameters and the export's checks."""
     from gpt2onnx.artifact.inspect import inspect_model
 
     info = inspect_model(path, verify_files=verify_files)
     if as_json:
-        console.print_json(json.dumps(info))
+        console.print_json(json.dumps(info.as_dict()))
         return
-    console.print(f"[bold]{info['path']}[/]  IR {info['ir_version']}, {info['producer'] or 'unknown producer'}")
-    console.print("opsets: " + ", ".join(f"{d} {v}" for d, v in info["opset_imports"].items()))
+    console.print(f"[bold]{escape(info.path)}[/]  IR {info.ir_version}, {info.producer or 'unknown producer'}")
+    console.print("opsets: " + ", ".join(f"{d} {v}" for d, v in info.opset_imports.items()))
     io = Table(title="inputs and outputs")
     for col in ("", "name", "dtype", "dims"):
         io.add_column(col)
-    for kind in ("inputs", "outputs"):
-        for t in info[kind]:
-            io.add_row(kind[:-1], t["name"], t["dtype"], escape("[" + ", ".join(map(str, t["dims"])) + "]"))
+    for kind, tensors in (("input", info.inputs), ("output", info.outputs)):
+        for t in tensors:
+            io.add_row(kind, t.name, t.dtype, escape("[" + ", ".join(map(str, t.dims)) + "]"))
     console.print(io)
-    ops = Table(title=f"ops ({info['node_count']} nodes)")
+    ops = Table(title=f"ops ({info.node_count} nodes)")
     for col in ("domain", "op", "count"):
         ops.add_column(col, justify="right" if col == "count" else "left")
-    for row in info["op_histogram"]:
-        ops.add_row(row["domain"], row["op_type"], str(row["count"]))
+    for row in info.op_histogram:
+        ops.add_row(row.domain, row.op_type, str(row.count))
     console.print(ops)
-    params = info["parameters"]
+    params = info.parameters
     acc = Table(title="parameters")
     for col in ("component", "per instance", "instances", "total"):
         acc.add_column(col, justify="left" if col == "component" else "right")
-    for c in params["components"]:
-        acc.add_row(c["component"], f"{c['params_per_instance']:,}", str(c["instances"]), f"{c['total']:,}")
-    for u in params["unnamed"]:
-        acc.add_row(f"{u['name']} (unnamed)", f"{u['params']:,}", "1", f"{u['params']:,}")
-    acc.add_row("[bold]total[/]", "", "", f"[bold]{params['total']:,}[/]")
+    for c in params.components:
+        acc.add_row(c.component, f"{c.params_per_instance:,}", str(c.instances), f"{c.total:,}")
+    for u in params.unnamed:
+        acc.add_row(f"{u.name} (unnamed)", f"{u.params:,}", "1", f"{u.params:,}")
+    acc.add_row("[bold]total[/]", "", "", f"[bold]{params.total:,}[/]")
     console.print(acc)
-    console.print("files: " + ", ".join(f"{name} {_size(size)}" for name, size in info["files"].items()))
-    if info["manifest"] and info["manifest"].get("fusion"):
-        console.print("fusion: " + _fusion_summary(info["manifest"]["fusion"]))
-    if info["manifest"]:
+    console.print("files: " + ", ".join(f"{name} {_size(size)}" for name, size in info.files.items()))
+    if info.manifest and info.manifest.fusion:
+        console.print("fusion: " + info.manifest.fusion.summary())
+    if info.manifest:
         console.print(
-            "checked at export: " + info["manifest"]["check_summary"], markup=False, highlight=False, soft_wrap=True
+            "checked at export: " + info.manifest.check_summary, markup=False, highlight=False, soft_wrap=True
         )
 
 
 # -- running: options shared by generate, parity and bench --------------------------------------------------
 FolderArg = Annotated[Path, typer.Argument(help="Exported model folder.", show_default=True)]
 RuntimeOpt = Annotated[str, typer.Option("--runtime", "-r", help="onnxruntime, genai or openvino.")]
-OvDeviceOpt = Annotated[
-    str, typer.Option("--device", help="openvino: the device (CPU, GPU, … as OpenVINO lists them).")
-]
+OvDeviceOpt = Annotated[str, typer.Option("--device", help="openvino: CPU, GPU, …")]
 OvPrecisionOpt = Annotated[
     str,
-    typer.Option("--ov-precision", help="openvino: inference precision f32, bf16 or fp16 (INFERENCE_PRECISION_HINT)."),
+    typer.Option("--ov-precision", help="openvino: f32, bf16 or fp16."),
 ]
 ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="cpu, cuda or tensorrt.")]
-ThreadsOpt = Annotated[Optional[int], typer.Option(help="cpu: intra-op threads \\[default: all cores].")]
+ThreadsOpt = Annotated[Optional[int], typer.Option(help="cpu: threads \\[default: all cores].")]
 SpinOpt = Annotated[bool, typer.Option("--spin/--no-spin", help="cpu: let idle threads spin.")]
 DeviceOpt = Annotated[int, typer.Option(help="cuda/tensorrt: GPU index.")]
 TrtFp16Opt = Annotated[bool, typer.Option("--trt-fp16", help="tensorrt: allow fp16 kernels.")]
-TrtCacheOpt = Annotated[
-    Optional[Path], typer.Option(help="tensorrt: engine and timing cache folder \\[default: DIR/trt_cache].")
-]
-MaxBatchOpt = Annotated[int, typer.Option(help="tensorrt: largest batch of the optimization profile.")]
-FallbackOpt = Annotated[bool, typer.Option("--allow-fallback", help="Run anyway if the provider cannot load.")]
-ReferenceOpt = Annotated[
-    Optional[str], typer.Option(help="Reference checkpoint (folder or Hub id) \\[default: the manifest's source].")
-]
+TrtCacheOpt = Annotated[Optional[Path], typer.Option(help="tensorrt: cache \\[default: DIR/trt_cache].")]
+MaxBatchOpt = Annotated[int, typer.Option(help="tensorrt: largest batch.")]
+FallbackOpt = Annotated[bool, typer.Option("--allow-fallback", help="Run on if the provider fails.")]
+ReferenceOpt = Annotated[Optional[str], typer.Option(help="Reference \\[default: the manifest's source].")]
 
 
 @dataclass(frozen=True)
@@ -610,7 +596,7 @@ def _make_run_options(values: dict) -> RunOptions:
         trt_cache_dir=str(values["trt_cache_dir"]) if values["trt_cache_dir"] else None,
         max_batch=values["max_batch"],
         allow_fallback=values["allow_fallback"],
-    ).check()
+    )
     return RunOptions(provider, values["device"], values["ov_precision"], values["verify_files"])
 
 
@@ -622,22 +608,22 @@ def _runtime(name: str, options: RunOptions):
 
     return RuntimeOptions(
         name=name, provider=options.provider, device=options.device, ov_precision=options.ov_precision
-    ).check()
+    )
 
 
 @app.command()
 @run_options
 def generate(
     folder: FolderArg = Path("models/gpt2"),
-    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Prompt text (repeat for a batch).")] = None,
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Prompt text (repeat: a batch).")] = None,
     ids: Annotated[
-        Optional[list[str]], typer.Option("--ids", help="Prompt token ids, e.g. 1,2,3 (repeat for a batch).")
+        Optional[list[str]], typer.Option("--ids", metavar="IDS", help="Token ids, e.g. 1,2,3 (repeatable).")
     ] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 32,
-    sample: Annotated[bool, typer.Option("--sample", help="Sample instead of greedy decoding.")] = False,
+    sample: Annotated[bool, typer.Option("--sample", help="Sample instead of greedy.")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
-    top_k: Annotated[int, typer.Option(help="Sample from the k most likely tokens (0: all).")] = 0,
-    top_p: Annotated[float, typer.Option(help="Sample from the smallest set with this probability mass.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Sample from the top k (0: all).")] = 0,
+    top_p: Annotated[float, typer.Option(help="Sample from the top-p mass.")] = 1.0,
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
     runtime: RuntimeOpt = "onnxruntime",
     options: RunOptions = None,
@@ -674,7 +660,7 @@ def parity(
     folder: FolderArg = Path("models/gpt2"),
     cases: Annotated[int, typer.Option(help="Randomized cases.")] = 20,
     seed: Annotated[int, typer.Option(help="Seed of the cases.")] = 0,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure here.")] = None,
     reference: ReferenceOpt = None,
     gate: GateOpt = None,
     runtime: RuntimeOpt = "onnxruntime",
@@ -682,8 +668,7 @@ def parity(
         bool,
         typer.Option(
             "--emulate-fp16",
-            help="fp16 models on the cpu provider: round every fp16 tensor as a GPU stores it (the CPU computes"
-            " most fp16 nodes in fp32, which hides overflow).",
+            help="fp16 on cpu: round tensors as a GPU stores them.",
         ),
     ] = False,
     text: Annotated[
@@ -694,7 +679,7 @@ def parity(
     ] = None,
     options: RunOptions = None,
 ) -> None:
-    """Check an exported model against PyTorch on randomized cases; exit 1 if a gate fails."""
+    """Check an exported model against PyTorch; exit 1 if a gate fails."""
     from rich.progress import Progress
 
     from gpt2onnx.files import write_json_atomic
@@ -774,32 +759,31 @@ def parity(
 def bench(
     folders: Annotated[
         Optional[list[Path]],
-        typer.Argument(help="Exported folders; several are measured side by side \\[default: models/gpt2]."),
+        typer.Argument(help="Folders, side by side \\[default: models/gpt2]."),
     ] = None,
-    batch: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1,8",
+    batch: Annotated[str, typer.Option(metavar="LIST", help="Batch sizes, comma-separated.")] = "1,8",
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens per row.")] = 128,
-    new_tokens: Annotated[int, typer.Option(help="Tokens generated per run (the prompt step gives the first).")] = 64,
+    new_tokens: Annotated[int, typer.Option(help="Tokens per run, the first included.")] = 64,
     past: Annotated[
         Optional[str],
         typer.Option(
-            help="Also time a decode step at these past lengths, comma-separated (up to the context; zero-filled cache, no prompt run)."
+            metavar="LIST",
+            help="Also time one step at these past lengths.",
         ),
     ] = None,
     warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 2,
     repeat: Annotated[int, typer.Option(help="Timed runs.")] = 5,
-    baseline: Annotated[Optional[str], typer.Option(help="'torch': the same workload on PyTorch eager.")] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Draw decode latency against past length (PNG).")] = None,
+    baseline: Annotated[Optional[str], typer.Option(help="'torch': PyTorch eager too.")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG: decode latency by past.")] = None,
     reference: ReferenceOpt = None,
     runtime: Annotated[
         str,
-        typer.Option(
-            "--runtime", "-r", help="onnxruntime, genai, openvino; several comma-separated, measured side by side."
-        ),
+        typer.Option("--runtime", "-r", metavar="LIST", help="onnxruntime, genai, openvino (comma-separated)."),
     ] = "onnxruntime",
     options: RunOptions = None,
 ) -> None:
-    """Measure time to first token, decode latency, tokens/s, memory and file size (medians of repeated runs)."""
+    """Measure first-token and decode latency, tokens/s and memory (medians)."""
     from rich.progress import Progress
 
     from gpt2onnx.errors import BadInput
@@ -821,7 +805,7 @@ def bench(
             name=name,
             provider=config if name == "onnxruntime" else ProviderConfig(threads=config.threads),
             **({"device": options.device, "ov_precision": options.ov_precision} if name == "openvino" else {}),
-        ).check()
+        )
         for name in names
     ]
     bench_config = BenchConfig(
@@ -831,7 +815,7 @@ def bench(
         warmup=warmup,
         repeat=repeat,
         pasts=parse_batches(past, what="past lengths (--past)") if past else (),
-    ).check()
+    )
     engines = len(folders) * len(runtimes) + (1 if baseline == "torch" else 0)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
@@ -846,43 +830,42 @@ def bench(
             verify_files=options.verify_files,
             progress=lambda: progress.advance(task),
         )
-    models = result["models"]
-    where = ", ".join(f"{m['runtime']}/{m['provider']}" for m in models[: len(runtimes)])
+    models = result.models
+    where = ", ".join(f"{m.runtime}/{m.provider}" for m in models[: len(runtimes)])
     table = Table(title=f"on {where}: prompt {prompt_len}, {new_tokens} new tokens, ms, median of {repeat}")
     for col in ("model", "batch", "TTFT ms", "decode p50", "p90", "p99", "+/100 past", "tok/s", "RAM MB"):
         table.add_column(col, justify="left" if col == "model" else "right")
-    for run in result["runs"]:
+    for run in result.runs:
+        decode = run.decode_ms
         table.add_row(
-            run["label"],
-            str(run["batch"]),
-            f"{run['prompt_ms']['p50']:.1f}",
-            f"{run['decode_ms']['p50']:.2f}",
-            f"{run['decode_ms']['p90']:.2f}",
-            f"{run['decode_ms']['p99']:.2f}",
-            f"{run['decode_growth_ms_per_100_past']:.2f}",
-            f"{run['tokens_per_s']:.0f}",
-            f"{run['peak_host_bytes'] / 1e6:.0f}",
+            run.label,
+            str(run.batch),
+            f"{run.prompt_ms.p50:.1f}",
+            *((f"{decode.p50:.2f}", f"{decode.p90:.2f}", f"{decode.p99:.2f}") if decode else ("-", "-", "-")),
+            f"{run.decode_growth_ms_per_100_past:.2f}",
+            f"{run.tokens_per_s:.0f}",
+            f"{run.peak_host_bytes / 1e6:.0f}",
         )
     console.print(table)
     if bench_config.pasts:
         by_past = Table(title=f"decode step (ms, median of {repeat}) at past length")
         for col in ("model", "batch", *map(str, bench_config.pasts)):
             by_past.add_column(col, justify="left" if col == "model" else "right")
-        for run in result["runs"]:
-            if run.get("decode_ms_at_past"):
-                by_past.add_row(run["label"], str(run["batch"]), *(f"{ms:.2f}" for _, ms in run["decode_ms_at_past"]))
+        for run in result.runs:
+            if run.decode_ms_at_past:
+                by_past.add_row(run.label, str(run.batch), *(f"{ms:.2f}" for _, ms in run.decode_ms_at_past))
         console.print(by_past)
     for folder, model in zip(folders, models[:: len(runtimes)]):
-        console.print(f"{folder.name}: {model['precision']}, {_size(model['model_bytes'])}", highlight=False)
-    for run in result["runs"]:
-        for label, s in run["extra"].get("speedup_by_label", {}).items():
+        console.print(f"{folder.name}: {model.precision}, {_size(model.model_bytes)}", highlight=False)
+    for run in result.runs:
+        for label, s in run.speedup_by_label.items():
             console.print(
-                f"batch {run['batch']}: {label} vs torch eager: first token ×{s['prompt']:.2f}, decode step"
-                f" ×{s['decode']:.2f}, tokens/s ×{s['tokens_per_s']:.2f}",
+                f"batch {run.batch}: {label} vs torch eager: first token ×{s.prompt:.2f}, decode step"
+                f" ×{s.decode:.2f}, tokens/s ×{s.tokens_per_s:.2f}",
                 highlight=False,
             )
-        if "note" in run["extra"]:
-            console.print(f"batch {run['batch']}: {run['extra']['note']}", highlight=False)
+        if run.note:
+            console.print(f"batch {run.batch}: {run.note}", highlight=False)
     if plot:
         console.print(f"plot written to {plot}")
 
@@ -896,8 +879,7 @@ def eval_command(
     dataset: Annotated[
         Optional[str],
         typer.Option(
-            help="Or a datasets split NAME[:CONFIG[:SPLIT]] (split default test), e.g. wikitext:wikitext-2-raw-v1;"
-            " needs the network or the Hugging Face cache, and pip install 'gpt2onnx[eval]'."
+            help="Or NAME[:CONFIG[:SPLIT]] via datasets (README).",
         ),
     ] = None,
     context: Annotated[
@@ -909,15 +891,12 @@ def eval_command(
     reference: Annotated[
         Optional[str],
         typer.Option(
-            help="Compare with this checkpoint (folder or Hub id) or exported folder \\[default: PyTorch fp32 from"
-            " the manifest's source]."
+            help="Checkpoint or folder \\[default: the source].",
         ),
     ] = None,
     max_ppl_increase: MaxPplOpt = None,
     max_kl: MaxKlOpt = None,
-    greedy_tokens: Annotated[
-        int, typer.Option(help="New tokens of the greedy comparison, from the text's first 32 tokens (0: none).")
-    ] = 64,
+    greedy_tokens: Annotated[int, typer.Option(help="Greedy tokens compared (0: none).")] = 64,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
     runtime: RuntimeOpt = "onnxruntime",
     options: RunOptions = None,
@@ -996,3 +975,23 @@ def eval_command(
     if not report.passed:
         failing = next(r.check for r in report.rows if r.check and r.check.failures)
         raise CheckFailed("eval gate failed: " + "; ".join(report.failures), failing)
+
+
+# --- the browser (issue 21): gpt2onnx serve ------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    folder: Annotated[Path, typer.Argument(help="A folder written by gpt2onnx deploy --target web.")],
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free port).")] = 8000,
+) -> None:
+    """Serve a web folder on 127.0.0.1 with cross-origin isolation (the wasm thread pool needs it); Ctrl-C stops."""
+    from gpt2onnx.deploy.web_server import open_server
+
+    server = open_server(folder, port=port)
+    # one line, flushed: scripts and tests read the address from it
+    print(f"serving {server.folder} at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # the way to stop it: not an error
+        pass

@@ -34,5 +34,19 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   else
     echo "npm not found: the transformers.js tests will skip (install Node.js 20+)"
   fi
+  # Chromium for the browser tests (tests/test_web.py, driven by playwright-core from tests/js, which downloads no
+  # browser): Debian's package, installed where this runs as root and it is missing (CI); else the tests skip,
+  # saying so. CHROMIUM names another binary.
+  CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
+  if [ ! -x "$CHROMIUM" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing Chromium (apt-get install chromium) for the browser tests"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) >/dev/null \
+      || echo "apt-get install chromium failed: the browser tests will skip (under CI=1 they fail)"
+  fi
+  if [ -x "$CHROMIUM" ]; then
+    echo "$("$CHROMIUM" --version 2>/dev/null | head -1) (browser tests)"
+  else
+    echo "Chromium not found at $CHROMIUM: the browser tests will skip (as root: apt-get install chromium)"
+  fi
 fi
 # --- end of other runtimes ---------------------------------------------------------------------------------

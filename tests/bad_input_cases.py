@@ -316,6 +316,11 @@ def no_space_left(c: Ctx):
     return mock.patch("onnx.save_model", side_effect=OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
 
 
+def _generation_config(folder: Path, **changes) -> None:
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
 # -- the corpus -------------------------------------------------------------------------------------------------
 B, F = EXIT_BAD_INPUT, EXIT_CHECK_FAILED
 EXPORT_TINY = ("export", "--model", "tiny", "--random-init")
@@ -909,10 +914,36 @@ CASES: list[Case] = [
         match="Triton model name",
     ),
     Case(
+        "deploy-ort-generate-early-stopping-never",
+        "options",
+        ("deploy", "m", "--target", "ort-generate", "-o", "out"),
+        B,
+        lambda c: _generation_config(c.copy("exp", "m"), early_stopping="never"),
+        match="early_stopping 'never'.*true or false",
+    ),
+    Case(
         "deploy-triton-device-bogus",
         "options",
         ("deploy", "{exp}", "--target", "triton", "-o", "out", "--triton-device", "tpu"),
         B,
         match="tpu",
+    ),
+    # -- the browser: deploy --target web, serve ---------------------------------------------------------------------
+    Case(
+        "deploy-web-lib-missing",
+        "message",
+        ("deploy", "{exp}", "--target", "web", "-o", "out", "--web-lib", "{dir}"),
+        B,
+        match="transformers.js is not installed in",
+    ),
+    Case("serve-missing-folder", "message", ("serve", "nope"), B, match="is not a folder"),
+    Case("serve-not-a-web-folder", "message", ("serve", "{exp}"), B, match="has no index.html"),
+    Case(
+        "serve-port-bogus",
+        "options",
+        ("serve", "{dir}", "--port", "70000"),
+        B,
+        lambda c: (c.dir / "index.html").write_text("<p>hi</p>"),
+        match="not a port number",
     ),
 ]

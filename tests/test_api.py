@@ -11,7 +11,7 @@ def test_public_api_end_to_end(tmp_path):
     result = gpt2onnx.export("tiny", tmp_path / "m", random_init=True, seed=2)
     assert isinstance(result.check, gpt2onnx.CheckReport) and result.check.passed
     info = gpt2onnx.inspect(result.folder)
-    assert info["parameters"]["total"] == 180_480 and info["manifest"]["checks"]["passed"]
+    assert info.parameters.total == 180_480 and info.manifest.check.passed
     report = gpt2onnx.parity(result.folder, cases=2)
     assert isinstance(report, gpt2onnx.CheckReport) and report.passed and len(report.cases) == 2
     generated = gpt2onnx.generate(result.folder, ids=["1,2,3"], max_new_tokens=3)
@@ -21,7 +21,7 @@ def test_public_api_end_to_end(tmp_path):
     figures = gpt2onnx.bench(
         [result.folder], config=gpt2onnx.BenchConfig(batches=(1,), prompt_len=4, new_tokens=3, warmup=0, repeat=1)
     )
-    assert [run["batch"] for run in figures["runs"]] == [1]
+    assert [run.batch for run in figures.runs] == [1] and figures.models[0].runs == figures.runs
 
 
 def test_errors_are_typed_with_exit_codes(tmp_path):
@@ -39,3 +39,11 @@ def test_errors_are_typed_with_exit_codes(tmp_path):
         gpt2onnx.export("no-such-architecture", tmp_path / "x", random_init=True)
     with pytest.raises(gpt2onnx.BadInput):
         gpt2onnx.ProviderConfig(threads=0).check()
+
+
+def test_deploy_stays_the_command_after_its_subpackage_is_imported():
+    import gpt2onnx.deploy  # noqa: F401  (Python sets the package attribute `deploy` to the subpackage here)
+    from gpt2onnx.deploy import genai
+
+    assert callable(gpt2onnx.deploy) and gpt2onnx.deploy.__name__ == "deploy"
+    assert genai.CONFIG_NAME == "genai_config.json"

@@ -189,3 +189,15 @@ def test_every_module_imports_and_parity_runs_without_optimum(tiny_export):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout
+
+
+def test_readme_layer_table_is_this_list():
+    """The README's Architecture table names the layers of LAYERS, in order, each with its folders."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    section = readme[readme.index("## Architecture") : readme.index("## Safety")]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    table = [(name.strip(), cell) for name, cell in rows[1:]]  # after the header row
+    assert [name for name, _ in table] == [name for name, _ in LAYERS]
+    for (_, cell), (name, members) in zip(table, LAYERS):
+        named = {part.strip("`/ ").removesuffix(".py") for part in cell.split(",")}
+        assert named == members, f"README row {name!r} names {sorted(named)}, the layer is {sorted(members)}"

@@ -1,6 +1,7 @@
 """The CLI through Typer's test runner: the happy paths, and every bad input as one line, non-zero, no traceback."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -165,3 +166,18 @@ def test_fusion_bad_inputs(tmp_path, tiny_folder):
     (tmp_path / "bad.onnx").write_text("nope")
     assert_one_line_error(run("optimize", tmp_path / "bad.onnx", "--out", tmp_path / "o"), "is not an ONNX model")
     assert_one_line_error(run("optimize", tiny_folder, "--out", tmp_path / "o"), "holds no model.onnx")
+
+
+def test_help_reads_at_80_columns():
+    """Every command's --help fits an 80-column terminal, with short metavars (no <list[str]>, <bool>)."""
+    commands = ["export", "optimize", "deploy", "inspect", "generate", "parity", "bench", "eval", "serve"]
+    for args in [[], *([c] for c in commands)]:
+        result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert max(len(line) for line in lines) <= 80, args
+        assert not re.search(r"<(list\[|bool|int|float|str|text)", result.output), (args, result.output)
+        # an option's help takes at most four lines (its default included)
+        rows = [line for line in lines if line.startswith("│ ")]
+        starts = [i for i, line in enumerate(rows) if re.match(r"│ [ *] *-", line) or re.match(r"│ --", line)]
+        assert all(b - a <= 4 for a, b in zip(starts, starts[1:])), (args, result.output)

@@ -120,7 +120,7 @@ def deployed(request, tiny_export, reference, tmp_path_factory):
     variants = {"fp32": lambda: tiny_export, "fp32-ort": lambda: request.getfixturevalue("ort_fused_export")}
     source = variants.get(request.param, lambda: request.getfixturevalue(f"{request.param}_export"))()
     out = tmp_path_factory.mktemp("deployed") / f"tiny-{request.param}"
-    manifest = deploy(source, "genai,transformers-js,triton", out=out)
+    manifest = deploy(source, "genai,transformers-js,triton", out=out).manifest
     expected = reference if request.param.startswith("fp32") else ort_greedy(source / "model.onnx")
     return {"variant": request.param, "folder": out, "manifest": manifest, "expected": expected, "reference": reference}
 
@@ -246,8 +246,8 @@ def test_deploy_records_targets_and_keeps_the_plain_folder(deployed):
     from gpt2onnx.artifact.folder import open_folder
 
     folder, manifest = deployed["folder"], deployed["manifest"]
-    assert set(manifest["deploy"]["targets"]) == {"genai", "transformers-js", "triton"}
-    assert "genai_config.json" in manifest["files"] and "model.onnx" in manifest["files"]
+    assert set(manifest.deploy.targets) == {"genai", "transformers-js", "triton"}
+    assert "genai_config.json" in manifest.files and "model.onnx" in manifest.files
     opened = open_folder(folder)  # the plain folder still opens, hashes and all
     assert (
         opened.precision
@@ -279,8 +279,8 @@ def test_deploy_in_place_with_external_data(tiny_folder, tmp_path):
     config = json.loads((folder / "config.json").read_text())["transformers.js_config"]
     assert config == {"dtype": "fp16", "use_external_data_format": {"model_fp16.onnx": 1}}
     assert (folder / "triton" / "ext" / "1" / "model.onnx_data").is_file()
-    manifest = deploy(folder, "genai")  # again: only genai now, the others dropped
-    assert set(manifest["deploy"]["targets"]) == {"genai"}
+    result = deploy(folder, "genai")  # again: only genai now, the others dropped
+    assert set(result.targets) == {"genai"} and result.folder == folder
     assert not (folder / "onnx").exists() and "transformers.js_config" not in json.loads(
         (folder / "config.json").read_text()
     )

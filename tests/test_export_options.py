@@ -21,7 +21,7 @@ def test_other_opsets_validate(tiny_folder, tmp_path, opset):
     result = export(str(tiny_folder), tmp_path / "m", options=ExportOptions(opset=opset))
     model = onnx.load(str(result.folder / "model.onnx"))
     assert {i.domain or "ai.onnx": i.version for i in model.opset_import}["ai.onnx"] == opset
-    assert model.ir_version <= 10 and result.manifest["parity"]["passed"]
+    assert model.ir_version <= 10 and result.check.passed
 
 
 @pytest.mark.parametrize("opset", [13, 21, -1])
@@ -33,19 +33,19 @@ def test_invalid_opset(tiny_folder, tmp_path, opset):
 
 def test_external_data_on_request(tiny_folder, tmp_path):
     result = export(str(tiny_folder), tmp_path / "ext", options=ExportOptions(external_data=True))
-    files = set(result.manifest["files"])
-    assert {"model.onnx", "model.onnx_data"} <= files and result.manifest["options"]["external_data"]
+    files = set(result.manifest.files)
+    assert {"model.onnx", "model.onnx_data"} <= files and result.manifest.options["external_data"]
     assert (result.folder / "model.onnx").stat().st_size < 100_000  # the graph only
-    assert result.manifest["parity"]["passed"]  # validated from the files as written
+    assert result.check.passed  # validated from the files as written
 
 
 def test_external_data_chosen_automatically_past_the_protobuf_limit(tiny_folder, tmp_path, monkeypatch):
     # The real limit is 2 GB (gpt2-xl); lower it so the automatic path is exercised on a tiny model.
     monkeypatch.setattr(output, "PROTOBUF_LIMIT", 2**26 + 10_000)
     result = export(str(tiny_folder), tmp_path / "auto")
-    assert "model.onnx_data" in result.manifest["files"]
+    assert "model.onnx_data" in result.manifest.files
     small = export(str(tiny_folder), tmp_path / "small", options=ExportOptions(external_data=False))
-    assert "model.onnx_data" not in small.manifest["files"]
+    assert "model.onnx_data" not in small.manifest.files
 
 
 def test_existing_folder_is_kept_without_force(tiny_folder, tmp_path):
@@ -117,7 +117,7 @@ def test_block_out_of_range(tiny_folder, tmp_path):
 
 def test_no_validate_records_no_parity(tiny_folder, tmp_path):
     result = export(str(tiny_folder), tmp_path / "nv", options=ExportOptions(validate=False))
-    assert result.manifest["parity"] is None
+    assert result.check is None and result.manifest.check is None
 
 
 def test_random_init_default_output_folder(tmp_path, monkeypatch):

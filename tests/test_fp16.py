@@ -46,9 +46,9 @@ def test_fp16_passes_its_gates_with_outliers(gpt2_like_config, tmp_path, opset):
     options = ExportOptions(opset=opset, dtype="fp16")
     result = export(str(gpt2_like_config), tmp_path / "fp16", random_init=True, outliers=OUTLIERS, options=options)
     manifest = result.manifest
-    assert manifest["source"]["outliers"]["magnitude"] == OUTLIERS
-    assert manifest["parity"]["passed"] and manifest["parity"]["fp16_emulated"]["passed"]
-    assert manifest["fp16"]["kept_fp32"] == ["layernorm", "softmax", "logits"]
+    assert manifest.source["outliers"]["magnitude"] == OUTLIERS
+    assert manifest.check.passed and manifest.check.fp16_emulated.passed
+    assert manifest.fp16.kept_fp32 == ["layernorm", "softmax", "logits"]
     report = check_parity(result.folder, cases=2, emulate_fp16=True)  # the reference is rebuilt with its outliers
     assert report.passed and report.provider == "cpu (fp16 emulated)", report.failures
 
@@ -62,7 +62,7 @@ def test_quantized_models_pass_their_gates_with_outliers(gpt2_like_config, tmp_p
         outliers=OUTLIERS,
         options=ExportOptions(quantize=method),
     )
-    assert result.manifest["parity"]["passed"] and result.manifest["parity"]["precision"] == method
+    assert result.check.passed and result.manifest.check.precision == method
     assert check_parity(result.folder, cases=2).passed
 
 
@@ -76,12 +76,10 @@ def test_fp16_keeping_nothing_fails_on_outliers(tmp_path):
         export("tiny", tmp_path / "naive", random_init=True, outliers=OUTLIERS, options=keep_nothing)
     assert not (tmp_path / "naive").exists()
     # the outliers are what breaks it ...
-    assert export("tiny", tmp_path / "plain", random_init=True, options=keep_nothing).manifest["parity"]["passed"]
+    assert export("tiny", tmp_path / "plain", random_init=True, options=keep_nothing).check.passed
     # ... and a LayerNormalization op computes its statistics in fp32 (its stash_type) whatever the graph's dtype
     fused_ln = ExportOptions(opset=17, dtype="fp16", keep_fp32=())
-    assert export("tiny", tmp_path / "op", random_init=True, outliers=OUTLIERS, options=fused_ln).manifest["parity"][
-        "passed"
-    ]
+    assert export("tiny", tmp_path / "op", random_init=True, outliers=OUTLIERS, options=fused_ln).check.passed
 
 
 def test_written_out_layer_norms_stay_fp32_inside(tmp_path):
@@ -132,15 +130,15 @@ def test_optimize_to_fp16_keeps_layer_norms_too(tmp_path):
     source = export(
         "tiny", tmp_path / "src", random_init=True, outliers=OUTLIERS, options=ExportOptions(opset=WRITTEN_OUT_LN)
     ).folder
-    manifest = optimize(source, tmp_path / "o", fusion="none", dtype="fp16")
-    assert manifest["parity"]["passed"] and manifest["fp16"]["kept_fp32_nodes"]["Pow"] == 5
+    result = optimize(source, tmp_path / "o", fusion="none", dtype="fp16")
+    assert result.check.passed and result.manifest.fp16.kept_fp32_nodes["Pow"] == 5
     with pytest.raises(Gpt2OnnxError, match="fp16 arithmetic as on a GPU"):
         optimize(source, tmp_path / "naive", fusion="none", dtype="fp16", keep_fp32=())
 
 
 def test_fp16_export_passes_its_gates(gpt2_like_config, tmp_path):
     result = export(str(gpt2_like_config), tmp_path / "fp16", random_init=True, options=ExportOptions(dtype="fp16"))
-    manifest = result.manifest
+    manifest = result.manifest.as_dict()  # the record as written
     assert (
         manifest["dtype"] == "float16" and manifest["parity"]["passed"] and manifest["parity"]["precision"] == "float16"
     )
@@ -168,7 +166,7 @@ def json_config(path):
 
 def test_optimize_to_fp16_with_fusion(tmp_path):
     source = export("tiny", tmp_path / "src", random_init=True).folder
-    manifest = optimize(source, tmp_path / "o", fusion="ort", dtype="fp16")
+    manifest = optimize(source, tmp_path / "o", fusion="ort", dtype="fp16").manifest.as_dict()
     assert (
         manifest["dtype"] == "float16" and manifest["parity"]["passed"] and manifest["parity"]["precision"] == "float16"
     )

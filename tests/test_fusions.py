@@ -15,6 +15,7 @@ from conftest import import_optimum
 from onnx import TensorProto, helper, numpy_helper
 from onnxscript.rewriter import pattern
 
+from gpt2onnx.artifact.manifest import GoldenCount
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
@@ -257,8 +258,8 @@ def test_profile_end_to_end(checkpoint, tmp_path, profile):
 def test_lower_opset_export_is_fused_after_conversion(tiny_folder, tmp_path):
     """At opset 14 the exporter decomposes LayerNorm; the layer_norm rule puts it back (and opset moves to 17)."""
     result = export(str(tiny_folder), tmp_path / "o14", options=ExportOptions(opset=14, fusion="ort"))
-    assert result.manifest["fusion"]["applied"]["layer_norm"] == 5
-    assert result.manifest["opset"] == 17 and result.manifest["parity"]["passed"]
+    assert result.manifest.fusion.applied["layer_norm"] == 5
+    assert result.manifest.opset == 17 and result.check.passed
 
 
 # -- optimize: optimum exports, partial fusion, bad input ----------------------------------------------------
@@ -274,10 +275,10 @@ def optimum_export(tmp_path_factory, tiny_folder):
 
 @pytest.mark.parametrize("profile", ["ort", "ort-shared-kv", "portable", "tensorrt"])
 def test_optimize_an_optimum_export_reaches_the_same_counts(optimum_export, tiny_folder, tmp_path, profile):
-    ours = export(str(tiny_folder), tmp_path / "ours", options=ExportOptions(fusion=profile)).manifest["fusion"]
+    ours = export(str(tiny_folder), tmp_path / "ours", options=ExportOptions(fusion=profile)).manifest.fusion
     theirs = optimize(optimum_export, tmp_path / "optimized", fusion=profile)
-    assert theirs["fusion"]["op_counts"] == ours["op_counts"]
-    assert theirs["parity"]["passed"] and theirs["parity"]["against"] == "source ONNX model"
+    assert theirs.manifest.fusion.op_counts == ours.op_counts
+    assert theirs.check.passed and theirs.check.against == "source ONNX model"
     ckpt = load_checkpoint(str(tiny_folder))
     decoder = cpu_decoder(tmp_path / "optimized" / "model.onnx", n_positions=ckpt.spec.n_positions)
     ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=7, seed=9)
@@ -306,9 +307,9 @@ def test_partial_fusion_names_the_fusion_and_the_node(tiny_export, tmp_path):
     ):
         optimize(broken, tmp_path / "out", fusion="ort", validate=False)
     assert not (tmp_path / "out").exists()
-    manifest = optimize(broken, tmp_path / "out", fusion="ort", allow_partial=True, validate=False)
-    assert manifest["fusion"]["golden"]["gelu"] == {"expected": 2, "found": 1, "ops": ["com.microsoft::FastGelu"]}
-    assert manifest["fusion"]["partial"] and manifest["fusion"]["golden"]["attention"]["found"] == 2
+    fusion = optimize(broken, tmp_path / "out", fusion="ort", allow_partial=True, validate=False).manifest.fusion
+    assert fusion.golden["gelu"] == GoldenCount(expected=2, found=1, ops=["com.microsoft::FastGelu"])
+    assert fusion.partial and fusion.golden["attention"].found == 2
 
 
 def test_optimize_bad_inputs(tiny_export, tmp_path):
@@ -360,9 +361,9 @@ def test_we_fuse_at_least_what_onnxruntimes_optimizer_fuses(tiny_export, optimum
 def test_gpt2_124m_ort_profile_golden_counts_and_parity(tmp_path):
     """The real 124M architecture (random weights): 12 attention, 12 GELU, 25 LayerNorm-type ops, parity."""
     result = export("gpt2", tmp_path / "gpt2-ort", random_init=True, options=ExportOptions(fusion="ort"))
-    assert result.manifest["fusion"]["op_counts"] == {
+    assert result.manifest.fusion.op_counts == {
         "com.microsoft::FastGelu": 12,
         "com.microsoft::MultiHeadAttention": 12,
         "com.microsoft::SkipLayerNormalization": 25,
     }
-    assert result.manifest["parity"]["passed"] and result.manifest["parity"]["measured"]["logits"]["max"] < 1e-4
+    assert result.check.passed and result.check.measured["logits"]["max"] < 1e-4

@@ -91,17 +91,24 @@ def test_streaming_callback_sees_every_step(decoder):
         (np.zeros((1, 0), np.int64), {}, "the prompt is empty"),
         (np.array([[1] * 120]), {"max_new_tokens": 9}, "129 tokens, beyond the model's context of 128"),
         (np.array([[1]]), {"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
-        (np.array([[1]]), {"sampling": Sampling(sample=True, top_p=0.0)}, r"top_p \(--top-p\) must be in"),
-        (
-            np.array([[1]]),
-            {"sampling": Sampling(sample=True, temperature=0)},
-            r"temperature \(--temperature\) must be a positive number",
-        ),
     ],
 )
 def test_bad_generation_inputs(decoder, ids, kwargs, message):
     with pytest.raises(Gpt2OnnxError, match=message):
         generate(decoder, ids, **{"max_new_tokens": 4, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"sample": True, "top_p": 0.0}, r"top_p \(--top-p\) must be in"),
+        ({"sample": True, "temperature": 0}, r"temperature \(--temperature\) must be a positive number"),
+        ({"top_k": 5}, r"top_k only apply when sampling"),
+    ],
+)
+def test_invalid_sampling_cannot_be_built(kwargs, message):
+    with pytest.raises(Gpt2OnnxError, match=message):
+        Sampling(**kwargs)
 
 
 def test_optimum_export_runs_through_the_runner(tiny_folder, tmp_path, reference):

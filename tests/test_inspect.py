@@ -8,7 +8,7 @@ from gpt2onnx.exporters.export import ExportOptions, export
 
 
 def test_inspect_tiny_export(tiny_export):
-    info = inspect_model(tiny_export)
+    info = inspect_model(tiny_export).as_dict()  # the JSON of inspect --json
     assert info["opset_imports"] == {"ai.onnx": 17}
     inputs = {t["name"]: t for t in info["inputs"]}
     assert inputs["attention_mask"]["dims"] == ["batch_size", "past_sequence_length + sequence_length"]
@@ -29,22 +29,21 @@ def test_inspect_tiny_export(tiny_export):
 def test_gpt2_124m_export_size_and_accounting(tmp_path):
     """The real 124M architecture (random weights): tied embedding stored once, exact parameter accounting."""
     result = export("gpt2", tmp_path / "gpt2", random_init=True, options=ExportOptions(logits="last"))
-    assert result.manifest["parity"]["passed"]
+    assert result.check.passed
     size = result.model_bytes
     assert 497_000_000 < size < 500_000_000, size  # 124,439,808 fp32 parameters + the graph; not 650 MB
-    info = inspect_model(result.folder)
-    params = info["parameters"]
-    assert params["total"] == 124_439_808 and params["unnamed"] == []
-    components = {c["component"]: c for c in params["components"]}
-    assert (components["h.ln_1"]["params_per_instance"], components["h.ln_1"]["total"]) == (1_536, 18_432)
-    assert components["wte"]["total"] == 50257 * 768 and components["ln_f"]["total"] == 1_536
+    params = inspect_model(result.folder).parameters
+    assert params.total == 124_439_808 and params.unnamed == []
+    components = {c.component: c for c in params.components}
+    assert (components["h.ln_1"].params_per_instance, components["h.ln_1"].total) == (1_536, 18_432)
+    assert components["wte"].total == 50257 * 768 and components["ln_f"].total == 1_536
 
 
 def test_inspect_external_data_folder(tiny_folder, tmp_path):
     folder = export(str(tiny_folder), tmp_path / "ext", options=ExportOptions(external_data=True)).folder
     info = inspect_model(folder / "model.onnx")
-    assert info["files"]["model.onnx_data"] == (folder / "model.onnx_data").stat().st_size
-    assert info["parameters"]["total"] == sum(c["total"] for c in info["parameters"]["components"])
+    assert info.files["model.onnx_data"] == (folder / "model.onnx_data").stat().st_size
+    assert info.parameters.total == sum(c.total for c in info.parameters.components)
 
 
 def test_inspect_errors(tmp_path):
@@ -78,12 +77,13 @@ def test_inspect_shows_the_checks_of_every_variant(tmp_path, variant, options):
     from gpt2onnx.cli import app
 
     folder = export("tiny", tmp_path / variant, random_init=True, options=options).folder
-    info = inspect_model(folder)
-    checks = info["manifest"]["checks"]
-    assert checks["passed"] and checks["precision"] == {"fp16": "float16", "int8": "int8", "int4": "int4"}.get(
-        variant, "float32"
-    )
-    assert "— pass" in info["manifest"]["check_summary"]
+    manifest = inspect_model(folder).manifest
+    assert manifest.check.passed and manifest.check.precision == {
+        "fp16": "float16",
+        "int8": "int8",
+        "int4": "int4",
+    }.get(variant, "float32")
+    assert "— pass" in manifest.check_summary
     result = CliRunner().invoke(app, ["inspect", str(folder)])
     assert result.exit_code == 0 and "checked at export: " in result.output, result.output
 
@@ -100,7 +100,7 @@ def test_inspect_an_optimum_folder(tmp_path, tiny_folder):
             str(tiny_folder), output=tmp_path / "optimum", task="text-generation-with-past", no_post_process=True
         )
     info = inspect_model(tmp_path / "optimum")
-    assert info["manifest"] is None and {t["name"] for t in info["inputs"]} >= {"input_ids", "past_key_values.0.key"}
+    assert info.manifest is None and {t.name for t in info.inputs} >= {"input_ids", "past_key_values.0.key"}
 
 
 def test_inspect_refuses_what_is_not_a_regular_file_and_a_truncated_data_file(tmp_path, tiny_folder):

@@ -22,7 +22,7 @@ def _ops(folder) -> Counter:
 @pytest.mark.parametrize("method, op", [("int4", "MatMulNBits"), ("int8", "MatMulInteger")])
 def test_export_quantized_passes_its_gates(gpt2_like_config, tmp_path, method, op):
     result = export(str(gpt2_like_config), tmp_path / method, random_init=True, options=ExportOptions(quantize=method))
-    manifest = result.manifest
+    manifest = result.manifest.as_dict()  # the record as written
     assert manifest["quantization"]["method"] == method and manifest["quantization"]["ops"][op] > 0
     parity = manifest["parity"]
     assert parity["passed"] and parity["precision"] == method
@@ -50,9 +50,9 @@ def test_int4_is_smaller_than_int8_is_smaller_than_fp32(tiny_folder, tmp_path):
 
 def test_optimize_fuses_then_quantizes(tmp_path):
     source = export("tiny", tmp_path / "src", random_init=True).folder
-    manifest = optimize(source, tmp_path / "o", fusion="ort", quantization=QuantizeOptions("int4", 16))
-    assert manifest["quantization"]["block_size"] == 16 and manifest["parity"]["passed"]
-    assert manifest["fusion"]["golden"]["attention"]["found"] == 2
+    result = optimize(source, tmp_path / "o", fusion="ort", quantization=QuantizeOptions("int4", 16))
+    assert result.manifest.quantization.block_size == 16 and result.check.passed
+    assert result.manifest.fusion.golden["attention"].found == 2
     ops = _ops(tmp_path / "o")
     assert ops["MultiHeadAttention"] == 2 and ops["MatMulNBits"] > 0
     assert onnx.load(str(tmp_path / "o" / "model.onnx")).ir_version >= 10  # opset 21 needs IR 10

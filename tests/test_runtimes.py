@@ -116,9 +116,7 @@ def test_bench_measures_every_runtime_side_by_side(tiny_export, tmp_path):
 
 def test_bench_api_keeps_one_runtime_labels(tiny_export):
     result = benchmark(tiny_export, config=BenchConfig(batches=(1,), prompt_len=4, new_tokens=3, warmup=0, repeat=1))
-    assert [(r["label"], r["runtime"], r["engine"]) for r in result["runs"]] == [
-        (tiny_export.name, "onnxruntime", "onnxruntime")
-    ]
+    assert [(r.label, r.runtime, r.engine) for r in result.runs] == [(tiny_export.name, "onnxruntime", "onnxruntime")]
 
 
 @pytest.mark.parametrize("name", [runtime_param("openvino")])

@@ -112,10 +112,10 @@ def test_chunk_on_a_past_at_batch_3_matches_the_concat_graph(shared_export, tiny
     "dtype, quantize", [("fp16", "none"), ("fp32", "int8"), ("fp32", "int4")], ids=["fp16", "int8", "int4"]
 )
 def test_precisions_on_the_shared_cache(gpt2_init_export, tmp_path, dtype, quantize):
-    manifest = optimize(
+    result = optimize(
         gpt2_init_export, tmp_path / "out", fusion="ort-shared-kv", dtype=dtype, quantization=QuantizeOptions(quantize)
     )
-    assert manifest["kv_cache"] == "shared" and manifest["parity"]["passed"]
+    assert result.manifest.kv_cache == "shared" and result.check.passed
     report = check_parity(tmp_path / "out", cases=4, seed=1, max_batch=4)
     assert report.passed, report.failures
 

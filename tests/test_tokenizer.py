@@ -77,7 +77,7 @@ def gpt2_deployed(gpt2_checkpoint, tmp_path_factory):
 
     base = tmp_path_factory.mktemp("gpt2-vocab-export")
     exported = export(str(gpt2_checkpoint), base / "model").folder
-    manifest = deploy(exported, "genai,transformers-js", out=base / "deployed")
+    manifest = deploy(exported, "genai,transformers-js", out=base / "deployed").manifest
     return {"export": exported, "folder": base / "deployed", "manifest": manifest}
 
 
@@ -139,7 +139,7 @@ def test_ids_equal_gpt2_tokenizer_fast_on_hard_strings(gpt2_vocab, gpt2_deployed
 def test_deploy_writes_tokenizer_json_when_the_folder_has_only_vocab_and_merges(gpt2_deployed):
     assert not (gpt2_deployed["export"] / TOKENIZER_JSON).exists()  # the source folder is left alone
     assert (gpt2_deployed["folder"] / TOKENIZER_JSON).is_file()
-    targets = gpt2_deployed["manifest"]["deploy"]["targets"]
+    targets = gpt2_deployed["manifest"].deploy.targets
     assert TOKENIZER_JSON in targets["genai"] and TOKENIZER_JSON in targets["transformers-js"]
 
 

@@ -9,6 +9,7 @@ Only onnx and json here: a deployment machine without torch can open, inspect an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -24,14 +25,13 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from gpt2onnx.artifact.manifest import MANIFEST_FORMAT_VERSION, MODEL_FILE, FileRecord, Manifest
 from gpt2onnx.errors import BadInput, ContractError, IntegrityError, OutputError
 from gpt2onnx.files import sha256_file
 
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "gpt2onnx.json"
-MANIFEST_FORMAT_VERSION = 1
-MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 TOKENIZER_FILES = (
@@ -70,16 +70,12 @@ def read_json_file(path: Path, what: str) -> dict:
     return data
 
 
-def read_manifest(folder: str | Path) -> dict | None:
+def read_manifest(folder: str | Path) -> Manifest | None:
     """The folder's manifest, or None when it has none (an optimum folder); a damaged one is an error."""
     path = Path(folder) / MANIFEST_NAME
     if not path.exists() and not path.is_symlink():
         return None
-    manifest = read_json_file(path, "manifest")
-    for key, kind in (("format_version", int), ("kind", str), ("files", dict)):
-        if not isinstance(manifest.get(key), kind):
-            raise BadInput(f"manifest '{path}' has no valid '{key}': export the folder again, or delete the manifest")
-    return manifest
+    return Manifest.from_dict(read_json_file(path, "manifest"), where=f"manifest '{path}'")
 
 
 def read_n_positions(folder: str | Path) -> int:
@@ -104,22 +100,13 @@ def eos_token_id(folder: str | Path) -> int | None:
     return None
 
 
-def model_files(manifest: dict) -> dict[str, dict]:
-    """The manifest's entries for the model's own files (model.onnx and its external data)."""
-    return {name: info for name, info in manifest.get("files", {}).items() if name.startswith(MODEL_FILE)}
-
-
-def check_integrity(folder: Path, manifest: dict) -> None:
+def check_integrity(folder: Path, manifest: Manifest) -> None:
     """Each model file must have the size and sha256 the manifest records (about 1 s for the 124M model)."""
-    for name, info in model_files(manifest).items():
+    for name, info in manifest.model_files.items():
         path = folder / name
         if not path.is_file():
             raise IntegrityError(f"'{path}' is missing but the manifest lists it: export the folder again")
-        if (
-            not isinstance(info, dict)
-            or path.stat().st_size != info.get("bytes")
-            or sha256_file(path) != info.get("sha256")
-        ):
+        if path.stat().st_size != info.bytes or sha256_file(path) != info.sha256:
             raise IntegrityError(
                 f"'{path}' differs from what the manifest '{folder / MANIFEST_NAME}' records (size or sha256):"
                 " export the folder again, or skip the check (--no-verify-files, verify_files=False) if you changed it on purpose"
@@ -132,18 +119,17 @@ class ModelFolder:
 
     folder: Path
     model_path: Path
-    manifest: dict | None
+    manifest: Manifest | None
     n_positions: int
 
     @property
     def dtype(self) -> str:
-        return (self.manifest or {}).get("dtype", "float32")
+        return self.manifest.dtype if self.manifest else "float32"
 
     @property
     def precision(self) -> str:
         """The quantization method if the weights are quantized, else the dtype: the key of the parity gates."""
-        method = ((self.manifest or {}).get("quantization") or {}).get("method", "none")
-        return self.dtype if method == "none" else method
+        return self.manifest.precision if self.manifest else "float32"
 
 
 def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder:
@@ -160,7 +146,7 @@ def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder
     if not model_path.is_file():
         raise ContractError(f"'{folder}' holds no model.onnx: give a folder written by gpt2onnx export (or optimum)")
     manifest = read_manifest(folder)
-    if manifest is not None and manifest.get("kind") == "block":
+    if manifest is not None and manifest.kind == "block":
         raise ContractError(f"'{folder}' holds a single-block export: give a whole decoder folder")
     if manifest is not None and verify_files:
         check_integrity(folder, manifest)
@@ -183,20 +169,20 @@ def versions() -> dict[str, str | None]:
     return {"gpt2onnx": __version__, **found, "onnxruntime": onnxruntime, "python": platform.python_version()}
 
 
-def write_manifest(folder: Path, manifest: dict) -> dict:
+def write_manifest(folder: Path, manifest: Manifest) -> Manifest:
     """Add the file hashes, versions and date, and write gpt2onnx.json (the last file of a folder)."""
-    manifest = {
-        **manifest,
-        "format_version": MANIFEST_FORMAT_VERSION,
-        "files": {
-            p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    manifest = dataclasses.replace(
+        manifest,
+        format_version=MANIFEST_FORMAT_VERSION,
+        files={
+            p.name: FileRecord(p.stat().st_size, sha256_file(p))
             for p in sorted(folder.iterdir())
             if p.is_file() and p.name != MANIFEST_NAME
         },
-        "versions": versions(),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        versions=versions(),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest.as_dict(), indent=2) + "\n")
     return manifest
 
 

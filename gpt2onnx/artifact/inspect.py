@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import onnx
 
-from gpt2onnx.artifact.contract import graph_io
+from gpt2onnx.artifact.contract import TensorSpec, graph_io
 from gpt2onnx.artifact.folder import check_integrity, read_manifest
 from gpt2onnx.artifact.graph import external_data_files, load_graph, resolve_model_path
-from gpt2onnx.artifact.report import CheckReport
+from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.errors import ContractError
 
 _BLOCK_PARAM = re.compile(r"^(?:transformer\.)?h\.(\d+)\.(.+)\.(weight|bias)$")
@@ -19,10 +20,102 @@ _TOP_PARAM = re.compile(r"^(?:transformer\.)?(wte|wpe|ln_f|lm_head)(?:\.(weight|
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 
 
-def parameter_accounting(model: onnx.ModelProto) -> dict:
+@dataclass(frozen=True)
+class ComponentParameters:
+    """The parameters of one component (h.attn.c_attn, wte, ...): per instance, instances, total."""
+
+    component: str
+    params_per_instance: int
+    instances: int
+    total: int
+    uniform: bool  # every instance has the same count
+
+
+@dataclass(frozen=True)
+class UnnamedParameter:
+    """A float initializer whose name maps to no GPT-2 component."""
+
+    name: str
+    dims: list[int]
+    params: int
+
+
+@dataclass(frozen=True)
+class ParameterAccounting:
+    components: list[ComponentParameters]
+    unnamed: list[UnnamedParameter]
+    total: int
+    constant_elements: int  # elements of non-float or scalar initializers, not counted as parameters
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class OpCount:
+    domain: str
+    op_type: str
+    count: int
+
+
+@dataclass
+class ModelDescription:
+    """What :func:`inspect_model` returns: what an ONNX file holds, and its folder's manifest (None for a file
+    outside a gpt2onnx folder, or an optimum folder)."""
+
+    path: str
+    ir_version: int
+    producer: str
+    opset_imports: dict[str, int]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    op_histogram: list[OpCount]  # most common first
+    node_count: int
+    files: dict[str, int | None]  # file → bytes (None: missing)
+    external_data: list[str]
+    parameters: ParameterAccounting
+    manifest: Manifest | None
+
+    def as_dict(self) -> dict:
+        """The JSON of ``gpt2onnx inspect --json``."""
+        manifest = self.manifest
+        return {
+            "path": self.path,
+            "ir_version": self.ir_version,
+            "producer": self.producer,
+            "opset_imports": self.opset_imports,
+            "inputs": [t.as_dict() for t in self.inputs],
+            "outputs": [t.as_dict() for t in self.outputs],
+            "op_histogram": [asdict(row) for row in self.op_histogram],
+            "node_count": self.node_count,
+            "files": self.files,
+            "external_data": self.external_data,
+            "parameters": self.parameters.as_dict(),
+            "manifest": (
+                {
+                    "kind": manifest.kind,
+                    "name": manifest.name,
+                    "source": manifest.source,
+                    "dtype": manifest.dtype,
+                    "opset": manifest.opset,
+                    "options": manifest.options,
+                    "fusion": manifest.fusion.as_dict() if manifest.fusion else None,
+                    "quantization": manifest.quantization.as_dict() if manifest.quantization else None,
+                    "fp16": manifest.fp16.as_dict() if manifest.fp16 else None,
+                    "targets": manifest.deploy.targets if manifest.deploy else None,
+                    "checks": manifest.check.as_dict() if manifest.check else None,
+                    "check_summary": manifest.check_summary,
+                }
+                if manifest
+                else None
+            ),
+        }
+
+
+def parameter_accounting(model: onnx.ModelProto) -> ParameterAccounting:
     """Parameters per component, read from the initializers: per instance, number of instances, total."""
     per_component: dict[str, dict[int | None, int]] = {}
-    unnamed: list[dict] = []
+    unnamed: list[UnnamedParameter] = []
     constants = 0
     for init in model.graph.initializer:
         count = 1
@@ -36,7 +129,7 @@ def parameter_accounting(model: onnx.ModelProto) -> dict:
         elif m := _TOP_PARAM.match(init.name):
             key, instance = m[1], None
         else:
-            unnamed.append({"name": init.name, "dims": list(init.dims), "params": count})
+            unnamed.append(UnnamedParameter(init.name, list(init.dims), count))
             continue
         slot = per_component.setdefault(key, {})
         slot[instance] = slot.get(instance, 0) + count
@@ -44,16 +137,10 @@ def parameter_accounting(model: onnx.ModelProto) -> dict:
     for key, instances in per_component.items():
         sizes = set(instances.values())
         components.append(
-            {
-                "component": key,
-                "params_per_instance": max(sizes),
-                "instances": len(instances),
-                "total": sum(instances.values()),
-                "uniform": len(sizes) == 1,
-            }
+            ComponentParameters(key, max(sizes), len(instances), sum(instances.values()), len(sizes) == 1)
         )
-    total = sum(c["total"] for c in components) + sum(u["params"] for u in unnamed)
-    return {"components": components, "unnamed": unnamed, "total": total, "constant_elements": constants}
+    total = sum(c.total for c in components) + sum(u.params for u in unnamed)
+    return ParameterAccounting(components, unnamed, total, constants)
 
 
 def _expected_data_bytes(model: onnx.ModelProto) -> dict[str, int]:
@@ -68,7 +155,7 @@ def _expected_data_bytes(model: onnx.ModelProto) -> dict[str, int]:
     return needed
 
 
-def inspect_model(path: str | Path, *, verify_files: bool = True) -> dict:
+def inspect_model(path: str | Path, *, verify_files: bool = True) -> ModelDescription:
     """What an ONNX file (or an exported folder's model) holds, read without running it or loading its weights.
 
     Args:
@@ -76,9 +163,9 @@ def inspect_model(path: str | Path, *, verify_files: bool = True) -> dict:
         verify_files: check the model files against the sha256 of the folder's manifest, if it has one.
 
     Returns:
-        A JSON-ready dict: path, IR version, producer, opsets, inputs and outputs with their dims, op histogram,
-        node count, file sizes, parameter accounting, and the manifest's record (kind, source, dtype, options,
-        fusion, quantization, and ``checks``: the export's check report, for every precision).
+        ModelDescription: path, IR version, producer, opsets, inputs and outputs with their dims, op histogram,
+        node count, file sizes, parameter accounting, and the folder's Manifest (its check included);
+        ``as_dict()`` is the JSON of ``gpt2onnx inspect --json``.
 
     Raises:
         BadInput: no such path, or not a regular file. ContractError: not an ONNX model, or an external data
@@ -98,44 +185,17 @@ def inspect_model(path: str | Path, *, verify_files: bool = True) -> dict:
     if manifest is not None and verify_files:
         check_integrity(model_path.parent, manifest)
     inputs, outputs = graph_io(model)
-    report = CheckReport.from_dict((manifest or {}).get("parity"))
-    return {
-        "path": str(model_path),
-        "ir_version": model.ir_version,
-        "producer": f"{model.producer_name} {model.producer_version}".strip(),
-        "opset_imports": {imp.domain or "ai.onnx": imp.version for imp in model.opset_import},
-        "inputs": [t.as_dict() for t in inputs],
-        "outputs": [t.as_dict() for t in outputs],
-        "op_histogram": [
-            {"domain": domain, "op_type": op, "count": count} for (domain, op), count in histogram.most_common()
-        ],
-        "node_count": len(model.graph.node),
-        "files": files,
-        "external_data": external_data_files(model),
-        "parameters": parameter_accounting(model),
-        "manifest": (
-            {
-                **{
-                    k: manifest.get(k)
-                    for k in (
-                        "kind",
-                        "name",
-                        "source",
-                        "dtype",
-                        "opset",
-                        "options",
-                        "fusion",
-                        "quantization",
-                        "fp16",
-                        "targets",
-                    )
-                },
-                "checks": report.as_dict() if report else None,
-                "check_summary": report.summary()
-                if report
-                else ("not validated" if manifest.get("parity") is None else "unreadable"),
-            }
-            if manifest
-            else None
-        ),
-    }
+    return ModelDescription(
+        path=str(model_path),
+        ir_version=model.ir_version,
+        producer=f"{model.producer_name} {model.producer_version}".strip(),
+        opset_imports={imp.domain or "ai.onnx": imp.version for imp in model.opset_import},
+        inputs=list(inputs),
+        outputs=list(outputs),
+        op_histogram=[OpCount(domain, op, count) for (domain, op), count in histogram.most_common()],
+        node_count=len(model.graph.node),
+        files=files,
+        external_data=external_data_files(model),
+        parameters=parameter_accounting(model),
+        manifest=manifest,
+    )

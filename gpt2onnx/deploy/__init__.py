@@ -5,9 +5,12 @@
 
     genai_config.json                      onnxruntime-genai (gpt2onnx.deploy.genai)
     onnx/model[_suffix].onnx, config.json  transformers.js (gpt2onnx.deploy.transformers_js)
+    index.html, gpt2onnx-web.js, lib/      a page that generates in the browser (gpt2onnx.deploy.web; it loads
+                                           the transformers.js layout, which "web" therefore adds too)
     triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton)
     tokenizer.json                         genai and transformers.js, which read only this file, when the
                                            folder has only vocab.json + merges.txt (gpt2onnx.artifact.tokenizer)
+    ort-generate/*_search.onnx, ...        onnxruntime's generation ops, the loop in the graph (gpt2onnx.deploy.ort_generate)
 
 It works on any gpt2onnx decoder folder, exported or optimized, in any precision, and leaves export and
 optimize alone. The result is written like every folder: staged beside the target and moved into place
@@ -19,31 +22,43 @@ not named again are dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gpt2onnx.artifact.folder import (
-    CONFIG_FILE,
-    MANIFEST_NAME,
-    model_files,
-    open_folder,
-    staged_folder,
-    write_manifest,
-)
+from gpt2onnx.artifact.folder import CONFIG_FILE, MANIFEST_NAME, open_folder, staged_folder, write_manifest
+from gpt2onnx.artifact.manifest import DeployRecord, Manifest, TritonRecord
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
-from gpt2onnx.deploy import genai, transformers_js, triton
+from gpt2onnx.deploy import genai, ort_generate, transformers_js, triton, web
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("genai", "transformers-js", "triton")
+TARGETS = ("genai", "transformers-js", "triton", "ort-generate", "web")
 NEED_TOKENIZER_JSON = {"genai", "transformers-js"}
 # what a target adds to the folder: dropped when the folder is deployed again
-_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER)
+_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER, ort_generate.SUBFOLDER, *web.PATHS)
+
+
+@dataclass
+class DeployResult:
+    """What :func:`deploy` returns: the folder written, its manifest, and per target the files it added."""
+
+    folder: Path
+    manifest: Manifest
+
+    @property
+    def record(self) -> DeployRecord:
+        return self.manifest.deploy
+
+    @property
+    def targets(self) -> dict[str, list[str]]:
+        return self.manifest.deploy.targets
 
 
 def parse_targets(value: str | list[str]) -> list[str]:
@@ -56,6 +71,8 @@ def parse_targets(value: str | list[str]) -> list[str]:
         raise BadInput(
             f"unknown deploy target {', '.join(sorted(unknown)) or '(none)'}: choose from {', '.join(TARGETS)}"
         )
+    if "web" in names:
+        names.add("transformers-js")  # the page loads the transformers.js layout
     return [t for t in TARGETS if t in names]
 
 
@@ -67,10 +84,13 @@ def deploy(
     force: bool = False,
     triton_name: str | None = None,
     triton_device: str = "cpu",
+    web_lib: str | Path | None = None,
     verify_files: bool = True,
-) -> dict:
+) -> DeployResult:
     """Write the deployment ``targets`` for the exported decoder ``folder``, in place or into ``out``.
-    Returns the new manifest; its "deploy" entry lists the targets and their files."""
+    ``web_lib``: the node_modules with transformers.js that the web target copies its library files from
+    (default: $GPT2ONNX_WEB_LIB, else this repository's tests/js/node_modules, else ./node_modules).
+    Returns the folder and its new manifest, whose ``deploy`` record lists the targets and their files."""
     targets = parse_targets(targets)
     if triton_device not in triton.KINDS:
         raise BadInput(f"unknown Triton instance kind '{triton_device}': choose cpu or gpu")
@@ -88,7 +108,7 @@ def deploy(
         target.resolve().is_relative_to(source.resolve()) or source.resolve().is_relative_to(target.resolve())
     ):
         raise BadInput(f"output folder '{target}' is inside '{source}' or holds it: choose a folder beside it")
-    big = set(model_files(opened.manifest))
+    big = set(opened.manifest.model_files)
     with staged_folder(target, force=force or in_place, protect=() if in_place else (source,)) as staging:
         for path in sorted(source.iterdir()):
             if path.name == MANIFEST_NAME or path.name in _TARGET_PATHS or not path.is_file() or path.is_symlink():
@@ -107,22 +127,30 @@ def deploy(
         if "transformers-js" in targets:
             files = transformers_js.write_transformers_js(staging, staging, opened.precision)
             written["transformers-js"] = files + made
+        if "web" in targets:
+            written["web"] = web.write_web(
+                source, staging, opened.precision, name=target.resolve().name, web_lib=web_lib
+            )
         if "triton" in targets:
             written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
-        manifest = {k: v for k, v in opened.manifest.items() if k not in ("files", "versions", "created", "deploy")}
-        manifest["deploy"] = {
-            "targets": written,
-            "source": str(source),
-            "precision": opened.precision,
+        fixed = None
+        if "ort-generate" in targets:
+            written["ort-generate"], fixed = ort_generate.write_ort_generate(staging, staging)
+        record = DeployRecord(
+            targets=written,
+            source=str(source),
+            precision=opened.precision,
             # write_manifest records the versions and date of this run; keep those of the export
-            "source_versions": opened.manifest.get("versions"),
-            "source_created": opened.manifest.get("created"),
-            **({"triton": {"name": name, "instance_kind": triton.KINDS[triton_device]}} if "triton" in targets else {}),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
+            source_versions=opened.manifest.versions,
+            source_created=opened.manifest.created,
+            triton=TritonRecord(name, triton.KINDS[triton_device]) if "triton" in targets else None,
+            ort_generate=fixed.as_dict() if fixed is not None else None,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        manifest = dataclasses.replace(opened.manifest, deploy=record)
         log.info("deployed %s to %s: %s", source, target, ", ".join(targets))
         manifest = write_manifest(staging, manifest)
-    return manifest
+    return DeployResult(target, manifest)
 
 
 def _drop_transformers_js_config(staging: Path) -> None:

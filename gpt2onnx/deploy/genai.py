@@ -3,7 +3,7 @@
 The config describes our IO contract to genai's "decoder" model type: per-layer past/present names as
 printf patterns, the sizes, the token ids, and the search defaults of generation_config.json.
 Field names as onnxruntime-genai 0.18 reads them (src/config.cpp; unknown keys are rejected there).
-Also used by the genai runtime (gpt2onnx/runtime), which writes the config into a temporary folder.
+Also used by the genai runtime (gpt2onnx/runtimes), which writes the config into a temporary folder.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def genai_config(folder: str | Path, *, filename: str = MODEL_FILE) -> dict:
     shape = decoder_shape(*graph_io(load_graph(folder / filename)), n_positions)
     if shape.vocab_size is None:
         raise ContractError(f"'{folder / filename}' has no fixed vocabulary size on its logits: genai needs it")
-    manifest = read_manifest(folder) or {}
+    manifest = read_manifest(folder)
     return {
         "model": {
             "type": "decoder",
@@ -123,7 +123,7 @@ def genai_config(folder: str | Path, *, filename: str = MODEL_FILE) -> dict:
                 },
             },
         },
-        "search": _search(folder, n_positions, manifest.get("kv_cache") == "shared"),
+        "search": _search(folder, n_positions, manifest is not None and manifest.kv_cache == "shared"),
     }
 
 

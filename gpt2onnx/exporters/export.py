@@ -23,13 +23,14 @@ from gpt2onnx.artifact.folder import (
     write_manifest,
 )
 from gpt2onnx.artifact.graph import graph_summary, save_onnx
+from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
 from gpt2onnx.passes.pipeline import GraphPasses
 from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
-from gpt2onnx.verify.evaluate import EvalGates, check_eval_options, evaluate_written
+from gpt2onnx.verify.evaluate import EvalGates, EvalReport, check_eval_options, evaluate_written
 from gpt2onnx.verify.gates import tolerances_for
 from gpt2onnx.verify.parity import validate_export
 
@@ -64,6 +65,9 @@ class ExportOptions:
 
     def eval_gates(self) -> EvalGates:
         return EvalGates(max_ppl_increase=self.max_ppl_increase, max_kl=self.max_kl)
+
+    def __post_init__(self) -> None:
+        self.check()  # an invalid one cannot be built
 
     def passes(self) -> GraphPasses:
         return GraphPasses(
@@ -115,13 +119,14 @@ class ExportResult:
     """What :func:`export` returns: the folder written, its manifest, the check it passed, timings in seconds."""
 
     folder: Path
-    manifest: dict
+    manifest: Manifest
     check: CheckReport | None = None  # None with validate=False
     timings: dict[str, float] = field(default_factory=dict)
+    quality: EvalReport | None = None  # quality on real text, with eval_text (--eval-text)
 
     @property
     def model_bytes(self) -> int:
-        return sum(f["bytes"] for name, f in self.manifest["files"].items() if name.startswith(MODEL_FILE))
+        return self.manifest.model_bytes
 
 
 def default_output(ckpt_name: str, options: ExportOptions) -> Path:
@@ -187,9 +192,9 @@ def export(
     target = Path(out) if out is not None else default_output(ckpt.name, options)
     protect += (ckpt.companion_dir,) if ckpt.companion_dir is not None else ()
     with staged_folder(target, force=options.force, protect=protect) as staging:
-        manifest, check = _export_into(staging, ckpt, options, timings, label=str(target))
+        manifest, check, quality = _export_into(staging, ckpt, options, timings, label=str(target))
     log.info("exported %s to %s", ckpt.name, target)
-    return ExportResult(target, manifest, check, timings)
+    return ExportResult(target, manifest, check, timings, quality)
 
 
 def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float], *, label: str):
@@ -208,19 +213,21 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
     log.info("exporting %s (%s, opset %d)", ckpt.name, kind, options.opset)
     proto = export_module(module, io, spec, opset=options.opset, head_weight=head)
     timings["export_seconds"] = time.perf_counter() - start
-    proto, reports = passes.apply(proto, timings)
+    passed = passes.apply(proto, timings)
+    proto = passed.model
     if dtype == "float16":
         logits_dtype = "float32" if "logits" in parse_keep_fp32(options.keep_fp32) else "float16"
         io = decoder_io(spec, last_logits_only=options.logits == "last", dtype=dtype, logits_dtype=logits_dtype)
-    if reports["kv_cache"] == "shared":
+    if passed.kv_cache == "shared":
         io = shared_cache_io(io)
-    if dtype == "float16" or reports["kv_cache"] == "shared":
+    if dtype == "float16" or passed.kv_cache == "shared":
         check_graph_io(proto, io)
     start = time.perf_counter()
     model_files = save_onnx(proto, folder / MODEL_FILE, external_data=options.external_data)
     timings["save_seconds"] = time.perf_counter() - start
     graph_facts = graph_summary(proto)
     del proto
+    passed.model = None  # free the graph before validation; the pass records stay
 
     check = None
     if options.validate:
@@ -255,21 +262,24 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
             raise CheckFailed(
                 f"quality on real text failed: {'; '.join(quality.failures)}; nothing was written", failing
             )
-    manifest = {
-        "kind": kind,
-        "name": ckpt.name,
-        "source": ckpt.source,
-        "architecture": spec.as_dict(),
-        "dtype": dtype,
-        "io": io.as_dict(),
+    manifest = Manifest(
+        kind=kind,
+        name=ckpt.name,
+        source=ckpt.source,
+        architecture=spec.as_dict(),
+        dtype=dtype,
+        io=io,
         **graph_facts,
-        "options": {**asdict(options), "external_data": len(model_files) > 1},
-        **reports,
-        "parity": check.as_dict() if check else None,
-        "eval": quality.as_dict() if quality else None,
-        "timings": timings,
-    }
-    return write_manifest(folder, manifest), check
+        options={**asdict(options), "external_data": len(model_files) > 1},
+        fusion=passed.fusion,
+        fp16=passed.fp16,
+        quantization=passed.quantization,
+        kv_cache=passed.kv_cache,
+        check=check,
+        eval=quality.as_dict() if quality else None,
+        timings=timings,
+    )
+    return write_manifest(folder, manifest), check, quality
 
 
 def _write_companions(folder: Path, ckpt: Checkpoint) -> None:

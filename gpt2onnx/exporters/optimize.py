@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
+from gpt2onnx.artifact.contract import shared_cache_io
 from gpt2onnx.artifact.folder import (
     COMPANION_FILES,
     CONFIG_FILE,
@@ -23,14 +25,27 @@ from gpt2onnx.artifact.folder import (
     write_manifest,
 )
 from gpt2onnx.artifact.graph import external_data_files, graph_summary, load_graph, resolve_model_path, save_onnx
+from gpt2onnx.artifact.manifest import Manifest
+from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.errors import BadInput, CheckFailed, ContractError
 from gpt2onnx.passes.pipeline import GraphPasses
 from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions
-from gpt2onnx.verify.evaluate import EvalGates, check_eval_options, evaluate_written
+from gpt2onnx.verify.evaluate import EvalGates, EvalReport, check_eval_options, evaluate_written
 from gpt2onnx.verify.gates import tolerances_for
 from gpt2onnx.verify.parity import SOURCE_ONNX, validate_against_source
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class OptimizeResult:
+    """What :func:`optimize` returns: the folder written, its manifest, the check it passed, timings in seconds."""
+
+    folder: Path
+    manifest: Manifest
+    check: CheckReport | None = None  # None with validate=False
+    timings: dict[str, float] = field(default_factory=dict)
+    quality: EvalReport | None = None  # quality on real text, with eval_text (--eval-text)
 
 
 def optimize(
@@ -49,7 +64,7 @@ def optimize(
     keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS,
     eval_text: str | Path | None = None,
     eval_gates: EvalGates = EvalGates(),
-) -> dict:
+) -> OptimizeResult:
     """Rewrite an exported decoder (gpt2onnx's or optimum's) with a fusion profile and a precision, checked against
     the graph it came from before the new folder is written.
 
@@ -65,7 +80,7 @@ def optimize(
             (:mod:`gpt2onnx.verify.evaluate`), gated by ``eval_gates`` (ΔPPL percent, mean KL) before writing.
 
     Returns:
-        The new folder's manifest (its "parity" entry is the CheckReport as a dict).
+        OptimizeResult: the new folder, its manifest, the CheckReport of the check against the source, timings.
 
     Raises:
         BadInput, ContractError (not an ONNX decoder, missing external data), CheckFailed (fusion short of its
@@ -97,7 +112,8 @@ def optimize(
         raise BadInput("the output folder is the input folder: write the optimized model to another folder")
     check_output(out, force=force, protect=(model_path.parent,))
     timings = {}
-    fused, reports = passes.apply(onnx.load(str(model_path)), timings)
+    passed = passes.apply(onnx.load(str(model_path)), timings)
+    fused, passed.model = passed.model, None
     with staged_folder(out, force=force, protect=(model_path.parent,)) as folder:
         files = save_onnx(fused, folder / MODEL_FILE, external_data=external_data)
         facts = graph_summary(fused)
@@ -114,11 +130,12 @@ def optimize(
             timings["validate_seconds"] = time.perf_counter() - start
             if not check.passed:
                 raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
-        previous = read_manifest(model_path.parent) or {}
+        previous = read_manifest(model_path.parent)
+        io = previous.io if previous and dtype != "float16" else None
         quality = None
         if eval_text is not None:
             start = time.perf_counter()
-            reference = ModelFolder(model_path.parent, model_path, previous or None, read_n_positions(folder))
+            reference = ModelFolder(model_path.parent, model_path, previous, read_n_positions(folder))
             quality = evaluate_written(
                 folder, reference=reference, text=eval_text, gates=eval_gates, against=SOURCE_ONNX, label=str(out)
             )
@@ -128,34 +145,29 @@ def optimize(
                 raise CheckFailed(
                     f"quality on real text failed: {'; '.join(quality.failures)}; nothing was written", failing
                 )
-        manifest = {
-            "kind": "decoder",
-            "name": previous.get("name", model_path.parent.name),
-            "source": previous.get("source", {"kind": "onnx", "path": str(model_path.resolve())}),
-            "optimized_from": str(model_path.resolve()),
-            "architecture": previous.get("architecture"),
-            "dtype": dtype if dtype == "float16" else previous.get("dtype", "float32"),
-            "io": None if dtype == "float16" else _io_record(previous.get("io"), reports["kv_cache"]),
+        manifest = Manifest(
+            kind="decoder",
+            name=previous.name if previous else model_path.parent.name,
+            source=previous.source if previous else {"kind": "onnx", "path": str(model_path.resolve())},
+            optimized_from=str(model_path.resolve()),
+            architecture=previous.architecture if previous else None,
+            dtype=dtype if dtype == "float16" or not previous else previous.dtype,
+            # the source's IO record, with the shared cache's dim names when the new graph shares its cache
+            io=shared_cache_io(io) if io is not None and passed.kv_cache == "shared" else io,
             **facts,
-            "options": {
-                **previous.get("options", {}),
+            options={
+                **(previous.options if previous else {}),
                 "fusion": fusion,
                 "allow_partial_fusion": allow_partial,
                 "external_data": len(files) > 1,
             },
-            **reports,
-            "parity": check.as_dict() if check else None,
-            "eval": quality.as_dict() if quality else None,
-            "timings": timings,
-        }
-        return write_manifest(folder, manifest)
-
-
-def _io_record(io: dict | None, kv_cache: str) -> dict | None:
-    """The source's IO record, with the shared cache's dim names when the new graph shares its cache."""
-    if io is None or kv_cache != "shared":
-        return io
-    from gpt2onnx.artifact.contract import IOSpec, TensorSpec, shared_cache_io
-
-    as_specs = lambda items: tuple(TensorSpec(t["name"], t["dtype"], tuple(t["dims"])) for t in items)  # noqa: E731
-    return shared_cache_io(IOSpec(as_specs(io["inputs"]), as_specs(io["outputs"]))).as_dict()
+            fusion=passed.fusion,
+            fp16=passed.fp16,
+            quantization=passed.quantization,
+            kv_cache=passed.kv_cache,
+            check=check,
+            eval=quality.as_dict() if quality else None,
+            timings=timings,
+        )
+        manifest = write_manifest(folder, manifest)
+    return OptimizeResult(out, manifest, check, timings, quality)

@@ -22,6 +22,7 @@ import onnx
 from onnx import numpy_helper
 
 from gpt2onnx.artifact.graph import sort_topologically
+from gpt2onnx.artifact.manifest import Fp16Record, QuantizationRecord
 from gpt2onnx.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,9 @@ def written_out_layer_norms(graph: onnx.GraphProto) -> list[list[onnx.NodeProto]
     return found
 
 
-def to_fp16(model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS) -> tuple[onnx.ModelProto, dict]:
+def to_fp16(
+    model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS
+) -> tuple[onnx.ModelProto, Fp16Record]:
     """fp16 weights, activations and K/V cache; the ``keep_fp32`` groups (FP16_KEEP_GROUPS) stay fp32.
 
     onnxruntime's converter keeps nodes in fp32 one by one: it casts every tensor between two kept nodes to
@@ -144,8 +147,7 @@ def to_fp16(model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GR
     sort_topologically(converted.graph)  # the converter appends its Casts at the end of the node list
     converted.ir_version = ir_version
     log.info("fp16; kept in fp32: %s", dict(kept) or "nothing")
-    report = {"dtype": "float16", "kept_fp32": list(keep_fp32), "kept_fp32_nodes": dict(kept), "kept_fp32_io": keep_io}
-    return converted, report
+    return converted, Fp16Record(list(keep_fp32), dict(kept), keep_io)
 
 
 def _untype_inner_tensors(graph: onnx.GraphProto, kept: set[str]) -> None:
@@ -223,6 +225,9 @@ class QuantizeOptions:
     accuracy_level: int | None = None
     lm_head: str | None = None
     embeddings: str | None = None
+
+    def __post_init__(self) -> None:
+        self.check()  # an invalid one cannot be built
 
     def check(self) -> "QuantizeOptions":
         if self.method not in METHODS:
@@ -413,11 +418,11 @@ def _name_nodes(graph: onnx.GraphProto) -> None:
             names.add(name)
 
 
-def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.ModelProto, dict]:
+def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.ModelProto, QuantizationRecord | None]:
     """Quantize ``model`` (changed in place on the way); returns the new model and what was done."""
     options = options.check().resolved()
     if options.method == "none":
-        return model, options.as_dict()
+        return model, None
     ir_version = model.ir_version
     graph = model.graph
     _name_nodes(graph)
@@ -482,4 +487,5 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.Mod
         elif node.op_type in ("MatMulInteger", "DynamicQuantizeLinear"):
             ops[node.op_type] = ops.get(node.op_type, 0) + 1
     log.info("quantized (%s): %s", options.method, ops)
-    return quantized, {**options.as_dict(), "ops": ops}
+    block_size = options.block_size if options.method == "int4" else None
+    return quantized, QuantizationRecord(options.method, block_size, ops)

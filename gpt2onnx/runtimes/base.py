@@ -9,7 +9,9 @@ A runtime is opened on an exported folder with :class:`RuntimeOptions` and gives
   takes a prompt, optionally tokens to force, and returns the new tokens, the logits it exposes and the time
   of each step. It exposes no presents, so parity compares logits, KL, top-k and tokens only.
 
-Every runtime refuses what it cannot do with :class:`~gpt2onnx.errors.RuntimeUnavailable` (one line, with the
+Every runtime is a :class:`Runtime`: it declares what it can do in :class:`Capabilities` (owns its loop,
+times a step at a given past, shares one cache buffer, checks memory first), and callers dispatch on that;
+nothing probes a runtime for attributes. Every runtime refuses what it cannot do with :class:`~gpt2onnx.errors.RuntimeUnavailable` (one line, with the
 command that installs it); nothing falls back to another runtime.
 """
 
@@ -30,6 +32,17 @@ OV_PRECISIONS = ("f32", "bf16", "f16")
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What a runtime can do, declared by the runtime; callers dispatch on it."""
+
+    owns_loop: bool = False  # a LoopRunner (run_loop): the runtime runs the generation loop and keeps the cache
+    presents: bool = True  # the presents come back (parity compares them)
+    past_of_length: bool = False  # a step can be timed at any past length on a zero-filled cache (bench --past)
+    shared_cache: bool = False  # past and present are one preallocated buffer (GroupQueryAttention)
+    memory_check: bool = False  # check_memory refuses, before allocating, a run this machine cannot hold
+
+
+@dataclass(frozen=True)
 class RuntimeOptions:
     """The runtime and its options. ``provider`` is onnxruntime's; ``device`` and ``ov_precision`` OpenVINO's."""
 
@@ -37,6 +50,9 @@ class RuntimeOptions:
     provider: ProviderConfig = field(default_factory=ProviderConfig)
     device: str = "CPU"  # openvino: a device core.available_devices lists
     ov_precision: str = "f32"  # openvino: INFERENCE_PRECISION_HINT (f32 unless asked)
+
+    def __post_init__(self) -> None:
+        self.check()  # an invalid one cannot be built
 
     def check(self) -> "RuntimeOptions":
         if self.name not in RUNTIMES:
@@ -118,7 +134,7 @@ class LoopRunner(Protocol):
     def close(self) -> None: ...
 
 
-def open_runtime(model, options: RuntimeOptions) -> Stepper | LoopRunner:
+def open_runtime(model, options: RuntimeOptions) -> Runtime:
     """Open ``model`` (an opened :class:`~gpt2onnx.artifact.folder.ModelFolder`) on the runtime ``options`` names."""
     options = options.check()
     module = importlib.import_module(f"gpt2onnx.runtimes.{RUNTIMES[options.name]}")
@@ -138,11 +154,33 @@ def parse_runtimes(value: str) -> list[str]:
     return names
 
 
-class PromptChecks:
-    """The checks every runtime makes of a prompt before running it (needs ``vocab_size`` and ``n_positions``)."""
+class Runtime:
+    """What every runtime is: its labels, the model's numbers, its capabilities, and the prompt checks.
 
+    Subclasses set the class attributes that apply and implement the Stepper (run, step, empty_past,
+    prompt_mask) or LoopRunner (run_loop) methods their capabilities promise."""
+
+    runtime: str  # the registry name
+    provider: str  # where it runs, as a label: "cpu", "cuda", "tensorrt", "CPU" (an OpenVINO device)
+    device: str = "cpu"  # "cpu" or "cuda" for device-memory readings
+    device_id: int = 0
+    dummy_past: int = 0  # masked past slots in front of the prompt step (TensorRT); 0 elsewhere
+    capabilities: Capabilities = Capabilities()
+    version: str | None = None  # the runtime library's version
+    mode: str = "in-process"  # or "worker (<python>)" where the runtime runs in another process
     vocab_size: int | None
+    n_layer: int
     n_positions: int | None
+
+    def session_providers(self) -> list[str]:
+        """The providers the session really runs on, in order (onnxruntime's own names where it has them)."""
+        return [self.provider]
+
+    def check_memory(self, batch: int, prompt_len: int, total_len: int, *, what: str = "batch") -> None:
+        """Refuse a run this machine cannot hold (where ``capabilities.memory_check``); others check nothing."""
+
+    def close(self) -> None:
+        """Free what the runtime holds (a worker process, temporary files); a no-op where it holds nothing."""
 
     def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None:
         """Token ids outside the vocabulary would make CUDA's Gather read garbage without an error."""

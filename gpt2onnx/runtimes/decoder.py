@@ -22,9 +22,10 @@ import onnxruntime as ort
 from gpt2onnx.artifact.contract import ORT_DTYPES, DecoderShape, TensorSpec, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.artifact.graph import load_graph, position_table_rows
+from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 from gpt2onnx.files import available_memory
-from gpt2onnx.runtimes.base import PromptChecks
+from gpt2onnx.runtimes.base import Capabilities, Runtime
 from gpt2onnx.runtimes.providers import DEVICE_TYPES, TRT_DUMMY_PAST, ProviderConfig, create_session, session_provider
 
 
@@ -49,10 +50,10 @@ def file_shape(model_path: Path, n_positions: int) -> DecoderShape:
 SHARED_CACHE_OP = "GroupQueryAttention"
 
 
-def shares_cache(graph, manifest: dict | None = None) -> bool:
+def shares_cache(graph, manifest: Manifest | None = None) -> bool:
     """Whether the graph's past and present can share one buffer (GroupQueryAttention): the manifest's
     kv_cache record when it has one, else the graph itself (a ModelProto, read without its weights)."""
-    recorded = (manifest or {}).get("kv_cache")
+    recorded = manifest.kv_cache if manifest else None
     if recorded in ("shared", "concat"):
         return recorded == "shared"
     return any(node.op_type == SHARED_CACHE_OP for node in graph.graph.node)
@@ -96,8 +97,12 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDec
     return kind(cpu_session(model_path), n_positions=n_positions)
 
 
-class OnnxDecoder(PromptChecks):
+class OnnxDecoder(Runtime):
+    """The Stepper on an onnxruntime session: present = past + the new K/V, a new tensor every step."""
+
     runtime = "onnxruntime"
+    version = ort.__version__
+    capabilities = Capabilities(past_of_length=True, memory_check=True)
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         self.session = session
@@ -114,6 +119,9 @@ class OnnxDecoder(PromptChecks):
         self.device, self.device_id = DEVICE_TYPES.get(self.provider, "cpu"), device_id
         # TensorRT rejects zero-sized dims: the prompt step gets masked dummy past slots instead of an empty past.
         self.dummy_past = TRT_DUMMY_PAST if self.provider == "tensorrt" else 0
+
+    def session_providers(self) -> list[str]:
+        return self.session.get_providers()
 
     # -- inputs -------------------------------------------------------------------------------------------
     def run_bytes(self, batch: int, prompt_len: int, total_len: int) -> int:
@@ -190,6 +198,8 @@ class SharedCacheDecoder(OnnxDecoder):
     onnxruntime's kernel takes a multi-token step on a non-empty past at batch 1 only: such a step at batch > 1
     (a prompt continued in chunks) runs token by token, with the same result.
     """
+
+    capabilities = Capabilities(past_of_length=True, shared_cache=True, memory_check=True)
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         super().__init__(session, n_positions=n_positions, device_id=device_id)

@@ -27,7 +27,7 @@ import numpy as np
 from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.deploy import genai as deploy_genai
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
-from gpt2onnx.runtimes.base import LoopResult, PromptChecks
+from gpt2onnx.runtimes.base import Capabilities, LoopResult, Runtime
 from gpt2onnx.runtimes.decoder import file_shape
 
 CONFIG_FILE = "genai_config.json"
@@ -94,11 +94,11 @@ def open_runtime(model: ModelFolder, options) -> "GenaiRunner":
     return GenaiRunner(backend, shape, model, tmp=tmp, overlay=overlay)
 
 
-class GenaiRunner(PromptChecks):
+class GenaiRunner(Runtime):
     """The :class:`~gpt2onnx.runtimes.base.LoopRunner` interface on onnxruntime-genai."""
 
     runtime = "genai"
-    device, device_id, dummy_past = "cpu", 0, 0
+    capabilities = Capabilities(owns_loop=True, presents=False)
 
     def __init__(self, backend, shape, model: ModelFolder, *, tmp: Path, overlay: bool):
         self.backend, self.shape, self.tmp = backend, shape, tmp
@@ -158,12 +158,13 @@ class _Worker:
     """genai in a child process under the genai Python, one JSON line per request (see genai_worker)."""
 
     def __init__(self, folder: Path):
+        self.process: subprocess.Popen | None = None
         python = genai_python()
         if python is None:
             raise RuntimeUnavailable(f"onnxruntime-genai is not installed: {INSTALL}")
         try:
             self.process = subprocess.Popen(
-                # -I: isolated, and without the script's folder on sys.path, where runtime/onnxruntime.py would
+                # -I: isolated, and without the script's folder on sys.path, where runtimes/onnxruntime.py would
                 # shadow the onnxruntime package that onnxruntime_genai imports
                 [python, "-I", str(WORKER)],
                 stdin=subprocess.PIPE,
@@ -206,7 +207,7 @@ class _Worker:
             raise BadInput(f"onnxruntime-genai refused the run: {exc}") from None
 
     def close(self) -> None:
-        if getattr(self, "process", None) is None:
+        if self.process is None:
             return
         if self.process.poll() is None:
             try:

@@ -16,7 +16,7 @@ import numpy as np
 
 from gpt2onnx.artifact.folder import eos_token_id, open_folder
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes.base import LoopRunner, RuntimeOptions, Stepper, open_runtime
+from gpt2onnx.runtimes.base import LoopRunner, Runtime, RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import position_ids_for
 from gpt2onnx.runtimes.prompts import TextStream, encode_prompts, load_tokenizer, parse_id_prompts
 from gpt2onnx.runtimes.providers import ProviderConfig
@@ -33,6 +33,9 @@ class Sampling:
     top_k: int = 0  # 0: no top-k filter
     top_p: float = 1.0  # 1.0: no nucleus filter
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self.check()  # an invalid one cannot be built
 
     def check(self) -> None:
         if not self.sample:
@@ -154,7 +157,7 @@ def generate_loop(
 
 
 def generate(
-    decoder: Stepper | LoopRunner,
+    decoder: Runtime,
     input_ids: np.ndarray,
     attention_mask: np.ndarray | None = None,
     *,
@@ -165,7 +168,7 @@ def generate(
 ) -> Generation:
     """Continue a (left-padded) batch. ``on_step(step, ids)`` is called with each step's new ids, for streaming."""
     input_ids, mask = _checked(decoder, input_ids, attention_mask, max_new_tokens, sampling)
-    if hasattr(decoder, "run_loop"):
+    if decoder.capabilities.owns_loop:
         return generate_loop(
             decoder,
             input_ids,
@@ -254,10 +257,9 @@ def generate_text(
     input_ids, mask = encode_prompts(tokenizer, prompts) if prompts else parse_id_prompts(ids)
     shown = list(prompts) if prompts else [" ".join(map(str, row[m > 0])) for row, m in zip(input_ids, mask)]
     decoder = open_runtime(model, runtime or RuntimeOptions(provider=provider))
-    if hasattr(decoder, "check_memory"):
-        decoder.check_memory(
-            input_ids.shape[0], input_ids.shape[1], input_ids.shape[1] + max_new_tokens, what="prompt batch"
-        )
+    decoder.check_memory(
+        input_ids.shape[0], input_ids.shape[1], input_ids.shape[1] + max_new_tokens, what="prompt batch"
+    )
     eos = eos_token_id(model.folder)
     stream = TextStream(tokenizer)
 
@@ -273,7 +275,7 @@ def generate_text(
             decoder, input_ids, mask, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos, on_step=step
         )
     finally:
-        getattr(decoder, "close", lambda: None)()
+        decoder.close()
     rows = []
     for tokens in result.tokens.tolist():
         rows.append(tokens[: tokens.index(eos) + 1] if eos is not None and eos in tokens else tokens)

@@ -16,7 +16,7 @@ import numpy as np
 
 from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.errors import RuntimeUnavailable
-from gpt2onnx.runtimes.base import PromptChecks
+from gpt2onnx.runtimes.base import Runtime
 from gpt2onnx.runtimes.decoder import file_shape
 
 INSTALL = "pip install openvino (or: bash scripts/setup.sh)"
@@ -53,7 +53,7 @@ def open_runtime(model: ModelFolder, options) -> "OpenVinoDecoder":
     )
 
 
-class OpenVinoDecoder(PromptChecks):
+class OpenVinoDecoder(Runtime):
     """The :class:`~gpt2onnx.runtimes.base.Stepper` interface on an OpenVINO compiled model (host arrays in and out)."""
 
     runtime = "openvino"

@@ -43,6 +43,9 @@ class ProviderConfig:
     max_batch: int = 8  # tensorrt: largest batch the optimization profile covers
     allow_fallback: bool = False  # accept a session that fell back to another provider
 
+    def __post_init__(self) -> None:
+        self.check()  # an invalid one cannot be built
+
     def check(self) -> "ProviderConfig":
         """Refuse options out of range, and options the chosen provider would ignore."""
         check_provider(self.name)

@@ -35,6 +35,9 @@ class BenchConfig:
     seed: int = 0
     pasts: tuple[int, ...] = ()  # past lengths at which one decode step is also timed (decode_at_past)
 
+    def __post_init__(self) -> None:
+        self.check()  # an invalid one cannot be built; the model's context is checked against it once known
+
     def check(self, n_positions: int | None = None) -> "BenchConfig":
         if not self.batches or any(b < 1 for b in self.batches):
             raise BadInput(f"batch sizes must be positive integers, got {','.join(map(str, self.batches))}")
@@ -102,12 +105,32 @@ class PeakMemory:
         self.peak_bytes = max(self.peak_bytes, self.current())
 
 
+@dataclass(frozen=True)
+class Percentiles:
+    """Milliseconds: the median, p90 and p99 of a set of timings."""
+
+    p50: float
+    p90: float
+    p99: float
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """How many times faster a run is than PyTorch eager on the same workload (> 1: faster)."""
+
+    prompt: float
+    decode: float
+    tokens_per_s: float
+
+
 @dataclass
 class RunStats:
+    """One measured run (a folder on a runtime, or PyTorch eager) at one batch size."""
+
     engine: str  # the runtime ("onnxruntime", "openvino", "genai") or "torch"
     batch: int
-    prompt_ms: dict  # p50/p90/p99 of the prompt step (time to first token)
-    decode_ms: dict  # p50/p90/p99 of one decode step, over all steps and repeats
+    prompt_ms: Percentiles  # the prompt step (time to first token)
+    decode_ms: Percentiles | None  # one decode step, over all steps and repeats (None: one new token only)
     decode_growth_ms_per_100_past: float  # slope of decode latency against past length
     decode_ms_by_past: list[tuple[int, float]]  # (past length, median ms), for plots
     tokens_per_s: float  # batch × new tokens / (prompt + decode time), median run
@@ -115,19 +138,30 @@ class RunStats:
     peak_host_bytes: int
     peak_device_bytes: int | None = None
     decode_ms_at_past: list[tuple[int, float]] = field(default_factory=list)  # (past, median ms): BenchConfig.pasts
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # labels of the run: device, dtype, rows, peak_memory_of
+    label: str = ""  # the folder's name (with the runtime when several), or "torch eager"
+    runtime: str = ""
+    note: str | None = None  # something the reader of the figures must know
+    speedup_of_onnx: Speedup | None = None  # torch baseline: the first folder's speed-up over it
+    speedup_by_label: dict[str, Speedup] = field(default_factory=dict)  # torch baseline: every run's
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The JSON of ``bench --json``: the note and speed-ups under "extra", where they have always been."""
+        data = asdict(self)
+        data["decode_ms"] = data["decode_ms"] or {}
+        note, by_onnx, by_label = data.pop("note"), data.pop("speedup_of_onnx"), data.pop("speedup_by_label")
+        data["extra"] = {
+            **self.extra,
+            **({"note": note} if note else {}),
+            **({"speedup_of_onnx": by_onnx} if by_onnx else {}),
+            **({"speedup_by_label": by_label} if by_label else {}),
+        }
+        return data
 
 
-def _percentiles(values_ms) -> dict:
+def _percentiles(values_ms) -> Percentiles:
     values = np.asarray(values_ms, dtype=np.float64)
-    return {
-        "p50": float(np.median(values)),
-        "p90": float(np.percentile(values, 90)),
-        "p99": float(np.percentile(values, 99)),
-    }
+    return Percentiles(float(np.median(values)), float(np.percentile(values, 90)), float(np.percentile(values, 99)))
 
 
 def summarize_runs(
@@ -146,7 +180,7 @@ def summarize_runs(
         engine=engine,
         batch=batch,
         prompt_ms=_percentiles(prompt),
-        decode_ms=_percentiles(steps.ravel()) if steps.size else {},
+        decode_ms=_percentiles(steps.ravel()) if steps.size else None,
         decode_growth_ms_per_100_past=slope,
         decode_ms_by_past=[(int(p), float(v)) for p, v in zip(pasts, by_past)],
         tokens_per_s=batch * new_tokens / float(np.median(totals)),
@@ -215,11 +249,12 @@ def bench_onnx(
     decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None
 ) -> RunStats:
     """A stepper runtime (onnxruntime, OpenVINO): the batch at once through the decode loop."""
-    if config.pasts and not hasattr(decoder, "past_of_length"):
+    if config.pasts and not decoder.capabilities.past_of_length:
         raise BadInput(
-            f"decode steps at a given past (--past) are timed on the onnxruntime runtime only, not {decoder.runtime}: drop --past"
+            f"decode steps at a given past (--past) are timed on the onnxruntime runtime only, not {decoder.runtime}:"
+            " drop --past"
         )
-    if hasattr(decoder, "run_loop"):
+    if decoder.capabilities.owns_loop:
         return bench_loop(decoder, config, batch, vocab_size=vocab_size, progress=progress)
     ids = random_prompt(batch, config.prompt_len, vocab_size, config.seed)
     runs = []
@@ -297,13 +332,13 @@ def check_plot_path(path) -> None:
     require_matplotlib()  # after the path: a bad path is bad input (exit 2) whether or not matplotlib is here
 
 
-def plot_decode_latency(runs: list[dict], path) -> None:
+def plot_decode_latency(runs: list[RunStats], path) -> None:
     """Decode latency against past length, one line per run (needs matplotlib: pip install gpt2onnx[plot])."""
     plt = require_matplotlib()
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
-        pasts, ms = zip(*run["decode_ms_by_past"]) if run["decode_ms_by_past"] else ((), ())
-        ax.plot(pasts, ms, label=f"{run.get('label', run['engine'])} batch {run['batch']}")
+        pasts, ms = zip(*run.decode_ms_by_past) if run.decode_ms_by_past else ((), ())
+        ax.plot(pasts, ms, label=f"{run.label or run.engine} batch {run.batch}")
     ax.set_xlabel("past length (tokens)")
     ax.set_ylabel("decode step (ms, median)")
     ax.grid(alpha=0.3)
@@ -313,7 +348,31 @@ def plot_decode_latency(runs: list[dict], path) -> None:
     plt.close(fig)
 
 
-def bench_folder(
+@dataclass
+class ModelBench:
+    """One folder measured on one runtime: what ran where, and one run per batch size."""
+
+    model: str  # the model file
+    runtime: str
+    runtime_options: dict
+    runtime_mode: str  # "in-process", or the worker genai runs in
+    provider: str  # where it really ran
+    provider_options: dict
+    session_providers: list[str]
+    config: BenchConfig
+    machine: dict
+    versions: dict
+    model_bytes: int
+    precision: str
+    n_positions: int
+    vocab_size: int
+    runs: list[RunStats]
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "runs": [run.as_dict() for run in self.runs]}
+
+
+def measure_folder(
     folder,
     *,
     provider=None,
@@ -322,9 +381,9 @@ def bench_folder(
     verify_files: bool = True,
     progress: Callable[[], None] | None = None,
     label: str | None = None,
-) -> dict:
-    """Measure one exported folder on one runtime (default: onnxruntime on ``provider``): a JSON-ready dict
-    with one run per batch size, each labelled (``label``, default the folder's name) and with its runtime."""
+) -> ModelBench:
+    """Measure one exported folder on one runtime (default: onnxruntime on ``provider``): one run per batch
+    size, each labelled (``label``, default the folder's name) and with its runtime."""
     from pathlib import Path
 
     import onnxruntime
@@ -333,42 +392,38 @@ def bench_folder(
     from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
     from gpt2onnx.runtimes.providers import ProviderConfig
 
-    runtime = (runtime or RuntimeOptions(provider=provider or ProviderConfig())).check()
+    runtime = runtime or RuntimeOptions(provider=provider or ProviderConfig())
     model = open_folder(folder, verify_files=verify_files)
     config.check(model.n_positions)
     decoder = open_runtime(model, runtime)
-    if hasattr(decoder, "check_memory"):
+    try:
         decoder.check_memory(
             max(config.batches), config.prompt_len, config.prompt_len + config.new_tokens, what="--batch"
         )
-    vocab = decoder.vocab_size or 50257
-    try:
-        runs = [
-            bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress).as_dict()
-            for batch in config.batches
-        ]
+        vocab = decoder.vocab_size or 50257
+        runs = [bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress) for batch in config.batches]
     finally:
-        getattr(decoder, "close", lambda: None)()
+        decoder.close()
     for run in runs:
-        run["label"] = label or Path(folder).name
-        run["runtime"] = runtime.name
+        run.label = label or Path(folder).name
+        run.runtime = runtime.name
     runtime_versions = {"onnxruntime": onnxruntime.__version__}
     if runtime.name != "onnxruntime":
-        runtime_versions[runtime.name] = getattr(decoder, "version", None)
-    return {
-        "model": str(model.model_path),
-        "runtime": runtime.name,
-        "runtime_options": runtime.as_dict(),
-        "runtime_mode": getattr(decoder, "mode", "in-process"),
-        "provider": decoder.provider,
-        "provider_options": runtime.provider.as_dict(),
-        "session_providers": decoder.session.get_providers() if hasattr(decoder, "session") else [decoder.provider],
-        "config": asdict(config),
-        "machine": machine_info(),
-        "versions": {**versions(), **runtime_versions},
-        "model_bytes": sum(p.stat().st_size for p in model.folder.glob("model.onnx*")),
-        "precision": model.precision,
-        "n_positions": model.n_positions,
-        "vocab_size": vocab,
-        "runs": runs,
-    }
+        runtime_versions[runtime.name] = decoder.version
+    return ModelBench(
+        model=str(model.model_path),
+        runtime=runtime.name,
+        runtime_options=runtime.as_dict(),
+        runtime_mode=decoder.mode,
+        provider=decoder.provider,
+        provider_options=runtime.provider.as_dict(),
+        session_providers=decoder.session_providers(),
+        config=config,
+        machine=machine_info(),
+        versions={**versions(), **runtime_versions},
+        model_bytes=sum(p.stat().st_size for p in model.folder.glob("model.onnx*")),
+        precision=model.precision,
+        n_positions=model.n_positions,
+        vocab_size=vocab,
+        runs=runs,
+    )

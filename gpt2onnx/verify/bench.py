@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -15,16 +16,31 @@ from gpt2onnx.runtimes.base import RuntimeOptions
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.runtimes.timing import (
     BenchConfig,
+    ModelBench,
     PeakMemory,
     RunStats,
-    bench_folder,
+    Speedup,
     check_plot_path,
+    measure_folder,
     plot_decode_latency,
     random_prompt,
     summarize_runs,
 )
 
 BASELINES = ("torch",)
+
+
+@dataclass
+class BenchReport:
+    """What :func:`benchmark` returns: every folder on every runtime (with its runs), and every run in order,
+    the torch baseline's included."""
+
+    models: list[ModelBench]
+    runs: list[RunStats]
+
+    def as_dict(self) -> dict:
+        """The JSON of ``bench --json``."""
+        return {"models": [model.as_dict() for model in self.models], "runs": [run.as_dict() for run in self.runs]}
 
 
 def torch_device(provider: ProviderConfig) -> str:
@@ -98,7 +114,7 @@ def benchmark(
     plot: str | Path | None = None,
     verify_files: bool = True,
     progress: Callable[[], None] | None = None,
-) -> dict:
+) -> BenchReport:
     """Measure exported folders side by side on one or several runtimes and one workload, and optionally
     PyTorch eager.
 
@@ -116,8 +132,8 @@ def benchmark(
         progress: called after each warm-up or timed run.
 
     Returns:
-        {"models": [per folder and runtime: runtime, provider, machine, versions, precision, size, runs],
-        "runs": every run, the baseline's included, each with its label and runtime}.
+        BenchReport: ``models``, per folder and runtime (runtime, provider, machine, versions, precision, size,
+        runs); ``runs``, every run, the baseline's included, each with its label and runtime.
 
     Raises:
         BadInput (options, folders, plot path), ContractError, IntegrityError, RuntimeUnavailable.
@@ -127,10 +143,9 @@ def benchmark(
         raise BadInput("give at least one exported folder to measure")
     if baseline not in (None, *BASELINES):
         raise BadInput(f"baseline '{baseline}' is not supported: the only baseline is 'torch'")
-    runtimes = [r.check() for r in (runtimes or [RuntimeOptions(provider=(provider or ProviderConfig()).check())])]
+    runtimes = runtimes or [RuntimeOptions(provider=provider or ProviderConfig())]
     if len({r.name for r in runtimes}) != len(runtimes):
         raise BadInput("a runtime is named twice: give each once")
-    config.check()
     if plot is not None:
         check_plot_path(plot)  # before minutes of measuring, not after
     results = []
@@ -138,24 +153,24 @@ def benchmark(
         for runtime in runtimes:
             label = Path(folder).name + (f" {runtime.name}" if len(runtimes) > 1 else "")
             results.append(
-                bench_folder(
+                measure_folder(
                     folder, runtime=runtime, config=config, verify_files=verify_files, progress=progress, label=label
                 )
             )
-    runs = [run for result in results for run in result["runs"]]
+    runs = [run for result in results for run in result.runs]
     if baseline == "torch":
         runs += _torch_baseline(folders[0], results, runtimes[0].provider, config, reference, progress)
-    report = {"models": results, "runs": runs}
+    report = BenchReport(results, runs)
     if json_path is not None:
-        write_json_atomic(json_path, report)
+        write_json_atomic(json_path, report.as_dict())
     if plot is not None:
         plot_decode_latency(runs, plot)
     return report
 
 
 def _torch_baseline(
-    folder, results: list[dict], provider: ProviderConfig, config: BenchConfig, reference, progress
-) -> list[dict]:
+    folder, results: list[ModelBench], provider: ProviderConfig, config: BenchConfig, reference, progress
+) -> list[RunStats]:
     """The same workload on PyTorch eager, with the speed-up over it of the first folder (``speedup_of_onnx``,
     on the first runtime) and of every folder and runtime (``speedup_by_label``) per batch."""
     import torch
@@ -168,28 +183,26 @@ def _torch_baseline(
     device = torch_device(provider)
     # On a GPU an fp16 folder is compared with torch in fp16 (fp32 there would flatter us); on the CPU torch
     # stays fp32, its fp16 kernels there are not what anyone would run.
-    half = device.startswith("cuda") and results[0]["precision"] == "float16"
+    half = device.startswith("cuda") and results[0].precision == "float16"
     ckpt = reference_checkpoint(open_folder(folder, verify_files=False), reference)
     ref = reference_model(ckpt, device=device, dtype=torch.float16 if half else None)
     runs = []
     for batch in config.batches:
-        stats = bench_torch(ref, config, batch, vocab_size=results[0]["vocab_size"], progress=progress).as_dict()
-        stats["label"] = "torch eager" if device == "cpu" else f"torch eager ({device}, {'fp16' if half else 'fp32'})"
-        stats["runtime"] = "torch"
+        stats = bench_torch(ref, config, batch, vocab_size=results[0].vocab_size, progress=progress)
+        stats.label = "torch eager" if device == "cpu" else f"torch eager ({device}, {'fp16' if half else 'fp32'})"
+        stats.runtime = "torch"
         if provider.name != "cpu" and device == "cpu":
-            stats["extra"]["note"] = (
-                f"torch sees no GPU here: the baseline ran on the CPU while onnxruntime ran on {provider.name}"
+            stats.note = f"torch sees no GPU here: the baseline ran on the CPU while onnxruntime ran on {provider.name}"
+
+        def speedup(ours: RunStats) -> Speedup:
+            return Speedup(
+                prompt=stats.prompt_ms.p50 / ours.prompt_ms.p50,
+                decode=stats.decode_ms.p50 / ours.decode_ms.p50 if stats.decode_ms and ours.decode_ms else float("nan"),
+                tokens_per_s=ours.tokens_per_s / stats.tokens_per_s,
             )
 
-        def speedup(ours: dict) -> dict:
-            return {
-                "prompt": stats["prompt_ms"]["p50"] / ours["prompt_ms"]["p50"],
-                "decode": stats["decode_ms"]["p50"] / ours["decode_ms"]["p50"],
-                "tokens_per_s": ours["tokens_per_s"] / stats["tokens_per_s"],
-            }
-
-        ours = [r for result in results for r in result["runs"] if r["batch"] == batch]
-        stats["extra"]["speedup_of_onnx"] = speedup(ours[0])
-        stats["extra"]["speedup_by_label"] = {r["label"]: speedup(r) for r in ours}
+        ours = [r for result in results for r in result.runs if r.batch == batch]
+        stats.speedup_of_onnx = speedup(ours[0])
+        stats.speedup_by_label = {r.label: speedup(r) for r in ours}
         runs.append(stats)
     return runs

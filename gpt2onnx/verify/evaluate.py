@@ -333,7 +333,7 @@ def _same_source(models: list[ModelFolder]) -> None:
     keys = ("kind", "id", "path", "sha256", "architecture", "seed", "spec_sha256", "outliers")
 
     def key(model):
-        source = (model.manifest or {}).get("source") or {}
+        source = model.manifest.source if model.manifest else {}
         return tuple(str(source.get(k)) for k in keys)
 
     for model in models[1:]:

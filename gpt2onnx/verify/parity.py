@@ -176,7 +176,7 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
     """The checkpoint the folder was exported from (from its manifest), or ``reference`` when given."""
     if reference is not None:
         return load_checkpoint(reference, option="--reference")
-    source = (model.manifest or {}).get("source")
+    source = model.manifest.source if model.manifest else None
     if not isinstance(source, dict) or not source:
         raise BadInput(
             f"'{model.folder}' has no gpt2onnx.json manifest naming its source: give the reference checkpoint (--reference)"
@@ -261,7 +261,7 @@ def check_parity(
     model = open_folder(folder, verify_files=verify_files)
     text_ids = prompt_text_ids(model, text) if text is not None else None
     tolerances = tolerances_for(model.precision, gates)
-    runtime = (runtime or RuntimeOptions(provider=provider or ProviderConfig())).check()
+    runtime = runtime or RuntimeOptions(provider=provider or ProviderConfig())
     provider = runtime.provider
     if emulate_fp16 and runtime.name != "onnxruntime":
         raise BadInput(f"fp16 emulation runs on onnxruntime's cpu provider, not on {runtime.name}: drop one of them")
@@ -290,7 +290,7 @@ def check_parity(
             )
         torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
         ref = reference_model(ckpt)
-        run = run_loop_case if hasattr(decoder, "run_loop") else run_case
+        run = run_loop_case if decoder.capabilities.owns_loop else run_case
         results = []
         try:
             for case in random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch):
@@ -298,7 +298,7 @@ def check_parity(
                 if on_case is not None:
                     on_case(results[-1])
         finally:
-            getattr(decoder, "close", lambda: None)()
+            decoder.close()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
     report = gate_report(
         results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name

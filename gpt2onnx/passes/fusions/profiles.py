@@ -21,13 +21,14 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
 from onnxscript.rewriter import pattern
 
+from gpt2onnx.artifact.manifest import FusionReport, GoldenCount
 from gpt2onnx.errors import BadInput, CheckFailed, ContractError
 from gpt2onnx.passes.fusions.attention import attention_div_rule, attention_split_scale_rule
 from gpt2onnx.passes.fusions.gelu import fast_gelu_rule, fast_gelu_with_bias_rule, standard_gelu_rule
@@ -92,24 +93,6 @@ def golden_counts(profile: str, n_layer: int) -> dict[str, tuple[tuple[tuple[str
         "portable": {"layer_norm": ((("", "LayerNormalization"),), 2 * L + 1), "gelu": ((("", "Gelu"),), L)},
         "tensorrt": {"layer_norm": ((("", "LayerNormalization"),), 2 * L + 1)},
     }[profile]
-
-
-@dataclass
-class FusionReport:
-    profile: str
-    applied: dict[str, int]  # rewrites per fusion
-    op_counts: dict[str, int]  # fused ops in the result, "domain::op"
-    golden: dict[str, dict]  # per check: expected, found
-    partial: list[str] = field(default_factory=list)  # messages for checks below golden
-
-    def as_dict(self) -> dict:
-        return {
-            "profile": self.profile,
-            "applied": self.applied,
-            "op_counts": self.op_counts,
-            "golden": self.golden,
-            "partial": self.partial,
-        }
 
 
 def check_profile(profile: str) -> None:
@@ -199,7 +182,7 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
     golden, partial = {}, []
     for check, (ops, expected) in golden_counts(profile, n_layer).items():
         found = sum(histogram[op] for op in ops)
-        golden[check] = {"expected": expected, "found": found, "ops": ["::".join(filter(None, op)) for op in ops]}
+        golden[check] = GoldenCount(expected, found, ["::".join(filter(None, op)) for op in ops])
         if found < expected:
             fusion = next(f for f in PROFILE_FUSIONS[profile] if f.name == check)
             # shared_kv rewrites the attention fusion's nodes: where that one stopped is the reason

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from gpt2onnx.artifact.graph import sort_topologically
 from gpt2onnx.passes.graph_tools import skeleton
 
 log = logging.getLogger(__name__)
@@ -152,23 +153,6 @@ def anchor_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             replaced += 1
     kept = [n for n in new_nodes if id(n) not in dropped]
     del graph.node[:]
-    graph.node.extend(_topological(kept, graph))
+    graph.node.extend(kept)
+    sort_topologically(graph)  # the new shape nodes were placed where their readers were
     return model, replaced
-
-
-def _topological(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    ordered, pending = [], list(nodes)
-    while pending:
-        still = []
-        for node in pending:
-            if all(name in available for name in node.input):
-                ordered.append(node)
-                available.update(node.output)
-            else:
-                still.append(node)
-        if len(still) == len(pending):  # a cycle or a dangling input: keep the rest as it was
-            ordered += still
-            break
-        pending = still
-    return ordered

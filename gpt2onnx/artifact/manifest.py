@@ -1,0 +1,401 @@
+"""The folder's manifest (gpt2onnx.json) as one typed record, and the records inside it.
+
+Export, optimize and deploy build a :class:`Manifest`; ``write_manifest`` (artifact.folder) adds the file
+hashes, versions and date and writes ``as_dict()``; every reader gets ``Manifest.from_dict`` back. The JSON
+is the folder format: ``as_dict`` writes the keys every release so far wrote, and ``from_dict`` reads every
+manifest written so far (format version 1 throughout; keys added along the way, such as fusion, fp16,
+quantization, kv_cache and deploy, are absent from older ones and read as None). Keys this release does not
+know are kept as they are and written back (``extra``), so a newer folder deployed again loses nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpt2onnx.artifact.contract import IOSpec, TensorSpec
+from gpt2onnx.artifact.report import CheckReport
+from gpt2onnx.errors import BadInput
+
+MANIFEST_FORMAT_VERSION = 1
+MODEL_FILE = "model.onnx"
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One file of the folder, as the manifest records it."""
+
+    bytes: int
+    sha256: str
+
+    def as_dict(self) -> dict:
+        return {"bytes": self.bytes, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "FileRecord":
+        # a damaged entry reads as one that matches no file, so the integrity check names the file
+        if not isinstance(data, dict):
+            return cls(-1, "")
+        size, digest = data.get("bytes"), data.get("sha256")
+        return cls(size if isinstance(size, int) else -1, digest if isinstance(digest, str) else "")
+
+
+@dataclass(frozen=True)
+class GoldenCount:
+    """One golden check of a fusion profile: the ops expected for a model of L layers, and the ops found."""
+
+    expected: int
+    found: int
+    ops: list[str]
+
+    def as_dict(self) -> dict:
+        return {"expected": self.expected, "found": self.found, "ops": list(self.ops)}
+
+
+@dataclass
+class FusionReport:
+    """What a fusion profile did: rewrites per fusion, the fused ops in the result, the golden checks."""
+
+    profile: str
+    applied: dict[str, int]  # rewrites per fusion
+    op_counts: dict[str, int]  # fused ops in the result, "domain::op"
+    golden: dict[str, GoldenCount]  # per check
+    partial: list[str] = field(default_factory=list)  # messages for checks below golden
+
+    def as_dict(self) -> dict:
+        return {
+            "profile": self.profile,
+            "applied": self.applied,
+            "op_counts": self.op_counts,
+            "golden": {name: count.as_dict() for name, count in self.golden.items()},
+            "partial": self.partial,
+        }
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{n} {op.split('::')[-1]}" for op, n in self.op_counts.items()) or "nothing fused"
+        return f"{self.profile}: {counts}" + (" (PARTIAL)" if self.partial else "")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FusionReport":
+        golden = {
+            name: GoldenCount(int(g["expected"]), int(g["found"]), [str(op) for op in g.get("ops", [])])
+            for name, g in data.get("golden", {}).items()
+        }
+        partial = data.get("partial") or []
+        return cls(
+            str(data["profile"]),
+            dict(data.get("applied", {})),
+            dict(data.get("op_counts", {})),
+            golden,
+            [str(p) for p in partial] if isinstance(partial, list) else ["partial"],
+        )
+
+
+@dataclass(frozen=True)
+class Fp16Record:
+    """What the fp16 conversion kept in fp32: the groups asked for, the nodes and the graph outputs."""
+
+    kept_fp32: list[str]
+    kept_fp32_nodes: dict[str, int]
+    kept_fp32_io: list[str]
+    dtype: str = "float16"
+
+    def as_dict(self) -> dict:
+        return {
+            "dtype": self.dtype,
+            "kept_fp32": self.kept_fp32,
+            "kept_fp32_nodes": self.kept_fp32_nodes,
+            "kept_fp32_io": self.kept_fp32_io,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Fp16Record":
+        return cls(
+            [str(g) for g in data.get("kept_fp32", [])],
+            dict(data.get("kept_fp32_nodes", {})),
+            [str(n) for n in data.get("kept_fp32_io", [])],
+            str(data.get("dtype", "float16")),
+        )
+
+
+@dataclass(frozen=True)
+class QuantizationRecord:
+    """The weight quantization: method (int8, int4), the block size of block-wise tensors, the quantized ops per
+    type, and the recipe (int4's accuracy level; the logits projection's and the embeddings' precision).
+    Manifests from before the recipe options have only the first three."""
+
+    method: str
+    block_size: int | None = None
+    ops: dict[str, int] = field(default_factory=dict)
+    accuracy_level: int | None = None
+    lm_head: str | None = None
+    embeddings: str | None = None
+
+    def as_dict(self) -> dict:
+        data = {"method": self.method, "block_size": self.block_size, "ops": self.ops}
+        if self.lm_head is not None:
+            data.update(accuracy_level=self.accuracy_level, lm_head=self.lm_head, embeddings=self.embeddings)
+        return data
+
+    def summary(self) -> str:
+        text = self.method + (f", block {self.block_size}" if self.block_size else "")
+        if self.accuracy_level is not None:
+            text += f", accuracy level {self.accuracy_level}"
+        if self.lm_head is not None:
+            text += f"; lm_head {self.lm_head}, embeddings {self.embeddings}"
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "QuantizationRecord":
+        block, level = data.get("block_size"), data.get("accuracy_level")
+        return cls(
+            str(data["method"]),
+            int(block) if block is not None else None,
+            dict(data.get("ops", {})),
+            int(level) if level is not None else None,
+            data.get("lm_head"),
+            data.get("embeddings"),
+        )
+
+
+@dataclass(frozen=True)
+class TritonRecord:
+    name: str
+    instance_kind: str  # KIND_CPU or KIND_GPU
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "instance_kind": self.instance_kind}
+
+
+@dataclass
+class DeployRecord:
+    """The deployment targets written into the folder (gpt2onnx deploy), and what they were made from."""
+
+    targets: dict[str, list[str]]  # target → the files it added, relative to the folder
+    source: str  # the folder deployed
+    precision: str
+    source_versions: dict | None = None  # the versions and date of the export (the manifest's are this run's)
+    source_created: str | None = None
+    triton: TritonRecord | None = None
+    ort_generate: dict | None = None  # the search settings fixed in the ort-generate graphs (deploy.ort_generate)
+    created: str | None = None
+    extra: dict = field(default_factory=dict)  # keys this release does not know, written back as they are
+
+    def as_dict(self) -> dict:
+        data = {
+            "targets": self.targets,
+            "source": self.source,
+            "precision": self.precision,
+            "source_versions": self.source_versions,
+            "source_created": self.source_created,
+            **({"triton": self.triton.as_dict()} if self.triton else {}),
+            **({"ort_generate": self.ort_generate} if self.ort_generate is not None else {}),
+            "created": self.created,
+        }
+        return {**data, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DeployRecord":
+        triton = data.get("triton")
+        known = (
+            "targets",
+            "source",
+            "precision",
+            "source_versions",
+            "source_created",
+            "triton",
+            "ort_generate",
+            "created",
+        )
+        return cls(
+            targets={str(k): [str(f) for f in v] for k, v in data.get("targets", {}).items()},
+            source=str(data.get("source", "")),
+            precision=str(data.get("precision", "")),
+            source_versions=data.get("source_versions"),
+            source_created=data.get("source_created"),
+            triton=TritonRecord(str(triton["name"]), str(triton["instance_kind"])) if triton else None,
+            ort_generate=data.get("ort_generate") if isinstance(data.get("ort_generate"), dict) else None,
+            created=data.get("created"),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+
+def _io_from_dict(data: dict) -> IOSpec:
+    def specs(items: list[dict]) -> tuple[TensorSpec, ...]:
+        return tuple(TensorSpec(str(t["name"]), str(t["dtype"]), tuple(t["dims"])) for t in items)
+
+    return IOSpec(specs(data["inputs"]), specs(data["outputs"]))
+
+
+# The JSON keys in the order a manifest has always listed them; "parity" holds the check.
+_KEYS = (
+    "kind",
+    "name",
+    "source",
+    "optimized_from",
+    "architecture",
+    "dtype",
+    "io",
+    "opset",
+    "opset_imports",
+    "node_count",
+    "options",
+    "fusion",
+    "fp16",
+    "quantization",
+    "kv_cache",
+    "parity",
+    "eval",
+    "timings",
+    "format_version",
+    "deploy",
+    "files",
+    "versions",
+    "created",
+)
+
+
+@dataclass
+class Manifest:
+    """gpt2onnx.json: what the folder holds and how it was made.
+
+    ``check`` is the check the model passed before it was written (the JSON's "parity" key); ``files``,
+    ``versions`` and ``created`` are filled in by ``write_manifest``."""
+
+    kind: str  # "decoder" or "block"
+    name: str | None = None
+    source: dict = field(default_factory=dict)  # the checkpoint: kind (random, local, hub, onnx), id/path, hash, seed
+    optimized_from: str | None = None  # optimize: the model file it was made from
+    architecture: dict | None = None  # the GPT-2 architecture (gpt2onnx.pytorch.architecture.Architecture)
+    dtype: str = "float32"
+    io: IOSpec | None = None  # the IO contract (None where optimize could not carry it over)
+    opset: int | None = None
+    opset_imports: dict[str, int] = field(default_factory=dict)
+    node_count: int | None = None
+    options: dict = field(default_factory=dict)  # the export's options, with optimize's on top
+    fusion: FusionReport | None = None
+    fp16: Fp16Record | None = None
+    quantization: QuantizationRecord | None = None
+    kv_cache: str | None = None  # "shared" (one buffer for past and present) or "concat"; None: not recorded
+    check: CheckReport | None = None
+    eval: dict | None = None  # quality on real text checked before writing (gpt2onnx.verify.evaluate's report JSON)
+    timings: dict[str, float] = field(default_factory=dict)
+    deploy: DeployRecord | None = None
+    files: dict[str, FileRecord] = field(default_factory=dict)
+    versions: dict[str, str | None] = field(default_factory=dict)
+    created: str | None = None
+    format_version: int = MANIFEST_FORMAT_VERSION
+    extra: dict = field(default_factory=dict)  # keys this release does not know (or a check it cannot read)
+
+    @property
+    def precision(self) -> str:
+        """The quantization method if the weights are quantized, else the dtype: the key of the parity gates."""
+        method = self.quantization.method if self.quantization else "none"
+        return self.dtype if method == "none" else method
+
+    @property
+    def model_files(self) -> dict[str, FileRecord]:
+        """The records of the model's own files (model.onnx and its external data)."""
+        return {name: info for name, info in self.files.items() if name.startswith(MODEL_FILE)}
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(info.bytes for info in self.model_files.values())
+
+    @property
+    def check_summary(self) -> str:
+        """The check's one line, or why there is none."""
+        if self.check is not None:
+            return self.check.summary()
+        return "unreadable" if self.extra.get("parity") is not None else "not validated"
+
+    def as_dict(self) -> dict:
+        values = {
+            "kind": self.kind,
+            "name": self.name,
+            "source": self.source,
+            "optimized_from": self.optimized_from,
+            "architecture": self.architecture,
+            "dtype": self.dtype,
+            "io": self.io.as_dict() if self.io else None,
+            "opset": self.opset,
+            "opset_imports": self.opset_imports,
+            "node_count": self.node_count,
+            "options": self.options,
+            "fusion": self.fusion.as_dict() if self.fusion else None,
+            "fp16": self.fp16.as_dict() if self.fp16 else None,
+            "quantization": self.quantization.as_dict() if self.quantization else None,
+            "kv_cache": self.kv_cache,
+            "parity": self.check.as_dict() if self.check else None,
+            "eval": self.eval,
+            "timings": self.timings,
+            "format_version": self.format_version,
+            "deploy": self.deploy.as_dict() if self.deploy else None,
+            "files": {name: info.as_dict() for name, info in self.files.items()},
+            "versions": self.versions,
+            "created": self.created,
+        }
+        if self.optimized_from is None:
+            del values["optimized_from"]  # an export never wrote it
+        if self.deploy is None:
+            del values["deploy"]
+        if self.eval is None:
+            del values["eval"]  # written only by an export or optimize with --eval-text
+        return {**values, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict, *, where: str = "manifest") -> "Manifest":
+        """A manifest read back from JSON (any release so far). ``where`` names it in errors."""
+        for key, kind in (("format_version", int), ("kind", str), ("files", dict)):
+            if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
+                raise BadInput(f"{where} has no valid '{key}': export the folder again, or delete the manifest")
+        if data["format_version"] > MANIFEST_FORMAT_VERSION:
+            raise BadInput(
+                f"{where} has format version {data['format_version']}, newer than this gpt2onnx reads"
+                f" ({MANIFEST_FORMAT_VERSION}): upgrade gpt2onnx, or export the folder again"
+            )
+
+        def record(key: str, parse, kind=dict):
+            value = data.get(key)
+            if value is None:
+                return None
+            try:
+                if not isinstance(value, kind):
+                    raise TypeError(key)
+                return parse(value)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise BadInput(
+                    f"{where} has an unreadable '{key}' record: export the folder again, or delete the manifest"
+                ) from None
+
+        check = CheckReport.from_dict(data.get("parity"))
+        extra = {k: v for k, v in data.items() if k not in _KEYS}
+        if check is None and data.get("parity") is not None:
+            extra["parity"] = data["parity"]  # an older release's record: kept as it was
+        manifest = cls(
+            kind=data["kind"],
+            name=record("name", str, str),
+            source=record("source", dict) or {},
+            optimized_from=record("optimized_from", str, str),
+            architecture=record("architecture", dict),
+            dtype=record("dtype", str, str) or "float32",
+            io=record("io", _io_from_dict),
+            opset=record("opset", int, int),
+            opset_imports=record("opset_imports", dict) or {},
+            node_count=record("node_count", int, int),
+            options=record("options", dict) or {},
+            fusion=record("fusion", FusionReport.from_dict),
+            fp16=record("fp16", Fp16Record.from_dict),
+            quantization=record("quantization", QuantizationRecord.from_dict),
+            kv_cache=record("kv_cache", str, str),
+            check=check,
+            eval=record("eval", dict),
+            timings=record("timings", dict) or {},
+            deploy=record("deploy", DeployRecord.from_dict),
+            files={str(name): FileRecord.from_dict(info) for name, info in data["files"].items()},
+            versions=record("versions", dict) or {},
+            created=record("created", str, str),
+            format_version=data["format_version"],
+            extra=extra,
+        )
+        return manifest

@@ -1,0 +1,264 @@
+"""The web page: a static page that generates text from the folder in the browser, with transformers.js.
+
+    index.html              the page: a prompt, the text streamed in, tokens/s and the backend (wasm or WebGPU)
+    gpt2onnx-web.js         its script (an ES module)
+    lib/transformers.min.js, lib/ort-wasm-simd-threaded.asyncify.{mjs,wasm}, lib/LICENSE-*
+                            transformers.js (it bundles onnxruntime-web's JavaScript) and onnxruntime-web's wasm
+                            build, copied (hard-linked) from an npm install: the page fetches nothing from a CDN
+    onnx/..., config.json   the transformers-js target's layout, which the page loads (written with it)
+
+An int4 graph is rewritten for the browser, in a new graph file under onnx/ (the int4 weights are unchanged and
+shared; the folder's own model.onnx is left as it is; onnxruntime and onnxruntime-node run the new file too):
+- onnxruntime-web's wasm build has no kernel for com.microsoft's ``GatherBlockQuantized`` (the int4 embeddings):
+  each becomes ``DequantizeLinear`` (opset 21, blocked int4: the same ``q * scale``) and ``Gather``;
+- its ``MatMulNBits`` computes in fp32 whatever ``accuracy_level`` says (x86 onnxruntime quantizes the
+  activations to int8 at level 4, and its greedy text then parts from the browser's on near ties): the graph
+  says level 1 (fp32), what the browser computes, so that onnxruntime on that file writes the browser's text
+  (and WebGPU takes its fp32 path, not its int8 dot-product one).
+
+The folder is self-contained: any static server works, `gpt2onnx serve FOLDER` adds the cross-origin isolation
+headers that the wasm thread pool needs. The library files come from an npm install of @huggingface/transformers
+(``web_lib`` / ``--web-lib``, else ``$GPT2ONNX_WEB_LIB``, else this repository's tests/js/node_modules, else
+./node_modules). Its bundled onnxruntime-web JavaScript must be the version of the wasm files, so the version
+transformers.js depends on is checked against the onnxruntime-web package found beside it.
+
+The page's automation contract: ``index.html?prompt=TEXT&max_new_tokens=N`` starts greedy generation at once; the
+new text goes into ``#output``, and ``document.body.dataset.done`` becomes "true" ("error", with the message in
+``#error``, when it fails). ``&backend=wasm|webgpu`` (default: WebGPU where the browser grants an adapter) and
+``&threads=N`` choose how it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import onnx
+
+from gpt2onnx.artifact.folder import CONFIG_FILE, read_json_file
+from gpt2onnx.artifact.graph import load_graph
+from gpt2onnx.deploy import transformers_js
+from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.files import link_or_copy
+
+PAGE = "index.html"
+SCRIPT = "gpt2onnx-web.js"
+LIB = "lib"
+PATHS = (PAGE, SCRIPT, LIB)  # what the target adds to a folder (dropped when it is deployed again)
+TESTED_TRANSFORMERS_JS = "4.3.2"
+# transformers.js picks the asyncify build everywhere but on Safari < 26 without WebGPU; it runs wasm and WebGPU
+WASM_FILES = ("ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
+# the tokenizer transformers.js reads (it cannot build one from vocab.json + merges.txt)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+_REPO_NODE_MODULES = Path(__file__).resolve().parents[2] / "tests" / "js" / "node_modules"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WebLibrary:
+    """An npm install of transformers.js and the onnxruntime-web wasm build that matches it."""
+
+    transformers_js: Path  # node_modules/@huggingface/transformers
+    onnxruntime_web: Path  # the onnxruntime-web package its bundle was built with
+    transformers_js_version: str
+    onnxruntime_web_version: str
+
+    def files(self) -> dict[str, Path]:
+        """lib/ name → file in the npm install."""
+        files = {"transformers.min.js": self.transformers_js / "dist" / "transformers.min.js"}
+        files.update({name: self.onnxruntime_web / "dist" / name for name in WASM_FILES})
+        for name, package in (("transformers.js", self.transformers_js), ("onnxruntime-web", self.onnxruntime_web)):
+            if (package / "LICENSE").is_file():
+                files[f"LICENSE-{name}"] = package / "LICENSE"
+        return files
+
+
+def _package_json(folder: Path) -> dict | None:
+    try:
+        data = json.loads((folder / "package.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def find_web_library(web_lib: str | Path | None = None) -> WebLibrary:
+    """The transformers.js install the page is built from: ``web_lib`` (a node_modules folder, a folder holding
+    one, or the @huggingface/transformers package itself), else $GPT2ONNX_WEB_LIB, else this repository's
+    tests/js/node_modules, else ./node_modules."""
+    given = web_lib if web_lib is not None else os.environ.get("GPT2ONNX_WEB_LIB")
+    candidates = [Path(given)] if given else [_REPO_NODE_MODULES, Path.cwd() / "node_modules"]
+    install = "npm install @huggingface/transformers@" + TESTED_TRANSFORMERS_JS
+    for base in candidates:
+        for package in (
+            base,
+            base / "@huggingface" / "transformers",
+            base / "node_modules" / "@huggingface" / "transformers",
+        ):
+            meta = _package_json(package)
+            if meta and meta.get("name") == "@huggingface/transformers":
+                return _checked_library(package, meta, install)
+    where = f"'{given}'" if given else " or ".join(f"'{c}'" for c in candidates)
+    raise BadInput(
+        f"transformers.js is not installed in {where}: {install} there (scripts/setup.sh does it in tests/js),"
+        " or give its node_modules with --web-lib"
+    )
+
+
+def _checked_library(package: Path, meta: dict, install: str) -> WebLibrary:
+    version = str(meta.get("version", "?"))
+    if version.split(".")[0] != TESTED_TRANSFORMERS_JS.split(".")[0]:
+        raise BadInput(f"'{package}' is transformers.js {version}; the page is written for 4.x: {install}")
+    if version != TESTED_TRANSFORMERS_JS:
+        log.warning("transformers.js %s in '%s'; the page is tested with %s", version, package, TESTED_TRANSFORMERS_JS)
+    wanted = str(meta.get("dependencies", {}).get("onnxruntime-web", ""))
+    # npm puts a dependency beside the package, or inside it when versions clash
+    for ort in (package / "node_modules" / "onnxruntime-web", package.parents[1] / "onnxruntime-web"):
+        ort_meta = _package_json(ort)
+        if ort_meta is None:
+            continue
+        found = str(ort_meta.get("version", "?"))
+        if wanted and found != wanted:
+            raise BadInput(
+                f"'{ort}' is onnxruntime-web {found}, but transformers.js {version} bundles {wanted}: the wasm"
+                f" files must match it ({install} with its own dependencies)"
+            )
+        library = WebLibrary(package, ort, version, found)
+        missing = [str(p) for p in library.files().values() if not p.is_file()]
+        if missing:
+            raise BadInput(f"the npm install is incomplete, {', '.join(missing)} missing: {install} again")
+        return library
+    raise BadInput(f"onnxruntime-web is not installed beside '{package}': {install} (with its dependencies)")
+
+
+def without_gather_block_quantized(model: onnx.ModelProto) -> int:
+    """Rewrite every GatherBlockQuantized (int4 data, no zero points) into DequantizeLinear + Gather, in place;
+    returns how many. Anything else it cannot express in standard ops is refused, naming the node."""
+    inits = {init.name: init for init in model.graph.initializer}
+    nodes, count = [], 0
+    for node in model.graph.node:
+        if node.op_type != "GatherBlockQuantized" or node.domain != "com.microsoft":
+            nodes.append(node)
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        data = inits.get(node.input[0])
+        if (
+            len([i for i in node.input if i]) != 3
+            or data is None
+            or data.data_type != onnx.TensorProto.INT4
+            or attrs.get("bits", 4) != 4
+            or attrs.get("gather_axis", 0) != 0
+        ):
+            raise ContractError(
+                f"node '{node.name}' (GatherBlockQuantized) has zero points, non-int4 data or another gather axis:"
+                " onnxruntime-web has no kernel for it and the web target cannot rewrite it; export the embeddings"
+                " unquantized"
+            )
+        dequantized = f"{node.name}/dequantized"
+        nodes.append(
+            onnx.helper.make_node(
+                "DequantizeLinear",
+                [node.input[0], node.input[2]],
+                [dequantized],
+                name=f"{node.name}/DequantizeLinear",
+                axis=attrs.get("quantize_axis", 1),
+                block_size=attrs.get("block_size", 128),
+            )
+        )
+        nodes.append(
+            onnx.helper.make_node("Gather", [dequantized, node.input[1]], list(node.output), name=node.name, axis=0)
+        )
+        count += 1
+    if count:
+        if max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0) < 21:
+            raise ContractError("blocked int4 DequantizeLinear needs opset 21: the graph has an older one")
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return count
+
+
+def with_fp32_matmul_nbits(model: onnx.ModelProto) -> int:
+    """Set every MatMulNBits to accuracy_level 1 (fp32 activations), in place; returns how many changed."""
+    changed = 0
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        levels = [a for a in node.attribute if a.name == "accuracy_level"]
+        if levels and levels[0].i == 1:
+            continue
+        for a in levels:
+            node.attribute.remove(a)
+        node.attribute.append(onnx.helper.make_attribute("accuracy_level", 1))
+        changed += 1
+    return changed
+
+
+def settings(folder: Path, precision: str, library: WebLibrary, *, name: str) -> dict:
+    """What the page needs to know about the folder (written into index.html); ``name`` is its title."""
+    config = read_json_file(folder / CONFIG_FILE, "config")
+    dtype, model_file = transformers_js.dtype_for(precision)
+    tjs = config.get(transformers_js.CONFIG_KEY, {})
+    return {
+        "name": name,
+        "precision": precision,
+        "dtype": dtype,
+        "model_file": f"{transformers_js.SUBFOLDER}/{model_file}",
+        "external_data": bool(tjs.get("use_external_data_format")),
+        "n_positions": config.get("n_positions"),
+        "transformers_js": library.transformers_js_version,
+        "onnxruntime_web": library.onnxruntime_web_version,
+        "wasm": {"mjs": f"{LIB}/{WASM_FILES[0]}", "wasm": f"{LIB}/{WASM_FILES[1]}"},
+    }
+
+
+def render_page(page_settings: dict) -> str:
+    """index.html with the settings inlined (as JSON data, never as code)."""
+    template = resources.files("gpt2onnx.deploy").joinpath("web_page", PAGE).read_text()
+    data = json.dumps(page_settings, indent=2).replace("<", "\\u003c")  # no "</script>" can end the block early
+    return template.replace("__GPT2ONNX_SETTINGS__", data).replace(
+        "__GPT2ONNX_TITLE__", page_settings["name"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    )
+
+
+def write_web(
+    folder: Path, out: Path, precision: str, *, name: str | None = None, web_lib: str | Path | None = None
+) -> list[str]:
+    """Write the page into ``out``, a staging copy of ``folder`` with the transformers-js layout already written;
+    ``name``: the page's title (the deployed folder's name). Returns the files written, relative to ``out``."""
+    library = find_web_library(web_lib)
+    missing = [name for name in TOKENIZER_FILES if not (out / name).is_file()]
+    if missing:
+        raise ContractError(
+            f"'{folder}' has no {' or '.join(missing)}: the page tokenizes in the browser with transformers.js,"
+            " which reads tokenizer.json; export from a checkpoint folder with its tokenizer files"
+            " (GPT2TokenizerFast's save_pretrained writes both)"
+        )
+    if not (out / transformers_js.SUBFOLDER).is_dir():
+        raise BadInput("the web target needs the transformers-js target: deploy with --target web (it adds both)")
+    written = [PAGE, SCRIPT]
+    page_settings = settings(out, precision, library, name=name or folder.name)
+    graph_file = out / page_settings["model_file"]
+    graph = load_graph(graph_file)
+    rewritten = {
+        "GatherBlockQuantized → DequantizeLinear + Gather": without_gather_block_quantized(graph),
+        "MatMulNBits accuracy_level → 1 (fp32)": with_fp32_matmul_nbits(graph),
+    }
+    rewritten = {what: n for what, n in rewritten.items() if n}
+    if rewritten:
+        graph_file.unlink()  # a hard link to the folder's model: write a new file, never through the link
+        onnx.save_model(graph, str(graph_file))  # the graph only: its weights stay where they were
+        log.info("web graph %s: %s", graph_file.name, ", ".join(f"{n} {what}" for what, n in rewritten.items()))
+        written.append(page_settings["model_file"])
+    page_settings["rewritten"] = rewritten
+    (out / PAGE).write_text(render_page(page_settings))
+    (out / SCRIPT).write_text(resources.files("gpt2onnx.deploy").joinpath("web_page", SCRIPT).read_text())
+    (out / LIB).mkdir()
+    for name, source in library.files().items():
+        link_or_copy(source, out / LIB / name)
+        written.append(f"{LIB}/{name}")
+    log.info("web page: transformers.js %s from '%s'", library.transformers_js_version, library.transformers_js)
+    return written

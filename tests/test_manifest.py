@@ -1,0 +1,100 @@
+"""The typed manifest reads every manifest written so far: fixtures written by the previous release (commit cf4bc05:
+an export, its ort optimization, and that deployed to genai and Triton) and the first release's shape; a folder
+carrying the previous release's manifest loads, inspects, runs and benches."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpt2onnx.artifact.folder import MANIFEST_NAME, open_folder, read_manifest
+from gpt2onnx.artifact.manifest import FileRecord, Manifest
+from gpt2onnx.errors import BadInput
+
+FIXTURES = Path(__file__).parent / "fixtures" / "cf4bc05"
+
+
+def fixture(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["export", "optimized", "deployed"])
+def test_previous_release_manifests_read_and_write_back_unchanged(name):
+    data = fixture(name)
+    manifest = Manifest.from_dict(data)
+    assert manifest.as_dict() == data and list(manifest.as_dict()) == list(data)  # same keys, same order
+    assert manifest.check.passed and manifest.precision == "float32" and manifest.kv_cache == "concat"
+    assert manifest.io.input_names[:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert (
+        manifest.model_files.keys() == {"model.onnx"} and manifest.model_bytes == data["files"]["model.onnx"]["bytes"]
+    )
+    if name != "export":
+        assert manifest.fusion.golden["attention"].found == 2 and manifest.optimized_from
+    if name == "deployed":
+        assert set(manifest.deploy.targets) == {"genai", "triton"} and manifest.deploy.triton.name == "deployed"
+
+
+def test_first_release_manifest_and_unknown_keys():
+    """The first release wrote no fusion, precision, kv_cache or deploy records, and a check of another shape:
+    they read as absent (the check as unreadable, kept as it was); keys of a newer release are kept too."""
+    data = {k: v for k, v in fixture("export").items() if k not in ("fusion", "fp16", "quantization", "kv_cache")}
+    data["parity"] = {"passed": True, "max_abs_logits": 3e-7, "max_abs_present": 1e-7, "tolerance": 1e-4}
+    data["from_a_newer_release"] = {"x": 1}
+    manifest = Manifest.from_dict(data)
+    assert manifest.fusion is None and manifest.kv_cache is None and manifest.check is None
+    assert manifest.check_summary == "unreadable"
+    written = manifest.as_dict()
+    assert written["parity"] == data["parity"] and written["from_a_newer_release"] == {"x": 1}
+    with pytest.raises(BadInput, match="format version 2, newer than this gpt2onnx reads"):
+        Manifest.from_dict({**data, "format_version": 2})
+    with pytest.raises(BadInput, match="unreadable 'fusion' record"):
+        Manifest.from_dict({**data, "fusion": {"golden": 3}})
+
+
+@pytest.fixture(scope="module")
+def previous_release_folder(tmp_path_factory):
+    """The previous release's export of tiny (seed 3), with its manifest as that release wrote it. ONNX files are
+    not committed, so the model is exported again by this release; only the model file's size and sha256 in
+    the manifest are taken from the new file, every other record is the old one."""
+    from gpt2onnx.exporters.export import ExportOptions, export
+
+    folder = export(
+        "tiny",
+        tmp_path_factory.mktemp("previous") / "tiny",
+        random_init=True,
+        seed=3,
+        options=ExportOptions(validate=False),
+    ).folder
+    old = fixture("export")
+    model = read_manifest(folder).files["model.onnx"]
+    old["files"]["model.onnx"] = FileRecord(model.bytes, model.sha256).as_dict()
+    (folder / MANIFEST_NAME).write_text(json.dumps(old, indent=2))
+    return folder
+
+
+def test_previous_release_folder_loads_inspects_runs_and_benches(previous_release_folder, tmp_path):
+    from typer.testing import CliRunner
+
+    import gpt2onnx
+    from gpt2onnx.cli import app
+
+    folder = previous_release_folder
+    assert open_folder(folder).precision == "float32"  # the sha256 check included
+    info = gpt2onnx.inspect(folder)
+    assert info.manifest.check.passed and info.manifest.check_summary.endswith("— pass")
+    shown = CliRunner().invoke(app, ["inspect", str(folder)])
+    assert shown.exit_code == 0 and "checked at export: float32 against PyTorch" in shown.output, shown.output
+    assert len(gpt2onnx.generate(folder, ids=["1,2,3"], max_new_tokens=3).tokens[0]) <= 3
+    assert gpt2onnx.parity(folder, cases=1).passed  # the reference is rebuilt from the old source record
+    figures = gpt2onnx.bench(
+        folder, config=gpt2onnx.BenchConfig(batches=(1,), prompt_len=4, new_tokens=3, warmup=0, repeat=1)
+    )
+    assert figures.models[0].precision == "float32" and figures.runs[0].tokens_per_s > 0
+    deployed = gpt2onnx.deploy(folder, "genai", out=tmp_path / "deployed").manifest
+    again = deployed.as_dict()
+    old = fixture("export")
+    for key in ("source", "architecture", "io", "options", "parity", "timings"):
+        assert again[key] == old[key], key  # carried over as the old release wrote them
+    assert deployed.deploy.source_created == old["created"] and deployed.deploy.targets == {
+        "genai": ["genai_config.json"]
+    }
