@@ -53,11 +53,11 @@ def _layers(folder):
     ids=["int4-recipe", "int4-head8-emb8-bs128-acc0", "int4-head32-emb32", "int8-head32-emb8"],
 )
 def test_layers_kept_and_gates_pass(gpt2_init_export, tmp_path, options, head, embedding):
-    manifest = optimize(gpt2_init_export, tmp_path / "q", fusion="none", quantization=options)
-    assert manifest["parity"]["passed"], manifest["parity"]
-    recorded = manifest["quantization"]
+    result = optimize(gpt2_init_export, tmp_path / "q", fusion="none", quantization=options)
+    assert result.check.passed, result.check.summary()
+    recorded = result.manifest.quantization
     resolved = options.resolved()
-    assert (recorded["lm_head"], recorded["embeddings"]) == (resolved.lm_head, resolved.embeddings)
+    assert (recorded.lm_head, recorded.embeddings) == (resolved.lm_head, resolved.embeddings)
     got_head, got_embeddings = _layers(tmp_path / "q")
     assert got_head == head and got_embeddings == [embedding, embedding]  # token and position embeddings
     model = onnx.load(str(tmp_path / "q" / "model.onnx"))
@@ -141,7 +141,7 @@ def test_default_gates_pass_the_recipes_and_fail_a_damaged_one(trained_export, t
     from gpt2onnx.errors import CheckFailed
 
     good = optimize(trained_export, tmp_path / "good", fusion="none", quantization=QuantizeOptions(method))
-    assert good["parity"]["passed"], good["parity"]
+    assert good.check.passed, good.check.summary()
     _damage(monkeypatch, method)
     with pytest.raises(CheckFailed, match=f"validation failed: {method}") as failed:
         optimize(trained_export, tmp_path / "damaged", fusion="none", quantization=QuantizeOptions(method))

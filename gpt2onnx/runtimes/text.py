@@ -247,7 +247,8 @@ def window_logits(runner, window: Window, *, last_logits: bool) -> np.ndarray:
 def graph_logits_last(model) -> bool:
     """Whether a folder's graph returns the last position's logits only (exported with --logits last): from
     its manifest, else from the graph's logits dims ([batch, 1, vocab])."""
-    options = (model.manifest or {}).get("options") or {}
+    manifest = model.manifest
+    options = (getattr(manifest, "options", None) if manifest is not None else None) or {}
     if options.get("logits") in ("all", "last"):
         return options["logits"] == "last"
     from gpt2onnx.artifact.contract import graph_io
