@@ -24,10 +24,10 @@ _HOMES = {
     # the commands
     "export": ("gpt2onnx.exporters.export", "export"),
     "optimize": ("gpt2onnx.exporters.optimize", "optimize"),
-    "inspect": ("gpt2onnx.artifact.inspect", "inspect_model"),
-    "generate": ("gpt2onnx.runtimes.generate", "generate_text"),
-    "parity": ("gpt2onnx.verify.parity", "check_parity"),
-    "bench": ("gpt2onnx.verify.bench", "benchmark"),
+    "inspect": ("gpt2onnx.artifact.inspect", "inspect"),
+    "generate": ("gpt2onnx.runtimes.generate", "generate"),
+    "parity": ("gpt2onnx.verify.parity", "parity"),
+    "bench": ("gpt2onnx.verify.bench", "bench"),
     "deploy": ("gpt2onnx.deploy", "deploy"),
     "eval": ("gpt2onnx.verify.evaluate", "evaluate"),
     # their options and results
@@ -42,6 +42,7 @@ _HOMES = {
     "ProviderConfig": ("gpt2onnx.runtimes.providers", "ProviderConfig"),
     "RuntimeOptions": ("gpt2onnx.runtimes.base", "RuntimeOptions"),
     "Sampling": ("gpt2onnx.runtimes.generate", "Sampling"),
+    "Decoding": ("gpt2onnx.runtimes.generate", "Decoding"),
     "TextGeneration": ("gpt2onnx.runtimes.generate", "TextGeneration"),
     "BenchConfig": ("gpt2onnx.runtimes.timing", "BenchConfig"),
     "CheckReport": ("gpt2onnx.artifact.report", "CheckReport"),
@@ -51,7 +52,7 @@ _HOMES = {
     "open_folder": ("gpt2onnx.artifact.folder", "open_folder"),
     "open_decoder": ("gpt2onnx.runtimes.decoder", "open_decoder"),
     "open_runtime": ("gpt2onnx.runtimes.base", "open_runtime"),
-    "decode": ("gpt2onnx.runtimes.generate", "generate"),
+    "decode": ("gpt2onnx.runtimes.generate", "decode"),
     "load_checkpoint": ("gpt2onnx.pytorch.checkpoint", "load_checkpoint"),
     # errors
     "Gpt2OnnxError": ("gpt2onnx.errors", "Gpt2OnnxError"),

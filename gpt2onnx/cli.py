@@ -451,7 +451,7 @@ def deploy(
             "--target",
             "-t",
             metavar="LIST",
-            help="genai, transformers-js, triton, ort-generate, web (comma-separated).",
+            help="genai, transformers-js, triton, ort-generate, web.",
         ),
     ],
     out: Annotated[
@@ -488,7 +488,7 @@ def deploy(
         table.add_row(name, ", ".join(files))
     console.print(table)
     if "web" in result.targets:
-        console.print(f"open the page with: gpt2onnx serve {out or folder}", highlight=False, soft_wrap=True)
+        console.print(f"open the page with: gpt2onnx serve {result.folder}", highlight=False, soft_wrap=True)
 
 
 @app.command("inspect")
@@ -498,9 +498,9 @@ def inspect_command(
     verify_files: VerifyFilesOpt = True,
 ) -> None:
     """Show IO, opsets, ops, file sizes, parameters and the export's checks."""
-    from gpt2onnx.artifact.inspect import inspect_model
+    from gpt2onnx.artifact.inspect import inspect as run_inspect
 
-    info = inspect_model(path, verify_files=verify_files)
+    info = run_inspect(path, verify_files=verify_files)
     if as_json:
         console.print_json(json.dumps(info.as_dict()))
         return
@@ -625,32 +625,61 @@ def generate(
     top_k: Annotated[int, typer.Option(help="Sample from the top k (0: all).")] = 0,
     top_p: Annotated[float, typer.Option(help="Sample from the top-p mass.")] = 1.0,
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
+    num_beams: Annotated[int, typer.Option(help="Beams (1: greedy or sampling).")] = 1,
+    length_penalty: Annotated[float, typer.Option(help="Beams: score / new_length ** this.")] = 1.0,
+    early_stopping: Annotated[str, typer.Option(help="Beams: true, false or never.")] = "false",
+    num_return_sequences: Annotated[int, typer.Option(help="Sequences per prompt (≤ beams).")] = 1,
+    repetition_penalty: Annotated[float, typer.Option(help="Penalise tokens already in the row.")] = 1.0,
+    no_repeat_ngram_size: Annotated[int, typer.Option(help="No n-gram of this size twice (0: off).")] = 0,
+    min_new_tokens: Annotated[int, typer.Option(help="No end-of-sequence before this many.")] = 0,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop a row at this text (repeatable).")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write ids, text and score per sequence.")] = None,
     runtime: RuntimeOpt = "onnxruntime",
     options: RunOptions = None,
 ) -> None:
-    """Generate a continuation, streaming the new tokens."""
-    from gpt2onnx.runtimes.generate import Sampling, generate_text
+    """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers)."""
+    from gpt2onnx.errors import BadInput
+    from gpt2onnx.files import write_json_atomic
+    from gpt2onnx.runtimes.generate import EARLY_STOPPING, Decoding, Sampling
+    from gpt2onnx.runtimes.generate import generate as run_generate
 
+    if early_stopping.lower() not in EARLY_STOPPING:
+        raise BadInput(f"--early-stopping must be true, false or never, got '{early_stopping}'")
     sampling = Sampling(sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    decoding = Decoding(
+        num_beams=num_beams,
+        length_penalty=length_penalty,
+        early_stopping=EARLY_STOPPING[early_stopping.lower()],
+        num_return_sequences=num_return_sequences,
+        repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size,
+        min_new_tokens=min_new_tokens,
+        stop=tuple(stop or ()),
+    )
 
     def show(kind: str, text: str) -> None:
         console.print(text, end="", markup=False, highlight=False, style="dim" if kind == "prompt" else None)
 
-    result = generate_text(
+    result = run_generate(
         folder,
         prompts=prompt,
         ids=ids,
         max_new_tokens=max_new_tokens,
         sampling=sampling,
+        decoding=decoding,
         runtime=_runtime(runtime, options),
         verify_files=options.verify_files,
         on_text=show,
     )
-    if len(result.texts) == 1:
+    if json_path is not None:
+        write_json_atomic(json_path, result.as_dict())
+    if len(result.texts) == 1 and num_beams == 1:
         console.print()
         return
-    for row, text in enumerate(result.texts):
-        console.print(f"[bold]{row}[/]: ", end="")
+    for row, text in enumerate(result.texts):  # "prompt.sequence" when several are returned per prompt
+        label = f"{result.prompt_index[row]}.{row % num_return_sequences}" if num_return_sequences > 1 else f"{row}"
+        score = f" [dim](score {result.scores[row]:.4f})[/]" if result.scores[row] is not None and num_beams > 1 else ""
+        console.print(f"[bold]{label}[/]{score}: ", end="")
         console.print(text, markup=False, highlight=False)
 
 
@@ -684,12 +713,12 @@ def parity(
 
     from gpt2onnx.files import write_json_atomic
     from gpt2onnx.verify.gates import parse_gates
-    from gpt2onnx.verify.parity import check_parity
+    from gpt2onnx.verify.parity import parity as run_parity
 
     gates = parse_gates(gate)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("parity cases", total=cases)
-        report = check_parity(
+        report = run_parity(
             folder,
             runtime=_runtime(runtime, options),
             cases=cases,
@@ -744,6 +773,16 @@ def parity(
     summary.add_row("NaN/Inf", str(t["nonfinite"]))
     summary.add_row("prompts", t["prompts"])
     summary.add_row("greedy tokens equal", f"{t['tokens_equal_cases']} of {t['cases']} cases")
+    if report.kv_path is not None and report.kv_path.skipped:
+        summary.add_row("K/V path", f"not checked: {report.kv_path.skipped}")
+    for check in report.kv_path.checks if report.kv_path is not None else []:
+        m = check.measured
+        summary.add_row(
+            f"K/V path: {check.description}",
+            f"max |Δlogits| {m['logits']['max']:.2e}, top-1 {100 * m['top1_agreement']:.1f}%,"
+            f" KL mean {m['kl']['mean']:.2e} ({m['positions_compared']} positions)"
+            + ("" if check.passed else " [red]FAIL[/]"),
+        )
     summary.add_row(
         "verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + escape("; ".join(report.failures))
     )
@@ -790,7 +829,7 @@ def bench(
     from gpt2onnx.runtimes.base import RuntimeOptions, parse_runtimes
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.runtimes.timing import BenchConfig, parse_batches
-    from gpt2onnx.verify.bench import benchmark
+    from gpt2onnx.verify.bench import bench as run_bench
 
     folders = folders or [Path("models/gpt2")]
     config = options.provider
@@ -819,7 +858,7 @@ def bench(
     engines = len(folders) * len(runtimes) + (1 if baseline == "torch" else 0)
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
-        result = benchmark(
+        result = run_bench(
             folders,
             runtimes=runtimes,
             config=bench_config,
@@ -874,7 +913,7 @@ def bench(
 @app.command("eval")
 @run_options
 def eval_command(
-    folders: Annotated[list[Path], typer.Argument(help="Exported folders, evaluated side by side on the same tokens.")],
+    folders: Annotated[list[Path], typer.Argument(help="Exported folders, side by side.")],
     text: Annotated[Optional[Path], typer.Option("--text", help="A UTF-8 text file to evaluate on.")] = None,
     dataset: Annotated[
         Optional[str],
@@ -882,12 +921,8 @@ def eval_command(
             help="Or NAME[:CONFIG[:SPLIT]] via datasets (README).",
         ),
     ] = None,
-    context: Annotated[
-        Optional[int], typer.Option(help="Tokens per window \\[default: the models' position count].")
-    ] = None,
-    stride: Annotated[
-        Optional[int], typer.Option(help="Tokens between window starts \\[default: context / 2].")
-    ] = None,
+    context: Annotated[Optional[int], typer.Option(help="Tokens per window \\[default: the context].")] = None,
+    stride: Annotated[Optional[int], typer.Option(help="Window step \\[default: context / 2].")] = None,
     reference: Annotated[
         Optional[str],
         typer.Option(

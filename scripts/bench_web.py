@@ -167,7 +167,8 @@ def main() -> None:
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     same = len({tuple(t) for t in tokens.values()}) == 1
     print(
-        f"\n{args.size} {args.dtype}, random weights, prompt of {len(PROMPT.split())} words, {args.new_tokens} new tokens, greedy; median of {args.repeat}"
+        f"\n{args.size} {args.dtype}, random weights, prompt of {len(PROMPT.split())} words, {args.new_tokens} new"
+        f" tokens, greedy; median of {args.repeat}"
     )
     print(f"machine: {where}; load average {os.getloadavg()[0]:.1f} at the end")
     print(f"same tokens everywhere: {same}\n")

@@ -34,7 +34,8 @@ def parity_line(p: str, report: dict | None) -> str:
     verdict = "pass" if report.get("passed") else "FAIL: " + "; ".join(report.get("failures", []))
     return (
         f"  {p:5} {verdict:5} |Δlogits| max {m['logits']['max']:.1e}  top-1 {100 * m['top1_agreement']:.2f}%"
-        f"  top-5 {100 * m['top5_agreement']:.2f}%  KL {m['kl']['mean']:.1e}  greedy equal {m['tokens_equal_cases']}/{m['cases']}"
+        f"  top-5 {100 * m['top5_agreement']:.2f}%  KL {m['kl']['mean']:.1e}  greedy equal"
+        f" {m['tokens_equal_cases']}/{m['cases']}"
     )
 
 
@@ -50,7 +51,8 @@ def bench_lines(p: str, report: dict | None) -> list[str]:
         if t:
             s = t["extra"]["speedup_of_onnx"]
             where = f"{t['extra'].get('device', '?')} {t['extra'].get('dtype', '')}".strip()
-            line += f" | {t['prompt_ms']['p50']:8.2f} {t['decode_ms']['p50']:8.3f} {t['tokens_per_s']:8.0f}  ×{s['decode']:.2f} ({where})"
+            torch_figures = f"{t['prompt_ms']['p50']:8.2f} {t['decode_ms']['p50']:8.3f} {t['tokens_per_s']:8.0f}"
+            line += f" | {torch_figures}  ×{s['decode']:.2f} ({where})"
         lines.append(line)
     return lines
 
@@ -65,7 +67,8 @@ def summarize(results: Path) -> str:
         f"gpt2onnx GPU check: onnxruntime provider {provider}; torch {versions.get('torch')} sees CUDA: "
         f"{env.get('torch_cuda')} ({env.get('gpu') or 'no GPU'})",
         f"  python {env.get('python')}, transformers {versions.get('transformers')}, onnxruntime {ort}, optimum "
-        f"{versions.get('optimum-onnx') or 'absent'}; providers that load: {', '.join(env.get('working_providers', []))}",
+        f"{versions.get('optimum-onnx') or 'absent'}; providers that load:"
+        f" {', '.join(env.get('working_providers', []))}",
     ]
     by_step = {s["step"]: s for s in steps}
     exports = []
@@ -81,10 +84,12 @@ def summarize(results: Path) -> str:
     config = next((b["models"][0]["config"] for b in bench.values() if b), None)
     if config:
         out.append(
-            f"bench on {provider}: prompt {config['prompt_len']}, {config['new_tokens']} new tokens, p50 of {config['repeat']} runs"
+            f"bench on {provider}: prompt {config['prompt_len']}, {config['new_tokens']} new tokens, p50 of"
+            f" {config['repeat']} runs"
         )
     out.append(
-        f"  {'':5} {'batch':>5} {'TTFT ms':>8} {'step ms':>8} {'tok/s':>8} | {'torch':>8} {'step ms':>8} {'tok/s':>8}  decode speed-up"
+        f"  {'':5} {'batch':>5} {'TTFT ms':>8} {'step ms':>8} {'tok/s':>8} | {'torch':>8} {'step ms':>8} {'tok/s':>8} "
+        " decode speed-up"
     )
     for p in PRECISIONS:
         out += bench_lines(p, bench[p])

@@ -10,7 +10,7 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 TF5_SPEC="${TF5_SPEC:-transformers>=5,<6}"
 [ -x .venv-tf5/bin/python ] || "$PYTHON" -m venv .venv-tf5
 .venv-tf5/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
-.venv-tf5/bin/python -m pip install --quiet --disable-pip-version-check --upgrade -e '.[dev]' "$TF5_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
+.venv-tf5/bin/python -m pip install --quiet --disable-pip-version-check --upgrade -e '.[dev,eval]' "$TF5_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
 .venv-tf5/bin/python -c "
 import importlib.util, transformers
 assert transformers.__version__.startswith('5.'), transformers.__version__

@@ -3,8 +3,9 @@ Typer's CliRunner, or as a real CLI subprocess where the fault needs one (``proc
 
 A row says what is set up (files in the case's own folder, which is also the working directory), the command
 line, the exit code the CLI must give (EXIT_BAD_INPUT for bad arguments or input files, EXIT_CHECK_FAILED for a
-failed validation or parity gate, EXIT_RUNTIME for a provider that cannot run here) and, optionally, a pattern the one-line error must match. The runner also
-checks that stderr is that one line, with no traceback, and that no file was written or lost anywhere it can see.
+failed validation or parity gate, EXIT_RUNTIME for a provider that cannot run here) and, optionally, a pattern
+the one-line error must match. The runner also checks that stderr is that one line, with no traceback, and that
+no file was written or lost anywhere it can see.
 
 Placeholders in the command line: {src} a tiny Hugging Face checkpoint with tokenizer files, {exp} its export,
 {ext} an export with external data (all three shared, read-only), {dir} the case's folder.
@@ -155,7 +156,10 @@ def pickle_checkpoint(c: Ctx) -> None:
 
 
 MARKER = "code-from-the-folder-ran"
-REMOTE_CODE = f"open({MARKER!r}, 'w').write('x')\nfrom transformers import GPT2Config as EvilConfig, GPT2TokenizerFast as EvilTokenizer\n"
+REMOTE_CODE = (
+    f"open({MARKER!r}, 'w').write('x')\n"
+    "from transformers import GPT2Config as EvilConfig, GPT2TokenizerFast as EvilTokenizer\n"
+)
 
 
 def remote_code_config(c: Ctx) -> None:
@@ -336,7 +340,8 @@ CASES: list[Case] = [
         creates=("out",),
         check=no_marker,
     ),
-    # The tokenizer files load into a fixed class (trust_remote_code=False): generation works, the folder's code never runs.
+    # The tokenizer files load into a fixed class (trust_remote_code=False): generation works, the folder's code
+    # never runs.
     Case(
         "auto-map-tokenizer-not-run",
         "security",
@@ -927,6 +932,49 @@ CASES: list[Case] = [
         ("deploy", "{exp}", "--target", "triton", "-o", "out", "--triton-device", "tpu"),
         B,
         match="tpu",
+    ),
+    # -- eval: the text and the protocol's options, refused before any model is loaded --------------------------
+    Case("eval-no-text", "options", ("eval", "{exp}"), B, match="--text FILE"),
+    Case("eval-text-missing", "message", ("eval", "{exp}", "--text", "none.txt"), B, match="none.txt"),
+    Case(
+        "eval-text-fifo",
+        "hang",
+        ("eval", "{exp}", "--text", "pipe.txt"),
+        B,
+        lambda c: os.mkfifo(c.dir / "pipe.txt"),
+        match="not a regular file",
+        timeout=60,
+        process=True,
+    ),
+    Case(
+        "eval-context-zero",
+        "options",
+        ("eval", "{exp}", "--text", "t.txt", "--context", "0"),
+        B,
+        lambda c: (c.dir / "t.txt").write_text("Hello, world. " * 20),
+        match="context",
+    ),
+    Case(
+        "eval-dataset-form",
+        "options",
+        ("eval", "{exp}", "--dataset", "wikitext::test"),
+        B,
+        match="NAME\\[:CONFIG",
+    ),
+    Case(
+        "eval-gate-nan",
+        "options",
+        ("eval", "{exp}", "--text", "t.txt", "--max-kl", "nan"),
+        B,
+        lambda c: (c.dir / "t.txt").write_text("Hello, world. " * 20),
+        match="max-kl",
+    ),
+    Case(
+        "export-eval-text-missing",
+        "message",
+        ("export", "--model", "{src}", "-o", "out", "--eval-text", "none.txt"),
+        B,
+        match="none.txt",
     ),
     # -- the browser: deploy --target web, serve ---------------------------------------------------------------------
     Case(

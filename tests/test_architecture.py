@@ -5,6 +5,7 @@ import functools
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,9 @@ def test_readme_layer_table_is_this_list():
     for (_, cell), (name, members) in zip(table, LAYERS):
         named = {part.strip("`/ ").removesuffix(".py") for part in cell.split(",")}
         assert named == members, f"README row {name!r} names {sorted(named)}, the layer is {sorted(members)}"
+
+
+def test_no_two_modules_share_a_name():
+    """Module names say what they are: only a runtime and the deployment target for it share one."""
+    names = Counter(p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+    assert {name for name, count in names.items() if count > 1} <= {"genai.py"}

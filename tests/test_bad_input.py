@@ -263,6 +263,6 @@ def test_bad_input(case: Case, outcomes):
 
 def test_the_corpus_covers_every_command_and_class():
     commands = {c.argv[0] for c in CASES if c.argv} | {"export"}  # the fault-injection rows run export
-    assert commands == {"export", "optimize", "inspect", "generate", "parity", "bench", "deploy"}
+    assert commands == {"export", "optimize", "inspect", "generate", "parity", "bench", "deploy", "eval", "serve"}
     assert {c.cls for c in CASES} == {"security", "data-loss", "hang", "silent", "traceback", "message", "options"}
     assert len(CASES) >= 60

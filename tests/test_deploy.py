@@ -221,10 +221,17 @@ def test_triton_config_parses_with_tritons_schema_and_names_the_graphs_io(deploy
     assert proc.returncode == 0, proc.stderr[-2000:]
     config = json.loads(proc.stdout)
     inputs, outputs = graph_io(load_graph(repository / "1" / "model.onnx"))
-    as_triton = lambda specs: [  # noqa: E731
-        {"name": t.name, "data_type": TRITON_TYPES[t.dtype], "dims": [d if isinstance(d, int) else -1 for d in t.dims]}
-        for t in specs
-    ]
+
+    def as_triton(specs):
+        return [
+            {
+                "name": t.name,
+                "data_type": TRITON_TYPES[t.dtype],
+                "dims": [d if isinstance(d, int) else -1 for d in t.dims],
+            }
+            for t in specs
+        ]
+
     assert config["name"] == name and config["platform"] == "onnxruntime_onnx"
     assert config["max_batch_size"] == 0 and config["instance_kinds"] == ["KIND_CPU"]
     assert config["inputs"] == as_triton(inputs)

@@ -17,7 +17,7 @@ from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.verify.fp16_emulation import emulate_fp16, tensor_types
 from gpt2onnx.verify.gates import TOLERANCES
-from gpt2onnx.verify.parity import check_parity
+from gpt2onnx.verify.parity import parity
 
 OUTLIERS = 3000.0  # about what GPT-2 small's outlier channels reach in its residual stream
 WRITTEN_OUT_LN = 14  # below opset 17 the exporter writes LayerNorm out as ReduceMean, Sub, Pow, Sqrt, Div, ...
@@ -49,7 +49,7 @@ def test_fp16_passes_its_gates_with_outliers(gpt2_like_config, tmp_path, opset):
     assert manifest.source["outliers"]["magnitude"] == OUTLIERS
     assert manifest.check.passed and manifest.check.fp16_emulated.passed
     assert manifest.fp16.kept_fp32 == ["layernorm", "softmax", "logits"]
-    report = check_parity(result.folder, cases=2, emulate_fp16=True)  # the reference is rebuilt with its outliers
+    report = parity(result.folder, cases=2, emulate_fp16=True)  # the reference is rebuilt with its outliers
     assert report.passed and report.provider == "cpu (fp16 emulated)", report.failures
 
 
@@ -63,7 +63,7 @@ def test_quantized_models_pass_their_gates_with_outliers(gpt2_like_config, tmp_p
         options=ExportOptions(quantize=method),
     )
     assert result.check.passed and result.manifest.check.precision == method
-    assert check_parity(result.folder, cases=2).passed
+    assert parity(result.folder, cases=2).passed
 
 
 def test_fp16_keeping_nothing_fails_on_outliers(tmp_path):
@@ -148,7 +148,7 @@ def test_fp16_export_passes_its_gates(gpt2_like_config, tmp_path):
     outputs = {t["name"]: t["dtype"] for t in manifest["io"]["outputs"]}
     assert inputs["past_key_values.0.key"] == "float16" and outputs["present.0.value"] == "float16"
     assert outputs["logits"] == "float32" and inputs["input_ids"] == "int64"
-    assert check_parity(result.folder, cases=2).passed
+    assert parity(result.folder, cases=2).passed
     # the runner keeps an fp16 cache
     from gpt2onnx.artifact.folder import open_folder
     from gpt2onnx.runtimes.decoder import open_decoder
@@ -172,7 +172,7 @@ def test_optimize_to_fp16_with_fusion(tmp_path):
     )
     assert manifest["fusion"]["golden"]["attention"]["found"] == 2
     assert manifest["fp16"]["kept_fp32_nodes"] == {"SkipLayerNormalization": 5}  # softmax is inside MultiHeadAttention
-    assert check_parity(tmp_path / "o", cases=2).passed
+    assert parity(tmp_path / "o", cases=2).passed
 
 
 def test_fp16_invalid_combinations(tmp_path, tiny_export):
@@ -226,5 +226,5 @@ def test_cli_keep_nothing_on_outliers_is_refused(tmp_path):
     assert result.exit_code == 0, result.output
     assert "fp16 as on a GPU: mean KL" in result.output
     assert TOLERANCES["float16"]["kl_mean"] > 0
-    parity = run("parity", out, "--cases", 2, "--emulate-fp16")
-    assert parity.exit_code == 0 and "(fp16 emulated)" in parity.output, parity.output
+    checked = run("parity", out, "--cases", 2, "--emulate-fp16")
+    assert checked.exit_code == 0 and "(fp16 emulated)" in checked.output, checked.output

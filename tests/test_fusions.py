@@ -303,7 +303,8 @@ def test_partial_fusion_names_the_fusion_and_the_node(tiny_export, tmp_path):
     broken = _break_second_gelu(tiny_export, tmp_path / "broken")
     with pytest.raises(
         Gpt2OnnxError,
-        match=r"fusion 'gelu' reached 1 of 2 FastGelu ops: stopped matching at node '.*'.*0\.044715.*--allow-partial-fusion",
+        match=r"fusion 'gelu' reached 1 of 2 FastGelu ops: stopped matching at node '.*'.*0\.044715"
+        r".*--allow-partial-fusion",
     ):
         optimize(broken, tmp_path / "out", fusion="ort", validate=False)
     assert not (tmp_path / "out").exists()

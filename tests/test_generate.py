@@ -8,7 +8,7 @@ from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import open_decoder
-from gpt2onnx.runtimes.generate import Sampling, generate
+from gpt2onnx.runtimes.generate import Sampling, decode
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 
@@ -25,7 +25,7 @@ def reference(tiny_folder):
 
 def test_greedy_reproduces_transformers_generate(decoder, reference):
     ids, mask = left_padded_batch(1000, batch=4, length=9, seed=11)
-    ours = generate(decoder, ids, mask, max_new_tokens=20)
+    ours = decode(decoder, ids, mask, max_new_tokens=20)
     theirs = reference_greedy(reference, ids, mask, 20)
     np.testing.assert_array_equal(ours.tokens, theirs)
     assert len(ours.step_seconds) == 20 and not ours.finished.any()
@@ -33,24 +33,24 @@ def test_greedy_reproduces_transformers_generate(decoder, reference):
 
 def test_sampling_is_seeded(decoder):
     ids = np.array([[5, 6, 7]])
-    a = generate(decoder, ids, max_new_tokens=12, sampling=Sampling(sample=True, seed=1)).tokens
-    b = generate(decoder, ids, max_new_tokens=12, sampling=Sampling(sample=True, seed=1)).tokens
-    c = generate(decoder, ids, max_new_tokens=12, sampling=Sampling(sample=True, seed=2)).tokens
+    a = decode(decoder, ids, max_new_tokens=12, sampling=Sampling(sample=True, seed=1)).tokens
+    b = decode(decoder, ids, max_new_tokens=12, sampling=Sampling(sample=True, seed=1)).tokens
+    c = decode(decoder, ids, max_new_tokens=12, sampling=Sampling(sample=True, seed=2)).tokens
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
 
 
 def test_top_k_1_and_tiny_top_p_are_greedy(decoder):
     ids, mask = left_padded_batch(1000, batch=2, length=5, seed=3)
-    greedy = generate(decoder, ids, mask, max_new_tokens=8).tokens
+    greedy = decode(decoder, ids, mask, max_new_tokens=8).tokens
     for sampling in (Sampling(sample=True, top_k=1, seed=0), Sampling(sample=True, top_p=1e-6, seed=0)):
-        np.testing.assert_array_equal(generate(decoder, ids, mask, max_new_tokens=8, sampling=sampling).tokens, greedy)
+        np.testing.assert_array_equal(decode(decoder, ids, mask, max_new_tokens=8, sampling=sampling).tokens, greedy)
 
 
 def test_low_temperature_is_greedy_and_top_k_limits_choices(decoder):
     ids = np.array([[1, 2, 3, 4]])
-    greedy = generate(decoder, ids, max_new_tokens=6).tokens
-    cold = generate(decoder, ids, max_new_tokens=6, sampling=Sampling(sample=True, temperature=1e-4, seed=0)).tokens
+    greedy = decode(decoder, ids, max_new_tokens=6).tokens
+    cold = decode(decoder, ids, max_new_tokens=6, sampling=Sampling(sample=True, temperature=1e-4, seed=0)).tokens
     np.testing.assert_array_equal(cold, greedy)
     logits, _ = decoder.run(ids, np.ones_like(ids), np.arange(4)[None], decoder.empty_past(1))
     top3 = set(np.argsort(-logits[0, -1])[:3])
@@ -65,9 +65,9 @@ def test_low_temperature_is_greedy_and_top_k_limits_choices(decoder):
 
 def test_stops_at_end_of_sequence(decoder):
     ids, mask = left_padded_batch(1000, batch=2, length=6, seed=4)
-    free = generate(decoder, ids, mask, max_new_tokens=10).tokens
+    free = decode(decoder, ids, mask, max_new_tokens=10).tokens
     eos = int(free[0, 2])  # the third token of row 0 plays end-of-sequence
-    stopped = generate(decoder, ids, mask, max_new_tokens=10, eos_token_id=eos)
+    stopped = decode(decoder, ids, mask, max_new_tokens=10, eos_token_id=eos)
     assert stopped.finished[0]
     row0 = list(stopped.tokens[0])
     assert row0[: row0.index(eos) + 1] == list(free[0, : list(free[0]).index(eos) + 1])
@@ -77,7 +77,7 @@ def test_stops_at_end_of_sequence(decoder):
 
 def test_streaming_callback_sees_every_step(decoder):
     seen = []
-    result = generate(
+    result = decode(
         decoder, np.array([[9, 8, 7]]), max_new_tokens=5, on_step=lambda step, ids: seen.append((step, int(ids[0])))
     )
     assert [s for s, _ in seen] == list(range(5)) and [t for _, t in seen] == list(result.tokens[0])
@@ -95,7 +95,7 @@ def test_streaming_callback_sees_every_step(decoder):
 )
 def test_bad_generation_inputs(decoder, ids, kwargs, message):
     with pytest.raises(Gpt2OnnxError, match=message):
-        generate(decoder, ids, **{"max_new_tokens": 4, **kwargs})
+        decode(decoder, ids, **{"max_new_tokens": 4, **kwargs})
 
 
 @pytest.mark.parametrize(
@@ -126,11 +126,11 @@ def test_optimum_export_runs_through_the_runner(tiny_folder, tmp_path, reference
     decoder = open_decoder(open_folder(tmp_path / "optimum"), ProviderConfig())
     ids, mask = left_padded_batch(1000, batch=3, length=6, seed=8)
     np.testing.assert_array_equal(
-        generate(decoder, ids, mask, max_new_tokens=10).tokens, reference_greedy(reference, ids, mask, 10)
+        decode(decoder, ids, mask, max_new_tokens=10).tokens, reference_greedy(reference, ids, mask, 10)
     )
-    from gpt2onnx.verify.parity import check_parity
+    from gpt2onnx.verify.parity import parity
 
     with pytest.raises(Gpt2OnnxError, match="no gpt2onnx.json manifest.*--reference"):
-        check_parity(tmp_path / "optimum", cases=1)
-    report = check_parity(tmp_path / "optimum", cases=4, reference=str(tiny_folder))
+        parity(tmp_path / "optimum", cases=1)
+    report = parity(tmp_path / "optimum", cases=4, reference=str(tiny_folder))
     assert report.passed, report.measured

@@ -2,13 +2,13 @@
 
 import pytest
 
-from gpt2onnx.artifact.inspect import inspect_model
+from gpt2onnx.artifact.inspect import inspect
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 
 
 def test_inspect_tiny_export(tiny_export):
-    info = inspect_model(tiny_export).as_dict()  # the JSON of inspect --json
+    info = inspect(tiny_export).as_dict()  # the JSON of inspect --json
     assert info["opset_imports"] == {"ai.onnx": 17}
     inputs = {t["name"]: t for t in info["inputs"]}
     assert inputs["attention_mask"]["dims"] == ["batch_size", "past_sequence_length + sequence_length"]
@@ -32,7 +32,7 @@ def test_gpt2_124m_export_size_and_accounting(tmp_path):
     assert result.check.passed
     size = result.model_bytes
     assert 497_000_000 < size < 500_000_000, size  # 124,439,808 fp32 parameters + the graph; not 650 MB
-    params = inspect_model(result.folder).parameters
+    params = inspect(result.folder).parameters
     assert params.total == 124_439_808 and params.unnamed == []
     components = {c.component: c for c in params.components}
     assert (components["h.ln_1"].params_per_instance, components["h.ln_1"].total) == (1_536, 18_432)
@@ -41,22 +41,22 @@ def test_gpt2_124m_export_size_and_accounting(tmp_path):
 
 def test_inspect_external_data_folder(tiny_folder, tmp_path):
     folder = export(str(tiny_folder), tmp_path / "ext", options=ExportOptions(external_data=True)).folder
-    info = inspect_model(folder / "model.onnx")
+    info = inspect(folder / "model.onnx")
     assert info.files["model.onnx_data"] == (folder / "model.onnx_data").stat().st_size
     assert info.parameters.total == sum(c.total for c in info.parameters.components)
 
 
 def test_inspect_errors(tmp_path):
     with pytest.raises(Gpt2OnnxError, match="no such file or folder"):
-        inspect_model(tmp_path / "nope.onnx")
+        inspect(tmp_path / "nope.onnx")
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\xff\xfe this is not a protobuf" * 10)
     with pytest.raises(Gpt2OnnxError, match="is not an ONNX model"):
-        inspect_model(junk)
+        inspect(junk)
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(Gpt2OnnxError, match="holds no model.onnx"):
-        inspect_model(empty)
+        inspect(empty)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_inspect_shows_the_checks_of_every_variant(tmp_path, variant, options):
     from gpt2onnx.cli import app
 
     folder = export("tiny", tmp_path / variant, random_init=True, options=options).folder
-    manifest = inspect_model(folder).manifest
+    manifest = inspect(folder).manifest
     assert manifest.check.passed and manifest.check.precision == {
         "fp16": "float16",
         "int8": "int8",
@@ -99,7 +99,7 @@ def test_inspect_an_optimum_folder(tmp_path, tiny_folder):
         main_export(
             str(tiny_folder), output=tmp_path / "optimum", task="text-generation-with-past", no_post_process=True
         )
-    info = inspect_model(tmp_path / "optimum")
+    info = inspect(tmp_path / "optimum")
     assert info.manifest is None and {t.name for t in info.inputs} >= {"input_ids", "past_key_values.0.key"}
 
 
@@ -109,14 +109,14 @@ def test_inspect_refuses_what_is_not_a_regular_file_and_a_truncated_data_file(tm
     fifo = tmp_path / "pipe.onnx"
     os.mkfifo(fifo)
     with pytest.raises(Gpt2OnnxError, match="is not a regular file"):
-        inspect_model(fifo)
+        inspect(fifo)
     folder = export(
         str(tiny_folder), tmp_path / "ext", options=ExportOptions(external_data=True, validate=False)
     ).folder
     data = folder / "model.onnx_data"
     data.write_bytes(data.read_bytes()[:1000])
     with pytest.raises(Gpt2OnnxError, match="its tensors need"):
-        inspect_model(folder, verify_files=False)
+        inspect(folder, verify_files=False)
     import onnx
 
     plain = export(str(tiny_folder), tmp_path / "plain", options=ExportOptions(validate=False)).folder
@@ -124,4 +124,4 @@ def test_inspect_refuses_what_is_not_a_regular_file_and_a_truncated_data_file(tm
     swapped.producer_name = "someone else"
     onnx.save(swapped, str(plain / "model.onnx"))
     with pytest.raises(Gpt2OnnxError, match="differs from what the manifest"):
-        inspect_model(plain)
+        inspect(plain)

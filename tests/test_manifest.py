@@ -9,6 +9,7 @@ import pytest
 
 from gpt2onnx.artifact.folder import MANIFEST_NAME, open_folder, read_manifest
 from gpt2onnx.artifact.manifest import FileRecord, Manifest
+from gpt2onnx.deploy import deploy
 from gpt2onnx.errors import BadInput
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cf4bc05"
@@ -47,8 +48,11 @@ def test_first_release_manifest_and_unknown_keys():
     assert written["parity"] == data["parity"] and written["from_a_newer_release"] == {"x": 1}
     with pytest.raises(BadInput, match="format version 2, newer than this gpt2onnx reads"):
         Manifest.from_dict({**data, "format_version": 2})
-    with pytest.raises(BadInput, match="unreadable 'fusion' record"):
-        Manifest.from_dict({**data, "fusion": {"golden": 3}})
+    damaged = Manifest.from_dict({**data, "fusion": {"golden": 3}, "dtype": 16})
+    assert damaged.fusion is None and damaged.unreadable == ["dtype", "fusion"] and damaged.dtype == "float32"
+    assert damaged.as_dict()["fusion"] == {"golden": 3}  # written back as it was
+    with pytest.raises(BadInput, match="no valid 'files'"):
+        Manifest.from_dict({**data, "files": []})
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +94,7 @@ def test_previous_release_folder_loads_inspects_runs_and_benches(previous_releas
         folder, config=gpt2onnx.BenchConfig(batches=(1,), prompt_len=4, new_tokens=3, warmup=0, repeat=1)
     )
     assert figures.models[0].precision == "float32" and figures.runs[0].tokens_per_s > 0
-    deployed = gpt2onnx.deploy(folder, "genai", out=tmp_path / "deployed").manifest
+    deployed = deploy(folder, "genai", out=tmp_path / "deployed").manifest
     again = deployed.as_dict()
     old = fixture("export")
     for key in ("source", "architecture", "io", "options", "parity", "timings"):

@@ -169,7 +169,7 @@ def test_equal_to_the_python_loop_on_the_same_file(tiny_folder, eos, tmp_path, v
     from gpt2onnx.deploy import deploy
     from gpt2onnx.exporters.export import ExportOptions, export
     from gpt2onnx.runtimes.decoder import cpu_decoder
-    from gpt2onnx.runtimes.generate import generate
+    from gpt2onnx.runtimes.generate import decode
 
     # validate=False: this test compares the file with itself run by two loops, not with PyTorch
     options = ExportOptions(dtype="fp16", validate=False) if variant == "fp16" else None
@@ -178,7 +178,7 @@ def test_equal_to_the_python_loop_on_the_same_file(tiny_folder, eos, tmp_path, v
     source = with_eos(exported, tmp_path / "source", eos)
     deploy(source, "ort-generate", out=tmp_path / "dep")
     ids, mask = padded(eos)
-    loop = generate(cpu_decoder(source / "model.onnx"), ids, mask, max_new_tokens=NEW, eos_token_id=eos)
+    loop = decode(cpu_decoder(source / "model.onnx"), ids, mask, max_new_tokens=NEW, eos_token_id=eos)
     got = ort_generate(tmp_path / "dep")
     assert [row[0] for row in got.tokens] == [cut(row.tolist(), eos) for row in loop.tokens]
     assert any(row[0][-1] == eos for row in got.tokens)

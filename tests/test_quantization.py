@@ -12,7 +12,7 @@ from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.passes.precision import QuantizeOptions
 from gpt2onnx.verify.gates import TOLERANCES
-from gpt2onnx.verify.parity import check_parity
+from gpt2onnx.verify.parity import parity
 
 
 def _ops(folder) -> Counter:
@@ -24,17 +24,17 @@ def test_export_quantized_passes_its_gates(gpt2_like_config, tmp_path, method, o
     result = export(str(gpt2_like_config), tmp_path / method, random_init=True, options=ExportOptions(quantize=method))
     manifest = result.manifest.as_dict()  # the record as written
     assert manifest["quantization"]["method"] == method and manifest["quantization"]["ops"][op] > 0
-    parity = manifest["parity"]
-    assert parity["passed"] and parity["precision"] == method
+    check = manifest["parity"]
+    assert check["passed"] and check["precision"] == method
     assert (
-        parity["measured"]["kl"]["mean"] <= TOLERANCES[method]["kl_mean"]
-        and parity["measured"]["top5_agreement"] >= TOLERANCES[method]["top5"]
+        check["measured"]["kl"]["mean"] <= TOLERANCES[method]["kl_mean"]
+        and check["measured"]["top5_agreement"] >= TOLERANCES[method]["top5"]
     )
     model = onnx.load(str(result.folder / "model.onnx"))
     weights = {init.name for init in model.graph.initializer}
     float_projections = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights]
     assert float_projections == [], "every projection, the logits one included, is quantized"
-    report = check_parity(result.folder, cases=3)
+    report = parity(result.folder, cases=3)
     assert report.precision == method and report.passed, report.failures
 
 

@@ -19,10 +19,10 @@ from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.runtimes import genai
 from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, open_runtime, parse_runtimes
-from gpt2onnx.runtimes.generate import generate_text
+from gpt2onnx.runtimes.generate import generate
 from gpt2onnx.runtimes.timing import BenchConfig
-from gpt2onnx.verify.bench import benchmark
-from gpt2onnx.verify.parity import check_parity
+from gpt2onnx.verify.bench import bench
+from gpt2onnx.verify.parity import parity
 
 
 def _openvino_missing() -> str | None:
@@ -59,7 +59,7 @@ def tiny_int4(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ALL)
 def test_parity_fp32_on_each_runtime(tiny_export, name):
-    report = check_parity(tiny_export, runtime=RuntimeOptions(name=name), cases=4)
+    report = parity(tiny_export, runtime=RuntimeOptions(name=name), cases=4)
     assert report.passed, report.summary()
     assert report.runtime == name
     assert report.measured["tokens_equal_cases"] == 4
@@ -71,7 +71,7 @@ def test_parity_fp32_on_each_runtime(tiny_export, name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_parity_int4_on_each_runtime(tiny_int4, name):
-    report = check_parity(tiny_int4, runtime=RuntimeOptions(name=name), cases=3)
+    report = parity(tiny_int4, runtime=RuntimeOptions(name=name), cases=3)
     assert report.precision == "int4" and report.passed, report.summary()
     assert report.measured["kl"]["mean"] < 0.01 and report.measured["top5_agreement"] >= 0.95
 
@@ -79,8 +79,8 @@ def test_parity_int4_on_each_runtime(tiny_int4, name):
 @pytest.mark.parametrize("name", ALL)
 def test_generate_gives_the_same_greedy_tokens(tiny_export, name):
     ids = ["1,2,3,4,5", "7,8"]  # rows of different lengths: a left-padded batch
-    ours = generate_text(tiny_export, ids=ids, max_new_tokens=6, runtime=RuntimeOptions(name=name))
-    want = generate_text(tiny_export, ids=ids, max_new_tokens=6)
+    ours = generate(tiny_export, ids=ids, max_new_tokens=6, runtime=RuntimeOptions(name=name))
+    want = generate(tiny_export, ids=ids, max_new_tokens=6)
     assert ours.tokens == want.tokens
 
 
@@ -115,7 +115,7 @@ def test_bench_measures_every_runtime_side_by_side(tiny_export, tmp_path):
 
 
 def test_bench_api_keeps_one_runtime_labels(tiny_export):
-    result = benchmark(tiny_export, config=BenchConfig(batches=(1,), prompt_len=4, new_tokens=3, warmup=0, repeat=1))
+    result = bench(tiny_export, config=BenchConfig(batches=(1,), prompt_len=4, new_tokens=3, warmup=0, repeat=1))
     assert [(r.label, r.runtime, r.engine) for r in result.runs] == [(tiny_export.name, "onnxruntime", "onnxruntime")]
 
 
@@ -225,7 +225,7 @@ def test_cli_refuses_device_without_openvino(tiny_export):
 
 def test_emulate_fp16_is_onnxruntime_only(tiny_export):
     with pytest.raises(BadInput):
-        check_parity(tiny_export, runtime=RuntimeOptions(name="openvino"), emulate_fp16=True, cases=1)
+        parity(tiny_export, runtime=RuntimeOptions(name="openvino"), emulate_fp16=True, cases=1)
 
 
 def runner_invoke(*args):

@@ -19,10 +19,10 @@ from gpt2onnx.passes.precision import QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, check_shared_cache_provider, open_decoder
-from gpt2onnx.runtimes.generate import generate
+from gpt2onnx.runtimes.generate import Decoding, decode
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
-from gpt2onnx.verify.parity import check_parity
+from gpt2onnx.verify.parity import parity
 
 runner = CliRunner()
 
@@ -59,7 +59,7 @@ def test_ort_export_records_a_concat_cache(tiny_export):
 
 def test_randomized_parity_with_chunks_at_batch_8(shared_export):
     """Prefix chunks at batch > 1 (which the kernel refuses in one call) run token by token: same parity."""
-    report = check_parity(shared_export, cases=10, seed=3, max_batch=8)
+    report = parity(shared_export, cases=10, seed=3, max_batch=8)
     assert report.passed, report.failures
     chunked = [c for c in report.cases if c["case"]["prefix_length"] and c["case"]["batch"] > 1]
     assert chunked, "the cases must include a continued prompt at batch > 1"
@@ -80,7 +80,7 @@ def test_generate_greedy_equals_transformers_and_never_reallocates(shared_export
 
     decoder.empty_past = spy
     addresses = []
-    tokens = generate(
+    tokens = decode(
         decoder, ids, mask, max_new_tokens=12, on_step=lambda *_: addresses.append(decoder._buffers[0].ctypes.data)
     ).tokens
     assert calls == [(5, 9 + 12)]  # once, for prompt + new tokens (not the context)
@@ -116,7 +116,7 @@ def test_precisions_on_the_shared_cache(gpt2_init_export, tmp_path, dtype, quant
         gpt2_init_export, tmp_path / "out", fusion="ort-shared-kv", dtype=dtype, quantization=QuantizeOptions(quantize)
     )
     assert result.manifest.kv_cache == "shared" and result.check.passed
-    report = check_parity(tmp_path / "out", cases=4, seed=1, max_batch=4)
+    report = parity(tmp_path / "out", cases=4, seed=1, max_batch=4)
     assert report.passed, report.failures
 
 
@@ -164,3 +164,16 @@ def test_bench_at_past_lengths(shared_export, tiny_export, tmp_path):
     refused = runner.invoke(app, ["bench", str(shared_export), "--past", "128"])
     assert refused.exit_code == 2
     assert_one_line_error(refused, "at most 127")
+
+
+def test_beam_search_reorders_the_shared_buffers_in_place(shared_export, tiny_export):
+    """Beam search on the shared cache (rows picked inside the bound buffers) gives the concat graph's beams."""
+    ids = np.array([[5, 17, 301, 44], [0, 0, 33, 402]])
+    mask = (np.arange(4)[None] >= np.array([[0], [2]])).astype(np.int64)
+    decoding = Decoding(num_beams=3, num_return_sequences=3, no_repeat_ngram_size=2)
+    results = [
+        decode(open_decoder(open_folder(f), ProviderConfig()), ids, mask, max_new_tokens=8, decoding=decoding)
+        for f in (tiny_export, shared_export)
+    ]
+    np.testing.assert_array_equal(results[0].tokens, results[1].tokens)
+    np.testing.assert_allclose(results[0].scores, results[1].scores, atol=1e-4)

@@ -204,7 +204,7 @@ def test_transformers_js_tokenizer_text_in_text_out(gpt2_deployed, gpt2_vocab, r
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino", "genai"])
 def test_generate_text_in_text_out_in_every_runtime(gpt2_deployed, reference_text, runtime):
     from gpt2onnx.runtimes.base import RuntimeOptions
-    from gpt2onnx.runtimes.generate import generate_text
+    from gpt2onnx.runtimes.generate import generate
 
     if runtime == "openvino":
         pytest.importorskip("openvino", reason="OpenVINO is not installed: run scripts/setup.sh")
@@ -213,7 +213,7 @@ def test_generate_text_in_text_out_in_every_runtime(gpt2_deployed, reference_tex
 
         if not (genai.in_process() or genai.genai_python()):
             need(GENAI_PYTHON, "onnxruntime-genai (.venv-genai)")
-    result = generate_text(
+    result = generate(
         gpt2_deployed["folder"],
         prompts=[PROMPT],
         max_new_tokens=NEW_TOKENS,

@@ -100,7 +100,9 @@ def present_names(n_layer: int) -> list[str]:
 def decoder_io(
     spec: DecoderDims, *, last_logits_only: bool = False, dtype: str = "float32", logits_dtype: str = "float32"
 ) -> IOSpec:
-    kv = lambda name, length: TensorSpec(name, dtype, (BATCH, spec.n_head, length, spec.head_dim))  # noqa: E731
+    def kv(name, length):
+        return TensorSpec(name, dtype, (BATCH, spec.n_head, length, spec.head_dim))
+
     inputs = (
         TensorSpec("input_ids", "int64", (BATCH, SEQUENCE)),
         TensorSpec("attention_mask", "int64", (BATCH, TOTAL)),
@@ -118,9 +120,10 @@ def decoder_io(
 
 def shared_cache_io(io: IOSpec) -> IOSpec:
     """The contract of a shared-cache graph: the same names and dtypes, the cache and mask dims renamed."""
-    rename = lambda t, axis, dim: TensorSpec(
-        t.name, t.dtype, tuple(dim if i == axis else d for i, d in enumerate(t.dims))
-    )  # noqa: E731
+
+    def rename(t: TensorSpec, axis: int, dim: str) -> TensorSpec:
+        return TensorSpec(t.name, t.dtype, tuple(dim if i == axis else d for i, d in enumerate(t.dims)))
+
     inputs = tuple(
         rename(t, 2, PAST_BUFFER)
         if _PAST.match(t.name)
@@ -134,8 +137,12 @@ def shared_cache_io(io: IOSpec) -> IOSpec:
 
 
 def block_io(spec: DecoderDims, *, dtype: str = "float32") -> IOSpec:
-    hidden = lambda name: TensorSpec(name, dtype, (BATCH, SEQUENCE, spec.n_embd))  # noqa: E731
-    kv = lambda name, length: TensorSpec(name, dtype, (BATCH, spec.n_head, length, spec.head_dim))  # noqa: E731
+    def hidden(name):
+        return TensorSpec(name, dtype, (BATCH, SEQUENCE, spec.n_embd))
+
+    def kv(name, length):
+        return TensorSpec(name, dtype, (BATCH, spec.n_head, length, spec.head_dim))
+
     inputs = (
         hidden("hidden_states"),
         TensorSpec("attention_mask", "int64", (BATCH, TOTAL)),
@@ -192,7 +199,10 @@ def value_dtype(value) -> str:
 
 def graph_io(model) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The inputs and outputs a graph declares, as TensorSpecs."""
-    as_spec = lambda v: TensorSpec(v.name, value_dtype(v), tuple(value_dims(v)))  # noqa: E731
+
+    def as_spec(v):
+        return TensorSpec(v.name, value_dtype(v), tuple(value_dims(v)))
+
     return [as_spec(v) for v in model.graph.input], [as_spec(v) for v in model.graph.output]
 
 

@@ -100,6 +100,23 @@ def eos_token_id(folder: str | Path) -> int | None:
     return None
 
 
+def generation_token_ids(folder: str | Path) -> tuple[tuple[int, ...], int | None]:
+    """(end-of-sequence ids, padding id) as transformers' generate() reads them: generation_config.json first,
+    else config.json; eos may be one id or a list; no pad id: None (generate then pads with the first eos)."""
+    found: dict[str, object] = {}
+    for name in (GENERATION_CONFIG_FILE, CONFIG_FILE):
+        if (Path(folder) / name).is_file():
+            data = read_json_file(Path(folder) / name, name)
+            for key in ("eos_token_id", "pad_token_id"):
+                if found.get(key) is None and data.get(key) is not None:
+                    found[key] = data[key]
+    is_id = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    eos = found.get("eos_token_id")
+    eos_ids = tuple(v for v in (eos if isinstance(eos, list) else [eos]) if is_id(v))
+    pad = found.get("pad_token_id")
+    return eos_ids, pad if is_id(pad) else None
+
+
 def check_integrity(folder: Path, manifest: Manifest) -> None:
     """Each model file must have the size and sha256 the manifest records (about 1 s for the 124M model)."""
     for name, info in manifest.model_files.items():
@@ -109,7 +126,8 @@ def check_integrity(folder: Path, manifest: Manifest) -> None:
         if path.stat().st_size != info.bytes or sha256_file(path) != info.sha256:
             raise IntegrityError(
                 f"'{path}' differs from what the manifest '{folder / MANIFEST_NAME}' records (size or sha256):"
-                " export the folder again, or skip the check (--no-verify-files, verify_files=False) if you changed it on purpose"
+                " export the folder again, or skip the check (--no-verify-files, verify_files=False) if you changed it"
+                " on purpose"
             )
 
 
@@ -209,7 +227,8 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
         raise BadInput(f"output '{target}' exists and is not a folder: choose another output folder")
     if not force:
         raise BadInput(
-            f"output folder '{target}' already exists: choose another output folder, or replace it (--force, force=True)"
+            f"output folder '{target}' already exists: choose another output folder, or replace it (--force,"
+            " force=True)"
         )
     real = target.resolve()
     for path, what in [*((p, "the source model") for p in protect), (Path.cwd(), "the working directory")]:
@@ -219,7 +238,8 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
             )
         if Path(path).resolve().is_relative_to(real):
             raise BadInput(
-                f"output folder '{target}' holds {what} '{path}', which --force would delete: choose another output folder"
+                f"output folder '{target}' holds {what} '{path}', which --force would delete: choose another output"
+                " folder"
             )
     if any(real.iterdir()) and not (real / MANIFEST_NAME).is_file():
         raise BadInput(
@@ -293,7 +313,8 @@ def _output_lock(target: Path):
                 raise OSError(errno.EAGAIN, "lock file replaced")
         except OSError:
             raise OutputError(
-                f"output folder '{target}' is being written by another gpt2onnx run: wait for it, or choose another output folder"
+                f"output folder '{target}' is being written by another gpt2onnx run: wait for it, or choose another"
+                " output folder"
             ) from None
         try:
             yield lock_path

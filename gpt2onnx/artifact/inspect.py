@@ -60,7 +60,7 @@ class OpCount:
 
 @dataclass
 class ModelDescription:
-    """What :func:`inspect_model` returns: what an ONNX file holds, and its folder's manifest (None for a file
+    """What :func:`inspect` returns: what an ONNX file holds, and its folder's manifest (None for a file
     outside a gpt2onnx folder, or an optimum folder)."""
 
     path: str
@@ -105,6 +105,7 @@ class ModelDescription:
                     "targets": manifest.deploy.targets if manifest.deploy else None,
                     "checks": manifest.check.as_dict() if manifest.check else None,
                     "check_summary": manifest.check_summary,
+                    "unreadable": manifest.unreadable,  # records of a damaged manifest, not shown
                 }
                 if manifest
                 else None
@@ -155,7 +156,7 @@ def _expected_data_bytes(model: onnx.ModelProto) -> dict[str, int]:
     return needed
 
 
-def inspect_model(path: str | Path, *, verify_files: bool = True) -> ModelDescription:
+def inspect(path: str | Path, *, verify_files: bool = True) -> ModelDescription:
     """What an ONNX file (or an exported folder's model) holds, read without running it or loading its weights.
 
     Args:

@@ -285,7 +285,8 @@ class Manifest:
     versions: dict[str, str | None] = field(default_factory=dict)
     created: str | None = None
     format_version: int = MANIFEST_FORMAT_VERSION
-    extra: dict = field(default_factory=dict)  # keys this release does not know (or a check it cannot read)
+    extra: dict = field(default_factory=dict)  # keys this release does not know, or records it cannot read
+    unreadable: list[str] = field(default_factory=list)  # the records read back damaged (their raw value: extra)
 
     @property
     def precision(self) -> str:
@@ -355,23 +356,27 @@ class Manifest:
                 f" ({MANIFEST_FORMAT_VERSION}): upgrade gpt2onnx, or export the folder again"
             )
 
+        extra = {k: v for k, v in data.items() if k not in _KEYS}
+        unreadable: list[str] = []
+
         def record(key: str, parse, kind=dict):
+            """The record, or None when absent; a damaged one (a hand-edited manifest) is None too, listed in
+            ``unreadable`` and kept as it was in ``extra``: the model files, not these records, are checked."""
             value = data.get(key)
             if value is None:
                 return None
             try:
-                if not isinstance(value, kind):
+                if not isinstance(value, kind) or isinstance(value, bool):
                     raise TypeError(key)
                 return parse(value)
             except (KeyError, TypeError, ValueError, AttributeError):
-                raise BadInput(
-                    f"{where} has an unreadable '{key}' record: export the folder again, or delete the manifest"
-                ) from None
+                unreadable.append(key)
+                extra[key] = value
+                return None
 
         check = CheckReport.from_dict(data.get("parity"))
-        extra = {k: v for k, v in data.items() if k not in _KEYS}
         if check is None and data.get("parity") is not None:
-            extra["parity"] = data["parity"]  # an older release's record: kept as it was
+            extra["parity"] = data["parity"]  # an older release's record, or a damaged one: kept as it was
         manifest = cls(
             kind=data["kind"],
             name=record("name", str, str),
@@ -397,5 +402,6 @@ class Manifest:
             created=record("created", str, str),
             format_version=data["format_version"],
             extra=extra,
+            unreadable=unreadable,
         )
         return manifest

@@ -12,6 +12,54 @@ from typing import Any
 
 
 @dataclass
+class KvPathCheck:
+    """One consistency check of a model against itself along the K/V path (:mod:`gpt2onnx.verify.kv_path`)."""
+
+    name: str  # past, batch or chunks
+    description: str
+    measured: dict[str, Any]  # logits {max}, top1_agreement, top5_agreement, kl {mean, max}, positions_compared
+    gates: dict[str, Any]
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+@dataclass
+class KvPathReport:
+    """The three K/V-path checks of one precision, or why they were not run (a runtime with its own loop)."""
+
+    checks: list[KvPathCheck] = field(default_factory=list)
+    skipped: str | None = None
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"K/V path ({c.name}): {f}" for c in self.checks for f in c.failures]
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"K/V path: not checked ({self.skipped})"
+        parts = [
+            f"{c.name} {c.measured['logits']['max']:.1e} (top-1 {100 * c.measured['top1_agreement']:.0f}%,"
+            f" KL {c.measured['kl']['mean']:.1e})"
+            for c in self.checks
+        ]
+        return "K/V path, max |Δlogits|: " + ", ".join(parts) + (" — pass" if not self.failures else " — FAIL")
+
+    def as_dict(self) -> dict:
+        return {"skipped": self.skipped, "checks": [{**asdict(c), "passed": c.passed} for c in self.checks]}
+
+    @classmethod
+    def from_dict(cls, data) -> "KvPathReport | None":
+        if not isinstance(data, dict):
+            return None
+        fields = KvPathCheck.__dataclass_fields__
+        checks = [KvPathCheck(**{k: c[k] for k in fields if k in c}) for c in data.get("checks") or []]
+        return cls(checks=checks, skipped=data.get("skipped"))
+
+
+@dataclass
 class CheckReport:
     precision: str  # the gate family: float32, float16, int8, int4
     against: str  # what the model was compared with: "PyTorch" (GPT2LMHeadModel) or "source ONNX model"
@@ -22,6 +70,7 @@ class CheckReport:
     runtime: str = "onnxruntime"
     cases: list[dict] = field(default_factory=list)  # per case, where the check kept them (parity)
     fp16_emulated: "CheckReport | None" = None  # fp16: the same gates with fp16 arithmetic as a GPU does it
+    kv_path: KvPathReport | None = None  # parity: the model against itself along the K/V path
 
     @property
     def passed(self) -> bool:
@@ -46,12 +95,14 @@ class CheckReport:
             parts.append(f"fp16 as on a GPU: mean KL {self.fp16_emulated.measured['kl']['mean']:.2e}")
         gates = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in self.gates.items())
         verdict = "pass" if self.passed else "FAIL: " + "; ".join(self.failures)
-        return f"{self.precision} against {self.against} on {self.runtime}/{self.provider}: {', '.join(parts)} (gates: {gates}) — {verdict}"
+        where = f"{self.precision} against {self.against} on {self.runtime}/{self.provider}"
+        return f"{where}: {', '.join(parts)} (gates: {gates}) — {verdict}"
 
     def as_dict(self) -> dict:
         data = asdict(self)
         data["passed"] = self.passed
         data["fp16_emulated"] = self.fp16_emulated.as_dict() if self.fp16_emulated else None
+        data["kv_path"] = self.kv_path.as_dict() if self.kv_path else None
         return data
 
     @classmethod
@@ -60,5 +111,7 @@ class CheckReport:
         if not isinstance(data, dict) or not {"precision", "gates", "measured"} <= data.keys():
             return None
         emulated = cls.from_dict(data.get("fp16_emulated"))
-        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "fp16_emulated"}
-        return cls(**{"against": "?", **known}, fp16_emulated=emulated)
+        nested = ("fp16_emulated", "kv_path")
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k not in nested}
+        kv_path = KvPathReport.from_dict(data.get("kv_path"))
+        return cls(**{"against": "?", **known}, fp16_emulated=emulated, kv_path=kv_path)

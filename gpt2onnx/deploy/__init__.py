@@ -10,7 +10,8 @@
     triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton)
     tokenizer.json                         genai and transformers.js, which read only this file, when the
                                            folder has only vocab.json + merges.txt (gpt2onnx.artifact.tokenizer)
-    ort-generate/*_search.onnx, ...        onnxruntime's generation ops, the loop in the graph (gpt2onnx.deploy.ort_generate)
+    ort-generate/*_search.onnx, ...        onnxruntime's generation ops, the loop in the graph
+                                           (gpt2onnx.deploy.ort_generate)
 
 It works on any gpt2onnx decoder folder, exported or optimized, in any precision, and leaves export and
 optimize alone. The result is written like every folder: staged beside the target and moved into place

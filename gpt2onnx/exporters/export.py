@@ -254,6 +254,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
             gates=options.eval_gates(),
             against=f"PyTorch fp32 ({ckpt.name})",
             label=label,
+            precision=passes.precision,
         )
         timings["eval_seconds"] = time.perf_counter() - start
         log.info("quality on real text: %s", quality.summary())

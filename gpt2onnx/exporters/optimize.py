@@ -90,7 +90,8 @@ def optimize(
     dtype = passes.check()
     if fusion == "none" and passes.precision == "float32":
         raise BadInput(
-            "nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a precision"
+            "nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a"
+            " precision"
         )
     tolerances_for(passes.precision, {"logits": tolerance} if passes.precision == "float32" else gates)
     check_eval_options(eval_text, eval_gates)
@@ -137,7 +138,13 @@ def optimize(
             start = time.perf_counter()
             reference = ModelFolder(model_path.parent, model_path, previous, read_n_positions(folder))
             quality = evaluate_written(
-                folder, reference=reference, text=eval_text, gates=eval_gates, against=SOURCE_ONNX, label=str(out)
+                folder,
+                reference=reference,
+                text=eval_text,
+                gates=eval_gates,
+                against=SOURCE_ONNX,
+                label=str(out),
+                precision=passes.precision,
             )
             timings["eval_seconds"] = time.perf_counter() - start
             if not quality.passed:

@@ -64,7 +64,8 @@ def parse_keep_fp32(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]
     if unknown:
         shown = value if isinstance(value, str) else ",".join(map(str, value))
         raise BadInput(
-            f"--keep-fp32 '{shown}' is not valid: give a comma-separated subset of {','.join(FP16_KEEP_GROUPS)}, or 'none'"
+            f"--keep-fp32 '{shown}' is not valid: give a comma-separated subset of {','.join(FP16_KEEP_GROUPS)}, or"
+            " 'none'"
         )
     return tuple(g for g in FP16_KEEP_GROUPS if g in names)
 

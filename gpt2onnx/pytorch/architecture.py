@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpt2onnx.errors import CheckpointError
-from gpt2onnx.files import available_memory  # noqa: F401  (re-exported: config.available_memory)
+from gpt2onnx.files import available_memory
 
 # Sizes of the released checkpoints (OpenAI's four and distilgpt2), and a tiny one for tests and demos.
 PRESETS: dict[str, dict[str, int]] = {
@@ -60,7 +60,10 @@ def preset_config(name: str):
 
 def spec_from_config(config) -> Architecture:
     """Check a transformers GPT2Config and return its Architecture; refuse what this model cannot represent."""
-    get = lambda key, default=None: getattr(config, key, default)  # noqa: E731
+
+    def get(key, default=None):
+        return getattr(config, key, default)
+
     model_type = get("model_type")
     if model_type != "gpt2":
         raise CheckpointError(f"config: model_type is '{model_type}', expected 'gpt2'")
@@ -94,7 +97,8 @@ def spec_from_config(config) -> Architecture:
         or not (math.isfinite(epsilon) and epsilon > 0)
     ):
         raise CheckpointError(
-            f"config: layer_norm_epsilon must be a positive finite number (GPT-2: 1e-5), got {epsilon!r}; fix config.json"
+            f"config: layer_norm_epsilon must be a positive finite number (GPT-2: 1e-5), got {epsilon!r}; fix"
+            " config.json"
         )
     tie = get("tie_word_embeddings", True)
     if not isinstance(tie, bool):

@@ -169,7 +169,8 @@ def _random_checkpoint(model: str, path: Path, seed: int, outliers: float, what:
         raise CheckpointError(f"{what}: no such file or folder")
     else:
         raise CheckpointError(
-            f"unknown architecture '{model}' for --random-init: choose one of {', '.join(PRESETS)}, or give a config.json"
+            f"unknown architecture '{model}' for --random-init: choose one of {', '.join(PRESETS)}, or give a"
+            " config.json"
         )
     spec = _checked_spec(config, what)
     config.tie_word_embeddings = spec.tie_word_embeddings
@@ -360,7 +361,8 @@ def to_export_names(state_dict: dict[str, torch.Tensor], spec: Architecture) -> 
             raise CheckpointError(f"checkpoint tensor '{key}' is not part of a GPT-2 with this config")
         if tuple(tensor.shape) != expected[name]:
             raise CheckpointError(
-                f"checkpoint tensor '{key}' has shape {list(tensor.shape)}, but the config implies {list(expected[name])}"
+                f"checkpoint tensor '{key}' has shape {list(tensor.shape)}, but the config implies"
+                f" {list(expected[name])}"
             )
         if not tensor.is_floating_point():
             raise CheckpointError(
@@ -370,7 +372,8 @@ def to_export_names(state_dict: dict[str, torch.Tensor], spec: Architecture) -> 
         if not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise CheckpointError(
-                f"checkpoint tensor '{key}' holds {bad:,} NaN or infinite values; the checkpoint is damaged: use another"
+                f"checkpoint tensor '{key}' holds {bad:,} NaN or infinite values; the checkpoint is damaged: use"
+                " another"
             )
         mapped[name] = tensor.float() if tensor.dtype != torch.float32 else tensor
     missing = [name for name in expected if name not in mapped]

@@ -11,8 +11,9 @@ A runtime is opened on an exported folder with :class:`RuntimeOptions` and gives
 
 Every runtime is a :class:`Runtime`: it declares what it can do in :class:`Capabilities` (owns its loop,
 times a step at a given past, shares one cache buffer, checks memory first), and callers dispatch on that;
-nothing probes a runtime for attributes. Every runtime refuses what it cannot do with :class:`~gpt2onnx.errors.RuntimeUnavailable` (one line, with the
-command that installs it); nothing falls back to another runtime.
+nothing probes a runtime for attributes. Every runtime refuses what it cannot do with
+:class:`~gpt2onnx.errors.RuntimeUnavailable` (one line, with the command that installs it); nothing falls back
+to another runtime.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class LoopResult:
     step_seconds: list[float]  # [0] is the prompt step
     logits: list[np.ndarray] = field(default_factory=list)  # per forward pass: [positions, vocab]
     peak_bytes: int | None = None  # peak resident memory of the process that ran it (a worker's own)
+    sequences: list[list[int]] = field(default_factory=list)  # beam search: new tokens per returned beam, best first
 
 
 @runtime_checkable
@@ -181,6 +183,11 @@ class Runtime:
 
     def close(self) -> None:
         """Free what the runtime holds (a worker process, temporary files); a no-op where it holds nothing."""
+
+    def reorder_past(self, past: list, rows: np.ndarray) -> list:
+        """Beam search's reorder: the cache with its batch rows picked (``rows``, repeats allowed). This default
+        gathers host arrays (OpenVINO); onnxruntime's steppers keep it on their device."""
+        return [np.ascontiguousarray(p[np.asarray(rows, dtype=np.int64)]) for p in past]
 
     def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None:
         """Token ids outside the vocabulary would make CUDA's Gather read garbage without an error."""

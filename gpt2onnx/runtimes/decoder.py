@@ -36,7 +36,9 @@ def position_ids_for(attention_mask: np.ndarray) -> np.ndarray:
 
 
 def session_shape(session: ort.InferenceSession, n_positions: int) -> DecoderShape:
-    as_spec = lambda v: TensorSpec(v.name, ORT_DTYPES.get(v.type, v.type), tuple(v.shape))  # noqa: E731
+    def as_spec(v):
+        return TensorSpec(v.name, ORT_DTYPES.get(v.type, v.type), tuple(v.shape))
+
     return decoder_shape(
         [as_spec(i) for i in session.get_inputs()], [as_spec(o) for o in session.get_outputs()], n_positions
     )
@@ -62,7 +64,8 @@ def shares_cache(graph, manifest: Manifest | None = None) -> bool:
 def check_shared_cache_provider(provider: str) -> None:
     if provider != "cpu":
         raise RuntimeUnavailable(
-            f"this model shares its K/V cache (GroupQueryAttention, fusion ort-shared-kv), which runs on the cpu provider"
+            "this model shares its K/V cache (GroupQueryAttention, fusion ort-shared-kv), which runs on the cpu"
+            " provider"
             f" only: onnxruntime's {provider} GroupQueryAttention has no fp32 kernel and no attention_bias input;"
             " use --provider cpu, or a model exported with --fusion ort"
         )
@@ -97,6 +100,27 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDec
     return kind(cpu_session(model_path), n_positions=n_positions)
 
 
+def gather_session(count: int, kv_dtype, device: str, device_id: int = 0) -> ort.InferenceSession:
+    """A graph of ``count`` Gather(axis 0) nodes sharing one ``rows`` input: past_i → picked_i, on ``device``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    elem = TensorProto.FLOAT16 if np.dtype(kv_dtype) == np.float16 else TensorProto.FLOAT
+    dims = ["batch", "heads", "length", "head_dim"]
+    graph = helper.make_graph(
+        [helper.make_node("Gather", [f"past_{i}", "rows"], [f"picked_{i}"], axis=0) for i in range(count)],
+        "reorder_cache",
+        [helper.make_tensor_value_info("rows", TensorProto.INT64, ["rows"])]
+        + [helper.make_tensor_value_info(f"past_{i}", elem, dims) for i in range(count)],
+        [helper.make_tensor_value_info(f"picked_{i}", elem, ["rows", *dims[1:]]) for i in range(count)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # onnxruntime 1.31 reads IR 13 at most; onnx writes a newer one by default
+    onnx.checker.check_model(model)
+    providers = [("CUDAExecutionProvider", {"device_id": device_id})] if device == "cuda" else ["CPUExecutionProvider"]
+    return ort.InferenceSession(model.SerializeToString(), providers=providers)
+
+
 class OnnxDecoder(Runtime):
     """The Stepper on an onnxruntime session: present = past + the new K/V, a new tensor every step."""
 
@@ -119,6 +143,7 @@ class OnnxDecoder(Runtime):
         self.device, self.device_id = DEVICE_TYPES.get(self.provider, "cpu"), device_id
         # TensorRT rejects zero-sized dims: the prompt step gets masked dummy past slots instead of an empty past.
         self.dummy_past = TRT_DUMMY_PAST if self.provider == "tensorrt" else 0
+        self._gather = None  # the cache-reorder session, built on first use (beam search)
 
     def session_providers(self) -> list[str]:
         return self.session.get_providers()
@@ -178,6 +203,23 @@ class OnnxDecoder(Runtime):
         values = binding.get_outputs()
         logits = values[0].numpy()
         return (logits[:, -1:] if last_logits_only else logits), values[1:]
+
+    def reorder_past(self, past, rows: np.ndarray) -> list:
+        """The cache with its batch rows picked (``rows``: [new batch] indices, repeats allowed): beam search's
+        reorder. Runs a Gather graph on the decoder's own device through IO binding, so a cache on the GPU stays
+        there; numpy arrays (a past no step has returned yet) are gathered on the host."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        if isinstance(past[0], np.ndarray):
+            return [np.ascontiguousarray(p[rows]) for p in past]
+        if self._gather is None:
+            self._gather = gather_session(len(past), self.kv_dtype, self.device, self.device_id)
+        binding = self._gather.io_binding()
+        binding.bind_cpu_input("rows", rows)
+        for i, value in enumerate(past):
+            binding.bind_ortvalue_input(f"past_{i}", value)
+            binding.bind_output(f"picked_{i}", self.device, self.device_id)
+        self._gather.run_with_iobinding(binding)
+        return binding.get_outputs()
 
     def step(self, input_ids, attention_mask, position_ids, past):
         """One step with everything on the host: (all logits, presents as numpy arrays)."""
@@ -269,6 +311,17 @@ class SharedCacheDecoder(OnnxDecoder):
         else:
             logits = self._run_once(input_ids, attention_mask, position_ids)
         return (logits[:, -1:] if last_logits_only else logits), self._values
+
+    def reorder_past(self, past, rows: np.ndarray) -> list[ort.OrtValue]:
+        """Beam search's reorder, in the shared buffers themselves (they live on the host: cpu provider only);
+        a new batch size (the prompt's rows spread over the beams) rebinds buffers of that size."""
+        rows = np.asarray(rows, dtype=np.int64)
+        picked = [buffer[rows] for buffer in self._buffers]
+        if len(rows) != self.batch:
+            self.empty_past(len(rows), self.capacity)
+        for buffer, values in zip(self._buffers, picked):
+            buffer[...] = values
+        return self._values
 
     def step(self, input_ids, attention_mask, position_ids, past=None):
         """One step with everything on the host: (all logits, copies of the cache's first T columns, T = the

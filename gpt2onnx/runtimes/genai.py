@@ -120,7 +120,9 @@ class GenaiRunner(Runtime):
             "search": search or {},
         }
         out = self.backend.run(request)
-        return LoopResult(out["tokens"], out["step_seconds"], out.get("logits", []), out.get("peak_bytes"))
+        return LoopResult(
+            out["tokens"], out["step_seconds"], out.get("logits", []), out.get("peak_bytes"), out.get("sequences", [])
+        )
 
     def close(self) -> None:
         self.backend.close()

@@ -36,10 +36,11 @@ def run_loop(model, prompt, *, max_new_tokens, forced=None, return_logits=False,
     """Greedy (or ``search``'s sampling) continuation of one prompt on genai's own loop.
 
     ``forced``: tokens appended one at a time instead of the loop's choices (parity's lockstep): the prompt's
-    logits come right after append_tokens, then one decode step per forced token (len(forced) + 1 passes). Otherwise the loop runs
-    ``max_new_tokens`` generate_next_token calls (it stops early at end-of-sequence).
+    logits come right after append_tokens, then one decode step per forced token (len(forced) + 1 passes).
+    Otherwise the loop runs ``max_new_tokens`` generate_next_token calls (it stops early at end-of-sequence).
     ``max_length``: genai's total length limit (default: what the run needs, plus one).
-    Returns {"tokens", "step_seconds" ([0]: prompt step), "logits" (per forward pass, [positions, vocab])}.
+    Returns {"tokens", "step_seconds" ([0]: prompt step), "logits" (per forward pass, [positions, vocab])}, and
+    "sequences" (the returned beams' new tokens, best first) when ``search`` asks for beams.
     """
     import onnxruntime_genai as og
 
@@ -66,6 +67,15 @@ def run_loop(model, prompt, *, max_new_tokens, forced=None, return_logits=False,
             seconds.append(time.perf_counter() - start)
             keep()
         return {"tokens": list(forced), "step_seconds": seconds, "logits": logits}
+    beams = int((search or {}).get("num_beams", 1))
+    if beams > 1:  # genai's own beam search: run it out, then read the best beams (new tokens only)
+        while len(seconds) < max_new_tokens and not generator.is_done():
+            generator.generate_next_token()
+            seconds.append(time.perf_counter() - start)
+            start = time.perf_counter()
+        count = int(search.get("num_return_sequences", 1))
+        sequences = [[int(t) for t in generator.get_sequence(i)[len(prompt) :]] for i in range(count)]
+        return {"tokens": sequences[0], "step_seconds": seconds, "logits": logits, "sequences": sequences}
     while len(tokens) < max_new_tokens and not generator.is_done():
         generator.generate_next_token()  # first call: picks from the prompt's logits; later: one decode step
         seconds.append(time.perf_counter() - start)

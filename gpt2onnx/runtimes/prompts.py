@@ -13,6 +13,10 @@ from gpt2onnx.errors import BadInput
 MAX_TOKEN_ID = 2**31 - 1
 
 
+def has_tokenizer(folder: Path) -> bool:
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
+
+
 # what AutoTokenizer would load as GPT2TokenizerFast in a folder whose config.json says model_type gpt2
 GPT2_CLASSES = (None, "GPT2Tokenizer", "GPT2TokenizerFast")
 
@@ -27,9 +31,10 @@ def _tokenizer_class(folder: Path) -> str | None:
 
 
 def load_tokenizer(folder: Path):
-    if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(folder):
         raise BadInput(
-            f"'{folder}' has no tokenizer files (tokenizer.json or vocab.json + merges.txt): give token ids with --ids 1,2,3"
+            f"'{folder}' has no tokenizer files (tokenizer.json or vocab.json + merges.txt): give token ids with --ids"
+            " 1,2,3"
         )
     from transformers import PreTrainedTokenizerFast
 
@@ -66,15 +71,15 @@ def left_pad(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.nda
     return ids, mask
 
 
-def encode_prompts(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def encode_prompts(tokenizer, texts: list[str], *, pad_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     rows = [tokenizer.encode(text) for text in texts]
     for text, row in zip(texts, rows):
         if not row:
             raise BadInput(f"--prompt {text!r} is empty (no tokens): give some text")
-    return left_pad(rows, pad_id=tokenizer.eos_token_id or 0)
+    return left_pad(rows, pad_id=pad_id if pad_id is not None else tokenizer.eos_token_id or 0)
 
 
-def parse_id_prompts(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def parse_id_prompts(values: list[str], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rows = []
     for value in values:
         parts = re.split(r"\s*,\s*|\s+", value.strip()) if value.strip() else []
@@ -91,7 +96,7 @@ def parse_id_prompts(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
                 f"token ids (--ids) '{value}' hold a value outside 0 to {MAX_TOKEN_ID}: give ids of the vocabulary"
             )
         rows.append(row)
-    return left_pad(rows)
+    return left_pad(rows, pad_id)
 
 
 class TextStream:

@@ -11,7 +11,8 @@ the text's first is scored exactly once.
 from __future__ import annotations
 
 import hashlib
-import string
+import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -22,9 +23,6 @@ from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.runtimes.decoder import position_ids_for
 
 PIECE_CHARS = 1 << 20  # characters read at a time
-# A cut is made only after a newline whose next character is one of these: GPT-2's pre-tokenizer always
-# splits there ("\n" is a token of its own before a non-space), so piece by piece gives the whole text's ids.
-_CUT_BEFORE = frozenset(string.ascii_letters + string.digits + string.punctuation)
 DATASETS_INSTALL = "pip install 'gpt2onnx[eval]' (the datasets library)"
 
 
@@ -85,7 +83,9 @@ def _dataset_chunks(value: str) -> Iterator[str]:
     """The rows of a datasets split, joined by blank lines, streamed row by row (datasets memory-maps the split)."""
     name, config, split = _dataset_parts(value)
     try:
-        import datasets
+        with warnings.catch_warnings():  # a library's import-time deprecation notices are not the user's error
+            warnings.simplefilter("ignore")
+            import datasets
     except ImportError:
         raise RuntimeUnavailable(f"--dataset needs the datasets library, which is not installed: {DATASETS_INSTALL}")
     datasets.logging.set_verbosity_error()
@@ -94,8 +94,9 @@ def _dataset_chunks(value: str) -> Iterator[str]:
     except Exception as err:  # noqa: BLE001 - datasets raises many types (offline, unknown name, bad config or split)
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         raise BadInput(
-            f"dataset '{value}' cannot be loaded ({type(err).__name__}: {reason}): check NAME[:CONFIG[:SPLIT]], and that"
-            " this machine is online or has the dataset in its Hugging Face cache; or give a text file (--text)"
+            f"dataset '{value}' cannot be loaded ({type(err).__name__}: {reason}): check NAME[:CONFIG[:SPLIT]],"
+            " and that this machine is online or has the dataset in its Hugging Face cache; or give a text file"
+            " (--text)"
         ) from None
     columns = [c for c, f in data.features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
     column = "text" if "text" in columns else (columns[0] if len(columns) == 1 else None)
@@ -112,26 +113,47 @@ def _dataset_chunks(value: str) -> Iterator[str]:
         yield "".join(pending)
 
 
-def safe_pieces(chunks: Iterable[str]) -> Iterator[str]:
-    """The text re-cut only after a newline that a letter, digit or punctuation follows, where GPT-2's
-    pre-tokenizer always splits: tokenizing the pieces one by one gives the ids of the whole text. A text with
-    no such newline stays one piece."""
+def safe_pieces(chunks: Iterable[str], *, keep: Iterable[str] = ()) -> Iterator[str]:
+    """The text re-cut only between an ASCII letter and the punctuation mark after it ("word." "word,"), where
+    GPT-2's byte-level pre-tokenizer always splits and neither side's pre-tokens depend on the other (a letter
+    run ends at the mark either way, and the mark starts the same match): tokenizing the pieces one by one gives
+    the whole text's ids. No cut falls inside a string of ``keep`` (the tokenizer's added tokens, which are
+    matched before pre-tokenization). A text without such a place stays one piece."""
+    keep = [k for k in keep if k]
     carry = ""
     for chunk in chunks:
         carry += chunk
-        cut = carry.rfind("\n", 0, len(carry) - 1)
-        while cut >= 0 and carry[cut + 1] not in _CUT_BEFORE:
-            cut = carry.rfind("\n", 0, cut)
-        if cut >= 0:
-            yield carry[: cut + 1]
-            carry = carry[cut + 1 :]
+        cut = None
+        for start in (max(0, len(carry) - (1 << 16)), 0):  # the last place, searched in the tail first
+            for match in _CUT.finditer(carry, start, len(carry) - 1):
+                if not any(_inside(carry, match.end(), k) for k in keep):
+                    cut = match.end()
+            if cut is not None or start == 0:
+                break
+        if cut is not None:
+            yield carry[:cut]
+            carry = carry[cut:]
     if carry:
         yield carry
 
 
+_CUT = re.compile(r"[A-Za-z](?=[.,;:!?])")
+
+
+def _inside(text: str, position: int, token: str) -> bool:
+    """Whether an occurrence of ``token`` in ``text`` spans ``position`` (starts before it, ends after it)."""
+    found = text.find(token, max(0, position - len(token) + 1), position + len(token) - 1)
+    return 0 <= found < position < found + len(token)
+
+
+def added_tokens(tokenizer) -> list[str]:
+    """The tokenizer's added tokens (<|endoftext|>, …): matched in the text before pre-tokenization."""
+    return [str(t) for t in getattr(tokenizer, "added_tokens_encoder", {})]
+
+
 def token_pieces(tokenizer, source: TextSource) -> Iterator[np.ndarray]:
     """The text's token ids, piece by piece (int64 arrays); no special tokens are added."""
-    for piece in safe_pieces(source.chunks()):
+    for piece in safe_pieces(source.chunks(), keep=added_tokens(tokenizer)):
         ids = tokenizer.encode(piece, add_special_tokens=False)
         if ids:
             yield np.asarray(ids, dtype=np.int64)
@@ -149,7 +171,7 @@ class TextSummary:
 
 def summarize_text(tokenizer, source: TextSource, *, head: int = 64) -> TextSummary:
     digest, count, max_id, first = hashlib.sha256(), 0, -1, []
-    for piece in safe_pieces(source.chunks()):
+    for piece in safe_pieces(source.chunks(), keep=added_tokens(tokenizer)):
         digest.update(piece.encode("utf-8"))
         ids = tokenizer.encode(piece, add_special_tokens=False)
         count += len(ids)
@@ -218,7 +240,7 @@ def window_logits(runner, window: Window, *, last_logits: bool) -> np.ndarray:
     past fed back (the same figures, one step per scored token). A runtime that owns its loop (genai) gets
     the window's tokens forced into it."""
     ids, first = window.ids, window.first
-    if hasattr(runner, "run_loop"):  # genai: the prompt's logits, then one pass per forced token
+    if runner.capabilities.owns_loop:  # genai: the prompt's logits, then one pass per forced token
         if last_logits:
             out = runner.run_loop(
                 ids[:first].tolist(), max_new_tokens=0, forced=ids[first:-1].tolist(), return_logits=True
@@ -247,8 +269,7 @@ def window_logits(runner, window: Window, *, last_logits: bool) -> np.ndarray:
 def graph_logits_last(model) -> bool:
     """Whether a folder's graph returns the last position's logits only (exported with --logits last): from
     its manifest, else from the graph's logits dims ([batch, 1, vocab])."""
-    manifest = model.manifest
-    options = (getattr(manifest, "options", None) if manifest is not None else None) or {}
+    options = model.manifest.options if model.manifest is not None else {}
     if options.get("logits") in ("all", "last"):
         return options["logits"] == "last"
     from gpt2onnx.artifact.contract import graph_io

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes.generate import MAX_BATCH_TOKENS, generate
+from gpt2onnx.runtimes.generate import MAX_BATCH_TOKENS, decode
 
 
 @dataclass(frozen=True)
@@ -52,18 +52,21 @@ class BenchConfig:
             raise BadInput(f"warmup must be 0 to 1000 and repeat at most 10000, got {self.warmup} and {self.repeat}")
         if max(self.batches) * (self.prompt_len + self.new_tokens) > MAX_BATCH_TOKENS:
             raise BadInput(
-                f"batch {max(self.batches)} × {self.prompt_len + self.new_tokens} tokens is more than {MAX_BATCH_TOKENS:,}"
+                f"batch {max(self.batches)} × {self.prompt_len + self.new_tokens} tokens is more than"
+                f" {MAX_BATCH_TOKENS:,}"
                 " tokens at once: use a smaller batch or shorter runs"
             )
         if any(p < 1 for p in self.pasts):
             raise BadInput(f"past lengths must be positive integers, got {','.join(map(str, self.pasts))}")
         if self.pasts and max(self.batches) * (max(self.pasts) + 1) > MAX_BATCH_TOKENS:
             raise BadInput(
-                f"batch {max(self.batches)} × past {max(self.pasts)} is more than {MAX_BATCH_TOKENS:,} tokens: use a shorter past"
+                f"batch {max(self.batches)} × past {max(self.pasts)} is more than {MAX_BATCH_TOKENS:,} tokens: use a"
+                " shorter past"
             )
         if n_positions and self.pasts and max(self.pasts) >= n_positions:
             raise BadInput(
-                f"past length {max(self.pasts)} leaves no room for a decode step in the model's context of {n_positions}:"
+                f"past length {max(self.pasts)} leaves no room for a decode step in the model's context of"
+                f" {n_positions}:"
                 f" give at most {n_positions - 1}"
             )
         if n_positions and self.prompt_len + self.new_tokens > n_positions:
@@ -206,7 +209,10 @@ def decode_step_at_past(decoder, batch: int, past: int, *, vocab_size: int, seed
     """Seconds of one decode step at ``past`` tokens of cache (zeros, no prompt step): a fresh cache of
     past - 1, one untimed step (so both steppers start from their own outputs), then the timed step."""
     rng = np.random.default_rng(seed)
-    ids = lambda: rng.integers(0, vocab_size, size=(batch, 1), dtype=np.int64)  # noqa: E731
+
+    def ids():
+        return rng.integers(0, vocab_size, size=(batch, 1), dtype=np.int64)
+
     cache = decoder.past_of_length(batch, past - 1, capacity=past + 1)
     mask = np.ones((batch, past), np.int64)
     _, cache = decoder.run(ids(), mask, np.full((batch, 1), past - 1, np.int64), cache)
@@ -216,7 +222,7 @@ def decode_step_at_past(decoder, batch: int, past: int, *, vocab_size: int, seed
     return time.perf_counter() - start
 
 
-def bench_loop(
+def measure_loop(
     runner, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None
 ) -> RunStats:
     """A runtime that owns its loop (genai): the rows one after the other, each step's time summed over rows.
@@ -231,7 +237,8 @@ def bench_loop(
                 worker_peak = max(worker_peak, result.peak_bytes or 0)
                 if len(result.step_seconds) != config.new_tokens:
                     raise BadInput(
-                        f"genai stopped after {len(result.step_seconds)} of {config.new_tokens} tokens (end-of-sequence):"
+                        f"genai stopped after {len(result.step_seconds)} of {config.new_tokens} tokens"
+                        " (end-of-sequence):"
                         " use fewer new tokens or another --seed"
                     )
                 seconds = [a + b for a, b in zip(seconds, result.step_seconds)]
@@ -245,7 +252,7 @@ def bench_loop(
     return stats
 
 
-def bench_onnx(
+def measure_batch(
     decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None
 ) -> RunStats:
     """A stepper runtime (onnxruntime, OpenVINO): the batch at once through the decode loop."""
@@ -255,13 +262,13 @@ def bench_onnx(
             " drop --past"
         )
     if decoder.capabilities.owns_loop:
-        return bench_loop(decoder, config, batch, vocab_size=vocab_size, progress=progress)
+        return measure_loop(decoder, config, batch, vocab_size=vocab_size, progress=progress)
     ids = random_prompt(batch, config.prompt_len, vocab_size, config.seed)
     runs = []
     device_before = _device_used(decoder.device, decoder.device_id)
     with PeakMemory() as memory:
         for i in range(config.warmup + config.repeat):
-            result = generate(decoder, ids, max_new_tokens=config.new_tokens)
+            result = decode(decoder, ids, max_new_tokens=config.new_tokens)
             if i >= config.warmup:
                 runs.append(result.step_seconds)
             if progress:
@@ -401,7 +408,7 @@ def measure_folder(
             max(config.batches), config.prompt_len, config.prompt_len + config.new_tokens, what="--batch"
         )
         vocab = decoder.vocab_size or 50257
-        runs = [bench_onnx(decoder, config, batch, vocab_size=vocab, progress=progress) for batch in config.batches]
+        runs = [measure_batch(decoder, config, batch, vocab_size=vocab, progress=progress) for batch in config.batches]
     finally:
         decoder.close()
     for run in runs:

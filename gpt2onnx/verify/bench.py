@@ -32,7 +32,7 @@ BASELINES = ("torch",)
 
 @dataclass
 class BenchReport:
-    """What :func:`benchmark` returns: every folder on every runtime (with its runs), and every run in order,
+    """What :func:`bench` returns: every folder on every runtime (with its runs), and every run in order,
     the torch baseline's included."""
 
     models: list[ModelBench]
@@ -102,7 +102,7 @@ def bench_torch(
     return stats
 
 
-def benchmark(
+def bench(
     folders: list[str | Path] | str | Path,
     *,
     provider: ProviderConfig | None = None,

@@ -39,11 +39,12 @@ from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model, reference_step
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import position_ids_for
-from gpt2onnx.runtimes.generate import generate
+from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.runtimes.prompts import load_tokenizer
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.runtimes.text import (
     TextSource,
+    TextSummary,
     Window,
     graph_logits_last,
     sliding_windows,
@@ -260,10 +261,10 @@ class _RuntimeScorer:
         return out
 
     def greedy(self, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
-        return generate(self.runner, prompt[None], max_new_tokens=new_tokens).tokens[0]
+        return decode(self.runner, prompt[None], max_new_tokens=new_tokens).tokens[0]
 
     def close(self) -> None:
-        getattr(self.runner, "close", lambda: None)()
+        self.runner.close()
 
 
 class _TorchScorer:
@@ -307,7 +308,7 @@ def _tokenizer_digest(folder: Path) -> str | None:
     return digest.hexdigest()
 
 
-def _tokenizer_folder(folders: Sequence[Path], fallback: Path | None) -> Path:
+def _tokenizer_folder(folders: Sequence[Path], fallback: Path | None, *, required: bool = True) -> Path | None:
     """The folder whose tokenizer tokenizes the text: the first that has tokenizer files; every other folder
     with tokenizer files must have the same ones (the same scored tokens for all)."""
     digests = {f: _tokenizer_digest(f) for f in folders}
@@ -322,6 +323,8 @@ def _tokenizer_folder(folders: Sequence[Path], fallback: Path | None) -> Path:
         return having[0]
     if fallback is not None and _tokenizer_digest(fallback) is not None:
         return fallback
+    if not required:
+        return None
     raise BadInput(
         f"no tokenizer files (tokenizer.json, or vocab.json and merges.txt) in '{folders[0]}': the text needs the"
         " model's tokenizer; copy the checkpoint's tokenizer files into the folder"
@@ -417,14 +420,22 @@ def evaluate(
     source = TextSource(Path(text) if text is not None else None, dataset).check()
     gates = gates.check()
     runtime = (runtime or RuntimeOptions()).check()
+    _check_greedy(greedy_tokens)
     models = [open_folder(f, verify_files=verify_files) for f in folders]
+    _check_length(context, stride, min(m.n_positions for m in models))  # before any model is loaded
+    tokenizer_folder = _tokenizer_folder([m.folder for m in models], None, required=False)
+    summary = None
+    if tokenizer_folder is not None:  # the text is read (and checked) once before any model is loaded
+        summary = summarize_text(load_tokenizer(tokenizer_folder), source)
+    elif source.dataset is not None:
+        next(source.chunks(), None)  # a dataset that cannot be loaded fails before the models load
     scorers: list = []
     try:
         ref = _reference_scorer(models, reference, runtime, verify_files)
         scorers.append(ref)
-        # folders without tokenizer files (an optimum export, say) use the reference's
-        fallback = ref.ckpt.companion_dir if isinstance(ref, _TorchScorer) else ref.model.folder
-        tokenizer_folder = _tokenizer_folder([m.folder for m in models], fallback)
+        if tokenizer_folder is None:  # folders without tokenizer files (optimum's, say) use the reference's
+            fallback = ref.ckpt.companion_dir if isinstance(ref, _TorchScorer) else ref.model.folder
+            tokenizer_folder = _tokenizer_folder([m.folder for m in models], fallback)
         for model in models:
             scorers.append(_RuntimeScorer(str(model.folder), model, runtime))
         return _run(
@@ -438,6 +449,7 @@ def evaluate(
             greedy_tokens=greedy_tokens,
             tokenizer_folder=tokenizer_folder,
             on_window=on_window,
+            summary=summary,
         )
     finally:
         for scorer in scorers:
@@ -465,10 +477,12 @@ def evaluate_written(
     gates: EvalGates,
     against: str,
     label: str | None = None,
+    precision: str | None = None,
 ) -> EvalReport:
     """What export and optimize run with ``--eval-text`` on the folder they are writing (staged, before its
     manifest): onnxruntime's cpu provider, the default context and stride, against the checkpoint (export) or
-    the source folder (optimize). ``label``: the folder's name in the report (its final path)."""
+    the source folder (optimize). ``label``: the folder's name in the report (its final path); ``precision``: its
+    precision (the staged folder has no manifest yet)."""
     from gpt2onnx.artifact.folder import MODEL_FILE, read_n_positions
 
     source = TextSource(Path(text)).check()
@@ -478,6 +492,7 @@ def evaluate_written(
     else:
         ref = _RuntimeScorer(against, reference, RuntimeOptions())
     candidate = _RuntimeScorer(label or str(folder), model, RuntimeOptions())
+    candidate.precision = precision or candidate.precision
     try:
         return _run(
             [candidate], ref, load_tokenizer(folder), source, gates=gates, tokenizer_folder=Path(label or folder)
@@ -499,13 +514,9 @@ def _run(
     greedy_tokens: int = 64,
     tokenizer_folder: Path | None = None,
     on_window: Callable[[int, int], None] | None = None,
+    summary: TextSummary | None = None,
 ) -> EvalReport:
-    if (
-        isinstance(greedy_tokens, bool)
-        or not isinstance(greedy_tokens, int)
-        or not 0 <= greedy_tokens <= MAX_GREEDY_TOKENS
-    ):
-        raise BadInput(f"greedy tokens (--greedy-tokens) must be 0 to {MAX_GREEDY_TOKENS}, got {greedy_tokens}")
+    _check_greedy(greedy_tokens)
     for scorer in candidates:
         if scorer.vocab_size not in (None, ref.vocab_size):
             raise BadInput(
@@ -514,7 +525,7 @@ def _run(
             )
     limit = min(s.n_positions for s in [ref, *candidates] if s.n_positions)
     context, stride = _check_length(context, stride, limit)
-    summary = summarize_text(tokenizer, source)
+    summary = summary or summarize_text(tokenizer, source)
     if summary.tokens < 2:
         raise BadInput(f"the text has {summary.tokens} token(s): perplexity needs at least 2; give a longer text")
     if summary.max_id >= ref.vocab_size:
@@ -578,6 +589,15 @@ def _run(
         "gates": gates.as_dict(),
     }
     return EvalReport(protocol, ref_row, rows)
+
+
+def _check_greedy(greedy_tokens: int) -> None:
+    if (
+        isinstance(greedy_tokens, bool)
+        or not isinstance(greedy_tokens, int)
+        or not 0 <= greedy_tokens <= MAX_GREEDY_TOKENS
+    ):
+        raise BadInput(f"greedy tokens (--greedy-tokens) must be 0 to {MAX_GREEDY_TOKENS}, got {greedy_tokens}")
 
 
 def _compare(logits: np.ndarray, ref_logits: np.ndarray, targets: np.ndarray, tally: _Tally) -> None:

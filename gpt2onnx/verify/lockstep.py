@@ -14,14 +14,14 @@ import torch
 from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.pytorch.reference import cache_as_arrays, reference_step
 from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
-from gpt2onnx.runtimes.generate import generate
+from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.verify.gates import apply_gates
 from gpt2onnx.verify.metrics import Diffs, abs_diff, kl_divergence, tokens_before_divergence, top5_hits
 
 
 def greedy(decoder: OnnxDecoder, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int) -> np.ndarray:
     """Greedy continuation of a left-padded batch: [batch, max_new_tokens] new token ids."""
-    return generate(decoder, input_ids, attention_mask, max_new_tokens=max_new_tokens).tokens
+    return decode(decoder, input_ids, attention_mask, max_new_tokens=max_new_tokens).tokens
 
 
 def _fixed_batch_report(worst_logits, worst_present, tolerance, shape, decode_steps, *, against) -> CheckReport:

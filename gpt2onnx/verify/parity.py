@@ -21,6 +21,7 @@ from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session
 from gpt2onnx.verify.gates import TOLERANCES, apply_gates, tolerances_for
+from gpt2onnx.verify.kv_path import check_kv_path
 from gpt2onnx.verify.lockstep import (
     CaseResult,
     OnnxReference,
@@ -179,7 +180,8 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
     source = model.manifest.source if model.manifest else None
     if not isinstance(source, dict) or not source:
         raise BadInput(
-            f"'{model.folder}' has no gpt2onnx.json manifest naming its source: give the reference checkpoint (--reference)"
+            f"'{model.folder}' has no gpt2onnx.json manifest naming its source: give the reference checkpoint"
+            " (--reference)"
         )
     kind = source.get("kind")
     try:
@@ -190,8 +192,8 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
             )
             if ckpt.source.get("spec_sha256") != source.get("spec_sha256"):
                 raise BadInput(
-                    f"the architecture '{source['architecture']}' recorded in the manifest no longer matches the export:"
-                    " give the reference checkpoint (--reference)"
+                    f"the architecture '{source['architecture']}' recorded in the manifest no longer matches the"
+                    " export: give the reference checkpoint (--reference)"
                 )
             return ckpt
         if kind == "local":
@@ -202,17 +204,18 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
             raise BadInput(f"manifest source kind '{kind}' is unknown: give the reference checkpoint (--reference)")
     except (KeyError, TypeError, ValueError):
         raise BadInput(
-            f"the manifest of '{model.folder}' has an incomplete source record: give the reference checkpoint (--reference)"
+            f"the manifest of '{model.folder}' has an incomplete source record: give the reference checkpoint"
+            " (--reference)"
         ) from None
     if source.get("sha256") and ckpt.source.get("sha256") != source["sha256"]:
         raise BadInput(
-            "the source checkpoint's weights changed since the export (sha256 differs): give the reference (--reference),"
-            " or export again"
+            "the source checkpoint's weights changed since the export (sha256 differs): give the reference"
+            " (--reference), or export again"
         )
     return ckpt
 
 
-def check_parity(
+def parity(
     folder: str | Path,
     *,
     provider: ProviderConfig | None = None,
@@ -246,7 +249,9 @@ def check_parity(
             offsets (instead of random token ids); the cases are otherwise the same.
 
     Returns:
-        CheckReport with the totals, the failures (empty when it passed) and every case.
+        CheckReport with the totals, the failures (empty when it passed), every case, and ``kv_path``: the model
+        against itself on one left-padded batch (a past vs recomputed, the batch vs each row alone, chunks vs
+        the whole prompt; :mod:`gpt2onnx.verify.kv_path`), its failures among the report's.
 
     Raises:
         BadInput (options, folder, reference), ContractError, IntegrityError, RuntimeUnavailable.
@@ -281,7 +286,8 @@ def check_parity(
         decoder = open_runtime(model, runtime)
         if decoder.vocab_size not in (None, ckpt.spec.vocab_size) or decoder.n_layer != ckpt.spec.n_layer:
             raise BadInput(
-                "the reference checkpoint does not match the exported model (vocabulary or layer count): give the right one"
+                "the reference checkpoint does not match the exported model (vocabulary or layer count): give the"
+                " right one"
             )
         if text_ids is not None and text_ids.max() >= ckpt.spec.vocab_size:
             raise BadInput(
@@ -297,12 +303,17 @@ def check_parity(
                 results.append(run(decoder, ref, case, vocab_size=ckpt.spec.vocab_size, text_ids=text_ids))
                 if on_case is not None:
                     on_case(results[-1])
+            kv_path = check_kv_path(
+                decoder, vocab_size=ckpt.spec.vocab_size, tolerances=tolerances, seed=seed, text_ids=text_ids
+            )
         finally:
             decoder.close()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
     report = gate_report(
         results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
     )
+    report.kv_path = kv_path
+    report.failures += kv_path.failures
     report.measured["prompts"] = "random token ids" if text is None else f"text '{text}' ({len(text_ids):,} tokens)"
     return report
 
@@ -333,4 +344,4 @@ def prompt_text_ids(model: ModelFolder, text: str | Path) -> np.ndarray:
     return ids
 
 
-__all__ = ["TOLERANCES", "check_parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]
+__all__ = ["TOLERANCES", "parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]

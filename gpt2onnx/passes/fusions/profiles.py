@@ -1,12 +1,13 @@
 """Profiles of fusions, applied in order, with a count per fusion and golden counts as a guard.
 
-| profile  | fusions (in order)                                  | ops                                             | golden for n_layer = L                      |
-|----------|-----------------------------------------------------|-------------------------------------------------|---------------------------------------------|
-| none     |                                                     |                                                 |                                             |
-| ort      | layer_norm, attention, gelu, skip_layer_norm        | MultiHeadAttention, FastGelu, SkipLayerNorm (ms) | L attention, L GELU, 2L + 1 LayerNorm-type  |
-| ort-shared-kv | ort's, then shared_kv                          | GroupQueryAttention, FastGelu, SkipLayerNorm (ms) | L GroupQueryAttention, no MultiHeadAttention, L GELU, 2L + 1 LayerNorm-type |
-| portable | layer_norm, gelu (standard Gelu, opset 20)          | LayerNormalization, Gelu                        | 2L + 1 LayerNormalization, L Gelu           |
-| tensorrt | layer_norm                                          | LayerNormalization (opset 17)                   | 2L + 1 LayerNormalization                   |
+- none: nothing.
+- ort: layer_norm, attention, gelu, skip_layer_norm → MultiHeadAttention, FastGelu, SkipLayerNormalization
+  (com.microsoft); golden for n_layer = L: L attention, L GELU, 2L + 1 LayerNorm-type.
+- ort-shared-kv: ort's, then shared_kv → GroupQueryAttention, FastGelu, SkipLayerNormalization; golden:
+  L GroupQueryAttention, no MultiHeadAttention, L GELU, 2L + 1 LayerNorm-type.
+- portable: layer_norm, gelu (standard Gelu, opset 20) → LayerNormalization, Gelu; golden: 2L + 1
+  LayerNormalization, L Gelu.
+- tensorrt: layer_norm → LayerNormalization (opset 17); golden: 2L + 1 LayerNormalization.
 
 The tensorrt profile stays in the standard domain (TensorRT's parser takes no com.microsoft op) and below
 opset 20; TensorRT fuses GELU and attention itself, and 10.16 rejects an opset-23 Attention with present K/V.

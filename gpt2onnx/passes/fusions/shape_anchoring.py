@@ -36,7 +36,8 @@ def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def _select(dims: list, node: onnx.NodeProto, constants: dict) -> list | None:
-    """The dims a Gather(shape, idx) or Slice(shape, starts, ends[, axes[, steps]]) picks, if its indices are constant."""
+    """The dims a Gather(shape, idx) or Slice(shape, starts, ends[, axes[, steps]]) picks, if its indices are
+    constant."""
     if node.op_type == "Gather":
         idx = constants.get(node.input[1])
         if idx is None or idx.ndim > 1:

@@ -45,9 +45,10 @@ _Q, _K, _V, _BIAS, _KEY_PADDING_MASK, _ATTN_BIAS, _PAST_K, _PAST_V = range(8)
 
 def _length_nodes() -> list[onnx.NodeProto]:
     """seqlens_k ([B] int32) and total_sequence_length (int32 scalar), from the mask's width."""
-    const = lambda name, array: helper.make_node(
-        "Constant", [], [name], value=numpy_helper.from_array(array, name), name=name
-    )  # noqa: E731
+
+    def const(name: str, array: np.ndarray) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name), name=name)
+
     return [
         const("shared_kv/axis0", np.array([0], np.int64)),
         const("shared_kv/one", np.array(1, np.int32)),
@@ -67,9 +68,11 @@ def _past_shape_nodes(node: onnx.NodeProto, heads: int, head_dim: int, index: in
     instead: [batch, heads, mask width − sequence length, head_dim]. With a shared buffer, the past input's own
     length is the buffer's, not the past's."""
     p = f"shared_kv/past_shape{index}/"
-    const = lambda name, value: helper.make_node(
-        "Constant", [], [p + name], value=numpy_helper.from_array(np.array([value], np.int64), p + name)
-    )  # noqa: E731
+
+    def const(name: str, value: int) -> onnx.NodeProto:
+        array = np.array([value], np.int64)
+        return helper.make_node("Constant", [], [p + name], value=numpy_helper.from_array(array, p + name))
+
     nodes = [
         const("heads", heads),
         const("head_dim", head_dim),

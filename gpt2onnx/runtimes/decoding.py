@@ -1,0 +1,186 @@
+"""What a decode loop is asked and what it gives back: the sampling and decoding options (transformers'
+names and semantics), the result, and the logits processors applied in transformers' order (the functions
+themselves: :mod:`gpt2onnx.runtimes.logits`). Shared by the loop (:mod:`gpt2onnx.runtimes.generate`) and
+beam search (:mod:`gpt2onnx.runtimes.beam`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpt2onnx.errors import BadInput
+from gpt2onnx.runtimes import logits
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy unless ``sample`` is set."""
+
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1.0: no nucleus filter
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self.check()  # an invalid one cannot be built
+
+    def check(self) -> None:
+        if not self.sample:
+            ignored = [
+                name
+                for name, on in (
+                    ("temperature", self.temperature != 1.0),
+                    ("top_k", self.top_k != 0),
+                    ("top_p", self.top_p != 1.0),
+                    ("seed", self.seed is not None),
+                )
+                if on
+            ]
+            if ignored:
+                raise BadInput(
+                    f"{', '.join(ignored)} only apply when sampling: turn sampling on (--sample), or drop them"
+                )
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise BadInput(f"temperature (--temperature) must be a positive number, got {self.temperature}")
+        if self.top_k < 0:
+            raise BadInput(f"top_k (--top-k) must be 0 (off) or positive, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise BadInput(f"top_p (--top-p) must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise BadInput(f"seed (--seed) must be 0 to 2**63 - 1, got {self.seed}")
+
+
+EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """transformers' generate() options beyond sampling, with its names, defaults and semantics.
+
+    ``num_beams`` > 1 is beam search (:mod:`gpt2onnx.runtimes.beam`); ``early_stopping`` is True, False or
+    "never"; ``stop``: strings that end a row (needs the folder's tokenizer)."""
+
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    num_return_sequences: int = 1
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    min_new_tokens: int = 0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.check(None)  # an invalid one cannot be built; with sampling, generate checks the pair again
+
+    @property
+    def beams(self) -> bool:
+        return self.num_beams > 1
+
+    def check(self, sampling: Sampling | None = Sampling()) -> "Decoding":
+        """Refuse invalid settings; ``sampling``: the pair's checks too (None: the settings alone)."""
+        if self.num_beams < 1:
+            raise BadInput(f"num_beams (--num-beams) must be at least 1, got {self.num_beams}")
+        if self.num_return_sequences < 1 or (
+            sampling is not None and self.num_return_sequences > max(self.num_beams, 2**31 if sampling.sample else 1)
+        ):
+            raise BadInput(
+                f"num_return_sequences (--num-return-sequences) {self.num_return_sequences} must be 1 to num_beams"
+                f" ({self.num_beams}) with beam search, 1 with greedy decoding: raise --num-beams, or sample"
+            )
+        if self.beams and sampling is not None and sampling.sample:
+            raise BadInput("beam sampling (--num-beams with --sample) is not offered: drop one of them")
+        if not self.beams:
+            ignored = [
+                name
+                for name, on in (
+                    ("length_penalty (--length-penalty)", self.length_penalty != 1.0),
+                    ("early_stopping (--early-stopping)", self.early_stopping is not False),
+                )
+                if on
+            ]
+            if ignored:
+                raise BadInput(
+                    f"{' and '.join(ignored)} only {'apply' if len(ignored) > 1 else 'applies'} to beam search:"
+                    " give --num-beams 2 or more"
+                )
+        if self.early_stopping not in (True, False, "never"):
+            raise BadInput(f"early_stopping (--early-stopping) must be true, false or never, got {self.early_stopping}")
+        if not math.isfinite(self.length_penalty):
+            raise BadInput(f"length_penalty (--length-penalty) must be a finite number, got {self.length_penalty}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise BadInput(
+                f"repetition_penalty (--repetition-penalty) must be a positive number, got {self.repetition_penalty}"
+            )
+        if self.no_repeat_ngram_size < 0:
+            raise BadInput(
+                f"no_repeat_ngram_size (--no-repeat-ngram-size) must be 0 (off) or positive, got"
+                f" {self.no_repeat_ngram_size}"
+            )
+        if self.min_new_tokens < 0:
+            raise BadInput(f"min_new_tokens (--min-new-tokens) must be 0 or more, got {self.min_new_tokens}")
+        if any(not s for s in self.stop):
+            raise BadInput("a stop string (--stop) is empty: give some text")
+        return self
+
+    def processors_on(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or self.min_new_tokens > 0
+
+
+@dataclass
+class Generation:
+    """New tokens per returned sequence: rows = batch × num_return_sequences (row r continues prompt
+    r // num_return_sequences, best beam first)."""
+
+    tokens: np.ndarray  # [rows, steps] new token ids; a row that stopped is filled with the pad id
+    finished: np.ndarray  # [rows] True where the row ended (end-of-sequence or a stop string)
+    step_seconds: list[float] = field(default_factory=list)  # [0] is the prompt step
+    # [rows] beam search: transformers' sequences_scores (sum of log-probs / new length ** length_penalty);
+    # greedy and sampling: the sum of the new tokens' log-probs under the processed distribution; None: not known
+    scores: np.ndarray | None = None
+    num_return_sequences: int = 1
+    lengths: np.ndarray | None = None  # [rows] new tokens in each row, up to and including its last real one
+
+
+def process_scores(
+    scores: np.ndarray,
+    sequences: np.ndarray,
+    *,
+    prompt_length: int,
+    decoding: Decoding,
+    sampling: Sampling,
+    eos_token_ids: tuple[int, ...],
+    padding: np.ndarray | None = None,
+    min_tokens_to_keep: int = 1,
+) -> np.ndarray:
+    """The logits processors of transformers' generate() in its order, on [rows, vocab] float32 scores and the
+    rows' sequences so far (left-padded prompt included; ``padding``: each row's count of left padding, which the
+    repetition penalty leaves out); the warpers only when sampling."""
+    scores = logits.repetition_penalty(scores, sequences, decoding.repetition_penalty, skip=padding)
+    scores = logits.no_repeat_ngram(scores, sequences, decoding.no_repeat_ngram_size)
+    scores = logits.min_new_tokens(scores, sequences.shape[1] - prompt_length, decoding.min_new_tokens, eos_token_ids)
+    if sampling.sample:
+        scores = warp(scores, sampling, min_tokens_to_keep=min_tokens_to_keep)
+    return scores
+
+
+def warp(scores: np.ndarray, sampling: Sampling, *, min_tokens_to_keep: int = 1) -> np.ndarray:
+    """Temperature, top-k and top-p as transformers' warpers: filtered float32 scores (-inf where dropped)."""
+    scores = logits.temperature(scores.astype(np.float32), sampling.temperature)
+    scores = logits.top_k(scores, sampling.top_k, min_tokens_to_keep=min_tokens_to_keep)
+    return logits.top_p(scores, sampling.top_p, min_tokens_to_keep=min_tokens_to_keep)
+
+
+def draw(scores: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per row from softmax(scores) (float64, so the probabilities sum to 1 for numpy)."""
+    probs = logits.softmax(scores.astype(np.float64))
+    return np.array([rng.choice(probs.shape[-1], p=row / row.sum()) for row in probs])
+
+
+def next_tokens(logits_last: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
+    """[batch, vocab] logits of the last position → [batch] token ids (no processors)."""
+    if not sampling.sample:
+        return logits_last.argmax(-1)
+    return draw(warp(logits_last, sampling), rng)

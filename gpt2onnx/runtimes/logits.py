@@ -1,0 +1,133 @@
+"""transformers' logits processors and stopping criteria in numpy (the run path has no torch).
+
+Each function mirrors one class of ``transformers/generation/logits_process.py`` (4.57), in the same order
+``GenerationMixin._get_logits_processor`` applies them: repetition penalty, no-repeat n-grams, minimum new
+tokens, then (sampling only) temperature, top-k and top-p. They work on float32 scores of shape [rows, vocab]
+and on the rows' whole sequences so far ([rows, length]: the left-padded prompt, padding ids included, as
+transformers sees them, then the new tokens).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def repetition_penalty(
+    scores: np.ndarray, sequences: np.ndarray, penalty: float, *, skip: np.ndarray | None = None
+) -> np.ndarray:
+    """RepetitionPenaltyLogitsProcessor: every token already in the row has its score divided by ``penalty``
+    where positive, multiplied where negative. ``skip``: per row, the leading positions left out (transformers
+    5 passes each row's left padding, so the pad id is not penalised; transformers 4 penalised it too)."""
+    if penalty == 1.0:
+        return scores
+    vocab = scores.shape[-1]
+    ids = np.minimum(sequences, vocab)  # column ``vocab``: a sink for the positions left out
+    if skip is not None:
+        ids = np.where(np.arange(ids.shape[1])[None, :] < np.asarray(skip)[:, None], vocab, ids)
+    out = np.concatenate([scores, np.zeros((scores.shape[0], 1), scores.dtype)], axis=1)
+    seen = np.take_along_axis(out, ids, axis=1)
+    seen = np.where(seen < 0, seen * np.float32(penalty), seen / np.float32(penalty)).astype(scores.dtype)
+    np.put_along_axis(out, ids, seen, axis=1)
+    return out[:, :vocab]
+
+
+def banned_ngram_tokens(sequence: list[int], size: int) -> list[int]:
+    """The tokens that would repeat an n-gram of ``size`` already in ``sequence`` (transformers'
+    _calc_banned_ngram_tokens)."""
+    if len(sequence) + 1 < size:
+        return []
+    prefix = tuple(sequence[len(sequence) + 1 - size :])
+    return [
+        sequence[i + size - 1] for i in range(len(sequence) - size + 1) if tuple(sequence[i : i + size - 1]) == prefix
+    ]
+
+
+def no_repeat_ngram(scores: np.ndarray, sequences: np.ndarray, size: int) -> np.ndarray:
+    """NoRepeatNGramLogitsProcessor: -inf on every token that would complete an n-gram seen before in the row."""
+    if size <= 0:
+        return scores
+    out = scores.copy()
+    for row, sequence in enumerate(sequences.tolist()):
+        banned = banned_ngram_tokens(sequence, size)
+        if banned:
+            out[row, banned] = -np.inf
+    return out
+
+
+def min_new_tokens(scores: np.ndarray, new_tokens: int, minimum: int, eos_token_ids: tuple[int, ...]) -> np.ndarray:
+    """MinNewTokensLengthLogitsProcessor: end-of-sequence is impossible until ``minimum`` new tokens exist."""
+    if new_tokens >= minimum or not eos_token_ids:
+        return scores
+    out = scores.copy()
+    out[:, list(eos_token_ids)] = -np.inf
+    return out
+
+
+def temperature(scores: np.ndarray, value: float) -> np.ndarray:
+    """TemperatureLogitsWarper."""
+    return scores if value == 1.0 else (scores / np.float32(value)).astype(scores.dtype)
+
+
+def top_k(scores: np.ndarray, k: int, *, min_tokens_to_keep: int = 1) -> np.ndarray:
+    """TopKLogitsWarper: -inf below the k-th highest score (ties with it are kept)."""
+    if k <= 0:
+        return scores
+    k = min(max(k, min_tokens_to_keep), scores.shape[-1])
+    kth = np.partition(scores, -k, axis=-1)[:, -k][:, None]
+    return np.where(scores < kth, -np.inf, scores).astype(scores.dtype)
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = scores - scores.max(-1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(-1, keepdims=True)
+
+
+def log_softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = scores - scores.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def top_p(scores: np.ndarray, p: float, *, min_tokens_to_keep: int = 1) -> np.ndarray:
+    """TopPLogitsWarper: sorted ascending, the tokens whose cumulative probability is at most 1 - p are dropped,
+    the last ``min_tokens_to_keep`` always kept."""
+    if p >= 1.0:
+        return scores
+    order = np.argsort(scores, axis=-1, kind="stable")
+    sorted_scores = np.take_along_axis(scores, order, axis=-1)
+    cumulative = np.cumsum(softmax(sorted_scores), axis=-1)
+    drop_sorted = cumulative <= (1 - p)
+    drop_sorted[:, -min_tokens_to_keep:] = False
+    drop = np.zeros_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, axis=-1)
+    return np.where(drop, -np.inf, scores).astype(scores.dtype)
+
+
+class StopStrings:
+    """StopStringCriteria: a row stops when a stop string appears in its text and overlaps its last token.
+
+    The text is built from each token's own string (as transformers' criterion does, not by decoding the whole
+    row), from the row's real tokens; the strings are cached per token id."""
+
+    def __init__(self, tokenizer, strings: tuple[str, ...]):
+        self.tokenizer, self.strings = tokenizer, tuple(strings)
+        self.longest = max(len(s) for s in self.strings)
+        self._cache: dict[int, str] = {}
+
+    def token_text(self, token: int) -> str:
+        if token not in self._cache:
+            piece = self.tokenizer.convert_ids_to_tokens(token)  # None: an id beyond the tokenizer's vocabulary
+            self._cache[token] = "" if piece is None else self.tokenizer.convert_tokens_to_string([piece])
+        return self._cache[token]
+
+    def __call__(self, tokens: list[int]) -> bool:
+        """``tokens``: the row's real tokens so far (prompt and new); True where a stop string ends it."""
+        if not tokens:
+            return False
+        last = self.token_text(tokens[-1])
+        tail, i = last, len(tokens) - 1
+        while len(tail) - len(last) < self.longest and i > 0:  # enough text before the last token
+            i -= 1
+            tail = self.token_text(tokens[i]) + tail
+        before = len(tail) - len(last)
+        return any(s in tail[max(0, before - len(s) + 1) :] for s in self.strings)
