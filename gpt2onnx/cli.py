@@ -179,7 +179,16 @@ app = typer.Typer(
 
 
 QuantizeOpt = Annotated[str, typer.Option("--quantize", help="Weights: none, int8 or int4.")]
-BlockSizeOpt = Annotated[Optional[int], typer.Option(help="int4: weights per scale, 16 to 256 \\[default: 32].")]
+BlockSizeOpt = Annotated[
+    Optional[int], typer.Option(help="Block-wise tensors: weights per scale, 16 to 256 \\[default: 32].")
+]
+AccuracyLevelOpt = Annotated[
+    Optional[int], typer.Option(help="int4 arithmetic: 0 (fp32) or 4 (int8) [default: recipe].", show_default=False)
+]
+LmHeadOpt = Annotated[
+    Optional[str], typer.Option("--lm-head", help="Logits projection: int4, int8, fp32 [default: recipe].")
+]
+EmbeddingsOpt = Annotated[Optional[str], typer.Option(help="Embeddings: int4, int8, fp32 [default: recipe].")]
 KeepFp32Opt = Annotated[
     str,
     typer.Option(
@@ -232,6 +241,14 @@ class PrecisionChoice:
     quantize: str
     block_size: int
     gates: dict | None
+    accuracy_level: int | None = None
+    lm_head: str | None = None
+    embeddings: str | None = None
+
+    def quantization(self):
+        from gpt2onnx.passes.precision import QuantizeOptions
+
+        return QuantizeOptions(self.quantize, self.block_size, self.accuracy_level, self.lm_head, self.embeddings)
 
 
 _PRECISION_OPTIONS = (
@@ -239,6 +256,9 @@ _PRECISION_OPTIONS = (
     ("keep_fp32", KeepFp32Opt, "layernorm,softmax,logits"),
     ("quantize", QuantizeOpt, "none"),
     ("block_size", BlockSizeOpt, None),
+    ("accuracy_level", AccuracyLevelOpt, None),
+    ("lm_head", LmHeadOpt, None),
+    ("embeddings", EmbeddingsOpt, None),
     ("gate", GateOpt, None),
 )
 
@@ -253,13 +273,16 @@ def _make_precision(values: dict) -> PrecisionChoice:
         values["quantize"],
         _block_size(values["block_size"], values["quantize"]),
         parse_gates(values["gate"]) or None,
+        values["accuracy_level"],
+        values["lm_head"],
+        values["embeddings"],
     )
 
 
 def _block_size(value: int | None, quantize: str) -> int:
-    """--block-size given without int4 would be ignored: refused; int4's default is 32."""
-    if value is not None and quantize != "int4":
-        raise BadInput(f"--block-size applies to --quantize int4, not '{quantize}': drop it, or add --quantize int4")
+    """--block-size given without quantized weights would be ignored: refused; the default is 32."""
+    if value is not None and quantize == "none":
+        raise BadInput("--block-size applies to quantized weights: add --quantize int8 or int4, or drop it")
     return 32 if value is None else value
 
 
@@ -391,6 +414,9 @@ def export(
         dtype=precision.dtype,
         quantize=precision.quantize,
         block_size=precision.block_size,
+        accuracy_level=precision.accuracy_level,
+        lm_head=precision.lm_head,
+        embeddings=precision.embeddings,
         gates=precision.gates,
         keep_fp32=precision.keep_fp32,
         eval_text=quality.text,
@@ -450,7 +476,6 @@ def optimize(
 ) -> None:
     """Fuse LayerNorm, GELU and attention in an exported decoder, or reduce its precision."""
     from gpt2onnx.exporters.optimize import optimize as run_optimize
-    from gpt2onnx.passes.precision import QuantizeOptions
     from gpt2onnx.verify.evaluate import EvalGates
 
     with err_console.status(f"optimizing {source}…"):
@@ -461,7 +486,7 @@ def optimize(
             allow_partial=allow_partial_fusion,
             force=force,
             validate=validate,
-            quantization=QuantizeOptions(precision.quantize, precision.block_size),
+            quantization=precision.quantization(),
             dtype=precision.dtype,
             gates=precision.gates,
             keep_fp32=precision.keep_fp32,
@@ -477,7 +502,8 @@ def optimize(
     for name, info in manifest.files.items():
         table.add_row(name, _size(info.bytes))
     if manifest.quantization:
-        table.add_row("quantization", ", ".join(f"{n} {op}" for op, n in manifest.quantization.ops.items()))
+        ops = ", ".join(f"{n} {op}" for op, n in manifest.quantization.ops.items())
+        table.add_row("quantization", f"{manifest.quantization.summary()}; {ops}")
     console.print(table)
     _print_check(result.check, result.quality)
 

@@ -125,13 +125,17 @@ def test_gates_can_be_overridden(tmp_path, tiny_folder):
         "kl_mean=1",
         "--gate",
         "top5=0.5",
+        "--gate",
+        "top1=0.2",
     )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "q" / "gpt2onnx.json").read_text())["parity"]["gates"] == {
         "kl_mean": 1.0,
         "top5": 0.5,
+        "top1": 0.2,
     }
     assert run("parity", tmp_path / "q", "--cases", 2).exit_code == 1
-    assert run("parity", tmp_path / "q", "--cases", 2, "--gate", "kl_mean=1", "--gate", "top5=0.5").exit_code == 0
+    overrides = ("--gate", "kl_mean=1", "--gate", "top5=0.5", "--gate", "top1=0.2")
+    assert run("parity", tmp_path / "q", "--cases", 2, *overrides).exit_code == 0
     assert_one_line_error(run("parity", tmp_path / "q", "--gate", "speed=1"), "unknown gate 'speed'")
     assert_one_line_error(run("parity", tmp_path / "q", "--gate", "top5=high"), "'high' is not a number")

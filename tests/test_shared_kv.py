@@ -34,12 +34,6 @@ def shared_export(tiny_folder, tmp_path_factory):
     ).folder
 
 
-@pytest.fixture(scope="module")
-def gpt2_init_export(tmp_path_factory):
-    """The tiny architecture with GPT-2's init spread: the test checkpoints' 0.3 is too peaked for int8/int4 gates."""
-    return export("tiny", tmp_path_factory.mktemp("gpt2-init") / "tiny", random_init=True).folder
-
-
 def test_graph_manifest_and_contract(shared_export):
     model = onnx.load(str(shared_export / "model.onnx"), load_external_data=False)
     ops = [n.op_type for n in model.graph.node]

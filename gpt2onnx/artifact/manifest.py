@@ -120,22 +120,42 @@ class Fp16Record:
 
 @dataclass(frozen=True)
 class QuantizationRecord:
-    """The weight quantization: method (int8, int4), int4's block size, the quantized ops per type."""
+    """The weight quantization: method (int8, int4), the block size of block-wise tensors, the quantized ops per
+    type, and the recipe (int4's accuracy level; the logits projection's and the embeddings' precision).
+    Manifests from before the recipe options have only the first three."""
 
     method: str
     block_size: int | None = None
     ops: dict[str, int] = field(default_factory=dict)
+    accuracy_level: int | None = None
+    lm_head: str | None = None
+    embeddings: str | None = None
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "block_size": self.block_size, "ops": self.ops}
+        data = {"method": self.method, "block_size": self.block_size, "ops": self.ops}
+        if self.lm_head is not None:
+            data.update(accuracy_level=self.accuracy_level, lm_head=self.lm_head, embeddings=self.embeddings)
+        return data
 
     def summary(self) -> str:
-        return self.method + (f", block {self.block_size}" if self.block_size else "")
+        text = self.method + (f", block {self.block_size}" if self.block_size else "")
+        if self.accuracy_level is not None:
+            text += f", accuracy level {self.accuracy_level}"
+        if self.lm_head is not None:
+            text += f"; lm_head {self.lm_head}, embeddings {self.embeddings}"
+        return text
 
     @classmethod
     def from_dict(cls, data: dict) -> "QuantizationRecord":
-        block = data.get("block_size")
-        return cls(str(data["method"]), int(block) if block is not None else None, dict(data.get("ops", {})))
+        block, level = data.get("block_size"), data.get("accuracy_level")
+        return cls(
+            str(data["method"]),
+            int(block) if block is not None else None,
+            dict(data.get("ops", {})),
+            int(level) if level is not None else None,
+            data.get("lm_head"),
+            data.get("embeddings"),
+        )
 
 
 @dataclass(frozen=True)

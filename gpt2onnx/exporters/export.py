@@ -54,6 +54,9 @@ class ExportOptions:
     dtype: str = "fp32"  # fp32, or fp16 (weights, activations and K/V cache; LayerNorm, softmax, logits in fp32)
     quantize: str = "none"  # weight quantization: none, int8 (dynamic) or int4 (block-wise)
     block_size: int = 32  # int4: weights per scale
+    accuracy_level: int | None = None  # int4: MatMulNBits arithmetic, 0 (fp32) or 4 (int8); None: the recipe's
+    lm_head: str | None = None  # int8/int4: the logits projection's precision (int4, int8, fp32); None: the recipe's
+    embeddings: str | None = None  # int8/int4: the embeddings' precision (int4, int8, fp32); None: the recipe's
     gates: dict | None = None  # overrides of the precision's default gates (gpt2onnx.verify.gates.TOLERANCES)
     keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
     eval_text: str | None = None  # a text file: perplexity, KL against PyTorch before writing (verify.evaluate)
@@ -71,7 +74,7 @@ class ExportOptions:
             self.fusion,
             self.allow_partial_fusion,
             self.dtype,
-            QuantizeOptions(self.quantize, self.block_size),
+            QuantizeOptions(self.quantize, self.block_size, self.accuracy_level, self.lm_head, self.embeddings),
             self.keep_fp32,
         )
 

@@ -3,8 +3,10 @@
 
 On the CPU a decode step is bound by reading the weights, so fewer bytes per weight is where the speed is.
 The logits projection is a Gemm on the tied token embedding (stored once in fp32 exports); both quantizers
-only take MatMul, so the projection first becomes a MatMul on its own transposed copy of the embedding, which
-is then quantized (the copy ends up 4 or 8 bits wide; the Gather keeps reading the embedding).
+only take MatMul, so a quantized projection first becomes a MatMul on its own transposed copy of the embedding
+(the copy ends up 4 or 8 bits wide; the Gather keeps reading the embedding, or its own quantized copy).
+Which width the projection and the embeddings get, and int4's arithmetic, are options (QuantizeOptions) whose
+defaults, the recipes, come from the measured precision table in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -189,74 +191,275 @@ def _drop_repeated_casts(graph: onnx.GraphProto) -> None:
     graph.value_info.extend(infos)
 
 
+# What each quantization method does with the two layers that read vocabulary-sized tensors, the logits projection
+# (lm_head) and the token and position embeddings, and its MatMulNBits arithmetic (accuracy_level). None in
+# QuantizeOptions means the method's recipe below, chosen from the precision table in docs/benchmarks.md ("What each
+# precision costs"): int8's 8-bit embeddings halve its file at the same quality and speed; int4 with everything at
+# 4 bits meets its ΔPPL aim (+0.22 %) at the best speed (an 8-bit head, --lm-head int8, cuts KL 5× for size/time).
+LAYER_PRECISIONS = ("int4", "int8", "fp32")
+ACCURACY_LEVELS = (0, 4)  # MatMulNBits: 0 = fp32 activations, 4 = activations quantized to int8 (VNNI/AVX2/AMX)
+RECIPES = {
+    "int8": {"lm_head": "int8", "embeddings": "int8", "accuracy_level": None},
+    "int4": {"lm_head": "int4", "embeddings": "int4", "accuracy_level": 4},
+}
+# int8 is MatMulInteger, which has no 4-bit form; int4 may keep either layer at 8 bits or in fp32
+LAYER_CHOICES = {"int8": ("int8", "fp32"), "int4": LAYER_PRECISIONS}
+HELD_DOMAIN = "gpt2onnx.held"  # a node the int8 quantizer must not see (see quantize)
+SHAPE_OPS = ("Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten")
+
+
 @dataclass(frozen=True)
 class QuantizeOptions:
+    """Weight quantization: the method, and what it does with the logits projection and the embeddings.
+
+    method: none, int8 (onnxruntime's quantize_dynamic: MatMulInteger, int8 weights per tensor, activations
+        quantized at each step) or int4 (MatMulNBitsQuantizer: symmetric, ``block_size`` weights per scale).
+    block_size: weights per scale of every block-wise tensor (int4 weights, an 8-bit head under int4, 8-bit
+        embeddings).
+    accuracy_level: int4's MatMulNBits arithmetic (ACCURACY_LEVELS); int4 only.
+    lm_head: the logits projection: int4 (MatMulNBits), int8 (MatMulNBits with 8 bits under int4, MatMulInteger
+        under int8) or fp32 (the exported Gemm on the tied embedding, left as it is).
+    embeddings: the token and position embeddings: int4 or int8 (GatherBlockQuantized) or fp32 (Gather).
+    None (accuracy_level, lm_head, embeddings): the method's recipe (RECIPES).
+    """
+
     method: str = "none"
-    block_size: int = 32  # int4: weights per scale
+    block_size: int = 32
+    accuracy_level: int | None = None
+    lm_head: str | None = None
+    embeddings: str | None = None
 
     def __post_init__(self) -> None:
         self.check()  # an invalid one cannot be built
 
-    def check(self) -> None:
+    def check(self) -> "QuantizeOptions":
         if self.method not in METHODS:
             raise BadInput(f"unknown --quantize '{self.method}': choose one of {', '.join(METHODS)}")
-        if self.method != "int4" and self.block_size != QuantizeOptions.block_size:
+        if self.method == "none":
+            if self.block_size != QuantizeOptions.block_size:
+                raise BadInput("--block-size applies to quantized weights: add --quantize int8 or int4, or drop it")
+            for flag, value in (
+                ("--accuracy-level", self.accuracy_level),
+                ("--lm-head", self.lm_head),
+                ("--embeddings", self.embeddings),
+            ):
+                if value is not None:
+                    raise BadInput(f"{flag} applies to quantized weights: add --quantize int8 or int4, or drop it")
+            return self
+        if self.block_size not in INT4_BLOCK_SIZES:
             raise BadInput(
-                f"--block-size applies to --quantize int4, not '{self.method}': drop it, or add --quantize int4"
-            )
-        if self.method == "int4" and self.block_size not in INT4_BLOCK_SIZES:
-            raise BadInput(
-                f"--block-size {self.block_size} is not supported for int4: choose one of"
+                f"--block-size {self.block_size} is not supported for {self.method}: choose one of"
                 f" {', '.join(map(str, INT4_BLOCK_SIZES))}"
             )
+        if self.accuracy_level is not None:
+            if self.method != "int4":
+                raise BadInput("--accuracy-level applies to int4 (MatMulNBits): drop it, or use --quantize int4")
+            if self.accuracy_level not in ACCURACY_LEVELS:
+                raise BadInput(
+                    f"--accuracy-level {self.accuracy_level} is not supported: choose 0 (fp32 arithmetic) or 4"
+                    " (int8 arithmetic)"
+                )
+        choices = LAYER_CHOICES[self.method]
+        for flag, value in (("--lm-head", self.lm_head), ("--embeddings", self.embeddings)):
+            if value is not None and value not in choices:
+                raise BadInput(
+                    f"{flag} '{value}' is not valid with --quantize {self.method}: choose {' or '.join(choices)}"
+                )
+        return self
+
+    def resolved(self) -> "QuantizeOptions":
+        """The options with the method's recipe filled in where they are None."""
+        if self.method not in RECIPES:
+            return self
+        recipe = RECIPES[self.method]
+        return QuantizeOptions(
+            self.method,
+            self.block_size,
+            self.accuracy_level if self.accuracy_level is not None else recipe["accuracy_level"],
+            self.lm_head or recipe["lm_head"],
+            self.embeddings or recipe["embeddings"],
+        )
+
+    @property
+    def block_wise(self) -> bool:
+        """Whether any tensor is quantized block by block (so that block_size matters)."""
+        options = self.resolved()
+        return options.method == "int4" or options.embeddings == "int8"
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "block_size": self.block_size if self.method == "int4" else None}
+        if self.method == "none":
+            return {"method": "none", "block_size": None}
+        options = self.resolved()
+        return {
+            "method": options.method,
+            "block_size": options.block_size if options.block_wise else None,
+            "accuracy_level": options.accuracy_level,
+            "lm_head": options.lm_head,
+            "embeddings": options.embeddings,
+        }
 
 
-def _logits_gemm_to_matmul(model: onnx.ModelProto) -> int:
-    """Gemm(x, W, transB=1) without bias → MatMul(x, Wᵀ) on a transposed copy (in place); returns how many."""
+def logits_projection(graph: onnx.GraphProto) -> onnx.NodeProto | None:
+    """The MatMul or Gemm on a weight that makes the ``logits`` output (through reshapes and casts), if any."""
+    producer = {out: node for node in graph.node for out in node.output}
+    weights = {init.name for init in graph.initializer}
+    node = producer.get("logits")
+    while node is not None and node.op_type in SHAPE_OPS:
+        node = producer.get(node.input[0])
+    if node is not None and node.op_type in ("MatMul", "Gemm") and len(node.input) >= 2 and node.input[1] in weights:
+        return node
+    return None
+
+
+def embedding_gathers(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The Gathers that read a 2-D float weight: the token and position embeddings."""
+    weights = {
+        init.name: init
+        for init in graph.initializer
+        if len(init.dims) == 2 and init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+    }
+    return [n for n in graph.node if n.op_type == "Gather" and n.input[0] in weights]
+
+
+def _gemm_to_matmul(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
+    """Gemm(x, W, transB=1) without bias → MatMul(x, Wᵀ) on a transposed copy (in place): both quantizers take
+    MatMul only. Returns whether it changed the node."""
+    if node.op_type != "Gemm" or len(node.input) != 2:
+        return False
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0:
+        return False
+    initializers = {init.name: init for init in model.graph.initializer}
+    weight = numpy_helper.to_array(initializers[node.input[1]])
+    if attrs.get("transB", 0):
+        weight = np.ascontiguousarray(weight.T)
+    name = f"{node.input[1]}_for_matmul"
+    model.graph.initializer.append(numpy_helper.from_array(weight, name))
+    node.op_type, node.input[1] = "MatMul", name
+    del node.attribute[:]
+    return True
+
+
+def _matmul_nbits(
+    model: onnx.ModelProto, options: "QuantizeOptions", *, bits: int, exclude: set[str], gathers: bool
+) -> onnx.ModelProto:
+    """onnxruntime's MatMulNBitsQuantizer over every MatMul on a weight (and the embedding Gathers with
+    ``gathers``) whose node is not in ``exclude``."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(
+        model,
+        bits=bits,
+        block_size=options.block_size,
+        is_symmetric=True,
+        accuracy_level=options.accuracy_level or None,  # 0 leaves the attribute out (the op's default)
+        nodes_to_exclude=sorted(exclude),
+        op_types_to_quantize=("MatMul", "Gather") if gathers else ("MatMul",),
+    )
+    quantizer.process()
+    return quantizer.model.model
+
+
+def _gathers_to_8bit(model: onnx.ModelProto, names: set[str], block_size: int) -> int:
+    """Each named Gather on a [rows, width] weight → GatherBlockQuantized with 8 bits (uint8, zero point 128),
+    one fp32 scale per ``block_size`` values of a row (symmetric; the last block of a row may be shorter).
+    onnxruntime's quantizer writes only 4-bit GatherBlockQuantized. Returns how many were rewritten."""
     initializers = {init.name: init for init in model.graph.initializer}
     changed = 0
     for node in model.graph.node:
-        if node.op_type != "Gemm" or len(node.input) != 2 or node.input[1] not in initializers:
+        if node.name not in names or node.op_type != "Gather":
             continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0:
-            continue
-        weight = numpy_helper.to_array(initializers[node.input[1]])
-        if attrs.get("transB", 0):
-            weight = np.ascontiguousarray(weight.T)
-        name = f"{node.input[1]}_for_matmul"
-        model.graph.initializer.append(numpy_helper.from_array(weight, name))
-        node.op_type, node.input[1] = "MatMul", name
-        del node.attribute[:]
+        weight = numpy_helper.to_array(initializers[node.input[0]]).astype(np.float32)
+        rows, width = weight.shape
+        blocks = -(-width // block_size)
+        padded = np.zeros((rows, blocks * block_size), np.float32)
+        padded[:, :width] = weight
+        padded = padded.reshape(rows, blocks, block_size)
+        scales = np.abs(padded).max(axis=-1) / 127.0
+        safe = np.where(scales == 0, 1.0, scales)
+        values = np.clip(np.rint(padded / safe[..., None]), -127, 127).astype(np.int16) + 128
+        data = values.reshape(rows, -1)[:, :width].astype(np.uint8)
+        base = node.input[0]
+        model.graph.initializer.extend(
+            [
+                numpy_helper.from_array(data, f"{base}_Q8"),
+                numpy_helper.from_array(scales.astype(np.float32), f"{base}_Q8_scales"),
+                numpy_helper.from_array(np.full(scales.shape, 128, np.uint8), f"{base}_Q8_zero_points"),
+            ]
+        )
+        axis = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+        ids = node.input[1]
+        del node.input[:], node.attribute[:]
+        node.input.extend([f"{base}_Q8", ids, f"{base}_Q8_scales", f"{base}_Q8_zero_points"])
+        node.op_type, node.domain = "GatherBlockQuantized", "com.microsoft"
+        node.attribute.extend(
+            [
+                onnx.helper.make_attribute("bits", 8),
+                onnx.helper.make_attribute("block_size", block_size),
+                onnx.helper.make_attribute("gather_axis", axis),
+                onnx.helper.make_attribute("quantize_axis", 1),
+            ]
+        )
         changed += 1
+    if changed:
+        used = {name for n in model.graph.node for name in n.input}
+        kept = [init for init in model.graph.initializer if init.name in used]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        if not any(o.domain == "com.microsoft" for o in model.opset_import):
+            model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
     return changed
+
+
+def _name_nodes(graph: onnx.GraphProto) -> None:
+    """Give every node a name: the quantizers select nodes by name."""
+    names = {n.name for n in graph.node if n.name}
+    for index, node in enumerate(graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{index}"
+            while name in names:
+                name += "_"
+            node.name = name
+            names.add(name)
 
 
 def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.ModelProto, QuantizationRecord | None]:
     """Quantize ``model`` (changed in place on the way); returns the new model and what was done."""
-    options.check()
+    options = options.check().resolved()
     if options.method == "none":
         return model, None
     ir_version = model.ir_version
-    _logits_gemm_to_matmul(model)
+    graph = model.graph
+    _name_nodes(graph)
+    head = logits_projection(graph)
+    if head is None and (options.lm_head != options.method):
+        log.warning("no logits projection found (a MatMul or Gemm making 'logits'): --lm-head has no effect")
+    gathers = {n.name for n in embedding_gathers(graph)}
+    if head is not None and options.lm_head != "fp32":
+        _gemm_to_matmul(model, head)
+    # the head is quantized with the other MatMuls only at the method's own width
+    head_apart = {head.name} if head is not None and options.lm_head != options.method else set()
     if options.method == "int4":
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-        quantizer = MatMulNBitsQuantizer(
+        other_gathers = {n.name for n in graph.node if n.op_type == "Gather"} - gathers
+        quantized = _matmul_nbits(
             model,
-            block_size=options.block_size,
-            is_symmetric=True,
-            accuracy_level=4,  # int8 arithmetic on the CPU (VNNI/AVX2), the fast path
-            op_types_to_quantize=("MatMul", "Gather"),
+            options,
+            bits=4,
+            exclude=head_apart | other_gathers | (gathers if options.embeddings != "int4" else set()),
+            gathers=options.embeddings == "int4",
         )
-        quantizer.process()
-        quantized = quantizer.model.model
+        if head is not None and options.lm_head == "int8":
+            others = {n.name for n in quantized.graph.node} - {head.name}
+            quantized = _matmul_nbits(quantized, options, bits=8, exclude=others, gathers=False)
     else:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
+        # quantize_dynamic turns every Gemm into a MatMul by transposing its weight in place, which would break
+        # the Gather that shares the tied embedding: a head kept fp32 is hidden from it in a domain of its own
+        held = head is not None and head.op_type == "Gemm"
+        if held:
+            head.domain, head.op_type = HELD_DOMAIN, "HeldGemm"
+            model.opset_import.append(onnx.helper.make_opsetid(HELD_DOMAIN, 1))
         with tempfile.TemporaryDirectory(prefix="gpt2onnx-int8-") as tmp:
             out = Path(tmp) / "model.onnx"
             # quantize_dynamic logs a pre-processing hint on the root logger (logging.warning), which would be a
@@ -269,19 +472,35 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.Mod
                     model,
                     out,
                     op_types_to_quantize=["MatMul"],
+                    nodes_to_exclude=sorted(head_apart),
                     weight_type=QuantType.QInt8,
                     use_external_data_format=True,
                 )
             finally:
                 logging.getLogger().removeFilter(hint)
             quantized = onnx.load(str(out))
+        if held:
+            for node in quantized.graph.node:
+                if node.domain == HELD_DOMAIN:
+                    node.domain, node.op_type = "", "Gemm"
+            opsets = [o for o in quantized.opset_import if o.domain != HELD_DOMAIN]
+            del quantized.opset_import[:]
+            quantized.opset_import.extend(opsets)
+    if options.embeddings == "int8":
+        _gathers_to_8bit(quantized, gathers, options.block_size)
     opset = next((i.version for i in quantized.opset_import if i.domain in ("", "ai.onnx")), 0)
     # the int4 quantizer may raise the opset (GatherBlockQuantized); keep the IR version in step with it
     quantized.ir_version = max(ir_version, 10 if opset >= 21 else ir_version)
-    ops = {}
+    ops: dict[str, int] = {}
     for node in quantized.graph.node:
-        if node.op_type in ("MatMulNBits", "GatherBlockQuantized", "MatMulInteger", "DynamicQuantizeLinear"):
+        if node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
+            bits = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits"), 4)
+            key = f"{node.op_type}" if bits == 4 else f"{node.op_type} ({bits}-bit)"
+            ops[key] = ops.get(key, 0) + 1
+        elif node.op_type in ("MatMulInteger", "DynamicQuantizeLinear"):
             ops[node.op_type] = ops.get(node.op_type, 0) + 1
     log.info("quantized (%s): %s", options.method, ops)
-    block_size = options.block_size if options.method == "int4" else None
-    return quantized, QuantizationRecord(options.method, block_size, ops)
+    record = options.as_dict()
+    return quantized, QuantizationRecord(
+        record["method"], record["block_size"], ops, record["accuracy_level"], record["lm_head"], record["embeddings"]
+    )

@@ -21,8 +21,13 @@ TOLERANCES = {
     "float32": {"logits": 1e-4, "present": 1e-4, "top1": 1.0, "tokens_equal": True},
     # fp16 on the 124M model (random weights): KL 7e-8, top-1 99.6 %, top-5 100 %.
     "float16": {"kl_mean": 1e-4, "top1": 0.98, "top5": 0.99},
-    "int8": {"kl_mean": 0.01, "top5": 0.95},
-    "int4": {"kl_mean": 0.05, "top5": 0.80},
+    # int8 and int4: recalibrated on a trained model (docs/benchmarks.md, "What each precision costs"): each
+    # recipe passes with a margin (trained test model: int8 KL 5.9e-5, top-1 98.6 %; int4 KL 1.4e-3, top-1 90.7 %;
+    # random 124M: int8 KL 4.1e-4, top-1 93.5 %; int4 KL 7.8e-3, top-1 77 %, top-5 96 %), and the same method
+    # with fewer bits per weight fails (int8 with 4-bit weights: KL 8.2e-4, top-1 89.6 %; int4 with 2-bit
+    # weights: KL 1.75e-2, top-1 63.8 %), tests/test_precision_recipes.py.
+    "int8": {"kl_mean": 7e-4, "top1": 0.92, "top5": 0.99},
+    "int4": {"kl_mean": 0.012, "top1": 0.72, "top5": 0.94},
 }
 GATE_NAMES = {
     "logits": "max |Δlogits|",
