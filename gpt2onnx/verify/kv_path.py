@@ -10,7 +10,7 @@ batch 1). No reference model is needed: each check runs one stepper two ways.
 
 Logits are compared at the last position of each run (so graphs exported with ``--logits last`` work too),
 on real tokens only. The gates are the precision's: fp32 max |Δlogits| and top-1; reduced precisions mean KL
-and top-5 (and top-1 where the precision has it).
+and top-5 (see kv_path_gates).
 """
 
 from __future__ import annotations
@@ -75,8 +75,11 @@ def _measure(name: str, ours: np.ndarray, theirs: np.ndarray, gates: dict) -> Kv
 
 
 def kv_path_gates(tolerances: dict) -> dict:
-    """The precision's gates that apply to a model compared with itself (no present, no token runs)."""
-    return {k: v for k, v in tolerances.items() if k in ("logits", "top1", "top5", "kl_mean")}
+    """The precision's gates that apply to a model compared with itself (no present, no token runs). A reduced
+    precision's top-1 share is left out: these checks compare a few positions (one per chunk or step), where one
+    near-tie flipped by int8's per-call activation scales moves the share by a whole position (8 of 9 is 89 %)."""
+    keep = ("logits", "top1", "top5", "kl_mean") if "logits" in tolerances else ("top5", "kl_mean")
+    return {k: v for k, v in tolerances.items() if k in keep}
 
 
 def check_kv_path(
