@@ -800,58 +800,48 @@ def parity(
             verify_files=options.verify_files,
             text=text,
         )
-    worst = sorted(report.cases, key=lambda r: -r["logits"]["max"])[:10]
+    worst = sorted(report.parity_cases(), key=lambda case: -case.logits.max)[:10]
     table = Table(
         title=f"parity on {report.runtime}/{report.provider}: {len(report.cases)} cases (worst {len(worst)} shown)"
     )
     for col in ("batch", "past", "prompt", "steps", "Δlogits max", "Δlogits p99", "Δpresent max", "top-1", "tokens"):
         table.add_column(col, justify="right")
-    for r in worst:
-        c = r["case"]
+    for case in worst:
         table.add_row(
-            str(c["batch"]),
-            str(c["prefix_length"]),
-            str(c["prompt_length"]),
-            str(c["decode_steps"]),
-            f"{r['logits']['max']:.1e}",
-            f"{r['logits']['p99']:.1e}",
-            f"{r['present']['max']:.1e}" if r["present"] else "-",
-            f"{100 * r['top1_agreement']:.1f}%",
-            "equal" if r["tokens_equal"] else "[red]differ[/]",
+            str(case.batch),
+            str(case.past),
+            str(case.prompt),
+            str(case.steps),
+            f"{case.logits.max:.1e}",
+            f"{case.logits.p99:.1e}",
+            f"{case.present.max:.1e}" if case.present else "-",
+            f"{100 * case.top1_agreement:.1f}%",
+            "equal" if case.tokens_equal else "[red]differ[/]",
         )
     console.print(table)
-    t = report.measured
+    t = report.parity_totals()
     summary = Table(title="total", show_header=False)
-    summary.add_row(
-        "|Δlogits| max / p50 / p99", f"{t['logits']['max']:.2e} / {t['logits']['p50']:.2e} / {t['logits']['p99']:.2e}"
-    )
-    if "present" in t:
+    summary.add_row("|Δlogits| max / p50 / p99", f"{t.logits.max:.2e} / {t.logits.p50:.2e} / {t.logits.p99:.2e}")
+    if t.present is not None:
         summary.add_row(
-            "|Δpresent| max / p50 / p99",
-            f"{t['present']['max']:.2e} / {t['present']['p50']:.2e} / {t['present']['p99']:.2e}",
+            "|Δpresent| max / p50 / p99", f"{t.present.max:.2e} / {t.present.p50:.2e} / {t.present.p99:.2e}"
         )
     else:
         summary.add_row("|Δpresent|", f"not exposed by {report.runtime}")
-    summary.add_row("top-1 agreement", f"{100 * t['top1_agreement']:.3f}% of {t['positions_compared']:,} positions")
-    summary.add_row("top-5 agreement", f"{100 * t['top5_agreement']:.3f}%")
-    summary.add_row("KL(reference ‖ onnx) mean / max", f"{t['kl']['mean']:.2e} / {t['kl']['max']:.2e}")
+    summary.add_row("top-1 agreement", f"{100 * t.top1_agreement:.3f}% of {t.positions_compared:,} positions")
+    summary.add_row("top-5 agreement", f"{100 * t.top5_agreement:.3f}%")
+    summary.add_row("KL(reference ‖ onnx) mean / max", f"{t.kl_mean:.2e} / {t.kl_max:.2e}")
     summary.add_row(
         "greedy tokens before divergence",
-        f"min {t['tokens_before_divergence']['min']}, mean {t['tokens_before_divergence']['mean']:.1f}",
+        f"min {t.tokens_before_divergence_min}, mean {t.tokens_before_divergence_mean:.1f}",
     )
-    summary.add_row("NaN/Inf", str(t["nonfinite"]))
-    summary.add_row("prompts", t["prompts"])
-    summary.add_row("greedy tokens equal", f"{t['tokens_equal_cases']} of {t['cases']} cases")
+    summary.add_row("NaN/Inf", str(t.nonfinite))
+    summary.add_row("prompts", t.prompts)
+    summary.add_row("greedy tokens equal", f"{t.tokens_equal_cases} of {t.cases} cases")
     if report.kv_path is not None and report.kv_path.skipped:
         summary.add_row("K/V path", f"not checked: {report.kv_path.skipped}")
     for check in report.kv_path.checks if report.kv_path is not None else []:
-        m = check.measured
-        summary.add_row(
-            f"K/V path: {check.description}",
-            f"max |Δlogits| {m['logits']['max']:.2e}, top-1 {100 * m['top1_agreement']:.1f}%,"
-            f" KL mean {m['kl']['mean']:.2e} ({m['positions_compared']} positions)"
-            + ("" if check.passed else " [red]FAIL[/]"),
-        )
+        summary.add_row(f"K/V path: {check.description}", check.figures() + ("" if check.passed else " [red]FAIL[/]"))
     summary.add_row(
         "verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + escape("; ".join(report.failures))
     )
@@ -1029,12 +1019,9 @@ def eval_command(
             on_window=lambda done, total: progress.update(task, completed=done, total=total),
         )
     p = report.protocol
-    source = p["text"].get("file") or ":".join(
-        filter(None, (p["text"].get("dataset"), p["text"].get("config"), p["text"].get("split")))
-    )
     console.print(
-        f"{p['method']}: {p['scored_tokens']:,} scored tokens of {source} ({p['tokens']:,} tokens), context"
-        f" {p['context']}, stride {p['stride']}, {p['windows']} windows; against {p['reference']}",
+        f"{p.method}: {p.scored_tokens:,} scored tokens of {p.source} ({p.tokens:,} tokens), context"
+        f" {p.context}, stride {p.stride}, {p.windows} windows; against {p.reference}",
         markup=False,
         highlight=False,
         soft_wrap=True,
@@ -1042,18 +1029,18 @@ def eval_command(
     short = {"float32": "fp32", "float16": "fp16"}
     ref, rows = report.reference, report.rows
     # one column per model, so that several folders fit a terminal
-    table = Table(title=f"greedy: {p['greedy']['prompt_tokens']} prompt tokens from the text's start")
+    table = Table(title=f"greedy: {p.greedy_prompt_tokens} prompt tokens from the text's start")
     table.add_column("")
     table.add_column("reference", justify="right")
     for r in rows:
         table.add_column(escape(Path(r.label).name), justify="right")
 
     def greedy(r) -> str:
-        if not r.greedy:
+        if r.greedy is None:
             return "-"
-        if r.greedy["first_divergence"] is None:
-            return f"same {r.greedy['new_tokens']} tokens"
-        return f"differs at token {r.greedy['first_divergence']}"
+        if r.greedy.first_divergence is None:
+            return f"same {r.greedy.new_tokens} tokens"
+        return f"differs at token {r.greedy.first_divergence}"
 
     figures = [
         ("precision", short.get(ref.precision, ref.precision), lambda r: short.get(r.precision, r.precision)),
@@ -1064,8 +1051,8 @@ def eval_command(
         ),
         ("PPL ± se", f"{ref.ppl:.6g} ± {ref.ppl_stderr:.2g}", lambda r: f"{r.ppl:.6g} ± {r.ppl_stderr:.2g}"),
         ("ΔPPL % ± se", "", lambda r: f"{r.delta_ppl_percent:+.3f} ± {r.delta_ppl_stderr:.2g}"),
-        ("mean KL ± se", "", lambda r: f"{r.kl['mean']:.3g} ± {r.kl['stderr']:.2g}"),
-        ("KL p99 / max", "", lambda r: f"{r.kl['p99']:.2g} / {r.kl['max']:.2g}"),
+        ("mean KL ± se", "", lambda r: f"{r.kl.mean:.3g} ± {r.kl.stderr:.2g}"),
+        ("KL p99 / max", "", lambda r: f"{r.kl.p99:.2g} / {r.kl.max:.2g}"),
         ("same top-1", "", lambda r: f"{100 * r.same_top1:.2f} %"),
         ("RMS Δp", "", lambda r: f"{r.rms_dp:.3g}"),
         ("greedy", "", greedy),

@@ -215,11 +215,11 @@ def table(variants, rows: dict, sizes: dict, decode: dict, prefill: dict, gates:
     lines.append(f"| PyTorch fp32 | reference | {reference_ppl:.3f} |" + " – |" * 10)
     for variant in variants:
         row = rows[variant.name]
-        greedy = row.greedy or {}
-        diverges = greedy.get("first_divergence")
+        greedy = row.greedy
+        diverges = greedy.first_divergence if greedy else None
         diverges_text = "never" if diverges is None and greedy else _fmt(diverges, "d")
-        if diverges is None and greedy.get("new_tokens"):
-            diverges_text = f"never ({greedy['new_tokens']} new)"
+        if diverges is None and greedy and greedy.new_tokens:
+            diverges_text = f"never ({greedy.new_tokens} new)"
         g = gates.get(variant.name, {})
         lines.append(
             "| "
@@ -229,8 +229,8 @@ def table(variants, rows: dict, sizes: dict, decode: dict, prefill: dict, gates:
                     variant.recipe(),
                     f"{row.ppl:.3f}",
                     _fmt(row.delta_ppl_percent, "+.2f"),
-                    _fmt(row.kl.get("mean"), ".2e"),
-                    _fmt(row.kl.get("p99"), ".2e"),
+                    _fmt(row.kl.mean if row.kl else None, ".2e"),
+                    _fmt(row.kl.p99 if row.kl else None, ".2e"),
                     _fmt(None if row.same_top1 is None else 100 * row.same_top1, ".2f") + " %",
                     diverges_text,
                     f"{sizes[variant.name] / 1e6:.1f} MB",
@@ -298,7 +298,7 @@ def main() -> None:
     rows = {v.name: row for v, row in zip(variants, report.rows)}
     log("gate figures (randomized ids against PyTorch)")
     gates = gate_figures({v.name: folders[v.name] for v in variants}, cases=args.gate_cases)
-    n_positions = report.protocol.get("context") or args.past + 1
+    n_positions = report.protocol.context or args.past + 1
     args.past, args.prompt = min(args.past, n_positions - 2), min(args.prompt, n_positions - 1)  # within the model
     log(f"timing: {args.rounds} rounds, decode b1 at past {args.past}, prompt b1×{args.prompt}")
     decode, prefill = time_folders(
@@ -313,8 +313,8 @@ def main() -> None:
     protocol = report.protocol
     print()
     print(
-        f"Model {args.model}; text: the first {chars:,} characters of {args.text}, {protocol.get('scored_tokens')}"
-        f" scored tokens, context {protocol.get('context')}, stride {protocol.get('stride')}; reference PyTorch fp32"
+        f"Model {args.model}; text: the first {chars:,} characters of {args.text}, {protocol.scored_tokens}"
+        f" scored tokens, context {protocol.context}, stride {protocol.stride}; reference PyTorch fp32"
         f" (PPL {report.reference.ppl:.3f} ± {report.reference.ppl_stderr:.3f}). Greedy: {args.greedy_tokens} new"
         f" tokens from the text's first tokens. Gate figures: {args.gate_cases} randomized cases. Timing:"
         f" onnxruntime cpu, {args.threads} threads, {args.rounds} interleaved rounds (medians). Machine:"

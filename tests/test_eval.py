@@ -19,7 +19,7 @@ from gpt2onnx.errors import CheckFailed
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.runtimes import text as text_module
 from gpt2onnx.runtimes.text import TextSource, sliding_windows, token_pieces, window_count
-from gpt2onnx.verify.evaluate import EvalGates, evaluate
+from gpt2onnx.verify.evaluate import EvalGates, GreedyComparison, evaluate
 
 MODULES = ("string", "colorsys", "fnmatch")  # their docstrings: real English text, offline everywhere
 
@@ -91,15 +91,17 @@ def test_fp32_perplexity_equals_pytorch(eval_setup, last_export):
     ids = GPT2TokenizerFast.from_pretrained(checkpoint).encode(text.read_text())
     expected = pytorch_perplexity(checkpoint, ids, context=64, stride=24)
     p = report.protocol
-    assert (p["tokens"], p["scored_tokens"], p["context"], p["stride"]) == (len(ids), len(ids) - 1, 64, 24)
-    assert p["windows"] == window_count(len(ids), context=64, stride=24) > 10
+    assert (p.tokens, p.scored_tokens, p.context, p.stride) == (len(ids), len(ids) - 1, 64, 24)
+    assert p.windows == window_count(len(ids), context=64, stride=24) > 10
     assert abs(report.reference.ppl / expected - 1) < 1e-6, (report.reference.ppl, expected)
     for row, by_step in zip(report.rows, (False, True)):
         assert row.token_by_token is by_step  # --logits last: one decode step per scored token
         assert abs(row.ppl / expected - 1) < 1e-4, (row.label, row.ppl, expected)
-        assert row.tokens == len(ids) - 1 and row.same_top1 == 1.0 and row.kl["max"] < 1e-8
+        assert row.tokens == len(ids) - 1 and row.same_top1 == 1.0 and row.kl.max < 1e-8
         assert abs(row.delta_ppl_percent) < 1e-3 and row.nonfinite == 0
-        assert row.greedy == {"prompt_tokens": 32, "new_tokens": 16, "matching_tokens": 16, "first_divergence": None}
+        assert row.greedy == GreedyComparison(
+            prompt_tokens=32, new_tokens=16, matching_tokens=16, first_divergence=None
+        )
     assert 1 < expected < 512 / 2  # the trained model predicts its held-out text better than chance (512 tokens)
 
 
@@ -117,7 +119,7 @@ def test_other_runtimes_give_the_same_perplexity(eval_setup, last_export, tmp_pa
     )
     for row in report.rows:
         assert row.runtime == runtime and abs(row.ppl / report.reference.ppl - 1) < 1e-4, (row.label, row.ppl)
-        assert row.kl["max"] < 1e-8 and row.same_top1 == 1.0 and row.greedy["first_divergence"] is None
+        assert row.kl.max < 1e-8 and row.same_top1 == 1.0 and row.greedy.first_divergence is None
 
 
 @pytest.mark.parametrize("which", ["gpt2", "trained"])
@@ -211,7 +213,7 @@ def test_export_and_optimize_eval_text_gates(eval_setup, tmp_path, monkeypatch):
         eval_gates=EvalGates(max_ppl_increase=20, max_kl=0.05),
     )
     row = result.quality.rows[0]
-    assert row.check.passed and row.precision == "int8" and 0 < row.kl["mean"] <= 0.05, row
+    assert row.check.passed and row.precision == "int8" and 0 < row.kl.mean <= 0.05, row
     assert result.manifest.eval["protocol"]["reference"] == "source ONNX model"
 
     apply = GraphPasses.apply

@@ -25,6 +25,14 @@ class KvPathCheck:
     def passed(self) -> bool:
         return not self.failures
 
+    def figures(self) -> str:
+        """Its measured figures on one line."""
+        m = self.measured
+        return (
+            f"max |Δlogits| {m['logits']['max']:.2e}, top-1 {100 * m['top1_agreement']:.1f}%,"
+            f" KL mean {m['kl']['mean']:.2e} ({m['positions_compared']} positions)"
+        )
+
 
 @dataclass
 class KvPathReport:
@@ -57,6 +65,85 @@ class KvPathReport:
         fields = KvPathCheck.__dataclass_fields__
         checks = [KvPathCheck(**{k: c[k] for k in fields if k in c}) for c in data.get("checks") or []]
         return cls(checks=checks, skipped=data.get("skipped"))
+
+
+@dataclass(frozen=True)
+class Spread:
+    """max / p50 / p99 of an absolute difference."""
+
+    max: float
+    p50: float | None = None
+    p99: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "Spread | None":
+        return None if not data else cls(data["max"], data.get("p50"), data.get("p99"))
+
+
+@dataclass(frozen=True)
+class ParityCase:
+    """One case of a parity run (a typed view of a ``CheckReport.cases`` record)."""
+
+    batch: int
+    past: int
+    prompt: int
+    steps: int
+    logits: Spread
+    present: Spread | None  # None where the runtime exposes no presents
+    top1_agreement: float
+    tokens_equal: bool
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ParityCase":
+        case = data["case"]
+        return cls(
+            case["batch"],
+            case["prefix_length"],
+            case["prompt_length"],
+            case["decode_steps"],
+            Spread.from_dict(data["logits"]),
+            Spread.from_dict(data.get("present")),
+            data["top1_agreement"],
+            bool(data["tokens_equal"]),
+        )
+
+
+@dataclass(frozen=True)
+class ParityTotals:
+    """The figures of a parity run over all its cases (a typed view of ``CheckReport.measured``)."""
+
+    logits: Spread
+    present: Spread | None
+    top1_agreement: float
+    top5_agreement: float
+    positions_compared: int
+    kl_mean: float
+    kl_max: float
+    tokens_before_divergence_min: int
+    tokens_before_divergence_mean: float
+    nonfinite: int
+    prompts: str
+    tokens_equal_cases: int
+    cases: int
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ParityTotals":
+        before = data["tokens_before_divergence"]
+        return cls(
+            Spread.from_dict(data["logits"]),
+            Spread.from_dict(data.get("present")),
+            data["top1_agreement"],
+            data["top5_agreement"],
+            data["positions_compared"],
+            data["kl"]["mean"],
+            data["kl"]["max"],
+            before["min"],
+            before["mean"],
+            data["nonfinite"],
+            str(data.get("prompts", "random token ids")),
+            data["tokens_equal_cases"],
+            data["cases"],
+        )
 
 
 @dataclass
@@ -97,6 +184,14 @@ class CheckReport:
         verdict = "pass" if self.passed else "FAIL: " + "; ".join(self.failures)
         where = f"{self.precision} against {self.against} on {self.runtime}/{self.provider}"
         return f"{where}: {', '.join(parts)} (gates: {gates}) — {verdict}"
+
+    def parity_cases(self) -> list[ParityCase]:
+        """The per-case records of a parity run, typed."""
+        return [ParityCase.from_dict(record) for record in self.cases]
+
+    def parity_totals(self) -> ParityTotals:
+        """The figures of a parity run, typed."""
+        return ParityTotals.from_dict(self.measured)
 
     def as_dict(self) -> dict:
         data = asdict(self)

@@ -25,7 +25,7 @@ import hashlib
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -68,6 +68,67 @@ _KL_BINS = (_KL_DECADES[1] - _KL_DECADES[0]) * _KL_PER_DECADE
 
 
 @dataclass(frozen=True)
+class KlStats:
+    """KL(reference ‖ this) of the next-token distributions, per scored token."""
+
+    mean: float
+    stderr: float
+    p99: float  # from a log-spaced histogram (2.3 % resolution)
+    max: float
+
+
+@dataclass(frozen=True)
+class GreedyComparison:
+    """Greedy continuation of the text's first tokens, against the reference's."""
+
+    prompt_tokens: int
+    new_tokens: int  # compared (genai may stop earlier, at end-of-sequence)
+    matching_tokens: int
+    first_divergence: int | None  # None: all new_tokens equal
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    """How the figures were measured: stated beside them in every report."""
+
+    method: str
+    context: int
+    stride: int
+    tokens: int  # of the whole text
+    scored_tokens: int
+    windows: int
+    text: dict  # where the text came from (file, or dataset, config, split) and its sha256
+    tokenizer: str | None
+    reference: str
+    greedy_prompt_tokens: int
+    greedy_new_tokens: int
+    gates: dict
+
+    @property
+    def source(self) -> str:
+        """The text's file, or dataset:config:split."""
+        named = (self.text.get(k) for k in ("dataset", "config", "split"))
+        return self.text.get("file") or ":".join(filter(None, named))
+
+    def as_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "context": self.context,
+            "stride": self.stride,
+            "tokens": self.tokens,
+            "scored_tokens": self.scored_tokens,
+            "windows": self.windows,
+            "text": self.text,
+            "tokenizer": self.tokenizer,
+            "reference": self.reference,
+            "ppl_stderr": "PPL × standard error of the mean NLL, tokens taken as independent",
+            "kl": "KL(reference ‖ folder) of the next-token distributions; p99 from a log-spaced histogram (2.3 %)",
+            "greedy": {"prompt_tokens": self.greedy_prompt_tokens, "new_tokens": self.greedy_new_tokens},
+            "gates": self.gates,
+        }
+
+
+@dataclass(frozen=True)
 class EvalGates:
     """Thresholds on the figures against the reference: the most ΔPPL (percent) and mean KL accepted."""
 
@@ -104,18 +165,19 @@ class EvalRow:
     nll_mean: float
     delta_ppl_percent: float | None = None  # (PPL / PPL_ref - 1) × 100, from the mean paired NLL difference
     delta_ppl_stderr: float | None = None  # in percentage points
-    kl: dict = field(default_factory=dict)  # KL(reference ‖ this) per token: mean, stderr, p99, max
+    kl: KlStats | None = None  # KL(reference ‖ this) per token (None on the reference's own row)
     same_top1: float | None = None  # share of scored tokens with the reference's top-1 token
     rms_dp: float | None = None  # RMS of p(correct token) − p_ref(correct token)
     mean_dp: float | None = None
     nonfinite: int = 0  # positions with a NaN or Inf figure
-    greedy: dict = field(default_factory=dict)  # prompt_tokens, new_tokens, matching_tokens, first_divergence
+    greedy: GreedyComparison | None = None  # None: not compared
     token_by_token: bool = False  # a --logits last graph, run one token per step
     seconds: float = 0.0  # time spent computing this model's logits
     check: CheckReport | None = None  # the gates, when given
 
     def as_dict(self) -> dict:
         data = asdict(self)
+        data["kl"], data["greedy"] = data["kl"] or {}, data["greedy"] or {}  # the JSON of earlier releases
         data["check"] = self.check.as_dict() if self.check else None
         return data
 
@@ -124,7 +186,7 @@ class EvalRow:
 class EvalReport:
     """What :func:`evaluate` returns: the protocol, the reference's perplexity, one row per folder."""
 
-    protocol: dict
+    protocol: EvalProtocol
     reference: EvalRow
     rows: list[EvalRow]
 
@@ -138,7 +200,7 @@ class EvalReport:
 
     def as_dict(self) -> dict:
         return {
-            "protocol": self.protocol,
+            "protocol": self.protocol.as_dict(),
             "reference": self.reference.as_dict(),
             "rows": [r.as_dict() for r in self.rows],
             "failures": self.failures,
@@ -148,13 +210,13 @@ class EvalReport:
     def summary(self) -> str:
         """One line per folder is too long for a manifest summary: the verdict and the worst figures."""
         parts = [
-            f"{r.label}: PPL {r.ppl:.4g} ({r.delta_ppl_percent:+.2f} %), mean KL {r.kl['mean']:.2e}, "
+            f"{r.label}: PPL {r.ppl:.4g} ({r.delta_ppl_percent:+.2f} %), mean KL {r.kl.mean:.2e}, "
             f"top-1 {100 * r.same_top1:.1f} %"
             for r in self.rows
         ]
         verdict = "pass" if self.passed else "FAIL: " + "; ".join(self.failures)
         return (
-            f"on {self.protocol['scored_tokens']:,} tokens of real text against {self.reference.label} "
+            f"on {self.protocol.scored_tokens:,} tokens of real text against {self.reference.label} "
             f"(PPL {self.reference.ppl:.4g}): {'; '.join(parts)} — {verdict}"
         )
 
@@ -235,7 +297,7 @@ class _Tally:
         return {
             "delta_ppl_percent": 100 * (ratio - 1),
             "delta_ppl_stderr": 100 * ratio * diff_se,
-            "kl": {"mean": kl, "stderr": kl_se, "p99": self.kl_p99(), "max": self.kl_max},
+            "kl": KlStats(kl, kl_se, self.kl_p99(), self.kl_max),
             "same_top1": self.top1 / self.n,
             "rms_dp": math.sqrt(self.dp_sq / self.n),
             "mean_dp": self.dp / self.n,
@@ -573,21 +635,20 @@ def _run(
         if gates.active:
             row.check = _gate(row, gates, against=ref.label)
         rows.append(row)
-    protocol = {
-        "method": PROTOCOL,
-        "context": context,
-        "stride": stride,
-        "tokens": summary.tokens,
-        "scored_tokens": ref_tally.n,
-        "windows": windows,
-        "text": {**source.describe(), "sha256": summary.sha256},
-        "tokenizer": str(tokenizer_folder) if tokenizer_folder else None,
-        "reference": ref.label,
-        "ppl_stderr": "PPL × standard error of the mean NLL, tokens taken as independent",
-        "kl": "KL(reference ‖ folder) of the next-token distributions; p99 from a log-spaced histogram (2.3 %)",
-        "greedy": {"prompt_tokens": int(min(GREEDY_PROMPT, len(summary.head))), "new_tokens": greedy_tokens},
-        "gates": gates.as_dict(),
-    }
+    protocol = EvalProtocol(
+        method=PROTOCOL,
+        context=context,
+        stride=stride,
+        tokens=summary.tokens,
+        scored_tokens=ref_tally.n,
+        windows=windows,
+        text={**source.describe(), "sha256": summary.sha256},
+        tokenizer=str(tokenizer_folder) if tokenizer_folder else None,
+        reference=ref.label,
+        greedy_prompt_tokens=int(min(GREEDY_PROMPT, len(summary.head))),
+        greedy_new_tokens=greedy_tokens,
+        gates=gates.as_dict(),
+    )
     return EvalReport(protocol, ref_row, rows)
 
 
@@ -616,11 +677,11 @@ def _compare(logits: np.ndarray, ref_logits: np.ndarray, targets: np.ndarray, ta
         tally.add_comparison(nll, ref_nll, kl, same, np.exp(-nll) - np.exp(-ref_nll))
 
 
-def _greedy(candidates, ref, head: np.ndarray, *, greedy_tokens: int, context: int) -> list[dict]:
+def _greedy(candidates, ref, head: np.ndarray, *, greedy_tokens: int, context: int) -> list[GreedyComparison | None]:
     prompt = head[: min(GREEDY_PROMPT, len(head) - 1)]
     new = min(greedy_tokens, context - len(prompt))
     if new < 1 or len(prompt) < 1:
-        return [{} for _ in candidates]
+        return [None for _ in candidates]
     theirs = np.asarray(ref.greedy(prompt, new))
     out = []
     for scorer in candidates:
@@ -628,12 +689,12 @@ def _greedy(candidates, ref, head: np.ndarray, *, greedy_tokens: int, context: i
         compared = min(len(ours), len(theirs))  # genai stops at end-of-sequence
         matching = tokens_before_divergence(ours[None, :compared], theirs[None, :compared])
         out.append(
-            {
-                "prompt_tokens": int(len(prompt)),
-                "new_tokens": int(compared),
-                "matching_tokens": int(matching),
-                "first_divergence": None if matching == compared else int(matching),
-            }
+            GreedyComparison(
+                prompt_tokens=int(len(prompt)),
+                new_tokens=int(compared),
+                matching_tokens=int(matching),
+                first_divergence=None if matching == compared else int(matching),
+            )
         )
     return out
 
@@ -642,14 +703,14 @@ def _gate(row: EvalRow, gates: EvalGates, *, against: str) -> CheckReport:
     failures = []
     if gates.max_ppl_increase is not None and not row.delta_ppl_percent <= gates.max_ppl_increase:
         failures.append(f"{row.label}: ΔPPL {row.delta_ppl_percent:+.3g} % > {gates.max_ppl_increase:g} %")
-    if gates.max_kl is not None and not row.kl["mean"] <= gates.max_kl:
-        failures.append(f"{row.label}: mean KL {row.kl['mean']:.3g} > {gates.max_kl:g}")
+    if gates.max_kl is not None and not row.kl.mean <= gates.max_kl:
+        failures.append(f"{row.label}: mean KL {row.kl.mean:.3g} > {gates.max_kl:g}")
     if row.nonfinite:
         failures.append(f"{row.label}: {row.nonfinite} tokens with NaN/Inf figures")
     measured = {
         "ppl": row.ppl,
         "delta_ppl_percent": row.delta_ppl_percent,
-        "kl": row.kl,
+        "kl": asdict(row.kl),
         "same_top1": row.same_top1,
         "rms_dp": row.rms_dp,
         "tokens": row.tokens,
