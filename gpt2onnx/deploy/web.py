@@ -7,7 +7,7 @@
                             build, copied (hard-linked) from an npm install: the page fetches nothing from a CDN
     onnx/..., config.json   the transformers-js target's layout, which the page loads (written with it)
 
-An int4 graph is rewritten for the browser, in a new graph file under onnx/ (the int4 weights are unchanged and
+An int4 or int8 graph is rewritten for the browser, in a new graph file under onnx/ (the int4 weights are unchanged and
 shared; the folder's own model.onnx is left as it is; onnxruntime and onnxruntime-node run the new file too):
 - onnxruntime-web's wasm build has no kernel for com.microsoft's ``GatherBlockQuantized`` (the int4 embeddings):
   each becomes ``DequantizeLinear`` (opset 21, blocked int4: the same ``q * scale``) and ``Gather``;
@@ -37,7 +37,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from gpt2onnx.artifact.folder import CONFIG_FILE, read_json_file
 from gpt2onnx.artifact.graph import load_graph
@@ -135,6 +137,26 @@ def _checked_library(package: Path, meta: dict, install: str) -> WebLibrary:
     raise BadInput(f"onnxruntime-web is not installed beside '{package}': {install} (with its dependencies)")
 
 
+def _dequantized_8bit_table(node, attrs: dict, inits: dict) -> np.ndarray | None:
+    """The fp32 table an 8-bit GatherBlockQuantized reads ((q − zero point) × scale, blocks along each row), or
+    None where the node is not one (int4 data, another layout). Blocked uint8 DequantizeLinear would need opset 21,
+    which an int8 graph does not have."""
+    inputs = [i for i in node.input if i]
+    if attrs.get("bits") != 8 or len(inputs) != 4 or attrs.get("gather_axis", 0) != 0:
+        return None
+    if attrs.get("quantize_axis", 1) != 1 or not all(name in inits for name in inputs[:1] + inputs[2:]):
+        return None
+    data = numpy_helper.to_array(inits[inputs[0]])
+    scales = numpy_helper.to_array(inits[inputs[2]]).astype(np.float32)
+    zero_points = numpy_helper.to_array(inits[inputs[3]]).astype(np.float32)
+    if data.dtype != np.uint8 or data.ndim != 2 or scales.shape != zero_points.shape or scales.ndim != 2:
+        return None
+    block = np.arange(data.shape[1]) // int(attrs.get("block_size", 128))
+    if block[-1] >= scales.shape[1]:
+        return None
+    return ((data.astype(np.float32) - zero_points[:, block]) * scales[:, block]).astype(np.float32)
+
+
 def without_gather_block_quantized(model: onnx.ModelProto) -> int:
     """Rewrite every GatherBlockQuantized (int4 data, no zero points) into DequantizeLinear + Gather, in place;
     returns how many. Anything else it cannot express in standard ops is refused, naming the node."""
@@ -146,6 +168,13 @@ def without_gather_block_quantized(model: onnx.ModelProto) -> int:
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         data = inits.get(node.input[0])
+        table = _dequantized_8bit_table(node, attrs, inits)
+        if table is not None:  # 8-bit embeddings (the int8 recipe): an fp32 table, read by a plain Gather
+            name = f"{node.input[0]}_dequantized"
+            model.graph.initializer.append(numpy_helper.from_array(table, name))
+            nodes.append(onnx.helper.make_node("Gather", [name, node.input[1]], list(node.output), name=node.name))
+            count += 1
+            continue
         if (
             len([i for i in node.input if i]) != 3
             or data is None
@@ -174,10 +203,15 @@ def without_gather_block_quantized(model: onnx.ModelProto) -> int:
         )
         count += 1
     if count:
-        if max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0) < 21:
+        blocked = any(n.op_type == "DequantizeLinear" and n.name.endswith("/DequantizeLinear") for n in nodes)
+        if blocked and max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0) < 21:
             raise ContractError("blocked int4 DequantizeLinear needs opset 21: the graph has an older one")
         del model.graph.node[:]
         model.graph.node.extend(nodes)
+        used = {name for node in nodes for name in node.input}
+        kept = [init for init in model.graph.initializer if init.name in used]  # the 8-bit tables' inputs go
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
     return count
 
 
