@@ -13,6 +13,7 @@ from typing import Callable
 from gpt2onnx.artifact.paths import check_output_file
 from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic
+from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.runtimes.base import RuntimeOptions
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.runtimes.timing import (
@@ -38,10 +39,14 @@ class BenchReport:
 
     models: list[ModelBench]
     runs: list[RunStats]
+    machine: MachineRecord | None = None  # where it ran: the CPU (model, features), the GPU
 
     def as_dict(self) -> dict:
         """The JSON of ``bench --json``."""
-        return {"models": [model.as_dict() for model in self.models], "runs": [run.as_dict() for run in self.runs]}
+        data = {"models": [model.as_dict() for model in self.models], "runs": [run.as_dict() for run in self.runs]}
+        if self.machine is not None:
+            data["machine"] = self.machine.as_dict()
+        return data
 
 
 def torch_device(provider: ProviderConfig) -> str:
@@ -169,7 +174,8 @@ def bench(
     runs = [run for result in results for run in result.runs]
     if baseline == "torch":
         runs += _torch_baseline(folders[0], results, runtimes[0].provider, config, reference, progress)
-    report = BenchReport(results, runs)
+    provider = runtimes[0].provider
+    report = BenchReport(results, runs, describe_machine(provider.name, provider.device_id))
     if json_path is not None:
         write_json_atomic(json_path, report.as_dict())
     if plot is not None:
