@@ -341,7 +341,9 @@ def main(
         handlers=[RichHandler(console=err_console, show_path=False)],
         force=True,
     )
-    for noisy in ("transformers", "huggingface_hub", "torch", "onnxruntime", "onnxscript"):
+    # their notices are not the tool's output; matplotlib's "building the font cache" on a brand-new machine would be
+    # a second line before a one-line error
+    for noisy in ("transformers", "huggingface_hub", "torch", "onnxruntime", "onnxscript", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
