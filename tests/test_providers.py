@@ -91,6 +91,7 @@ def test_tensorrt_provider_options(tmp_path):
     )
     (trt_name, trt), (cuda_name, cuda), cpu = providers
     assert (trt_name, cuda_name, cpu) == ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+    assert cuda == {"device_id": 0, "use_tf32": 0}
     assert trt["trt_fp16_enable"] is True and trt["trt_engine_cache_enable"] and trt["trt_timing_cache_enable"]
     assert trt["trt_layer_norm_fp32_fallback"] is True  # fp16 engines: LayerNorm statistics in fp32 (outliers)
     assert trt["trt_engine_cache_path"] == str(tmp_path / "m" / "trt_cache") == trt["trt_timing_cache_path"]
@@ -104,11 +105,19 @@ def test_tensorrt_provider_options(tmp_path):
         tensorrt_profile(_shape(), max_batch=0)
 
 
-def test_cuda_provider_options(tmp_path):
+def test_cuda_provider_options_turn_tf32_off_unless_asked(tmp_path):
+    """onnxruntime's CUDA provider computes fp32 GEMMs in TF32 by default (use_tf32 1): fp32 parity needs it off."""
     providers = provider_options(
         ProviderConfig(name="cuda", device_id=1), model_path=tmp_path / "model.onnx", shape=None
     )
-    assert providers == [("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]
+    assert providers == [("CUDAExecutionProvider", {"device_id": 1, "use_tf32": 0}), "CPUExecutionProvider"]
+    fast = provider_options(ProviderConfig(name="cuda", tf32=True), model_path=tmp_path / "model.onnx", shape=None)
+    assert fast[0] == ("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 1})
+    trt = provider_options(ProviderConfig(name="tensorrt", tf32=True), model_path=tmp_path / "m.onnx", shape=None)
+    assert trt[1] == fast[0]  # the nodes TensorRT leaves to CUDA get the same setting
+    assert trt[0][1]["trt_engine_cache_path"] == str(tmp_path / "trt_cache" / "tf32")  # TF32 engines kept apart
+    with pytest.raises(Gpt2OnnxError, match="--tf32 applies to the cuda and tensorrt providers"):
+        ProviderConfig(name="cpu", tf32=True)
 
 
 def test_dummy_past_slot_used_for_tensorrt_gives_the_same_results(tiny_folder, tiny_export):
