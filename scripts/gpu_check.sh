@@ -27,17 +27,20 @@
 # PROVIDER: auto (default: cuda where nvidia-smi lists a GPU, else cpu), cuda or cpu. Without a GPU the check runs
 # on the cpu provider (tests/test_gpu_check.py rehearses it so, SIZE=tiny); PROVIDER=cuda there fails at step 1.
 # Knobs (env): SIZE FUSION PRECISIONS="fp32 fp16 int4" CASES=20 BENCH_BATCHES=1,8 BENCH_PROMPT_LEN=128
-#   BENCH_NEW_TOKENS=64 BENCH_WARMUP=2 BENCH_REPEAT=5 DEADLINE=540 EXPORT_TIMEOUT=300 PARITY_TIMEOUT=150
+#   BENCH_NEW_TOKENS=64 BENCH_WARMUP=2 BENCH_REPEAT=5 DEADLINE=480 EXPORT_TIMEOUT=300 PARITY_TIMEOUT=150
 #   BENCH_TIMEOUT=150 TRT_TIMEOUT=240 TRT=1 (0: no TensorRT steps) MODELS_DIR=RESULTS_DIR/models
-#   PYTHON (the interpreter; `python -m gpt2onnx` must work with it)
+#   MIRROR_DIR (also keep summary.txt and gpu-check.json, everything in one object, there after every step)
+#   PYTHON (the interpreter, default python3; `PYTHON -m gpt2onnx` must work with it)
 #
 # On the offline GPU machine (Python 3.12, torch with CUDA 13, transformers 5.x, no optimum, a CPU-only onnxruntime;
-# ../shared/gpu/README.md): onnxruntime-gpu travels as four parts (.ortparts/, staged here by stage_ort_gpu.sh,
-# about 48 MiB each: one part per call, 64 MiB a call). Three calls, each within the machine's 30 s of warmth after
-# the last, carry part 0, 1, 2 and run `bash .ortparts/ort_gpu.sh keep`; the fourth carries part 3 and runs
-#   bash .ortparts/ort_gpu.sh run bash scripts/gpu_check.sh $OUT/gpu     (timeout_s 600)
+# ../shared/gpu/README.md): onnxruntime-gpu travels as four parts (.ortparts/, staged in the checkout the device
+# tool sends by stage_ort_gpu.sh, about 48 MiB each: one part per call, 64 MiB a call). Three calls, each within
+# the machine's 30 s of warmth after the last, carry .ortparts/ort.tar.xz.part0 (then 1, 2) with SHA256SUMS and
+# ort_gpu.sh, and run `bash .ortparts/ort_gpu.sh keep`; the fourth carries part 3 and runs, with timeout_s 600:
+#   bash .ortparts/ort_gpu.sh run env MIRROR_DIR=$OUT MODELS_DIR=/tmp/models bash scripts/gpu_check.sh /tmp/gpu
 # ort_gpu.sh installs onnxruntime-gpu into /tmp/site, puts the checkout on PYTHONPATH and torch's CUDA 13 and cuDNN
-# libraries on LD_LIBRARY_PATH. $OUT/gpu/summary.txt and the JSON files come back (at most 8 files).
+# libraries on LD_LIBRARY_PATH. Two files come back, rewritten after every step (at most 8 return): $OUT/summary.txt
+# and $OUT/gpu-check.json (every report, and the log tails of the steps that failed).
 set -uo pipefail # not -e: a failing step is recorded and the check goes on
 
 if [ $# -ne 1 ]; then
@@ -45,7 +48,7 @@ if [ $# -ne 1 ]; then
     exit 2
 fi
 HERE="$(cd "$(dirname "$0")" && pwd)"
-PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
+PYTHON="${PYTHON:-$(command -v python3 || command -v python)}"
 SIZE="${SIZE:-gpt2}"
 FUSION="${FUSION:-ort}"
 PRECISIONS="${PRECISIONS:-fp32 fp16 int4}"
@@ -55,7 +58,7 @@ BENCH_PROMPT_LEN="${BENCH_PROMPT_LEN:-128}"
 BENCH_NEW_TOKENS="${BENCH_NEW_TOKENS:-64}"
 BENCH_WARMUP="${BENCH_WARMUP:-2}"
 BENCH_REPEAT="${BENCH_REPEAT:-5}"
-DEADLINE="${DEADLINE:-540}"
+DEADLINE="${DEADLINE:-480}"
 EXPORT_TIMEOUT="${EXPORT_TIMEOUT:-300}"
 PARITY_TIMEOUT="${PARITY_TIMEOUT:-150}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-150}"
@@ -79,13 +82,15 @@ if [ -n "$TRT_LIBS" ]; then
     export LD_LIBRARY_PATH="$TRT_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 
-summary() { "$PYTHON" "$HERE/gpu_check_summary.py" "$RESULTS" >/dev/null 2>&1 || true; }
+MIRROR=()
+if [ -n "${MIRROR_DIR:-}" ]; then MIRROR=(--mirror "$MIRROR_DIR"); fi
+summary() { "$PYTHON" "$HERE/gpu_check_summary.py" "$RESULTS" "${MIRROR[@]}" "$@"; }
 
 # record STEP STATUS RC SECONDS DETAIL: one JSON line per step, then the summary again.
 # STATUS: ok, failed, timeout, out-of-time, expected-error (a refusal that had to happen), skipped (not applicable)
 record() {
     "$PYTHON" -c 'import json, sys; s, st, rc, sec, d = sys.argv[1:6]; print(json.dumps({"step": s, "status": st, "rc": int(rc), "seconds": float(sec), "detail": d}))' "$@" >>"$STEPS"
-    summary
+    summary >/dev/null 2>&1 || true
 }
 
 # the timeout for a step that wants WANT seconds: less near the deadline; 0 when under 20 s are left
@@ -127,7 +132,7 @@ run_step() {
 echo "gpu_check: $SIZE, results in $RESULTS"
 run_step environment 90 ok "$RESULTS/logs/environment.log" "$PYTHON" "$HERE/gpu_check_env.py" "$RESULTS/environment.json"
 if [ ! -f "$RESULTS/environment.json" ]; then
-    "$PYTHON" "$HERE/gpu_check_summary.py" "$RESULTS" --final
+    summary --final
     exit 1
 fi
 read -r GPU CUDA TENSORRT TORCH_CUDA < <("$PYTHON" -c "import json, sys; e = json.load(open(sys.argv[1])); print(*(int(x) for x in (e['gpu_present'], e['cuda_provider'], 'tensorrt' in e['working_providers'], e['torch']['sees_cuda'])))" "$RESULTS/environment.json")
@@ -141,7 +146,7 @@ if [ "$PROVIDER" = cuda ] && [ "$CUDA" != 1 ]; then
     where=$([ "$GPU" = 1 ] && echo "this machine has a GPU" || echo "no GPU here")
     record cuda-provider failed 3 0 "the cuda provider was asked for ($where) and does not load: $REASON"
     echo "  FAILED         cuda-provider: $REASON"
-    "$PYTHON" "$HERE/gpu_check_summary.py" "$RESULTS" --final
+    summary --final
     exit 1
 fi
 FALLBACK=()
@@ -181,12 +186,12 @@ exported() { [ -f "$(folder "$1")/model.onnx" ]; }
 
 # -- refusals that must come before any session -----------------------------------------------------------------
 if [ -f "$MODELS_DIR/tiny-int8/model.onnx" ]; then
-    run_step refusal-int8-on-cuda 60 "refused:DynamicQuantizeLinear.*MatMulInteger" "$RESULTS/logs/refusal-int8.log" \
+    run_step refusal-int8-on-cuda 60 "refused:DynamicQuantizeLinear.*MatMulInteger" "$RESULTS/logs/refusal-int8-on-cuda.log" \
         "$PYTHON" "${G2O[@]}" generate "$MODELS_DIR/tiny-int8" --ids 1,2 --max-new-tokens 2 --provider cuda
 fi
 first=${PRECISIONS%% *}
 if [[ "$FUSION" == ort* ]] && exported "$first"; then
-    run_step refusal-contrib-on-tensorrt 60 "refused:com.microsoft.*--fusion tensorrt" "$RESULTS/logs/refusal-trt.log" \
+    run_step refusal-contrib-on-tensorrt 60 "refused:com.microsoft.*--fusion tensorrt" "$RESULTS/logs/refusal-contrib-on-tensorrt.log" \
         "$PYTHON" "${G2O[@]}" generate "$(folder "$first")" --ids 1,2 --max-new-tokens 2 --provider tensorrt
 fi
 
@@ -230,4 +235,4 @@ if [ "$TRT" = 1 ] && exported trt; then
     fi
 fi
 
-"$PYTHON" "$HERE/gpu_check_summary.py" "$RESULTS" --final
+summary --final

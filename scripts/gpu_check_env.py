@@ -107,7 +107,6 @@ def main(argv: list[str]) -> int:
     }
     env["gpu_libraries"] = gpu_library_versions()  # what onnxruntime loaded, before torch loads its own
     env["cuda_provider"] = "cuda" in working
-    env["gpu_present"] = bool(env["gpus"])
     try:
         import torch
 
@@ -121,6 +120,9 @@ def main(argv: list[str]) -> int:
         }
     except ImportError:
         env["torch"] = {"version": None, "sees_cuda": False}
+    # a GPU by any sign: nvidia-smi, the driver's device node, or torch (so that a missing nvidia-smi cannot turn
+    # a GPU machine's check into a CPU rehearsal that passes)
+    env["gpu_present"] = bool(env["gpus"]) or Path("/dev/nvidia0").exists() or bool(env["torch"]["sees_cuda"])
     Path(argv[0]).write_text(json.dumps(env, indent=2))
     where = ", ".join(g["name"] for g in env["gpus"]) or "no GPU"
     print(f"  {where}; providers that load: {', '.join(working)}; torch sees CUDA: {env['torch']['sees_cuda']}")

@@ -3,7 +3,9 @@ plan.json, parity-*.json, bench-*.json), writes summary.txt there (atomically) a
 after every step; --final marks the last one, which gives the verdict and the exit status (0: pass). Only the
 standard library: it runs in whatever environment ran the check.
 
-    python scripts/gpu_check_summary.py RESULTS_DIR [--final]
+    python scripts/gpu_check_summary.py RESULTS_DIR [--final] [--mirror DIR]
+
+--mirror DIR also writes summary.txt and gpu-check.json (everything in one object) into DIR.
 
 The verdict is FAIL when a step failed, timed out or was not reached before the deadline, when a parity or bench row
 on a GPU provider did not run where it was asked (another provider, compute nodes on the CPU, placement not
@@ -192,17 +194,50 @@ def summarize(results: Path, final: bool = False) -> tuple[str, bool]:
     return "\n".join(out) + "\n", passed
 
 
+def bundle(results: Path, text: str) -> dict:
+    """Everything the check wrote so far in one JSON object: the summary, the environment and plan, the steps, every
+    parity and bench report, and the last lines of the log of each step that did not end as planned."""
+    steps = steps_of(results)
+    logs = {}
+    for s in steps:
+        log = results / "logs" / f"{s['step']}.log"
+        if s["status"] in FAILING and log.exists():
+            logs[s["step"]] = log.read_text(errors="replace").splitlines()[-40:]
+    return {
+        "summary": text.splitlines(),
+        "environment": load(results / "environment.json"),
+        "plan": load(results / "plan.json"),
+        "steps": steps,
+        "parity": rows_of(results, "parity"),
+        "bench": rows_of(results, "bench"),
+        "logs": logs,
+    }
+
+
+def write_atomic(path: Path, text: str) -> None:
+    staging = path.parent / f".{path.name}.{os.getpid()}"
+    staging.write_text(text)
+    os.replace(staging, path)  # readers never see half a file; parallel steps race safely
+
+
 def main(argv: list[str]) -> int:
     final = "--final" in argv
     args = [a for a in argv if a != "--final"]
+    mirror = None
+    if "--mirror" in args:
+        at = args.index("--mirror")
+        mirror = Path(args[at + 1]) if at + 1 < len(args) else None
+        args = args[:at] + args[at + 2 :]
     if len(args) != 1:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     results = Path(args[0])
     text, passed = summarize(results, final=final)
-    staging = results / f".summary.txt.{os.getpid()}"
-    staging.write_text(text)
-    os.replace(staging, results / "summary.txt")  # readers never see half a summary; parallel steps race safely
+    write_atomic(results / "summary.txt", text)
+    if mirror is not None:  # two files, where a size-limited copy-back picks them up even after a kill
+        mirror.mkdir(parents=True, exist_ok=True)
+        write_atomic(mirror / "summary.txt", text)
+        write_atomic(mirror / "gpu-check.json", json.dumps(bundle(results, text), indent=1))
     sys.stdout.write(text)
     return 0 if passed or not final else 1
 

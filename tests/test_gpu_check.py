@@ -68,7 +68,7 @@ def rehearsal(tmp_path_factory):
     if "cuda" in working_providers():
         pytest.skip("CUDA works here: the rehearsal is the CPU path (run the check itself)")
     results = tmp_path_factory.mktemp("gpu-check") / "results"
-    proc, seen = run_check(results)
+    proc, seen = run_check(results, MIRROR_DIR=str(results.parent / "out"))
     return results, proc, seen
 
 
@@ -110,6 +110,13 @@ def test_rehearsal_on_the_cpu(rehearsal):
     assert bench["models"][0]["provider_options"]["tf32"] is False
     assert all(r["extra"]["device"] == "cpu" for r in bench["runs"] if r["engine"] == "torch")
     assert "fp32 " in summary and "on CPU" in summary and "refusal-int8-on-cuda: expected-error" in summary
+    # the two files a size-limited copy-back takes: the summary, and everything in one object
+    out = results.parent / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-check.json", "summary.txt"]
+    assert (out / "summary.txt").read_text() == summary
+    everything = json.loads((out / "gpu-check.json").read_text())
+    assert everything["parity"]["fp32"] == parity and everything["bench"]["fp32"] == bench
+    assert everything["environment"] == env and len(everything["steps"]) == len(steps) and everything["logs"] == {}
 
 
 def _summary_module():
@@ -182,12 +189,13 @@ def test_fails_at_once_when_the_asked_provider_does_not_load(tmp_path):
 def test_timeouts_and_the_deadline_are_recorded(tmp_path):
     """A step past its timeout is stopped and recorded; a step the deadline would cut is not started. Either fails."""
     results = tmp_path / "timeouts"
-    proc, _ = run_check(results, EXPORT_TIMEOUT="1", PRECISIONS="fp32", TRT="0")
+    proc, _ = run_check(results, EXPORT_TIMEOUT="1", PRECISIONS="fp32", TRT="0", MIRROR_DIR=str(tmp_path / "out"))
     assert proc.returncode == 1
     steps = steps_of(results)
     assert steps["export-fp32"]["status"] == steps["export-int8-tiny"]["status"] == "timeout"
     assert steps["parity-fp32"]["detail"] == "no export to check"
     assert "TIMEOUT export-fp32" in (results / "summary.txt").read_text()
+    assert "export-fp32" in json.loads((tmp_path / "out" / "gpu-check.json").read_text())["logs"]  # its log's tail
     late = tmp_path / "late"
     proc, _ = run_check(late, DEADLINE="25")
     assert proc.returncode == 1 and steps_of(late)["environment"]["status"] == "out-of-time"
