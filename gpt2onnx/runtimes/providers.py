@@ -164,7 +164,7 @@ def unsupported_nodes(graph, provider: str) -> dict[str, tuple[int, str]]:
         reason = None
         if provider == "tensorrt" and key[0] == MS_DOMAIN:
             reason = "TensorRT takes no com.microsoft op"
-        elif provider in ("cuda", "tensorrt") and key in CUDA_KERNEL_FACTS:
+        elif key in CUDA_KERNEL_FACTS and (provider == "cuda" or key in TENSORRT_UNSUPPORTED):
             fact = CUDA_KERNEL_FACTS[key]
             given = types.get(node.input[fact.input_index]) if len(node.input) > fact.input_index else None
             if not fact.types:
@@ -203,9 +203,9 @@ def check_kernels(graph, config: ProviderConfig) -> None:
 
 # -- placement: which provider got each node -------------------------------------------------------------------
 RECORD_PLACEMENT = "session.record_ep_graph_assignment_info"
-SMALL_CONSTANT = (
-    100  # elements: onnxruntime's own bound for an initializer it keeps on the CPU (fallback_cpu_capability.cc)
-)
+# elements: onnxruntime's own bound for an initializer it keeps on the CPU (kSmallInitializerThreshold, in
+# onnxruntime/core/framework/fallback_cpu_capability.cc)
+SMALL_CONSTANT = 100
 _PLACEMENTS: "weakref.WeakKeyDictionary[ort.InferenceSession, Placement]" = weakref.WeakKeyDictionary()
 _TF32: "weakref.WeakKeyDictionary[ort.InferenceSession, bool | None]" = weakref.WeakKeyDictionary()
 
@@ -220,17 +220,23 @@ def host_side_nodes(graph) -> frozenset[str]:
     integer = {TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL}
     host = {t.name for t in g.initializer if _elements(t.dims) <= SMALL_CONSTANT}
     host |= {i.name for i in g.input if i.type.tensor_type.elem_type in integer}
-    names = set()
-    for node in g.node:  # the file's order is topological (the contract's loader sorts on write)
-        if node.op_type in ("Shape", "Size"):
-            ok = True
-        elif node.op_type == "Constant":
-            ok = all(_elements(a.t.dims) <= SMALL_CONSTANT for a in node.attribute if a.name == "value")
-        else:
-            ok = all(not name or name in host for name in node.input)
-        if ok:
-            host.update(node.output)
-            names.add(node.name)
+    names: set[str] = set()
+    changed = True
+    while changed:  # until nothing changes: a file from elsewhere need not list its nodes in topological order
+        changed = False
+        for node in g.node:
+            if node.name in names or not node.name:  # a nameless node cannot be told apart in the record
+                continue
+            if node.op_type in ("Shape", "Size"):
+                ok = True
+            elif node.op_type == "Constant":
+                ok = all(_elements(a.t.dims) <= SMALL_CONSTANT for a in node.attribute if a.name == "value")
+            else:
+                ok = all(not name or name in host for name in node.input)
+            if ok:
+                host.update(node.output)
+                names.add(node.name)
+                changed = True
     return frozenset(names)
 
 
@@ -409,25 +415,26 @@ def gpu_library_versions() -> dict[str, str]:
             loaded = {m.group(1): line.split()[-1] for line in fh if (m := _GPU_LIBRARIES.search(line.strip()))}
     except OSError:
         return versions
-    queries = (  # (library prefix, function, what it returns, how to print it)
-        ("libcuda.so", "cuDriverGetVersion", "cuda_driver_api", _cuda_version),
-        ("libcudart.so", "cudaRuntimeGetVersion", "cuda_runtime", _cuda_version),
-        ("libcudnn.so", "cudnnGetVersion", "cudnn", _cudnn_version),
-        ("libnvinfer.so", "getInferLibVersion", "tensorrt", _tensorrt_version),
+    # (library prefix, function, its return type: None = an int written through a pointer, the key, how to print it)
+    queries = (
+        ("libcuda.so", "cuDriverGetVersion", None, "cuda_driver_api", _cuda_version),
+        ("libcudart.so", "cudaRuntimeGetVersion", None, "cuda_runtime", _cuda_version),
+        ("libcudnn.so", "cudnnGetVersion", ctypes.c_size_t, "cudnn", _cudnn_version),
+        ("libnvinfer.so", "getInferLibVersion", ctypes.c_int32, "tensorrt", _tensorrt_version),
     )
-    for prefix, function, key, render in queries:
+    for prefix, function, returns, key, render in queries:
         path = next((p for name, p in loaded.items() if name.startswith(prefix)), None)
         if path is None:
             continue
         try:
-            library = ctypes.CDLL(path)  # already in the process: no new library is loaded
-            if function.startswith("cu") and function != "cudnnGetVersion":
+            call = getattr(ctypes.CDLL(path), function)  # already in the process: no new library is loaded
+            if returns is None:
                 value = ctypes.c_int(0)
-                getattr(library, function)(ctypes.byref(value))
+                call(ctypes.byref(value))
                 number = value.value
             else:
-                getattr(library, function).restype = ctypes.c_size_t
-                number = int(getattr(library, function)())
+                call.restype = returns
+                number = int(call())
             versions[key] = f"{render(number)} ({Path(path).name})"
         except (OSError, AttributeError) as err:
             log.debug("%s in %s: %s", function, path, err)
