@@ -156,8 +156,10 @@ def bench(
         progress: called after each warm-up or timed run.
 
     Returns:
-        BenchReport: ``models``, per folder and runtime (runtime, provider, machine, versions, precision, size,
-        runs); ``runs``, every run, the baseline's included, each with its label and runtime.
+        BenchReport: ``models``, per folder and runtime (runtime, provider, node placement, machine, versions,
+        precision, size, runs); ``runs``, every run, the baseline's included, each with its label and runtime. On
+        a GPU, each run's ``extra`` states its TF32 setting (PyTorch's is matched to the session's) and what its
+        ``peak_device_bytes`` measures (each framework's reserved growth, weights excluded).
 
     Raises:
         BadInput (options, folders, plot path), ContractError, IntegrityError, RuntimeUnavailable.

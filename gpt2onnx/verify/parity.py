@@ -256,7 +256,8 @@ def parity(
 
     Args:
         folder: an exported decoder folder.
-        provider: onnxruntime's provider (default: the cpu provider, all cores).
+        provider: onnxruntime's provider (default: the cpu provider, all cores). With ``tf32`` (cuda, tensorrt) an
+            fp32 model is held to the ``tf32`` gates instead of fp32's.
         runtime: the runtime and its options (default: onnxruntime on ``provider``). genai owns its loop and
             exposes no presents: its cases are batch 1, the prefix is part of the prompt, the reference's
             greedy tokens are forced into its loop, and logits, KL, top-k and tokens are compared.
@@ -271,7 +272,8 @@ def parity(
             offsets (instead of random token ids); the cases are otherwise the same.
 
     Returns:
-        CheckReport with the totals, the failures (empty when it passed), every case, and ``kv_path``: the model
+        CheckReport with the totals, the failures (empty when it passed), every case, ``placement`` (onnxruntime:
+        which provider ran each node), and ``kv_path``: the model
         against itself on one left-padded batch (a past vs recomputed, the batch vs each row alone, chunks vs
         the whole prompt; :mod:`gpt2onnx.verify.kv_path`), its failures among the report's.
 
