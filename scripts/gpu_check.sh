@@ -65,6 +65,13 @@ BENCH_TIMEOUT="${BENCH_TIMEOUT:-150}"
 TRT_TIMEOUT="${TRT_TIMEOUT:-240}"
 TRT="${TRT:-1}"
 PROVIDER="${PROVIDER:-auto}"
+case "$PROVIDER" in
+    auto | cuda | cpu) ;;
+    *)
+        echo "PROVIDER must be auto, cuda or cpu, got '$PROVIDER' (TensorRT runs as its own rows)" >&2
+        exit 2
+        ;;
+esac
 mkdir -p "$1/logs"
 RESULTS="$(cd "$1" && pwd)"
 MODELS_DIR="${MODELS_DIR:-$RESULTS/models}"
@@ -155,7 +162,8 @@ if [ "$PROVIDER" != cpu ]; then
     FALLBACK=(--allow-fallback) # the summary judges placement from the JSON; the figures still come
     TF32_ROWS=(fp32-tf32)
 else
-    record gpu-rows skipped 0 0 "the cuda provider was not asked for (no GPU here): parity and bench ran on the cpu provider, without the TF32 rows"
+    why=$([ "$GPU" = 1 ] && echo "PROVIDER=cpu, on a machine with a GPU" || echo "no GPU here")
+    record gpu-rows skipped 0 0 "the cuda provider was not asked for ($why): parity and bench ran on the cpu provider, without the TF32 rows"
 fi
 if [ "$PROVIDER" != cpu ] && [ "$TORCH_CUDA" != 1 ]; then
     record torch-baseline-on-gpu failed 0 0 "torch sees no CUDA device: the PyTorch baseline would run on the CPU"
