@@ -621,7 +621,8 @@ DeviceOpt = Annotated[int, typer.Option(help="cuda/tensorrt: GPU index.")]
 TrtFp16Opt = Annotated[bool, typer.Option("--trt-fp16", help="tensorrt: allow fp16 kernels.")]
 TrtCacheOpt = Annotated[Optional[Path], typer.Option(help="tensorrt: cache \\[default: DIR/trt_cache].")]
 MaxBatchOpt = Annotated[int, typer.Option(help="tensorrt: largest batch.")]
-FallbackOpt = Annotated[bool, typer.Option("--allow-fallback", help="Run on if the provider fails.")]
+FallbackOpt = Annotated[bool, typer.Option("--allow-fallback", help="Run on if nodes leave the provider.")]
+Tf32Opt = Annotated[bool, typer.Option("--tf32", help="cuda/tensorrt: fp32 matmuls in TF32.")]
 ReferenceOpt = Annotated[Optional[str], typer.Option(help="Reference \\[default: the manifest's source].")]
 
 
@@ -648,6 +649,7 @@ _RUN_OPTIONS = (
     ("trt_cache_dir", TrtCacheOpt, None),
     ("max_batch", MaxBatchOpt, 8),
     ("allow_fallback", FallbackOpt, False),
+    ("tf32", Tf32Opt, False),
     ("verify_files", VerifyFilesOpt, True),
 )
 
@@ -664,6 +666,7 @@ def _make_run_options(values: dict) -> RunOptions:
         trt_cache_dir=str(values["trt_cache_dir"]) if values["trt_cache_dir"] else None,
         max_batch=values["max_batch"],
         allow_fallback=values["allow_fallback"],
+        tf32=values["tf32"],
     )
     return RunOptions(provider, values["device"], values["ov_precision"], values["verify_files"])
 
@@ -839,6 +842,8 @@ def parity(
     )
     summary.add_row("NaN/Inf", str(t.nonfinite))
     summary.add_row("prompts", t.prompts)
+    if report.placement is not None:
+        summary.add_row("node placement", escape(report.placement.summary()))
     summary.add_row("greedy tokens equal", f"{t.tokens_equal_cases} of {t.cases} cases")
     if report.kv_path is not None and report.kv_path.skipped:
         summary.add_row("K/V path", f"not checked: {report.kv_path.skipped}")
@@ -956,7 +961,13 @@ def bench(
                 by_past.add_row(run.label, str(run.batch), *(f"{ms:.2f}" for _, ms in run.decode_ms_at_past))
         console.print(by_past)
     for folder, model in zip(folders, models[:: len(runtimes)]):
-        console.print(f"{folder.name}: {model.precision}, {_size(model.model_bytes)}", highlight=False)
+        line = f"{folder.name}: {model.precision}, {_size(model.model_bytes)}"
+        if model.placement is not None:
+            line += f"; {model.placement.summary()}"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    tf32 = {run.runtime or run.engine: run.extra["tf32"] for run in result.runs if "tf32" in run.extra}
+    if tf32:
+        console.print("TF32 in fp32 matmuls: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in tf32.items()))
     for run in result.runs:
         for label, s in run.speedup_by_label.items():
             console.print(

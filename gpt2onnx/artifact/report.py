@@ -148,9 +148,49 @@ class ParityTotals:
         )
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where onnxruntime put a session's nodes (its graph-assignment record, after its basic optimizations).
+
+    ``nodes``: per onnxruntime provider, how many nodes it runs. Where a GPU provider was asked for, ``cpu_ops``
+    counts the nodes on the CPU by op, and ``fallback`` those of them that are compute: the shape and mask
+    arithmetic onnxruntime keeps on the CPU on purpose (computed from graph inputs, small constants and shapes)
+    is not. ``reported`` is False where this onnxruntime keeps no such record."""
+
+    asked: str  # the provider asked for: cpu, cuda, tensorrt
+    nodes: dict[str, int]  # onnxruntime's provider name → nodes assigned to it
+    cpu_ops: dict[str, int] = field(default_factory=dict)  # op → nodes on the CPU, a GPU provider asked for
+    fallback: dict[str, int] = field(default_factory=dict)  # op → compute nodes among cpu_ops
+    reported: bool = True
+
+    def summary(self) -> str:
+        """One line: e.g. '412 nodes on CUDA, 38 on CPU (shape and mask arithmetic)'."""
+        if not self.reported:
+            return "node placement not reported by this onnxruntime"
+        counts = sorted(self.nodes.items(), key=lambda item: -item[1])
+        text = ", ".join(
+            f"{n}{' nodes' if i == 0 else ''} on {name.removesuffix('ExecutionProvider')}"
+            for i, (name, n) in enumerate(counts)
+        )
+        if self.fallback:
+            text += "; compute on the CPU: " + ", ".join(f"{op} ×{n}" for op, n in self.fallback.items())
+        elif self.cpu_ops:
+            text += " (on the CPU: shape and mask arithmetic)"
+        return text
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data) -> "Placement | None":
+        if not isinstance(data, dict) or not isinstance(data.get("nodes"), dict):
+            return None
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
 @dataclass
 class CheckReport:
-    precision: str  # the gate family: float32, float16, int8, int4
+    precision: str  # the gate family: float32, float16, int8, int4; tf32 (fp32 with TF32 matmuls)
     against: str  # what the model was compared with: "PyTorch" (GPT2LMHeadModel) or "source ONNX model"
     gates: dict[str, Any]  # name → threshold (logits, present, top1, top5, kl_mean, tokens_equal)
     measured: dict[str, Any]  # logits/present {max, p50, p99}, top1_agreement, top5_agreement, kl {mean, max}, ...
@@ -165,6 +205,7 @@ class CheckReport:
     rounded: "CheckReport | None" = None
     quality_gates: str | None = None  # int8/int4: whether the quality gates (KL, top-k) were applied, and why
     machine: MachineRecord | None = None  # where it ran: the CPU's model and features, the GPU
+    placement: Placement | None = None  # where the checked session's nodes ran (onnxruntime)
 
     @property
     def passed(self) -> bool:
@@ -231,6 +272,10 @@ class CheckReport:
                 data[key] = value.as_dict()
         if self.quality_gates is None:
             del data["quality_gates"]
+        if self.placement is not None:  # written where it was recorded; earlier releases never wrote the key
+            data["placement"] = self.placement.as_dict()
+        else:
+            del data["placement"]
         return data
 
     @classmethod
@@ -239,7 +284,7 @@ class CheckReport:
         if not isinstance(data, dict) or not {"precision", "gates", "measured"} <= data.keys():
             return None
         emulated = cls.from_dict(data.get("fp16_emulated"))
-        nested = ("fp16_emulated", "kv_path", "rounded", "machine")
+        nested = ("fp16_emulated", "kv_path", "rounded", "machine", "placement")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k not in nested}
         kv_path = KvPathReport.from_dict(data.get("kv_path"))
         machine = MachineRecord.from_dict(data["machine"]) if isinstance(data.get("machine"), dict) else None
@@ -249,4 +294,5 @@ class CheckReport:
             kv_path=kv_path,
             rounded=cls.from_dict(data.get("rounded")),
             machine=machine,
+            placement=Placement.from_dict(data.get("placement")),
         )

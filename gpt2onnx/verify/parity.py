@@ -24,7 +24,7 @@ from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder, file_shape
-from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session
+from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session, session_placement
 from gpt2onnx.verify.gates import TOLERANCES, apply_gates, file_gates_for, tolerances_for
 from gpt2onnx.verify.kv_path import check_kv_path
 from gpt2onnx.verify.lockstep import (
@@ -83,7 +83,9 @@ def gate_check(
         run_case(decoder, reference, case, vocab_size=vocab_size)
         for case in random_cases(cases, seed=0, n_positions=n_positions, max_batch=4)
     ]
-    return gate_report(results, precision, tolerances, against=against, provider=decoder.provider)
+    report = gate_report(results, precision, tolerances, against=against, provider=decoder.provider)
+    report.placement = decoder.placement
+    return report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,13 +207,15 @@ def validate_export(
     tolerance = tolerances_for("float32", {"logits": tolerance} if tolerance is not None else gates)["logits"]
     log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)
     if block is not None:
+        session = cpu_session(path)
         report = compare_block(
-            cpu_session(path), reference, block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance
+            session, reference, block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance
         )
+        report.placement = session_placement(session)
     else:
-        report = compare_decoder(
-            cpu_decoder(path), reference, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance
-        )
+        decoder = cpu_decoder(path)
+        report = compare_decoder(decoder, reference, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
+        report.placement = decoder.placement
     log.info("%s", report.summary())
     return report
 
@@ -264,7 +268,11 @@ def validate_against_source(
                 rounded=rounded,
             )
     input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)
-    return compare_decoder(fused, reference, input_ids, mask, decode_steps=2, tolerance=tolerance, against=SOURCE_ONNX)
+    report = compare_decoder(
+        fused, reference, input_ids, mask, decode_steps=2, tolerance=tolerance, against=SOURCE_ONNX
+    )
+    report.placement = fused.placement
+    return report
 
 
 def _tensor(ckpt: Checkpoint, name: str):
@@ -348,7 +356,8 @@ def parity(
 
     Args:
         folder: an exported decoder folder.
-        provider: onnxruntime's provider (default: the cpu provider, all cores).
+        provider: onnxruntime's provider (default: the cpu provider, all cores). With ``tf32`` (cuda, tensorrt) an
+            fp32 model is held to the ``tf32`` gates instead of fp32's.
         runtime: the runtime and its options (default: onnxruntime on ``provider``). genai owns its loop and
             exposes no presents: its cases are batch 1, the prefix is part of the prompt, the reference's
             greedy tokens are forced into its loop, and logits, KL, top-k and tokens are compared.
@@ -363,7 +372,8 @@ def parity(
             offsets (instead of random token ids); the cases are otherwise the same.
 
     Returns:
-        CheckReport with the totals, the failures (empty when it passed), every case, and ``kv_path``: the model
+        CheckReport with the totals, the failures (empty when it passed), every case, ``placement`` (onnxruntime:
+        which provider ran each node), and ``kv_path``: the model
         against itself on one left-padded batch (a past vs recomputed, the batch vs each row alone, chunks vs
         the whole prompt; :mod:`gpt2onnx.verify.kv_path`), its failures among the report's.
 
@@ -379,9 +389,11 @@ def parity(
         raise BadInput(f"max batch must be 1 to 64, got {max_batch}")
     model = open_folder(folder, verify_files=verify_files)
     text_ids = prompt_text_ids(model, text) if text is not None else None
-    tolerances = tolerances_for(model.precision, gates)
     runtime = runtime or RuntimeOptions(provider=provider or ProviderConfig())
     provider = runtime.provider
+    # fp32 with TF32 matmuls (--tf32) has its own gates; every other precision keeps its own
+    family = "tf32" if provider.tf32 and model.precision == "float32" else model.precision
+    tolerances = tolerances_for(family, gates)
     if emulate_fp16 and runtime.name != "onnxruntime":
         raise BadInput(f"fp16 emulation runs on onnxruntime's cpu provider, not on {runtime.name}: drop one of them")
     if emulate_fp16:
@@ -420,9 +432,10 @@ def parity(
             decoder.close()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
     report = gate_report(
-        results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
+        results, family, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
     )
     report.kv_path = kv_path
+    report.placement = decoder.placement
     report.failures += kv_path.failures
     report.measured["prompts"] = "random token ids" if text is None else f"text '{text}' ({len(text_ids):,} tokens)"
     return report
