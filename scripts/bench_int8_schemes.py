@@ -93,6 +93,7 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", dest="json_path", type=Path)
+    parser.add_argument("--reuse", action="store_true", help="reuse the CPUs' results already in --work (same text)")
     args = parser.parse_args()
 
     import onnx

@@ -43,6 +43,14 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) >/dev/null \
       || echo "apt-get install chromium failed: the browser tests will skip (under CI=1 they fail)"
   fi
+  # QEMU's user-mode emulator for the portability tests (tests/test_portability.py: the same process on an emulated
+  # AVX2-only and an SSE4.2-only CPU): Debian's qemu-user, installed where this runs as root and it is missing.
+  if ! command -v qemu-x86_64 >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing QEMU's user-mode emulator (apt-get install qemu-user) for the portability tests"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-user) >/dev/null \
+      || echo "apt-get install qemu-user failed: the portability tests will skip (under CI=1 they fail)"
+  fi
+  command -v qemu-x86_64 >/dev/null && echo "$(qemu-x86_64 --version | head -1) (portability tests)"
   if [ -x "$CHROMIUM" ]; then
     echo "$("$CHROMIUM" --version 2>/dev/null | head -1) (browser tests)"
   else

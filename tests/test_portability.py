@@ -54,9 +54,9 @@ def variants(trained_export, tmp_path_factory) -> dict[str, Path]:
     return {
         "fp32": trained_export,
         "fp32-ort": ort,
-        "fp16": optimize(ort, work / "fp16", dtype="fp16").folder,
-        "int8": optimize(ort, work / "int8", quantization=QuantizeOptions("int8")).folder,
-        "int4": optimize(ort, work / "int4", quantization=QuantizeOptions("int4")).folder,
+        "fp16": optimize(ort, work / "fp16", fusion="none", dtype="fp16").folder,
+        "int8": optimize(ort, work / "int8", fusion="none", quantization=QuantizeOptions("int8")).folder,
+        "int4": optimize(ort, work / "int4", fusion="none", quantization=QuantizeOptions("int4")).folder,
     }
 
 

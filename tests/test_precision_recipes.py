@@ -113,13 +113,27 @@ def test_recipe_bad_inputs(tmp_path, args, message):
     assert not (tmp_path / "q").exists()
 
 
-def _damage(monkeypatch, method: str) -> None:
-    """Make ``method`` quantize with fewer bits per weight than it says, through the real pipeline: int4 with
-    2-bit MatMulNBits, int8 with 4-bit MatMulNBits in place of quantize_dynamic's int8."""
+def _damage(monkeypatch, method: str, damage: str) -> None:
+    """Make ``method`` write a damaged file through the real pipeline: ``bits``, fewer bits per weight than it says
+    (int4 with 2-bit MatMulNBits, int8 with 4-bit MatMulNBits in place of quantize_dynamic's int8); ``scales``,
+    every weight scale doubled after quantization."""
     import onnxruntime.quantization
+    from onnx import numpy_helper
 
     import gpt2onnx.passes.precision as precision
 
+    if damage == "scales":
+        real_quantize = precision.quantize
+
+        def doubled(model, options, **kw):
+            quantized, record = real_quantize(model, options, **kw)
+            for init in quantized.graph.initializer:
+                if init.name.endswith(("_scale", "_scales")) and init.data_type == onnx.TensorProto.FLOAT:
+                    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 2, init.name))
+            return quantized, record
+
+        monkeypatch.setattr(precision, "quantize", doubled)
+        return
     real = precision._matmul_nbits
     if method == "int4":
         monkeypatch.setattr(
@@ -134,16 +148,44 @@ def _damage(monkeypatch, method: str) -> None:
     monkeypatch.setattr(onnxruntime.quantization, "quantize_dynamic", four_bits)
 
 
+@pytest.mark.parametrize("damage", ["bits", "scales"])
 @pytest.mark.parametrize("method", ["int4", "int8"])
-def test_default_gates_pass_the_recipes_and_fail_a_damaged_one(trained_export, tmp_path, monkeypatch, method):
-    """On a model that has learned something, the method's recipe passes its default gates; the same method with
-    fewer bits per weight (int4 → 2 bits, int8 → 4 bits) fails them, and nothing is written."""
+@pytest.mark.parametrize("weights", ["trained", "random"])
+def test_the_recipes_pass_and_a_damaged_file_fails_on_any_weights(
+    weights, method, damage, trained_export, gpt2_init_export, tmp_path, monkeypatch
+):
+    """The method's recipe passes; the same method with fewer bits per weight than it declares (int4 → 2 bits,
+    int8 → 4 bits) or with wrong scales fails, and nothing is written: on trained weights (quality gates and the
+    file checks) and on random ones (the file checks alone: their weights are not the declared rounding)."""
     from gpt2onnx.errors import CheckFailed
 
-    good = optimize(trained_export, tmp_path / "good", fusion="none", quantization=QuantizeOptions(method))
+    source = trained_export if weights == "trained" else gpt2_init_export
+    good = optimize(source, tmp_path / "good", fusion="none", quantization=QuantizeOptions(method))
     assert good.check.passed, good.check.summary()
-    _damage(monkeypatch, method)
+    assert good.check.rounded.measured["weights"]["max_steps"] <= 1.0 + 1e-3
+    assert ("not applied" in good.check.quality_gates) == (weights == "random")
+    _damage(monkeypatch, method, damage)
     with pytest.raises(CheckFailed, match=f"validation failed: {method}") as failed:
-        optimize(trained_export, tmp_path / "damaged", fusion="none", quantization=QuantizeOptions(method))
+        optimize(source, tmp_path / "damaged", fusion="none", quantization=QuantizeOptions(method))
     assert not (tmp_path / "damaged").exists()
-    assert failed.value.report.failures
+    assert any("weights are not the declared rounding" in f for f in failed.value.report.failures)
+
+
+FLAT = dict(model_type="gpt2", n_layer=1, n_head=2, n_embd=64, n_positions=64, vocab_size=50257, eos_token_id=50256)
+
+
+@pytest.mark.parametrize("precision", [(), ("--dtype", "fp16"), ("--quantize", "int8"), ("--quantize", "int4")])
+def test_random_weights_export_in_every_precision(tmp_path, precision):
+    """The README's --random-init exports succeed in every precision, on a model with GPT-2's vocabulary and init,
+    whose random predictions are nearly flat as the random 124M model's (where top-1 agreement of a sound int4 file
+    is close to chance: 55.6 % on an AVX2 CPU, docs/benchmarks.md), judged by the file checks."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(FLAT))
+    result = run("export", "-m", tmp_path / "config.json", "--random-init", "-o", tmp_path / "out", *precision)
+    assert result.exit_code == 0, result.output
+    check = json.loads((tmp_path / "out" / "gpt2onnx.json").read_text())["parity"]
+    assert check["passed"] and check["machine"]["cpu"]["model"]
+    if precision and precision[1] in ("int8", "int4"):
+        assert check["quality_gates"].startswith("quality gates not applied: random weights")
+        assert check["rounded"]["measured"]["weights"]["max_steps"] <= 1.001

@@ -242,6 +242,7 @@ class CheckReport:
         if self.quality_gates:
             parts.append(self.quality_gates)
         gates = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in self.gates.items())
+        gates = gates or "none of its own"
         verdict = "pass" if self.passed else "FAIL: " + "; ".join(self.failures)
         where = f"{self.precision} against {self.against} on {self.runtime}/{self.provider}"
         if self.machine is not None:

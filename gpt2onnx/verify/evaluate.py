@@ -731,6 +731,7 @@ def _gate(row: EvalRow, gates: EvalGates, *, against: str) -> CheckReport:
         failures,
         provider=row.provider,
         runtime=row.runtime,
+        machine=describe_machine(row.provider),
     )
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from gpt2onnx.artifact.report import CheckReport
+from gpt2onnx.machine import describe_machine
 from gpt2onnx.pytorch.reference import cache_as_arrays, reference_step
 from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
 from gpt2onnx.runtimes.generate import decode
@@ -40,7 +41,8 @@ def _fixed_batch_report(worst_logits, worst_present, tolerance, shape, decode_st
         "decode_steps": decode_steps,
     }
     gates = {"logits": tolerance, "present": tolerance}
-    return CheckReport("float32", against, gates, measured, apply_gates(measured, gates))
+    # export and optimize validate on the cpu provider (compare_decoder, compare_block)
+    return CheckReport("float32", against, gates, measured, apply_gates(measured, gates), machine=describe_machine())
 
 
 @dataclass(frozen=True)

@@ -134,15 +134,11 @@ def precision_gates(
 
     quality = tolerances_for(precision, gates)
     if rounded is not None:
-        quality = quality if rounded.trained else {}
-        checked = check(decoder, reference, quality, against)
-        file_check = check(decoder, rounded.reference, file_gates_for(precision, gates), rounded.against)
-        file_check.measured["weights"] = rounded.weights
-        file_check.failures = apply_gates(file_check.measured, file_check.gates, cases=file_check.measured["cases"])
-        checked.rounded = file_check
-        checked.quality_gates = rounded.why
-        checked.failures += [f"the file against its own rounded weights: {f}" for f in file_check.failures]
-        return checked
+        checked = check(decoder, reference, quality if rounded.trained else {}, against)
+        judged = file_check(
+            decoder, rounded, precision=precision, vocab_size=vocab_size, n_positions=n_positions, gates=gates
+        )
+        return with_file_check(checked, judged, rounded)
     checked = check(decoder, reference, quality, against)
     if precision != "float16":
         return checked
@@ -154,6 +150,36 @@ def precision_gates(
     checked.fp16_emulated = emulated
     checked.failures += [f"fp16 arithmetic as on a GPU: {f}" for f in emulated.failures]
     return checked
+
+
+def with_file_check(report: CheckReport, file_report: CheckReport, rounded: RoundedReference) -> CheckReport:
+    """``report`` with the file check attached, its failures among the report's, and which quality gates ran."""
+    report.rounded = file_report
+    report.quality_gates = rounded.why
+    report.failures += [f"the file against its own rounded weights: {f}" for f in file_report.failures]
+    return report
+
+
+def rounded_pytorch(model_path: Path, ckpt: Checkpoint, quantization: QuantizationRecord) -> RoundedReference:
+    """PyTorch with the quantized file's own dequantized weights, and how far those are from ``ckpt``'s."""
+    figures, weights = weight_rounding(onnx.load(str(model_path)), lambda name: _tensor(ckpt, name), quantization)
+    trained, why = quality_gates_apply(ckpt.source)
+    rounded_model = reference_model(rounded_checkpoint(ckpt, weights))
+    return RoundedReference(rounded_model, f"{PYTORCH} with the file's rounded weights", figures, trained, why)
+
+
+def file_check(decoder, rounded: RoundedReference, *, precision: str, vocab_size: int, n_positions: int, gates=None):
+    """The quantized file judged by itself: its cases against the reference with its own rounded weights, and
+    its weights' figures, under the file gates (FILE_GATES, with the --gate overrides that name them)."""
+    run = run_loop_case if decoder.capabilities.owns_loop else run_case
+    results = [
+        run(decoder, rounded.reference, case, vocab_size=vocab_size)
+        for case in random_cases(4, seed=0, n_positions=n_positions, max_batch=4)
+    ]
+    report = gate_report(results, precision, file_gates_for(precision, gates), against=rounded.against)
+    report.measured["weights"] = rounded.weights
+    report.failures = apply_gates(report.measured, report.gates, cases=len(results))
+    return report
 
 
 def quality_gates_apply(source: dict | None) -> tuple[bool, str]:
@@ -187,14 +213,7 @@ def validate_export(
     reference = reference_model(ckpt)
     if precision != "float32":
         log.info("checking the %s gates against transformers' GPT2LMHeadModel", precision)
-        rounded = None
-        if quantization is not None:
-            figures, weights = weight_rounding(onnx.load(str(path)), lambda name: _tensor(ckpt, name), quantization)
-            trained, why = quality_gates_apply(ckpt.source)
-            rounded_model = reference_model(rounded_checkpoint(ckpt, weights))
-            rounded = RoundedReference(
-                rounded_model, f"{PYTORCH} with the file's rounded weights", figures, trained, why
-            )
+        rounded = rounded_pytorch(path, ckpt, quantization) if quantization is not None else None
         return precision_gates(
             path,
             reference,
@@ -418,6 +437,11 @@ def parity(
             )
         torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
         ref = reference_model(ckpt)
+        quantization = model.manifest.quantization if model.manifest else None
+        rounded = None
+        if family in ("int8", "int4") and quantization is not None:
+            rounded = rounded_pytorch(model.model_path, ckpt, quantization)
+        quality = tolerances if rounded is None or rounded.trained else {}
         run = run_loop_case if decoder.capabilities.owns_loop else run_case
         results = []
         try:
@@ -428,12 +452,18 @@ def parity(
             kv_path = check_kv_path(
                 decoder, vocab_size=ckpt.spec.vocab_size, tolerances=tolerances, seed=seed, text_ids=text_ids
             )
+            vocab, positions = ckpt.spec.vocab_size, model.n_positions
+            judged = rounded and file_check(
+                decoder, rounded, precision=family, vocab_size=vocab, n_positions=positions, gates=gates
+            )
         finally:
             decoder.close()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
     report = gate_report(
-        results, family, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
+        results, family, quality, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
     )
+    if rounded is not None:
+        with_file_check(report, judged, rounded)
     report.kv_path = kv_path
     report.placement = decoder.placement
     report.failures += kv_path.failures
