@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 from typing import Iterable
 
-from gpt2onnx.errors import BadInput
+from gpt2onnx.errors import BadInput, OutputError
 from gpt2onnx.files import kind_of
 
 
@@ -92,8 +92,8 @@ def check_output_path(
         info = os.lstat(path)
     except FileNotFoundError:
         info = None
-    except OSError as err:
-        raise BadInput(f"{option} '{path}' cannot be used ({err.strerror or err}): choose another path") from None
+    except OSError as err:  # a folder on the way that is a file, or that we may not read
+        raise OutputError(f"cannot write {option} '{path}' ({err.strerror or err}): choose another path") from None
     if info is not None and stat.S_ISLNK(info.st_mode):
         raise BadInput(f"{option} '{path}' is a symbolic link: give the real path, or a new one")
     wanted = stat.S_ISREG if kind == "file" else stat.S_ISDIR

@@ -153,9 +153,9 @@ class OnnxDecoder(Runtime):
         needed, available = self.run_bytes(batch, prompt_len, total_len) + extra_bytes, available_memory()
         if available is not None and needed > available:
             raise BadInput(
-                f"{what} {batch} × {total_len} tokens needs about {needed / 1e9:.1f} GB (logits, key/value cache"
-                f"{' and beam search' if extra_bytes else ''}), but this machine has {available / 1e9:.1f} GB"
-                " available: use a smaller batch, fewer beams or shorter runs"
+                f"{what} {batch} × {total_len} tokens needs about {needed / 1e9:.1f} GB (logits and key/value cache"
+                f"{', and beam search' if extra_bytes else ''}), but this machine has {available / 1e9:.1f} GB"
+                f" available: use a smaller batch{', fewer beams' if extra_bytes else ''} or shorter runs"
             )
 
     def empty_past(self, batch: int, capacity: int | None = None) -> list[np.ndarray]:
