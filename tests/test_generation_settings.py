@@ -75,9 +75,9 @@ def test_token_ids_stay_in_the_vocabulary(folder, value):
 
 def test_generation_config_reads_nan_and_huge_numbers_as_refusals(folder):
     path = folder / "generation_config.json"
-    for raw in ("NaN", "Infinity", str(2**64), "1e30"):
+    for raw, shown in (("NaN", "NaN"), ("Infinity", "Infinity"), (str(2**64), str(2**64)), ("1e30", r"1e\+30")):
         path.write_text('{"eos_token_id": 999, "no_repeat_ngram_size": ' + raw + "}")
-        with pytest.raises(BadInput, match=f"no_repeat_ngram_size {raw} in '.*' is not an integer from 0 to"):
+        with pytest.raises(BadInput, match=f"no_repeat_ngram_size {shown} in '.*' is not an integer from 0 to"):
             read_generation_config(folder, vocab_size=1000)
 
 
