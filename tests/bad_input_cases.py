@@ -2340,14 +2340,12 @@ def _big_text(kind: str, megabytes: int) -> Callable[[Ctx], None]:
     def setup(c: Ctx) -> None:
         import random
 
+        rng = random.Random(0)
+        words = ["the", "model", "of", "a", "text", "and", "runs", "hello", "world"]
+        block = "a" * (1 << 20) if kind == "letter" else " ".join(rng.choices(words, k=200_000))[: (1 << 20) - 1] + " "
         with open(c.dir / "big.txt", "w") as fh:
-            if kind == "letter":
-                fh.write("a" * (megabytes << 20))
-            else:
-                rng = random.Random(0)
-                words = ["the", "model", "of", "a", "text", "and", "runs", "hello", "world"]
-                for _ in range(megabytes):
-                    fh.write(" ".join(rng.choice(words) for _ in range(200_000))[: 1 << 20] + " ")
+            for _ in range(megabytes):  # one block of 1 MB, written again: no punctuation anywhere
+                fh.write(block)
 
     return setup
 

@@ -93,7 +93,8 @@ def check_output_path(
     except FileNotFoundError:
         info = None
     except OSError as err:  # a folder on the way that is a file, or that we may not read
-        raise OutputError(f"cannot write {option} '{path}' ({err.strerror or err}): choose another path") from None
+        what = "to output folder" if kind == "folder" else option
+        raise OutputError(f"cannot write {what} '{path}' ({err.strerror or err}): choose another path") from None
     if info is not None and stat.S_ISLNK(info.st_mode):
         raise BadInput(f"{option} '{path}' is a symbolic link: give the real path, or a new one")
     wanted = stat.S_ISREG if kind == "file" else stat.S_ISDIR
@@ -113,11 +114,15 @@ def check_output_path(
         raise BadInput(f"{option} '{path}' cannot be used ({err}): choose another path") from None
     for folder, root in read_folders:
         if real == root:
-            raise BadInput(f"{option} '{path}' is {reading} '{folder}' being read: choose another {kind}")
+            replacing = ", which --force would delete" if kind == "folder" else ""
+            raise BadInput(f"{option} '{path}' is {reading} '{folder}' being read{replacing}: choose another {kind}")
         if kind == "file" and real.is_relative_to(root):
             raise BadInput(f"{option} '{path}' is inside {reading} '{folder}' being read: write it somewhere else")
         if kind == "folder" and root.is_relative_to(real):
-            raise BadInput(f"{option} '{path}' holds {reading} '{folder}' being read: choose another folder")
+            raise BadInput(
+                f"{option} '{path}' holds {reading} '{folder}' being read, which --force would delete: choose another"
+                " folder"
+            )
     for file, target in read_files:
         if real == target:
             raise BadInput(f"{option} '{path}' is the input file '{file}': write it somewhere else")

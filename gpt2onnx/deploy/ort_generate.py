@@ -36,7 +36,7 @@ from onnx import TensorProto, helper
 
 from gpt2onnx.artifact.contract import DecoderShape, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import GENERATION_CONFIG_FILE, MODEL_FILE, read_n_positions
-from gpt2onnx.artifact.generation import read_generation_config
+from gpt2onnx.artifact.generation import COUNT_MAX, check_option, read_generation_config
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 
@@ -408,6 +408,18 @@ class OrtGenerator:
         padded with its own first token, which the penalty counts anyway (once per distinct id, as both do);
         True pads with the pad id (transformers 4)."""
         fixed = self.fixed
+        for name, value in (  # the rules generate and generation_config.json are read by (artifact.generation)
+            ("max_new_tokens", max_new_tokens),
+            ("min_new_tokens", min_new_tokens),
+            ("num_beams", num_beams),
+            ("num_return_sequences", num_return_sequences),
+            ("length_penalty", length_penalty),
+            ("repetition_penalty", repetition_penalty),
+            *((("seed", seed),) if seed is not None else ()),
+        ):
+            check_option(name, value)
+        if seed is not None and seed > COUNT_MAX:
+            raise BadInput(f"seed {seed} (--seed): the Sampling op takes a 32-bit seed; give one up to {COUNT_MAX:,}")
         if early_stopping == "never":
             _refuse("use early_stopping='never'", "BeamSearch's early_stopping attribute is true or false only")
         for name, value in (
