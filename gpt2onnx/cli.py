@@ -358,7 +358,9 @@ def main(
         handlers=[RichHandler(console=err_console, show_path=False)],
         force=True,
     )
-    for noisy in ("transformers", "huggingface_hub", "torch", "onnxruntime", "onnxscript"):
+    # their notices are not the tool's output; matplotlib's "building the font cache" on a brand-new machine would be
+    # a second line before a one-line error
+    for noisy in ("transformers", "huggingface_hub", "torch", "onnxruntime", "onnxscript", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
@@ -646,7 +648,8 @@ TrtCacheOpt = Annotated[
     typer.Option(parser=OUTPUT_FOLDER, metavar="DIR", help="tensorrt: cache \\[default: DIR/trt_cache]."),
 ]
 MaxBatchOpt = Annotated[int, typer.Option(help="tensorrt: largest batch.")]
-FallbackOpt = Annotated[bool, typer.Option("--allow-fallback", help="Run on if the provider fails.")]
+FallbackOpt = Annotated[bool, typer.Option("--allow-fallback", help="Run on if nodes leave the provider.")]
+Tf32Opt = Annotated[bool, typer.Option("--tf32", help="cuda/tensorrt: fp32 matmuls in TF32.")]
 ReferenceOpt = Annotated[Optional[str], typer.Option(help="Reference \\[default: the manifest's source].")]
 
 
@@ -673,6 +676,7 @@ _RUN_OPTIONS = (
     ("trt_cache_dir", TrtCacheOpt, None),
     ("max_batch", MaxBatchOpt, 8),
     ("allow_fallback", FallbackOpt, False),
+    ("tf32", Tf32Opt, False),
     ("verify_files", VerifyFilesOpt, True),
 )
 
@@ -693,6 +697,7 @@ def _make_run_options(values: dict) -> RunOptions:
         trt_cache_dir=str(values["trt_cache_dir"]) if values["trt_cache_dir"] else None,
         max_batch=values["max_batch"],
         allow_fallback=values["allow_fallback"],
+        tf32=values["tf32"],
     )
     return RunOptions(provider, values["device"], values["ov_precision"], values["verify_files"])
 
@@ -887,6 +892,8 @@ def parity(
     )
     summary.add_row("NaN/Inf", str(t.nonfinite))
     summary.add_row("prompts", t.prompts)
+    if report.placement is not None:
+        summary.add_row("node placement", escape(report.placement.summary()))
     summary.add_row("greedy tokens equal", f"{t.tokens_equal_cases} of {t.cases} cases")
     if report.kv_path is not None and report.kv_path.skipped:
         summary.add_row("K/V path", f"not checked: {report.kv_path.skipped}")
@@ -1008,7 +1015,13 @@ def bench(
                 by_past.add_row(run.label, str(run.batch), *(f"{ms:.2f}" for _, ms in run.decode_ms_at_past))
         console.print(by_past)
     for folder, model in zip(folders, models[:: len(runtimes)]):
-        console.print(f"{folder.name}: {model.precision}, {_size(model.model_bytes)}", highlight=False)
+        line = f"{folder.name}: {model.precision}, {_size(model.model_bytes)}"
+        if model.placement is not None:
+            line += f"; {model.placement.summary()}"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    tf32 = {run.runtime or run.engine: run.extra["tf32"] for run in result.runs if "tf32" in run.extra}
+    if tf32:
+        console.print("TF32 in fp32 matmuls: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in tf32.items()))
     for run in result.runs:
         for label, s in run.speedup_by_label.items():
             console.print(

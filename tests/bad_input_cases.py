@@ -15,6 +15,7 @@ shared, read-only), {dir} the case's folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -2026,6 +2027,64 @@ CASES += [
         ("optimize", "{exp}", "-o", "out", "--fusion", "none", "--quantize", "int8", "--gate", "kl_mean=1e-12"),
         F,
         absent=r"\.tmp-",
+    ),
+]
+
+
+def int8_export(c: Ctx) -> None:
+    """An int8 export of the tiny checkpoint as 'm' (DynamicQuantizeLinear, MatMulInteger), not validated."""
+    from gpt2onnx.exporters.export import ExportOptions, export
+
+    export(str(c.src), c.dir / "m", options=ExportOptions(quantize="int8", validate=False))
+
+
+@contextlib.contextmanager
+def environment(name: str, value: str):
+    """An environment variable set for an in-process case."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+# -- GPU providers (issue 28): what a provider cannot run is refused from the graph, before any session -----------
+CASES += [
+    Case(
+        "int8-on-cuda",
+        "silent",
+        ("generate", "m", *GEN, "--provider", "cuda"),
+        EXIT_RUNTIME,
+        int8_export,
+        match=r"DynamicQuantizeLinear ×\d+ \(no CUDA kernel\); MatMulInteger ×\d+ .*uint8",
+    ),
+    Case(
+        "int8-bench-on-cuda-writes-nothing",
+        "data-loss",
+        ("bench", "m", *BENCH_QUICK, "--provider", "cuda", "--json", "b.json"),
+        EXIT_RUNTIME,
+        int8_export,
+        match="MatMulInteger",
+    ),
+    Case(
+        "contrib-ops-on-tensorrt",
+        "message",
+        ("generate", "{q4}", *GEN, "--provider", "tensorrt"),
+        EXIT_RUNTIME,
+        match=r"MatMulNBits ×\d+ \(TensorRT takes no com.microsoft op\).*--fusion tensorrt or --fusion portable",
+    ),
+    Case("tf32-on-cpu", "options", ("generate", "{exp}", *GEN, "--tf32"), B, match="--tf32 applies to the cuda"),
+    Case(
+        "tf32-against-the-override",
+        "options",
+        ("parity", "{exp}", "--cases", "1", "--provider", "cuda", "--tf32"),
+        B,
+        match="NVIDIA_TF32_OVERRIDE=0",
+        inject=lambda c: environment("NVIDIA_TF32_OVERRIDE", "0"),
     ),
 ]
 

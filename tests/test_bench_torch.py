@@ -52,3 +52,14 @@ def test_bench_torch_records_where_and_in_what_it_ran(tiny_folder):
     )
     assert stats.extra == {"device": "cpu", "dtype": "float32"} and stats.peak_device_bytes is None
     assert [p for p, _ in stats.decode_ms_by_past] == [4, 5]
+
+
+def test_the_baseline_takes_the_sessions_tf32_setting_and_gives_it_back():
+    from gpt2onnx.verify.bench import matmul_tf32
+
+    before = torch.get_float32_matmul_precision()
+    with matmul_tf32(True):
+        assert torch.backends.cuda.matmul.allow_tf32  # what bench records for PyTorch's runs
+    with matmul_tf32(False):
+        assert not torch.backends.cuda.matmul.allow_tf32
+    assert torch.get_float32_matmul_precision() == before

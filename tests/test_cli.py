@@ -184,3 +184,30 @@ def test_help_reads_at_80_columns():
         rows = [line for line in lines if line.startswith("│ ")]
         starts = [i for i, line in enumerate(rows) if re.match(r"│ [ *] *-", line) or re.match(r"│ --", line)]
         assert all(b - a <= 4 for a, b in zip(starts, starts[1:])), (args, result.output)
+
+
+def test_a_brand_new_machine_prints_nothing_but_the_tool_output(tiny_export, tmp_path):
+    """First-run effects of a new machine (matplotlib's font cache, other lazy caches under HOME) never reach
+    stderr: in a process with empty HOME, XDG_CACHE_HOME and MPLCONFIGDIR, a bad input is one line, and a run that
+    draws a plot (so matplotlib builds its cache) writes nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "200"}
+    for name in ("HOME", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
+        (tmp_path / name).mkdir()
+        env[name] = str(tmp_path / name)
+    quick = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2", "--warmup", "0", "--repeat", "1")
+
+    def cli(*args):
+        command = [sys.executable, "-m", "gpt2onnx", *map(str, args)]
+        return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    bad = cli("bench", tiny_export, *quick, "--json", "a.png", "--plot", "a.png")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert bad.stderr.startswith("error: ") and "two files" in bad.stderr
+    good = cli("bench", tiny_export, *quick, "--plot", "p.png")
+    assert good.returncode == 0, good.stderr
+    assert good.stderr.strip() == "" and (tmp_path / "p.png").is_file()
+    assert any((tmp_path / "MPLCONFIGDIR").iterdir())  # matplotlib did build its cache there, silently

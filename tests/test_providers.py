@@ -1,19 +1,26 @@
-"""Providers: real ONNX Runtime sessions, the fallback check, and the TensorRT options and profile."""
+"""Providers: real ONNX Runtime sessions, the fallback check (whole sessions and single nodes), the kernel facts, the
+mapping of onnxruntime's provider errors, and the TensorRT options and profile."""
 
 import numpy as np
 import pytest
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.artifact.graph import load_graph
+from gpt2onnx.errors import Gpt2OnnxError, RuntimeUnavailable
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import OnnxDecoder, open_decoder
 from gpt2onnx.runtimes.providers import (
+    TF32_OVERRIDE,
     DecoderShape,
     ProviderConfig,
     create_session,
+    host_side_nodes,
+    provider_failure,
     provider_options,
+    read_placement,
     tensorrt_profile,
+    unsupported_nodes,
     working_providers,
 )
 from gpt2onnx.verify.lockstep import compare_decoder, greedy, left_padded_batch, reference_greedy
@@ -91,6 +98,7 @@ def test_tensorrt_provider_options(tmp_path):
     )
     (trt_name, trt), (cuda_name, cuda), cpu = providers
     assert (trt_name, cuda_name, cpu) == ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+    assert cuda == {"device_id": 0, "use_tf32": 0}
     assert trt["trt_fp16_enable"] is True and trt["trt_engine_cache_enable"] and trt["trt_timing_cache_enable"]
     assert trt["trt_layer_norm_fp32_fallback"] is True  # fp16 engines: LayerNorm statistics in fp32 (outliers)
     assert trt["trt_engine_cache_path"] == str(tmp_path / "m" / "trt_cache") == trt["trt_timing_cache_path"]
@@ -104,11 +112,19 @@ def test_tensorrt_provider_options(tmp_path):
         tensorrt_profile(_shape(), max_batch=0)
 
 
-def test_cuda_provider_options(tmp_path):
+def test_cuda_provider_options_turn_tf32_off_unless_asked(tmp_path):
+    """onnxruntime's CUDA provider computes fp32 GEMMs in TF32 by default (use_tf32 1): fp32 parity needs it off."""
     providers = provider_options(
         ProviderConfig(name="cuda", device_id=1), model_path=tmp_path / "model.onnx", shape=None
     )
-    assert providers == [("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]
+    assert providers == [("CUDAExecutionProvider", {"device_id": 1, "use_tf32": 0}), "CPUExecutionProvider"]
+    fast = provider_options(ProviderConfig(name="cuda", tf32=True), model_path=tmp_path / "model.onnx", shape=None)
+    assert fast[0] == ("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 1})
+    trt = provider_options(ProviderConfig(name="tensorrt", tf32=True), model_path=tmp_path / "m.onnx", shape=None)
+    assert trt[1] == fast[0]  # the nodes TensorRT leaves to CUDA get the same setting
+    assert trt[0][1]["trt_engine_cache_path"] == str(tmp_path / "trt_cache" / "tf32")  # TF32 engines kept apart
+    with pytest.raises(Gpt2OnnxError, match="--tf32 applies to the cuda and tensorrt providers"):
+        ProviderConfig(name="cpu", tf32=True)
 
 
 def test_dummy_past_slot_used_for_tensorrt_gives_the_same_results(tiny_folder, tiny_export):
@@ -120,3 +136,119 @@ def test_dummy_past_slot_used_for_tensorrt_gives_the_same_results(tiny_folder, t
     ids, mask = left_padded_batch(1000, batch=3, length=7, seed=5)
     assert compare_decoder(decoder, reference, ids, mask, decode_steps=3, tolerance=1e-4).passed
     np.testing.assert_array_equal(greedy(decoder, ids, mask, 8), reference_greedy(reference, ids, mask, 8))
+
+
+# -- kernel facts, node placement, provider errors ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def variants(tiny_folder, tmp_path_factory):
+    """The tiny checkpoint as an int8 folder and as an ort-fused one (com.microsoft ops), not validated: cheap."""
+    from gpt2onnx.exporters.export import ExportOptions, export
+
+    root = tmp_path_factory.mktemp("provider-variants")
+    options = {
+        "int8": ExportOptions(quantize="int8", validate=False),
+        "ort": ExportOptions(fusion="ort", validate=False),
+    }
+    return {name: export(str(tiny_folder), root / name, options=o).folder for name, o in options.items()}
+
+
+def test_cpu_provider_reports_every_node_on_the_cpu(tiny_export):
+    """The placement comes from onnxruntime's own record, into the decoder and the export's check (manifest)."""
+    import json
+
+    decoder = open_decoder(open_folder(tiny_export), ProviderConfig())
+    placement = decoder.placement
+    assert placement.reported and placement.asked == "cpu" and list(placement.nodes) == ["CPUExecutionProvider"]
+    assert placement.nodes["CPUExecutionProvider"] > 20 and not placement.fallback and not placement.cpu_ops
+    recorded = json.loads((tiny_export / "gpt2onnx.json").read_text())["parity"]["placement"]
+    assert recorded["nodes"] == placement.nodes  # the check at export ran on the same graph, on the CPU
+
+
+def test_int8_on_cuda_is_refused_before_any_session(variants, monkeypatch):
+    """onnxruntime's CUDA kernel table: no DynamicQuantizeLinear, MatMulInteger with int8 activations only (ours are
+    uint8). Refused from the graph alone, naming the ops; no session is made (none would fail here: it would fall
+    back to the CPU)."""
+    import gpt2onnx.runtimes.providers as providers
+
+    made = []
+    monkeypatch.setattr(providers.ort, "InferenceSession", lambda *a, **k: made.append(a))
+    with pytest.raises(RuntimeUnavailable) as err:
+        open_decoder(open_folder(variants["int8"]), ProviderConfig(name="cuda"))
+    message = str(err.value)
+    assert "DynamicQuantizeLinear ×" in message and "MatMulInteger ×" in message and "uint8" in message
+    assert "--allow-fallback" in message and "\n" not in message and made == []
+    assert unsupported_nodes(load_graph(variants["ort"] / "model.onnx"), "cuda") == {}  # fp32 fused: all on CUDA
+
+
+def test_tensorrt_refuses_contrib_ops_in_one_line(variants):
+    with pytest.raises(RuntimeUnavailable) as err:
+        open_decoder(open_folder(variants["ort"]), ProviderConfig(name="tensorrt"))
+    message = str(err.value)
+    assert "MultiHeadAttention" in message and "SkipLayerNormalization" in message and "FastGelu" in message
+    assert "--fusion tensorrt" in message and "--fusion portable" in message and "\n" not in message
+
+
+def test_compute_nodes_on_the_cpu_are_told_from_shape_arithmetic(variants):
+    """A real onnxruntime placement record, read as if CUDA had been asked for and every node had stayed on the CPU:
+    the weights' matmuls and the int8 ops are compute; Shape and the mask built from attention_mask are not."""
+    graph = load_graph(variants["int8"] / "model.onnx")
+    host = host_side_nodes(graph)
+    by_name = {n.name: n for n in graph.graph.node}
+    assert all(by_name[n].op_type not in ("MatMul", "MatMulInteger", "DynamicQuantizeLinear") for n in host)
+    assert any(by_name[n].op_type == "Shape" for n in host) and any(by_name[n].op_type == "Where" for n in host)
+    session = create_session(variants["int8"] / "model.onnx", ProviderConfig())
+    placement = read_placement(session, ProviderConfig(name="cuda"), host_side=host)
+    assert placement.cpu_ops["Shape"] >= 1 and "Shape" not in placement.fallback
+    assert placement.fallback["DynamicQuantizeLinear"] == placement.fallback["MatMulInteger"] >= 2
+    assert placement.fallback["LayerNormalization"] >= 2 and "compute on the CPU: " in placement.summary()
+    assert sum(placement.fallback.values()) < sum(placement.cpu_ops.values())
+
+
+def test_a_provider_error_from_onnxruntime_exits_3(tiny_export, monkeypatch, tmp_path):
+    """A real onnxruntime failure that names a provider, provoked here without a GPU: a session asked for CUDA alone
+    with CPU fallback disabled (onnxruntime: "fallback to CPU EP has been explicitly disabled"). It must reach the
+    user as RuntimeUnavailable (exit code 3) in one line, with onnxruntime's words, not as an invalid model."""
+    from typer.testing import CliRunner
+
+    import gpt2onnx.runtimes.providers as providers
+    from gpt2onnx.cli import app
+
+    real_options = providers.session_options
+
+    def strict(config):
+        options = real_options(config)
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        return options
+
+    monkeypatch.setattr(providers, "session_options", strict)
+    monkeypatch.setattr(providers, "provider_options", lambda config, **_: ["CUDAExecutionProvider"])
+    with pytest.raises(RuntimeUnavailable, match=r"provider 'cuda' failed to create a session .*CPU EP"):
+        create_session(tiny_export / "model.onnx", ProviderConfig(name="cuda"))
+    result = CliRunner().invoke(app, ["generate", str(tiny_export), "--ids", "1,2", "--provider", "cuda"])
+    assert result.exit_code == 3, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: provider 'cuda' failed") and "onnxruntime FAIL" in lines[0]
+
+
+def test_epfail_is_a_provider_failure_on_every_provider():
+    """onnxruntime's EPFail derives from Exception, not RuntimeError: it is matched by its type."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
+
+    err = EPFail("[ONNXRuntimeError] : 11 : EP_FAIL : User needs to provide all the dynamic shape inputs")
+    assert not isinstance(err, RuntimeError)
+    failure = provider_failure(err, "tensorrt", doing="to create a session")
+    assert isinstance(failure, RuntimeUnavailable) and failure.exit_code == 3
+    assert str(failure).endswith("User needs to provide all the dynamic shape inputs (onnxruntime EP_FAIL)")
+    assert provider_failure(ValueError("Invalid model: bad graph"), "cuda", doing="x") is None
+
+
+def test_tensorrt_tf32_switch_is_restored(tiny_export):
+    """Without --tf32, NVIDIA_TF32_OVERRIDE=0 is set only while a TensorRT session is made, then restored."""
+    import os
+
+    before = os.environ.get(TF32_OVERRIDE)
+    with pytest.raises(Gpt2OnnxError):
+        create_session(
+            tiny_export / "model.onnx", ProviderConfig(name="tensorrt", trt_cache_dir=str(tiny_export.parent / "c"))
+        )
+    assert os.environ.get(TF32_OVERRIDE) == before

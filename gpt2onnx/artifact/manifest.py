@@ -130,15 +130,20 @@ class QuantizationRecord:
     accuracy_level: int | None = None
     lm_head: str | None = None
     embeddings: str | None = None
+    int8_weights: str | None = None  # int8: how MatMulInteger's weights are stored (precision.Int8Scheme.name)
 
     def as_dict(self) -> dict:
         data = {"method": self.method, "block_size": self.block_size, "ops": self.ops}
         if self.lm_head is not None:
             data.update(accuracy_level=self.accuracy_level, lm_head=self.lm_head, embeddings=self.embeddings)
+        if self.int8_weights is not None:
+            data["int8_weights"] = self.int8_weights
         return data
 
     def summary(self) -> str:
         text = self.method + (f", block {self.block_size}" if self.block_size else "")
+        if self.int8_weights is not None:
+            text += f", {self.int8_weights} weights"
         if self.accuracy_level is not None:
             text += f", accuracy level {self.accuracy_level}"
         if self.lm_head is not None:
@@ -155,6 +160,7 @@ class QuantizationRecord:
             int(level) if level is not None else None,
             data.get("lm_head"),
             data.get("embeddings"),
+            data.get("int8_weights"),
         )
 
 

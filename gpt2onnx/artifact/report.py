@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpt2onnx.machine import MachineRecord
+
 
 @dataclass
 class KvPathCheck:
@@ -146,9 +148,49 @@ class ParityTotals:
         )
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where onnxruntime put a session's nodes (its graph-assignment record, after its basic optimizations).
+
+    ``nodes``: per onnxruntime provider, how many nodes it runs. Where a GPU provider was asked for, ``cpu_ops``
+    counts the nodes on the CPU by op, and ``fallback`` those of them that are compute: the shape and mask
+    arithmetic onnxruntime keeps on the CPU on purpose (computed from graph inputs, small constants and shapes)
+    is not. ``reported`` is False where this onnxruntime keeps no such record."""
+
+    asked: str  # the provider asked for: cpu, cuda, tensorrt
+    nodes: dict[str, int]  # onnxruntime's provider name → nodes assigned to it
+    cpu_ops: dict[str, int] = field(default_factory=dict)  # op → nodes on the CPU, a GPU provider asked for
+    fallback: dict[str, int] = field(default_factory=dict)  # op → compute nodes among cpu_ops
+    reported: bool = True
+
+    def summary(self) -> str:
+        """One line: e.g. '412 nodes on CUDA, 38 on CPU (shape and mask arithmetic)'."""
+        if not self.reported:
+            return "node placement not reported by this onnxruntime"
+        counts = sorted(self.nodes.items(), key=lambda item: -item[1])
+        text = ", ".join(
+            f"{n}{' nodes' if i == 0 else ''} on {name.removesuffix('ExecutionProvider')}"
+            for i, (name, n) in enumerate(counts)
+        )
+        if self.fallback:
+            text += "; compute on the CPU: " + ", ".join(f"{op} ×{n}" for op, n in self.fallback.items())
+        elif self.cpu_ops:
+            text += " (on the CPU: shape and mask arithmetic)"
+        return text
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data) -> "Placement | None":
+        if not isinstance(data, dict) or not isinstance(data.get("nodes"), dict):
+            return None
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
 @dataclass
 class CheckReport:
-    precision: str  # the gate family: float32, float16, int8, int4
+    precision: str  # the gate family: float32, float16, int8, int4; tf32 (fp32 with TF32 matmuls)
     against: str  # what the model was compared with: "PyTorch" (GPT2LMHeadModel) or "source ONNX model"
     gates: dict[str, Any]  # name → threshold (logits, present, top1, top5, kl_mean, tokens_equal)
     measured: dict[str, Any]  # logits/present {max, p50, p99}, top1_agreement, top5_agreement, kl {mean, max}, ...
@@ -158,6 +200,12 @@ class CheckReport:
     cases: list[dict] = field(default_factory=list)  # per case, where the check kept them (parity)
     fp16_emulated: "CheckReport | None" = None  # fp16: the same gates with fp16 arithmetic as a GPU does it
     kv_path: KvPathReport | None = None  # parity: the model against itself along the K/V path
+    # int8/int4: the file judged by itself (verify.rounding): its weights against the declared rounding of the
+    # source's, its logits against the reference run with its own rounded weights
+    rounded: "CheckReport | None" = None
+    quality_gates: str | None = None  # int8/int4: whether the quality gates (KL, top-k) were applied, and why
+    machine: MachineRecord | None = None  # where it ran: the CPU's model and features, the GPU
+    placement: Placement | None = None  # where the checked session's nodes ran (onnxruntime)
 
     @property
     def passed(self) -> bool:
@@ -178,11 +226,26 @@ class CheckReport:
             parts.append(f"top-5 {100 * m['top5_agreement']:.1f}%")
         if "top1_agreement" in m and "top1" in self.gates:
             parts.append(f"top-1 {100 * m['top1_agreement']:.1f}%")
+        if "relative_error" in m and "relative_error" in self.gates:
+            parts.append(f"relative logits error {100 * m['relative_error']['mean']:.2f}%")
+        if "weights" in m and "weight_steps" in self.gates:
+            parts.append(f"weights within {m['weights']['max_steps']:.2f} quantization steps")
         if self.fp16_emulated is not None and "kl" in self.fp16_emulated.measured:
             parts.append(f"fp16 as on a GPU: mean KL {self.fp16_emulated.measured['kl']['mean']:.2e}")
+        if self.rounded is not None:
+            file_check = self.rounded
+            parts.append(
+                f"the file against its own rounded weights: weights within"
+                f" {file_check.measured['weights']['max_steps']:.2f} steps, relative logits error"
+                f" {100 * file_check.measured['relative_error']['mean']:.2f}%"
+            )
+        if self.quality_gates:
+            parts.append(self.quality_gates)
         gates = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in self.gates.items())
         verdict = "pass" if self.passed else "FAIL: " + "; ".join(self.failures)
         where = f"{self.precision} against {self.against} on {self.runtime}/{self.provider}"
+        if self.machine is not None:
+            where += f" ({self.machine.short()})"
         return f"{where}: {', '.join(parts)} (gates: {gates}) — {verdict}"
 
     def parity_cases(self) -> list[ParityCase]:
@@ -201,6 +264,18 @@ class CheckReport:
             data["kv_path"] = self.kv_path.as_dict()
         else:
             del data["kv_path"]
+        # records added since: written where present, so earlier manifests write back unchanged
+        for key, value in (("rounded", self.rounded), ("machine", self.machine)):
+            if value is None:
+                del data[key]
+            else:
+                data[key] = value.as_dict()
+        if self.quality_gates is None:
+            del data["quality_gates"]
+        if self.placement is not None:  # written where it was recorded; earlier releases never wrote the key
+            data["placement"] = self.placement.as_dict()
+        else:
+            del data["placement"]
         return data
 
     @classmethod
@@ -209,7 +284,15 @@ class CheckReport:
         if not isinstance(data, dict) or not {"precision", "gates", "measured"} <= data.keys():
             return None
         emulated = cls.from_dict(data.get("fp16_emulated"))
-        nested = ("fp16_emulated", "kv_path")
+        nested = ("fp16_emulated", "kv_path", "rounded", "machine", "placement")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k not in nested}
         kv_path = KvPathReport.from_dict(data.get("kv_path"))
-        return cls(**{"against": "?", **known}, fp16_emulated=emulated, kv_path=kv_path)
+        machine = MachineRecord.from_dict(data["machine"]) if isinstance(data.get("machine"), dict) else None
+        return cls(
+            **{"against": "?", **known},
+            fp16_emulated=emulated,
+            kv_path=kv_path,
+            rounded=cls.from_dict(data.get("rounded")),
+            machine=machine,
+            placement=Placement.from_dict(data.get("placement")),
+        )

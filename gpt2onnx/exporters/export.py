@@ -239,6 +239,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
             block=options.block,
             tolerance=options.tolerance,
             gates=options.gates,
+            quantization=passed.quantization,
         )
         timings["validate_seconds"] = time.perf_counter() - start
         if not check.passed:

@@ -120,15 +120,21 @@ def optimize(
             if (model_path.parent / name).is_file():
                 copy_regular_file(model_path.parent / name, folder / name, within=model_path.parent)
         check = None
+        previous = read_manifest(model_path.parent)
         if validate:
             start = time.perf_counter()
             check = validate_against_source(
-                folder / MODEL_FILE, model_path, precision=passes.precision, tolerance=tolerance, gates=gates
+                folder / MODEL_FILE,
+                model_path,
+                precision=passes.precision,
+                tolerance=tolerance,
+                gates=gates,
+                quantization=passed.quantization,
+                source_record=previous.source if previous else None,
             )
             timings["validate_seconds"] = time.perf_counter() - start
             if not check.passed:
                 raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
-        previous = read_manifest(model_path.parent)
         io = previous.io if previous and dtype != "float16" else None
         quality = None
         if eval_text is not None:

@@ -204,6 +204,48 @@ RECIPES = {
 }
 # int8 is MatMulInteger, which has no 4-bit form; int4 may keep either layer at 8 bits or in fp32
 LAYER_CHOICES = {"int8": ("int8", "fp32"), "int4": LAYER_PRECISIONS}
+
+
+@dataclass(frozen=True)
+class Int8Scheme:
+    """How int8's weights are stored for MatMulInteger (onnxruntime ``quantize_dynamic``'s options); activations are
+    always quantized at run time by DynamicQuantizeLinear (uint8, per tensor).
+
+    weights: "int8" (U8S8 products) or "uint8" (U8U8).
+    per_channel: one scale per output column instead of one per tensor.
+    reduce_range: 7-bit weights ([-64, 64]). x86 CPUs without VNNI (AVX2, AVX-512 without VNNI) compute U8S8 with
+        VPMADDUBSW, which adds two uint8 × int8 products in 16 bits and saturates (255 × 127 × 2 > 32767); VNNI and
+        AMX accumulate in 32 bits. With 7-bit weights no pair sum can exceed 255 × 64 × 2 = 32640, so every kernel
+        path computes the same integers (onnxruntime's quantization guide, "When and why do I need to try U8U8?").
+    """
+
+    weights: str = "int8"
+    per_channel: bool = True
+    reduce_range: bool = True
+
+    @property
+    def name(self) -> str:
+        pairs = "u8s8" if self.weights == "int8" else "u8u8"
+        return f"{pairs} {'per-channel' if self.per_channel else 'per-tensor'}{' 7-bit' if self.reduce_range else ''}"
+
+    @property
+    def portable(self) -> bool:
+        """Whether every CPU kernel path computes the same integer products (no 16-bit saturation possible)."""
+        return self.weights == "uint8" or self.reduce_range
+
+
+# The int8 schemes measured (docs/benchmarks.md, "int8 on every CPU"); INT8_SCHEME is the one written, chosen there:
+# the only U8S8 schemes whose products cannot saturate on AVX2 are the 7-bit ones, and per channel wins back the
+# bit that 7-bit weights lose.
+INT8_SCHEMES = {
+    "u8s8-tensor": Int8Scheme("int8", per_channel=False, reduce_range=False),
+    "u8s8-tensor-7bit": Int8Scheme("int8", per_channel=False, reduce_range=True),
+    "u8s8-channel": Int8Scheme("int8", per_channel=True, reduce_range=False),
+    "u8s8-channel-7bit": Int8Scheme("int8", per_channel=True, reduce_range=True),
+    "u8u8-tensor": Int8Scheme("uint8", per_channel=False, reduce_range=False),
+    "u8u8-channel": Int8Scheme("uint8", per_channel=True, reduce_range=False),
+}
+INT8_SCHEME = INT8_SCHEMES["u8s8-channel-7bit"]
 HELD_DOMAIN = "gpt2onnx.held"  # a node the int8 quantizer must not see (see quantize)
 SHAPE_OPS = ("Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten")
 
@@ -423,8 +465,11 @@ def _name_nodes(graph: onnx.GraphProto) -> None:
             names.add(name)
 
 
-def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.ModelProto, QuantizationRecord | None]:
-    """Quantize ``model`` (changed in place on the way); returns the new model and what was done."""
+def quantize(
+    model: onnx.ModelProto, options: QuantizeOptions, *, int8_scheme: Int8Scheme = INT8_SCHEME
+) -> tuple[onnx.ModelProto, QuantizationRecord | None]:
+    """Quantize ``model`` (changed in place on the way); returns the new model and what was done.
+    ``int8_scheme``: how int8 stores its MatMulInteger weights (INT8_SCHEMES; benchmarks choose another)."""
     options = options.check().resolved()
     if options.method == "none":
         return model, None
@@ -473,7 +518,9 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.Mod
                     out,
                     op_types_to_quantize=["MatMul"],
                     nodes_to_exclude=sorted(head_apart),
-                    weight_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8 if int8_scheme.weights == "int8" else QuantType.QUInt8,
+                    per_channel=int8_scheme.per_channel,
+                    reduce_range=int8_scheme.reduce_range,
                     use_external_data_format=True,
                 )
             finally:
@@ -502,5 +549,11 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions) -> tuple[onnx.Mod
     log.info("quantized (%s): %s", options.method, ops)
     record = options.as_dict()
     return quantized, QuantizationRecord(
-        record["method"], record["block_size"], ops, record["accuracy_level"], record["lm_head"], record["embeddings"]
+        record["method"],
+        record["block_size"],
+        ops,
+        record["accuracy_level"],
+        record["lm_head"],
+        record["embeddings"],
+        int8_scheme.name if "MatMulInteger" in ops else None,
     )

@@ -168,6 +168,7 @@ class Runtime:
     device_id: int = 0
     dummy_past: int = 0  # masked past slots in front of the prompt step (TensorRT); 0 elsewhere
     capabilities: Capabilities = Capabilities()
+    placement = None  # onnxruntime: which provider got each node (an artifact.report.Placement); None elsewhere
     version: str | None = None  # the runtime library's version
     mode: str = "in-process"  # or "worker (<python>)" where the runtime runs in another process
     vocab_size: int | None

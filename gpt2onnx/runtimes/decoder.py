@@ -25,7 +25,18 @@ from gpt2onnx.artifact.graph import SHARED_CACHE_OP, load_graph
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
 from gpt2onnx.runtimes.base import Capabilities, Runtime
-from gpt2onnx.runtimes.providers import DEVICE_TYPES, TRT_DUMMY_PAST, ProviderConfig, create_session, session_provider
+from gpt2onnx.runtimes.providers import (
+    DEVICE_TYPES,
+    TRT_DUMMY_PAST,
+    ProviderConfig,
+    check_kernels,
+    create_session,
+    host_side_nodes,
+    provider_failure,
+    session_placement,
+    session_provider,
+    session_tf32,
+)
 
 
 def position_ids_for(attention_mask: np.ndarray) -> np.ndarray:
@@ -65,16 +76,19 @@ def check_shared_cache_provider(provider: str) -> None:
 
 
 def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
-    """A session on the provider (checked: no silent fallback), wrapped as the decoder its graph needs."""
+    """A session on the provider (checked: no silent fallback, no compute node on the CPU under cuda or tensorrt),
+    wrapped as the decoder its graph needs."""
     provider = provider.check()
     # The contract comes from the file first (read once): the TensorRT profile is built from its names and dims.
     graph = load_graph(model.model_path)
     shared = shares_cache(graph)  # the graph, not the manifest (open_folder checked the position table)
     if shared:
         check_shared_cache_provider(provider.name)
+    check_kernels(graph, provider)  # ops the provider has no kernel for: refused before any session is made
     shape = decoder_shape(*graph_io(graph), model.n_positions)
+    host_side = host_side_nodes(graph) if provider.name != "cpu" else None
     del graph
-    session = create_session(model.model_path, provider, shape=shape)
+    session = create_session(model.model_path, provider, shape=shape, host_side=host_side)
     kind = SharedCacheDecoder if shared else OnnxDecoder
     return kind(session, n_positions=model.n_positions, device_id=provider.device_id)
 
@@ -130,6 +144,8 @@ class OnnxDecoder(Runtime):
         self.device, self.device_id = DEVICE_TYPES.get(self.provider, "cpu"), device_id
         # TensorRT rejects zero-sized dims: the prompt step gets masked dummy past slots instead of an empty past.
         self.dummy_past = TRT_DUMMY_PAST if self.provider == "tensorrt" else 0
+        self.placement = session_placement(session)  # which provider got each node (create_session read it)
+        self.tf32 = session_tf32(session)  # fp32 matmuls in TF32 (None on the CPU)
         self._gather = None  # the cache-reorder session, built on first use (beam search)
 
     def session_providers(self) -> list[str]:
@@ -190,7 +206,13 @@ class OnnxDecoder(Runtime):
         binding.bind_output("logits", "cpu")
         for name in self.present_names:
             binding.bind_output(name, self.device, self.device_id)
-        self.session.run_with_iobinding(binding)
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as err:  # a provider's failure at run time (EPFail, CUDA): exit code 3, onnxruntime's words
+            failure = provider_failure(err, self.provider, doing="running a step")
+            if failure is None:
+                raise
+            raise failure from None
         values = binding.get_outputs()
         logits = values[0].numpy()
         return (logits[:, -1:] if last_logits_only else logits), values[1:]

@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from gpt2onnx.artifact.report import Placement
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes.generate import MAX_BATCH_TOKENS, decode
 
@@ -283,6 +284,11 @@ def measure_batch(
     if device_before is not None:
         device_peak = max(0, (_device_used(decoder.device, decoder.device_id) or 0) - device_before)
     stats = summarize_runs(decoder.runtime, batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
+    if device_peak is not None:
+        stats.extra["device_memory"] = ONNX_DEVICE_MEMORY
+    tf32 = getattr(decoder, "tf32", None)
+    if tf32 is not None:
+        stats.extra["tf32"] = tf32
     for past in config.pasts:
         times = [
             decode_step_at_past(decoder, batch, past, vocab_size=vocab_size, seed=config.seed + i)
@@ -290,6 +296,14 @@ def measure_batch(
         ][config.warmup :]
         stats.decode_ms_at_past.append((past, float(np.median(times)) * 1e3))
     return stats
+
+
+# What each side's peak_device_bytes is: the memory its allocator took for the runs, beyond the weights, so that
+# the two compare like for like (onnxruntime's CUDA arena keeps what it takes, as PyTorch's caching allocator does).
+ONNX_DEVICE_MEMORY = "growth of the device memory in use during the runs: onnxruntime's CUDA arena (weights excluded)"
+TORCH_DEVICE_MEMORY = (
+    "growth of PyTorch's reserved device memory (caching allocator) during the runs (weights excluded)"
+)
 
 
 def _device_used(device: str, device_id: int) -> int | None:
@@ -380,6 +394,7 @@ class ModelBench:
     n_positions: int
     vocab_size: int
     runs: list[RunStats]
+    placement: Placement | None = None  # onnxruntime: nodes per provider, and compute nodes on the CPU
 
     def as_dict(self) -> dict:
         return {**asdict(self), "runs": [run.as_dict() for run in self.runs]}
@@ -423,6 +438,10 @@ def measure_folder(
     runtime_versions = {"onnxruntime": onnxruntime.__version__}
     if runtime.name != "onnxruntime":
         runtime_versions[runtime.name] = decoder.version
+    if decoder.device == "cuda":  # the CUDA, cuDNN and TensorRT libraries the session loaded
+        from gpt2onnx.runtimes.providers import gpu_library_versions
+
+        runtime_versions.update(gpu_library_versions())
     return ModelBench(
         model=str(model.model_path),
         runtime=runtime.name,
@@ -439,4 +458,5 @@ def measure_folder(
         n_positions=model.n_positions,
         vocab_size=vocab,
         runs=runs,
+        placement=decoder.placement,
     )

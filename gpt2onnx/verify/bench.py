@@ -4,6 +4,7 @@ nothing here imports torch."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -13,9 +14,11 @@ from typing import Callable
 from gpt2onnx.artifact.paths import check_output_file
 from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic
+from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.runtimes.base import RuntimeOptions
-from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.runtimes.providers import TF32_OVERRIDE, ProviderConfig
 from gpt2onnx.runtimes.timing import (
+    TORCH_DEVICE_MEMORY,
     BenchConfig,
     ModelBench,
     PeakMemory,
@@ -38,10 +41,14 @@ class BenchReport:
 
     models: list[ModelBench]
     runs: list[RunStats]
+    machine: MachineRecord | None = None  # where it ran: the CPU (model, features), the GPU
 
     def as_dict(self) -> dict:
         """The JSON of ``bench --json``."""
-        return {"models": [model.as_dict() for model in self.models], "runs": [run.as_dict() for run in self.runs]}
+        data = {"models": [model.as_dict() for model in self.models], "runs": [run.as_dict() for run in self.runs]}
+        if self.machine is not None:
+            data["machine"] = self.machine.as_dict()
+        return data
 
 
 def torch_device(provider: ProviderConfig) -> str:
@@ -53,6 +60,19 @@ def torch_device(provider: ProviderConfig) -> str:
         if torch.cuda.is_available():
             return f"cuda:{provider.device_id}"
     return "cpu"
+
+
+@contextlib.contextmanager
+def matmul_tf32(enabled: bool):
+    """PyTorch's fp32 CUDA matmuls in TF32 or not, for the block (its default, 'highest', is not), then as before."""
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def synchronizer(device) -> Callable[[], None]:
@@ -81,7 +101,8 @@ def bench_torch(
     on_gpu = device.type == "cuda"
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(device)
-        resident = torch.cuda.memory_allocated(device)  # the weights: the ONNX side's device figure leaves them out too
+        # the weights: the ONNX side's device figure leaves them out too
+        resident, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
     runs = []
     with PeakMemory() as memory, torch.inference_mode():
         for i in range(config.warmup + config.repeat):
@@ -97,9 +118,16 @@ def bench_torch(
                 runs.append(times)
             if progress:
                 progress()
-    device_peak = int(torch.cuda.max_memory_allocated(device) - resident) if on_gpu else None
+    # reserved, not allocated: onnxruntime's arena is measured the same way (what the allocator took and keeps)
+    device_peak = int(torch.cuda.max_memory_reserved(device) - reserved) if on_gpu else None
     stats = summarize_runs("torch", batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
     stats.extra.update(device=str(device), dtype=str(next(model.parameters()).dtype).removeprefix("torch."))
+    if on_gpu:
+        stats.extra.update(
+            device_memory=TORCH_DEVICE_MEMORY,
+            device_allocated_peak_bytes=int(torch.cuda.max_memory_allocated(device) - resident),
+            tf32=bool(torch.backends.cuda.matmul.allow_tf32) and os.environ.get(TF32_OVERRIDE) != "0",
+        )
     return stats
 
 
@@ -133,8 +161,10 @@ def bench(
         progress: called after each warm-up or timed run.
 
     Returns:
-        BenchReport: ``models``, per folder and runtime (runtime, provider, machine, versions, precision, size,
-        runs); ``runs``, every run, the baseline's included, each with its label and runtime.
+        BenchReport: ``models``, per folder and runtime (runtime, provider, node placement, machine, versions,
+        precision, size, runs); ``runs``, every run, the baseline's included, each with its label and runtime. On
+        a GPU, each run's ``extra`` states its TF32 setting (PyTorch's is matched to the session's) and what its
+        ``peak_device_bytes`` measures (each framework's reserved growth, weights excluded).
 
     Raises:
         BadInput (options, folders, plot path), ContractError, IntegrityError, RuntimeUnavailable.
@@ -169,7 +199,8 @@ def bench(
     runs = [run for result in results for run in result.runs]
     if baseline == "torch":
         runs += _torch_baseline(folders[0], results, runtimes[0].provider, config, reference, progress)
-    report = BenchReport(results, runs)
+    provider = runtimes[0].provider
+    report = BenchReport(results, runs, describe_machine(provider.name, provider.device_id))
     if json_path is not None:
         write_json_atomic(json_path, report.as_dict())
     if plot is not None:
@@ -197,9 +228,12 @@ def _torch_baseline(
     ckpt = reference_checkpoint(model, reference)
     check_reference_matches(model, ckpt)  # the baseline must run the same architecture
     ref = reference_model(ckpt, device=device, dtype=torch.float16 if half else None)
+    # TF32 as the ONNX session really has it (off unless --tf32), recorded on both sides per run
+    tf32 = next((r.extra["tf32"] for r in results[0].runs if r.extra.get("tf32") is not None), provider.tf32)
     runs = []
     for batch in config.batches:
-        stats = bench_torch(ref, config, batch, vocab_size=results[0].vocab_size, progress=progress)
+        with matmul_tf32(tf32):
+            stats = bench_torch(ref, config, batch, vocab_size=results[0].vocab_size, progress=progress)
         stats.label = "torch eager" if device == "cpu" else f"torch eager ({device}, {'fp16' if half else 'fp32'})"
         stats.runtime = "torch"
         if provider.name != "cpu" and device == "cpu":

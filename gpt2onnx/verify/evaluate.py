@@ -35,6 +35,7 @@ from gpt2onnx.artifact.folder import TOKENIZER_FILES, ModelFolder, open_folder
 from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.errors import BadInput
 from gpt2onnx.files import sha256_file
+from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model, reference_step
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
@@ -103,6 +104,7 @@ class EvalProtocol:
     greedy_prompt_tokens: int
     greedy_new_tokens: int
     gates: dict
+    machine: MachineRecord | None = None  # where the folders ran: the CPU (model, features), the GPU
 
     @property
     def source(self) -> str:
@@ -125,6 +127,7 @@ class EvalProtocol:
             "kl": "KL(reference ‖ folder) of the next-token distributions; p99 from a log-spaced histogram (2.3 %)",
             "greedy": {"prompt_tokens": self.greedy_prompt_tokens, "new_tokens": self.greedy_new_tokens},
             "gates": self.gates,
+            **({"machine": self.machine.as_dict()} if self.machine else {}),
         }
 
 
@@ -668,6 +671,7 @@ def _run(
         greedy_prompt_tokens=int(min(GREEDY_PROMPT, len(summary.head))),
         greedy_new_tokens=greedy_tokens,
         gates=gates.as_dict(),
+        machine=describe_machine(candidates[0].provider if candidates else "cpu"),
     )
     return EvalReport(protocol, ref_row, rows)
 

@@ -16,7 +16,14 @@ from gpt2onnx.pytorch.reference import cache_as_arrays, reference_step
 from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
 from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.verify.gates import apply_gates
-from gpt2onnx.verify.metrics import Diffs, abs_diff, kl_divergence, tokens_before_divergence, top5_hits
+from gpt2onnx.verify.metrics import (
+    Diffs,
+    abs_diff,
+    kl_divergence,
+    relative_error,
+    tokens_before_divergence,
+    top5_hits,
+)
 
 
 def greedy(decoder: OnnxDecoder, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int) -> np.ndarray:
@@ -59,6 +66,7 @@ class CaseResult:
     kl: dict = field(default_factory=dict)  # KL(reference ‖ ours) of the next-token distributions: mean, max
     tokens_before_divergence: int = 0  # greedy tokens generated before the first one that differs (min over rows)
     samples: dict = field(default_factory=dict, repr=False)  # subsampled |Δ| values, for pooled percentiles
+    relative_error: dict = field(default_factory=dict)  # ‖Δlogits‖ / ‖logits − mean‖ per position: mean, max
 
     def as_dict(self) -> dict:
         return {
@@ -72,6 +80,7 @@ class CaseResult:
             "top5_agreement": self.top5_agreement,
             "kl": self.kl,
             "tokens_before_divergence": self.tokens_before_divergence,
+            "relative_error": self.relative_error,
         }
 
 
@@ -191,6 +200,7 @@ def run_case(
     logit_diffs, present_diffs = Diffs(rng), Diffs(rng)
     agree = top5 = compared = nonfinite = 0
     kls: list[np.ndarray] = []
+    relative: list[np.ndarray] = []
     total = case.prefix_length + case.prompt_length
     chunks = [(0, case.prefix_length), (case.prefix_length, total)] if case.prefix_length else [(0, total)]
     for step in _lockstep(decoder, reference, ids, mask, chunks=chunks, decode_steps=case.decode_steps):
@@ -200,6 +210,7 @@ def run_case(
         agree += int((logits.argmax(-1) == ref_logits.argmax(-1))[real].sum())
         top5 += int(top5_hits(ref_logits, logits)[real].sum())
         kls.append(kl_divergence(ref_logits, logits)[real])
+        relative.append(relative_error(ref_logits, logits)[real])
         compared += int(real.sum())
         for ours, diff in _kv_diffs(step):
             nonfinite += int((~np.isfinite(ours)).sum())
@@ -220,7 +231,13 @@ def run_case(
         {"mean": float(np.concatenate(kls).mean()), "max": float(np.concatenate(kls).max())},
         tokens_before_divergence(ours, theirs),
         {"logits": logits_sample, "present": present_sample},
+        _mean_max(relative),
     )
+
+
+def _mean_max(values: list[np.ndarray]) -> dict:
+    joined = np.concatenate(values) if values else np.zeros(1)
+    return {"mean": float(joined.mean()), "max": float(joined.max())}
 
 
 def run_loop_case(runner, reference, case: Case, *, vocab_size: int, text_ids: np.ndarray | None = None) -> CaseResult:
@@ -243,7 +260,7 @@ def run_loop_case(runner, reference, case: Case, *, vocab_size: int, text_ids: n
     rng = np.random.default_rng(case.seed + 1)
     logit_diffs = Diffs(rng)
     agree = top5 = compared = nonfinite = 0
-    kls = []
+    kls, relative = [], []
     for ours, ref_logits in zip(ours_steps, ref_steps):
         logits = ours[None]
         ref_logits = ref_logits[:, -logits.shape[1] :]  # --logits last: the last position only
@@ -252,6 +269,7 @@ def run_loop_case(runner, reference, case: Case, *, vocab_size: int, text_ids: n
         agree += int((logits.argmax(-1) == ref_logits.argmax(-1)).sum())
         top5 += int(top5_hits(ref_logits, logits).sum())
         kls.append(kl_divergence(ref_logits, logits).ravel())
+        relative.append(relative_error(ref_logits, logits).ravel())
         compared += logits.shape[1]
     if len(ours_steps) != len(ref_steps):
         nonfinite += 1  # a missing step cannot pass: the loop stopped early
@@ -273,6 +291,7 @@ def run_loop_case(runner, reference, case: Case, *, vocab_size: int, text_ids: n
         {"mean": float(kl.mean()), "max": float(kl.max())},
         tokens_before_divergence(ours, theirs_cut),
         {"logits": logits_sample, "present": np.zeros(0, np.float32)},
+        _mean_max(relative),
     )
 
 

@@ -49,6 +49,18 @@ def kl_divergence(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
     return (np.exp(ref) * (ref - ours)).sum(-1)
 
 
+def relative_error(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """Per position: ‖Δlogits‖₂ / ‖reference logits − their mean‖₂, the error relative to the logits' own spread
+    (a shift of every logit by one constant changes no probability, so it is not counted). Unlike KL or top-k
+    agreement it does not depend on how peaked the predictions are: the same graph error measures the same on
+    random and on trained weights."""
+    ref = ref_logits.astype(np.float64)
+    diff = logits.astype(np.float64) - ref
+    diff -= diff.mean(-1, keepdims=True)
+    spread = np.linalg.norm(ref - ref.mean(-1, keepdims=True), axis=-1)
+    return np.linalg.norm(diff, axis=-1) / np.maximum(spread, 1e-30)
+
+
 def top5_hits(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
     """Per position: is the reference's top-1 token among our five most likely?"""
     top5 = np.argpartition(-logits, 5, axis=-1)[..., :5] if logits.shape[-1] > 5 else np.argsort(-logits, axis=-1)
@@ -83,6 +95,10 @@ def summarize(results) -> dict:
         "kl": {
             "mean": sum(r.kl["mean"] * r.positions_compared for r in results) / max(compared, 1),
             "max": max(r.kl["max"] for r in results),
+        },
+        "relative_error": {
+            "mean": sum(r.relative_error["mean"] * r.positions_compared for r in results) / max(compared, 1),
+            "max": max(r.relative_error["max"] for r in results),
         },
         "tokens_before_divergence": {
             "min": min(r.tokens_before_divergence for r in results),

@@ -10,17 +10,22 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import onnx
 import torch
+from onnx import numpy_helper
 
 from gpt2onnx.artifact.folder import ModelFolder, open_folder, read_n_positions
+from gpt2onnx.artifact.graph import save_onnx
+from gpt2onnx.artifact.manifest import QuantizationRecord
 from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.errors import BadInput
+from gpt2onnx.machine import describe_machine
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder, file_shape
-from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session
-from gpt2onnx.verify.gates import TOLERANCES, apply_gates, tolerances_for
+from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session, session_placement
+from gpt2onnx.verify.gates import TOLERANCES, apply_gates, file_gates_for, tolerances_for
 from gpt2onnx.verify.kv_path import check_kv_path
 from gpt2onnx.verify.lockstep import (
     CaseResult,
@@ -33,6 +38,7 @@ from gpt2onnx.verify.lockstep import (
     run_loop_case,
 )
 from gpt2onnx.verify.metrics import summarize
+from gpt2onnx.verify.rounding import rounded_checkpoint, rounded_source_graph, weight_rounding
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +57,14 @@ def gate_report(
     keep_cases: bool = False,
     runtime: str = "onnxruntime",
 ) -> CheckReport:
-    """The report of randomized cases: their totals against the gates."""
+    """The report of randomized cases: their totals against the gates, and the machine they ran on."""
     measured = summarize(results)
     failures = apply_gates(measured, gates, cases=len(results))
     cases = [r.as_dict() for r in results] if keep_cases else []
-    return CheckReport(precision, against, gates, measured, failures, provider=provider, runtime=runtime, cases=cases)
+    machine = describe_machine(provider.split(" ")[0])
+    return CheckReport(
+        precision, against, gates, measured, failures, provider=provider, runtime=runtime, cases=cases, machine=machine
+    )
 
 
 def gate_check(
@@ -66,16 +75,30 @@ def gate_check(
     vocab_size: int,
     n_positions: int,
     cases: int = 4,
-    gates=None,
+    tolerances: dict,
     against: str = PYTORCH,
 ) -> CheckReport:
-    """The precision's gates on a few seeded randomized cases (what export and optimize check before writing)."""
-    tolerances = tolerances_for(precision, gates)
+    """``tolerances`` on a few seeded randomized cases (what export and optimize check before writing)."""
     results = [
         run_case(decoder, reference, case, vocab_size=vocab_size)
         for case in random_cases(cases, seed=0, n_positions=n_positions, max_batch=4)
     ]
-    return gate_report(results, precision, tolerances, against=against, provider=decoder.provider)
+    report = gate_report(results, precision, tolerances, against=against, provider=decoder.provider)
+    report.placement = decoder.placement
+    return report
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundedReference:
+    """For a quantized file: the reference run with the file's own dequantized weights, what it is called, the
+    weights' figures (:func:`gpt2onnx.verify.rounding.weight_rounding`), and whether the weights were trained
+    (the quality gates judge trained weights only)."""
+
+    reference: object
+    against: str
+    weights: dict
+    trained: bool
+    why: str
 
 
 def precision_gates(
@@ -88,47 +111,90 @@ def precision_gates(
     gates=None,
     decoder=None,
     against: str = PYTORCH,
+    rounded: RoundedReference | None = None,
 ) -> CheckReport:
-    """What export and optimize check before writing a reduced-precision model: the precision's gates on the
-    CPU provider and, for fp16, also with fp16 arithmetic emulated as a GPU does it
-    (:mod:`gpt2onnx.verify.fp16_emulation`): the CPU provider computes most fp16 nodes in fp32, which hides
-    an overflow the graph has on fp16 hardware. ``decoder``: a CPU decoder already open on ``model_path``."""
+    """What export and optimize check before writing a reduced-precision model, on the CPU provider: the
+    precision's gates against ``reference``; for fp16 also with fp16 arithmetic emulated as a GPU does it
+    (:mod:`gpt2onnx.verify.fp16_emulation`: the CPU provider computes most fp16 nodes in fp32, which hides an
+    overflow the graph has on fp16 hardware); for int8 and int4 the file judged by itself against ``rounded``
+    (:mod:`gpt2onnx.verify.rounding`), with the quality gates only where the weights were trained.
+    ``decoder``: a CPU decoder already open on ``model_path``."""
+    decoder = decoder or cpu_decoder(model_path)
 
-    def check(decoder: OnnxDecoder) -> CheckReport:
+    def check(decoder: OnnxDecoder, reference, tolerances: dict, against: str) -> CheckReport:
         return gate_check(
             decoder,
             reference,
             precision=precision,
             vocab_size=vocab_size,
             n_positions=n_positions,
-            gates=gates,
+            tolerances=tolerances,
             against=against,
         )
 
-    checked = check(decoder or cpu_decoder(model_path))
+    quality = tolerances_for(precision, gates)
+    if rounded is not None:
+        quality = quality if rounded.trained else {}
+        checked = check(decoder, reference, quality, against)
+        file_check = check(decoder, rounded.reference, file_gates_for(precision, gates), rounded.against)
+        file_check.measured["weights"] = rounded.weights
+        file_check.failures = apply_gates(file_check.measured, file_check.gates, cases=file_check.measured["cases"])
+        checked.rounded = file_check
+        checked.quality_gates = rounded.why
+        checked.failures += [f"the file against its own rounded weights: {f}" for f in file_check.failures]
+        return checked
+    checked = check(decoder, reference, quality, against)
     if precision != "float16":
         return checked
     from gpt2onnx.verify.fp16_emulation import write_emulated_fp16
 
     with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
         emulated_path = write_emulated_fp16(Path(model_path), Path(tmp) / "emulated.onnx")
-        emulated = check(cpu_decoder(emulated_path))
+        emulated = check(cpu_decoder(emulated_path), reference, quality, against)
     checked.fp16_emulated = emulated
     checked.failures += [f"fp16 arithmetic as on a GPU: {f}" for f in emulated.failures]
     return checked
 
 
+def quality_gates_apply(source: dict | None) -> tuple[bool, str]:
+    """Whether a quantized model's quality gates (KL, top-1 and top-5 against fp32) mean something for weights from
+    ``source`` (a manifest's source record): not for random weights, whose nearly flat predictions make top-k
+    agreement chance; the file checks judge those."""
+    if isinstance(source, dict) and source.get("kind") == "random":
+        return False, (
+            "quality gates not applied: random weights predict nearly flat distributions, where KL and top-k"
+            " agreement measure nothing; the file is judged by its weights and its activation path"
+        )
+    return True, "quality gates applied (weights from a checkpoint)"
+
+
 def validate_export(
-    path: Path, ckpt: Checkpoint, *, precision: str, block: int | None, tolerance: float | None, gates
+    path: Path,
+    ckpt: Checkpoint,
+    *,
+    precision: str,
+    block: int | None,
+    tolerance: float | None,
+    gates,
+    quantization: QuantizationRecord | None = None,
 ) -> CheckReport:
     """An export before it is written: fp32 on a left-padded batch of 3 (empty past, then two decode steps)
-    within ``tolerance``; reduced precisions through their gates; a single block against its PyTorch block."""
+    within ``tolerance``; reduced precisions through their gates (a quantized one also judged by itself against
+    PyTorch with its own rounded weights); a single block against its PyTorch block."""
     decode_steps = 2
     length = max(2, min(8, ckpt.spec.n_positions - decode_steps))
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
     reference = reference_model(ckpt)
     if precision != "float32":
         log.info("checking the %s gates against transformers' GPT2LMHeadModel", precision)
+        rounded = None
+        if quantization is not None:
+            figures, weights = weight_rounding(onnx.load(str(path)), lambda name: _tensor(ckpt, name), quantization)
+            trained, why = quality_gates_apply(ckpt.source)
+            rounded_model = reference_model(rounded_checkpoint(ckpt, weights))
+            rounded = RoundedReference(
+                rounded_model, f"{PYTORCH} with the file's rounded weights", figures, trained, why
+            )
         return precision_gates(
             path,
             reference,
@@ -136,41 +202,83 @@ def validate_export(
             vocab_size=ckpt.spec.vocab_size,
             n_positions=ckpt.spec.n_positions,
             gates=gates,
+            rounded=rounded,
         )
     tolerance = tolerances_for("float32", {"logits": tolerance} if tolerance is not None else gates)["logits"]
     log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)
     if block is not None:
+        session = cpu_session(path)
         report = compare_block(
-            cpu_session(path), reference, block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance
+            session, reference, block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance
         )
+        report.placement = session_placement(session)
     else:
-        report = compare_decoder(
-            cpu_decoder(path), reference, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance
-        )
+        decoder = cpu_decoder(path)
+        report = compare_decoder(decoder, reference, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
+        report.placement = decoder.placement
     log.info("%s", report.summary())
     return report
 
 
-def validate_against_source(rewritten: Path, source: Path, *, precision: str, tolerance: float, gates) -> CheckReport:
+def validate_against_source(
+    rewritten: Path,
+    source: Path,
+    *,
+    precision: str,
+    tolerance: float,
+    gates,
+    quantization: QuantizationRecord | None = None,
+    source_record: dict | None = None,
+) -> CheckReport:
     """A rewritten graph (fused, fp16, quantized) against the graph it came from: fp32 on a left-padded batch
-    with an empty past and decode steps; reduced precisions through their gates on a few randomized cases."""
+    with an empty past and decode steps; reduced precisions through their gates on a few randomized cases (a
+    quantized one also judged by itself against the source graph with its own rounded weights).
+    ``source_record``: the source's manifest source record (random weights are not judged by quality gates)."""
     n_positions = read_n_positions(rewritten.parent)
     fused = cpu_decoder(rewritten, n_positions=n_positions)
     reference = OnnxReference(cpu_decoder(source, n_positions=n_positions))
     vocab = fused.vocab_size or 1000
     if precision != "float32":
-        return precision_gates(
-            rewritten,
-            reference,
-            precision=precision,
-            vocab_size=vocab,
-            n_positions=n_positions,
-            gates=gates,
-            decoder=fused,
-            against=SOURCE_ONNX,
-        )
+        with tempfile.TemporaryDirectory(prefix="gpt2onnx-rounded-") as tmp:
+            rounded = None
+            if quantization is not None:
+                source_model = onnx.load(str(source))
+                initializers = {i.name: i for i in source_model.graph.initializer}
+
+                def source_weight(name: str):
+                    return numpy_helper.to_array(initializers[name]) if name in initializers else None
+
+                figures, weights = weight_rounding(onnx.load(str(rewritten)), source_weight, quantization)
+                rounded_path = Path(tmp) / "rounded.onnx"
+                save_onnx(rounded_source_graph(source_model, weights), rounded_path, external_data=None)
+                del source_model, initializers
+                trained, why = quality_gates_apply(source_record)
+                rounded_reference = OnnxReference(cpu_decoder(rounded_path, n_positions=n_positions))
+                against = f"{SOURCE_ONNX} with the file's rounded weights"
+                rounded = RoundedReference(rounded_reference, against, figures, trained, why)
+            return precision_gates(
+                rewritten,
+                reference,
+                precision=precision,
+                vocab_size=vocab,
+                n_positions=n_positions,
+                gates=gates,
+                decoder=fused,
+                against=SOURCE_ONNX,
+                rounded=rounded,
+            )
     input_ids, mask = left_padded_batch(vocab, batch=3, length=8, seed=0)
-    return compare_decoder(fused, reference, input_ids, mask, decode_steps=2, tolerance=tolerance, against=SOURCE_ONNX)
+    report = compare_decoder(
+        fused, reference, input_ids, mask, decode_steps=2, tolerance=tolerance, against=SOURCE_ONNX
+    )
+    report.placement = fused.placement
+    return report
+
+
+def _tensor(ckpt: Checkpoint, name: str):
+    """A checkpoint weight by its gpt2onnx.pytorch name, as numpy; None if it has none."""
+    tensor = ckpt.state_dict.get(name)
+    return None if tensor is None else tensor.detach().float().numpy()
 
 
 def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Checkpoint:
@@ -248,7 +356,8 @@ def parity(
 
     Args:
         folder: an exported decoder folder.
-        provider: onnxruntime's provider (default: the cpu provider, all cores).
+        provider: onnxruntime's provider (default: the cpu provider, all cores). With ``tf32`` (cuda, tensorrt) an
+            fp32 model is held to the ``tf32`` gates instead of fp32's.
         runtime: the runtime and its options (default: onnxruntime on ``provider``). genai owns its loop and
             exposes no presents: its cases are batch 1, the prefix is part of the prompt, the reference's
             greedy tokens are forced into its loop, and logits, KL, top-k and tokens are compared.
@@ -263,7 +372,8 @@ def parity(
             offsets (instead of random token ids); the cases are otherwise the same.
 
     Returns:
-        CheckReport with the totals, the failures (empty when it passed), every case, and ``kv_path``: the model
+        CheckReport with the totals, the failures (empty when it passed), every case, ``placement`` (onnxruntime:
+        which provider ran each node), and ``kv_path``: the model
         against itself on one left-padded batch (a past vs recomputed, the batch vs each row alone, chunks vs
         the whole prompt; :mod:`gpt2onnx.verify.kv_path`), its failures among the report's.
 
@@ -279,9 +389,11 @@ def parity(
         raise BadInput(f"max batch must be 1 to 64, got {max_batch}")
     model = open_folder(folder, verify_files=verify_files)
     text_ids = prompt_text_ids(model, text) if text is not None else None
-    tolerances = tolerances_for(model.precision, gates)
     runtime = runtime or RuntimeOptions(provider=provider or ProviderConfig())
     provider = runtime.provider
+    # fp32 with TF32 matmuls (--tf32) has its own gates; every other precision keeps its own
+    family = "tf32" if provider.tf32 and model.precision == "float32" else model.precision
+    tolerances = tolerances_for(family, gates)
     if emulate_fp16 and runtime.name != "onnxruntime":
         raise BadInput(f"fp16 emulation runs on onnxruntime's cpu provider, not on {runtime.name}: drop one of them")
     if emulate_fp16:
@@ -320,9 +432,10 @@ def parity(
             decoder.close()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
     report = gate_report(
-        results, model.precision, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
+        results, family, tolerances, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
     )
     report.kv_path = kv_path
+    report.placement = decoder.placement
     report.failures += kv_path.failures
     report.measured["prompts"] = "random token ids" if text is None else f"text '{text}' ({len(text_ids):,} tokens)"
     return report
