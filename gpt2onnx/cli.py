@@ -40,6 +40,23 @@ err_console = Console(stderr=True)
 _METAVARS = {int: "N", float: "X"}
 
 
+class OutputPath:
+    """The parser of every option that names a path a command writes (--json, --plot, -o, a cache folder): the
+    value becomes a Path as it is, and the library checks it with gpt2onnx.artifact.paths.check_output_path
+    before any work. Declared on each such option so that tests find them all (tests/bad_input_cases.py feeds
+    each the same hostile paths)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind  # "file" or "folder"
+        self.__name__ = f"output {kind}"
+
+    def __call__(self, value) -> Path:
+        return Path(value)
+
+
+OUTPUT_FILE, OUTPUT_FOLDER = OutputPath("file"), OutputPath("folder")
+
+
 def _short_metavars(command, ctx) -> None:
     help_option = command.get_help_option(ctx)
     if help_option is not None and help_option.metavar is None:
@@ -369,7 +386,12 @@ def export(
             help="Folder, Hub id, or a preset name.",
         ),
     ],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder \\[default: models/NAME].")] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="Output folder \\[default: models/NAME]."
+        ),
+    ] = None,
     random_init: Annotated[bool, typer.Option("--random-init", help="Seeded random weights, no download.")] = False,
     seed: Annotated[int, typer.Option(help="Seed for --random-init.")] = 0,
     outliers: Annotated[
@@ -463,7 +485,7 @@ def _print_check(report: CheckReport | None, quality: EvalReport | None = None) 
 @eval_options
 def optimize(
     source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
+    out: Annotated[Path, typer.Option("--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="Output folder.")],
     fusion: Annotated[
         str,
         typer.Option(help="ort, ort-shared-kv, portable, tensorrt, or none."),
@@ -524,7 +546,9 @@ def deploy(
     ],
     out: Annotated[
         Optional[Path],
-        typer.Option("--out", "-o", help="A new folder \\[default: FOLDER itself]."),
+        typer.Option(
+            "--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="A new folder \\[default: FOLDER itself]."
+        ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out folder.")] = False,
     triton_name: Annotated[Optional[str], typer.Option(help="Triton model name \\[default: the folder's].")] = None,
@@ -619,7 +643,10 @@ ThreadsOpt = Annotated[Optional[int], typer.Option(help="cpu: threads \\[default
 SpinOpt = Annotated[bool, typer.Option("--spin/--no-spin", help="cpu: let idle threads spin.")]
 DeviceOpt = Annotated[int, typer.Option(help="cuda/tensorrt: GPU index.")]
 TrtFp16Opt = Annotated[bool, typer.Option("--trt-fp16", help="tensorrt: allow fp16 kernels.")]
-TrtCacheOpt = Annotated[Optional[Path], typer.Option(help="tensorrt: cache \\[default: DIR/trt_cache].")]
+TrtCacheOpt = Annotated[
+    Optional[Path],
+    typer.Option(parser=OUTPUT_FOLDER, metavar="DIR", help="tensorrt: cache \\[default: DIR/trt_cache]."),
+]
 MaxBatchOpt = Annotated[int, typer.Option(help="tensorrt: largest batch.")]
 FallbackOpt = Annotated[bool, typer.Option("--allow-fallback", help="Run on if nodes leave the provider.")]
 Tf32Opt = Annotated[bool, typer.Option("--tf32", help="cuda/tensorrt: fp32 matmuls in TF32.")]
@@ -655,7 +682,11 @@ _RUN_OPTIONS = (
 
 
 def _make_run_options(values: dict) -> RunOptions:
+    from gpt2onnx.artifact.paths import check_output_path
     from gpt2onnx.runtimes.providers import ProviderConfig
+
+    if values["trt_cache_dir"] is not None:  # a folder TensorRT writes into (never replaced)
+        check_output_path(values["trt_cache_dir"], option="--trt-cache-dir", kind="folder", replaced=False)
 
     provider = ProviderConfig(
         name=values["provider"],
@@ -672,6 +703,15 @@ def _make_run_options(values: dict) -> RunOptions:
 
 
 run_options = shared_options(_RUN_OPTIONS, _make_run_options, "options")
+
+
+def _read_folders(*paths) -> tuple[Path, ...]:
+    """The model folders a command reads (its folders, a --reference folder; a model file: its folder)."""
+    found = []
+    for path in paths:
+        if path is not None and Path(path).exists():
+            found.append(Path(path).parent if Path(path).is_file() else Path(path))
+    return tuple(found)
 
 
 def _runtime(name: str, options: RunOptions):
@@ -704,16 +744,22 @@ def generate(
     no_repeat_ngram_size: Annotated[int, typer.Option(help="No n-gram of this size twice (0: off).")] = 0,
     min_new_tokens: Annotated[int, typer.Option(help="No end-of-sequence before this many.")] = 0,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop a row at this text (repeatable).")] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write ids, text and score per sequence.")] = None,
+    json_path: Annotated[
+        Optional[Path],
+        typer.Option("--json", parser=OUTPUT_FILE, metavar="FILE", help="Write ids, text and score per sequence."),
+    ] = None,
     runtime: RuntimeOpt = "onnxruntime",
     options: RunOptions = None,
 ) -> None:
     """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers)."""
+    from gpt2onnx.artifact.paths import check_output_path
     from gpt2onnx.errors import BadInput
     from gpt2onnx.files import write_json_atomic
     from gpt2onnx.runtimes.generate import EARLY_STOPPING, Decoding, Sampling
     from gpt2onnx.runtimes.generate import generate as run_generate
 
+    if json_path is not None:
+        check_output_path(json_path, option="--json", folders=_read_folders(folder))
     if early_stopping.lower() not in EARLY_STOPPING:
         raise BadInput(f"--early-stopping must be true, false or never, got '{early_stopping}'")
     sampling = Sampling(sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -760,7 +806,9 @@ def parity(
     folder: FolderArg = Path("models/gpt2"),
     cases: Annotated[int, typer.Option(help="Randomized cases.")] = 20,
     seed: Annotated[int, typer.Option(help="Seed of the cases.")] = 0,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure here.")] = None,
+    json_path: Annotated[
+        Optional[Path], typer.Option("--json", parser=OUTPUT_FILE, metavar="FILE", help="Write every figure here.")
+    ] = None,
     reference: ReferenceOpt = None,
     gate: GateOpt = None,
     runtime: RuntimeOpt = "onnxruntime",
@@ -782,14 +830,16 @@ def parity(
     """Check an exported model against PyTorch; exit 1 if a gate fails."""
     from rich.progress import Progress
 
-    from gpt2onnx.artifact.paths import check_output_file
+    from gpt2onnx.artifact.paths import check_output_path
     from gpt2onnx.files import write_json_atomic
     from gpt2onnx.verify.gates import parse_gates
     from gpt2onnx.verify.parity import parity as run_parity
 
     gates = parse_gates(gate)
     if json_path:
-        check_output_file(json_path, option="--json", inputs=(folder,) + ((Path(reference),) if reference else ()))
+        check_output_path(
+            json_path, option="--json", folders=_read_folders(folder, reference), files=(text,) if text else ()
+        )
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("parity cases", total=cases)
         report = run_parity(
@@ -879,8 +929,12 @@ def bench(
     warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 2,
     repeat: Annotated[int, typer.Option(help="Timed runs.")] = 5,
     baseline: Annotated[Optional[str], typer.Option(help="'torch': PyTorch eager too.")] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure here.")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="PNG: decode latency by past.")] = None,
+    json_path: Annotated[
+        Optional[Path], typer.Option("--json", parser=OUTPUT_FILE, metavar="FILE", help="Write every figure here.")
+    ] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option(parser=OUTPUT_FILE, metavar="FILE", help="PNG: decode latency by past.")
+    ] = None,
     reference: ReferenceOpt = None,
     runtime: Annotated[
         str,
@@ -1004,17 +1058,25 @@ def eval_command(
     max_ppl_increase: MaxPplOpt = None,
     max_kl: MaxKlOpt = None,
     greedy_tokens: Annotated[int, typer.Option(help="Greedy tokens compared (0: none).")] = 64,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
+    json_path: Annotated[
+        Optional[Path],
+        typer.Option("--json", parser=OUTPUT_FILE, metavar="FILE", help="Write every figure to this JSON file."),
+    ] = None,
     runtime: RuntimeOpt = "onnxruntime",
     options: RunOptions = None,
 ) -> None:
     """Perplexity on real text (sliding windows), and KL, top-1 and greedy agreement against a reference."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from gpt2onnx.artifact.paths import check_output_path
     from gpt2onnx.errors import CheckFailed
     from gpt2onnx.files import write_json_atomic
     from gpt2onnx.verify.evaluate import EvalGates, evaluate
 
+    if json_path is not None:
+        check_output_path(
+            json_path, option="--json", folders=_read_folders(*folders, reference), files=(text,) if text else ()
+        )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err_console, transient=True) as progress:
         task = progress.add_task("windows", total=None)

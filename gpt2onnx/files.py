@@ -1,19 +1,84 @@
-"""Small file helpers: hashing, and JSON written so that a reader never sees half a file."""
+"""Small file helpers: reading only regular files, hashing, and JSON written so that a reader never sees half a
+file."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
-from gpt2onnx.errors import OutputError
+from gpt2onnx.errors import BadInput, OutputError
+
+
+def kind_of(mode: int) -> str:
+    """What a file system entry is, in words (for messages): 'a regular file', 'a FIFO', 'a folder', …"""
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def open_regular(path: str | Path, what: str, *, limit: int | None = None) -> BinaryIO:
+    """``path`` opened for reading (binary), only if it is a regular file of at most ``limit`` bytes; else
+    BadInput naming ``what`` and the path. It is opened without blocking (an ordinary open of a FIFO waits for a
+    writer forever) and checked with fstat on the opened descriptor, so what is checked is what is read: a FIFO,
+    a device (/dev/zero never ends), a socket or a folder is refused, never read."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise BadInput(f"{what} '{path}' cannot be read ({err.strerror or err})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BadInput(f"{what} '{path}' is not a regular file ({kind_of(info.st_mode)}): give a file")
+        if limit is not None and info.st_size > limit:
+            raise BadInput(
+                f"{what} '{path}' is {info.st_size:,} bytes, more than the {limit:,} such a file can be: give the"
+                " right file"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_bytes(path: str | Path, what: str, *, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (see :func:`open_regular`)."""
+    with open_regular(path, what, limit=limit) as fh:
+        try:
+            return fh.read(limit + 1)[:limit]
+        except OSError as err:
+            raise BadInput(f"{what} '{path}' cannot be read ({err.strerror or err})") from None
+
+
+def read_regular_text(path: str | Path, what: str, *, limit: int) -> str:
+    """The UTF-8 text of a regular file of at most ``limit`` bytes; BadInput for anything else."""
+    data = read_regular_bytes(path, what, limit=limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BadInput(
+            f"{what} '{path}' is not UTF-8 text ({err.reason} at byte {err.start:,}): replace the file"
+        ) from None
 
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path, "file") as fh:
         for chunk in iter(lambda: fh.read(1 << 24), b""):
             digest.update(chunk)
     return digest.hexdigest()

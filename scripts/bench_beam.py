@@ -20,7 +20,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from gpt2onnx.artifact.folder import generation_token_ids, open_folder
+from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.runtimes.decoder import open_decoder
 from gpt2onnx.runtimes.generate import Decoding, decode
 from gpt2onnx.runtimes.providers import ProviderConfig
@@ -55,7 +56,7 @@ def main() -> None:
     vocab = decoder.vocab_size or 50257
     ids, mask = left_padded_batch(vocab, batch=args.batch, length=args.prompt_len, seed=0)
     decoding = Decoding(num_beams=args.beams, min_new_tokens=args.new_tokens)
-    eos_ids, _ = generation_token_ids(model.folder)
+    eos_ids = read_generation_config(model.folder, vocab_size=model.facts.vocab_size).eos_token_ids
     eos = eos_ids[0] if eos_ids else vocab - 1
 
     def ours():

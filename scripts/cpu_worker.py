@@ -35,7 +35,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    from gpt2onnx.artifact.folder import MODEL_FILE, generation_token_ids
+    from gpt2onnx.artifact.folder import MODEL_FILE
+    from gpt2onnx.artifact.generation import read_generation_config
     from gpt2onnx.machine import describe_cpu
     from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, shares_cache
     from gpt2onnx.runtimes.generate import decode
@@ -58,7 +59,7 @@ def main() -> int:
             logits, _ = decoder.run(window, mask, positions, decoder.empty_past(1), last_logits_only=False)
             windows.append(np.asarray(logits, dtype=np.float32)[0])
         out[f"logits_{index}"] = np.stack(windows)
-        _, pad = generation_token_ids(folder)
+        pad = read_generation_config(folder, vocab_size=decoder.vocab_size).pad_token_id
         tokens = []
         for prompt in prompts:
             prompt_ids = np.asarray([prompt], dtype=np.int64)

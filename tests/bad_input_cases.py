@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -2100,3 +2101,682 @@ def _relocate(folder: Path, name: str) -> None:
                 entry.value = name
     onnx.save(model, str(folder / "model.onnx"))
     rehash(folder)
+
+
+# -- round three (issue 30): one output rule, serve, graph facts over manifest claims, numbers, bounded text --------
+def _parameters():
+    """(command, parameter name, option name, its typer info, its type) for every parameter of every command."""
+    import inspect
+    import typing
+
+    from gpt2onnx.cli import app
+
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__
+        for param in inspect.signature(command.callback, eval_str=True).parameters.values():
+            args = typing.get_args(param.annotation)
+            info = next((m for m in args[1:] if hasattr(m, "parser")), None)
+            if info is None:
+                continue
+            decls = [d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d[:2] == "--"]
+            yield name, param.name, decls[0] if decls else f"--{param.name.replace('_', '-')}", info, args[0]
+
+
+def output_options() -> list[tuple[str, str, str]]:
+    """Every (command, option, kind) of the CLI that names a path it writes: the options declared with the
+    OutputPath parser (gpt2onnx.cli). Found from the commands themselves, so a new one cannot be missed."""
+    from gpt2onnx.cli import OutputPath
+
+    return sorted(
+        (command, option, info.parser.kind)
+        for command, _, option, info, _ in _parameters()
+        if isinstance(info.parser, OutputPath)
+    )
+
+
+def path_options() -> dict[tuple[str, str], bool]:
+    """Every (command, parameter) whose value is a path, read or written: True where it is declared an output."""
+    import typing
+
+    from gpt2onnx.cli import OutputPath
+
+    def is_path(kind) -> bool:
+        return kind is Path or any(is_path(k) for k in typing.get_args(kind))
+
+    return {
+        (command, name): isinstance(info.parser, OutputPath)
+        for command, name, _, info, kind in _parameters()
+        if is_path(kind)
+    }
+
+
+# The command line each output option is fed into, otherwise valid ({out}: the hostile path); {read}: the model
+# folder that command reads (an output inside it, or that is it, is refused).
+OUTPUT_COMMANDS = {
+    ("generate", "--json"): (
+        ("generate", "{exp}", "--ids", "1,2", "--max-new-tokens", "1", "--json", "{out}"),
+        "{exp}",
+    ),
+    ("eval", "--json"): (("eval", "{exp}", "--text", "t.txt", "--greedy-tokens", "0", "--json", "{out}"), "{exp}"),
+    ("parity", "--json"): (("parity", "{exp}", "--cases", "1", "--json", "{out}"), "{exp}"),
+    ("bench", "--json"): (("bench", "{exp}", *BENCH_QUICK, "--json", "{out}"), "{exp}"),
+    ("bench", "--plot"): (("bench", "{exp}", *BENCH_QUICK, "--plot", "{out}"), "{exp}"),
+    ("export", "--out"): (("export", "--model", "{src}", "--no-validate", "-o", "{out}"), "{src}"),
+    ("optimize", "--out"): (("optimize", "{exp}", "-o", "{out}"), "{exp}"),
+    ("deploy", "--out"): (("deploy", "{exp}", "--target", "genai", "-o", "{out}"), None),  # -o FOLDER itself: in place
+    **{
+        (cmd, "--trt-cache-dir"): ((*base, "--provider", "tensorrt", "--trt-cache-dir", "{out}"), None)
+        for cmd, base in (
+            ("generate", ("generate", "{exp}", "--ids", "1,2", "--max-new-tokens", "1")),
+            ("parity", ("parity", "{exp}", "--cases", "1")),
+            ("bench", ("bench", "{exp}", *BENCH_QUICK)),
+            ("eval", ("eval", "{exp}", "--text", "t.txt", "--greedy-tokens", "0")),
+        )
+    },
+}
+
+
+def _hostile_place(kind: str) -> Callable[[Ctx], None]:
+    def setup(c: Ctx) -> None:
+        (c.dir / "t.txt").write_text("Hello, world. " * 40)
+        (c.dir / "keep.txt").write_text("keep")
+        (c.dir / "real").mkdir()
+        (c.dir / "link").symlink_to("keep.txt" if kind == "file" else "real")
+        (c.dir / "dangling").symlink_to(c.dir / "nowhere")
+        (c.dir / "read-link").symlink_to(c.exp)
+        os.mkfifo(c.dir / "pipe")
+        (c.dir / "afile").write_text("mine")
+        (c.dir / "d").mkdir()
+
+    return setup
+
+
+# the same hostile set for every output option: (name, path, applies to kinds)
+HOSTILE_OUTPUTS = (
+    ("model-file", "{read}/model.onnx", ("file",)),
+    ("manifest", "{read}/gpt2onnx.json", ("file",)),
+    ("config", "{read}/config.json", ("file",)),
+    ("new-file-in-model-folder", "{read}/new.json", ("file",)),
+    ("input-text", "t.txt", ("file",)),
+    ("link", "link", ("file", "folder")),
+    ("dangling-link", "dangling", ("file", "folder")),
+    ("fifo", "pipe", ("file", "folder")),
+    ("device", "/dev/null", ("file", "folder")),
+    ("folder", "d", ("file",)),
+    ("no-such-folder", "nope/x.json", ("file",)),
+    ("a-file", "afile", ("folder",)),
+    ("the-model-folder", "{read}", ("folder",)),
+    ("link-to-the-model-folder", "read-link", ("folder",)),
+    ("working-directory", ".", ("folder",)),
+)
+
+
+def _output_cases() -> list[Case]:
+    cases = []
+    for command, option, kind in output_options():
+        argv, read = OUTPUT_COMMANDS[(command, option)]
+        for name, path, kinds in HOSTILE_OUTPUTS:
+            if kind not in kinds or ("{read}" in path and read is None) or (name == "input-text" and command != "eval"):
+                continue
+            if option == "--trt-cache-dir" and name in ("working-directory", "link-to-the-model-folder"):
+                continue  # a cache is written into, never replaced: these are allowed
+            out = path.replace("{read}", read or "")
+            cases.append(
+                Case(
+                    f"output-{command}-{option.strip('-')}-{name}",
+                    "data-loss",
+                    tuple(a.replace("{out}", out) for a in argv),
+                    B,
+                    _hostile_place(kind),
+                )
+            )
+    return cases
+
+
+# -- serve: what it serves is what it checked ------------------------------------------------------------------
+SECRET = "the-secret-outside-the-folder"
+SITE = ("site", "secret.html")  # what a serve case sets up as it runs (served, never written by serve)
+
+
+def _site(c: Ctx, **links: str) -> Path:
+    """A served folder 'site' (index.html, a 4 MB file, a manifest naming a local path) beside a secret file;
+    ``links``: site-relative path → link target ({secret}: the secret file)."""
+    site = c.dir / "site"
+    (site / "sub").mkdir(parents=True)
+    (site / "index.html").write_text("<p>the page</p>")
+    (site / "sub" / "index.html").write_text("<p>sub</p>")
+    (site / "config.json").write_text('{"the": "config"}')
+    (site / "big.bin").write_bytes(os.urandom(4 << 20))
+    (site / "gpt2onnx.json").write_text(json.dumps({"source": {"path": str(c.dir / "private" / "checkpoint")}}))
+    (c.dir / "secret.html").write_text(SECRET)
+    for rel, target in links.items():
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            path.unlink()
+        path.symlink_to(target.format(secret=c.dir / "secret.html"))
+    return site
+
+
+def _serving(c: Ctx, cli, requests: Callable[[str], None], **links: str) -> Outcome:
+    """``gpt2onnx serve site --port 0`` for real; ``requests(url)`` runs against it, then Ctrl-C (SIGINT) stops it."""
+    _site(c, **links)
+    proc = cli(["serve", "site", "--port", "0"], c, wait=False)
+    try:
+        line = proc.stdout.readline()
+        url = line.split(" at ")[1].split()[0] if " at " in line else None
+        assert url, f"serve printed no address: {line!r} {proc.stderr.read() if proc.poll() is not None else ''}"
+        requests(url)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    return finish(proc, 30)
+
+
+def _raw(url: str, request: bytes) -> bytes:
+    """One raw HTTP/1.0 exchange (a request line the standard clients would never send)."""
+    import socket
+
+    host, port = url.split("//")[1].strip("/").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(1 << 16):
+            data += chunk
+    return data
+
+
+def _status(url: str, path: str) -> tuple[int, bytes]:
+    reply = _raw(url, f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    return int(reply.split(b" ", 2)[1]), reply
+
+
+def _never_secret(path: str, allowed: tuple[int, ...]) -> Callable[[Ctx, Callable], Outcome]:
+    def run(c: Ctx, cli) -> Outcome:
+        def requests(url: str) -> None:
+            code, reply = _status(url, path)
+            assert SECRET.encode() not in reply, f"GET {path} served the file outside the folder"
+            assert code in allowed, f"GET {path}: {code}"
+
+        return _serving(c, cli, requests, **_SERVE_LINKS)
+
+    return run
+
+
+_SERVE_LINKS = {
+    "index.html": "{secret}",
+    "sub/index.html": "{secret}",
+    "http:/x/config.json": "{secret}",  # what the absolute form used to be served from
+}
+
+
+def _absolute_form(c: Ctx, cli) -> Outcome:
+    def requests(url: str) -> None:
+        code, reply = _status(url, "http://x/config.json")
+        assert SECRET.encode() not in reply and code == 200 and b'{"the": "config"}' in reply, reply[:300]
+
+    return _serving(c, cli, requests, **_SERVE_LINKS)
+
+
+def _manifest_not_served(c: Ctx, cli) -> Outcome:
+    def requests(url: str) -> None:
+        code, reply = _status(url, "/gpt2onnx.json")
+        assert code == 404 and str(c.dir).encode() not in reply, reply[:300]
+
+    return _serving(c, cli, requests)
+
+
+def _clients_go_away(c: Ctx, cli) -> Outcome:
+    """200 clients that reset the connection mid-download: no traceback, the server still serves."""
+    import socket
+    import struct
+
+    def requests(url: str) -> None:
+        host, port = url.split("//")[1].strip("/").split(":")
+        for _ in range(200):
+            with socket.create_connection((host, int(port)), timeout=20) as sock:
+                sock.sendall(b"GET /big.bin HTTP/1.0\r\n\r\n")
+                sock.recv(1024)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST on close
+        code, reply = _status(url, "/config.json")
+        assert code == 200, reply[:200]
+
+    out = _serving(c, cli, requests)
+    assert len([line for line in out.stderr.splitlines() if line.strip()]) <= 1, out.stderr[-2000:]
+    return out
+
+
+# -- manifest claims the graph contradicts ---------------------------------------------------------------------
+def _deployed_file(name: str, dtype: str) -> Callable[[Ctx, Outcome], None]:
+    def check(c: Ctx, out: Outcome) -> None:
+        config = json.loads((c.dir / "out" / "config.json").read_text())
+        assert (c.dir / "out" / "onnx" / name).is_file(), sorted(p.name for p in (c.dir / "out" / "onnx").iterdir())
+        assert config["transformers.js_config"]["dtype"] == dtype, config["transformers.js_config"]
+
+    return check
+
+
+def _quantization_claim(folder: Path) -> None:
+    manifest_edit(quantization={"method": "int4", "block_size": 32, "ops": {"MatMulNBits": 9}})(folder)
+
+
+def _eval_not_token_by_token(c: Ctx, out: Outcome) -> None:
+    report = json.loads((c.dir / "e.json").read_text())
+    assert [row["token_by_token"] for row in report["rows"]] == [False], report["rows"]
+
+
+def _files_empty(swap: bool) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        if swap:
+            swap_model(folder)
+        manifest_edit(files={})(folder)
+
+    return edit
+
+
+# -- generation numbers: one typed reader -----------------------------------------------------------------------
+def _generation_raw(**raw: str) -> Callable[[Ctx], None]:
+    """A copy of the export as 'm' whose generation_config.json holds ``raw`` JSON values (NaN, Infinity, 1e30)."""
+
+    def setup(c: Ctx) -> None:
+        folder = c.copy("exp", "m")
+        path = folder / "generation_config.json"
+        text = path.read_text().rstrip().rstrip("}").rstrip()
+        path.write_text(text + "".join(f',\n  "{k}": {v}' for k, v in raw.items()) + "\n}\n")
+
+    return setup
+
+
+def _low_memory(c: Ctx):
+    """This machine has 2 GB available: a run is allowed only if its estimate fits."""
+    from unittest import mock
+
+    return mock.patch("gpt2onnx.runtimes.decoder.available_memory", return_value=2 << 30)
+
+
+# -- text read in bounded pieces --------------------------------------------------------------------------------
+def _big_text(kind: str, megabytes: int) -> Callable[[Ctx], None]:
+    def setup(c: Ctx) -> None:
+        import random
+
+        rng = random.Random(0)
+        words = ["the", "model", "of", "a", "text", "and", "runs", "hello", "world"]
+        block = "a" * (1 << 20) if kind == "letter" else " ".join(rng.choices(words, k=200_000))[: (1 << 20) - 1] + " "
+        with open(c.dir / "big.txt", "w") as fh:
+            for _ in range(megabytes):  # one block of 1 MB, written again: no punctuation anywhere
+                fh.write(block)
+
+    return setup
+
+
+def _bad_byte_at(position: int) -> Callable[[Ctx], None]:
+    def setup(c: Ctx) -> None:
+        data = bytearray(b"Hello, world. " * (position // 14 + 100))
+        data[position] = 0xFF
+        (c.dir / "bad.txt").write_bytes(bytes(data))
+
+    return setup
+
+
+# -- files read from a folder or an option ----------------------------------------------------------------------
+def _fake_web_lib(root: Path, *, package_fifo: bool = False) -> Path:
+    """A node_modules tree shaped like an npm install of transformers.js 4.3.2 and onnxruntime-web (files empty):
+    the web target copies from it without npm."""
+    package = root / "node_modules" / "@huggingface" / "transformers"
+    ort = root / "node_modules" / "onnxruntime-web"
+    for folder in (package / "dist", ort / "dist"):
+        folder.mkdir(parents=True)
+    if package_fifo:
+        os.mkfifo(package / "package.json")
+    else:
+        meta = {"name": "@huggingface/transformers", "version": "4.3.2", "dependencies": {"onnxruntime-web": "1.0.0"}}
+        (package / "package.json").write_text(json.dumps(meta))
+    (ort / "package.json").write_text(json.dumps({"name": "onnxruntime-web", "version": "1.0.0"}))
+    (package / "dist" / "transformers.min.js").write_text("// transformers.js")
+    for name in ("ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm"):
+        (ort / "dist" / name).write_text("")
+    return root / "node_modules"
+
+
+def _page_settings(c: Ctx, name: str) -> None:
+    import html
+
+    page = (c.dir / name / "index.html").read_text()
+    start = page.index('id="gpt2onnx-settings">') + len('id="gpt2onnx-settings">')
+    settings = json.loads(page[start : page.index("</script>", start)])
+    assert settings["name"] == name, settings["name"]
+    assert "<title>" + html.escape(name) + " ·" in page
+
+
+def _user_tokenizer_json(c: Ctx) -> None:
+    """An export whose tokenizer.json the user added later (not in the manifest), and an npm tree for the page."""
+    folder = c.copy("exp", "m")
+    manifest = json.loads((folder / "gpt2onnx.json").read_text())
+    del manifest["files"]["tokenizer.json"]
+    (folder / "gpt2onnx.json").write_text(json.dumps(manifest))
+    _fake_web_lib(c.dir / "lib")
+
+
+def _damaged_bpe(name: str) -> Callable[[Ctx], None]:
+    """An export with vocab.json and merges.txt but no tokenizer.json, one of the two damaged."""
+
+    def setup(c: Ctx) -> None:
+        from transformers import GPT2TokenizerFast
+
+        folder = c.copy("exp", "m")
+        GPT2TokenizerFast.from_pretrained(folder).save_pretrained(c.dir / "tok", legacy_format=True)
+        shutil.copy(c.dir / "tok" / "merges.txt", folder / "merges.txt")
+        vocab = json.loads((c.dir / "tok" / "vocab.json").read_text())
+        vocab.setdefault("<|endoftext|>", len(vocab))  # an added token there: GPT-2's vocab.json holds it
+        (folder / "vocab.json").write_text(json.dumps(vocab))
+        shutil.rmtree(c.dir / "tok")
+        (folder / "tokenizer.json").unlink()
+        (folder / name).write_text("not a merges file\n" if name == "merges.txt" else "[1, 2]")
+        rehash_all(folder)
+
+    return setup
+
+
+def rehash_all(folder: Path) -> None:
+    """List every top-level file in the manifest again, hashed (a folder handed over as it is)."""
+    from gpt2onnx.files import sha256_file
+
+    path = folder / "gpt2onnx.json"
+    manifest = json.loads(path.read_text())
+    manifest["files"] = {
+        p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != "gpt2onnx.json"
+    }
+    path.write_text(json.dumps(manifest))
+
+
+def _small_vocab_source(c: Ctx) -> None:
+    """A checkpoint of 300 tokens whose tokenizer files give ids up to 999 (they belong to another model)."""
+    from conftest import make_config, write_hf_folder, write_tokenizer
+
+    config = make_config("h4-v1000")
+    config.vocab_size, config.eos_token_id, config.bos_token_id = 300, 299, 299  # its merges have ids above 300
+    folder = write_hf_folder(c.dir / "m", config)
+    write_tokenizer(folder)
+    (c.dir / "t.txt").write_text("the quick brown fox jumps over the lazy dog. " * 20)
+
+
+def _out_has(*names: str) -> Callable[[Ctx, Outcome], None]:
+    def check(c: Ctx, out: Outcome) -> None:
+        for name in names:
+            assert (c.dir / "out" / name).exists(), f"out/{name} is missing"
+
+    return check
+
+
+def _user_files_beside(c: Ctx) -> None:
+    folder = c.copy("exp", "m")
+    (folder / "notes.txt").write_text("mine")
+    (folder / "trt_cache").mkdir()
+    (folder / "trt_cache" / "engine.bin").write_text("engine")
+
+
+def _deployed_with_user_file_in_onnx(c: Ctx) -> None:
+    from gpt2onnx.deploy import deploy
+
+    c.copy("exp", "m")
+    deploy(c.dir / "m", "transformers-js", out=c.dir / "out")
+    (c.dir / "out" / "onnx" / "mine.onnx").write_text("my own graph")
+
+
+def _model_in_case_folder(c: Ctx) -> None:
+    """The case folder itself is the model folder (the command runs from inside it: cd m && gpt2onnx deploy .)."""
+    for path in c.exp.iterdir():
+        shutil.copy(path, c.dir / path.name)
+
+
+GEN1 = ("--ids", "1,2", "--max-new-tokens", "1")
+
+CASES += [
+    *_output_cases(),
+    # -- serve -----------------------------------------------------------------------------------------------------
+    *(
+        Case(name, cls, (), 0, run=run, timeout=timeout, creates=SITE)
+        for name, cls, run, timeout in (
+            ("serve-index-link-outside", "security", _never_secret("/", (403, 404)), 60),
+            ("serve-sub-index-link-outside", "security", _never_secret("/sub/", (403, 404)), 60),
+            ("serve-absolute-form", "security", _absolute_form, 60),
+            ("serve-manifest-local-paths", "security", _manifest_not_served, 60),
+            ("serve-clients-go-away", "traceback", _clients_go_away, 120),
+        )
+    ),
+    # -- deploy's outputs --------------------------------------------------------------------------------------------
+    Case(
+        "deploy-out-link-to-source",
+        "data-loss",
+        ("deploy", "m", "--target", "genai", "-o", "link"),
+        B,
+        lambda c: (c.copy("exp", "m"), (c.dir / "link").symlink_to("m")),
+        match="symbolic link",
+    ),
+    Case(
+        "deploy-in-place-from-inside",
+        "data-loss",
+        ("deploy", ".", "--target", "genai"),
+        B,
+        _model_in_case_folder,
+        match="working directory",
+    ),
+    Case(
+        "deploy-out-keeps-user-files",
+        "data-loss",
+        ("deploy", "m", "--target", "genai", "-o", "out"),
+        0,
+        _user_files_beside,
+        creates=("out",),
+        check=_out_has("notes.txt", "trt_cache/engine.bin", "genai_config.json"),
+    ),
+    Case(
+        "deploy-force-user-file-in-target-folder",
+        "data-loss",
+        ("deploy", "m", "--target", "transformers-js", "-o", "out", "--force"),
+        B,
+        _deployed_with_user_file_in_onnx,
+        match="onnx/mine.onnx",
+    ),
+    # -- graph facts over manifest claims: one case per field a command acts on ---------------------------------
+    Case(
+        "manifest-files-empty",
+        "silent",
+        ("generate", "m", *GEN1),
+        B,
+        export_copy(_files_empty(swap=False)),
+        match="does not list 'model.onnx'",
+    ),
+    Case(
+        "manifest-files-empty-swapped-model",
+        "silent",
+        ("generate", "m", *GEN1),
+        B,
+        export_copy(_files_empty(swap=True)),
+        match="does not list 'model.onnx'",
+    ),
+    Case(
+        "manifest-dtype-float16-on-fp32-graph",
+        "silent",
+        ("deploy", "m", "--target", "transformers-js", "-o", "out"),
+        0,
+        export_copy(manifest_edit(dtype="float16")),
+        creates=("out",),
+        check=_deployed_file("model.onnx", "fp32"),
+    ),
+    Case(
+        "manifest-quantization-int4-on-fp32-graph",
+        "silent",
+        ("deploy", "m", "--target", "transformers-js", "-o", "out"),
+        0,
+        export_copy(_quantization_claim),
+        creates=("out",),
+        check=_deployed_file("model.onnx", "fp32"),
+    ),
+    Case(
+        "manifest-logits-last-on-all-logits-graph",
+        "silent",
+        ("eval", "m", "--text", "t.txt", "--greedy-tokens", "0", "--json", "e.json"),
+        0,
+        lambda c: (
+            export_copy(manifest_edit(options={"logits": "last"}))(c),
+            (c.dir / "t.txt").write_text("the quick brown fox. " * 30),
+        ),
+        creates=("e.json",),
+        check=_eval_not_token_by_token,
+    ),
+    Case(
+        "eval-reference-other-architecture",
+        "silent",
+        ("eval", "{exp}", "--text", "t.txt", "--greedy-tokens", "0", "--reference", "other"),
+        B,
+        lambda c: (other_checkpoint(n_layer=1, n_head=2)(c), (c.dir / "t.txt").write_text("Hello, world. " * 30)),
+        match="does not match",
+    ),
+    # -- numbers from generation_config.json and the command line ----------------------------------------------
+    *(
+        Case(
+            f"ort-generate-{key}-{label}",
+            "traceback",
+            ("deploy", "m", "--target", "ort-generate", "-o", "out"),
+            B,
+            _generation_raw(**{key: raw}),
+            match=f"{key} [^ ]+ in '.*generation_config.json' is not",
+        )
+        for key, label, raw in (
+            ("temperature", "nan", "NaN"),
+            ("temperature", "infinity", "Infinity"),
+            ("no_repeat_ngram_size", "infinity", "Infinity"),
+            ("no_repeat_ngram_size", "nan", "NaN"),
+            ("no_repeat_ngram_size", "2-64", str(2**64)),
+            ("no_repeat_ngram_size", "1e30", "1e30"),
+        )
+    ),
+    Case(
+        "genai-top-k-10-20",
+        "silent",
+        ("deploy", "m", "--target", "genai", "-o", "out"),
+        B,
+        _generation_raw(top_k=str(10**20)),
+        match="top_k 100000000000000000000 in .* is not an integer from 0 to 2,147,483,647",
+    ),
+    *(
+        Case(
+            f"generate-{key}-{label}",
+            "traceback",
+            ("generate", "m", *GEN1),
+            B,
+            _generation_raw(**{key: raw}),
+            match=f"{key} {re.escape(raw)} in .* is not a token id: an integer from 0 to 999",
+        )
+        for key, label, raw in (
+            ("eos_token_id", "10-30", str(10**30)),
+            ("pad_token_id", "10-30", str(10**30)),
+            ("eos_token_id", "outside-vocab", "5000"),
+            ("eos_token_id", "negative", "-1"),
+            ("pad_token_id", "list", "[1, 2]"),
+        )
+    ),
+    Case(
+        "generate-length-penalty-1e300",
+        "traceback",
+        ("generate", "{exp}", *GEN1, "--num-beams", "2", "--length-penalty", "1e300"),
+        B,
+        match=r"length_penalty 1e\+300 \(--length-penalty\) is not a finite number from -10 to 10",
+    ),
+    Case(
+        "generate-prompt-invalid-utf8",
+        "traceback",
+        ("generate", "{exp}", "--prompt", "hello \udcff there", "--max-new-tokens", "1"),
+        B,
+        match="--prompt is not valid UTF-8 text",
+    ),
+    Case(
+        "generate-num-beams-150000-counted",
+        "hang",
+        ("generate", "{exp}", "--ids", "1", "--max-new-tokens", "1", "--num-beams", "150000"),
+        B,
+        inject=_low_memory,
+        match="beam search.*2.1 GB available",
+    ),
+    # -- text read in bounded pieces (the runner caps each process at 3 GB of address space) ----------------------
+    Case(
+        "text-20mb-words-and-spaces",
+        "hang",
+        ("parity", "{exp}", "--cases", "1", "--text", "big.txt"),
+        0,
+        _big_text("words", 20),
+        process=True,
+        timeout=240,
+    ),
+    Case(
+        "text-16mb-one-letter",
+        "hang",
+        ("parity", "{exp}", "--cases", "1", "--text", "big.txt"),
+        0,
+        _big_text("letter", 16),
+        process=True,
+        timeout=240,
+    ),
+    Case(
+        "text-bad-byte-position-from-start",
+        "message",
+        ("eval", "{exp}", "--text", "bad.txt"),
+        B,
+        _bad_byte_at(1_067_482),
+        match="at byte 1,067,482 from its start",
+    ),
+    # -- messages name the file at fault, where it is ----------------------------------------------------------------
+    *(
+        Case(
+            f"deploy-damaged-{name.split('.')[0]}-names-the-source",
+            "message",
+            ("deploy", "m", "--target", "genai", "-o", "out"),
+            B,
+            _damaged_bpe(name),
+            match=f"'m/{name}'",
+            absent="out/",
+        )
+        for name in ("merges.txt", "vocab.json")
+    ),
+    Case(
+        "export-eval-text-tokenizer-of-the-source",
+        "message",
+        ("export", "--model", "m", "-o", "out", "--no-validate", "--eval-text", "t.txt"),
+        B,
+        _small_vocab_source,
+        match="the tokenizer of '[^']*m'",
+        absent="'out'",
+    ),
+    Case(
+        "deploy-web-user-tokenizer-json",
+        "message",
+        ("deploy", "m", "--target", "web", "-o", "out", "--web-lib", "lib"),
+        0,
+        _user_tokenizer_json,
+        creates=("out",),
+        check=_out_has("index.html", "tokenizer.json"),
+    ),
+    # -- files read from an option, and templates -------------------------------------------------------------------
+    Case(
+        "deploy-web-lib-package-json-fifo",
+        "hang",
+        ("deploy", "{exp}", "--target", "web", "-o", "out", "--web-lib", "lib"),
+        B,
+        lambda c: _fake_web_lib(c.dir / "lib", package_fifo=True),
+        match="package.json.*not a regular file",
+        process=True,
+        timeout=120,
+    ),
+    Case(
+        "deploy-web-title-template",
+        "security",
+        ("deploy", "{exp}", "--target", "web", "-o", 'x"__GPT2ONNX_TITLE__', "--web-lib", "lib"),
+        0,
+        lambda c: _fake_web_lib(c.dir / "lib"),
+        creates=('x"__GPT2ONNX_TITLE__',),
+        check=lambda c, out: _page_settings(c, 'x"__GPT2ONNX_TITLE__'),
+    ),
+]

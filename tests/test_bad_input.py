@@ -1,7 +1,7 @@
 """The bad-input corpus (tests/bad_input_cases.py): hostile and careless input to every command. Each case
 asserts the exit code (2 bad input, 1 failed check, 3 runtime unavailable, 4 cannot write), one line on stderr
-with no traceback, and that nothing was written or lost: its own folder and the shared model folders are hashed
-before and after.
+with no traceback, that nothing was written or lost (its own folder and the shared model folders are hashed
+before and after), and that no code from a model folder ran (no marker file anywhere in its folder).
 
 Most cases run in this process through Typer's CliRunner (the same OneLineErrors.main a real run goes
 through: SystemExit caught, stderr captured), one after another, each with its own folder as the working
@@ -28,7 +28,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from bad_input_cases import CASES, Case, Ctx, Outcome, finish
+from bad_input_cases import (
+    CASES,
+    MARKER,
+    OUTPUT_COMMANDS,
+    Case,
+    Ctx,
+    Outcome,
+    finish,
+    output_options,
+    path_options,
+)
 from conftest import make_config, write_hf_folder, write_tokenizer
 
 import gpt2onnx
@@ -256,6 +266,7 @@ def test_bad_input(case: Case, outcomes):
     changes = _diff(result.before, result.after, case.creates)
     assert not changes, f"files written or lost in the case folder: {changes[:10]}"
     assert not result.shared_changes, f"shared model folders changed: {result.shared_changes[:10]}"
+    assert not list(ctx.dir.rglob(MARKER)), "code from a model folder ran"  # every case: no code ran
     if case.check:
         case.check(ctx, out)
     expected = case.code if isinstance(case.code, tuple) else (case.code,)
@@ -269,3 +280,33 @@ def test_the_corpus_covers_every_command_and_class():
     assert commands == {"export", "optimize", "inspect", "generate", "parity", "bench", "deploy", "eval", "serve"}
     assert {c.cls for c in CASES} == {"security", "data-loss", "hang", "silent", "traceback", "message", "options"}
     assert len(CASES) >= 160
+
+
+# the path parameters commands read (every other path parameter is an output, fed the hostile set above)
+INPUT_PATHS = {
+    ("bench", "folders"),
+    ("deploy", "folder"),
+    ("deploy", "web_lib"),
+    ("eval", "folders"),
+    ("eval", "text"),
+    ("export", "eval_text"),
+    ("generate", "folder"),
+    ("inspect", "path"),
+    ("optimize", "eval_text"),
+    ("optimize", "source"),
+    ("parity", "folder"),
+    ("parity", "text"),
+    ("serve", "folder"),
+}
+
+
+def test_every_output_option_is_fed_the_hostile_paths():
+    """Every option naming a path a command writes is declared with the OutputPath parser (so the corpus finds it
+    and feeds it the same hostile set), and every other path parameter is one the command reads."""
+    outputs = output_options()
+    assert {(command, option) for command, option, _ in outputs} == set(OUTPUT_COMMANDS)
+    paths = path_options()
+    unclassified = [p for p, written in paths.items() if not written and p not in INPUT_PATHS]
+    assert not unclassified, f"path options neither read (INPUT_PATHS) nor declared as outputs: {unclassified}"
+    fed = {c.id.split("-")[1] for c in CASES if c.id.startswith("output-")}
+    assert fed == {command for command, _, _ in outputs}

@@ -17,7 +17,8 @@ import torch
 import transformers
 from typer.testing import CliRunner
 
-from gpt2onnx.artifact.folder import generation_token_ids, open_folder
+from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.cli import app
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import logits as processors
@@ -30,6 +31,12 @@ from gpt2onnx.runtimes.providers import ProviderConfig
 PROMPTS = [[5, 17, 301, 44, 9, 470, 12], [33, 402, 7], [410, 2, 75, 19]]  # ids of both test vocabularies
 NEW = 12
 PAD = 0
+
+
+def _token_ids(folder):
+    """(eos ids, pad id) as generate reads them (generation_config.json, then config.json)."""
+    config = read_generation_config(folder, vocab_size=None)
+    return config.eos_token_ids, config.pad_token_id
 
 
 def padded(pad: int):
@@ -139,7 +146,7 @@ def reference_rows(reference, ids, mask, eos, settings, width):
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "greedy")
 def test_equal_to_transformers_generate(eos_export, reference, settings):
-    eos_ids, pad = generation_token_ids(eos_export)
+    eos_ids, pad = _token_ids(eos_export)
     assert pad == PAD
     eos = eos_ids[0]
     ids, mask = padded(pad)
@@ -162,7 +169,7 @@ def test_equal_to_transformers_generate(eos_export, reference, settings):
 
 def test_the_batch_finishes_beams_at_different_lengths(eos_export):
     """The equality above covers returned beams of several lengths (not all max_new_tokens)."""
-    eos_ids, _ = generation_token_ids(eos_export)
+    eos_ids, _ = _token_ids(eos_export)
     decoder = open_decoder(open_folder(eos_export), ProviderConfig())
     ids, mask = padded(PAD)
     decoding = Decoding(num_beams=4, num_return_sequences=4)
@@ -246,7 +253,7 @@ def test_stop_strings_as_transformers(tokenized_export):
     assert candidates, free.texts
     *_, longest, stop = min(candidates)
     ours = generate(folder, prompts=prompts, max_new_tokens=10, decoding=Decoding(stop=(stop,)))
-    eos_ids, pad = generation_token_ids(folder)
+    eos_ids, pad = _token_ids(folder)
     pad = eos_ids[0] if pad is None else pad
     ids, mask = _left_pad(ours.prompt_ids, pad)
     with torch.no_grad(), one_torch_thread():
@@ -296,7 +303,7 @@ def _runtime_or_skip(folder, name):
 
 def test_openvino_beam_search_equals_transformers(eos_export, reference):
     runner = _runtime_or_skip(eos_export, "openvino")
-    eos = generation_token_ids(eos_export)[0][0]
+    eos = _token_ids(eos_export)[0][0]
     ids, mask = padded(PAD)
     settings = {"num_beams": 3, "num_return_sequences": 3, "repetition_penalty": 1.2}
     decoding = Decoding(**settings)
@@ -312,7 +319,7 @@ def test_genai_beam_search_equals_transformers_where_comparable(eos_export, refe
     measured in README (Decoding options). Greedy with a repetition penalty is transformers' too."""
     runner = _runtime_or_skip(eos_export, "genai")
     try:
-        eos = generation_token_ids(eos_export)[0][0]
+        eos = _token_ids(eos_export)[0][0]
         ids, mask = padded(PAD)
         settings = {"num_beams": 3, "num_return_sequences": 3, "length_penalty": 0.0}
         ours = decode(runner, ids, mask, max_new_tokens=NEW, decoding=Decoding(**settings), eos_token_id=eos)
@@ -360,7 +367,7 @@ def test_cli_beam_search_writes_json(eos_export, tmp_path):
         (["--num-beams", "2", "--early-stopping", "maybe"], "--early-stopping must be true, false or never"),
         (["--num-beams", "2", "--sample"], "beam sampling"),
         (["--stop", "x"], "stop strings .* need the tokenizer files"),
-        (["--repetition-penalty", "0"], "repetition_penalty .* must be a positive number"),
+        (["--repetition-penalty", "0"], r"repetition_penalty 0.0 \(--repetition-penalty\) is not a finite number from"),
     ],
 )
 def test_cli_refuses_bad_decoding_options(tiny_export, args, message):

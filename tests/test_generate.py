@@ -101,8 +101,8 @@ def test_bad_generation_inputs(decoder, ids, kwargs, message):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"sample": True, "top_p": 0.0}, r"top_p \(--top-p\) must be in"),
-        ({"sample": True, "temperature": 0}, r"temperature \(--temperature\) must be a positive number"),
+        ({"sample": True, "top_p": 0.0}, r"top_p 0.0 \(--top-p\) is not a finite number above 0 and at most 1"),
+        ({"sample": True, "temperature": 0}, r"temperature 0 \(--temperature\) is not a finite number from 1e-06"),
         ({"top_k": 5}, r"top_k only apply when sampling"),
     ],
 )

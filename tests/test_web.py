@@ -309,6 +309,56 @@ def test_serve_sends_isolation_headers_and_refuses_what_is_outside(tmp_path):
             open_server(folder, port=port)
 
 
+def test_serve_serves_only_what_it_checked(tmp_path, caplog, capsys):
+    """The file opened is the file checked: a folder's index.html that leads out is refused like any link; the
+    absolute form of a request target maps to the same path as its origin form; the manifest (local paths) is
+    not served; a client that resets the connection mid-download is one log line, never a traceback."""
+    import logging
+    import socket
+    import struct
+
+    folder = tmp_path / "site"
+    (folder / "sub").mkdir(parents=True)
+    (tmp_path / "secret.html").write_text("secret")
+    (folder / "index.html").symlink_to(tmp_path / "secret.html")
+    (folder / "sub" / "index.html").symlink_to(tmp_path / "secret.html")
+    (folder / "ok").mkdir()
+    (folder / "ok" / "index.html").write_text("<p>ok</p>")
+    (folder / "config.json").write_text("{}")
+    (folder / "gpt2onnx.json").write_text(json.dumps({"source": {"path": str(tmp_path)}}))
+    (folder / "big.bin").write_bytes(bytes(2 << 20))
+    (folder / "http:" / "x").mkdir(parents=True)
+    (folder / "http:" / "x" / "config.json").symlink_to(tmp_path / "secret.html")
+
+    def raw(url: str, target: str) -> bytes:
+        host, port = url.split("//")[1].strip("/").split(":")
+        with socket.create_connection((host, int(port)), timeout=20) as sock:
+            sock.sendall(f"GET {target} HTTP/1.0\r\n\r\n".encode())
+            data = b""
+            while chunk := sock.recv(1 << 16):
+                data += chunk
+        return data
+
+    with caplog.at_level(logging.INFO, logger="gpt2onnx.deploy.web_server"):
+        (folder / "index.html").unlink()
+        (folder / "index.html").write_text("<p>hi</p>")  # the page itself is ours; sub/'s index leads out
+        with open_server(folder, port=0, background=True) as server:
+            for target, status in (("/sub/", 403), ("/ok/", 200), ("/gpt2onnx.json", 404), ("*", 400)):
+                reply = raw(server.url, target)
+                assert reply.split(b" ", 2)[1] == str(status).encode() and b"secret" not in reply, (target, reply)
+            reply = raw(server.url, "http://x/config.json")
+            assert reply.split(b" ", 2)[1] == b"200" and reply.endswith(b"{}"), reply[-200:]
+            for _ in range(20):
+                with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1].strip("/")))) as sock:
+                    sock.sendall(b"GET /big.bin HTTP/1.0\r\n\r\n")
+                    sock.recv(1024)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            assert raw(server.url, "/config.json").endswith(b"{}")
+    assert "Traceback" not in capsys.readouterr().err
+    gone = [r for r in caplog.records if "went away" in r.getMessage()]
+    assert 1 <= len(gone) <= 20 and all(r.exc_info is None for r in caplog.records)
+
+
 def test_serve_cli_prints_the_address(tmp_path):
     folder = tmp_path / "site"
     folder.mkdir()

@@ -24,11 +24,11 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from gpt2onnx.artifact.graph import external_data_files, load_graph, position_table_rows
+from gpt2onnx.artifact.graph import GraphFacts, external_data_files, graph_facts, load_graph
 from gpt2onnx.artifact.manifest import MANIFEST_FORMAT_VERSION, MODEL_FILE, FileRecord, Manifest
-from gpt2onnx.artifact.paths import file_in_folder
+from gpt2onnx.artifact.paths import check_output_path, file_in_folder, real_location
 from gpt2onnx.errors import BadInput, ContractError, Gpt2OnnxError, IntegrityError, OutputError
-from gpt2onnx.files import sha256_file
+from gpt2onnx.files import read_regular_text, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +54,10 @@ _BACKUP = ".old-"
 def read_json_file(path: Path, what: str) -> dict:
     """A small JSON object from a regular file, or BadInput naming the file."""
     path = Path(path)
+    text = read_regular_text(path, what, limit=MAX_JSON_BYTES)
     try:
-        info = path.stat()
-    except OSError as err:
-        raise BadInput(f"{what} '{path}' cannot be read ({err.strerror or err})") from None
-    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_JSON_BYTES:
-        raise BadInput(f"{what} '{path}' is not a regular JSON file of at most {MAX_JSON_BYTES >> 20} MB")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as err:
         raise BadInput(
             f"{what} '{path}' is not valid JSON ({str(err).splitlines()[0][:120]}): fix or replace the file"
         ) from None
@@ -88,36 +83,6 @@ def read_n_positions(folder: str | Path) -> int:
     return value
 
 
-def eos_token_id(folder: str | Path) -> int | None:
-    """End-of-sequence id from generation_config.json, else config.json."""
-    for name in (GENERATION_CONFIG_FILE, CONFIG_FILE):
-        if not (Path(folder) / name).is_file():
-            continue
-        value = read_json_file(Path(folder) / name, name).get("eos_token_id")
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
-
-
-def generation_token_ids(folder: str | Path) -> tuple[tuple[int, ...], int | None]:
-    """(end-of-sequence ids, padding id) as transformers' generate() reads them: generation_config.json first,
-    else config.json; eos may be one id or a list; no pad id: None (generate then pads with the first eos)."""
-    found: dict[str, object] = {}
-    for name in (GENERATION_CONFIG_FILE, CONFIG_FILE):
-        if (Path(folder) / name).is_file():
-            data = read_json_file(Path(folder) / name, name)
-            for key in ("eos_token_id", "pad_token_id"):
-                if found.get(key) is None and data.get(key) is not None:
-                    found[key] = data[key]
-    is_id = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-    eos = found.get("eos_token_id")
-    eos_ids = tuple(v for v in (eos if isinstance(eos, list) else [eos]) if is_id(v))
-    pad = found.get("pad_token_id")
-    return eos_ids, pad if is_id(pad) else None
-
-
 def check_integrity(folder: Path, manifest: Manifest, *, data_files: tuple[str, ...] | None = None) -> None:
     """Each model file must have the size and sha256 the manifest records (about 1 s for the 124M model), and
     every external data file the graph names (``data_files``, read from the graph when not given) must be one
@@ -127,12 +92,18 @@ def check_integrity(folder: Path, manifest: Manifest, *, data_files: tuple[str, 
     if data_files is None:
         data_files = graph_data_files(folder / MODEL_FILE)
     listed = manifest.model_files
+    if MODEL_FILE not in manifest.files:
+        raise IntegrityError(
+            f"the manifest '{where}' does not list '{MODEL_FILE}', so it cannot be checked: export the folder again,"
+            " or skip the check (--no-verify-files) if you changed it on purpose"
+        )
     for name in data_files:
-        if name not in listed:
+        if name not in manifest.files:
             raise IntegrityError(
                 f"'{folder / MODEL_FILE}' loads '{name}', which the manifest '{where}' does not list:"
                 " export the folder again, or skip the check (--no-verify-files) if you changed it on purpose"
             )
+    listed = {**listed, **{name: manifest.files[name] for name in data_files}}
     for name, info in listed.items():
         path = file_in_folder(folder, name, what="model file", where=where, must_exist=False)
         if not path.exists():
@@ -164,32 +135,55 @@ def graph_data_files(model_path: Path) -> tuple[str, ...]:
 @dataclass
 class ModelFolder:
     """An exported decoder folder, opened: where its model is, its manifest (None for optimum's), its context,
-    and what its graph says (facts from the graph win over the manifest and the configs)."""
+    and what its graph says (``facts``: read from the graph; they win over the manifest and the configs)."""
 
     folder: Path
     model_path: Path
     manifest: Manifest | None
     n_positions: int
-    shared_kv: bool = False  # the graph has GroupQueryAttention (ort-shared-kv): past and present share a buffer
-    data_files: tuple[str, ...] = ()  # external data files the graph names, checked to lie inside the folder
+    facts: GraphFacts | None = None  # read from model_path when not given
+
+    def __post_init__(self) -> None:
+        if self.facts is None:
+            self.facts = graph_facts(load_graph(self.model_path))
+
+    @property
+    def shared_kv(self) -> bool:
+        """The graph has GroupQueryAttention (ort-shared-kv): past and present share a buffer."""
+        return self.facts.shared_kv
+
+    @property
+    def data_files(self) -> tuple[str, ...]:
+        """The external data files the graph names, checked to lie inside the folder."""
+        return self.facts.data_files
 
     @property
     def dtype(self) -> str:
-        return self.manifest.dtype if self.manifest else "float32"
+        return self.facts.dtype
 
     @property
     def precision(self) -> str:
         """The quantization method if the weights are quantized, else the dtype: the key of the parity gates."""
-        return self.manifest.precision if self.manifest else "float32"
+        return self.facts.precision
 
 
-SHARED_CACHE_OP = "GroupQueryAttention"
+def _claims(manifest: Manifest, facts: GraphFacts) -> list[str]:
+    """What the manifest says of the graph that the graph contradicts (each: 'what: manifest vs graph')."""
+    claims = {
+        "dtype": (manifest.dtype, facts.dtype),
+        "quantization": (manifest.quantization.method if manifest.quantization else "none", facts.quantization),
+        "kv_cache": (manifest.kv_cache, "shared" if facts.shared_kv else "concat"),
+        "options.logits": (manifest.options.get("logits"), "last" if facts.logits_last else "all"),
+    }
+    return [f"{key} {said}, the graph's {found}" for key, (said, found) in claims.items() if said not in (None, found)]
 
 
 def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder:
     """An exported decoder folder, checked: it holds model.onnx and config.json, it is not a single block, the
     external data its graph names lies inside it, the config's context fits the graph's position table, and
-    (with ``verify_files``) its model files match the manifest's sha256."""
+    (with ``verify_files``) the files the graph loads match the manifest's size and sha256. What a command
+    acts on (dtype, quantization, logits, K/V cache, data files) comes from the graph: a manifest that says
+    otherwise is named in a warning and not followed."""
     folder = Path(folder)
     if not folder.exists():
         raise BadInput(f"model folder '{folder}' does not exist: export one first (gpt2onnx export) or give its path")
@@ -203,22 +197,21 @@ def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder
     manifest = read_manifest(folder)
     if manifest is not None and manifest.kind == "block":
         raise ContractError(f"'{folder}' holds a single-block export: give a whole decoder folder")
-    graph = load_graph(model_path)
-    data_files = tuple(external_data_files(graph))
-    for name in data_files:
+    facts = graph_facts(load_graph(model_path))
+    for name in facts.data_files:
         file_in_folder(folder, name, what="external data file", where=model_path)
-    rows = position_table_rows(graph)
-    shared = any(node.op_type == SHARED_CACHE_OP for node in graph.graph.node)
-    del graph
     n_positions = read_n_positions(folder)
+    rows = facts.position_rows
     if rows is not None and n_positions > rows:  # config.json edited: trust the graph, not the config
         raise ContractError(
             f"'{folder / CONFIG_FILE}' gives n_positions {n_positions}, but the graph's position table has"
             f" {rows} rows: set n_positions to {rows} or less in config.json, or export the folder again"
         )
     if manifest is not None and verify_files:
-        check_integrity(folder, manifest, data_files=data_files)
-    return ModelFolder(folder, model_path, manifest, n_positions, shared_kv=shared, data_files=data_files)
+        check_integrity(folder, manifest, data_files=facts.data_files)
+    if manifest is not None and _claims(manifest, facts):
+        log.warning("'%s' says %s: the graph's are used", folder / MANIFEST_NAME, "; ".join(_claims(manifest, facts)))
+    return ModelFolder(folder, model_path, manifest, n_positions, facts)
 
 
 # -- writing --------------------------------------------------------------------------------------------------
@@ -267,14 +260,29 @@ def copy_regular_file(source: Path, target: Path, *, within: Path) -> None:
     shutil.copyfile(real, target)  # the new file gets the umask's permissions, not the source's
 
 
-def owned_entries(manifest: Manifest) -> set[str]:
-    """The top-level names of a folder that its manifest says gpt2onnx wrote: the files it lists, the manifest,
-    and the deployment targets' files (onnx/, triton/, genai_config.json)."""
-    names = {MANIFEST_NAME, *(str(n).split("/")[0] for n in manifest.files)}
+def foreign_entries(folder: Path, manifest: Manifest) -> list[str]:
+    """What in ``folder`` gpt2onnx did not write, by its manifest (paths relative to the folder, sorted): every
+    entry but the regular files the manifest lists (its files, itself, and each deployment target's files), and
+    the folders that lead to them. A file you put into a target's folder (onnx/mine.onnx) is yours; so is any
+    link, FIFO or device, and a folder holding nothing of ours is yours whole."""
+    listed = {MANIFEST_NAME, *(str(n) for n in manifest.files)}
     if manifest.deploy is not None:
         for files in manifest.deploy.targets.values():
-            names |= {f.split("/")[0] for f in files}
-    return names
+            listed |= {str(f) for f in files}
+    parents = {"/".join(f.split("/")[:i]) for f in listed for i in range(1, f.count("/") + 1)}
+    foreign: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        rel = Path(dirpath).relative_to(folder)
+        for name in sorted(filenames + dirnames):
+            path = (rel / name).as_posix()
+            mode = os.lstat(Path(dirpath) / name).st_mode
+            if stat.S_ISREG(mode) and path in listed:
+                continue
+            if stat.S_ISDIR(mode) and path in parents:
+                continue
+            foreign.append(path)
+        dirnames[:] = [d for d in dirnames if (rel / d).as_posix() in parents]  # links are never descended
+    return sorted(foreign)
 
 
 def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -> None:
@@ -282,28 +290,15 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
     parses and validates, listing everything in it) or an empty one, or that is, or contains, a protected
     path (the source checkpoint) or the working directory."""
     target = Path(target)
-    if target.is_symlink():
-        raise BadInput(f"output '{target}' is a symbolic link: give the real folder's path")
+    check_output_path(target, option="output (-o)", kind="folder", folders=protect, reading="the source model")
     if not target.exists():
         return
-    if not target.is_dir():
-        raise BadInput(f"output '{target}' exists and is not a folder: choose another output folder")
     if not force:
         raise BadInput(
             f"output folder '{target}' already exists: choose another output folder, or replace it (--force,"
             " force=True)"
         )
     real = target.resolve()
-    for path, what in [*((p, "the source model") for p in protect), (Path.cwd(), "the working directory")]:
-        if Path(path).resolve() == real:
-            raise BadInput(
-                f"output folder '{target}' is {what} '{path}', which --force would delete: choose another output folder"
-            )
-        if Path(path).resolve().is_relative_to(real):
-            raise BadInput(
-                f"output folder '{target}' holds {what} '{path}', which --force would delete: choose another output"
-                " folder"
-            )
     try:
         entries = sorted(p.name for p in real.iterdir())
     except OSError as err:
@@ -323,7 +318,7 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
         raise BadInput(
             f"output folder '{target}' has a {MANIFEST_NAME} that is not a valid gpt2onnx manifest: {never}"
         ) from None
-    foreign = [name for name in entries if name not in owned_entries(manifest)]
+    foreign = foreign_entries(real, manifest)
     if foreign:
         raise BadInput(
             f"output folder '{target}' holds '{foreign[0]}', which its {MANIFEST_NAME} does not list (not written by"
@@ -483,9 +478,9 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
     caller checked the output itself (deploy in place, which carries what it does not own). The replace can be
     recovered at every instant: the old folder is moved into a recorded backup folder first, and a run killed
     between the two renames gets it back at the next run."""
-    target = Path(target)
+    given, target = Path(target), real_location(target)  # '.' has no name for a lock or a staging folder
     if check:
-        check_output(target, force=force, protect=protect)
+        check_output(given, force=force, protect=protect)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -494,7 +489,7 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
         ) from None
     with _output_lock(target) as lock:
         if check:
-            check_output(target, force=force, protect=protect)  # again, now that no other run can write it
+            check_output(given, force=force, protect=protect)  # again, now that no other run can write it
         _remove_stale_staging(target.parent, keep=target.parent / f".{target.name}{_LOCK_SUFFIX}")
         try:
             staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{_STAGING}{os.getpid()}-", dir=target.parent))
@@ -514,7 +509,7 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
                     ) from None
                 raise
             except BaseException as err:
-                _unstaged(err, staging, target)
+                _unstaged(err, staging, given)
                 raise
             _apply_umask(staging)
             try:

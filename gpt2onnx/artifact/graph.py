@@ -7,12 +7,14 @@ import heapq
 import logging
 import re
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 from google.protobuf.json_format import ParseError
 from google.protobuf.message import DecodeError
 
+from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.errors import BadInput, ContractError
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,56 @@ def external_data_files(model: onnx.ModelProto) -> list[str]:
             for entry in init.external_data
             if entry.key == "location"
         }
+    )
+
+
+SHARED_CACHE_OP = "GroupQueryAttention"
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """What a command needs to know about a decoder, read from its graph (never from a manifest, which is a
+    claim about the graph: a hand-edited one could say anything). ``dtype``: the K/V cache's (float16 for an
+    fp16 export, whose logits may stay float32); ``quantization``: int4 (4-bit MatMulNBits), int8
+    (MatMulInteger) or none; ``logits_last``: the logits output has one position (exported with --logits
+    last); ``shared_kv``: past and present share one buffer (GroupQueryAttention); ``vocab_size``: the logits'
+    last dimension, when fixed; ``data_files``: the external data files its weights are read from."""
+
+    dtype: str = "float32"
+    quantization: str = "none"
+    logits_last: bool = False
+    shared_kv: bool = False
+    vocab_size: int | None = None
+    data_files: tuple[str, ...] = ()
+    position_rows: int | None = None
+
+    @property
+    def precision(self) -> str:
+        """The quantization method if the weights are quantized, else the dtype: the key of the parity gates."""
+        return self.dtype if self.quantization == "none" else self.quantization
+
+
+def graph_facts(model: onnx.ModelProto) -> GraphFacts:
+    """The :class:`GraphFacts` of a graph (loaded without its weights)."""
+    inputs, outputs = graph_io(model)
+    presents = [t for t in outputs if t.name.startswith("present")]
+    logits = next((t for t in outputs if t.name == "logits"), None)
+    dtype = presents[0].dtype if presents else (logits.dtype if logits is not None else "float32")
+    bits = set()
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            bits.add(next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits"), 4))
+    ops = {node.op_type for node in model.graph.node}
+    quantization = "int4" if 4 in bits else ("int8" if "MatMulInteger" in ops or 8 in bits else "none")
+    dims = logits.dims if logits is not None else ()
+    return GraphFacts(
+        dtype=dtype,
+        quantization=quantization,
+        logits_last=len(dims) == 3 and dims[1] == 1,
+        shared_kv=SHARED_CACHE_OP in ops,
+        vocab_size=dims[-1] if dims and isinstance(dims[-1], int) else None,
+        data_files=tuple(external_data_files(model)),
+        position_rows=position_table_rows(model),
     )
 
 

@@ -4,8 +4,10 @@
   the tokenizer files, a shard index entry) must be a plain file name in its folder that stays inside the
   folder once links are resolved, and name a regular file. Anything else is refused in one line, naming the file that
   holds the path.
-- :func:`check_output_file`: a file an option asks us to write (``--json``, ``--plot``) must be a new path or
-  an existing regular file, outside the model folders being read, and not a link.
+- :func:`check_output_path`: every path a command writes (``--json``, ``--plot``, ``-o``, deploy in place) is
+  checked before any work: a new path or an existing entry of its kind (a regular file, a folder), never a link,
+  a FIFO or a device, outside the model folders being read, never an input file, and a folder never holds the
+  working directory.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Iterable
 
-from gpt2onnx.errors import BadInput
+from gpt2onnx.errors import BadInput, OutputError
+from gpt2onnx.files import kind_of
 
 
 def plain_name(name: object, *, what: str, where: Path | str) -> str:
@@ -55,29 +59,82 @@ def file_in_folder(folder: Path, name: object, *, what: str, where: Path | str, 
     return path
 
 
-def check_output_file(path: Path | str, *, option: str, inputs: tuple[Path, ...] = ()) -> Path:
-    """A file we are asked to write: a new path or an existing regular file (not a link, a folder or a
-    device), in a folder that exists, and not inside one of the model folders ``inputs`` being read."""
+def real_location(path: Path | str) -> Path:
+    """Where ``path`` is: absolute, its folder resolved (links followed), its own name kept (a link stays the
+    link); '.' and '..' resolved, so that the output '.' is the working directory's own name in its parent."""
     path = Path(path)
+    if path.name in ("", ".", ".."):
+        return path.resolve()
+    return path.parent.resolve() / path.name
+
+
+def check_output_path(
+    path: Path | str,
+    *,
+    option: str,
+    kind: str = "file",
+    folders: Iterable[Path | str] = (),
+    files: Iterable[Path | str] = (),
+    reading: str = "the model folder",
+    replaced: bool = True,
+) -> Path:
+    """The one rule for every path a command writes, checked before any work: ``kind`` "file" (--json, --plot)
+    or "folder" (-o of export, optimize and deploy; deploy in place; a cache folder). Refused, in one line
+    naming ``option``: a symbolic link (it would be replaced, or written through), an existing entry of the
+    other kind or one that is no file or folder at all (a FIFO, a device, a socket), a file whose folder does
+    not exist, one of the model ``folders`` being read, a file inside one, a folder that holds one, one of the
+    input ``files``, and a folder that is, or holds, the working directory (unless it is written
+    into, never ``replaced``: a cache). Returns ``path``."""
+    path = Path(path)
+    if str(path) == "" or "\x00" in str(path):
+        raise BadInput(f"{option} '{path}' is not a path: give a {kind} path")
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         info = None
-    except OSError as err:
-        raise BadInput(f"{option} '{path}' cannot be used ({err.strerror or err}): choose another path") from None
+    except OSError as err:  # a folder on the way that is a file, or that we may not read
+        what = "to output folder" if kind == "folder" else option
+        raise OutputError(f"cannot write {what} '{path}' ({err.strerror or err}): choose another path") from None
     if info is not None and stat.S_ISLNK(info.st_mode):
         raise BadInput(f"{option} '{path}' is a symbolic link: give the real path, or a new one")
-    if info is not None and not stat.S_ISREG(info.st_mode):
-        raise BadInput(f"{option} '{path}' exists and is not a regular file: give a new file path")
+    wanted = stat.S_ISREG if kind == "file" else stat.S_ISDIR
+    if info is not None and not wanted(info.st_mode):
+        raise BadInput(
+            f"{option} '{path}' exists and is not a {'regular file' if kind == 'file' else 'folder'}"
+            f" ({kind_of(info.st_mode)}): give a new {kind} path"
+        )
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
+    if kind == "file" and not parent.is_dir():
         raise BadInput(f"{option} '{path}': its folder '{parent}' does not exist; create it or choose another path")
-    real = parent.resolve() / path.name
-    for folder in inputs:
-        folder = Path(folder)
-        root = (folder.parent if folder.is_file() else folder).resolve()
-        if real.is_relative_to(root):
+    try:
+        real = real_location(path)
+        read_folders = [(Path(f), Path(f).resolve()) for f in folders]
+        read_files = [(Path(f), Path(f).resolve()) for f in files]
+    except (OSError, RuntimeError) as err:
+        raise BadInput(f"{option} '{path}' cannot be used ({err}): choose another path") from None
+    for folder, root in read_folders:
+        if real == root:
+            replacing = ", which --force would delete" if kind == "folder" else ""
+            raise BadInput(f"{option} '{path}' is {reading} '{folder}' being read{replacing}: choose another {kind}")
+        if kind == "file" and real.is_relative_to(root):
+            raise BadInput(f"{option} '{path}' is inside {reading} '{folder}' being read: write it somewhere else")
+        if kind == "folder" and root.is_relative_to(real):
             raise BadInput(
-                f"{option} '{path}' is inside the model folder '{folder}' being read: write it somewhere else"
+                f"{option} '{path}' holds {reading} '{folder}' being read, which --force would delete: choose another"
+                " folder"
             )
+    for file, target in read_files:
+        if real == target:
+            raise BadInput(f"{option} '{path}' is the input file '{file}': write it somewhere else")
+    if kind == "folder" and replaced and Path.cwd().resolve().is_relative_to(real):
+        raise BadInput(
+            f"{option} '{path}' is, or holds, the working directory, which writing it would replace: run from"
+            " another folder, or choose another output folder"
+        )
     return path
+
+
+def check_output_file(path: Path | str, *, option: str, inputs: tuple[Path, ...] = ()) -> Path:
+    """A file we are asked to write, next to the model folders ``inputs`` being read (see check_output_path)."""
+    folders = [Path(p).parent if Path(p).is_file() else Path(p) for p in inputs]  # a model file: its folder
+    return check_output_path(path, option=option, kind="file", folders=folders)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt2onnx.errors import BadInput, OutputError
+from gpt2onnx.files import read_regular_text
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,7 @@ class ByteLevelBPE:
 def _read_text(path: Path, what: str, limit: int) -> str:
     if path.is_symlink() and not path.resolve().is_relative_to(path.parent.resolve()):
         raise BadInput(f"{what} '{path}' points outside its folder: replace the link with the file itself")
-    try:
-        if not path.is_file() or path.stat().st_size > limit:
-            raise BadInput(f"{what} '{path}' is not a regular file of at most {limit >> 20} MB")
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise BadInput(f"{what} '{path}' cannot be read as UTF-8 text ({err}): replace the file") from None
+    return read_regular_text(path, what, limit=limit)
 
 
 def read_bpe(vocab_file: str | Path, merges_file: str | Path) -> ByteLevelBPE:
@@ -171,13 +167,16 @@ def write_tokenizer_files(
     return list(files)
 
 
-def ensure_tokenizer_json(folder: str | Path) -> bool:
+def ensure_tokenizer_json(folder: str | Path, *, read_from: str | Path | None = None) -> bool:
     """Write tokenizer.json into ``folder`` when it has only vocab.json and merges.txt (runtimes such as
-    transformers.js and onnxruntime-genai read only tokenizer.json); True when it wrote one."""
+    transformers.js and onnxruntime-genai read only tokenizer.json); True when it wrote one. ``read_from``: the
+    folder whose vocab.json and merges.txt are read (the source of a staging copy: messages name its files,
+    which exist, not the copy's)."""
     folder = Path(folder)
+    source = Path(read_from) if read_from is not None else folder
     if (folder / TOKENIZER_JSON).exists() or not ((folder / VOCAB_FILE).is_file() and (folder / MERGES_FILE).is_file()):
         return False
-    bpe = read_bpe(folder / VOCAB_FILE, folder / MERGES_FILE)
+    bpe = read_bpe(source / VOCAB_FILE, source / MERGES_FILE)
     _write_atomic(folder / TOKENIZER_JSON, build_tokenizer(bpe).to_str(pretty=True) + "\n")
     log.info("wrote %s from %s and %s", folder / TOKENIZER_JSON, VOCAB_FILE, MERGES_FILE)
     return True

@@ -36,12 +36,13 @@ from pathlib import Path
 from gpt2onnx.artifact.folder import (
     CONFIG_FILE,
     MANIFEST_NAME,
+    foreign_entries,
     open_folder,
-    owned_entries,
     staged_folder,
     write_manifest,
 )
 from gpt2onnx.artifact.manifest import DeployRecord, Manifest, TritonRecord
+from gpt2onnx.artifact.paths import check_output_path, real_location
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
 from gpt2onnx.deploy import genai, ort_generate, transformers_js, triton, web
 from gpt2onnx.errors import BadInput, ContractError
@@ -111,15 +112,21 @@ def deploy(
             f"'{source}' has no {MANIFEST_NAME}: deploy a folder written by gpt2onnx export or optimize"
             " (an optimum folder: export the checkpoint with gpt2onnx)"
         )
-    target = Path(out) if out is not None else source
-    name = triton.model_name(triton_name or target.resolve().name) if "triton" in targets else None
-    in_place = out is None or target.resolve() == source.resolve()
-    if not in_place and (
-        target.resolve().is_relative_to(source.resolve()) or source.resolve().is_relative_to(target.resolve())
-    ):
-        raise BadInput(f"output folder '{target}' is inside '{source}' or holds it: choose a folder beside it")
+    in_place = out is None
+    if out is not None:  # the one output rule: never a link (it would be replaced), a file, the working directory
+        check_output_path(out, option="output (-o)", kind="folder")
+        in_place = real_location(out) == source.resolve()
+        if not in_place and (
+            real_location(out).is_relative_to(source.resolve()) or source.resolve().is_relative_to(real_location(out))
+        ):
+            raise BadInput(f"output folder '{out}' is inside '{source}' or holds it: choose a folder beside it")
+    if in_place:
+        if Path(folder).is_symlink():
+            raise BadInput(f"'{folder}' is a symbolic link: give the real folder's path to deploy into it")
+        check_output_path(source, option="the folder deployed in place", kind="folder")
+    target = source if in_place else Path(out)
+    name = triton.model_name(triton_name or real_location(target).name) if "triton" in targets else None
     big = set(opened.manifest.model_files)
-    owned = owned_entries(opened.manifest)
     writes = {
         genai.CONFIG_NAME: "genai",
         transformers_js.SUBFOLDER: "transformers-js",
@@ -127,34 +134,27 @@ def deploy(
         ort_generate.SUBFOLDER: "ort-generate",
         **{path: "web" for path in web.PATHS},
     }
-    if in_place and Path(folder).is_symlink():
-        raise BadInput(f"'{folder}' is a symbolic link: give the real folder's path to deploy into it")
-    carried = _carried(source, owned, writes, targets) if in_place else []
+    foreign = _foreign(source, opened.manifest, writes, targets)
     with staged_folder(target, force=force, protect=(source,), check=not in_place) as staging:
-        foreign = [p.name for p in carried]
-        for path in sorted(source.iterdir()):
-            if path.name == MANIFEST_NAME or path.name in _TARGET_PATHS or not path.is_file() or path.is_symlink():
+        for path in sorted(source.iterdir()):  # our own files (the model's hard-linked, small ones copied)
+            if path.name == MANIFEST_NAME or path.name in _TARGET_PATHS or path.name in foreign:
                 continue
-            if path.name not in owned:  # not ours: kept as it is in place (never listed), left out of a new folder
-                if in_place:
-                    link_or_copy(path, staging / path.name)
-                    foreign.append(path.name)
-                continue
+            if not path.is_file() or path.is_symlink():
+                continue  # a target folder of ours: written again when asked for, else dropped
             if path.name in big:
                 link_or_copy(path, staging / path.name)
             else:
                 shutil.copyfile(path, staging / path.name)  # small files are written to: never share them
-        for path in carried:  # in place: what deploy does not own stays in the folder as it was
-            if path.is_symlink():
-                os.symlink(os.readlink(path), staging / path.name)
-            elif path.is_dir():
-                shutil.copytree(path, staging / path.name, symlinks=True, copy_function=link_or_copy)
-            else:
-                link_or_copy(path, staging / path.name)
+        for rel in foreign:  # what deploy does not own goes along as it was, in place or into -o
+            _carry(source / rel, staging / rel)
         _drop_transformers_js_config(staging)
         written: dict[str, list[str]] = {}
         # genai's og.Tokenizer and transformers.js read only tokenizer.json: build it from vocab.json + merges.txt
-        made = [TOKENIZER_JSON] if set(targets) & NEED_TOKENIZER_JSON and ensure_tokenizer_json(staging) else []
+        made = (
+            [TOKENIZER_JSON]
+            if set(targets) & NEED_TOKENIZER_JSON and ensure_tokenizer_json(staging, read_from=source)
+            else []
+        )
         if "genai" in targets:
             genai.write_genai_config(staging, staging)
             written["genai"] = [genai.CONFIG_NAME, *made]
@@ -163,7 +163,7 @@ def deploy(
             written["transformers-js"] = files + made
         if "web" in targets:
             written["web"] = web.write_web(
-                source, staging, opened.precision, name=target.resolve().name, web_lib=web_lib
+                source, staging, opened.precision, name=real_location(target).name, web_lib=web_lib
             )
         if "triton" in targets:
             written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
@@ -183,33 +183,40 @@ def deploy(
         )
         manifest = dataclasses.replace(opened.manifest, deploy=record)
         log.info("deployed %s to %s: %s", source, target, ", ".join(targets))
-        manifest = write_manifest(staging, manifest, exclude=tuple(foreign))
+        manifest = write_manifest(staging, manifest, exclude=tuple(f for f in foreign if "/" not in f))
     return DeployResult(target, manifest)
 
 
-def _carried(source: Path, owned: set[str], writes: dict[str, str], targets: list[str]) -> list[Path]:
-    """What an in-place deploy keeps as it is, beside the files it writes: every entry its manifest does not
-    list (sub-folders such as trt_cache/, links, other files), and a target folder it wrote but is not asked
-    for is dropped. A foreign entry where a target asked for would write is refused."""
-    kept = []
-    for path in sorted(source.iterdir()):
-        name = path.name
-        if path.is_file() and not path.is_symlink() and name not in writes:
-            continue  # a plain file: copied like the model's own
-        if name in owned and not path.is_symlink() and (path.is_file() or name in writes):
-            continue  # a target of ours: written again when asked for, else dropped
-        if name in writes and writes[name] in targets:
+def _foreign(source: Path, manifest: Manifest, writes: dict[str, str], targets: list[str]) -> list[str]:
+    """What deploy keeps as it is, beside the files it writes (in place or into -o): every entry its manifest
+    does not list (sub-folders such as trt_cache/, links, your files, a file you put into onnx/). A foreign entry
+    where a target asked for would write is refused, and so is one that is no file, folder or link."""
+    foreign = foreign_entries(source, manifest)
+    for rel in foreign:
+        path = source / rel
+        top = rel.split("/")[0]
+        if top in writes and writes[top] in targets:
             raise BadInput(
-                f"'{path}' was not written by gpt2onnx deploy, and the {writes[name]} target would replace it:"
+                f"'{path}' was not written by gpt2onnx deploy, and the {writes[top]} target would replace it:"
                 " move it out of the folder, or deploy into a new folder (-o)"
             )
         if not (path.is_symlink() or path.is_dir() or path.is_file()):
             raise BadInput(
-                f"'{path}' is not a file, a folder or a link (a FIFO, socket or device): deploy in place would"
-                " lose it; move it out of the folder, or deploy into a new folder (-o)"
+                f"'{path}' is not a file, a folder or a link (a FIFO, socket or device): deploy would lose it; move"
+                " it out of the folder"
             )
-        kept.append(path)
-    return kept
+    return foreign
+
+
+def _carry(path: Path, target: Path) -> None:
+    """``path`` into the new folder as it is: a link as the same link, a folder whole, a file hard-linked."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():
+        os.symlink(os.readlink(path), target)
+    elif path.is_dir():
+        shutil.copytree(path, target, symlinks=True, copy_function=link_or_copy)
+    else:
+        link_or_copy(path, target)
 
 
 def _drop_transformers_js_config(staging: Path) -> None:

@@ -12,108 +12,42 @@ decoder.filename would load code, write files or run another model). The genai r
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from gpt2onnx.artifact.contract import decoder_shape, graph_io
-from gpt2onnx.artifact.folder import (
-    CONFIG_FILE,
-    GENERATION_CONFIG_FILE,
-    MODEL_FILE,
-    SHARED_CACHE_OP,
-    read_json_file,
-    read_n_positions,
-)
-from gpt2onnx.artifact.graph import load_graph
+from gpt2onnx.artifact.folder import MODEL_FILE, read_n_positions
+from gpt2onnx.artifact.generation import GenerationConfig, read_generation_config
+from gpt2onnx.artifact.graph import SHARED_CACHE_OP, load_graph
 from gpt2onnx.errors import ContractError
 
 CONFIG_NAME = "genai_config.json"
-# transformers' defaults, used where generation_config.json does not say (as transformers would)
-SEARCH_DEFAULTS = {"do_sample": False, "top_k": 50, "top_p": 1.0, "temperature": 1.0, "repetition_penalty": 1.0}
 
 
-def _bad(folder: Path, name: str, key: str, value, wanted: str) -> ContractError:
-    return ContractError(
-        f"'{folder / name}' gives {key} {json.dumps(value)[:40]}, which is not {wanted}: fix or delete the field"
-    )
+def _token_ids(generation: GenerationConfig, vocab_size: int) -> dict[str, int]:
+    """bos, eos and pad ids (each checked inside the vocabulary, which genai requires); pad and bos fall back
+    to eos, eos to the last id."""
+    eos = generation.eos_token_ids[0] if generation.eos_token_ids else vocab_size - 1
+    bos = eos if generation.bos_token_id is None else generation.bos_token_id
+    pad = eos if generation.pad_token_id is None else generation.pad_token_id
+    return {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad}
 
 
-def _token_ids(folder: Path, vocab_size: int) -> dict[str, int]:
-    """bos, eos and pad ids from generation_config.json, else config.json; pad falls back to eos.
-    genai refuses an id outside the vocabulary, so that is an error here too; so is an id that is not an
-    integer (or a list of them)."""
-    sources = [
-        (name, read_json_file(folder / name, name))
-        for name in (GENERATION_CONFIG_FILE, CONFIG_FILE)
-        if (folder / name).is_file()
-    ]
-
-    def first(key: str) -> int | None:
-        for name, source in sources:
-            value = source.get(key)
-            if isinstance(value, list):
-                value = value[0] if value else None
-            if value is None:
-                continue
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise _bad(folder, name, key, source.get(key), "a token id (an integer)")
-            return value
-        return None
-
-    eos = first("eos_token_id")
-    eos = vocab_size - 1 if eos is None else eos
-    ids = {"bos_token_id": first("bos_token_id"), "eos_token_id": eos, "pad_token_id": first("pad_token_id")}
-    ids["bos_token_id"] = eos if ids["bos_token_id"] is None else ids["bos_token_id"]
-    ids["pad_token_id"] = eos if ids["pad_token_id"] is None else ids["pad_token_id"]
-    for key, value in ids.items():
-        if not 0 <= value < vocab_size:
-            raise ContractError(
-                f"{key} {value} is outside the vocabulary (size {vocab_size}): onnxruntime-genai refuses it;"
-                f" fix {GENERATION_CONFIG_FILE} or {CONFIG_FILE} in '{folder}'"
-            )
-    return ids
-
-
-def _search_value(folder: Path, key: str, value):
-    """A search default of generation_config.json, typed as transformers reads it: a string "false" is not a
-    boolean, a float is not top_k."""
-    default = SEARCH_DEFAULTS[key]
-    if value is None:
-        return default
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise _bad(folder, GENERATION_CONFIG_FILE, key, value, "true or false")
-        return value
-    if isinstance(default, int):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise _bad(folder, GENERATION_CONFIG_FILE, key, value, "an integer of 0 or more")
-        return value
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise _bad(folder, GENERATION_CONFIG_FILE, key, value, "a positive number")
-    if key == "top_p" and value > 1:
-        raise _bad(folder, GENERATION_CONFIG_FILE, key, value, "a number in (0, 1]")
-    return float(value)
-
-
-def _search(folder: Path, n_positions: int, shared_kv: bool) -> dict:
-    generation = (
-        read_json_file(folder / GENERATION_CONFIG_FILE, GENERATION_CONFIG_FILE)
-        if (folder / GENERATION_CONFIG_FILE).is_file()
-        else {}
-    )
-    search = {key: _search_value(folder, key, generation.get(key)) for key in SEARCH_DEFAULTS}
-    max_length = generation.get("max_length")
-    if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1):
-        raise _bad(folder, GENERATION_CONFIG_FILE, "max_length", max_length, "a positive integer")
-    max_length = max_length if max_length is not None and max_length <= n_positions else n_positions
+def _search(generation: GenerationConfig, n_positions: int, shared_kv: bool) -> dict:
+    """genai's search defaults: generation_config.json's (typed and ranged by its reader), transformers' defaults
+    where it says nothing; max_length at most the context."""
+    max_length = generation.max_length if generation.max_length and generation.max_length <= n_positions else None
     return {
-        **search,
+        "do_sample": generation.do_sample,
+        "top_k": generation.top_k,
+        "top_p": generation.top_p,
+        "temperature": generation.temperature,
+        "repetition_penalty": generation.repetition_penalty,
         "num_beams": 1,
         "num_return_sequences": 1,
         "length_penalty": 1.0,
         "early_stopping": True,
         "min_length": 0,
-        "max_length": max_length,
+        "max_length": max_length or n_positions,
         # one buffer for past and present needs a graph that writes into it (GroupQueryAttention's shared
         # cache); our Concat graph grows present from past, which fails with a shared buffer
         "past_present_share_buffer": shared_kv,
@@ -131,12 +65,13 @@ def genai_config(folder: str | Path, *, filename: str = MODEL_FILE) -> dict:
     # the graph says whether it shares its cache, not a manifest (a staging folder has none yet)
     shared_kv = any(node.op_type == SHARED_CACHE_OP for node in graph.graph.node)
     del graph
+    generation = read_generation_config(folder, vocab_size=shape.vocab_size)
     return {
         "model": {
             "type": "decoder",
             "vocab_size": shape.vocab_size,
             "context_length": n_positions,
-            **_token_ids(folder, shape.vocab_size),
+            **_token_ids(generation, shape.vocab_size),
             "decoder": {
                 "filename": filename,
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},  # [] = CPU
@@ -159,7 +94,7 @@ def genai_config(folder: str | Path, *, filename: str = MODEL_FILE) -> dict:
                 },
             },
         },
-        "search": _search(folder, n_positions, shared_kv),
+        "search": _search(generation, n_positions, shared_kv),
     }
 
 

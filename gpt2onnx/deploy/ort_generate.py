@@ -35,15 +35,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from gpt2onnx.artifact.contract import DecoderShape, decoder_shape, graph_io
-from gpt2onnx.artifact.folder import (
-    GENERATION_CONFIG_FILE,
-    MANIFEST_NAME,
-    MODEL_FILE,
-    eos_token_id,
-    read_json_file,
-    read_manifest,
-    read_n_positions,
-)
+from gpt2onnx.artifact.folder import GENERATION_CONFIG_FILE, MODEL_FILE, read_n_positions
+from gpt2onnx.artifact.generation import COUNT_MAX, check_option, read_generation_config
+from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 
 log = logging.getLogger(__name__)
@@ -73,48 +67,26 @@ class FixedSettings:
 
 def fixed_settings(folder: str | Path, vocab_size: int) -> FixedSettings:
     """The attributes from generation_config.json, as transformers' generate() would read them there (its
-    defaults where the file says nothing); pad falls back to eos (GPT-2 has no pad token)."""
+    defaults where the file says nothing; each value checked by its rule); pad falls back to eos (GPT-2 has no
+    pad token)."""
     folder = Path(folder)
-    path = folder / GENERATION_CONFIG_FILE
-    config = read_json_file(path, GENERATION_CONFIG_FILE) if path.is_file() else {}
-    eos = eos_token_id(folder)
-    if eos is None:
+    generation = read_generation_config(folder, vocab_size=vocab_size)
+    if not generation.eos_token_ids:
         raise ContractError(f"'{folder}' names no eos_token_id (generation_config.json or config.json): add one")
-    pad = config.get("pad_token_id")
-    pad = eos if pad is None else pad
-    for name, value in (("eos_token_id", eos), ("pad_token_id", pad)):
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab_size:
-            raise ContractError(
-                f"{name} {value!r} in '{folder}' is not a token id below the vocabulary size {vocab_size}: fix it"
-            )
-    early = config.get("early_stopping", False)
-    if early not in (True, False):
+    eos = generation.eos_token_ids[0]
+    if generation.early_stopping == "never":
         raise BadInput(
-            f"early_stopping {early!r} in '{path}': onnxruntime's BeamSearch has only true or false; set one"
+            f"early_stopping 'never' in '{folder / GENERATION_CONFIG_FILE}': onnxruntime's BeamSearch has only true"
+            " or false; set one"
         )
-
-    def number(key: str, default: float, kind: type) -> float:
-        value = config.get(key)
-        if value is None:
-            return kind(default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or kind is int and value != int(value):
-            raise BadInput(f"{key} {value!r} in '{path}' is not a{'n integer' if kind is int else ' number'}: fix it")
-        return kind(value)
-
-    settings = FixedSettings(
+    return FixedSettings(
         eos_token_id=eos,
-        pad_token_id=pad,
-        no_repeat_ngram_size=number("no_repeat_ngram_size", 0, int),
-        early_stopping=bool(early),
-        temperature=number("temperature", 1.0, float),
-        top_p=number("top_p", 1.0, float),
+        pad_token_id=eos if generation.pad_token_id is None else generation.pad_token_id,
+        no_repeat_ngram_size=generation.no_repeat_ngram_size,
+        early_stopping=bool(generation.early_stopping),
+        temperature=generation.temperature,
+        top_p=generation.top_p,
     )
-    if settings.no_repeat_ngram_size < 0 or settings.temperature <= 0 or not 0 < settings.top_p <= 1:
-        raise BadInput(
-            f"'{path}' has no_repeat_ngram_size {settings.no_repeat_ngram_size}, temperature {settings.temperature},"
-            f" top_p {settings.top_p}: give a size >= 0, a temperature > 0 and a top_p in (0, 1]"
-        )
-    return settings
 
 
 # -- the decoder subgraph --------------------------------------------------------------------------------------
@@ -336,15 +308,31 @@ def write_ort_generate(folder: Path, out: Path) -> tuple[list[str], FixedSetting
 
 
 def deployed_settings(folder: str | Path) -> FixedSettings:
-    """The attributes an ort-generate folder was deployed with (recorded in its manifest)."""
-    manifest = read_manifest(folder)
-    recorded = manifest.deploy.ort_generate if manifest and manifest.deploy else None
-    if not recorded:
-        raise ContractError(
-            f"'{folder}' has no ort-generate deployment in its {MANIFEST_NAME}: run gpt2onnx deploy"
-            f" {folder} --target ort-generate"
-        )
-    return FixedSettings(**recorded)
+    """The attributes an ort-generate folder was deployed with, read from its files (what the ops will use;
+    the manifest's record of them is a claim a hand edit could change): eos, pad, no_repeat_ngram_size and
+    early_stopping from BeamSearch, temperature and top_p from Sampling."""
+    folder = Path(folder)
+    found: dict = {}
+    for kind, keys in (
+        ("beam", ("eos_token_id", "pad_token_id", "no_repeat_ngram_size", "early_stopping")),
+        ("sampling", ("temperature", "top_p")),
+    ):
+        path = folder / SUBFOLDER / FILES[kind]
+        if not path.exists():
+            raise ContractError(f"'{path}' is missing: run gpt2onnx deploy {folder} --target ort-generate")
+        nodes = [n for n in load_graph(path).graph.node if n.op_type == SEARCHES[kind] and n.domain == MS_DOMAIN]
+        if len(nodes) != 1:
+            raise ContractError(f"'{path}' is not an ort-generate file (no {SEARCHES[kind]} op): deploy it again")
+        attributes = {a.name: helper.get_attribute_value(a) for a in nodes[0].attribute if a.name in keys}
+        found.update({key: attributes[key] for key in keys if key in attributes})
+    found["early_stopping"] = bool(found.get("early_stopping", 0))
+    for key in ("temperature", "top_p"):  # float32 attributes: the shortest decimal that reads back the same
+        if key in found:
+            found[key] = float(str(np.float32(found[key])))
+    try:
+        return FixedSettings(**found)
+    except TypeError:
+        raise ContractError(f"the ort-generate files in '{folder}' lack their attributes: deploy it again") from None
 
 
 # -- running a deployed folder ---------------------------------------------------------------------------------
@@ -420,6 +408,18 @@ class OrtGenerator:
         padded with its own first token, which the penalty counts anyway (once per distinct id, as both do);
         True pads with the pad id (transformers 4)."""
         fixed = self.fixed
+        for name, value in (  # the rules generate and generation_config.json are read by (artifact.generation)
+            ("max_new_tokens", max_new_tokens),
+            ("min_new_tokens", min_new_tokens),
+            ("num_beams", num_beams),
+            ("num_return_sequences", num_return_sequences),
+            ("length_penalty", length_penalty),
+            ("repetition_penalty", repetition_penalty),
+            *((("seed", seed),) if seed is not None else ()),
+        ):
+            check_option(name, value)
+        if seed is not None and seed > COUNT_MAX:
+            raise BadInput(f"seed {seed} (--seed): the Sampling op takes a 32-bit seed; give one up to {COUNT_MAX:,}")
         if early_stopping == "never":
             _refuse("use early_stopping='never'", "BeamSearch's early_stopping attribute is true or false only")
         for name, value in (

@@ -30,10 +30,12 @@ new text goes into ``#output``, and ``document.body.dataset.done`` becomes "true
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import os
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from importlib import resources
 from pathlib import Path
 
@@ -45,7 +47,7 @@ from gpt2onnx.artifact.folder import CONFIG_FILE, read_json_file
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.deploy import transformers_js
 from gpt2onnx.errors import BadInput, ContractError
-from gpt2onnx.files import link_or_copy
+from gpt2onnx.files import link_or_copy, read_regular_text
 
 PAGE = "index.html"
 SCRIPT = "gpt2onnx-web.js"
@@ -56,6 +58,7 @@ TESTED_TRANSFORMERS_JS = "4.3.2"
 WASM_FILES = ("ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
 # the tokenizer transformers.js reads (it cannot build one from vocab.json + merges.txt)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+MAX_PACKAGE_JSON = 1 << 20
 _REPO_NODE_MODULES = Path(__file__).resolve().parents[2] / "tests" / "js" / "node_modules"
 
 log = logging.getLogger(__name__)
@@ -81,9 +84,14 @@ class WebLibrary:
 
 
 def _package_json(folder: Path) -> dict | None:
+    """An npm package's package.json, or None where there is none. Read as a regular file only (a FIFO in an
+    npm folder given with --web-lib would block an ordinary open forever)."""
+    path = folder / "package.json"
+    if not path.exists():
+        return None
     try:
-        data = json.loads((folder / "package.json").read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_regular_text(path, "package.json", limit=MAX_PACKAGE_JSON))
+    except ValueError:
         return None
     return data if isinstance(data, dict) else None
 
@@ -249,13 +257,64 @@ def settings(folder: Path, precision: str, library: WebLibrary, *, name: str) ->
     }
 
 
+class _PageWriter(HTMLParser):
+    """index.html re-emitted element by element from its parse, with the title's and the heading's text and the
+    settings block's content written by a structured writer: the title escaped as HTML text, the settings as
+    JSON. Nothing is found or replaced by searching the text, so no value (a folder named 'x"<b>' or
+    '</script>') can end up outside its element."""
+
+    def __init__(self, title: str, settings_json: str):
+        super().__init__(convert_charrefs=False)
+        self.fill = {"title": None, "h1": None, "script": None}
+        self.title, self.settings_json = title, settings_json
+        self.out: list[str] = []
+        self.filling: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        self.out.append(self.get_starttag_text())
+        values = dict(attrs)
+        if tag == "title":
+            self.filling = html.escape(f"{self.title} · gpt2onnx in the browser")
+        elif tag == "h1" and values.get("id") == "title":
+            self.filling = html.escape(self.title)
+        elif tag == "script" and values.get("id") == "gpt2onnx-settings":
+            self.filling = self.settings_json
+        if self.filling is not None:
+            self.out.append(self.filling)
+
+    def handle_endtag(self, tag):
+        self.filling = None
+        self.out.append(f"</{tag}>")
+
+    def handle_data(self, data):
+        if self.filling is None:  # the template's own text (a filled element's is replaced as a whole)
+            self.out.append(data)
+
+    def handle_startendtag(self, tag, attrs):
+        self.out.append(self.get_starttag_text())
+
+    def handle_comment(self, data):
+        self.out.append(f"<!--{data}-->")
+
+    def handle_decl(self, decl):
+        self.out.append(f"<!{decl}>")
+
+    def handle_entityref(self, name):
+        self.out.append(f"&{name};")
+
+    def handle_charref(self, name):
+        self.out.append(f"&#{name};")
+
+
 def render_page(page_settings: dict) -> str:
-    """index.html with the settings inlined (as JSON data, never as code)."""
+    """index.html with the settings inlined as JSON data (never code: every '<' is written \\u003c, so no
+    '</script>' can end the block early) and the folder's name as the title, escaped as HTML text."""
     template = resources.files("gpt2onnx.deploy").joinpath("web_page", PAGE).read_text()
-    data = json.dumps(page_settings, indent=2).replace("<", "\\u003c")  # no "</script>" can end the block early
-    return template.replace("__GPT2ONNX_SETTINGS__", data).replace(
-        "__GPT2ONNX_TITLE__", page_settings["name"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    )
+    data = json.dumps(page_settings, indent=2).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    writer = _PageWriter(str(page_settings["name"]), f"\n{data}\n")
+    writer.feed(template)
+    writer.close()
+    return "".join(writer.out)
 
 
 def write_web(

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from gpt2onnx.artifact.folder import COMPANION_FILES
+from gpt2onnx.artifact.folder import COMPANION_FILES, MAX_JSON_BYTES
 from gpt2onnx.errors import CheckpointError
-from gpt2onnx.files import sha256_file
+from gpt2onnx.files import read_regular_text, sha256_file
 from gpt2onnx.pytorch.architecture import PRESETS, Architecture, check_fits_in_memory, preset_config, spec_from_config
 
 log = logging.getLogger(__name__)
@@ -128,9 +128,10 @@ def _read_config(config_file: Path, what: str, root: Path | None = None):
         )
     if root is not None:
         _inside(root, config_file, what)
+    text = read_regular_text(config_file, "config", limit=MAX_JSON_BYTES)  # a regular file only: never a FIFO
     try:
-        raw = json.loads(config_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
         raise CheckpointError(f"'{config_file}' is not valid JSON ({err}); fix or replace the file") from None
     if not isinstance(raw, dict):
         raise CheckpointError(
@@ -282,9 +283,10 @@ def _weight_files(folder: Path, root: Path, what: str) -> list[Path]:
 def _shards(folder: Path, index: str, root: Path, what: str) -> list[Path]:
     """The shard files a weight index names: plain file names inside the folder, nothing else."""
     index_file = _inside(root, folder / index, what)
+    text = read_regular_text(index_file, "weight index", limit=MAX_JSON_BYTES)
     try:
-        weight_map = json.loads(index_file.read_text())["weight_map"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as err:
+        weight_map = json.loads(text)["weight_map"]
+    except (ValueError, KeyError, TypeError, RecursionError) as err:
         reason = f"no {err}" if isinstance(err, KeyError) else str(err)
         raise CheckpointError(
             f"'{folder / index}' is not a valid weight index ({reason}); fix or replace the file"

@@ -179,8 +179,11 @@ class Runtime:
         """The providers the session really runs on, in order (onnxruntime's own names where it has them)."""
         return [self.provider]
 
-    def check_memory(self, batch: int, prompt_len: int, total_len: int, *, what: str = "batch") -> None:
-        """Refuse a run this machine cannot hold (where ``capabilities.memory_check``); others check nothing."""
+    def check_memory(
+        self, batch: int, prompt_len: int, total_len: int, *, what: str = "batch", extra_bytes: int = 0
+    ) -> None:
+        """Refuse a run this machine cannot hold (where ``capabilities.memory_check``); others check nothing.
+        ``extra_bytes``: what the caller's loop allocates beside the runtime (beam search's arrays)."""
 
     def close(self) -> None:
         """Free what the runtime holds (a worker process, temporary files); a no-op where it holds nothing."""

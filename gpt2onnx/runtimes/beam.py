@@ -27,6 +27,28 @@ from gpt2onnx.runtimes.decoding import Generation, Sampling, process_scores
 NEG = np.float32(-1.0e9)  # transformers' "impossible" score
 
 
+# Host bytes beam search holds per beam and vocabulary entry at its peak within a step: the step's logits (the
+# runtime's buffer and its numpy copy), their float32 copy, log_softmax's shifted and exp arrays and its result,
+# the scores plus the beams' running scores, and the top-k's negated copy and its int64 argpartition indices
+# (4 + 4 + 4 + 12 + 4 + 12 = 40, the processors' copies included in the margin).
+VOCAB_BYTES = 40
+
+
+def beam_search_bytes(
+    batch: int, decoding, total_len: int, new_tokens: int, vocab_size: int | None, eos_token_ids=()
+) -> int:
+    """What :func:`beam_search` allocates beyond the runtime's logits and cache, at its peak (0 without beams):
+    the vocabulary-wide arrays of a step over every beam, and the int64 sequences and parent indices it keeps
+    (running, finished, the top continuations and their concatenation, each for the whole length). Callers add
+    it to the runtime's own estimate before anything runs (``check_memory(..., extra_bytes=...)``)."""
+    if decoding.num_beams <= 1:
+        return 0
+    beams = decoding.num_beams
+    keep = max(2, 1 + len(eos_token_ids)) * beams
+    per_length = 8 * batch * (4 * beams + 2 * keep)  # running, sequences, two gathers; top and concatenated
+    return VOCAB_BYTES * batch * beams * (vocab_size or 50257) + per_length * (total_len + new_tokens)
+
+
 def _topk(values: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest per row, largest first (ties: the lower index first, as torch.topk on cpu)."""
     if k >= values.shape[1]:

@@ -20,8 +20,8 @@ import numpy as np
 import onnxruntime as ort
 
 from gpt2onnx.artifact.contract import ORT_DTYPES, DecoderShape, TensorSpec, decoder_shape, graph_io
-from gpt2onnx.artifact.folder import SHARED_CACHE_OP, ModelFolder
-from gpt2onnx.artifact.graph import load_graph
+from gpt2onnx.artifact.folder import ModelFolder
+from gpt2onnx.artifact.graph import SHARED_CACHE_OP, load_graph
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
 from gpt2onnx.runtimes.base import Capabilities, Runtime
@@ -161,13 +161,17 @@ class OnnxDecoder(Runtime):
         cache = 2 * 2 * self.n_layer * batch * self.n_head * total_len * self.head_dim * kv_bytes
         return logits + cache
 
-    def check_memory(self, batch: int, prompt_len: int, total_len: int, *, what: str = "batch") -> None:
-        """Refuse, before anything is allocated, a run that would need more memory than this machine has."""
-        needed, available = self.run_bytes(batch, prompt_len, total_len), available_memory()
+    def check_memory(
+        self, batch: int, prompt_len: int, total_len: int, *, what: str = "batch", extra_bytes: int = 0
+    ) -> None:
+        """Refuse, before anything is allocated, a run that would need more memory than this machine has.
+        ``extra_bytes``: what the caller's loop allocates beside the session (beam search's arrays)."""
+        needed, available = self.run_bytes(batch, prompt_len, total_len) + extra_bytes, available_memory()
         if available is not None and needed > available:
             raise BadInput(
-                f"{what} {batch} × {total_len} tokens needs about {needed / 1e9:.1f} GB (logits and key/value cache),"
-                f" but this machine has {available / 1e9:.1f} GB available: use a smaller batch or shorter runs"
+                f"{what} {batch} × {total_len} tokens needs about {needed / 1e9:.1f} GB (logits and key/value cache"
+                f"{', and beam search' if extra_bytes else ''}), but this machine has {available / 1e9:.1f} GB"
+                f" available: use a smaller batch{', fewer beams' if extra_bytes else ''} or shorter runs"
             )
 
     def empty_past(self, batch: int, capacity: int | None = None) -> list[np.ndarray]:

@@ -5,15 +5,13 @@ beam search (:mod:`gpt2onnx.runtimes.beam`)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpt2onnx.artifact.generation import MIN_TEMPERATURE, check_option  # noqa: F401 - MIN_TEMPERATURE re-exported
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import logits
-
-MIN_TEMPERATURE = 1e-6  # below this, logits / temperature overflow float64
 
 
 @dataclass(frozen=True)
@@ -45,19 +43,12 @@ class Sampling:
                 raise BadInput(
                     f"{', '.join(ignored)} only apply when sampling: turn sampling on (--sample), or drop them"
                 )
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise BadInput(f"temperature (--temperature) must be a positive number, got {self.temperature}")
-        if self.temperature < MIN_TEMPERATURE:  # logits / 1e-310 overflow to inf, and the softmax to NaN
-            raise BadInput(
-                f"temperature (--temperature) {self.temperature} is below {MIN_TEMPERATURE}: for the most likely"
-                " token every time, use greedy decoding (drop --sample)"
-            )
-        if self.top_k < 0:
-            raise BadInput(f"top_k (--top-k) must be 0 (off) or positive, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise BadInput(f"top_p (--top-p) must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise BadInput(f"seed (--seed) must be 0 to 2**63 - 1, got {self.seed}")
+        # the rules generation_config.json is read by (gpt2onnx.artifact.generation): the same words for both
+        check_option("temperature", self.temperature)  # below 1e-6, logits / temperature overflow float64
+        check_option("top_k", self.top_k)
+        check_option("top_p", self.top_p)
+        if self.seed is not None:
+            check_option("seed", self.seed)
 
 
 EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
@@ -88,11 +79,16 @@ class Decoding:
 
     def check(self, sampling: Sampling | None = Sampling()) -> "Decoding":
         """Refuse invalid settings; ``sampling``: the pair's checks too (None: the settings alone)."""
-        if self.num_beams < 1:
-            raise BadInput(f"num_beams (--num-beams) must be at least 1, got {self.num_beams}")
-        if self.num_return_sequences < 1 or (
-            sampling is not None and self.num_return_sequences > max(self.num_beams, 2**31 if sampling.sample else 1)
+        for name in (
+            "num_beams",
+            "num_return_sequences",
+            "length_penalty",
+            "repetition_penalty",
+            "no_repeat_ngram_size",
+            "min_new_tokens",
         ):
+            check_option(name, getattr(self, name))
+        if sampling is not None and self.num_return_sequences > max(self.num_beams, 2**31 if sampling.sample else 1):
             raise BadInput(
                 f"num_return_sequences (--num-return-sequences) {self.num_return_sequences} must be 1 to num_beams"
                 f" ({self.num_beams}) with beam search, 1 with greedy decoding: raise --num-beams, or sample"
@@ -115,19 +111,6 @@ class Decoding:
                 )
         if self.early_stopping not in (True, False, "never"):
             raise BadInput(f"early_stopping (--early-stopping) must be true, false or never, got {self.early_stopping}")
-        if not math.isfinite(self.length_penalty):
-            raise BadInput(f"length_penalty (--length-penalty) must be a finite number, got {self.length_penalty}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise BadInput(
-                f"repetition_penalty (--repetition-penalty) must be a positive number, got {self.repetition_penalty}"
-            )
-        if self.no_repeat_ngram_size < 0:
-            raise BadInput(
-                f"no_repeat_ngram_size (--no-repeat-ngram-size) must be 0 (off) or positive, got"
-                f" {self.no_repeat_ngram_size}"
-            )
-        if self.min_new_tokens < 0:
-            raise BadInput(f"min_new_tokens (--min-new-tokens) must be 0 or more, got {self.min_new_tokens}")
         if any(not s for s in self.stop):
             raise BadInput("a stop string (--stop) is empty: give some text")
         return self

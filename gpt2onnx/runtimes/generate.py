@@ -15,11 +15,12 @@ from typing import Callable
 
 import numpy as np
 
-from gpt2onnx.artifact.folder import generation_token_ids, open_folder
+from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import logits
 from gpt2onnx.runtimes.base import LoopRunner, Runtime, RuntimeOptions, open_runtime
-from gpt2onnx.runtimes.beam import beam_search
+from gpt2onnx.runtimes.beam import beam_search, beam_search_bytes
 from gpt2onnx.runtimes.decoder import position_ids_for
 from gpt2onnx.runtimes.decoding import (  # noqa: F401 - re-exported: the public names live here too
     EARLY_STOPPING,
@@ -32,7 +33,14 @@ from gpt2onnx.runtimes.decoding import (  # noqa: F401 - re-exported: the public
     warp,
 )
 from gpt2onnx.runtimes.logits import StopStrings
-from gpt2onnx.runtimes.prompts import TextStream, encode_prompts, has_tokenizer, load_tokenizer, parse_id_prompts
+from gpt2onnx.runtimes.prompts import (
+    TextStream,
+    check_prompt_text,
+    encode_prompts,
+    has_tokenizer,
+    load_tokenizer,
+    parse_id_prompts,
+)
 from gpt2onnx.runtimes.providers import ProviderConfig
 
 MAX_BATCH_TOKENS = 1 << 20  # batch × total length: beyond this the logits and cache would not fit in memory
@@ -343,17 +351,22 @@ def generate(
         raise BadInput("give the prompt as text (--prompt) or as token ids (--ids 1,2,3), one of them")
     sampling.check()
     decoding.check(sampling)
+    for text in prompts or []:
+        check_prompt_text(text)
     model = open_folder(folder, verify_files=verify_files)
+    generation = read_generation_config(model.folder, vocab_size=model.facts.vocab_size)  # ids in the vocabulary
     if decoding.stop and not prompts and not has_tokenizer(model.folder):
         raise BadInput(f"stop strings (--stop) need the tokenizer files, and '{model.folder}' has none: drop --stop")
     tokenizer = load_tokenizer(model.folder) if prompts or decoding.stop else None
-    eos_ids, pad = generation_token_ids(model.folder)
+    eos_ids, pad = generation.eos_token_ids, generation.pad_token_id
     pad_id = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
     input_ids, mask = encode_prompts(tokenizer, prompts, pad_id=pad_id) if prompts else parse_id_prompts(ids, pad_id)
     shown = list(prompts) if prompts else [" ".join(map(str, row[m > 0])) for row, m in zip(input_ids, mask)]
     decoder = open_runtime(model, runtime or RuntimeOptions(provider=provider))
     rows = input_ids.shape[0] * max(decoding.num_beams, decoding.num_return_sequences)
-    decoder.check_memory(rows, input_ids.shape[1], input_ids.shape[1] + max_new_tokens, what="prompt batch")
+    total = input_ids.shape[1] + max_new_tokens
+    search = beam_search_bytes(input_ids.shape[0], decoding, total, max_new_tokens, decoder.vocab_size, eos_ids)
+    decoder.check_memory(rows, input_ids.shape[1], total, what="prompt batch", extra_bytes=search)
     stream = TextStream(tokenizer if prompts else None)
     stop = StopStrings(tokenizer, decoding.stop) if decoding.stop else None
 

@@ -103,6 +103,19 @@ def left_pad(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.nda
     return ids, mask
 
 
+def check_prompt_text(text: str) -> str:
+    """A prompt must be text: a command line holding bytes that are not UTF-8 arrives with them escaped as lone
+    surrogates, which no tokenizer can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise BadInput(
+            f"--prompt is not valid UTF-8 text (an undecodable byte at character {err.start + 1}): give UTF-8 text,"
+            " or token ids with --ids"
+        ) from None
+    return text
+
+
 def encode_prompts(tokenizer, texts: list[str], *, pad_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     rows = [tokenizer.encode(text) for text in texts]
     for text, row in zip(texts, rows):

@@ -10,8 +10,10 @@ the text's first is scored exactly once.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import re
+import unicodedata
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +22,10 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.files import open_regular
 from gpt2onnx.runtimes.decoder import position_ids_for
 
-PIECE_CHARS = 1 << 20  # characters read at a time
+PIECE_CHARS = 1 << 18  # characters read, and tokenized, at a time (about 100 MB of tokenizer state)
 DATASETS_INSTALL = "pip install 'gpt2onnx[eval]' (the datasets library)"
 
 
@@ -64,14 +67,29 @@ class TextSource:
 
 
 def _file_chunks(path: Path) -> Iterator[str]:
-    try:
-        with open(path, encoding="utf-8", newline="") as fh:  # newline="": the text as it is, \r\n included
-            for chunk in iter(lambda: fh.read(PIECE_CHARS), ""):
-                yield chunk
-    except UnicodeDecodeError as err:
-        raise BadInput(f"text file '{path}' is not UTF-8 ({err.reason} near byte {err.start}): convert it") from None
-    except OSError as err:
-        raise BadInput(f"text file '{path}' cannot be read ({err.strerror or err})") from None
+    """The file's text, PIECE_CHARS bytes read at a time (a regular file only: open_regular), decoded as it goes;
+    a byte that is not UTF-8 is reported at its position from the start of the file."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    fed = 0  # bytes given to the decoder so far
+    with open_regular(path, "text file") as fh:
+        while True:
+            try:
+                data = fh.read(PIECE_CHARS)
+            except OSError as err:
+                raise BadInput(f"text file '{path}' cannot be read ({err.strerror or err})") from None
+            pending = len(decoder.getstate()[0])  # bytes of a character cut by the last read, decoded with these
+            try:
+                text = decoder.decode(data, final=not data)
+            except UnicodeDecodeError as err:
+                at = fed - pending + err.start
+                raise BadInput(
+                    f"text file '{path}' is not UTF-8 ({err.reason} at byte {at:,} from its start): convert it"
+                ) from None
+            fed += len(data)
+            if text:
+                yield text
+            if not data:
+                return
 
 
 def _dataset_parts(value: str) -> tuple[str, str | None, str]:
@@ -113,37 +131,126 @@ def _dataset_chunks(value: str) -> Iterator[str]:
         yield "".join(pending)
 
 
-def safe_pieces(chunks: Iterable[str], *, keep: Iterable[str] = ()) -> Iterator[str]:
-    """The text re-cut only between an ASCII letter and the punctuation mark after it ("word." "word,"), where
-    GPT-2's byte-level pre-tokenizer always splits and neither side's pre-tokens depend on the other (a letter
-    run ends at the mark either way, and the mark starts the same match): tokenizing the pieces one by one gives
-    the whole text's ids. No cut falls inside a string of ``keep`` (the tokenizer's added tokens, which are
-    matched before pre-tokenization). A text without such a place stays one piece."""
-    keep = [k for k in keep if k]
-    carry = ""
-    for chunk in chunks:
-        carry += chunk
-        cut = None
-        for start in (max(0, len(carry) - (1 << 16)), 0):  # the last place, searched in the tail first
-            for match in _CUT.finditer(carry, start, len(carry) - 1):
-                if not any(_inside(carry, match.end(), k) for k in keep):
-                    cut = match.end()
-            if cut is not None or start == 0:
-                break
-        if cut is not None:
-            yield carry[:cut]
-            carry = carry[cut:]
-    if carry:
-        yield carry
+# Where GPT-2's byte-level pre-tokenizer always splits, whatever comes before or after: its pattern
+# ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+) ends a letter, number or other
+# run where the class changes or at a space, and starts the next match there, with the same characters either
+# way. So a text cut (1) before a single space between two non-space characters, or (2) between two non-space
+# characters of different classes (letter, number, other), neither an apostrophe (contractions), gives, piece by
+# piece, the whole text's tokens. A run longer than CUT_SEARCH characters with no such place (one "word" of 8 MB)
+# is cut at a token boundary, from the tokens of the piece plus CUT_CONTEXT characters after it.
+CUT_SEARCH = 1 << 16  # characters searched back for a place to cut
+CUT_CONTEXT = 1 << 12  # characters after a forced cut that its tokens are computed with
+MAX_PIECE = 2 * PIECE_CHARS  # characters held at most before a forced cut
 
 
-_CUT = re.compile(r"[A-Za-z](?=[.,;:!?])")
+def _class(char: str) -> str | None:
+    """A character's class for the pre-tokenizer (L, N or P), or None: a space, an apostrophe, or a character
+    whose class another Unicode version might see otherwise (unassigned, private use, surrogates, controls)."""
+    if char.isspace() or char == "'":
+        return None
+    category = unicodedata.category(char)
+    if category[0] == "C":
+        return None
+    return category[0] if category[0] in "LN" else "P"
+
+
+def _safe_cut(text: str, position: int) -> bool:
+    """Whether the pre-tokenizer splits ``text`` at ``position`` whatever lies beyond the text's ends (see above)."""
+    if not 0 < position < len(text) - 1:
+        return False
+    before, here, after = text[position - 1], text[position], text[position + 1]
+    if here == " ":
+        return all(c == "'" or _class(c) is not None for c in (before, after))
+    a, b = _class(before), _class(here)
+    return a is not None and b is not None and a != b
+
+
+_SPACE_CUT = re.compile(r"(?<=[^\s\x00-\x1f]) (?=[^\s\x00-\x1f])")
 
 
 def _inside(text: str, position: int, token: str) -> bool:
     """Whether an occurrence of ``token`` in ``text`` spans ``position`` (starts before it, ends after it)."""
     found = text.find(token, max(0, position - len(token) + 1), position + len(token) - 1)
     return 0 <= found < position < found + len(token)
+
+
+def _last_cut(text: str, start: int, keep: list[str]) -> int | None:
+    """The last safe place to cut ``text`` at or after ``start``, not inside an added token of ``keep`` (nor
+    so near the end that one could still be cut off by it): before a space between words first (found by a
+    regular expression, then checked), else where the class changes in the last CUT_SEARCH characters."""
+    end = len(text) - 1 - max((len(k) for k in keep), default=0)
+
+    def ok(position: int) -> bool:
+        return _safe_cut(text, position) and not any(_inside(text, position, k) for k in keep)
+
+    for begin in (max(start, end - CUT_SEARCH), start):  # the tail first: the last place is near the end
+        found = [m.start() for m in _SPACE_CUT.finditer(text, begin, max(begin, end))]
+        for position in reversed(found[-64:]):
+            if ok(position):
+                return position
+        if begin == start:
+            break
+    for position in range(end - 1, max(start, end - CUT_SEARCH, 1) - 1, -1):
+        if ok(position):
+            return position
+    return None
+
+
+def _forced_cut(tokenizer, text: str, limit: int) -> tuple[int, list[int]]:
+    """A cut at a token boundary at or before ``limit``, for a run with no safe place: the ids of ``text``
+    (a piece that starts at a token boundary, with CUT_CONTEXT characters after ``limit``), kept up to the last
+    boundary at or before ``limit``. Token lengths are byte counts (GPT-2's byte-level tokens hold one
+    character per byte; added tokens their own text); another kind of tokenizer is refused."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    added = set(added_tokens(tokenizer))
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    sizes = [len(p.encode("utf-8")) if p in added else len(p) for p in pieces]
+    encoded = text.encode("utf-8")
+    if sum(sizes) != len(encoded):
+        raise BadInput(
+            f"the text has a run of more than {CUT_SEARCH:,} characters without a space or punctuation, which this"
+            " tokenizer (not a byte-level BPE) cannot be read in pieces: cut the text, or use GPT-2's tokenizer"
+        )
+    limit_byte = len(text[:limit].encode("utf-8"))
+    end, count, best = 0, 0, None
+    for index, size in enumerate(sizes):
+        if end > limit_byte:
+            break
+        if end and (encoded[end] & 0xC0) != 0x80:  # a character starts here: a boundary in the text too
+            best = (end, index)
+        end += size
+    if best is None:
+        raise BadInput(
+            f"the text has a token longer than {limit:,} characters: it cannot be read in pieces; cut the text"
+        )
+    end, count = best
+    return len(encoded[:end].decode("utf-8")), ids[:count]
+
+
+def text_pieces(tokenizer, chunks: Iterable[str]) -> Iterator[tuple[str, list[int]]]:
+    """The text, cut into pieces of about PIECE_CHARS characters, and each piece's token ids, equal to the whole
+    text's (memory stays flat whatever the text holds): cut where the pre-tokenizer always splits, else (a run of
+    CUT_SEARCH characters without such a place) at a token boundary computed with CUT_CONTEXT characters of
+    context. No cut falls inside one of the tokenizer's added tokens."""
+    keep = [k for k in added_tokens(tokenizer) if k]
+    margin = 2 + max((len(k) for k in keep), default=0)  # the last characters are searched once more text came
+    carry, searched = "", 0  # searched: carry[:searched] holds no safe place (checked before)
+    for chunk in chunks:
+        carry += chunk
+        while len(carry) > PIECE_CHARS:
+            cut = _last_cut(carry, searched, keep)
+            if cut is not None:
+                yield carry[:cut], tokenizer.encode(carry[:cut], add_special_tokens=False)
+                carry, searched = carry[cut:], 0
+                break
+            searched = max(0, len(carry) - margin)
+            if len(carry) < MAX_PIECE:
+                break
+            cut, ids = _forced_cut(tokenizer, carry[: PIECE_CHARS + CUT_CONTEXT], PIECE_CHARS)
+            yield carry[:cut], ids
+            carry, searched = carry[cut:], 0
+    if carry:
+        yield carry, tokenizer.encode(carry, add_special_tokens=False)
 
 
 def added_tokens(tokenizer) -> list[str]:
@@ -153,8 +260,7 @@ def added_tokens(tokenizer) -> list[str]:
 
 def token_pieces(tokenizer, source: TextSource) -> Iterator[np.ndarray]:
     """The text's token ids, piece by piece (int64 arrays); no special tokens are added."""
-    for piece in safe_pieces(source.chunks(), keep=added_tokens(tokenizer)):
-        ids = tokenizer.encode(piece, add_special_tokens=False)
+    for _, ids in text_pieces(tokenizer, source.chunks()):
         if ids:
             yield np.asarray(ids, dtype=np.int64)
 
@@ -171,9 +277,8 @@ class TextSummary:
 
 def summarize_text(tokenizer, source: TextSource, *, head: int = 64) -> TextSummary:
     digest, count, max_id, first = hashlib.sha256(), 0, -1, []
-    for piece in safe_pieces(source.chunks(), keep=added_tokens(tokenizer)):
+    for piece, ids in text_pieces(tokenizer, source.chunks()):
         digest.update(piece.encode("utf-8"))
-        ids = tokenizer.encode(piece, add_special_tokens=False)
         count += len(ids)
         max_id = max(max_id, max(ids, default=-1))
         if len(first) < head:
@@ -267,14 +372,6 @@ def window_logits(runner, window: Window, *, last_logits: bool) -> np.ndarray:
 
 
 def graph_logits_last(model) -> bool:
-    """Whether a folder's graph returns the last position's logits only (exported with --logits last): from
-    its manifest, else from the graph's logits dims ([batch, 1, vocab])."""
-    options = model.manifest.options if model.manifest is not None else {}
-    if options.get("logits") in ("all", "last"):
-        return options["logits"] == "last"
-    from gpt2onnx.artifact.contract import graph_io
-    from gpt2onnx.artifact.graph import load_graph
-
-    _, outputs = graph_io(load_graph(model.model_path))
-    logits = next(t for t in outputs if t.name == "logits")
-    return len(logits.dims) == 3 and logits.dims[1] == 1
+    """Whether a folder's graph returns the last position's logits only (exported with --logits last): read from
+    the graph's logits dims ([batch, 1, vocab]), never from the manifest's options."""
+    return model.facts.logits_last

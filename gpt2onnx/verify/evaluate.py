@@ -39,7 +39,7 @@ from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model, reference_step
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.runtimes.decoder import position_ids_for
+from gpt2onnx.runtimes.decoder import file_shape, position_ids_for
 from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.runtimes.prompts import load_tokenizer
 from gpt2onnx.runtimes.providers import ProviderConfig
@@ -413,19 +413,38 @@ def _same_source(models: list[ModelFolder]) -> None:
 
 
 def _reference_scorer(models: list[ModelFolder], reference: str | None, runtime: RuntimeOptions, verify_files: bool):
+    """The reference the folders are compared with, refused when its architecture (vocabulary, layers, heads,
+    head size) is not every folder's: figures against another model mean nothing."""
+    from gpt2onnx.verify.parity import check_reference_matches, reference_checkpoint
+
     if reference is not None and (Path(reference) / "model.onnx").is_file():
         provider = (
             runtime.provider if runtime.name == "onnxruntime" else ProviderConfig(threads=runtime.provider.threads)
         )
         folder = open_folder(reference, verify_files=verify_files)
+        ours = _architecture(folder)
+        for model in models:
+            if _architecture(model) != ours:
+                raise BadInput(
+                    f"the reference '{reference}' (vocabulary, layers, heads, head size {ours}) does not match the"
+                    f" model in '{model.folder}' {_architecture(model)}: give the folder it was made from"
+                    " (--reference)"
+                )
         return _RuntimeScorer(str(reference), folder, RuntimeOptions(provider=provider))
-    from gpt2onnx.verify.parity import reference_checkpoint
-
     if reference is None:
         _same_source(models)
         ckpt = reference_checkpoint(models[0])
-        return _TorchScorer(f"PyTorch fp32 ({ckpt.name}, the manifest's source)", ckpt)
-    return _TorchScorer(f"PyTorch fp32 ({reference})", load_checkpoint(reference, option="--reference"))
+        label = f"PyTorch fp32 ({ckpt.name}, the manifest's source)"
+    else:
+        ckpt, label = load_checkpoint(reference, option="--reference"), f"PyTorch fp32 ({reference})"
+    for model in models:
+        check_reference_matches(model, ckpt)
+    return _TorchScorer(label, ckpt)
+
+
+def _architecture(model: ModelFolder) -> tuple:
+    shape = file_shape(model.model_path, model.n_positions)
+    return (shape.vocab_size, shape.n_layer, shape.n_head, shape.head_dim)
 
 
 def _check_length(context: int | None, stride: int | None, limit: int) -> tuple[int, int]:
@@ -558,10 +577,11 @@ def evaluate_written(
         ref = _RuntimeScorer(against, reference, RuntimeOptions())
     candidate = _RuntimeScorer(label or str(folder), model, RuntimeOptions())
     candidate.precision = precision or candidate.precision
+    # the staged folder's tokenizer files are copies: messages name the folder they were copied from
+    tokenizer_source = reference.companion_dir if isinstance(reference, Checkpoint) else reference.folder
+    tokenizer_source = tokenizer_source or Path(label or folder)
     try:
-        return _run(
-            [candidate], ref, load_tokenizer(folder), source, gates=gates, tokenizer_folder=Path(label or folder)
-        )
+        return _run([candidate], ref, load_tokenizer(folder), source, gates=gates, tokenizer_folder=tokenizer_source)
     finally:
         candidate.close()
         ref.close()
