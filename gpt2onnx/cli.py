@@ -840,7 +840,7 @@ def parity(
         check_output_path(
             json_path, option="--json", folders=_read_folders(folder, reference), files=(text,) if text else ()
         )
-    with Progress(console=err_console, transient=True) as progress:
+    with Progress(console=err_console, transient=True, disable=not err_console.is_terminal) as progress:
         task = progress.add_task("parity cases", total=cases)
         report = run_parity(
             folder,
@@ -976,7 +976,7 @@ def bench(
         pasts=parse_batches(past, what="past lengths (--past)") if past else (),
     )
     engines = len(folders) * len(runtimes) + (1 if baseline == "torch" else 0)
-    with Progress(console=err_console, transient=True) as progress:
+    with Progress(console=err_console, transient=True, disable=not err_console.is_terminal) as progress:
         task = progress.add_task("benchmark", total=engines * len(bench_config.batches) * (warmup + repeat))
         result = run_bench(
             folders,
@@ -1078,7 +1078,7 @@ def eval_command(
             json_path, option="--json", folders=_read_folders(*folders, reference), files=(text,) if text else ()
         )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err_console, transient=True) as progress:
+    with Progress(*columns, console=err_console, transient=True, disable=not err_console.is_terminal) as progress:
         task = progress.add_task("windows", total=None)
         report = evaluate(
             folders,
