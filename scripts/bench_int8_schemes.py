@@ -136,9 +136,11 @@ def main() -> int:
     results = {}
     for cpu in cpus:
         label = cpu or "host"
-        results[label] = run_worker(
-            cpu, list(folders.values()), ids_path, prompts_path, args.work / f"{label}.npz", args
-        )
+        out = args.work / f"{label}.npz"
+        if args.reuse and out.is_file():
+            results[label] = dict(np.load(out))
+        else:
+            results[label] = run_worker(cpu, list(folders.values()), ids_path, prompts_path, out, args)
         print(f"ran on {label}: {json.loads(str(results[label]['cpu']))['model']}", file=sys.stderr)
     decode, prefill = time_folders(
         folders, threads=args.threads, past=args.past, prompt=args.prompt, rounds=args.rounds, warmup=3

@@ -11,8 +11,12 @@ Bounds on KL(this CPU ‖ emulated CPU), mean over the text's positions, and why
   on the logits: measured KL ~1e-14; bound 1e-9.
 - int8 (7-bit weights, so no pair sum can saturate): the integer products are identical on every path; only the
   dequantization's float order differs: measured 0 to 6e-10; bound 1e-8.
-- int4 (accuracy level 4: activations quantized to int8 per block, int4 × int8 products): integer products are
-  identical, the per-block float scaling and sums are ordered differently: bound 1e-6.
+- int4 at accuracy level 0 (fp32 arithmetic): as fp32, bound 1e-9.
+- int4 at accuracy level 4 (the recipe: activations quantized to int8 per block, int4 × int8 products): on CPUs
+  with AVX2 the integer products are identical and only the float scaling is ordered differently (measured 3e-10;
+  bound 1e-8). A CPU without AVX2 (Nehalem) has no int8 kernel for MatMulNBits and computes level 4 as level 0,
+  in fp32: there the file gives what accuracy level 0 gives on this CPU (bound 1e-9), which is KL ~7e-6 from
+  level 4's figures, the cost of quantizing activations (README, "Same answers on every CPU").
 Greedy tokens must be equal on every CPU (the trained model's top tokens are not near ties at these prompts).
 """
 
@@ -31,7 +35,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "scripts" / "cpu_worker.py"
 EMULATED = ("EPYC-Rome", "Nehalem")
-KL_BOUNDS = {"fp32": 1e-9, "fp32-ort": 1e-9, "fp16": 1e-9, "int8": 1e-8, "int4": 1e-6}
+KL_BOUNDS = {"fp32": 1e-9, "fp32-ort": 1e-9, "fp16": 1e-9, "int8": 1e-8, "int4": 1e-8, "int4-acc0": 1e-9}
+# what a variant computes on a CPU without AVX2: MatMulNBits' accuracy level 4 falls back to level 0 (fp32)
+NO_AVX2_EQUALS = {"int4": "int4-acc0"}
 CONTEXT, STRIDE, TOKENS, NEW_TOKENS = 64, 32, 192, 12
 
 
@@ -57,6 +63,9 @@ def variants(trained_export, tmp_path_factory) -> dict[str, Path]:
         "fp16": optimize(ort, work / "fp16", fusion="none", dtype="fp16").folder,
         "int8": optimize(ort, work / "int8", fusion="none", quantization=QuantizeOptions("int8")).folder,
         "int4": optimize(ort, work / "int4", fusion="none", quantization=QuantizeOptions("int4")).folder,
+        "int4-acc0": optimize(
+            ort, work / "int4-acc0", fusion="none", quantization=QuantizeOptions("int4", accuracy_level=0)
+        ).folder,
     }
 
 
@@ -104,9 +113,13 @@ def test_every_precision_gives_the_same_answers_on_another_cpu(runs, variant, cp
     from gpt2onnx.verify.metrics import kl_divergence
 
     index = runs["names"].index(variant)
-    host, other = runs["host"][f"logits_{index}"], runs[cpu][f"logits_{index}"]
+    features = json.loads(str(runs[cpu]["cpu"]))["features"]
+    expected = NO_AVX2_EQUALS.get(variant, variant) if "avx2" not in features else variant
+    host = runs["host"][f"logits_{runs['names'].index(expected)}"]
+    other = runs[cpu][f"logits_{index}"]
     kl = float(kl_divergence(host, other).mean())
-    assert kl <= KL_BOUNDS[variant], f"{variant} on {cpu}: mean KL {kl:.3g} > {KL_BOUNDS[variant]:g}"
+    bound = KL_BOUNDS[expected]
+    assert kl <= bound, f"{variant} on {cpu} against {expected} here: mean KL {kl:.3g} > {bound:g}"
     assert (host.argmax(-1) == other.argmax(-1)).mean() == 1.0
     np.testing.assert_array_equal(runs["host"][f"tokens_{index}"], runs[cpu][f"tokens_{index}"])
 
