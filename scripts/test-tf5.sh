@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The tests again under transformers 5.x, in a second virtual environment (.venv-tf5) without optimum
 # (optimum-onnx pins transformers<4.58, so its interop tests skip here and run in .venv).
-# Not the slow tests (one 124M export, version-independent), the bad-input corpus (minutes, version-independent)
-# nor the browser tests (Chromium against onnxruntime on the same files, version-independent): they run once, in .venv. FutureWarning as an error catches transformers' next renames before they break.
+# Only the tests of what depends on transformers' version (TF5_TESTS): loading checkpoints and configs, the
+# reference model and its cache API, random initialisation, generate() and its decoding options, the tokenizer
+# classes, training, eval and the torch baseline, the CLI, and the import of every module without optimum. The rest
+# (fusions, precisions, runtimes, deploy targets, the browser, the bad-input corpus, portability) runs onnx and
+# onnxruntime on files whatever made them, and runs once, in .venv. FutureWarning as an error catches transformers'
+# next renames before they break.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -16,4 +20,6 @@ import importlib.util, transformers
 assert transformers.__version__.startswith('5.'), transformers.__version__
 print('transformers', transformers.__version__, '| optimum', 'present' if importlib.util.find_spec('optimum') else 'absent')"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec .venv-tf5/bin/python -m pytest -q -m 'not slow' -W error::FutureWarning --ignore tests/test_bad_input.py --ignore tests/test_web.py "$@"
+TF5_TESTS=(test_checkpoint test_export_parity test_kv_path test_decoding test_generate test_generation_settings
+  test_ort_generate test_tokenizer test_eval test_training test_api test_bench_torch test_cli test_architecture)
+exec .venv-tf5/bin/python -m pytest -q -m 'not slow' -W error::FutureWarning $(printf "tests/%s.py " "${TF5_TESTS[@]}") "$@"
