@@ -7,7 +7,8 @@
     onnx/model[_suffix].onnx, config.json  transformers.js (gpt2onnx.deploy.transformers_js)
     index.html, gpt2onnx-web.js, lib/      a page that generates in the browser (gpt2onnx.deploy.web; it loads
                                            the transformers.js layout, which "web" therefore adds too)
-    triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton)
+    triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton), and beside it
+    triton/NAME-generate/, NAME-infer/     generation in the server (Python backend, gpt2onnx.deploy.triton_generate)
     tokenizer.json                         genai and transformers.js, which read only this file, when the
                                            folder has only vocab.json + merges.txt (gpt2onnx.artifact.tokenizer)
     ort-generate/*_search.onnx, ...        onnxruntime's generation ops, the loop in the graph
@@ -166,7 +167,9 @@ def deploy(
                 source, staging, opened.precision, name=target.resolve().name, web_lib=web_lib
             )
         if "triton" in targets:
-            written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
+            written["triton"] = triton.write_triton(
+                staging, staging, name=name, device=triton_device, manifest=opened.manifest
+            )
         fixed = None
         if "ort-generate" in targets:
             written["ort-generate"], fixed = ort_generate.write_ort_generate(staging, staging)
