@@ -13,8 +13,8 @@ from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.batching import BatchingEngine
 from gpt2onnx.runtimes.generate import Decoding, Sampling, decode, generate
+from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
 from gpt2onnx.runtimes.prompts import load_tokenizer
-from gpt2onnx.runtimes.tokenizer import load_gpt2_tokenizer
 
 PROMPTS = [
     "Return the",

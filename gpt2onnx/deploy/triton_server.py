@@ -88,6 +88,7 @@ class TritonServer:
         timeout: float = 120.0,
         log_file: str | Path | None = None,
     ):
+        self.process, self._log, self._workdir, self.final_log = None, None, None, ""
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
             raise BadInput(f"Triton model repository '{repository}' is not a folder: deploy --target triton first")
@@ -126,7 +127,9 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             "--exit-timeout-secs=20",
         ]
-        self.log_path = Path(log_file) if log_file else Path(self._workdir.name) / "tritonserver.log"
+        self.log_path = (
+            Path(log_file) if log_file else Path(self._workdir.name) / "tritonserver.log"
+        )  # beside the backends
         self._log = open(self.log_path, "wb")
         log.info("starting %s", " ".join(command))
         self.process = subprocess.Popen(
@@ -183,8 +186,9 @@ class TritonServer:
         raise RuntimeUnavailable(f"tritonserver was not ready within {timeout:.0f} s:\n{self.log_tail()}")
 
     def stop(self, timeout: float = 60.0) -> int | None:
-        """SIGTERM, then wait (SIGKILL after ``timeout`` seconds); returns the exit code."""
-        if getattr(self, "process", None) is not None and self.process.poll() is None:
+        """SIGTERM, then wait (SIGKILL after ``timeout`` seconds); returns the exit code. The server's log stays
+        readable in ``final_log``."""
+        if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout)
@@ -192,15 +196,13 @@ class TritonServer:
                 log.warning("tritonserver did not stop within %.0f s: killed", timeout)
                 self.process.kill()
                 self.process.wait()
-        if getattr(self, "_log", None) is not None and not self._log.closed:
+        if self._log is not None and not self._log.closed:
             self._log.close()
-        code = self.process.returncode if getattr(self, "process", None) is not None else None
-        if getattr(self, "_workdir", None) is not None:
-            if self.log_path.is_relative_to(self._workdir.name):
-                self.final_log = self.log_path.read_bytes().decode("utf-8", "replace")
+        if self._workdir is not None:
+            self.final_log = self.log_path.read_bytes().decode("utf-8", "replace") if self.log_path.exists() else ""
             self._workdir.cleanup()
             self._workdir = None
-        return code
+        return self.process.returncode if self.process is not None else None
 
 
 def _ok(url: str) -> bool:

@@ -225,11 +225,11 @@ class BatchingEngine:
     ) -> "BatchingEngine":
         """An engine on an exported folder (onnxruntime on ``provider``): its end-of-sequence and padding ids as
         generate reads them, its tokenizer loaded without transformers
-        (:func:`~gpt2onnx.runtimes.tokenizer.load_gpt2_tokenizer`) where it has one (``tokenizer``: another one,
+        (:func:`~gpt2onnx.runtimes.gpt2_tokenizer.load_gpt2_tokenizer`) where it has one (``tokenizer``: another one,
         or None for token ids only)."""
         model = open_folder(folder, verify_files=verify_files)
         if tokenizer == "auto":
-            from gpt2onnx.runtimes.tokenizer import load_gpt2_tokenizer
+            from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
 
             tokenizer = load_gpt2_tokenizer(model.folder) if has_tokenizer(model.folder) else None
         eos_ids, pad = generation_token_ids(model.folder)

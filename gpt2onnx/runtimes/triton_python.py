@@ -21,6 +21,7 @@ Errors are Triton errors: a bad request gets one response whose error is the one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -218,8 +219,8 @@ class GenerateModel:
             if item is None:
                 return
             pending, event = item
-            if pending.cancelled:
-                continue
+            if pending.cancelled and not event.last:
+                continue  # the engine drops the request at its next step; its last event still closes it
             try:
                 if not event.last and pending.sender.is_cancelled():
                     pending.cancelled = True
@@ -228,7 +229,12 @@ class GenerateModel:
                     continue
                 pending.ids.extend(event.token_ids)
                 pending.text += event.text
-                if event.error is not None:
+                if event.last and pending.cancelled:  # Triton holds a request until its final flag comes
+                    cancelled = pb_utils.TritonError("the request was cancelled", pb_utils.TritonError.CANCELLED)
+                    pending.sender.send(
+                        pb_utils.InferenceResponse(error=cancelled), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                    )
+                elif event.error is not None:
                     pending.sender.send(
                         pb_utils.InferenceResponse(error=_error(pb_utils, event.error)),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
@@ -245,10 +251,14 @@ class GenerateModel:
                     response = self._response(pending.text, pending.ids, event.finish_reason)
                     pending.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception as err:  # the client is gone, or the server is stopping: drop this request only
-                pb_utils.Logger.log_warn(f"gpt2onnx: a response could not be sent ({err}); its request is dropped")
+                if not pending.cancelled:
+                    pb_utils.Logger.log_warn(f"gpt2onnx: a response could not be sent ({err}); its request is dropped")
                 pending.cancelled = True
                 if pending.handle is not None:
                     pending.handle.cancel()
+                if event.last:  # the final flag alone, so that Triton lets the request go
+                    with contextlib.suppress(Exception):
+                        pending.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _response(self, text: str, ids, finish_reason: str | None):
         pb_utils = self.pb
