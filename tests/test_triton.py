@@ -343,3 +343,34 @@ def test_a_folder_without_tokenizer_gets_no_generation_models(tiny_export, tmp_p
     result = deploy(tiny_export, "triton", out=tmp_path / "d", triton_name="t")
     assert sorted(p.name for p in (tmp_path / "d" / "triton").iterdir()) == ["t"]
     assert not any("-generate" in f for f in result.targets["triton"])
+
+
+def test_kserve_inference_service_is_valid_for_kserves_classes(trained_export, tmp_path):
+    """deploy writes the InferenceService for KServe's Triton runtime; kserve's own model classes accept it (no
+    Kubernetes here: the classes only), with the repository, the batch and the model size where they belong."""
+    python = need_triton()
+    check = ROOT / "tests" / "runtimes" / "kserve_check.py"
+    for device in ("cpu", "gpu"):
+        out = tmp_path / device
+        result = deploy(trained_export, "triton", out=out, triton_name="Docs_Model.v1", triton_device=device)
+        assert "kserve/inferenceservice.yaml" in result.targets["triton"]
+        proc = subprocess.run(
+            [python, str(check), str(out / "kserve" / "inferenceservice.yaml")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        service = json.loads(proc.stdout)
+        assert service["name"] == "docs-model-v1"  # a DNS-1123 label
+        assert (service["model_format"], service["runtime"], service["protocol"]) == (
+            "triton",
+            "kserve-tritonserver",
+            "v2",
+        )
+        assert service["storage_uri"] == "pvc://gpt2onnx-models/Docs_Model.v1/triton"
+        config = (out / "triton" / "Docs_Model.v1-generate" / "config.pbtxt").read_text()
+        assert f'key: "max_batch" value: {{ string_value: "{service["scale_target"]}" }}' in config
+        memory = int(service["resources"]["requests"]["memory"].removesuffix("Mi")) << 20
+        assert memory >= 2 * (out / "model.onnx").stat().st_size
+        assert ("nvidia.com/gpu" in service["resources"]["limits"]) == (device == "gpu")

@@ -9,6 +9,7 @@
                                            the transformers.js layout, which "web" therefore adds too)
     triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton), and beside it
     triton/NAME-generate/, NAME-infer/     generation in the server (Python backend, gpt2onnx.deploy.triton_generate)
+    kserve/inferenceservice.yaml           KServe's Triton runtime on that repository (gpt2onnx.deploy.kserve)
     tokenizer.json                         genai and transformers.js, which read only this file, when the
                                            folder has only vocab.json + merges.txt (gpt2onnx.artifact.tokenizer)
     ort-generate/*_search.onnx, ...        onnxruntime's generation ops, the loop in the graph
@@ -44,7 +45,7 @@ from gpt2onnx.artifact.folder import (
 )
 from gpt2onnx.artifact.manifest import DeployRecord, Manifest, TritonRecord
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
-from gpt2onnx.deploy import genai, ort_generate, transformers_js, triton, web
+from gpt2onnx.deploy import genai, kserve, ort_generate, transformers_js, triton, web
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 
@@ -53,7 +54,14 @@ log = logging.getLogger(__name__)
 TARGETS = ("genai", "transformers-js", "triton", "ort-generate", "web")
 NEED_TOKENIZER_JSON = {"genai", "transformers-js"}
 # what a target adds to the folder: dropped when the folder is deployed again
-_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER, ort_generate.SUBFOLDER, *web.PATHS)
+_TARGET_PATHS = (
+    genai.CONFIG_NAME,
+    transformers_js.SUBFOLDER,
+    triton.SUBFOLDER,
+    kserve.SUBFOLDER,
+    ort_generate.SUBFOLDER,
+    *web.PATHS,
+)
 
 
 @dataclass
@@ -125,6 +133,7 @@ def deploy(
         genai.CONFIG_NAME: "genai",
         transformers_js.SUBFOLDER: "transformers-js",
         triton.SUBFOLDER: "triton",
+        kserve.SUBFOLDER: "triton",  # KServe's InferenceService for the Triton repository
         ort_generate.SUBFOLDER: "ort-generate",
         **{path: "web" for path in web.PATHS},
     }

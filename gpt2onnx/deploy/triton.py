@@ -22,7 +22,8 @@ from gpt2onnx.artifact.contract import TensorSpec, graph_io
 from gpt2onnx.artifact.folder import MODEL_FILE
 from gpt2onnx.artifact.graph import external_data_files, load_graph
 from gpt2onnx.artifact.manifest import Manifest
-from gpt2onnx.deploy.triton_generate import write_generate_models
+from gpt2onnx.deploy.kserve import write_kserve
+from gpt2onnx.deploy.triton_generate import DEFAULT_MAX_BATCH, write_generate_models
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 
@@ -80,7 +81,7 @@ def write_triton(
     folder: Path, out: Path, *, name: str, device: str = "cpu", manifest: Manifest | None = None
 ) -> list[str]:
     """Write triton/NAME/{config.pbtxt, 1/model.onnx[, data]} into ``out``, and with the folder's ``manifest``
-    the generation models beside it; returns the files written."""
+    the generation models beside it and KServe's InferenceService for the repository; returns the files written."""
     graph = load_graph(folder / MODEL_FILE)
     text = config_pbtxt(name, *graph_io(graph), device=device)
     version = out / SUBFOLDER / name / "1"
@@ -93,5 +94,9 @@ def write_triton(
     if manifest is not None:
         written += write_generate_models(
             folder, out, name=name, kind=KINDS[device], manifest=manifest, repository=SUBFOLDER
+        )
+        model_bytes = sum((folder / f).stat().st_size for f in (MODEL_FILE, *external_data_files(graph)))
+        written += write_kserve(
+            out, name=name, model_bytes=model_bytes, gpu=device == "gpu", max_batch=DEFAULT_MAX_BATCH
         )
     return written
