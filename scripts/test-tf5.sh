@@ -2,7 +2,8 @@
 # The tests again under transformers 5.x, in a second virtual environment (.venv-tf5) without optimum
 # (optimum-onnx pins transformers<4.58, so its interop tests skip here and run in .venv).
 # Not the slow tests (one 124M export, version-independent), the bad-input corpus (minutes, version-independent)
-# nor the browser tests (Chromium against onnxruntime on the same files, version-independent): they run once, in .venv. FutureWarning as an error catches transformers' next renames before they break.
+# nor the browser tests (Chromium against onnxruntime on the same files, version-independent), nor the Triton server tests (the served
+# model has no transformers in it): they run once, in .venv. FutureWarning as an error catches transformers' next renames before they break.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -16,4 +17,4 @@ import importlib.util, transformers
 assert transformers.__version__.startswith('5.'), transformers.__version__
 print('transformers', transformers.__version__, '| optimum', 'present' if importlib.util.find_spec('optimum') else 'absent')"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec .venv-tf5/bin/python -m pytest -q -m 'not slow' -W error::FutureWarning --ignore tests/test_bad_input.py --ignore tests/test_web.py "$@"
+exec .venv-tf5/bin/python -m pytest -q -m 'not slow' -W error::FutureWarning --ignore tests/test_bad_input.py --ignore tests/test_web.py --ignore tests/test_triton.py "$@"

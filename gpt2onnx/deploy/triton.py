@@ -42,9 +42,10 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 def model_name(name: str) -> str:
     """A Triton model name (a folder name in the repository)."""
-    if not _NAME.fullmatch(name) or len(name) > 100:
+    if not _NAME.fullmatch(name) or len(name) > 90:  # 90: room for the generation model's "-generate"
         raise BadInput(
-            f"Triton model name '{name}' is not a plain name (letters, digits, '_', '.', '-'): give --triton-name"
+            f"Triton model name '{name}' is not a plain name of at most 90 characters (letters, digits, '_', '.',"
+            " '-'): give --triton-name"
         )
     return name
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from gpt2onnx.artifact.folder import CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_NAME, TOKENIZER_FILES
 from gpt2onnx.artifact.graph import external_data_files, load_graph
 from gpt2onnx.artifact.manifest import MODEL_FILE, Manifest
-from gpt2onnx.errors import BadInput
 from gpt2onnx.files import link_or_copy
 
 log = logging.getLogger(__name__)
@@ -103,8 +102,6 @@ def write_generate_models(
 ) -> list[str]:
     """Write NAME-generate and NAME-infer into ``out/repository``; returns the files written (relative to
     ``out``), none where the folder has no tokenizer."""
-    if len(name) + len(GENERATE_SUFFIX) > 100:
-        raise BadInput(f"Triton model name '{name}' is too long for its generation model: give a shorter --triton-name")
     if not has_tokenizer_files(folder):
         log.warning(
             "'%s' has no tokenizer files: the Triton generation models (they take text) are not written", folder
