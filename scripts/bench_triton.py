@@ -93,12 +93,12 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def in_process(folder: Path, prompts: list[str], new_tokens: int, threads: int | None) -> dict:
+def in_process(folder: Path, prompts: list[str], new_tokens: int, provider: ProviderConfig) -> dict:
     """decode() on each prompt alone: tokens/s over all of them, first-token and per-step latencies."""
     model = open_folder(folder)
     tokenizer = load_gpt2_tokenizer(folder)
     eos, pad = generation_token_ids(folder)
-    decoder = open_runtime(model, RuntimeOptions(provider=ProviderConfig(threads=threads)))
+    decoder = open_runtime(model, RuntimeOptions(provider=provider))
     decoding = Decoding(min_new_tokens=new_tokens)
     ids = [np.asarray([tokenizer.encode(p)]) for p in prompts]
     decode(decoder, ids[0], max_new_tokens=4, decoding=decoding, eos_token_id=eos)  # warm-up
@@ -187,6 +187,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--requests", type=int, default=2, help="requests per client, one after another")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: all cores)")
+    parser.add_argument("--no-spin", action="store_true", help="onnxruntime's idle threads sleep (both sides)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -196,15 +197,17 @@ def main() -> None:
         f"machine: {machine.get('cpu')}, {machine['cpu_count']} cores, {machine.get('memory_bytes', 0) / 2**30:.0f} GiB"
     )
     print(f"folder: {folder} ({open_folder(folder).precision}); load average before: {os.getloadavg()}", flush=True)
-    results = [("in-process decode(), batch 1", in_process(folder, PROMPTS, args.new_tokens, args.threads))]
+    print(f"onnxruntime threads: {args.threads or 'all cores'}, spinning: {not args.no_spin}")
+    provider = ProviderConfig(threads=args.threads, spinning=not args.no_spin)
+    results = [("in-process decode(), batch 1", in_process(folder, PROMPTS, args.new_tokens, provider))]
     print(row(*results[0]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         deploy(folder, "triton", out=Path(tmp) / "model", triton_name=NAME)
         config = Path(tmp) / "model" / "triton" / f"{NAME}-generate" / "config.pbtxt"
-        if args.threads:
-            config.write_text(
-                config.read_text() + f'parameters: {{ key: "threads" value: {{ string_value: "{args.threads}" }} }}\n'
-            )
+        for key, value in (("threads", args.threads), ("spinning", "false" if args.no_spin else None)):
+            if value:
+                parameter = f'parameters: {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+                config.write_text(config.read_text() + parameter)
         with TritonServer(Path(tmp) / "model" / "triton", models=[f"{NAME}-generate"]) as server:
             one_request(server.http_port, PROMPTS[0], 4)  # warm-up
             for clients in levels:
