@@ -261,16 +261,20 @@ def test_malformed_requests_get_a_triton_error_and_the_server_keeps_serving(serv
     assert streamed(stream(served, body(prompt, new)))[:2] == expected[prompt]
 
 
-def test_unary_infer_over_http_and_grpc(served, expected):
+def test_unary_infer_over_http_and_grpc(served, expected, trained_export):
     (prompt, new), (other, other_new) = PROMPTS[2], PROMPTS[3]
-    request = {
-        "inputs": [{"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": [prompt]}],
+    request = {  # two prompts in one request (its batch dimension), the second with a stop string
+        "inputs": [
+            {"name": "text_input", "shape": [2, 1], "datatype": "BYTES", "data": [prompt, other]},
+            {"name": "stop", "shape": [2, 1], "datatype": "BYTES", "data": ["never in the text", "s."]},
+        ],
         "parameters": {"max_new_tokens": new},
     }
     status, answer = post(served, f"/v2/models/{INFER}/infer", request)
     assert status == 200, answer
-    outputs = {o["name"]: o["data"][0] for o in answer["outputs"]}
-    assert outputs["text_output"] == expected[prompt][1]
+    outputs = {o["name"]: o["data"] for o in answer["outputs"]}
+    stopped = generate(trained_export, prompts=[other], max_new_tokens=new, decoding=Decoding(stop=("s.",)))
+    assert outputs["text_output"] == [expected[prompt][1], stopped.texts[0]]
     (result,) = grpc_results(
         grpc_jobs(
             served, [{"kind": "infer", "model": INFER, "prompt": other, "parameters": {"max_new_tokens": other_new}}]

@@ -334,18 +334,26 @@ class InferModel:
         text = pb_utils.get_input_tensor_by_name(request, "text_input")
         if text is None:
             raise BadInput("input text_input is missing: give the prompt as one string")
+        prompts = _strings(text)
         stop = pb_utils.get_input_tensor_by_name(request, "stop")
+        # stop strings per prompt: the rows of [batch, n] (the batch dimension is the prompts')
+        stops = (
+            [[]] * len(prompts) if stop is None else [list(row) for row in stop.as_numpy().reshape(len(prompts), -1)]
+        )
         parameters = json.loads(request.parameters() or "{}")
-        parse_request(parameters, _strings(stop) if stop is not None else [])  # refuse here, before anything runs
-        stops = [] if stop is None else [pb_utils.Tensor("stop", stop.as_numpy().reshape(-1))]
+        for row in stops:  # refuse here, before anything runs
+            parse_request(parameters, [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in row])
         return [
             pb_utils.InferenceRequest(
                 model_name=self.target,
                 requested_output_names=["text_output", "finish_reason"],
-                inputs=[pb_utils.Tensor("text_input", np.array([prompt.encode()], dtype=np.object_)), *stops],
+                inputs=[
+                    pb_utils.Tensor("text_input", np.array([prompt.encode()], dtype=np.object_)),
+                    *([pb_utils.Tensor("stop", np.array(row, dtype=np.object_))] if row else []),
+                ],
                 parameters=parameters,
             )
-            for prompt in _strings(text)
+            for prompt, row in zip(prompts, stops)
         ]
 
     def _collect(self, result):
