@@ -66,6 +66,22 @@ def test_requests_joining_and_leaving_get_the_tokens_they_get_alone(tiny_export,
     assert mean_batch > 2  # they really were decoded together (at most 6 at once)
 
 
+def test_a_shared_cache_folder_is_batched_the_concat_way(tiny_export, tmp_path):
+    """ort-shared-kv: the batch runs its GroupQueryAttention on a growing past (one buffer length cannot hold rows
+    that come and go); beams keep the folder's own shared-cache stepper."""
+    from gpt2onnx.exporters.optimize import optimize
+
+    folder = optimize(tiny_export, tmp_path / "skv", fusion="ort-shared-kv").folder
+    rng = random.Random(1)
+    prompts = [[rng.randrange(999) for _ in range(rng.randrange(1, 15))] for _ in range(8)]
+    with BatchingEngine.open(folder, max_batch=4) as engine:
+        streams = [engine.submit(p, max_new_tokens=12) for p in prompts]
+        beams = engine.generate(prompts[0], max_new_tokens=8, decoding=Decoding(num_beams=3))
+        for prompt, stream in zip(prompts, streams):
+            assert stream.result(timeout=60).tokens == alone(folder, prompt, 12)
+    assert beams.tokens == alone(folder, prompts[0], 8, decoding=Decoding(num_beams=3))
+
+
 def test_text_prompts_stream_the_text_generate_writes(trained_export, trained_engine):
     streams = [trained_engine.submit(p, max_new_tokens=20) for p in PROMPTS]
     for prompt, stream in zip(PROMPTS, streams):
