@@ -53,6 +53,7 @@ _HOMES = {
     "open_decoder": ("gpt2onnx.runtimes.decoder", "open_decoder"),
     "open_runtime": ("gpt2onnx.runtimes.base", "open_runtime"),
     "decode": ("gpt2onnx.runtimes.generate", "decode"),
+    "BatchingEngine": ("gpt2onnx.runtimes.batching", "BatchingEngine"),  # continuous batching, in-process
     "load_checkpoint": ("gpt2onnx.pytorch.checkpoint", "load_checkpoint"),
     # errors
     "Gpt2OnnxError": ("gpt2onnx.errors", "Gpt2OnnxError"),

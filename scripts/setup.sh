@@ -26,6 +26,23 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   .venv-genai/bin/python -c "import onnxruntime_genai, tritonclient.grpc.model_config_pb2" 2>/dev/null \
     || .venv-genai/bin/python -m pip install --quiet --disable-pip-version-check "$GENAI_SPEC" "$TRITONCLIENT_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
   .venv-genai/bin/python -c "import onnxruntime_genai as og; print('onnxruntime-genai', og.__version__, '(.venv-genai)')"
+  # Triton Inference Server (deploy --target triton's generation models, tests/test_triton.py, scripts/bench_triton.py):
+  # nvidia-pytriton bundles a real tritonserver with its Python backend. Its own venv, .venv-triton: the server's
+  # Python, with what the served model imports (onnxruntime CPU, onnx, numpy, tokenizers) and gpt2onnx itself,
+  # editable and without its dependencies (no torch, no transformers); tritonclient[all] for the tests' clients
+  # (it pins protobuf < 7); kserve for the InferenceService check. gpt2onnx.deploy.triton_server finds it
+  # (or GPT2ONNX_TRITON_PYTHON) and sets LD_LIBRARY_PATH to its Python's lib/ (a Python built outside Debian:
+  # else the backend stub loads Debian's libpython and crashes).
+  PYTRITON_SPEC="${PYTRITON_SPEC:-nvidia-pytriton==0.7.0}"
+  TRITON_PACKAGES="$PYTRITON_SPEC tritonclient[all]==2.73.0 onnxruntime==1.31.1 onnx==1.23.2 tokenizers==0.22.2 kserve==0.21.0"
+  [ -x .venv-triton/bin/python ] || "$PYTHON" -m venv .venv-triton
+  # (found, not imported: kserve and tritonclient.grpc register the same protobuf names and fail in one process)
+  .venv-triton/bin/python -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('pytriton', 'tritonclient.grpc', 'tritonclient.http', 'onnxruntime', 'onnx', 'tokenizers', 'kserve')))" 2>/dev/null \
+    || .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check $TRITON_PACKAGES 2>&1 | grep -v "^WARNING: Location" || true
+  # gpt2onnx from this tree: reinstalled only where the venv's points elsewhere (another clone or worktree)
+  .venv-triton/bin/python -c "import gpt2onnx, pathlib, sys; sys.exit(pathlib.Path(gpt2onnx.__file__).resolve().parents[1] != pathlib.Path.cwd().resolve())" 2>/dev/null \
+    || .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
+  .venv-triton/bin/python -c "import importlib.metadata as m; print('nvidia-pytriton', m.version('nvidia-pytriton'), '| kserve', m.version('kserve'), '(.venv-triton)')"
   if command -v npm >/dev/null; then
     # npm ls fails when node_modules lacks a package of the lock file (or has another version): then install
     (cd tests/js && npm ls --depth=0 >/dev/null 2>&1) \

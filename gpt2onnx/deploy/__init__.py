@@ -7,7 +7,9 @@
     onnx/model[_suffix].onnx, config.json  transformers.js (gpt2onnx.deploy.transformers_js)
     index.html, gpt2onnx-web.js, lib/      a page that generates in the browser (gpt2onnx.deploy.web; it loads
                                            the transformers.js layout, which "web" therefore adds too)
-    triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton)
+    triton/NAME/config.pbtxt, NAME/1/...   Triton's ONNX Runtime backend (gpt2onnx.deploy.triton), and beside it
+    triton/NAME-generate/, NAME-infer/     generation in the server (Python backend, gpt2onnx.deploy.triton_generate)
+    kserve/inferenceservice.yaml           KServe's Triton runtime on that repository (gpt2onnx.deploy.kserve)
     tokenizer.json                         genai and transformers.js, which read only this file, when the
                                            folder has only vocab.json + merges.txt (gpt2onnx.artifact.tokenizer)
     ort-generate/*_search.onnx, ...        onnxruntime's generation ops, the loop in the graph
@@ -44,7 +46,7 @@ from gpt2onnx.artifact.folder import (
 from gpt2onnx.artifact.manifest import DeployRecord, Manifest, TritonRecord
 from gpt2onnx.artifact.paths import check_output_path, real_location
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
-from gpt2onnx.deploy import genai, ort_generate, transformers_js, triton, web
+from gpt2onnx.deploy import genai, kserve, ort_generate, transformers_js, triton, web
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 
@@ -53,7 +55,14 @@ log = logging.getLogger(__name__)
 TARGETS = ("genai", "transformers-js", "triton", "ort-generate", "web")
 NEED_TOKENIZER_JSON = {"genai", "transformers-js"}
 # what a target adds to the folder: dropped when the folder is deployed again
-_TARGET_PATHS = (genai.CONFIG_NAME, transformers_js.SUBFOLDER, triton.SUBFOLDER, ort_generate.SUBFOLDER, *web.PATHS)
+_TARGET_PATHS = (
+    genai.CONFIG_NAME,
+    transformers_js.SUBFOLDER,
+    triton.SUBFOLDER,
+    kserve.SUBFOLDER,
+    ort_generate.SUBFOLDER,
+    *web.PATHS,
+)
 
 
 @dataclass
@@ -131,6 +140,7 @@ def deploy(
         genai.CONFIG_NAME: "genai",
         transformers_js.SUBFOLDER: "transformers-js",
         triton.SUBFOLDER: "triton",
+        kserve.SUBFOLDER: "triton",  # KServe's InferenceService for the Triton repository
         ort_generate.SUBFOLDER: "ort-generate",
         **{path: "web" for path in web.PATHS},
     }
@@ -166,7 +176,9 @@ def deploy(
                 source, staging, opened.precision, name=real_location(target).name, web_lib=web_lib
             )
         if "triton" in targets:
-            written["triton"] = triton.write_triton(staging, staging, name=name, device=triton_device)
+            written["triton"] = triton.write_triton(
+                staging, staging, name=name, device=triton_device, manifest=opened.manifest
+            )
         fixed = None
         if "ort-generate" in targets:
             written["ort-generate"], fixed = ort_generate.write_ort_generate(staging, staging)

@@ -8,6 +8,9 @@ written out as -1: Triton's own batcher would stack requests along a first dim i
 stack only when every input has the same shape, and the past key/values differ in length from one request
 (and one step) to the next; the client sends whole batches, as it does to onnxruntime. Start the server
 with ``tritonserver --model-repository FOLDER/triton``.
+
+Beside it, the generation models (NAME-generate, NAME-infer: gpt2onnx.deploy.triton_generate) run the whole
+decode loop in the server with continuous batching, on any server with the Python backend.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from pathlib import Path
 from gpt2onnx.artifact.contract import TensorSpec, graph_io
 from gpt2onnx.artifact.folder import MODEL_FILE
 from gpt2onnx.artifact.graph import external_data_files, load_graph
+from gpt2onnx.artifact.manifest import Manifest
+from gpt2onnx.deploy.kserve import write_kserve
+from gpt2onnx.deploy.triton_generate import DEFAULT_MAX_BATCH, write_generate_models
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 
@@ -36,9 +42,10 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 def model_name(name: str) -> str:
     """A Triton model name (a folder name in the repository)."""
-    if not _NAME.fullmatch(name) or len(name) > 100:
+    if not _NAME.fullmatch(name) or len(name) > 90:  # 90: room for the generation model's "-generate"
         raise BadInput(
-            f"Triton model name '{name}' is not a plain name (letters, digits, '_', '.', '-'): give --triton-name"
+            f"Triton model name '{name}' is not a plain name of at most 90 characters (letters, digits, '_', '.',"
+            " '-'): give --triton-name"
         )
     return name
 
@@ -71,8 +78,11 @@ def config_pbtxt(name: str, inputs: list[TensorSpec], outputs: list[TensorSpec],
     )
 
 
-def write_triton(folder: Path, out: Path, *, name: str, device: str = "cpu") -> list[str]:
-    """Write triton/NAME/{config.pbtxt, 1/model.onnx[, data]} into ``out``; returns the files written."""
+def write_triton(
+    folder: Path, out: Path, *, name: str, device: str = "cpu", manifest: Manifest | None = None
+) -> list[str]:
+    """Write triton/NAME/{config.pbtxt, 1/model.onnx[, data]} into ``out``, and with the folder's ``manifest``
+    the generation models beside it and KServe's InferenceService for the repository; returns the files written."""
     graph = load_graph(folder / MODEL_FILE)
     text = config_pbtxt(name, *graph_io(graph), device=device)
     version = out / SUBFOLDER / name / "1"
@@ -82,4 +92,12 @@ def write_triton(folder: Path, out: Path, *, name: str, device: str = "cpu") -> 
     for file in (MODEL_FILE, *external_data_files(graph)):
         link_or_copy(folder / file, version / file)
         written.append(f"{SUBFOLDER}/{name}/1/{file}")
+    if manifest is not None:
+        written += write_generate_models(
+            folder, out, name=name, kind=KINDS[device], manifest=manifest, repository=SUBFOLDER
+        )
+        model_bytes = sum((folder / f).stat().st_size for f in (MODEL_FILE, *external_data_files(graph)))
+        written += write_kserve(
+            out, name=name, model_bytes=model_bytes, gpu=device == "gpu", max_batch=DEFAULT_MAX_BATCH
+        )
     return written

@@ -1,0 +1,569 @@
+"""Continuous batching: many generation requests decoded together by one engine thread, each streaming its tokens.
+
+A request joins the running batch at the next decode step (its prompt runs first, together with the other
+requests that arrived since the last step), leaves it the step it finishes (end-of-sequence, a stop string,
+``max_new_tokens``, or cancelled), and keeps its own K/V rows all the while. The cache is a padded one over the
+concat graph (:class:`~gpt2onnx.runtimes.decoder.OnnxDecoder`, every profile): one [rows, heads, P, head_dim]
+tensor per layer K and V, each row left-padded to the longest row's length P, with the attention mask and
+position ids saying which columns are real (the IO contract's left padding). Between joins and leaves the
+presents of a step are bound as the next step's past as they are; a join pads the shorter side on the left and
+stacks the rows, a leave picks the remaining rows, and both drop the leading columns no row uses any more. The
+shared-cache graph (ort-shared-kv) is run the same way (its GroupQueryAttention also concatenates a growing
+past): its preallocated buffer has one length for every row (``seqlens_k`` comes from the mask's width), which a
+batch whose rows come and go does not have.
+
+Each request is decoded as :func:`gpt2onnx.runtimes.generate.decode` decodes a batch of one: the same logits
+processors (:func:`~gpt2onnx.runtimes.decoding.process_scores`) on its own sequence, its own random generator
+seeded as ``Sampling.seed`` says, the same stop conditions. Its greedy tokens are therefore those that
+``gpt2onnx generate`` writes for it alone, up to the float rounding of a padded batch (the same as between
+``generate`` with one prompt and with several; tests/test_batching.py checks the tokens). Beam search
+(``num_beams`` > 1) is not batched: each beam request runs alone through
+:func:`~gpt2onnx.runtimes.beam.beam_search` on a second thread, one at a time, beside the batch, and returns
+its best beam in one event. ``num_return_sequences`` > 1 is refused: send one request per sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from gpt2onnx.artifact.folder import generation_token_ids, open_folder
+from gpt2onnx.errors import BadInput, Gpt2OnnxError
+from gpt2onnx.runtimes.base import Runtime, RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, position_ids_for
+from gpt2onnx.runtimes.decoding import Decoding, Sampling, draw, process_scores
+from gpt2onnx.runtimes.logits import StopStrings
+from gpt2onnx.runtimes.prompts import MAX_TOKEN_ID, TextStream, has_tokenizer, left_pad
+from gpt2onnx.runtimes.providers import ProviderConfig
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 256  # the most requests decoded together
+FINISH_REASONS = ("eos", "stop", "length", "cancelled", "error")
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """What a request gets after each of its steps: the new token ids (one per step; a beam request's whole
+    sequence at once), the text they add (empty while a character is incomplete), and on the last event why it
+    ended; ``error`` when the engine could not finish it."""
+
+    request_id: int
+    token_ids: tuple[int, ...]
+    text: str
+    index: int  # how many new tokens came before these
+    finish_reason: str | None = None  # set on the last event: eos, stop, length, cancelled or error
+    error: Gpt2OnnxError | None = None
+
+    @property
+    def last(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Completion:
+    """A finished request: its prompt ids, its new token ids (end-of-sequence included, as generate returns
+    them), the new text, why it ended, and when its first token and its end came (seconds after submit)."""
+
+    request_id: int
+    prompt_ids: list[int]
+    tokens: list[int]
+    text: str
+    finish_reason: str
+    first_token_seconds: float | None = None
+    seconds: float | None = None
+    error: Gpt2OnnxError | None = None
+
+
+class GenerationStream:
+    """The handle :meth:`BatchingEngine.submit` returns: iterate it for its :class:`TokenEvent` (unless the
+    request was given ``on_event``), wait for its :class:`Completion` with :meth:`result`, or :meth:`cancel` it."""
+
+    def __init__(self, request_id: int, on_event: Callable[[TokenEvent], None] | None):
+        self.request_id = request_id
+        self._on_event = on_event
+        self._events: queue.Queue[TokenEvent] = queue.Queue()
+        self._done = threading.Event()
+        self._cancelled = threading.Event()
+        self._completion: Completion | None = None
+
+    def __iter__(self):
+        if self._on_event is not None:
+            raise BadInput("this request delivers its events to on_event: wait for result() instead")
+        while True:
+            event = self._events.get()
+            yield event
+            if event.last:
+                return
+
+    def cancel(self) -> None:
+        """Stop the request at the engine's next step (its last event says ``cancelled``)."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """The completion, once the request has ended; raises its error where the engine failed it, and
+        TimeoutError after ``timeout`` seconds."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
+        if self._completion.error is not None:
+            raise self._completion.error
+        return self._completion
+
+    # -- engine side ------------------------------------------------------------------------------------------
+    def _emit(self, event: TokenEvent) -> None:
+        if self._on_event is None:
+            self._events.put(event)
+            return
+        try:
+            self._on_event(event)
+        except Exception:  # a caller's callback must not stop the engine: the request is cancelled instead
+            log.exception("on_event of request %s failed: the request is cancelled", self.request_id)
+            self._cancelled.set()
+
+    def _finish(self, completion: Completion) -> None:
+        self._completion = completion
+        self._done.set()
+
+
+@dataclass
+class _Request:
+    """A checked request and its decoding state."""
+
+    id: int
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: Sampling
+    decoding: Decoding
+    stream: GenerationStream
+    stop: StopStrings | None
+    text: TextStream
+    submitted: float
+    rng: np.random.Generator = field(init=False)
+    tokens: list[int] = field(default_factory=list)
+    first_token: float | None = None
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.sampling.seed)  # as decode() seeds a batch of one
+
+    @property
+    def processed(self) -> bool:
+        return self.sampling.sample or self.decoding.processors_on()
+
+
+class BatchingEngine:
+    """Generation requests decoded together by one engine thread (continuous batching; module docstring).
+
+    ``decoder``: a stepper (the onnxruntime runtime: :func:`~gpt2onnx.runtimes.base.open_runtime`);
+    ``tokenizer``: for text prompts, text out and stop strings (``None``: token ids only);
+    ``max_batch``: the most requests decoded together (more wait for a free row).
+    Use :meth:`open` for a folder. Close it (or use it as a context manager) to stop its threads."""
+
+    def __init__(
+        self,
+        decoder: Runtime,
+        *,
+        tokenizer=None,
+        eos_token_ids: tuple[int, ...] = (),
+        pad_token_id: int | None = None,
+        max_batch: int = 16,
+    ):
+        if decoder.capabilities.owns_loop:
+            raise BadInput(f"the {decoder.runtime} runtime runs its own loop: continuous batching needs onnxruntime")
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or not 1 <= max_batch <= MAX_ROWS:
+            raise BadInput(f"max_batch must be 1 to {MAX_ROWS}, got {max_batch}")
+        self.decoder = decoder
+        # the batch runs the concat way on every graph (module docstring); beams keep the folder's own stepper
+        self.stepper = (
+            OnnxDecoder(decoder.session, n_positions=decoder.n_positions, device_id=decoder.device_id)
+            if isinstance(decoder, SharedCacheDecoder)
+            else decoder
+        )
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_ids[0] if eos_token_ids else 0)
+        self.max_batch = max_batch
+        self._ids = itertools.count(1)
+        self._lock = threading.Condition()
+        self._waiting: list[_Request] = []
+        self._beams: queue.Queue[_Request | None] = queue.Queue()
+        self._closed = False
+        self._rows: list[_Request] = []  # the running batch, in cache row order (engine thread only)
+        self._past: list | None = None  # per layer K and V: [rows, heads, P, head_dim]
+        self._mask: np.ndarray | None = None  # [rows, P]
+        self.steps = 0  # decode steps run (each over the whole batch)
+        self.rows_stepped = 0  # the sum of their batch sizes: rows_stepped / steps is the mean batch
+        self._thread = threading.Thread(target=self._loop, name="gpt2onnx-batching", daemon=True)
+        self._beam_thread = threading.Thread(target=self._beam_loop, name="gpt2onnx-beams", daemon=True)
+        self._thread.start()
+        self._beam_thread.start()
+
+    @classmethod
+    def open(
+        cls,
+        folder: str | Path,
+        *,
+        max_batch: int = 16,
+        provider: ProviderConfig = ProviderConfig(),
+        verify_files: bool = True,
+        tokenizer="auto",
+    ) -> "BatchingEngine":
+        """An engine on an exported folder (onnxruntime on ``provider``): its end-of-sequence and padding ids as
+        generate reads them, its tokenizer loaded without transformers
+        (:func:`~gpt2onnx.runtimes.gpt2_tokenizer.load_gpt2_tokenizer`) where it has one (``tokenizer``: another one,
+        or None for token ids only)."""
+        model = open_folder(folder, verify_files=verify_files)
+        if tokenizer == "auto":
+            from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
+
+            tokenizer = load_gpt2_tokenizer(model.folder) if has_tokenizer(model.folder) else None
+        eos_ids, pad = generation_token_ids(model.folder)
+        decoder = open_runtime(model, RuntimeOptions(provider=provider))
+        return cls(decoder, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_token_id=pad, max_batch=max_batch)
+
+    def __enter__(self) -> "BatchingEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the caller's side --------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise BadInput("this model has no tokenizer files: give the prompt as token ids")
+        if not isinstance(text, str):
+            raise BadInput(f"the prompt must be text, got {type(text).__name__}")
+        ids = self.tokenizer.encode(text)
+        if not ids:
+            raise BadInput(f"the prompt {text[:40]!r} is empty (no tokens): give some text")
+        return list(ids)
+
+    def submit(
+        self,
+        prompt: str | list[int],
+        *,
+        max_new_tokens: int = 32,
+        sampling: Sampling = Sampling(),
+        decoding: Decoding = Decoding(),
+        on_event: Callable[[TokenEvent], None] | None = None,
+    ) -> GenerationStream:
+        """Queue one request: ``prompt`` as text (needs the tokenizer) or token ids; the decoding options of
+        generate. Checked here, in the caller's thread (BadInput, one line), before it is queued. ``on_event``:
+        called on the engine's thread with each event (it must be quick: the batch waits for it); without it,
+        iterate the returned stream."""
+        ids = self.encode(prompt) if isinstance(prompt, str) else self._checked_ids(prompt)
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise BadInput(f"max_new_tokens must be a whole number of at least 1, got {max_new_tokens!r}")
+        sampling.check()
+        decoding.check(sampling)
+        if decoding.num_return_sequences > 1:
+            raise BadInput("num_return_sequences above 1 is not served: send one request per sequence (with seeds)")
+        if decoding.stop and self.tokenizer is None:
+            raise BadInput("stop strings need the model's tokenizer files, and this model has none: drop them")
+        self.stepper.check_ids(np.asarray([ids], dtype=np.int64))
+        self.stepper.check_length(len(ids) + max_new_tokens)
+        stop = StopStrings(self.tokenizer, decoding.stop) if decoding.stop else None
+        request_id = next(self._ids)
+        stream = GenerationStream(request_id, on_event)
+        request = _Request(
+            request_id,
+            ids,
+            max_new_tokens,
+            sampling,
+            decoding,
+            stream,
+            stop,
+            TextStream(self.tokenizer),
+            time.perf_counter(),
+        )
+        with self._lock:
+            if self._closed:
+                raise BadInput("the engine is closed: open a new one")
+            if decoding.beams:
+                self._beams.put(request)
+            else:
+                self._waiting.append(request)
+                self._lock.notify()
+        return stream
+
+    def generate(self, prompt: str | list[int], **options) -> Completion:
+        """Submit one request and wait for its completion (the options of :meth:`submit`)."""
+        return self.submit(prompt, **options).result()
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Stop taking requests, end the waiting and running ones as cancelled, and stop the threads."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._beams.put(None)
+        self._thread.join(timeout)
+        self._beam_thread.join(timeout)
+
+    def _checked_ids(self, prompt) -> list[int]:
+        try:
+            ids = [int(i) for i in prompt]
+        except (TypeError, ValueError):
+            raise BadInput("the prompt must be text or a list of token ids") from None
+        if not ids:
+            raise BadInput("the prompt is empty: give at least one token")
+        if any(not 0 <= i <= MAX_TOKEN_ID for i in ids):
+            raise BadInput(f"a prompt token id is outside 0 to {MAX_TOKEN_ID}: give ids of the vocabulary")
+        return ids
+
+    # -- the engine thread ----------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and not self._waiting and not self._rows:
+                    self._lock.wait()
+                if self._closed:
+                    waiting, self._waiting = self._waiting, []
+                    break
+                free = self.max_batch - len(self._rows)
+                admitted, self._waiting = self._waiting[:free], self._waiting[free:]
+            self._drop_cancelled()
+            if admitted:
+                try:
+                    self._prefill(admitted)
+                except Exception as err:  # the new requests fail; the running ones are untouched
+                    self._fail([r for r in admitted if r not in self._rows], err)
+            if self._rows:
+                try:
+                    self._step()
+                except Exception as err:  # the running rows fail; the engine goes on with the next requests
+                    rows, self._rows, self._past, self._mask = self._rows, [], None, None
+                    self._fail(rows, err)
+        for request in [*self._rows, *waiting]:
+            self._end(request, "cancelled")
+        self._rows, self._past, self._mask = [], None, None
+
+    def _fail(self, requests: list[_Request], err: Exception) -> None:
+        log.error(
+            "generation failed for %d request(s): %s", len(requests), err, exc_info=not isinstance(err, Gpt2OnnxError)
+        )
+        failure = err if isinstance(err, Gpt2OnnxError) else Gpt2OnnxError(f"generation failed: {err}")
+        for request in requests:
+            self._end(request, "error", error=failure)
+
+    def _prefill(self, requests: list[_Request]) -> None:
+        """The new requests' prompts in one left-padded step (empty past), their first tokens, and their rows
+        joined to the batch."""
+        requests = [r for r in requests if not self._cancelled_now(r)]
+        if not requests:
+            return
+        ids, mask = left_pad([r.prompt for r in requests], self.pad_token_id)
+        full_mask = self.stepper.prompt_mask(mask)
+        logits, presents = self.stepper.run(ids, full_mask, position_ids_for(mask), self.stepper.empty_past(len(ids)))
+        keep = self._choose(requests, logits[:, -1])
+        if not keep:
+            return
+        past = [_host(p)[keep] for p in presents]
+        self._join(past, full_mask[keep], [requests[i] for i in keep])
+
+    def _step(self) -> None:
+        """One decode step over the running batch, then each row's next token; finished rows leave."""
+        rows = self._rows
+        ids = np.array([[r.tokens[-1]] for r in rows], dtype=np.int64)
+        positions = self._mask.sum(axis=1, keepdims=True).astype(np.int64)  # each row's count of real tokens
+        mask = np.concatenate([self._mask, np.ones((len(rows), 1), np.int64)], axis=1)
+        logits, self._past = self.stepper.run(ids, mask, positions, self._past)
+        self._mask = mask
+        self.steps += 1
+        self.rows_stepped += len(rows)
+        keep = self._choose(rows, logits[:, -1])
+        if len(keep) < len(rows):
+            self._leave(keep)
+
+    def _choose(self, requests: list[_Request], last: np.ndarray) -> list[int]:
+        """Each request's next token from its row of the last logits, as decode() picks it for a batch of one;
+        emits the events and returns the indices of the requests that go on."""
+        plain = [i for i, r in enumerate(requests) if not r.processed]
+        chosen = {}
+        if plain:
+            for i, token in zip(plain, last[plain].argmax(-1)):
+                chosen[i] = int(token)
+        for i, request in enumerate(requests):
+            if i in chosen:
+                continue
+            sequence = np.asarray([request.prompt + request.tokens], dtype=np.int64)
+            scores = process_scores(
+                last[i : i + 1].astype(np.float32),
+                sequence,
+                prompt_length=len(request.prompt),
+                decoding=request.decoding,
+                sampling=request.sampling,
+                eos_token_ids=self.eos_token_ids,
+                padding=np.zeros(1, dtype=np.int64),
+            )
+            token = draw(scores, request.rng)[0] if request.sampling.sample else scores.argmax(-1)[0]
+            chosen[i] = int(token)
+        keep = []
+        now = time.perf_counter()
+        for i, request in enumerate(requests):
+            token = chosen[i]
+            request.tokens.append(token)
+            if request.first_token is None:
+                request.first_token = now - request.submitted
+            reason = None
+            if token in self.eos_token_ids:
+                reason = "eos"
+            elif request.stop is not None and request.stop(request.prompt + request.tokens):
+                reason = "stop"
+            elif len(request.tokens) >= request.max_new_tokens:
+                reason = "length"
+            piece = request.text.push(token)
+            if reason is None:
+                request.stream._emit(TokenEvent(request.id, (token,), piece, len(request.tokens) - 1))
+                if request.stream.cancelled:
+                    self._end(request, "cancelled")
+                else:
+                    keep.append(i)
+            else:
+                self._end(request, reason, token=token, piece=piece)
+        return keep
+
+    def _end(
+        self,
+        request: _Request,
+        reason: str,
+        *,
+        token: int | None = None,
+        piece: str = "",
+        error: Gpt2OnnxError | None = None,
+    ) -> None:
+        """The last event (with the rest of the text, where a character was waiting for its next byte) and the
+        completion."""
+        if request.stream.done:
+            return
+        text = request.text.text(request.tokens)
+        shown = request.text.shown  # push() has already counted ``piece`` in
+        rest = text[len(shown) :] if text.startswith(shown) else ""
+        first = 0 if token is None else len(request.tokens) - 1
+        index = len(request.tokens) if token is None else first
+        ids = () if token is None else (token,)
+        request.stream._emit(TokenEvent(request.id, ids, piece + rest, index, reason, error))
+        seconds = time.perf_counter() - request.submitted
+        request.stream._finish(
+            Completion(
+                request.id, request.prompt, list(request.tokens), text, reason, request.first_token, seconds, error
+            )
+        )
+
+    def _cancelled_now(self, request: _Request) -> bool:
+        if request.stream.cancelled:
+            self._end(request, "cancelled")
+            return True
+        return False
+
+    def _drop_cancelled(self) -> None:
+        keep = [i for i, r in enumerate(self._rows) if not self._cancelled_now(r)]
+        if len(keep) < len(self._rows):
+            self._leave(keep)
+
+    # -- the padded cache -----------------------------------------------------------------------------------------
+    def _join(self, past: list[np.ndarray], mask: np.ndarray, requests: list[_Request]) -> None:
+        """New rows (host arrays, their own left padding) stacked under the running ones, the shorter side
+        left-padded with masked zero columns."""
+        if not self._rows:
+            self._past, self._mask, self._rows = past, mask, list(requests)
+            self._trim()
+            return
+        old = [_host(p) for p in self._past]
+        width = max(self._mask.shape[1], mask.shape[1])
+        self._past = [np.concatenate([_pad_left(a, width), _pad_left(b, width)], axis=0) for a, b in zip(old, past)]
+        self._mask = np.concatenate([_pad_left_2d(self._mask, width), _pad_left_2d(mask, width)], axis=0)
+        self._rows = self._rows + list(requests)
+        self._trim()
+
+    def _leave(self, keep: list[int]) -> None:
+        """Only the rows ``keep`` stay (their cache rows picked on the host)."""
+        self._rows = [self._rows[i] for i in keep]
+        if not self._rows:
+            self._past, self._mask = None, None
+            return
+        self._past = [_host(p)[keep] for p in self._past]
+        self._mask = self._mask[keep]
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop the leading columns that are padding in every row (a long row left, or a join padded)."""
+        unused = int((np.cumsum(self._mask, axis=1) == 0).sum(axis=1).min())
+        if unused:
+            self._past = [np.ascontiguousarray(_host(p)[:, :, unused:]) for p in self._past]
+            self._mask = self._mask[:, unused:]
+
+    # -- beam search, one request at a time beside the batch --------------------------------------------------
+    def _beam_loop(self) -> None:
+        from gpt2onnx.runtimes.generate import decode
+
+        while True:
+            request = self._beams.get()
+            if request is None:
+                break
+            if self._cancelled_now(request):
+                continue
+            if self._closed:
+                self._end(request, "cancelled")
+                continue
+            try:
+                result = decode(
+                    self.decoder,
+                    np.asarray([request.prompt], dtype=np.int64),
+                    max_new_tokens=request.max_new_tokens,
+                    sampling=request.sampling,
+                    decoding=request.decoding,
+                    eos_token_id=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id,
+                    stop=request.stop,
+                )
+            except Exception as err:
+                log.exception("beam search failed")
+                failure = err if isinstance(err, Gpt2OnnxError) else Gpt2OnnxError(f"beam search failed: {err}")
+                self._end(request, "error", error=failure)
+                continue
+            tokens = result.tokens[0, : int(result.lengths[0])].tolist()
+            request.tokens = tokens
+            request.first_token = time.perf_counter() - request.submitted
+            if not result.finished[0]:
+                reason = "length"
+            else:
+                reason = "eos" if tokens and tokens[-1] in self.eos_token_ids else "stop"
+            self._end_beams(request, reason)
+
+    def _end_beams(self, request: _Request, reason: str) -> None:
+        text = request.text.text(request.tokens)
+        request.stream._emit(TokenEvent(request.id, tuple(request.tokens), text, 0, reason))
+        seconds = time.perf_counter() - request.submitted
+        request.stream._finish(
+            Completion(request.id, request.prompt, list(request.tokens), text, reason, request.first_token, seconds)
+        )
+
+
+def _host(value) -> np.ndarray:
+    """A cache tensor on the host: numpy as it is, an OrtValue copied out."""
+    return value if isinstance(value, np.ndarray) else value.numpy()
+
+
+def _pad_left(array: np.ndarray, width: int) -> np.ndarray:
+    extra = width - array.shape[2]
+    return array if extra == 0 else np.pad(array, ((0, 0), (0, 0), (extra, 0), (0, 0)))
+
+
+def _pad_left_2d(mask: np.ndarray, width: int) -> np.ndarray:
+    extra = width - mask.shape[1]
+    return mask if extra == 0 else np.pad(mask, ((0, 0), (extra, 0)))

@@ -1,0 +1,190 @@
+"""Continuous batching in-process (gpt2onnx.runtimes.batching), without a server: requests that join and leave
+the running batch get the tokens decode() gives each alone; the torch-free tokenizer the server uses equals
+transformers'. About 10 s beyond the shared fixtures (tiny_export, trained_export)."""
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from gpt2onnx.artifact.folder import generation_token_ids, open_folder
+from gpt2onnx.errors import BadInput
+from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.batching import BatchingEngine
+from gpt2onnx.runtimes.generate import Decoding, Sampling, decode, generate
+from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
+from gpt2onnx.runtimes.prompts import load_tokenizer
+
+PROMPTS = [
+    "Return the",
+    "The file",
+    "If the argument is",
+    "This module provides",
+    "Raise ValueError if",
+    "A list of",
+    "Open the",
+    "Create a new",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_export):
+    with BatchingEngine.open(tiny_export, max_batch=6) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def trained_engine(trained_export):
+    with BatchingEngine.open(trained_export, max_batch=8) as engine:
+        yield engine
+
+
+def alone(folder, prompt_ids, max_new_tokens, **options):
+    """What decode() gives one prompt on its own: the new tokens up to and including the last real one."""
+    model = open_folder(folder)
+    eos, pad = generation_token_ids(folder)
+    decoder = open_runtime(model, RuntimeOptions())
+    result = decode(decoder, np.asarray([prompt_ids]), max_new_tokens=max_new_tokens, eos_token_id=eos, **options)
+    return result.tokens[0, : int(result.lengths[0])].tolist()
+
+
+def test_requests_joining_and_leaving_get_the_tokens_they_get_alone(tiny_export, tiny_engine):
+    rng = random.Random(0)
+    prompts = [[rng.randrange(999) for _ in range(rng.randrange(1, 20))] for _ in range(24)]
+    lengths = [rng.randrange(1, 30) for _ in prompts]
+    steps, rows = tiny_engine.steps, tiny_engine.rows_stepped
+    streams = []
+    for prompt, n in zip(prompts, lengths):  # they arrive while others decode, and finish at different steps
+        streams.append(tiny_engine.submit(prompt, max_new_tokens=n))
+        time.sleep(rng.random() * 0.003)
+    results = [s.result(timeout=60) for s in streams]
+    for prompt, n, result in zip(prompts, lengths, results):
+        assert result.tokens == alone(tiny_export, prompt, n), prompt
+        assert result.finish_reason == ("length" if len(result.tokens) == n else "eos")
+    mean_batch = (tiny_engine.rows_stepped - rows) / (tiny_engine.steps - steps)
+    assert mean_batch > 2  # they really were decoded together (at most 6 at once)
+
+
+def test_a_shared_cache_folder_is_batched_the_concat_way(tiny_export, tmp_path):
+    """ort-shared-kv: the batch runs its GroupQueryAttention on a growing past (one buffer length cannot hold rows
+    that come and go); beams keep the folder's own shared-cache stepper."""
+    from gpt2onnx.exporters.optimize import optimize
+
+    folder = optimize(tiny_export, tmp_path / "skv", fusion="ort-shared-kv").folder
+    rng = random.Random(1)
+    prompts = [[rng.randrange(999) for _ in range(rng.randrange(1, 15))] for _ in range(8)]
+    with BatchingEngine.open(folder, max_batch=4) as engine:
+        streams = [engine.submit(p, max_new_tokens=12) for p in prompts]
+        beams = engine.generate(prompts[0], max_new_tokens=8, decoding=Decoding(num_beams=3))
+        for prompt, stream in zip(prompts, streams):
+            assert stream.result(timeout=60).tokens == alone(folder, prompt, 12)
+    assert beams.tokens == alone(folder, prompts[0], 8, decoding=Decoding(num_beams=3))
+
+
+def test_text_prompts_stream_the_text_generate_writes(trained_export, trained_engine):
+    streams = [trained_engine.submit(p, max_new_tokens=20) for p in PROMPTS]
+    for prompt, stream in zip(PROMPTS, streams):
+        events = list(stream)
+        completion = stream.result()
+        expected = generate(trained_export, prompts=[prompt], max_new_tokens=20)
+        assert completion.tokens == expected.tokens[0]
+        assert completion.text == expected.texts[0]
+        assert "".join(e.text for e in events) == completion.text  # the streamed pieces add up to the text
+        assert [t for e in events for t in e.token_ids] == completion.tokens
+        assert events[-1].finish_reason == completion.finish_reason and not any(e.last for e in events[:-1])
+
+
+@pytest.mark.parametrize(
+    "sampling, decoding",
+    [
+        (Sampling(sample=True, temperature=0.8, top_k=40, top_p=0.9, seed=7), Decoding()),
+        (Sampling(), Decoding(repetition_penalty=1.3, no_repeat_ngram_size=2, min_new_tokens=5)),
+        (Sampling(), Decoding(stop=("s.", "\n"))),
+        (Sampling(), Decoding(num_beams=3, length_penalty=0.8)),  # run alone beside the batch
+    ],
+    ids=["seeded-sampling", "processors", "stop-strings", "beams"],
+)
+def test_decoding_options_as_generate_applies_them(trained_export, trained_engine, sampling, decoding):
+    # a few greedy requests run in the batch at the same time
+    others = [trained_engine.submit(p, max_new_tokens=16) for p in PROMPTS[:3]]
+    for prompt in PROMPTS[3:6]:
+        completion = trained_engine.generate(prompt, max_new_tokens=16, sampling=sampling, decoding=decoding)
+        expected = generate(trained_export, prompts=[prompt], max_new_tokens=16, sampling=sampling, decoding=decoding)
+        assert completion.tokens == expected.tokens[0], prompt
+        assert completion.text == expected.texts[0]
+        if decoding.stop and expected.finished[0]:
+            assert completion.finish_reason in ("stop", "eos")
+    for stream in others:
+        assert stream.result(timeout=60).finish_reason in ("length", "eos")
+
+
+def test_a_cancelled_request_ends_and_harms_no_other(tiny_export, tiny_engine):
+    keep = [tiny_engine.submit([5 + i, 6, 7], max_new_tokens=40) for i in range(3)]
+    gone = tiny_engine.submit([9, 8, 7], max_new_tokens=40)
+    next(iter(gone))  # its first token came
+    gone.cancel()
+    assert gone.result(timeout=30).finish_reason == "cancelled"
+    for i, stream in enumerate(keep):
+        assert stream.result(timeout=60).tokens == alone(tiny_export, [5 + i, 6, 7], 40)
+
+
+def test_a_failing_callback_cancels_only_its_request(tiny_export, tiny_engine):
+    def broken(event):
+        raise RuntimeError("the client went away")
+
+    bad = tiny_engine.submit([1, 2, 3], max_new_tokens=30, on_event=broken)
+    good = tiny_engine.submit([1, 2, 3], max_new_tokens=30)
+    assert bad.result(timeout=30).finish_reason == "cancelled"
+    assert good.result(timeout=30).tokens == alone(tiny_export, [1, 2, 3], 30)
+
+
+@pytest.mark.parametrize(
+    "prompt, options, message",
+    [
+        ([1, 2], dict(max_new_tokens=10**6), "beyond the model's context"),
+        ([1, 2], dict(max_new_tokens=0), "max_new_tokens"),
+        ([], {}, "empty"),
+        ([5000], {}, "outside the vocabulary"),
+        ("some text", {}, "no tokenizer"),
+        ([1, 2], dict(decoding=Decoding(num_beams=2, num_return_sequences=2)), "one request per sequence"),
+        ([1, 2], dict(decoding=Decoding(stop=("x",))), "tokenizer"),
+    ],
+)
+def test_bad_requests_are_refused_in_one_line_and_the_engine_keeps_serving(
+    tiny_export, tiny_engine, prompt, options, message
+):
+    with pytest.raises(BadInput, match=message):
+        tiny_engine.submit(prompt, **options)
+    assert tiny_engine.generate([3, 4], max_new_tokens=5).tokens == alone(tiny_export, [3, 4], 5)
+
+
+def test_engine_options_are_checked(tiny_export):
+    with pytest.raises(BadInput, match="max_batch"):
+        BatchingEngine.open(tiny_export, max_batch=0)
+
+
+def test_close_ends_waiting_and_running_requests(tiny_export):
+    engine = BatchingEngine.open(tiny_export, max_batch=1)
+    streams = [engine.submit([1, 2, 3], max_new_tokens=60) for _ in range(3)]
+    engine.close()
+    assert {s.result(timeout=30).finish_reason for s in streams} <= {"cancelled", "length", "eos"}
+    assert all(s.done for s in streams)
+    assert not engine._thread.is_alive() and not engine._beam_thread.is_alive()
+    with pytest.raises(BadInput, match="closed"):
+        engine.submit([1, 2], max_new_tokens=2)
+
+
+def test_the_servers_tokenizer_is_transformers(trained_checkpoint, trained_export):
+    """The served model tokenizes without transformers: the same ids and text as GPT2TokenizerFast."""
+    ours, theirs = load_gpt2_tokenizer(trained_export), load_tokenizer(trained_export)
+    text = (trained_checkpoint / "heldout.txt").read_text()[:20000]
+    samples = [text, "Hello , world . It's   spaced\n\ttabs <|endoftext|> after", "ünïcödé ✓ 😀", " leading space"]
+    for sample in samples:
+        ids = ours.encode(sample)
+        assert ids == theirs.encode(sample)
+        assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
+    for token in range(0, len(theirs), 7):
+        piece = theirs.convert_ids_to_tokens(token)
+        assert ours.convert_ids_to_tokens(token) == piece
+        assert ours.convert_tokens_to_string([piece]) == theirs.convert_tokens_to_string([piece])

@@ -1,0 +1,380 @@
+"""The generation models of deploy --target triton on a real Triton Inference Server: nvidia-pytriton's bundled
+tritonserver (Triton 2.51, Python backend) from .venv-triton, started once for the module on 127.0.0.1, driven
+over HTTP (the generate endpoints, plain JSON and server-sent events, from this process) and gRPC (tritonclient,
+streaming and unary, from tests/runtimes/triton_client.py under .venv-triton's python).
+
+Skips, saying why, where .venv-triton is missing (scripts/setup.sh creates it); fails under CI=1. About 25 s
+beyond the shared fixtures: the server starts in about 5 s and stops in about 3 s."""
+
+import concurrent.futures
+import http.client
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpt2onnx.deploy import deploy
+from gpt2onnx.deploy.triton_server import TritonServer, triton_python
+from gpt2onnx.errors import RuntimeUnavailable
+from gpt2onnx.runtimes.generate import Decoding, Sampling, generate
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIENT = ROOT / "tests" / "runtimes" / "triton_client.py"
+NAME = "docs"
+GENERATE, INFER = f"{NAME}-generate", f"{NAME}-infer"
+# 16 prompts of different lengths, each with its own count of new tokens: rows join and leave at different steps
+PROMPTS = [
+    ("Return the", 24),
+    ("The file", 9),
+    ("If the argument is", 31),
+    ("This module provides", 16),
+    ("Raise ValueError if the", 12),
+    ("A list of", 27),
+    ("Open the", 20),
+    ("Create a new", 8),
+    ("Return True if the object is", 18),
+    ("x", 22),
+    ("Convert the string to", 14),
+    ("The default value is", 26),
+    ("Iterate over the items of", 10),
+    ("Read data from", 30),
+    ("Set the", 17),
+    ("Compute the", 11),
+]
+
+
+def need_triton() -> str:
+    python = triton_python()
+    if python is None:
+        message = "no .venv-triton (nvidia-pytriton's tritonserver): run scripts/setup.sh"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    return python
+
+
+@pytest.fixture(scope="module")
+def served(trained_export, tmp_path_factory):
+    python = need_triton()
+    out = tmp_path_factory.mktemp("triton") / "model"
+    deploy(trained_export, "triton", out=out, triton_name=NAME)
+    try:
+        server = TritonServer(out / "triton", models=[GENERATE, INFER], python=python)
+    except RuntimeUnavailable as err:
+        pytest.fail(str(err)) if os.environ.get("CI") else pytest.skip(str(err))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(trained_checkpoint):
+    """transformers' greedy generate() for every prompt: (new token ids, up to and including eos; new text)."""
+    from transformers import GPT2LMHeadModel
+
+    from gpt2onnx.runtimes.prompts import load_tokenizer
+
+    model = GPT2LMHeadModel.from_pretrained(str(trained_checkpoint)).eval()
+    tokenizer = load_tokenizer(trained_checkpoint)
+    eos = model.config.eos_token_id
+    found = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for prompt, new in PROMPTS:
+            ids = torch.tensor([tokenizer.encode(prompt)])
+            with torch.no_grad():
+                out = model.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=eos, eos_token_id=eos)
+            tokens = out[0, ids.shape[1] :].tolist()
+            found[prompt] = (tokens, tokenizer.decode(tokens, skip_special_tokens=True))
+    finally:
+        torch.set_num_threads(threads)
+    return found
+
+
+# -- HTTP, from this process --------------------------------------------------------------------------------------
+def post(server, path: str, body: dict) -> tuple[int, dict]:
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=120)
+    try:
+        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def stream(server, body: dict, *, leave_after: int | None = None) -> list[dict]:
+    """generate_stream's server-sent events, as JSON objects; ``leave_after``: close the connection after that
+    many events, as a client that goes away."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=120)
+    events = []
+    try:
+        connection.request(
+            "POST", f"/v2/models/{GENERATE}/generate_stream", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        response = connection.getresponse()
+        assert response.status == 200, response.read()
+        for line in response:
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[6:]))
+                if leave_after is not None and len(events) >= leave_after:
+                    break
+    finally:
+        connection.close()
+    return events
+
+
+def streamed(events: list[dict]) -> tuple[list[int], str, str | None]:
+    ids = [i for e in events for i in np.atleast_1d(e.get("output_ids", [])).tolist()]
+    return ids, "".join(e["text_output"] for e in events), events[-1].get("finish_reason")
+
+
+def body(prompt: str, new: int, **parameters) -> dict:
+    return {"text_input": prompt, "stream": True, "parameters": {"max_new_tokens": new, **parameters}}
+
+
+# -- gRPC, from .venv-triton's python -----------------------------------------------------------------------------
+def grpc_jobs(server, jobs: list[dict]) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [triton_python(), str(CLIENT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    process.stdin.write(json.dumps({"url": server.grpc_url, "jobs": jobs}))
+    process.stdin.close()
+    return process
+
+
+def grpc_results(process: subprocess.Popen) -> list[dict]:
+    out = process.stdout.read()
+    assert process.wait(timeout=180) == 0, process.stderr.read()
+    return json.loads(out)
+
+
+# -- the tests ----------------------------------------------------------------------------------------------------
+def test_generate_gives_transformers_text(served, expected):
+    for prompt, new in PROMPTS[:4]:
+        status, answer = post(
+            served, f"/v2/models/{GENERATE}/generate", {"text_input": prompt, "parameters": {"max_new_tokens": new}}
+        )
+        assert status == 200, answer
+        tokens, text = expected[prompt]
+        assert np.atleast_1d(answer["output_ids"]).tolist() == tokens
+        assert answer["text_output"] == text
+        assert answer["finish_reason"] == ("eos" if len(tokens) < new else "length")
+
+
+def test_sixteen_concurrent_streaming_clients_each_get_their_own_text(served, expected):
+    """8 clients over HTTP (server-sent events) and 8 over gRPC streaming, all at once."""
+    http_prompts, grpc_prompts = PROMPTS[::2], PROMPTS[1::2]
+    process = grpc_jobs(
+        served,
+        [
+            {"kind": "stream", "model": GENERATE, "prompt": p, "parameters": {"max_new_tokens": n}}
+            for p, n in grpc_prompts
+        ],
+    )
+    with concurrent.futures.ThreadPoolExecutor(len(http_prompts)) as pool:
+        http_results = list(pool.map(lambda item: stream(served, body(*item)), http_prompts))
+    for (prompt, new), events in zip(http_prompts, http_results):
+        ids, text, reason = streamed(events)
+        assert (ids, text) == expected[prompt], prompt
+        assert len(events) == len(ids)  # one response per token
+        assert reason in ("eos", "length")
+    for (prompt, new), result in zip(grpc_prompts, grpc_results(process)):
+        assert result["error"] is None, result
+        assert (result["ids"], result["text"]) == expected[prompt], prompt
+        assert result["responses"] == len(result["ids"])
+
+
+def test_clients_that_leave_mid_stream_harm_no_other(served, expected):
+    long = [(p, n) for p, n in PROMPTS if n >= 20][:4]
+    process = grpc_jobs(
+        served,
+        [
+            {
+                "kind": "cancel",
+                "after": 3,
+                "model": GENERATE,
+                "prompt": "Return the",
+                "parameters": {"max_new_tokens": 60},
+            }
+        ]
+        + [
+            {"kind": "stream", "model": GENERATE, "prompt": p, "parameters": {"max_new_tokens": n}} for p, n in long[:2]
+        ],
+    )
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        gone = pool.submit(stream, served, body("Open the", 60), leave_after=3)
+        others = [pool.submit(stream, served, body(p, n)) for p, n in long[2:]]
+        assert len(gone.result()) == 3
+        for (prompt, _), future in zip(long[2:], others):
+            assert streamed(future.result())[:2] == expected[prompt]
+    cancelled, *streams = grpc_results(process)
+    assert cancelled["finish_reason"] == "client cancelled" and cancelled["error"] is None
+    for (prompt, _), result in zip(long[:2], streams):
+        assert (result["ids"], result["text"]) == expected[prompt]
+    prompt, new = PROMPTS[0]
+    assert streamed(stream(served, body(prompt, new)))[:2] == expected[prompt]  # the server goes on serving
+
+
+BAD_REQUESTS = [
+    ({"parameters": {"max_new_tokens": 4}}, "missing required input"),
+    ({"text_input": "Return the", "parameters": {"max_new_tokens": 100000}}, "beyond the model's context"),
+    ({"text_input": "Return the", "parameters": {"sample": True, "temperature": -1}}, "temperature"),
+    ({"text_input": "Return the", "parameters": {"temperature": 0.5}}, "only apply when sampling"),
+    ({"text_input": "Return the", "parameters": {"max_new_tokens": "ten"}}, "max_new_tokens must be a whole number"),
+    ({"text_input": "Return the", "parameters": {"max_new_token": 5}}, "unknown parameter max_new_token"),
+    ({"text_input": "Return the", "parameters": {"num_beams": 0}}, "num_beams"),
+    ({"text_input": "", "parameters": {"max_new_tokens": 4}}, "empty"),
+    # Triton's own JSON parsing refuses these (its code 500: "Unable to parse ..."), before the model sees them
+    ({"text_input": 5, "parameters": {"max_new_tokens": 4}}, "Unable to parse"),  # a number where text goes
+    ({"text_input": "Return the", "stream": "yes"}, "Unable to parse"),  # a string where a bool goes
+    ({"text_input": "Return the", "stop": [""]}, "stop string"),
+]
+
+
+def test_malformed_requests_get_a_triton_error_and_the_server_keeps_serving(served, expected):
+    for request, message in BAD_REQUESTS:
+        status, answer = post(served, f"/v2/models/{GENERATE}/generate", request)
+        assert status == (500 if message == "Unable to parse" else 400) and message in answer["error"], (
+            request,
+            answer,
+        )
+    infer = {"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": "INT64", "data": [5]}]}  # wrong type
+    status, answer = post(served, f"/v2/models/{INFER}/infer", infer)
+    assert status == 400 and "BYTES" in answer["error"], answer
+    bad = grpc_jobs(
+        served,
+        [
+            {
+                "kind": "stream",
+                "model": GENERATE,
+                "prompt": "Return the",
+                "parameters": {"sample": True, "temperature": -0.5},
+            }
+        ],
+    )
+    (result,) = grpc_results(bad)
+    assert "temperature" in result["error"]
+    prompt, new = PROMPTS[1]
+    assert streamed(stream(served, body(prompt, new)))[:2] == expected[prompt]
+
+
+def test_unary_infer_over_http_and_grpc(served, expected, trained_export):
+    (prompt, new), (other, other_new) = PROMPTS[2], PROMPTS[3]
+    request = {  # two prompts in one request (its batch dimension), the second with a stop string
+        "inputs": [
+            {"name": "text_input", "shape": [2, 1], "datatype": "BYTES", "data": [prompt, other]},
+            {"name": "stop", "shape": [2, 1], "datatype": "BYTES", "data": ["never in the text", "s."]},
+        ],
+        "parameters": {"max_new_tokens": new},
+    }
+    status, answer = post(served, f"/v2/models/{INFER}/infer", request)
+    assert status == 200, answer
+    outputs = {o["name"]: o["data"] for o in answer["outputs"]}
+    stopped = generate(trained_export, prompts=[other], max_new_tokens=new, decoding=Decoding(stop=("s.",)))
+    assert outputs["text_output"] == [expected[prompt][1], stopped.texts[0]]
+    (result,) = grpc_results(
+        grpc_jobs(
+            served, [{"kind": "infer", "model": INFER, "prompt": other, "parameters": {"max_new_tokens": other_new}}]
+        )
+    )
+    assert result["error"] is None and result["text"] == expected[other][1]
+
+
+def test_decoding_options_as_request_parameters(served, trained_export):
+    prompt = "Return the"
+    cases = [
+        (
+            dict(sample=True, temperature=0.8, top_k=40, seed=11),
+            [],
+            Sampling(sample=True, temperature=0.8, top_k=40, seed=11),
+            Decoding(),
+        ),
+        (
+            dict(repetition_penalty=1.3, no_repeat_ngram_size=2),
+            [],
+            Sampling(),
+            Decoding(repetition_penalty=1.3, no_repeat_ngram_size=2),
+        ),
+        ({}, ["\n\n"], Sampling(), Decoding(stop=("\n\n",))),
+        (dict(num_beams=3), [], Sampling(), Decoding(num_beams=3)),
+    ]
+    for parameters, stop, sampling, decoding in cases:
+        request = {"text_input": prompt, "parameters": {"max_new_tokens": 20, **parameters}}
+        if stop:
+            request["stop"] = stop
+        status, answer = post(served, f"/v2/models/{GENERATE}/generate", request)
+        assert status == 200, answer
+        alone = generate(trained_export, prompts=[prompt], max_new_tokens=20, sampling=sampling, decoding=decoding)
+        assert np.atleast_1d(answer["output_ids"]).tolist() == alone.tokens[0], parameters
+        assert answer["text_output"] == alone.texts[0]
+
+
+def test_shutdown_is_clean(served):
+    """Last in the module: SIGTERM stops the server (and the engine's threads) with exit code 0."""
+    start = time.monotonic()
+    assert served.stop() == 0
+    assert time.monotonic() - start < 30
+    assert "successfully unloaded 'docs-generate'" in served.final_log
+    assert "Traceback" not in served.final_log
+    with pytest.raises(OSError):  # nothing listens any more
+        post(served, f"/v2/models/{GENERATE}/generate", {"text_input": "x"})
+
+
+# -- the files deploy writes (no server) --------------------------------------------------------------------------
+def test_generation_models_run_no_code_from_their_folder(trained_export, tmp_path):
+    """model.py is gpt2onnx's fixed text, the only code in the folder, and it takes its own folder off sys.path
+    before importing: a module planted beside it (here numpy.py) is never imported."""
+    python = need_triton()
+    out = tmp_path / "model"
+    deploy(trained_export, "triton", out=out, triton_name=NAME)
+    version = out / "triton" / GENERATE / "1"
+    assert sorted(p.name for p in (out / "triton").rglob("*.py")) == ["model.py", "model.py"]
+    assert (version / "model.onnx").stat().st_ino == (out / "model.onnx").stat().st_ino  # hard-linked
+    (version / "numpy.py").write_text("raise SystemExit('planted module imported')\n")
+    # as the Python backend's stub does: the model's folder on sys.path, then model.py run by its path
+    probe = (
+        f"import runpy, sys; sys.path.insert(0, {str(version)!r}); "
+        f"m = runpy.run_path({str(version / 'model.py')!r}); print(m['TritonPythonModel'].__name__)"
+    )
+    proc = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=version, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "GenerateModel", proc.stderr
+
+
+def test_a_folder_without_tokenizer_gets_no_generation_models(tiny_export, tmp_path):
+    result = deploy(tiny_export, "triton", out=tmp_path / "d", triton_name="t")
+    assert sorted(p.name for p in (tmp_path / "d" / "triton").iterdir()) == ["t"]
+    assert not any("-generate" in f for f in result.targets["triton"])
+
+
+def test_kserve_inference_service_is_valid_for_kserves_classes(trained_export, tmp_path):
+    """deploy writes the InferenceService for KServe's Triton runtime; kserve's own model classes accept it (no
+    Kubernetes here: the classes only), with the repository, the batch and the model size where they belong."""
+    python = need_triton()
+    check = ROOT / "tests" / "runtimes" / "kserve_check.py"
+    for device in ("cpu", "gpu"):
+        out = tmp_path / device
+        result = deploy(trained_export, "triton", out=out, triton_name="Docs_Model.v1", triton_device=device)
+        assert "kserve/inferenceservice.yaml" in result.targets["triton"]
+        proc = subprocess.run(
+            [python, str(check), str(out / "kserve" / "inferenceservice.yaml")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        service = json.loads(proc.stdout)
+        assert service["name"] == "docs-model-v1"  # a DNS-1123 label
+        assert (service["model_format"], service["runtime"], service["protocol"]) == (
+            "triton",
+            "kserve-tritonserver",
+            "v2",
+        )
+        assert service["storage_uri"] == "pvc://gpt2onnx-models/Docs_Model.v1/triton"
+        config = (out / "triton" / "Docs_Model.v1-generate" / "config.pbtxt").read_text()
+        assert f'key: "max_batch" value: {{ string_value: "{service["scale_target"]}" }}' in config
+        memory = int(service["resources"]["requests"]["memory"].removesuffix("Mi")) << 20
+        assert memory >= 2 * (out / "model.onnx").stat().st_size
+        assert ("nvidia.com/gpu" in service["resources"]["limits"]) == (device == "gpu")
