@@ -1,12 +1,12 @@
 """Make the tests' trained model, committed in tests/fixtures/trained-tiny/ so that it is the same on every machine.
 
-    .venv/bin/python scripts/make_test_fixture.py            (about 30 s; rewrites tests/fixtures/trained-tiny)
+    .venv/bin/python -m scripts.make_test_fixture          (about 30 s; rewrites tests/fixtures/trained-tiny)
 
 Training is seeded but not bit-identical across CPUs (the kernels' sum order differs between AVX2 and AVX-512
 builds), and a model trained on another machine writes other text: the tests read this folder instead of
 training their own. The model: its own 512-token byte-level BPE and 2 layers × 64 (4 heads, 128 positions),
 300 steps of 8 rows × 64 tokens on a third of the standard library's docstrings
-(gpt2onnx.pytorch.training). The folder: config.json, model.safetensors (about 0.6 MB), generation_config.json,
+(scripts/training.py). The folder: config.json, model.safetensors (about 0.6 MB), generation_config.json,
 the tokenizer files (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json naming GPT2Tokenizer),
 heldout.txt (docstrings of modules it never saw) and train_report.json (its held-out perplexity and median top-1
 probability by the sliding-window protocol, and the machine it was trained on). Its eos/bos is <|endoftext|>, the
@@ -39,7 +39,7 @@ def cpu_name() -> str:
 
 def make(out: Path) -> Path:
     from gpt2onnx.artifact.tokenizer import build_tokenizer, read_bpe
-    from gpt2onnx.pytorch.training import (
+    from scripts.training import (
         Recipe,
         encode_documents,
         heldout_quality,

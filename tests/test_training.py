@@ -1,4 +1,4 @@
-"""The trained models' recipe (gpt2onnx.pytorch.training): the tied-tail softmax gives an ordinary GPT-2 whose
+"""The trained models' recipe (scripts/training.py): the tied-tail softmax gives an ordinary GPT-2 whose
 full softmax is the one trained, training is deterministic, and the corpus split is by module."""
 
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpt2onnx.errors import BadInput
-from gpt2onnx.pytorch.training import Recipe, heldout_quality, stdlib_docstrings, train_gpt2
+from scripts.training import Recipe, heldout_quality, stdlib_docstrings, train_gpt2
 
 TINY = Recipe(n_layer=1, n_head=2, n_embd=16, n_positions=32, block=16, batch=4, steps=6, warmup=2, threads=1)
 

@@ -43,7 +43,7 @@ from gpt2onnx.runtimes.decoder import file_shape, position_ids_for
 from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.runtimes.prompts import load_tokenizer
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.runtimes.text import (
+from gpt2onnx.verify.text import (
     TextSource,
     TextSummary,
     Window,

@@ -1,5 +1,7 @@
 """Small GPT-2 models that have learned something: real English text available offline, seeded training, a
-Hugging Face folder out. Used for the reference model of the quality benchmarks and for the tests' trained model.
+Hugging Face folder out. Used for the reference model of the quality benchmarks and for the tests' trained model
+(scripts/train_reference.py, scripts/make_test_fixture.py, tests/test_training.py); no command of the package
+trains, so it lives beside its users.
 
 The text: the docstrings of the Python standard library (read with ``ast``, never imported), one document per
 module, split into training and held-out text by module (a stable hash of the module name), so held-out text
@@ -262,7 +264,7 @@ def train_gpt2(
     if not math.isclose(trained.item(), expanded.item(), rel_tol=1e-4):
         raise CheckFailed(
             f"the saved model's loss {expanded.item():.6f} differs from the trained {trained.item():.6f}: a bug in the"
-            " tied-tail expansion (gpt2onnx.pytorch.training)"
+            " tied-tail expansion (scripts/training.py)"
         )
     tail = losses[-max(1, recipe.steps // 10) :]
     return TrainResult(

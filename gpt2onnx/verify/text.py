@@ -32,12 +32,12 @@ DATASETS_INSTALL = "pip install 'gpt2onnx[eval]' (the datasets library)"
 @dataclass(frozen=True)
 class TextSource:
     """Where the text comes from: a UTF-8 file (``path``), or ``dataset`` as NAME[:CONFIG[:SPLIT]] (split
-    default: test), its rows joined with blank lines as transformers' perplexity guide does."""
+    default: test), its rows joined with blank lines as transformers' perplexity guide does. Checked when built."""
 
     path: Path | None = None
     dataset: str | None = None
 
-    def check(self) -> "TextSource":
+    def __post_init__(self) -> None:  # an invalid one cannot be built
         if (self.path is None) == (self.dataset is None):
             raise BadInput("give the text to evaluate on as a file (--text FILE) or a dataset (--dataset NAME), one")
         if self.path is not None:
@@ -50,7 +50,6 @@ class TextSource:
                 raise BadInput(
                     f"dataset '{self.dataset}' is not NAME[:CONFIG[:SPLIT]] (e.g. wikitext:wikitext-2-raw-v1:test)"
                 )
-        return self
 
     def describe(self) -> dict:
         if self.path is not None:
