@@ -15,8 +15,7 @@ each name loads its module on first use, and nothing on the run path (inspect, g
 torch baseline) imports torch.
 """
 
-import sys
-import types
+from importlib import import_module
 
 __version__ = "0.1.0"
 
@@ -28,13 +27,13 @@ _HOMES = {
     "generate": ("gpt2onnx.runtimes.generate", "generate"),
     "parity": ("gpt2onnx.verify.parity", "parity"),
     "bench": ("gpt2onnx.verify.bench", "bench"),
-    "deploy": ("gpt2onnx.deploy", "deploy"),
+    "deploy": ("gpt2onnx.targets.deploy", "deploy"),
     "eval": ("gpt2onnx.verify.evaluate", "evaluate"),
     # their options and results
     "ExportOptions": ("gpt2onnx.exporters.export", "ExportOptions"),
     "ExportResult": ("gpt2onnx.exporters.export", "ExportResult"),
     "OptimizeResult": ("gpt2onnx.exporters.optimize", "OptimizeResult"),
-    "DeployResult": ("gpt2onnx.deploy", "DeployResult"),
+    "DeployResult": ("gpt2onnx.targets.deploy", "DeployResult"),
     "ModelDescription": ("gpt2onnx.artifact.inspect", "ModelDescription"),
     "BenchReport": ("gpt2onnx.verify.bench", "BenchReport"),
     "Manifest": ("gpt2onnx.artifact.manifest", "Manifest"),
@@ -46,7 +45,7 @@ _HOMES = {
     "TextGeneration": ("gpt2onnx.runtimes.generate", "TextGeneration"),
     "BenchConfig": ("gpt2onnx.runtimes.timing", "BenchConfig"),
     "CheckReport": ("gpt2onnx.artifact.report", "CheckReport"),
-    "EvalGates": ("gpt2onnx.verify.evaluate", "EvalGates"),
+    "EvalGates": ("gpt2onnx.verify.gates", "EvalGates"),
     "EvalReport": ("gpt2onnx.verify.evaluate", "EvalReport"),
     # lower level: a folder, a decoder on it, the decode loop, a checkpoint
     "open_folder": ("gpt2onnx.artifact.folder", "open_folder"),
@@ -70,26 +69,7 @@ __all__ = sorted(_HOMES)
 
 
 def __getattr__(name):  # lazy: `gpt2onnx --version` and `import gpt2onnx` stay fast
-    from importlib import import_module
-
     if name not in _HOMES:
         raise AttributeError(f"module 'gpt2onnx' has no attribute {name!r}")
     module, attribute = _HOMES[name]
     return getattr(import_module(module), attribute)
-
-
-class _Package(types.ModuleType):
-    """`gpt2onnx.deploy` names both a command (the function) and the subpackage of deployment targets. Importing
-    the subpackage makes Python set the package attribute of that name to the module, which would hide the
-    function; this property keeps the function there (the subpackage stays in sys.modules for imports)."""
-
-    @property
-    def deploy(self):
-        return __getattr__("deploy")
-
-    @deploy.setter
-    def deploy(self, value):  # the import system recording the subpackage
-        pass
-
-
-sys.modules[__name__].__class__ = _Package

@@ -563,7 +563,7 @@ def deploy(
     verify_files: VerifyFilesOpt = True,
 ) -> None:
     """Make an exported folder ready for genai, transformers.js, Triton, ort-generate, the browser."""
-    from gpt2onnx.deploy import deploy as run_deploy
+    from gpt2onnx.targets.deploy import deploy as run_deploy
 
     result = run_deploy(
         folder,
@@ -1152,7 +1152,7 @@ def serve(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free port).")] = 8000,
 ) -> None:
     """Serve a web folder on 127.0.0.1 with cross-origin isolation (the wasm thread pool needs it); Ctrl-C stops."""
-    from gpt2onnx.deploy.web_server import open_server
+    from gpt2onnx.targets.web_server import open_server
 
     server = open_server(folder, port=port)
     # one line, flushed: scripts and tests read the address from it

@@ -37,13 +37,13 @@ from pathlib import Path
 import numpy as np
 
 from gpt2onnx.artifact.folder import generation_token_ids, open_folder
-from gpt2onnx.deploy import deploy
-from gpt2onnx.deploy.triton_server import TritonServer
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.generate import Decoding, decode
 from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.runtimes.timing import machine_info
+from gpt2onnx.targets.deploy import deploy
+from gpt2onnx.targets.triton_server import TritonServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FOLDER = ROOT / "models" / "gpt2-bench-triton"
@@ -98,7 +98,7 @@ def in_process(folder: Path, prompts: list[str], new_tokens: int, provider: Prov
     model = open_folder(folder)
     tokenizer = load_gpt2_tokenizer(folder)
     eos, pad = generation_token_ids(folder)
-    decoder = open_runtime(model, RuntimeOptions(provider=provider))
+    decoder = open_runtime(model, RuntimeOptions(settings=provider))
     decoding = Decoding(min_new_tokens=new_tokens)
     ids = [np.asarray([tokenizer.encode(p)]) for p in prompts]
     decode(decoder, ids[0], max_new_tokens=4, decoding=decoding, eos_token_id=eos)  # warm-up

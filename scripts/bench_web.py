@@ -42,7 +42,7 @@ def make_folder(size: str, dtype: str, workdir: Path) -> Path:
     from transformers import GPT2TokenizerFast
 
     import gpt2onnx
-    from gpt2onnx.deploy import deploy
+    from gpt2onnx.targets.deploy import deploy
     from gpt2onnx.exporters.export import ExportOptions
     from gpt2onnx.pytorch.architecture import preset_config
 
@@ -67,7 +67,7 @@ def make_folder(size: str, dtype: str, workdir: Path) -> Path:
 
 
 def browser_runs(folder: Path, threads: int, new_tokens: int, repeat: int) -> list[dict]:
-    from gpt2onnx.deploy.web_server import open_server
+    from gpt2onnx.targets.web_server import open_server
 
     proc = subprocess.Popen(["node", "browser.mjs"], cwd=JS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     runs = []

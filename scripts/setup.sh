@@ -30,7 +30,7 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   # nvidia-pytriton bundles a real tritonserver with its Python backend. Its own venv, .venv-triton: the server's
   # Python, with what the served model imports (onnxruntime CPU, onnx, numpy, tokenizers) and gpt2onnx itself,
   # editable and without its dependencies (no torch, no transformers); tritonclient[all] for the tests' clients
-  # (it pins protobuf < 7); kserve for the InferenceService check. gpt2onnx.deploy.triton_server finds it
+  # (it pins protobuf < 7); kserve for the InferenceService check. gpt2onnx.targets.triton_server finds it
   # (or GPT2ONNX_TRITON_PYTHON) and sets LD_LIBRARY_PATH to its Python's lib/ (a Python built outside Debian:
   # else the backend stub loads Debian's libpython and crashes).
   PYTRITON_SPEC="${PYTRITON_SPEC:-nvidia-pytriton==0.7.0}"

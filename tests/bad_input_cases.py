@@ -1057,7 +1057,7 @@ def genai_config_file(session: dict | None = None, decoder: dict | None = None, 
     writes the marker (built with cc where there is one, else a file that is no library)."""
 
     def setup(c: Ctx) -> None:
-        from gpt2onnx.deploy.genai import genai_config
+        from gpt2onnx.artifact.genai_config import genai_config
 
         folder = c.copy("exp", "m")
         if raw is not None:
@@ -1191,7 +1191,7 @@ def _redeploy_drops_only_ours(c: Ctx, out: Outcome) -> None:
 
 
 def _deployed_with_user_things(c: Ctx) -> None:
-    from gpt2onnx.deploy import deploy
+    from gpt2onnx.targets.deploy import deploy
 
     _user_things(c)
     deploy(c.dir / "m", "genai")
@@ -2518,7 +2518,7 @@ def _user_files_beside(c: Ctx) -> None:
 
 
 def _deployed_with_user_file_in_onnx(c: Ctx) -> None:
-    from gpt2onnx.deploy import deploy
+    from gpt2onnx.targets.deploy import deploy
 
     c.copy("exp", "m")
     deploy(c.dir / "m", "transformers-js", out=c.dir / "out")

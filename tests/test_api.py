@@ -41,9 +41,11 @@ def test_errors_are_typed_with_exit_codes(tmp_path):
         gpt2onnx.ProviderConfig(threads=0).check()
 
 
-def test_deploy_stays_the_command_after_its_subpackage_is_imported():
-    import gpt2onnx.deploy  # noqa: F401  (Python sets the package attribute `deploy` to the subpackage here)
-    from gpt2onnx.deploy import genai
+def test_deploy_stays_the_command_after_the_targets_are_imported():
+    """The command and the package of targets have different names: importing every target leaves gpt2onnx.deploy
+    the function."""
+    import gpt2onnx.targets.deploy  # noqa: F401
+    from gpt2onnx.targets import genai
 
     assert callable(gpt2onnx.deploy) and gpt2onnx.deploy.__name__ == "deploy"
-    assert genai.CONFIG_NAME == "genai_config.json"
+    assert genai.SPEC.paths == ("genai_config.json",)

@@ -15,8 +15,9 @@ import pytest
 
 from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.artifact.graph import load_graph
-from gpt2onnx.deploy import deploy, parse_targets
 from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.targets.deploy import deploy
+from gpt2onnx.targets.registry import parse_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 GENAI_PYTHON = ROOT / ".venv-genai" / "bin" / "python"
@@ -294,7 +295,8 @@ def test_deploy_in_place_with_external_data(tiny_folder, tmp_path):
 
 
 def test_genai_config_token_ids_and_shared_cache(tiny_export, tmp_path):
-    from gpt2onnx.deploy.genai import genai_config, write_genai_config
+    from gpt2onnx.artifact.genai_config import genai_config
+    from gpt2onnx.targets.genai import write_genai_config
 
     folder = Path(shutil.copytree(tiny_export, tmp_path / "m"))
     manifest = json.loads((folder / "gpt2onnx.json").read_text())

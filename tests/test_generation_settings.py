@@ -21,7 +21,7 @@ from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.beam import beam_search_bytes
 from gpt2onnx.runtimes.generate import Decoding, Sampling, decode, generate
-from gpt2onnx.deploy.ort_generate import fixed_settings
+from gpt2onnx.targets.ort_generate import fixed_settings
 from gpt2onnx.verify import text as text_module
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from gpt2onnx.artifact.folder import MANIFEST_NAME, open_folder, read_manifest
 from gpt2onnx.artifact.manifest import FileRecord, Manifest
-from gpt2onnx.deploy import deploy
 from gpt2onnx.errors import BadInput
+from gpt2onnx.targets.deploy import deploy
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cf4bc05"
 
@@ -32,7 +32,10 @@ def test_previous_release_manifests_read_and_write_back_unchanged(name):
     if name != "export":
         assert manifest.fusion.golden["attention"].found == 2 and manifest.optimized_from
     if name == "deployed":
-        assert set(manifest.deploy.targets) == {"genai", "triton"} and manifest.deploy.triton.name == "deployed"
+        assert (
+            set(manifest.deploy.targets) == {"genai", "triton"}
+            and manifest.deploy.records["triton"]["name"] == "deployed"
+        )
 
 
 def test_first_release_manifest_and_unknown_keys():

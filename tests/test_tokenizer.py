@@ -86,8 +86,8 @@ def gpt2_checkpoint(gpt2_vocab, tmp_path_factory):
 @pytest.fixture(scope="module")
 def gpt2_deployed(gpt2_checkpoint, tmp_path_factory):
     """The checkpoint exported, then deployed for genai and transformers.js: the deploy writes tokenizer.json."""
-    from gpt2onnx.deploy import deploy
     from gpt2onnx.exporters.export import export
+    from gpt2onnx.targets.deploy import deploy
 
     base = tmp_path_factory.mktemp("gpt2-vocab-export")
     exported = export(str(gpt2_checkpoint), base / "model").folder

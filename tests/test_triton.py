@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpt2onnx.deploy import deploy
-from gpt2onnx.deploy.triton_server import TritonServer, triton_python
 from gpt2onnx.errors import RuntimeUnavailable
 from gpt2onnx.runtimes.generate import Decoding, Sampling, generate
+from gpt2onnx.targets.deploy import deploy
+from gpt2onnx.targets.triton_server import TritonServer, triton_python
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "tests" / "runtimes" / "triton_client.py"

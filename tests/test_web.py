@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt2onnx.deploy import deploy
-from gpt2onnx.deploy.web_server import ISOLATION_HEADERS, open_server
+from gpt2onnx.targets.deploy import deploy
+from gpt2onnx.targets.web_server import ISOLATION_HEADERS, open_server
 from gpt2onnx.errors import BadInput, ContractError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,7 +152,7 @@ def page_settings(folder: Path) -> dict:
 
 def python_greedy(folder: Path, new: int = NEW) -> dict:
     """onnxruntime (Python) on the file the page loads: what `gpt2onnx generate --prompt PROMPT` writes. That is
-    the folder's model.onnx, hard-linked, except for int4, whose web graph is rewritten (gpt2onnx.deploy.web):
+    the folder's model.onnx, hard-linked, except for int4, whose web graph is rewritten (gpt2onnx.targets.web):
     then `generate` runs on a copy of the folder with that graph as its model.onnx."""
     import gpt2onnx
     from gpt2onnx.runtimes.prompts import load_tokenizer
@@ -339,7 +339,7 @@ def test_serve_serves_only_what_it_checked(tmp_path, caplog, capsys):
                 data += chunk
         return data
 
-    with caplog.at_level(logging.INFO, logger="gpt2onnx.deploy.web_server"):
+    with caplog.at_level(logging.INFO, logger="gpt2onnx.targets.web_server"):
         (folder / "index.html").unlink()
         (folder / "index.html").write_text("<p>hi</p>")  # the page itself is ours; sub/'s index leads out
         with open_server(folder, port=0, background=True) as server:

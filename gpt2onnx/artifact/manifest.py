@@ -164,65 +164,47 @@ class QuantizationRecord:
         )
 
 
-@dataclass(frozen=True)
-class TritonRecord:
-    name: str
-    instance_kind: str  # KIND_CPU or KIND_GPU
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "instance_kind": self.instance_kind}
+# the keys of the deploy record itself; every other key is a target's own record, kept in its place
+_DEPLOY_KEYS = ("targets", "source", "precision", "source_versions", "source_created", "created")
 
 
 @dataclass
 class DeployRecord:
-    """The deployment targets written into the folder (gpt2onnx deploy), and what they were made from."""
+    """The deployment targets written into the folder (gpt2onnx deploy), and what they were made from.
+
+    ``records``: what the targets keep, by key (triton: the model's name and instance kind; ort_generate: the
+    search settings fixed in its graphs), written between ``source_created`` and ``created`` as every release
+    has; a key this release does not know reads into it too, and is written back."""
 
     targets: dict[str, list[str]]  # target → the files it added, relative to the folder
     source: str  # the folder deployed
     precision: str
     source_versions: dict | None = None  # the versions and date of the export (the manifest's are this run's)
     source_created: str | None = None
-    triton: TritonRecord | None = None
-    ort_generate: dict | None = None  # the search settings fixed in the ort-generate graphs (deploy.ort_generate)
+    records: dict[str, dict] = field(default_factory=dict)
     created: str | None = None
-    extra: dict = field(default_factory=dict)  # keys this release does not know, written back as they are
 
     def as_dict(self) -> dict:
-        data = {
+        return {
             "targets": self.targets,
             "source": self.source,
             "precision": self.precision,
             "source_versions": self.source_versions,
             "source_created": self.source_created,
-            **({"triton": self.triton.as_dict()} if self.triton else {}),
-            **({"ort_generate": self.ort_generate} if self.ort_generate is not None else {}),
+            **self.records,
             "created": self.created,
         }
-        return {**data, **self.extra}
 
     @classmethod
     def from_dict(cls, data: dict) -> "DeployRecord":
-        triton = data.get("triton")
-        known = (
-            "targets",
-            "source",
-            "precision",
-            "source_versions",
-            "source_created",
-            "triton",
-            "ort_generate",
-            "created",
-        )
         return cls(
             targets={str(k): [str(f) for f in v] for k, v in data.get("targets", {}).items()},
             source=str(data.get("source", "")),
             precision=str(data.get("precision", "")),
             source_versions=data.get("source_versions"),
             source_created=data.get("source_created"),
-            triton=TritonRecord(str(triton["name"]), str(triton["instance_kind"])) if triton else None,
-            ort_generate=data.get("ort_generate") if isinstance(data.get("ort_generate"), dict) else None,
+            records={k: v for k, v in data.items() if k not in _DEPLOY_KEYS},
             created=data.get("created"),
-            extra={k: v for k, v in data.items() if k not in known},
         )
 
 

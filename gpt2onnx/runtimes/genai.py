@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.deploy import genai as deploy_genai
+from gpt2onnx.artifact import genai_config as deploy_genai
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.runtimes.base import Capabilities, LoopResult, Runtime
 from gpt2onnx.runtimes.decoder import file_shape

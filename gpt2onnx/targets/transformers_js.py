@@ -20,6 +20,7 @@ from gpt2onnx.artifact.folder import CONFIG_FILE, MODEL_FILE, read_json_file
 from gpt2onnx.artifact.graph import DATA_FILE_SUFFIX, external_data_files, load_graph
 from gpt2onnx.errors import ContractError
 from gpt2onnx.files import link_or_copy
+from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
 SUBFOLDER = "onnx"
 CONFIG_KEY = "transformers.js_config"
@@ -67,3 +68,29 @@ def write_transformers_js(folder: Path, out: Path, precision: str) -> list[str]:
     (out / CONFIG_FILE).unlink()  # a new file: never write through a link
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return written + [CONFIG_FILE]
+
+
+def drop_config_key(staging: Path) -> None:
+    """config.json without the transformers.js key a previous deploy added (it is written again when asked)."""
+    path = staging / CONFIG_FILE
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    if isinstance(config, dict) and CONFIG_KEY in config:
+        del config[CONFIG_KEY]
+        path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _write(deployment: Deployment, options) -> Written:
+    return Written(write_transformers_js(deployment.staging, deployment.staging, deployment.source.precision))
+
+
+SPEC = TargetSpec(
+    name="transformers-js",
+    summary="transformers.js: onnx/model[_suffix].onnx and config.json, as AutoModelForCausalLM loads them",
+    write=_write,
+    paths=(SUBFOLDER,),
+    tokenizer_json=True,
+    aliases=("transformers.js", "transformersjs", "tjs"),
+    undo=drop_config_key,
+)

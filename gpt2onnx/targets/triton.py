@@ -9,23 +9,26 @@ stack only when every input has the same shape, and the past key/values differ i
 (and one step) to the next; the client sends whole batches, as it does to onnxruntime. Start the server
 with ``tritonserver --model-repository FOLDER/triton``.
 
-Beside it, the generation models (NAME-generate, NAME-infer: gpt2onnx.deploy.triton_generate) run the whole
+Beside it, the generation models (NAME-generate, NAME-infer: gpt2onnx.targets.triton_generate) run the whole
 decode loop in the server with continuous batching, on any server with the Python backend.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpt2onnx.artifact.contract import TensorSpec, graph_io
 from gpt2onnx.artifact.folder import MODEL_FILE
 from gpt2onnx.artifact.graph import external_data_files, load_graph
 from gpt2onnx.artifact.manifest import Manifest
-from gpt2onnx.deploy.kserve import write_kserve
-from gpt2onnx.deploy.triton_generate import DEFAULT_MAX_BATCH, write_generate_models
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
+from gpt2onnx.targets import kserve
+from gpt2onnx.targets.kserve import write_kserve
+from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
+from gpt2onnx.targets.triton_generate import DEFAULT_MAX_BATCH, write_generate_models
 
 SUBFOLDER = "triton"
 KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}
@@ -101,3 +104,35 @@ def write_triton(
             out, name=name, model_bytes=model_bytes, gpu=device == "gpu", max_batch=DEFAULT_MAX_BATCH
         )
     return written
+
+
+@dataclass(frozen=True)
+class TritonOptions:
+    """deploy's options for Triton: the model's name (default: the deployed folder's) and where its instances run."""
+
+    triton_name: str | None = None
+    triton_device: str = "cpu"
+
+    def __post_init__(self) -> None:  # an invalid one cannot be built
+        object.__setattr__(self, "triton_device", self.triton_device.lower())
+        if self.triton_device not in KINDS:
+            raise BadInput(f"unknown Triton instance kind '{self.triton_device}': choose cpu or gpu")
+        if self.triton_name is not None:
+            model_name(self.triton_name)
+
+
+def _write(deployment: Deployment, options: TritonOptions) -> Written:
+    name = model_name(options.triton_name or deployment.name)
+    staging = deployment.staging
+    files = write_triton(staging, staging, name=name, device=options.triton_device, manifest=deployment.source.manifest)
+    return Written(files, {"name": name, "instance_kind": KINDS[options.triton_device]})
+
+
+SPEC = TargetSpec(
+    name="triton",
+    summary="Triton: a model repository (ONNX Runtime backend, the generation models) and KServe's InferenceService",
+    write=_write,
+    paths=(SUBFOLDER, kserve.SUBFOLDER),
+    options=TritonOptions,
+    record="triton",
+)

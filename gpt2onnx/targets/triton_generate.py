@@ -1,4 +1,4 @@
-"""Triton Inference Server: the generation models beside the ONNX Runtime backend's decoder (gpt2onnx.deploy.triton).
+"""Triton Inference Server: the generation models beside the ONNX Runtime backend's decoder (gpt2onnx.targets.triton).
 
     triton/NAME-generate/config.pbtxt   Python backend, decoupled: text in, tokens and text streamed out
     triton/NAME-generate/1/model.py     one import of gpt2onnx.runtimes.triton_python.GenerateModel

@@ -18,51 +18,28 @@ The search settings the op takes as inputs are inputs here (max_length, min_leng
 num_return_sequences, length_penalty, repetition_penalty, attention_mask for left padding, seed); those it
 takes as attributes (eos and pad ids, no_repeat_ngram_size, early_stopping, temperature, top_p) are fixed
 when the folder is deployed, from its generation_config.json (transformers' defaults where it says nothing).
-``generate`` (below) runs a file with transformers' option names and refuses, in one line, a setting the op
-cannot express as transformers means it: top-k (no op has it), sampling with beams, an attribute other than the
-deployed one, and a length_penalty other than 0 with beams (BeamSearch divides by the whole length, prompt and
-padding included, where transformers divides by the generated length).
+The ort-generate runtime (:mod:`gpt2onnx.runtimes.ort_generate`) runs the files with the decode loop's Sampling and
+Decoding, refusing in one line a setting the op cannot express as transformers means it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from gpt2onnx.artifact.contract import DecoderShape, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import GENERATION_CONFIG_FILE, MODEL_FILE, read_n_positions
-from gpt2onnx.artifact.generation import COUNT_MAX, check_option, read_generation_config
-from gpt2onnx.artifact.graph import load_graph
-from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
+from gpt2onnx.artifact.generation import read_generation_config
+from gpt2onnx.artifact.search_ops import DATA_NAME, FILES, MS_DOMAIN, SEARCHES, SUBFOLDER, FixedSettings
+from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
 log = logging.getLogger(__name__)
 
-SUBFOLDER = "ort-generate"
-DATA_NAME = "weights.onnx_data"
-SEARCHES = {"greedy": "GreedySearch", "beam": "BeamSearch", "sampling": "Sampling"}
-FILES = {"greedy": "greedy_search.onnx", "beam": "beam_search.onnx", "sampling": "sampling.onnx"}
-MS_DOMAIN = "com.microsoft"
 _ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
-
-
-@dataclass(frozen=True)
-class FixedSettings:
-    """The settings the ops take as attributes: fixed in the files when the folder is deployed."""
-
-    eos_token_id: int
-    pad_token_id: int
-    no_repeat_ngram_size: int = 0
-    early_stopping: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-
-    def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def fixed_settings(folder: str | Path, vocab_size: int) -> FixedSettings:
@@ -307,213 +284,15 @@ def write_ort_generate(folder: Path, out: Path) -> tuple[list[str], FixedSetting
     return written, settings
 
 
-def deployed_settings(folder: str | Path) -> FixedSettings:
-    """The attributes an ort-generate folder was deployed with, read from its files (what the ops will use;
-    the manifest's record of them is a claim a hand edit could change): eos, pad, no_repeat_ngram_size and
-    early_stopping from BeamSearch, temperature and top_p from Sampling."""
-    folder = Path(folder)
-    found: dict = {}
-    for kind, keys in (
-        ("beam", ("eos_token_id", "pad_token_id", "no_repeat_ngram_size", "early_stopping")),
-        ("sampling", ("temperature", "top_p")),
-    ):
-        path = folder / SUBFOLDER / FILES[kind]
-        if not path.exists():
-            raise ContractError(f"'{path}' is missing: run gpt2onnx deploy {folder} --target ort-generate")
-        nodes = [n for n in load_graph(path).graph.node if n.op_type == SEARCHES[kind] and n.domain == MS_DOMAIN]
-        if len(nodes) != 1:
-            raise ContractError(f"'{path}' is not an ort-generate file (no {SEARCHES[kind]} op): deploy it again")
-        attributes = {a.name: helper.get_attribute_value(a) for a in nodes[0].attribute if a.name in keys}
-        found.update({key: attributes[key] for key in keys if key in attributes})
-    found["early_stopping"] = bool(found.get("early_stopping", 0))
-    for key in ("temperature", "top_p"):  # float32 attributes: the shortest decimal that reads back the same
-        if key in found:
-            found[key] = float(str(np.float32(found[key])))
-    try:
-        return FixedSettings(**found)
-    except TypeError:
-        raise ContractError(f"the ort-generate files in '{folder}' lack their attributes: deploy it again") from None
+def _write(deployment: Deployment, options) -> Written:
+    files, fixed = write_ort_generate(deployment.staging, deployment.staging)
+    return Written(files, fixed.as_dict())
 
 
-# -- running a deployed folder ---------------------------------------------------------------------------------
-@dataclass
-class GenerateResult:
-    """What one session.run returned: per prompt, per returned sequence, the generated tokens (the prompt and
-    the padding after the end-of-sequence token removed; the end-of-sequence token kept, as transformers does)."""
-
-    tokens: list[list[list[int]]]
-    sequences: np.ndarray  # the op's own output: [batch, sequences, max_length], prompts left-padded
-    scores: np.ndarray | None = None  # beam search: each returned sequence's score
-    file: str = ""
-    inputs: dict = field(default_factory=dict)
-
-
-def _refuse(setting: str, reason: str) -> None:
-    raise BadInput(f"ort-generate cannot {setting}: {reason}")
-
-
-class OrtGenerator:
-    """A deployed ort-generate folder, opened: one onnxruntime session per search kind, made on first use and
-    kept, so that a caller generating many times pays the session set-up once."""
-
-    def __init__(self, folder: str | Path, *, threads: int | None = None):
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            raise RuntimeUnavailable("onnxruntime is not installed: pip install onnxruntime") from None
-        self.folder = Path(folder)
-        self.fixed = deployed_settings(self.folder)
-        self.n_positions = read_n_positions(self.folder)
-        self.threads = threads
-        self._sessions: dict[str, object] = {}
-
-    def session(self, kind: str):
-        if kind not in self._sessions:
-            import onnxruntime as ort
-
-            path = self.folder / SUBFOLDER / FILES[kind]
-            if not path.is_file():
-                raise ContractError(f"'{path}' is missing: run gpt2onnx deploy {self.folder} --target ort-generate")
-            options = ort.SessionOptions()
-            if self.threads:
-                options.intra_op_num_threads = self.threads
-            self._sessions[kind] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        return self._sessions[kind]
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        *,
-        max_new_tokens: int,
-        min_new_tokens: int = 0,
-        num_beams: int = 1,
-        num_return_sequences: int = 1,
-        length_penalty: float = 1.0,
-        repetition_penalty: float = 1.0,
-        do_sample: bool = False,
-        top_k: int | None = None,
-        seed: int | None = None,
-        no_repeat_ngram_size: int | None = None,
-        early_stopping: bool | str | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        penalize_padding: bool = False,
-    ) -> GenerateResult:
-        """Generate in one session.run, with transformers' option names. Prompts of different lengths are
-        left-padded and masked (the attention_mask input). Attribute settings (no_repeat_ngram_size,
-        early_stopping, temperature, top_p) must equal the deployed ones.
-
-        ``penalize_padding``: the ops' repetition penalty counts every id in the sequence, padding included, as
-        transformers 4 does; transformers 5 leaves the padding out. By default (False, transformers 5) a row is
-        padded with its own first token, which the penalty counts anyway (once per distinct id, as both do);
-        True pads with the pad id (transformers 4)."""
-        fixed = self.fixed
-        for name, value in (  # the rules generate and generation_config.json are read by (artifact.generation)
-            ("max_new_tokens", max_new_tokens),
-            ("min_new_tokens", min_new_tokens),
-            ("num_beams", num_beams),
-            ("num_return_sequences", num_return_sequences),
-            ("length_penalty", length_penalty),
-            ("repetition_penalty", repetition_penalty),
-            *((("seed", seed),) if seed is not None else ()),
-        ):
-            check_option(name, value)
-        if seed is not None and seed > COUNT_MAX:
-            raise BadInput(f"seed {seed} (--seed): the Sampling op takes a 32-bit seed; give one up to {COUNT_MAX:,}")
-        if early_stopping == "never":
-            _refuse("use early_stopping='never'", "BeamSearch's early_stopping attribute is true or false only")
-        for name, value in (
-            ("no_repeat_ngram_size", no_repeat_ngram_size),
-            ("early_stopping", early_stopping),
-            ("temperature", temperature),
-            ("top_p", top_p),
-        ):
-            if value is not None and value != getattr(fixed, name):
-                _refuse(
-                    f"set {name}={value} at run time",
-                    f"the op takes it as an attribute, deployed as {getattr(fixed, name)}; set it in"
-                    f" {GENERATION_CONFIG_FILE} and deploy again",
-                )
-        if top_k:
-            _refuse(
-                f"use top_k={top_k}", "no onnxruntime generation op has top-k (Sampling has top_p only); pass top_k=0"
-            )
-        if num_beams < 1 or num_return_sequences < 1 or num_return_sequences > num_beams:
-            raise BadInput(
-                f"num_beams {num_beams} and num_return_sequences {num_return_sequences}: give 1 <= sequences <= beams"
-            )
-        if do_sample and num_beams > 1:
-            _refuse("sample with beams", "BeamSearch has no sampling (beam-sample); use num_beams=1 or do_sample=False")
-        if num_beams > 1 and length_penalty != 0:
-            # BeamHypotheses::Add: score = sum_logprobs / total_length ** length_penalty, where transformers
-            # divides by the generated length: with finished beams of different lengths they rank them otherwise
-            _refuse(
-                f"apply length_penalty={length_penalty} as transformers does",
-                "BeamSearch divides a beam's score by its whole length (prompt and padding included), transformers by"
-                " the generated length; pass length_penalty=0.0 (the same beams and scores), or run the file yourself",
-            )
-        if max_new_tokens < 1 or not 0 <= min_new_tokens <= max_new_tokens:
-            raise BadInput(
-                f"max_new_tokens {max_new_tokens}, min_new_tokens {min_new_tokens}: give 0 <= min <= max, max >= 1"
-            )
-        if repetition_penalty <= 0:
-            raise BadInput(f"repetition_penalty {repetition_penalty}: give a value > 0 (1.0 is none)")
-        if not prompts or any(not p for p in prompts):
-            raise BadInput("give at least one prompt, none of them empty")
-        kind = "sampling" if do_sample else ("beam" if num_beams > 1 else "greedy")
-        width = max(len(p) for p in prompts)
-        if width + max_new_tokens > self.n_positions:
-            raise BadInput(
-                f"prompt length {width} + {max_new_tokens} new tokens exceeds the context ({self.n_positions})"
-            )
-        own_padding = repetition_penalty != 1.0 and not penalize_padding
-        padded = any(len(p) < width for p in prompts)
-        if own_padding and padded and fixed.no_repeat_ngram_size:
-            _refuse(
-                "leave the padding out of repetition_penalty with no_repeat_ngram_size on a padded batch",
-                "the ops count the padding in both (transformers 5 in the n-grams only); pass penalize_padding=True"
-                " (transformers 4), or prompts of one length",
-            )
-        ids = np.full((len(prompts), width), fixed.pad_token_id, np.int32)
-        mask = np.zeros((len(prompts), width), np.int32)
-        for row, prompt in enumerate(prompts):
-            if own_padding:
-                ids[row] = prompt[0]  # an id the penalty counts anyway: the padding adds none
-            ids[row, width - len(prompt) :] = prompt
-            mask[row, width - len(prompt) :] = 1
-        feed = {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "max_length": np.array([width + max_new_tokens], np.int32),
-            # transformers' min_new_tokens, as the op's min_length: the whole (padded) length, as it counts
-            "min_length": np.array([width + min_new_tokens if min_new_tokens else 0], np.int32),
-            "repetition_penalty": np.array([repetition_penalty], np.float32),
-        }
-        if kind == "beam":
-            feed["num_beams"] = np.array([num_beams], np.int32)
-            feed["num_return_sequences"] = np.array([num_return_sequences], np.int32)
-            feed["length_penalty"] = np.array([length_penalty], np.float32)
-        if kind == "sampling":
-            feed["seed"] = np.array([0 if seed is None else seed], np.int32)
-        session = self.session(kind)
-        results = session.run(None, feed)
-        sequences = results[0] if kind == "beam" else results[0][:, None, :]
-        tokens = [[_generated(seq[width:], fixed) for seq in row] for row in sequences]
-        return GenerateResult(
-            tokens, sequences, results[1] if kind == "beam" else None, str(self.folder / SUBFOLDER / FILES[kind]), feed
-        )
-
-
-def generate(folder: str | Path, prompts: list[list[int]], *, threads: int | None = None, **settings) -> GenerateResult:
-    """One generation with a deployed ort-generate folder (see :meth:`OrtGenerator.generate` for ``settings``)."""
-    return OrtGenerator(folder, threads=threads).generate(prompts, **settings)
-
-
-def _generated(tail: np.ndarray, fixed: FixedSettings) -> list[int]:
-    """Generated tokens up to and with the first end-of-sequence token (after it the op writes pad ids)."""
-    out = []
-    for token in tail.tolist():
-        out.append(token)
-        if token == fixed.eos_token_id:
-            break
-    return out
+SPEC = TargetSpec(
+    name="ort-generate",
+    summary="onnxruntime's generation ops: greedy, beam and sampling search inside the graph, one session.run each",
+    write=_write,
+    paths=(SUBFOLDER,),
+    record="ort_generate",
+)

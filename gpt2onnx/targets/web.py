@@ -45,9 +45,10 @@ from onnx import numpy_helper
 
 from gpt2onnx.artifact.folder import CONFIG_FILE, read_json_file
 from gpt2onnx.artifact.graph import load_graph
-from gpt2onnx.deploy import transformers_js
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy, read_regular_text
+from gpt2onnx.targets import transformers_js
+from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
 PAGE = "index.html"
 SCRIPT = "gpt2onnx-web.js"
@@ -309,7 +310,7 @@ class _PageWriter(HTMLParser):
 def render_page(page_settings: dict) -> str:
     """index.html with the settings inlined as JSON data (never code: every '<' is written \\u003c, so no
     '</script>' can end the block early) and the folder's name as the title, escaped as HTML text."""
-    template = resources.files("gpt2onnx.deploy").joinpath("web_page", PAGE).read_text()
+    template = resources.files("gpt2onnx.targets").joinpath("web_page", PAGE).read_text()
     data = json.dumps(page_settings, indent=2).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     writer = _PageWriter(str(page_settings["name"]), f"\n{data}\n")
     writer.feed(template)
@@ -348,10 +349,35 @@ def write_web(
         written.append(page_settings["model_file"])
     page_settings["rewritten"] = rewritten
     (out / PAGE).write_text(render_page(page_settings))
-    (out / SCRIPT).write_text(resources.files("gpt2onnx.deploy").joinpath("web_page", SCRIPT).read_text())
+    (out / SCRIPT).write_text(resources.files("gpt2onnx.targets").joinpath("web_page", SCRIPT).read_text())
     (out / LIB).mkdir()
     for name, source in library.files().items():
         link_or_copy(source, out / LIB / name)
         written.append(f"{LIB}/{name}")
     log.info("web page: transformers.js %s from '%s'", library.transformers_js_version, library.transformers_js)
     return written
+
+
+@dataclass(frozen=True)
+class WebOptions:
+    """deploy's option for the page: the npm install its library files are copied from (see find_web_library)."""
+
+    web_lib: str | Path | None = None
+
+
+def _write(deployment: Deployment, options: WebOptions) -> Written:
+    source = deployment.source
+    files = write_web(
+        source.folder, deployment.staging, source.precision, name=deployment.name, web_lib=options.web_lib
+    )
+    return Written(files)
+
+
+SPEC = TargetSpec(
+    name="web",
+    summary="the browser: a page that generates with transformers.js (onnxruntime-web), served by gpt2onnx serve",
+    write=_write,
+    paths=PATHS,
+    options=WebOptions,
+    needs=("transformers-js",),
+)

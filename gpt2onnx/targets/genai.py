@@ -1,0 +1,34 @@
+"""onnxruntime-genai: genai_config.json next to model.onnx, so that ``og.Model(folder)`` runs the folder.
+
+The config itself is written by :mod:`gpt2onnx.artifact.genai_config` (the genai runtime writes the same one
+into a temporary overlay for every run); genai reads only tokenizer.json of the tokenizer files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpt2onnx.artifact.genai_config import CONFIG_NAME, genai_config
+from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
+
+
+def write_genai_config(folder: str | Path, out: str | Path) -> Path:
+    """Write the folder's genai_config.json into the folder ``out`` (the folder itself, or a copy of it)."""
+    path = Path(out) / CONFIG_NAME
+    path.write_text(json.dumps(genai_config(folder), indent=2) + "\n")
+    return path
+
+
+def _write(deployment: Deployment, options) -> Written:
+    write_genai_config(deployment.staging, deployment.staging)
+    return Written([CONFIG_NAME])
+
+
+SPEC = TargetSpec(
+    name="genai",
+    summary="onnxruntime-genai: genai_config.json beside model.onnx",
+    write=_write,
+    paths=(CONFIG_NAME,),
+    tokenizer_json=True,
+)
