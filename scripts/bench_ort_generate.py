@@ -38,8 +38,9 @@ def main() -> None:
     import torch
 
     from gpt2onnx.artifact.folder import open_folder
-    from gpt2onnx.deploy import ort_generate as og
     from gpt2onnx.pytorch.reference import reference_model
+    from gpt2onnx.runtimes import ort_generate as og
+    from gpt2onnx.runtimes.decoding import Decoding
     from gpt2onnx.runtimes.timing import machine_info
     from gpt2onnx.verify.parity import reference_checkpoint
 
@@ -47,7 +48,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     folder = open_folder(args.folder)
     model = reference_model(reference_checkpoint(folder, args.reference), device="cpu")
-    generator = og.OrtGenerator(folder.folder, threads=args.threads)  # sessions made once, outside the timing
+    generator = og.OrtGenerator(folder, og.OrtGenerateSettings(threads=args.threads))  # sessions made once, untimed
     fixed = generator.fixed
     rng = np.random.default_rng(0)
     vocab = model.config.vocab_size
@@ -79,7 +80,8 @@ def main() -> None:
             return out[:, width:].tolist()
 
         def run_ort():
-            got = generator.generate(prompts, max_new_tokens=new, min_new_tokens=new, **settings)
+            decoding = Decoding(min_new_tokens=new, **settings)
+            got = generator.search(prompts, max_new_tokens=new, decoding=decoding)
             return [row[0] for row in got.tokens]
 
         times = {"torch": [], "ort-generate": []}

@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from gpt2onnx.artifact import search_ops
 from gpt2onnx.cli import app
-from gpt2onnx.deploy import ort_generate as og
 from gpt2onnx.errors import BadInput
+from gpt2onnx.runtimes import ort_generate as og
+from gpt2onnx.runtimes.decoding import Decoding, Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "tests" / "js"
@@ -55,12 +57,22 @@ def torch_model(tiny_folder):
 
 
 def ort_generate(folder, prompts=PROMPTS, **settings):
+    """The ort-generate runtime with transformers' generate() keywords, as the decode loop's Sampling and Decoding."""
     import transformers
 
     # transformers 4 counts the left padding in the repetition penalty, transformers 5 does not: the reference
     # is the installed one
     penalize_padding = int(transformers.__version__.split(".")[0]) < 5
-    return og.generate(folder, prompts, max_new_tokens=NEW, threads=1, penalize_padding=penalize_padding, **settings)
+    sampled = {k: settings.pop(k) for k in ("temperature", "top_k", "top_p", "seed") if k in settings}
+    sampling = Sampling(sample=settings.pop("do_sample", False), **sampled)
+    return og.generate(
+        folder,
+        prompts,
+        max_new_tokens=NEW,
+        sampling=sampling,
+        decoding=Decoding(**settings),
+        settings=og.OrtGenerateSettings(threads=1, penalize_padding=penalize_padding),
+    )
 
 
 def hf_generate(model, eos: int, prompts=PROMPTS, **settings):
@@ -122,15 +134,16 @@ def test_deploy_writes_three_ops_sharing_one_data_file(deployed, eos):
 
     manifest = json.loads((deployed / "gpt2onnx.json").read_text())
     files = manifest["deploy"]["targets"]["ort-generate"]
-    assert sorted(files) == sorted(f"ort-generate/{n}" for n in (*og.FILES.values(), og.DATA_NAME))
+    ops = search_ops
+    assert sorted(files) == sorted(f"ort-generate/{n}" for n in (*ops.FILES.values(), ops.DATA_NAME))
     assert manifest["deploy"]["ort_generate"]["eos_token_id"] == eos
-    for kind, name in og.FILES.items():
-        model = onnx.load(str(deployed / og.SUBFOLDER / name), load_external_data=False)
-        assert [n.op_type for n in model.graph.node] == [og.SEARCHES[kind]]
+    for kind, name in ops.FILES.items():
+        model = onnx.load(str(deployed / ops.SUBFOLDER / name), load_external_data=False)
+        assert [n.op_type for n in model.graph.node] == [ops.SEARCHES[kind]]
         locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
-        assert locations == {og.DATA_NAME}
+        assert locations == {ops.DATA_NAME}
     # one copy of the weights, not three: the data file is about the size of the decoder's own model.onnx
-    assert (deployed / og.SUBFOLDER / og.DATA_NAME).stat().st_size < 1.05 * (deployed / "model.onnx").stat().st_size
+    assert (deployed / ops.SUBFOLDER / ops.DATA_NAME).stat().st_size < 1.05 * (deployed / "model.onnx").stat().st_size
 
 
 @pytest.mark.parametrize(
@@ -164,7 +177,7 @@ def test_a_real_pad_id_inside_a_prompt(deployed, torch_model, eos):
 
 def test_deployed_attributes_equal_transformers(tiny_export, torch_model, eos, tmp_path):
     """early_stopping and no_repeat_ngram_size are attributes: set in generation_config.json, fixed at deploy."""
-    from gpt2onnx.deploy import deploy
+    from gpt2onnx.targets.deploy import deploy
 
     source = with_eos(tiny_export, tmp_path / "source", eos, early_stopping=True, no_repeat_ngram_size=2)
     deploy(source, "ort-generate", out=tmp_path / "dep")
@@ -183,10 +196,10 @@ def test_deployed_attributes_equal_transformers(tiny_export, torch_model, eos, t
 def test_equal_to_the_python_loop_on_the_same_file(tiny_folder, eos, tmp_path, variant):
     """fp16 (the K/V cache cast to the logits' fp32 in the wrapper) and a GroupQueryAttention graph: greedy
     tokens equal to gpt2onnx's own onnxruntime loop on the same model.onnx; beams equal to the fp32 file's."""
-    from gpt2onnx.deploy import deploy
     from gpt2onnx.exporters.export import ExportOptions, export
     from gpt2onnx.runtimes.decoder import cpu_decoder
     from gpt2onnx.runtimes.generate import decode
+    from gpt2onnx.targets.deploy import deploy
 
     # validate=False: this test compares the file with itself run by two loops, not with PyTorch
     options = ExportOptions(dtype="fp16", validate=False) if variant == "fp16" else None
@@ -202,7 +215,7 @@ def test_equal_to_the_python_loop_on_the_same_file(tiny_folder, eos, tmp_path, v
 
 
 def test_sampling_seeded_and_filtered(deployed, tiny_export, eos, tmp_path):
-    from gpt2onnx.deploy import deploy
+    from gpt2onnx.targets.deploy import deploy
 
     first = ort_generate(deployed, do_sample=True, seed=3)
     assert first.tokens == ort_generate(deployed, do_sample=True, seed=3).tokens
@@ -210,19 +223,23 @@ def test_sampling_seeded_and_filtered(deployed, tiny_export, eos, tmp_path):
     # top_p that keeps one token is greedy decoding: the filter is applied, on the right distribution
     deploy(with_eos(tiny_export, tmp_path / "source", eos, top_p=1e-6), "ort-generate", out=tmp_path / "dep")
     greedy = ort_generate(deployed)
-    assert ort_generate(tmp_path / "dep", do_sample=True, seed=3).tokens == greedy.tokens
+    assert ort_generate(tmp_path / "dep", do_sample=True, seed=3, top_p=1e-6).tokens == greedy.tokens
 
 
 @pytest.mark.parametrize(
     "settings, message",
     [
         (dict(num_beams=4), "length_penalty=1.0 as transformers does: BeamSearch divides .* by its whole length"),
-        (dict(num_beams=4, top_k=5, length_penalty=0.0), "top_k=5: no onnxruntime generation op has top-k"),
-        (dict(do_sample=True, top_k=50), "top_k=50"),
-        (dict(num_beams=2, do_sample=True, length_penalty=0.0), "sample with beams"),
+        (dict(do_sample=True, top_k=50), "top_k=50: no onnxruntime generation op has top-k"),
         (dict(num_beams=2, early_stopping="never", length_penalty=0.0), "early_stopping='never'"),
         (dict(temperature=0.7, do_sample=True), "temperature=0.7 at run time: the op takes it as an attribute"),
-        (dict(num_beams=2, num_return_sequences=3, length_penalty=0.0), "num_return_sequences 3"),
+        # the decode loop's own rules, in its words (one message per rule)
+        (dict(num_beams=4, top_k=5, length_penalty=0.0), "top_k only apply when sampling"),
+        (dict(num_beams=2, do_sample=True, length_penalty=0.0), "beam sampling"),
+        (
+            dict(num_beams=2, num_return_sequences=3, length_penalty=0.0),
+            r"num_return_sequences \(--num-return-sequences\) 3",
+        ),
     ],
 )
 def test_refuses_what_the_op_cannot_express(deployed, settings, message):
@@ -252,3 +269,18 @@ def test_node_onnxruntime_runs_the_beam_file(deployed, tmp_path):
     np.testing.assert_array_equal(sequences, got.sequences)
     scores = np.array(out["sequences_scores"]["data"]).reshape(got.scores.shape)
     np.testing.assert_allclose(scores, got.scores, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(num_beams=3, num_return_sequences=2, length_penalty=0.0)])
+def test_the_registered_runtime_generates_as_the_decode_loop(deployed, settings):
+    """gpt2onnx.generate with --runtime ort-generate (a loop runtime of the registry, the decode loop's Decoding)
+    gives the tokens of onnxruntime's step-by-step loop on the same folder, greedy and beams."""
+    import gpt2onnx
+
+    ids = [",".join(map(str, p)) for p in PROMPTS]
+    ours = gpt2onnx.generate(deployed, ids=ids, max_new_tokens=8, decoding=Decoding(**settings))
+    runtime = gpt2onnx.RuntimeOptions("ort-generate", og.OrtGenerateSettings(threads=1))
+    theirs = gpt2onnx.generate(deployed, ids=ids, max_new_tokens=8, decoding=Decoding(**settings), runtime=runtime)
+    assert theirs.tokens == ours.tokens and theirs.settings["runtime"] == "ort-generate"
+    if settings:
+        np.testing.assert_allclose(theirs.scores, ours.scores, atol=SCORE_TOLERANCE, rtol=0)

@@ -17,9 +17,12 @@ from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.cli import app
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
+from gpt2onnx.passes.precision import QuantizeOptions
 from gpt2onnx.runtimes import genai
-from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, open_runtime, parse_runtimes
+from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime, parse_runtimes, runtime_options
 from gpt2onnx.runtimes.generate import generate
+from gpt2onnx.runtimes.openvino import OpenVinoSettings
+from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.runtimes.timing import BenchConfig
 from gpt2onnx.verify.bench import bench
 from gpt2onnx.verify.parity import parity
@@ -47,14 +50,14 @@ def runtime_param(name):
     return pytest.param(name, marks=pytest.mark.skipif(reason is not None, reason=reason or ""))
 
 
-ALL = [runtime_param(name) for name in RUNTIMES]
+ALL = [runtime_param(name) for name in MISSING]  # the runtimes of an exported folder (ort-generate runs a deployed one)
 
 
 @pytest.fixture(scope="module")
 def tiny_int4(tmp_path_factory):
     """The built-in tiny architecture, random weights with GPT-2's init spread, weights in int4."""
     out = tmp_path_factory.mktemp("int4") / "tiny-int4"
-    return export("tiny", out, random_init=True, options=ExportOptions(quantize="int4")).folder
+    return export("tiny", out, random_init=True, options=ExportOptions(quantization=QuantizeOptions("int4"))).folder
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -85,7 +88,7 @@ def test_generate_gives_the_same_greedy_tokens(tiny_export, name):
 
 
 def test_bench_measures_every_runtime_side_by_side(tiny_export, tmp_path):
-    names = [n for n in RUNTIMES if MISSING[n]() is None]
+    names = [n for n in MISSING if MISSING[n]() is None]
     out = tmp_path / "bench.json"
     result = runner_invoke(
         "bench",
@@ -206,13 +209,20 @@ def test_openvino_precision_is_f32_unless_asked(tiny_export, name):
 
 
 def test_runtime_options_refuse_what_does_not_apply():
+    """A runtime's name and its own settings, each checked when built; an option of another runtime is refused."""
     with pytest.raises(BadInput, match="unknown"):
-        RuntimeOptions(name="tvm").check()
-    with pytest.raises(BadInput, match="apply to the openvino runtime"):
-        RuntimeOptions(name="onnxruntime", device="GPU").check()
+        RuntimeOptions(name="tvm")
+    with pytest.raises(BadInput, match="not the onnxruntime runtime's settings"):
+        RuntimeOptions("onnxruntime", OpenVinoSettings(device="GPU"))
+    with pytest.raises(BadInput, match="--device applies to the openvino runtime, not onnxruntime"):
+        runtime_options(["onnxruntime"], {"--device": "GPU"})
     with pytest.raises(BadInput, match="precision 'int3'"):
-        RuntimeOptions(name="openvino", ov_precision="int3").check()
-    assert RuntimeOptions(name="openvino", ov_precision="fp16").check().ov_precision == "f16"
+        OpenVinoSettings(precision="int3")
+    assert RuntimeOptions("openvino", OpenVinoSettings(precision="fp16")).settings.precision == "f16"
+    ov, ort = runtime_options(
+        ["openvino", "onnxruntime"], {"--threads": 2, "--ov-precision": "bf16", "--device": "CPU"}
+    )
+    assert (ov.settings, ort.settings) == (OpenVinoSettings(precision="bf16", threads=2), ProviderConfig(threads=2))
     with pytest.raises(BadInput, match="twice"):
         parse_runtimes("openvino,openvino")
     assert parse_runtimes("onnxruntime,genai,openvino") == ["onnxruntime", "genai", "openvino"]

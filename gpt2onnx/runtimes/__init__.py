@@ -1,7 +1,8 @@
-"""Running an exported folder: the runtime interface and registry (base), one module per runtime (onnxruntime
-with its execution providers, openvino, genai with its worker), the decoder stepper (decoder), the decode loop
-(generate), prompts and detokenization (prompts), and measurement (timing).
+"""Running an exported folder: the runtime interface and registry (base), one module per runtime, each declaring
+its SPEC and its own settings (onnxruntime with its execution providers, openvino, genai with its worker,
+ort_generate: onnxruntime's generation ops), the decoder stepper (decoder), the decode loop (generate, decoding,
+beam, logits), prompts and detokenization (prompts), continuous batching (batching) and measurement (timing).
 
 Needs onnx, onnxruntime and numpy only, never torch: a deployment machine can run and measure a model.
-OpenVINO and onnxruntime-genai are imported only when their runtime is asked for.
+OpenVINO and onnxruntime-genai are imported only when their runtime is opened.
 """

@@ -1,146 +1,165 @@
-"""What a runtime is to gpt2onnx, and the registry of runtimes: adding one is one new module plus one line here.
+"""What a runtime is to gpt2onnx, and the registry of runtimes: adding one is one new module plus one line in
+RUNTIMES.
 
-A runtime is opened on an exported folder with :class:`RuntimeOptions` and gives one of two things:
+A runtime is one module under ``gpt2onnx.runtimes`` that defines ``SPEC``, a :class:`RuntimeSpec`: its name, what it
+can do (:class:`Capabilities`), its own settings (a frozen dataclass validated when it is built, whose ``FLAGS``
+name the command-line options it takes) and ``open(model, settings)``, which opens an exported folder as one of
+two interfaces, every method a caller uses declared on it:
 
-- a :class:`Stepper`: the decoder as one forward pass at a time (prompt with an empty past, then one token per
-  step with its cache). generate, parity's lockstep comparison and bench drive it; onnxruntime and OpenVINO
-  are steppers.
-- a :class:`LoopRunner`: the runtime owns the whole generation loop and its cache (onnxruntime-genai). It
-  takes a prompt, optionally tokens to force, and returns the new tokens, the logits it exposes and the time
-  of each step. It exposes no presents, so parity compares logits, KL, top-k and tokens only.
+- a :class:`StepRuntime`: the decoder as one forward pass at a time (prompt with an empty past, then one token per
+  step with its cache); the decode loop, parity's lockstep comparison and bench drive it (onnxruntime, OpenVINO);
+- a :class:`LoopRuntime`: the runtime owns the whole generation loop and its cache; it generates with the same
+  :class:`~gpt2onnx.runtimes.decoding.Sampling` and :class:`~gpt2onnx.runtimes.decoding.Decoding` as the decode
+  loop, refusing in one line what it cannot do as transformers does (onnxruntime-genai, onnxruntime's generation
+  ops). It exposes no presents; where it can force tokens it also gives each forward pass's logits and time
+  (``run_loop``), so parity compares logits, KL, top-k and tokens.
 
-Every runtime is a :class:`Runtime`: it declares what it can do in :class:`Capabilities` (owns its loop,
-times a step at a given past, shares one cache buffer, checks memory first), and callers dispatch on that;
-nothing probes a runtime for attributes. Every runtime refuses what it cannot do with
-:class:`~gpt2onnx.errors.RuntimeUnavailable` (one line, with the command that installs it); nothing falls back
-to another runtime.
+Callers dispatch on the capabilities, never by probing attributes. A runtime refuses what it cannot do with
+:class:`~gpt2onnx.errors.RuntimeUnavailable` (one line, with the command that installs it); nothing falls back to
+another runtime. :class:`RuntimeOptions` is a runtime's name and its settings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.artifact.folder import ModelFolder
+from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.runtimes.decoding import Decoding, Generation, Sampling, loop_generation
 
-# name → module under gpt2onnx.runtimes with an ``open_runtime(model, options)`` function.
-RUNTIMES = {"onnxruntime": "onnxruntime", "openvino": "openvino", "genai": "genai"}
-OV_PRECISIONS = ("f32", "bf16", "f16")
+# name → the module that defines its SPEC
+RUNTIMES = {
+    "onnxruntime": "gpt2onnx.runtimes.onnxruntime",
+    "openvino": "gpt2onnx.runtimes.openvino",
+    "genai": "gpt2onnx.runtimes.genai",
+    "ort-generate": "gpt2onnx.runtimes.ort_generate",
+}
+MAX_THREADS = 256
 
 
 @dataclass(frozen=True)
 class Capabilities:
     """What a runtime can do, declared by the runtime; callers dispatch on it."""
 
-    owns_loop: bool = False  # a LoopRunner (run_loop): the runtime runs the generation loop and keeps the cache
+    owns_loop: bool = False  # a LoopRuntime: it runs the generation loop and keeps the cache
     presents: bool = True  # the presents come back (parity compares them)
+    steps: bool = True  # each forward pass's logits and time, tokens forced (parity, eval, bench)
     past_of_length: bool = False  # a step can be timed at any past length on a zero-filled cache (bench --past)
     shared_cache: bool = False  # past and present are one preallocated buffer (GroupQueryAttention)
     memory_check: bool = False  # check_memory refuses, before allocating, a run this machine cannot hold
 
 
 @dataclass(frozen=True)
-class RuntimeOptions:
-    """The runtime and its options. ``provider`` is onnxruntime's; ``device`` and ``ov_precision`` OpenVINO's."""
+class RuntimeSpec:
+    """One runtime, declared by its module."""
 
-    name: str = "onnxruntime"
-    provider: ProviderConfig = field(default_factory=ProviderConfig)
-    device: str = "CPU"  # openvino: a device core.available_devices lists
-    ov_precision: str = "f32"  # openvino: INFERENCE_PRECISION_HINT (f32 unless asked)
+    name: str
+    summary: str  # one line: what it is
+    settings: type  # its settings: a frozen dataclass, validated when built, with FLAGS (field → option)
+    open: Callable[[ModelFolder, Any], Runtime]  # opens a folder with its settings
+    capabilities: Capabilities
+
+
+def runtime_spec(name: str) -> RuntimeSpec:
+    if name not in RUNTIMES:
+        raise BadInput(f"runtime '{name}' is unknown: choose one of {', '.join(RUNTIMES)}")
+    return importlib.import_module(RUNTIMES[name]).SPEC
+
+
+def check_threads(threads: int | None) -> None:
+    """The rule of every runtime's thread count (None: the runtime's default, all cores)."""
+    if threads is not None and (isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS):
+        raise BadInput(f"threads must be 1 to {MAX_THREADS} (this machine has {os.cpu_count()} cores), got {threads}")
+
+
+@dataclass(frozen=True)
+class ThreadSettings:
+    """The settings of a runtime whose only option is its thread count (genai, ort-generate)."""
+
+    threads: int | None = None  # intra-op threads; None: the runtime's default
+    FLAGS: ClassVar[dict[str, str]] = {"threads": "--threads"}
 
     def __post_init__(self) -> None:
-        self.check()  # an invalid one cannot be built
-
-    def check(self) -> "RuntimeOptions":
-        if self.name not in RUNTIMES:
-            raise BadInput(f"runtime '{self.name}' is unknown: choose one of {', '.join(RUNTIMES)}")
-        precision = {"fp16": "f16", "fp32": "f32"}.get(self.ov_precision, self.ov_precision)
-        if precision not in OV_PRECISIONS:
-            raise BadInput(f"OpenVINO precision '{self.ov_precision}' is unknown: choose f32, bf16 or fp16")
-        object.__setattr__(self, "ov_precision", precision)
-        if self.name != "openvino" and (self.device != "CPU" or self.ov_precision != "f32"):
-            raise BadInput(f"--device and --ov-precision apply to the openvino runtime, not '{self.name}': drop them")
-        if self.name != "onnxruntime" and self.provider.name != "cpu":
-            raise BadInput(f"--provider applies to the onnxruntime runtime, not '{self.name}': drop it")
-        self.provider.check()
-        return self
+        check_threads(self.threads)  # an invalid one cannot be built
 
     def as_dict(self) -> dict:
-        data = asdict(self)
-        if self.name != "openvino":
-            data.pop("device"), data.pop("ov_precision")
-        return data
+        return dataclasses.asdict(self)
 
 
-@runtime_checkable
-class Stepper(Protocol):
-    """One forward pass at a time, the cache handed back and forth by the caller (:class:`OnnxDecoder`'s shape)."""
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """A runtime and its settings (default: the runtime's defaults), checked when built."""
 
-    runtime: str  # the registry name
-    provider: str  # where it runs, as a label: "cpu", "cuda", "tensorrt", "CPU" (an OpenVINO device)
-    device: str  # "cpu" or "cuda" for device-memory readings
-    device_id: int
-    dummy_past: int  # masked past slots in front of the prompt step (TensorRT); 0 elsewhere
-    vocab_size: int | None
-    n_layer: int
-    n_positions: int | None
+    name: str = "onnxruntime"
+    settings: Any = None
 
-    def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None: ...
-    def check_length(self, total_length: int) -> None: ...
-    def empty_past(
-        self, batch: int, capacity: int | None = None
-    ) -> list: ...  # capacity: prompt + new tokens (preallocating steppers)
-    def prompt_mask(self, attention_mask: np.ndarray) -> np.ndarray: ...
-    def run(
-        self, input_ids, attention_mask, position_ids, past, *, last_logits_only: bool = True
-    ) -> tuple[np.ndarray, list]: ...
-    def step(self, input_ids, attention_mask, position_ids, past) -> tuple[np.ndarray, list[np.ndarray]]: ...
+    def __post_init__(self) -> None:
+        spec = runtime_spec(self.name)
+        if self.settings is None:
+            object.__setattr__(self, "settings", spec.settings())
+        elif not isinstance(self.settings, spec.settings):
+            raise BadInput(
+                f"{type(self.settings).__name__} are not the {self.name} runtime's settings: give a"
+                f" {spec.settings.__name__}"
+            )
 
+    def check(self) -> RuntimeOptions:  # built checked: kept for callers of the earlier API
+        return self
 
-@dataclass
-class LoopResult:
-    """One run of a runtime-owned loop on a single prompt."""
+    @property
+    def spec(self) -> RuntimeSpec:
+        return runtime_spec(self.name)
 
-    tokens: list[int]  # new tokens (forced ones included when forcing)
-    step_seconds: list[float]  # [0] is the prompt step
-    logits: list[np.ndarray] = field(default_factory=list)  # per forward pass: [positions, vocab]
-    peak_bytes: int | None = None  # peak resident memory of the process that ran it (a worker's own)
-    sequences: list[list[int]] = field(default_factory=list)  # beam search: new tokens per returned beam, best first
+    @property
+    def threads(self) -> int | None:
+        return getattr(self.settings, "threads", None)
 
+    def requires(self, capability: str, what: str) -> None:
+        """Refuse, before anything is opened, a use the runtime cannot serve (``what``: the use, for the message)."""
+        if not getattr(self.spec.capabilities, capability):
+            raise BadInput(f"the {self.name} runtime cannot serve {what}: use --runtime onnxruntime")
 
-@runtime_checkable
-class LoopRunner(Protocol):
-    """A runtime that owns the generation loop and its cache (no presents are exposed)."""
-
-    runtime: str
-    provider: str
-    device: str
-    device_id: int
-    vocab_size: int | None
-    n_layer: int
-    n_positions: int | None
-
-    def run_loop(
-        self,
-        prompt: list[int],
-        *,
-        max_new_tokens: int,
-        forced: list[int] | None = None,
-        return_logits: bool = False,
-        search: dict[str, Any] | None = None,
-    ) -> LoopResult: ...
-    def close(self) -> None: ...
+    def as_dict(self) -> dict:
+        return {"name": self.name, "settings": self.settings.as_dict()}
 
 
-def open_runtime(model, options: RuntimeOptions) -> Runtime:
+def runtime_options(names: list[str], flags: dict[str, Any]) -> list[RuntimeOptions]:
+    """The runtimes ``names``, each with its settings built from the command-line options it takes.
+
+    ``flags``: option → value, as given (``--threads``: 2); an option at its default is taken as not given. One
+    given that none of the runtimes takes is refused, naming the runtime that does."""
+    specs = [runtime_spec(name) for name in names]
+    every = [runtime_spec(name) for name in RUNTIMES]
+    defaults = {
+        flag: f.default for s in every for f in dataclasses.fields(s.settings) if (flag := s.settings.FLAGS.get(f.name))
+    }
+    given = {flag: value for flag, value in flags.items() if flag not in defaults or value != defaults[flag]}
+    for flag in given:
+        owners = [s.name for s in every if flag in s.settings.FLAGS.values()]
+        if not owners:
+            raise BadInput(f"{flag} is not an option of any runtime")
+        if not any(s.name in owners for s in specs):
+            raise BadInput(
+                f"{flag} applies to the {' and '.join(owners)} runtime, not {', '.join(names)}: choose"
+                f" --runtime {owners[0]}, or drop {flag}"
+            )
+    options = []
+    for spec in specs:
+        fields = {name: given[flag] for name, flag in spec.settings.FLAGS.items() if flag in given}
+        options.append(RuntimeOptions(spec.name, spec.settings(**fields)))
+    return options
+
+
+def open_runtime(model: ModelFolder, options: RuntimeOptions) -> Runtime:
     """Open ``model`` (an opened :class:`~gpt2onnx.artifact.folder.ModelFolder`) on the runtime ``options`` names."""
-    options = options.check()
-    module = importlib.import_module(f"gpt2onnx.runtimes.{RUNTIMES[options.name]}")
-    return module.open_runtime(model, options)
+    return options.spec.open(model, options.settings)
 
 
 def parse_runtimes(value: str) -> list[str]:
@@ -156,11 +175,8 @@ def parse_runtimes(value: str) -> list[str]:
     return names
 
 
-class Runtime:
-    """What every runtime is: its labels, the model's numbers, its capabilities, and the prompt checks.
-
-    Subclasses set the class attributes that apply and implement the Stepper (run, step, empty_past,
-    prompt_mask) or LoopRunner (run_loop) methods their capabilities promise."""
+class Runtime(ABC):
+    """What every runtime is: its labels, the model's numbers, its capabilities, and the prompt checks."""
 
     runtime: str  # the registry name
     provider: str  # where it runs, as a label: "cpu", "cuda", "tensorrt", "CPU" (an OpenVINO device)
@@ -169,6 +185,7 @@ class Runtime:
     dummy_past: int = 0  # masked past slots in front of the prompt step (TensorRT); 0 elsewhere
     capabilities: Capabilities = Capabilities()
     placement = None  # onnxruntime: which provider got each node (an artifact.report.Placement); None elsewhere
+    tf32: bool | None = None  # onnxruntime on a GPU: whether fp32 matmuls may use TF32; None elsewhere
     version: str | None = None  # the runtime library's version
     mode: str = "in-process"  # or "worker (<python>)" where the runtime runs in another process
     vocab_size: int | None
@@ -188,11 +205,6 @@ class Runtime:
     def close(self) -> None:
         """Free what the runtime holds (a worker process, temporary files); a no-op where it holds nothing."""
 
-    def reorder_past(self, past: list, rows: np.ndarray) -> list:
-        """Beam search's reorder: the cache with its batch rows picked (``rows``, repeats allowed). This default
-        gathers host arrays (OpenVINO); onnxruntime's steppers keep it on their device."""
-        return [np.ascontiguousarray(p[np.asarray(rows, dtype=np.int64)]) for p in past]
-
     def check_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> None:
         """Token ids outside the vocabulary would make CUDA's Gather read garbage without an error."""
         ids = input_ids if attention_mask is None else input_ids[attention_mask[:, -input_ids.shape[1] :] > 0]
@@ -206,3 +218,111 @@ class Runtime:
                 f"prompt plus new tokens is {total_length} tokens, beyond the model's context of {self.n_positions}:"
                 " shorten the prompt or ask for fewer new tokens"
             )
+
+
+class StepRuntime(Runtime):
+    """One forward pass at a time, the cache handed back and forth by the caller."""
+
+    @abstractmethod
+    def empty_past(self, batch: int, capacity: int | None = None) -> list:
+        """The prompt step's past; ``capacity`` (prompt + new tokens) for steppers that preallocate."""
+
+    @abstractmethod
+    def prompt_mask(self, attention_mask: np.ndarray) -> np.ndarray:
+        """The prompt's mask as the runtime takes it (masked dummy past slots in front where it needs them)."""
+
+    @abstractmethod
+    def run(self, input_ids, attention_mask, position_ids, past, *, last_logits_only: bool = True) -> tuple:
+        """One step: (logits as numpy, the last position only unless asked otherwise; the presents)."""
+
+    @abstractmethod
+    def step(self, input_ids, attention_mask, position_ids, past) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One step with everything on the host: (all logits, presents as numpy arrays)."""
+
+    def reorder_past(self, past: list, rows: np.ndarray) -> list:
+        """Beam search's reorder: the cache with its batch rows picked (``rows``, repeats allowed). This default
+        gathers host arrays (OpenVINO); onnxruntime's steppers keep it on their device."""
+        return [np.ascontiguousarray(p[np.asarray(rows, dtype=np.int64)]) for p in past]
+
+    def past_of_length(self, batch: int, length: int, *, capacity: int | None = None) -> list:
+        """A zero-filled past of ``length`` tokens, for timing a step there (where ``capabilities.past_of_length``)."""
+        raise BadInput(f"the {self.runtime} runtime cannot time a step at a given past (--past): drop --past")
+
+
+@dataclass
+class LoopResult:
+    """One run of a runtime-owned loop on a single prompt, tokens forced or generated."""
+
+    tokens: list[int]  # new tokens (forced ones included when forcing)
+    step_seconds: list[float]  # [0] is the prompt step
+    logits: list[np.ndarray] = field(default_factory=list)  # per forward pass: [positions, vocab]
+    peak_bytes: int | None = None  # peak resident memory of the process that ran it (a worker's own)
+    sequences: list[list[int]] = field(default_factory=list)  # beam search: new tokens per returned beam, best first
+
+
+@dataclass
+class Continuations:
+    """What a runtime-owned loop gave a batch: per prompt, the new tokens of its sequences (best first), each step's
+    seconds summed over the prompts, and the sequences' scores where the runtime gives transformers' ones."""
+
+    sequences: list[list[list[int]]]
+    step_seconds: list[float]
+    scores: np.ndarray | None = None
+
+
+class LoopRuntime(Runtime):
+    """A runtime that owns the generation loop and its cache (no presents are exposed)."""
+
+    capabilities = Capabilities(owns_loop=True, presents=False)
+
+    @abstractmethod
+    def continue_prompts(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        decoding: Decoding,
+        eos_token_ids: tuple[int, ...],
+    ) -> Continuations:
+        """Continue the prompts (their real tokens, checked by the caller) as transformers' generate() would,
+        refusing in one line (BadInput) a setting the runtime cannot apply as transformers does."""
+
+    def generate(
+        self,
+        input_ids: np.ndarray,
+        mask: np.ndarray,
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        decoding: Decoding,
+        eos_token_ids: tuple[int, ...],
+        pad_token_id: int | None,
+        stop: Callable[[list[int]], bool] | None = None,
+        on_step: Callable[[int, np.ndarray], None] | None = None,
+    ) -> Generation:
+        """A left-padded batch (checked by the caller) through the runtime's loop, as the decode loop returns it:
+        rows cut at their end-of-sequence or stop string, ``on_step`` called once the loop has finished."""
+        prompts = [row[m > 0].tolist() for row, m in zip(input_ids, mask)]
+        found = self.continue_prompts(
+            prompts, max_new_tokens=max_new_tokens, sampling=sampling, decoding=decoding, eos_token_ids=eos_token_ids
+        )
+        generation = loop_generation(
+            prompts,
+            found.sequences,
+            eos_token_ids=eos_token_ids,
+            pad_token_id=pad_token_id,
+            stop=stop,
+            decoding=decoding,
+            step_seconds=found.step_seconds,
+            on_step=on_step,
+        )
+        generation.scores = found.scores
+        return generation
+
+    def run_loop(
+        self, prompt: list[int], *, max_new_tokens: int, forced: list[int] | None = None, return_logits: bool = False
+    ) -> LoopResult:
+        """One prompt, greedily or with ``forced`` tokens, with each forward pass's logits and time (where
+        ``capabilities.steps``)."""
+        raise RuntimeUnavailable(f"the {self.runtime} runtime gives no per-step logits or times: use onnxruntime")

@@ -35,11 +35,13 @@ from typing import Callable
 
 import numpy as np
 
-from gpt2onnx.artifact.folder import generation_token_ids, open_folder
+from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
-from gpt2onnx.runtimes.base import Runtime, RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.base import RuntimeOptions, StepRuntime, open_runtime
 from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, position_ids_for
-from gpt2onnx.runtimes.decoding import Decoding, Sampling, draw, process_scores
+from gpt2onnx.runtimes.decoding import Decoding, Sampling, check_new_tokens, check_pair, draw, process_scores
+from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.runtimes.logits import StopStrings
 from gpt2onnx.runtimes.prompts import MAX_TOKEN_ID, TextStream, has_tokenizer, left_pad
 from gpt2onnx.runtimes.providers import ProviderConfig
@@ -176,7 +178,7 @@ class BatchingEngine:
 
     def __init__(
         self,
-        decoder: Runtime,
+        decoder: StepRuntime,
         *,
         tokenizer=None,
         eos_token_ids: tuple[int, ...] = (),
@@ -232,8 +234,9 @@ class BatchingEngine:
             from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
 
             tokenizer = load_gpt2_tokenizer(model.folder) if has_tokenizer(model.folder) else None
-        eos_ids, pad = generation_token_ids(model.folder)
-        decoder = open_runtime(model, RuntimeOptions(provider=provider))
+        generation = read_generation_config(model.folder, vocab_size=model.facts.vocab_size)
+        eos_ids, pad = generation.eos_token_ids, generation.pad_token_id
+        decoder = open_runtime(model, RuntimeOptions(settings=provider))
         return cls(decoder, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_token_id=pad, max_batch=max_batch)
 
     def __enter__(self) -> "BatchingEngine":
@@ -267,10 +270,8 @@ class BatchingEngine:
         called on the engine's thread with each event (it must be quick: the batch waits for it); without it,
         iterate the returned stream."""
         ids = self.encode(prompt) if isinstance(prompt, str) else self._checked_ids(prompt)
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise BadInput(f"max_new_tokens must be a whole number of at least 1, got {max_new_tokens!r}")
-        sampling.check()
-        decoding.check(sampling)
+        check_new_tokens(max_new_tokens)
+        check_pair(sampling, decoding)
         if decoding.num_return_sequences > 1:
             raise BadInput("num_return_sequences above 1 is not served: send one request per sequence (with seeds)")
         if decoding.stop and self.tokenizer is None:
@@ -509,8 +510,6 @@ class BatchingEngine:
 
     # -- beam search, one request at a time beside the batch --------------------------------------------------
     def _beam_loop(self) -> None:
-        from gpt2onnx.runtimes.generate import decode
-
         while True:
             request = self._beams.get()
             if request is None:

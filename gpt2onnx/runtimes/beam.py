@@ -65,6 +65,8 @@ def _gather(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return np.take_along_axis(array, index, axis=1)
 
 
+# 146 lines, on purpose: transformers' _beam_search ported step for step (its names in the comments), kept in one
+# piece so that it reads beside its source; split, the two could no longer be compared line by line.
 def beam_search(
     decoder,
     input_ids: np.ndarray,

@@ -24,7 +24,7 @@ from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.artifact.graph import SHARED_CACHE_OP, load_graph
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
-from gpt2onnx.runtimes.base import Capabilities, Runtime
+from gpt2onnx.runtimes.base import Capabilities, StepRuntime
 from gpt2onnx.runtimes.providers import (
     DEVICE_TYPES,
     TRT_DUMMY_PAST,
@@ -78,7 +78,6 @@ def check_shared_cache_provider(provider: str) -> None:
 def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     """A session on the provider (checked: no silent fallback, no compute node on the CPU under cuda or tensorrt),
     wrapped as the decoder its graph needs."""
-    provider = provider.check()
     # The contract comes from the file first (read once): the TensorRT profile is built from its names and dims.
     graph = load_graph(model.model_path)
     shared = shares_cache(graph)  # the graph, not the manifest (open_folder checked the position table)
@@ -122,7 +121,7 @@ def gather_session(count: int, kv_dtype, device: str, device_id: int = 0) -> ort
     return ort.InferenceSession(model.SerializeToString(), providers=providers)
 
 
-class OnnxDecoder(Runtime):
+class OnnxDecoder(StepRuntime):
     """The Stepper on an onnxruntime session: present = past + the new K/V, a new tensor every step."""
 
     runtime = "onnxruntime"

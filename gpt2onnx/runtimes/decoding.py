@@ -6,6 +6,7 @@ beam search (:mod:`gpt2onnx.runtimes.beam`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -14,9 +15,14 @@ from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import logits
 
 
+def _set(**options) -> list[str]:
+    """The names of the options given (True, or a value that is not None): those a mode would ignore."""
+    return [name for name, value in options.items() if value is not None and value is not False]
+
+
 @dataclass(frozen=True)
 class Sampling:
-    """Greedy unless ``sample`` is set."""
+    """Greedy unless ``sample`` is set. Checked when built (the rules between it and a Decoding: check_pair)."""
 
     sample: bool = False
     temperature: float = 1.0
@@ -24,21 +30,11 @@ class Sampling:
     top_p: float = 1.0  # 1.0: no nucleus filter
     seed: int | None = None
 
-    def __post_init__(self) -> None:
-        self.check()  # an invalid one cannot be built
-
-    def check(self) -> None:
+    def __post_init__(self) -> None:  # an invalid one cannot be built
         if not self.sample:
-            ignored = [
-                name
-                for name, on in (
-                    ("temperature", self.temperature != 1.0),
-                    ("top_k", self.top_k != 0),
-                    ("top_p", self.top_p != 1.0),
-                    ("seed", self.seed is not None),
-                )
-                if on
-            ]
+            ignored = _set(
+                temperature=self.temperature != 1.0, top_k=self.top_k != 0, top_p=self.top_p != 1.0, seed=self.seed
+            )
             if ignored:
                 raise BadInput(
                     f"{', '.join(ignored)} only apply when sampling: turn sampling on (--sample), or drop them"
@@ -56,10 +52,11 @@ EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
 
 @dataclass(frozen=True)
 class Decoding:
-    """transformers' generate() options beyond sampling, with its names, defaults and semantics.
+    """transformers' generate() options beyond sampling, with its names, defaults and semantics; checked when built.
 
     ``num_beams`` > 1 is beam search (:mod:`gpt2onnx.runtimes.beam`); ``early_stopping`` is True, False or
-    "never"; ``stop``: strings that end a row (needs the folder's tokenizer)."""
+    "never" (also as the words true, false, never); ``stop``: strings that end a row (needs the folder's
+    tokenizer)."""
 
     num_beams: int = 1
     length_penalty: float = 1.0
@@ -70,15 +67,7 @@ class Decoding:
     min_new_tokens: int = 0
     stop: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
-        self.check(None)  # an invalid one cannot be built; with sampling, generate checks the pair again
-
-    @property
-    def beams(self) -> bool:
-        return self.num_beams > 1
-
-    def check(self, sampling: Sampling | None = Sampling()) -> "Decoding":
-        """Refuse invalid settings; ``sampling``: the pair's checks too (None: the settings alone)."""
+    def __post_init__(self) -> None:  # an invalid one cannot be built
         for name in (
             "num_beams",
             "num_return_sequences",
@@ -88,35 +77,48 @@ class Decoding:
             "min_new_tokens",
         ):
             check_option(name, getattr(self, name))
-        if sampling is not None and self.num_return_sequences > max(self.num_beams, 2**31 if sampling.sample else 1):
+        early = self.early_stopping
+        if isinstance(early, str) and not isinstance(early, bool):
+            early = EARLY_STOPPING.get(early.lower(), early)
+        if early not in (True, False, "never"):
             raise BadInput(
-                f"num_return_sequences (--num-return-sequences) {self.num_return_sequences} must be 1 to num_beams"
-                f" ({self.num_beams}) with beam search, 1 with greedy decoding: raise --num-beams, or sample"
+                f"--early-stopping must be true, false or never (early_stopping), got {self.early_stopping!r}"
             )
-        if self.beams and sampling is not None and sampling.sample:
-            raise BadInput("beam sampling (--num-beams with --sample) is not offered: drop one of them")
+        object.__setattr__(self, "early_stopping", early)
+        object.__setattr__(self, "stop", tuple(self.stop))
         if not self.beams:
-            ignored = [
-                name
-                for name, on in (
-                    ("length_penalty (--length-penalty)", self.length_penalty != 1.0),
-                    ("early_stopping (--early-stopping)", self.early_stopping is not False),
-                )
-                if on
-            ]
+            ignored = _set(length_penalty=self.length_penalty != 1.0, early_stopping=self.early_stopping is not False)
+            ignored = [f"{name} (--{name.replace('_', '-')})" for name in ignored]
             if ignored:
                 raise BadInput(
                     f"{' and '.join(ignored)} only {'apply' if len(ignored) > 1 else 'applies'} to beam search:"
                     " give --num-beams 2 or more"
                 )
-        if self.early_stopping not in (True, False, "never"):
-            raise BadInput(f"early_stopping (--early-stopping) must be true, false or never, got {self.early_stopping}")
         if any(not s for s in self.stop):
             raise BadInput("a stop string (--stop) is empty: give some text")
-        return self
+
+    @property
+    def beams(self) -> bool:
+        return self.num_beams > 1
 
     def processors_on(self) -> bool:
         return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or self.min_new_tokens > 0
+
+    @property
+    def rows_per_prompt(self) -> int:
+        """The rows a prompt takes in the decode loop: its beams, or its returned sequences."""
+        return max(self.num_beams, self.num_return_sequences)
+
+
+def check_pair(sampling: Sampling, decoding: Decoding) -> None:
+    """The rules between sampling and decoding, applied where the two meet (generate, decode, a served request)."""
+    if decoding.num_return_sequences > max(decoding.num_beams, 2**31 if sampling.sample else 1):
+        raise BadInput(
+            f"num_return_sequences (--num-return-sequences) {decoding.num_return_sequences} must be 1 to num_beams"
+            f" ({decoding.num_beams}) with beam search, 1 with greedy decoding: raise --num-beams, or sample"
+        )
+    if decoding.beams and sampling.sample:
+        raise BadInput("beam sampling (--num-beams with --sample) is not offered: drop one of them")
 
 
 @dataclass
@@ -174,3 +176,58 @@ def next_tokens(logits_last: np.ndarray, sampling: Sampling, rng: np.random.Gene
     if not sampling.sample:
         return logits_last.argmax(-1)
     return draw(warp(logits_last, sampling), rng)
+
+
+def loop_generation(
+    prompts: list[list[int]],
+    sequences: list[list[list[int]]],
+    *,
+    eos_token_ids: tuple[int, ...],
+    pad_token_id: int | None,
+    stop: Callable[[list[int]], bool] | None,
+    decoding: Decoding,
+    step_seconds: list[float],
+    on_step: Callable[[int, np.ndarray], None] | None = None,
+) -> Generation:
+    """What a runtime that owns its loop returned (per prompt, the new tokens of its sequences, best first) as the
+    decode loop returns it: ``num_return_sequences`` rows per prompt, each cut after its first end-of-sequence id
+    or where a stop string ends (what stopping there would have given), padded with the pad id. ``on_step`` is
+    called after the loop, not while it runs (not with beam search)."""
+    fill = pad_token_id if pad_token_id is not None else 0
+    rows, finished = [], []
+    for prompt, found in zip(prompts, sequences):
+        for tokens in found[: decoding.num_return_sequences]:
+            ended = False
+            for i, token in enumerate(tokens):
+                if token in eos_token_ids or (stop is not None and stop(prompt + tokens[: i + 1])):
+                    tokens, ended = tokens[: i + 1], True
+                    break
+            finished.append(ended)
+            rows.append(tokens)
+    width = max(len(r) for r in rows)
+    tokens = np.array([r + [fill] * (width - len(r)) for r in rows], dtype=np.int64)
+    if on_step is not None and not decoding.beams:
+        for step in range(width):
+            on_step(step, tokens[:, step])
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    return Generation(tokens, np.array(finished), step_seconds, None, decoding.num_return_sequences, lengths)
+
+
+MAX_BATCH_TOKENS = 1 << 20  # rows × total length: beyond this the logits and cache would not fit in memory
+
+
+def check_new_tokens(max_new_tokens: int) -> None:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise BadInput(f"max_new_tokens must be at least 1 (a whole number), got {max_new_tokens!r}")
+
+
+def check_request_size(batch: int, prompt_length: int, max_new_tokens: int, decoding: Decoding) -> int:
+    """The rows a request takes (prompts × beams or returned sequences), refused past MAX_BATCH_TOKENS tokens at
+    once; returns the rows."""
+    rows = batch * decoding.rows_per_prompt
+    if rows * (prompt_length + max_new_tokens) > MAX_BATCH_TOKENS:
+        raise BadInput(
+            f"{rows} rows (batch × beams) × {prompt_length + max_new_tokens} tokens is more than"
+            f" {MAX_BATCH_TOKENS:,} tokens at once: use a smaller batch, fewer beams or fewer tokens"
+        )
+    return rows

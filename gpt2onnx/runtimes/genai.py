@@ -1,7 +1,7 @@
 """The onnxruntime-genai runtime: genai's own C++ generation loop on the folder's genai_config.json.
 
-- The config: always the one the genai deployment target writes (:mod:`gpt2onnx.deploy.genai`, from the graph
-  and the configs), in a temporary overlay (the model files linked, the config beside them); the folder is
+- The config: always the one the genai deployment target writes (:mod:`gpt2onnx.artifact.genai_config`, from the
+  graph and the configs), in a temporary overlay (the model files linked, the config beside them); the folder is
   left untouched, and its own genai_config.json, if any, is never passed to genai.
 - Where genai runs: in this process when ``import onnxruntime_genai`` works here; otherwise in a worker
   process (:mod:`gpt2onnx.runtimes.genai_worker`, numpy and onnxruntime_genai only) under the Python named by
@@ -10,6 +10,7 @@
   the CPU onnxruntime over onnxruntime-gpu.
 - genai runs one prompt at a time here (it pads batches on the right, our contract pads on the left): a batch
   is run row by row. It exposes logits but no presents.
+- Its search options: what its loop can do as transformers does (:func:`genai_search`); the rest is refused.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2onnx.artifact import genai_config as config_writer
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.artifact import genai_config as deploy_genai
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
-from gpt2onnx.runtimes.base import Capabilities, LoopResult, Runtime
+from gpt2onnx.runtimes.base import Continuations, LoopResult, LoopRuntime, RuntimeSpec, ThreadSettings
 from gpt2onnx.runtimes.decoder import file_shape
+from gpt2onnx.runtimes.decoding import Decoding, Sampling
 
-CONFIG_FILE = "genai_config.json"
+CONFIG_FILE = config_writer.CONFIG_NAME
 PYTHON_ENV = "GPT2ONNX_GENAI_PYTHON"
 INSTALL = (
     "python3 -m venv .venv-genai && .venv-genai/bin/pip install onnxruntime-genai numpy (or: bash scripts/setup.sh),"
@@ -39,10 +41,14 @@ INSTALL = (
 WORKER = Path(__file__).with_name("genai_worker.py")
 
 
+class GenaiSettings(ThreadSettings):
+    """genai's settings: its intra-op thread count (None: genai's default)."""
+
+
 def genai_config(model: ModelFolder, *, threads: int | None = None) -> dict:
-    """The folder's genai_config.json as the genai deployment target writes it (:mod:`gpt2onnx.deploy.genai`),
+    """The folder's genai_config.json as the genai deployment target writes it (:mod:`gpt2onnx.artifact.genai_config`),
     with ``threads`` as genai's intra-op thread count."""
-    config = deploy_genai.genai_config(model.folder, filename=model.model_path.name)
+    config = config_writer.genai_config(model.folder, filename=model.model_path.name)
     if threads:
         config["model"]["decoder"]["session_options"]["intra_op_num_threads"] = threads
     return config
@@ -50,7 +56,7 @@ def genai_config(model: ModelFolder, *, threads: int | None = None) -> dict:
 
 def config_folder(model: ModelFolder, tmp: Path, *, threads: int | None = None) -> tuple[Path, bool]:
     """The folder genai opens: always an overlay in ``tmp`` holding the config we write (from the graph and the
-    configs, :mod:`gpt2onnx.deploy.genai`) and links to exactly the files the graph loads (model.onnx and the
+    configs, :mod:`gpt2onnx.artifact.genai_config`) and links to exactly the files the graph loads (model.onnx and the
     external data it names, checked to lie inside the folder), or copies where links are refused. The folder's
     own genai_config.json is never passed to genai: its session options could load a library
     (custom_ops_library), write files (enable_profiling) or run another model (decoder.filename).
@@ -84,13 +90,13 @@ def in_process() -> bool:
     return True
 
 
-def open_runtime(model: ModelFolder, options) -> "GenaiRunner":
+def open_runtime(model: ModelFolder, settings: GenaiSettings) -> "GenaiRunner":
     shape = file_shape(model.model_path, model.n_positions)
     if shape.kv_dtype not in ("float32", "float16"):
         raise RuntimeUnavailable(f"onnxruntime-genai cannot run a {shape.kv_dtype} cache")
     tmp = Path(tempfile.mkdtemp(prefix="gpt2onnx-genai-"))
     try:
-        folder, overlay = config_folder(model, tmp, threads=options.provider.threads)
+        folder, overlay = config_folder(model, tmp, threads=settings.threads)
         backend = _InProcess(folder) if in_process() else _Worker(folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -98,11 +104,10 @@ def open_runtime(model: ModelFolder, options) -> "GenaiRunner":
     return GenaiRunner(backend, shape, model, tmp=tmp, overlay=overlay)
 
 
-class GenaiRunner(Runtime):
-    """The :class:`~gpt2onnx.runtimes.base.LoopRunner` interface on onnxruntime-genai."""
+class GenaiRunner(LoopRuntime):
+    """The :class:`~gpt2onnx.runtimes.base.LoopRuntime` interface on onnxruntime-genai."""
 
     runtime = "genai"
-    capabilities = Capabilities(owns_loop=True, presents=False)
 
     def __init__(self, backend, shape, model: ModelFolder, *, tmp: Path, overlay: bool):
         self.backend, self.shape, self.tmp = backend, shape, tmp
@@ -113,6 +118,7 @@ class GenaiRunner(Runtime):
         self.mode = backend.mode  # "in-process" or "worker (<python>)"
 
     def run_loop(self, prompt, *, max_new_tokens, forced=None, return_logits=False, search=None) -> LoopResult:
+        """One prompt through genai's loop: greedy (or ``search``, genai's options), or ``forced`` tokens."""
         needed = len(prompt) + (len(forced) if forced is not None else max_new_tokens)
         self.check_length(needed)
         request = {
@@ -127,6 +133,25 @@ class GenaiRunner(Runtime):
         return LoopResult(
             out["tokens"], out["step_seconds"], out.get("logits", []), out.get("peak_bytes"), out.get("sequences", [])
         )
+
+    def continue_prompts(self, prompts, *, max_new_tokens, sampling, decoding, eos_token_ids) -> Continuations:
+        """Each prompt on its own (genai pads on the right, our batches are left-padded); ``step_seconds[k]`` is
+        the sum over prompts of step k. Beam search runs genai's own; its scores are not exposed."""
+        search = genai_search(sampling, decoding, self.vocab_size)
+        sequences, seconds = [], []
+        for prompt in prompts:
+            result = self.run_loop(prompt, max_new_tokens=max_new_tokens, search=search)
+            found = result.sequences or [result.tokens]
+            if (
+                result.sequences and eos_token_ids
+            ):  # genai's finished beams leave out their eos; transformers' end on it
+                eos = eos_token_ids[0]
+                found = [t + [eos] if len(t) < max_new_tokens and t[-1:] != [eos] else t for t in found]
+            sequences.append(found)
+            seconds += [0.0] * (len(result.step_seconds) - len(seconds))
+            for k, value in enumerate(result.step_seconds):
+                seconds[k] += value
+        return Continuations(sequences, seconds)
 
     def close(self) -> None:
         self.backend.close()
@@ -226,4 +251,54 @@ class _Worker:
         self.process = None
 
 
-__all__ = ["GenaiRunner", "config_folder", "genai_config", "genai_python"]
+# what onnxruntime-genai's own loop takes from Decoding: our option → its search option
+GENAI_SEARCH = {
+    "num_beams": "num_beams",
+    "length_penalty": "length_penalty",
+    "num_return_sequences": "num_return_sequences",
+}
+
+
+def genai_search(sampling: Sampling, decoding: Decoding, vocab_size: int | None) -> dict:
+    """genai's search options for our settings, refusing (one line) what its loop cannot do as transformers."""
+    refused = [
+        (decoding.no_repeat_ngram_size > 0, "--no-repeat-ngram-size"),
+        (decoding.min_new_tokens > 0, "--min-new-tokens"),
+        (decoding.early_stopping == "never", "--early-stopping never"),
+        (decoding.beams and bool(decoding.stop), "--stop with beam search"),
+        # genai penalises the logits before its beam scores' log-softmax; transformers the log-probabilities
+        (decoding.beams and decoding.repetition_penalty != 1.0, "--repetition-penalty with beam search"),
+        (sampling.sample and decoding.num_return_sequences > 1, "--num-return-sequences with sampling"),
+    ]
+    for bad, option in refused:
+        if bad:
+            raise BadInput(
+                f"the genai runtime cannot do {option} as transformers does: use --runtime onnxruntime, or drop it"
+            )
+    search = {}
+    if sampling.sample:
+        search = {
+            "do_sample": True,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k or (vocab_size or 50257),
+        }
+        if sampling.seed is not None:
+            search["random_seed"] = int(sampling.seed % 2**31)
+    if decoding.beams:
+        search.update({theirs: getattr(decoding, ours) for ours, theirs in GENAI_SEARCH.items()})
+        search["early_stopping"] = bool(decoding.early_stopping)
+    if decoding.repetition_penalty != 1.0:  # greedy: as transformers 5 on each row alone (tested)
+        search["repetition_penalty"] = decoding.repetition_penalty
+    return search
+
+
+SPEC = RuntimeSpec(
+    name="genai",
+    summary="onnxruntime-genai: its own C++ generation loop on the folder (in .venv-genai's worker where needed)",
+    settings=GenaiSettings,
+    open=open_runtime,
+    capabilities=GenaiRunner.capabilities,
+)
+
+__all__ = ["GenaiRunner", "GenaiSettings", "config_folder", "genai_config", "genai_python", "genai_search"]

@@ -19,14 +19,18 @@ from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import logits
-from gpt2onnx.runtimes.base import LoopRunner, Runtime, RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.base import LoopRuntime, RuntimeOptions, StepRuntime, open_runtime
 from gpt2onnx.runtimes.beam import beam_search, beam_search_bytes
 from gpt2onnx.runtimes.decoder import position_ids_for
 from gpt2onnx.runtimes.decoding import (  # noqa: F401 - re-exported: the public names live here too
     EARLY_STOPPING,
+    MAX_BATCH_TOKENS,
     Decoding,
     Generation,
     Sampling,
+    check_new_tokens,
+    check_pair,
+    check_request_size,
     draw,
     next_tokens,
     process_scores,
@@ -43,29 +47,23 @@ from gpt2onnx.runtimes.prompts import (
 )
 from gpt2onnx.runtimes.providers import ProviderConfig
 
-MAX_BATCH_TOKENS = 1 << 20  # batch × total length: beyond this the logits and cache would not fit in memory
 
-
-def _checked(decoder, input_ids, attention_mask, max_new_tokens: int, sampling: Sampling, decoding: Decoding):
-    """The prompt batch and its mask, refused where no runtime could run it."""
+def _checked(decoder, input_ids, attention_mask, max_new_tokens: int, decoding: Decoding, eos_token_ids):
+    """The prompt batch and its mask, refused where no runtime could run it, or this machine could not hold it."""
     input_ids = np.asarray(input_ids, dtype=np.int64)
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise BadInput("the prompt is empty: give at least one token")
-    if max_new_tokens < 1:
-        raise BadInput(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    rows = input_ids.shape[0] * max(decoding.num_beams, decoding.num_return_sequences)
-    if rows * (input_ids.shape[1] + max_new_tokens) > MAX_BATCH_TOKENS:
-        raise BadInput(
-            f"{rows} rows (batch × beams) × {input_ids.shape[1] + max_new_tokens} tokens is more than"
-            f" {MAX_BATCH_TOKENS:,} tokens at once: use a smaller batch, fewer beams or fewer tokens"
-        )
+    check_new_tokens(max_new_tokens)
+    batch, prompt_length = input_ids.shape
+    rows = check_request_size(batch, prompt_length, max_new_tokens, decoding)
     mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
     if (mask.sum(-1) == 0).any():
         raise BadInput("a prompt row is all padding: every row needs at least one token")
-    sampling.check()
-    decoding.check(sampling)
     decoder.check_ids(input_ids, mask)
-    decoder.check_length(input_ids.shape[1] + max_new_tokens)
+    total = prompt_length + max_new_tokens
+    decoder.check_length(total)
+    search = beam_search_bytes(batch, decoding, total, max_new_tokens, decoder.vocab_size, eos_token_ids)
+    decoder.check_memory(rows, prompt_length, total, what="prompt batch", extra_bytes=search)
     return input_ids, mask
 
 
@@ -76,7 +74,7 @@ def as_ids(eos_token_id) -> tuple[int, ...]:
 
 
 def decode(
-    decoder: Runtime,
+    decoder: StepRuntime | LoopRuntime,
     input_ids: np.ndarray,
     attention_mask: np.ndarray | None = None,
     *,
@@ -93,33 +91,40 @@ def decode(
     ``eos_token_id``: one id or several; ``pad_token_id`` fills rows that stopped (default: the first eos id, as
     transformers does); ``stop(tokens)``: True where a row's real tokens so far end it (stop strings).
     ``on_step(step, ids)`` is called with each step's new ids, for streaming (not with beam search)."""
-    input_ids, mask = _checked(decoder, input_ids, attention_mask, max_new_tokens, sampling, decoding)
+    check_pair(sampling, decoding)
+    return _decode(
+        decoder,
+        input_ids,
+        attention_mask,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        decoding=decoding,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        stop=stop,
+        on_step=on_step,
+    )
+
+
+def _decode(
+    decoder, input_ids, attention_mask, *, max_new_tokens, sampling, decoding, eos_token_id, pad_token_id, stop, on_step
+) -> Generation:
+    """decode() with its options already checked as a pair: greedy or sampled steps, beam search, or the
+    runtime's own loop."""
     eos_ids = as_ids(eos_token_id)
+    input_ids, mask = _checked(decoder, input_ids, attention_mask, max_new_tokens, decoding, eos_ids)
     pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else None)
+    common = dict(max_new_tokens=max_new_tokens, decoding=decoding, eos_token_ids=eos_ids, pad_token_id=pad, stop=stop)
     if decoder.capabilities.owns_loop:
-        return decode_loop(
-            decoder,
-            input_ids,
-            mask,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            decoding=decoding,
-            eos_token_ids=eos_ids,
-            pad_token_id=pad,
-            stop=stop,
-            on_step=on_step,
-        )
+        return decoder.generate(input_ids, mask, sampling=sampling, on_step=on_step, **common)
     if decoding.beams:
-        return beam_search(
-            decoder,
-            input_ids,
-            mask,
-            max_new_tokens=max_new_tokens,
-            decoding=decoding,
-            eos_token_ids=eos_ids,
-            pad_token_id=pad,
-            stop=stop,
-        )
+        return beam_search(decoder, input_ids, mask, **common)
+    return _steps(decoder, input_ids, mask, sampling=sampling, on_step=on_step, **common)
+
+
+def _steps(decoder, input_ids, mask, *, max_new_tokens, sampling, decoding, eos_token_ids, pad_token_id, stop, on_step):
+    """Greedy or sampled decoding on a stepper, one token per row per step, the logits processors applied."""
+    eos_ids, pad = eos_token_ids, pad_token_id
     copies = decoding.num_return_sequences
     if copies > 1:  # transformers expands the inputs: each prompt once per returned sequence
         input_ids, mask = np.repeat(input_ids, copies, axis=0), np.repeat(mask, copies, axis=0)
@@ -176,101 +181,6 @@ def decode(
         out, past = decoder.run(next_ids, full_mask, positions, past)
         seconds.append(time.perf_counter() - start)
     return Generation(np.stack(tokens, axis=1), finished, seconds, scores, copies, lengths)
-
-
-# what onnxruntime-genai's own loop takes from Decoding: our option → its search option
-GENAI_SEARCH = {
-    "num_beams": "num_beams",
-    "length_penalty": "length_penalty",
-    "num_return_sequences": "num_return_sequences",
-}
-
-
-def genai_search(sampling: Sampling, decoding: Decoding, vocab_size: int | None) -> dict:
-    """genai's search options for our settings, refusing (one line) what its loop cannot do as transformers."""
-    refused = [
-        (decoding.no_repeat_ngram_size > 0, "--no-repeat-ngram-size"),
-        (decoding.min_new_tokens > 0, "--min-new-tokens"),
-        (decoding.early_stopping == "never", "--early-stopping never"),
-        (decoding.beams and bool(decoding.stop), "--stop with beam search"),
-        # genai penalises the logits before its beam scores' log-softmax; transformers the log-probabilities
-        (decoding.beams and decoding.repetition_penalty != 1.0, "--repetition-penalty with beam search"),
-        (sampling.sample and decoding.num_return_sequences > 1, "--num-return-sequences with sampling"),
-    ]
-    for bad, option in refused:
-        if bad:
-            raise BadInput(
-                f"the genai runtime cannot do {option} as transformers does: use --runtime onnxruntime, or drop it"
-            )
-    search = {}
-    if sampling.sample:
-        search = {
-            "do_sample": True,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k or (vocab_size or 50257),
-        }
-        if sampling.seed is not None:
-            search["random_seed"] = int(sampling.seed % 2**31)
-    if decoding.beams:
-        search.update({theirs: getattr(decoding, ours) for ours, theirs in GENAI_SEARCH.items()})
-        search["early_stopping"] = bool(decoding.early_stopping)
-    if decoding.repetition_penalty != 1.0:  # greedy: as transformers 5 on each row alone (tested)
-        search["repetition_penalty"] = decoding.repetition_penalty
-    return search
-
-
-def decode_loop(
-    runner: LoopRunner,
-    input_ids: np.ndarray,
-    mask: np.ndarray,
-    *,
-    max_new_tokens: int,
-    sampling: Sampling = Sampling(),
-    decoding: Decoding = Decoding(),
-    eos_token_ids: tuple[int, ...] = (),
-    pad_token_id: int | None = None,
-    stop: Callable[[list[int]], bool] | None = None,
-    on_step: Callable[[int, np.ndarray], None] | None = None,
-) -> Generation:
-    """A runtime that owns its loop (genai): each row on its own (genai pads on the right, our batches are
-    left-padded), its padding dropped. ``step_seconds[k]`` is the sum over rows of step k. ``on_step`` is
-    called after the loop, not while it runs. Beam search runs genai's own; its scores are not exposed.
-    A stop string cuts a greedy or sampled row where it ends (what stopping there would have given)."""
-    search = genai_search(sampling, decoding, runner.vocab_size)
-    fill = pad_token_id if pad_token_id is not None else 0
-    rows, seconds, finished = [], [], []
-    for row, row_mask in zip(input_ids, mask):
-        prompt = row[row_mask > 0].tolist()
-        result = runner.run_loop(prompt, max_new_tokens=max_new_tokens, search=search)
-        sequences = result.sequences or [result.tokens]
-        for tokens in sequences[: decoding.num_return_sequences]:
-            if (
-                result.sequences
-                and eos_token_ids
-                and len(tokens) < max_new_tokens
-                and tokens[-1:] != [eos_token_ids[0]]
-            ):
-                tokens = tokens + [
-                    eos_token_ids[0]
-                ]  # genai's finished beams leave out their eos; transformers' end on it
-            ended = False
-            for i, token in enumerate(tokens):
-                if token in eos_token_ids or (stop is not None and stop(prompt + tokens[: i + 1])):
-                    tokens, ended = tokens[: i + 1], True
-                    break
-            finished.append(ended)
-            rows.append(tokens)
-        seconds += [0.0] * (len(result.step_seconds) - len(seconds))
-        for k, value in enumerate(result.step_seconds):
-            seconds[k] += value
-    width = max(len(r) for r in rows)
-    tokens = np.array([r + [fill] * (width - len(r)) for r in rows], dtype=np.int64)
-    if on_step is not None and not decoding.beams:
-        for step in range(width):
-            on_step(step, tokens[:, step])
-    lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    return Generation(tokens, np.array(finished), seconds, None, decoding.num_return_sequences, lengths)
 
 
 @dataclass
@@ -349,11 +259,64 @@ def generate(
     """
     if bool(prompts) == bool(ids):
         raise BadInput("give the prompt as text (--prompt) or as token ids (--ids 1,2,3), one of them")
-    sampling.check()
-    decoding.check(sampling)
+    check_pair(sampling, decoding)
+    check_new_tokens(max_new_tokens)
     for text in prompts or []:
         check_prompt_text(text)
     model = open_folder(folder, verify_files=verify_files)
+    request = _request(model, prompts, ids, decoding)
+    decoder = open_runtime(model, runtime or RuntimeOptions(settings=provider))
+    stream = TextStream(request.tokenizer if prompts else None)
+
+    def step(index: int, new_ids: np.ndarray) -> None:
+        if on_text is None or len(new_ids) != 1:
+            return
+        if index == 0:
+            on_text("prompt", request.shown[0])
+        on_text("token", stream.push(int(new_ids[0])))
+
+    try:
+        result = _decode(
+            decoder,
+            request.input_ids,
+            request.mask,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            decoding=decoding,
+            eos_token_id=request.eos_ids,
+            pad_token_id=request.pad_id,
+            stop=StopStrings(request.tokenizer, decoding.stop) if decoding.stop else None,
+            on_step=step,
+        )
+    finally:
+        decoder.close()
+    settings = {
+        **asdict(decoding),
+        **asdict(sampling),
+        "max_new_tokens": max_new_tokens,
+        "eos_token_id": list(request.eos_ids),
+        "pad_token_id": request.pad_id,
+        "runtime": decoder.runtime,
+        "stop": list(decoding.stop),
+    }
+    return _text_generation(result, request, settings, text=bool(prompts))
+
+
+@dataclass
+class _Request:
+    """generate's prompts as a left-padded batch, with what it needs to show them and to stop."""
+
+    tokenizer: object
+    input_ids: np.ndarray
+    mask: np.ndarray
+    shown: list[str]  # each prompt as shown: its text, or its ids
+    eos_ids: tuple[int, ...]
+    pad_id: int
+
+
+def _request(model, prompts: list[str] | None, ids: list[str] | None, decoding: Decoding) -> _Request:
+    """The prompts through the folder's tokenizer (or the ids), padded with the folder's pad id, as transformers
+    reads it from generation_config.json (else config.json)."""
     generation = read_generation_config(model.folder, vocab_size=model.facts.vocab_size)  # ids in the vocabulary
     if decoding.stop and not prompts and not has_tokenizer(model.folder):
         raise BadInput(f"stop strings (--stop) need the tokenizer files, and '{model.folder}' has none: drop --stop")
@@ -362,58 +325,24 @@ def generate(
     pad_id = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
     input_ids, mask = encode_prompts(tokenizer, prompts, pad_id=pad_id) if prompts else parse_id_prompts(ids, pad_id)
     shown = list(prompts) if prompts else [" ".join(map(str, row[m > 0])) for row, m in zip(input_ids, mask)]
-    decoder = open_runtime(model, runtime or RuntimeOptions(provider=provider))
-    rows = input_ids.shape[0] * max(decoding.num_beams, decoding.num_return_sequences)
-    total = input_ids.shape[1] + max_new_tokens
-    search = beam_search_bytes(input_ids.shape[0], decoding, total, max_new_tokens, decoder.vocab_size, eos_ids)
-    decoder.check_memory(rows, input_ids.shape[1], total, what="prompt batch", extra_bytes=search)
-    stream = TextStream(tokenizer if prompts else None)
-    stop = StopStrings(tokenizer, decoding.stop) if decoding.stop else None
+    return _Request(tokenizer, input_ids, mask, shown, tuple(eos_ids), pad_id)
 
-    def step(index: int, new_ids: np.ndarray) -> None:
-        if on_text is None or len(new_ids) != 1:
-            return
-        if index == 0:
-            on_text("prompt", shown[0])
-        on_text("token", stream.push(int(new_ids[0])))
 
-    try:
-        result = decode(
-            decoder,
-            input_ids,
-            mask,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            decoding=decoding,
-            eos_token_id=eos_ids,
-            pad_token_id=pad_id,
-            stop=stop,
-            on_step=step,
-        )
-    finally:
-        decoder.close()
+def _text_generation(result: Generation, request: _Request, settings: dict, *, text: bool) -> TextGeneration:
+    """The decode loop's rows as generate's result: per returned sequence its prompt, new ids, text and score."""
     lengths = result.lengths if result.lengths is not None else [result.tokens.shape[1]] * len(result.tokens)
     new = [row[:length] for row, length in zip(result.tokens.tolist(), lengths)]
-    texts = [TextStream(tokenizer if prompts else None).text(row) for row in new]
+    texts = [TextStream(request.tokenizer if text else None).text(row) for row in new]
     index = [r // result.num_return_sequences for r in range(len(new))]
     scores = [None] * len(new) if result.scores is None else [float(v) for v in result.scores]
-    settings = {
-        **{k: v for k, v in asdict(decoding).items()},
-        **asdict(sampling),
-        "max_new_tokens": max_new_tokens,
-        "eos_token_id": list(eos_ids),
-        "pad_token_id": pad_id,
-        "runtime": decoder.runtime,
-    }
-    settings["stop"] = list(decoding.stop)
     return TextGeneration(
-        [shown[i] for i in index],
+        [request.shown[i] for i in index],
         new,
         texts,
         result.finished.tolist(),
         result.step_seconds,
         index,
-        [row[m > 0].tolist() for row, m in zip(input_ids, mask)],
+        [row[m > 0].tolist() for row, m in zip(request.input_ids, request.mask)],
         scores,
         settings,
     )

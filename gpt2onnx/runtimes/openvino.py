@@ -12,14 +12,41 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.errors import RuntimeUnavailable
-from gpt2onnx.runtimes.base import Runtime
+from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.runtimes.base import Capabilities, RuntimeSpec, StepRuntime, check_threads
 from gpt2onnx.runtimes.decoder import file_shape
 
 INSTALL = "pip install openvino (or: bash scripts/setup.sh)"
+PRECISIONS = ("f32", "bf16", "f16")
+_SPELLINGS = {"fp16": "f16", "fp32": "f32"}
+
+
+@dataclass(frozen=True)
+class OpenVinoSettings:
+    """The device to compile for, the precision it may compute in (INFERENCE_PRECISION_HINT: f32 unless asked),
+    and its thread count (None: OpenVINO's default)."""
+
+    device: str = "CPU"  # a device core.available_devices lists
+    precision: str = "f32"  # f32, bf16 or f16 (fp16, fp32 accepted)
+    threads: int | None = None
+    FLAGS: ClassVar[dict[str, str]] = {"device": "--device", "precision": "--ov-precision", "threads": "--threads"}
+
+    def __post_init__(self) -> None:  # an invalid one cannot be built
+        precision = _SPELLINGS.get(self.precision, self.precision)
+        if precision not in PRECISIONS:
+            raise BadInput(f"OpenVINO precision '{self.precision}' is unknown: choose f32, bf16 or fp16")
+        object.__setattr__(self, "precision", precision)
+        check_threads(self.threads)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def _openvino():
@@ -30,30 +57,30 @@ def _openvino():
     return openvino
 
 
-def open_runtime(model: ModelFolder, options) -> "OpenVinoDecoder":
+def open_runtime(model: ModelFolder, settings: OpenVinoSettings) -> "OpenVinoDecoder":
     ov = _openvino()
     core = ov.Core()
     devices = list(core.available_devices)
-    if options.device not in devices:
+    if settings.device not in devices:
         raise RuntimeUnavailable(
-            f"OpenVINO cannot use device '{options.device}' here: it lists {', '.join(devices) or 'none'}"
+            f"OpenVINO cannot use device '{settings.device}' here: it lists {', '.join(devices) or 'none'}"
         )
-    config = {"INFERENCE_PRECISION_HINT": options.ov_precision}
-    if options.provider.threads:
-        config["INFERENCE_NUM_THREADS"] = options.provider.threads
+    config = {"INFERENCE_PRECISION_HINT": settings.precision}
+    if settings.threads:
+        config["INFERENCE_NUM_THREADS"] = settings.threads
     try:
-        compiled = core.compile_model(core.read_model(str(model.model_path)), options.device, config)
+        compiled = core.compile_model(core.read_model(str(model.model_path)), settings.device, config)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RuntimeUnavailable(
-            f"OpenVINO cannot compile '{model.model_path}' for {options.device}: {first}"
+            f"OpenVINO cannot compile '{model.model_path}' for {settings.device}: {first}"
         ) from None
     return OpenVinoDecoder(
-        compiled, model, device=options.device, precision=options.ov_precision, version=ov.__version__
+        compiled, model, device=settings.device, precision=settings.precision, version=ov.__version__
     )
 
 
-class OpenVinoDecoder(Runtime):
+class OpenVinoDecoder(StepRuntime):
     """The :class:`~gpt2onnx.runtimes.base.Stepper` interface on an OpenVINO compiled model (host arrays in and out)."""
 
     runtime = "openvino"
@@ -120,3 +147,12 @@ class OpenVinoDecoder(Runtime):
 
     def step(self, input_ids, attention_mask, position_ids, past):
         return self.run(input_ids, attention_mask, position_ids, past, last_logits_only=False)
+
+
+SPEC = RuntimeSpec(
+    name="openvino",
+    summary="OpenVINO: the folder's model.onnx compiled for one device, one step at a time",
+    settings=OpenVinoSettings,
+    open=open_runtime,
+    capabilities=Capabilities(),
+)

@@ -24,12 +24,15 @@ import weakref
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import onnxruntime as ort
 
 from gpt2onnx.artifact.contract import DecoderShape
+from gpt2onnx.artifact.paths import check_output_path
 from gpt2onnx.artifact.report import Placement
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
+from gpt2onnx.runtimes.base import check_threads
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,8 @@ TRT_DUMMY_PAST = 1
 
 @dataclass(frozen=True)
 class ProviderConfig:
+    """The onnxruntime runtime's settings: the execution provider and its options, checked when built."""
+
     name: str = "cpu"
     threads: int | None = None  # cpu: intra-op threads; None = all cores
     spinning: bool = True  # cpu: idle worker threads spin (lower latency, busier cores)
@@ -53,6 +58,18 @@ class ProviderConfig:
     max_batch: int = 8  # tensorrt: largest batch the optimization profile covers
     allow_fallback: bool = False  # accept a session that fell back to another provider, or nodes on the CPU
     tf32: bool = False  # cuda / tensorrt: fp32 matmuls in TF32 (10-bit mantissa): faster, not fp32 parity
+    # the command-line option of each field (gpt2onnx.runtimes.base.runtime_options)
+    FLAGS: ClassVar[dict[str, str]] = {
+        "name": "--provider",
+        "threads": "--threads",
+        "spinning": "--spin",
+        "device_id": "--device-id",
+        "trt_fp16": "--trt-fp16",
+        "trt_cache_dir": "--trt-cache-dir",
+        "max_batch": "--max-batch",
+        "allow_fallback": "--allow-fallback",
+        "tf32": "--tf32",
+    }
 
     def __post_init__(self) -> None:
         self.check()  # an invalid one cannot be built
@@ -60,10 +77,7 @@ class ProviderConfig:
     def check(self) -> "ProviderConfig":
         """Refuse options out of range, and options the chosen provider would ignore."""
         check_provider(self.name)
-        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
-            raise BadInput(
-                f"threads must be 1 to {MAX_THREADS} (this machine has {os.cpu_count()} cores), got {self.threads}"
-            )
+        check_threads(self.threads)
         if self.name != "cpu" and self.threads is not None:
             raise BadInput(f"threads apply to the cpu provider, not '{self.name}': drop the thread count")
         if self.device_id < 0:
@@ -88,13 +102,14 @@ class ProviderConfig:
                 raise BadInput(
                     f"{', '.join(ignored)} apply to the tensorrt provider only, not '{self.name}': drop them"
                 )
+        if self.trt_cache_dir is not None:  # a folder TensorRT writes into (never replaced)
+            check_output_path(Path(self.trt_cache_dir), option="--trt-cache-dir", kind="folder", replaced=False)
         return self
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-MAX_THREADS = 256
 # NVIDIA's libraries read it: 0 turns TF32 off in cuBLAS, cuDNN and TensorRT, whatever the caller asked for.
 TF32_OVERRIDE = "NVIDIA_TF32_OVERRIDE"
 

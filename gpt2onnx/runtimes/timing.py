@@ -18,13 +18,18 @@ import resource
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import onnxruntime
 
+from gpt2onnx.artifact.folder import open_folder, versions
 from gpt2onnx.artifact.report import Placement
 from gpt2onnx.errors import BadInput
+from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.generate import MAX_BATCH_TOKENS, decode
+from gpt2onnx.runtimes.providers import gpu_library_versions
 
 
 @dataclass(frozen=True)
@@ -286,9 +291,8 @@ def measure_batch(
     stats = summarize_runs(decoder.runtime, batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
     if device_peak is not None:
         stats.extra["device_memory"] = ONNX_DEVICE_MEMORY
-    tf32 = getattr(decoder, "tf32", None)
-    if tf32 is not None:
-        stats.extra["tf32"] = tf32
+    if decoder.tf32 is not None:
+        stats.extra["tf32"] = decoder.tf32
     for past in config.pasts:
         times = [
             decode_step_at_past(decoder, batch, past, vocab_size=vocab_size, seed=config.seed + i)
@@ -311,7 +315,7 @@ def _device_used(device: str, device_id: int) -> int | None:
     if device != "cuda":
         return None
     try:
-        import torch
+        import torch  # lazy: the run path has no torch; where torch is there, it reads the GPU's memory
 
         if not torch.cuda.is_available():
             return None
@@ -335,7 +339,7 @@ def machine_info() -> dict:
 
 def require_matplotlib():
     try:
-        import matplotlib
+        import matplotlib  # lazy: an optional extra, imported only for --plot
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -346,8 +350,6 @@ def require_matplotlib():
 
 def check_plot_path(path) -> None:
     """Before minutes of measuring: matplotlib is there, the name is a PNG, the folder is writable."""
-    from pathlib import Path
-
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise BadInput(f"plot '{path}' must be a .png file: give a name ending in .png")
@@ -412,15 +414,8 @@ def measure_folder(
 ) -> ModelBench:
     """Measure one exported folder on one runtime (default: onnxruntime on ``provider``): one run per batch
     size, each labelled (``label``, default the folder's name) and with its runtime."""
-    from pathlib import Path
-
-    import onnxruntime
-
-    from gpt2onnx.artifact.folder import open_folder, versions
-    from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-    from gpt2onnx.runtimes.providers import ProviderConfig
-
-    runtime = runtime or RuntimeOptions(provider=provider or ProviderConfig())
+    runtime = runtime or RuntimeOptions(settings=provider)
+    runtime.requires("steps", "bench (it times each step)")
     model = open_folder(folder, verify_files=verify_files)
     config.check(model.n_positions)
     decoder = open_runtime(model, runtime)
@@ -435,24 +430,17 @@ def measure_folder(
     for run in runs:
         run.label = label or Path(folder).name
         run.runtime = runtime.name
-    runtime_versions = {"onnxruntime": onnxruntime.__version__}
-    if runtime.name != "onnxruntime":
-        runtime_versions[runtime.name] = decoder.version
-    if decoder.device == "cuda":  # the CUDA, cuDNN and TensorRT libraries the session loaded
-        from gpt2onnx.runtimes.providers import gpu_library_versions
-
-        runtime_versions.update(gpu_library_versions())
     return ModelBench(
         model=str(model.model_path),
         runtime=runtime.name,
         runtime_options=runtime.as_dict(),
         runtime_mode=decoder.mode,
         provider=decoder.provider,
-        provider_options=runtime.provider.as_dict(),
+        provider_options=runtime.settings.as_dict(),
         session_providers=decoder.session_providers(),
         config=config,
         machine=machine_info(),
-        versions={**versions(), **runtime_versions},
+        versions={**versions(), **_runtime_versions(runtime.name, decoder)},
         model_bytes=sum(p.stat().st_size for p in model.folder.glob("model.onnx*")),
         precision=model.precision,
         n_positions=model.n_positions,
@@ -460,3 +448,13 @@ def measure_folder(
         runs=runs,
         placement=decoder.placement,
     )
+
+
+def _runtime_versions(name: str, decoder) -> dict[str, str]:
+    """onnxruntime's version, the runtime's own, and on a GPU the CUDA, cuDNN and TensorRT libraries loaded."""
+    found = {"onnxruntime": onnxruntime.__version__}
+    if name != "onnxruntime":
+        found[name] = decoder.version
+    if decoder.device == "cuda":
+        found.update(gpu_library_versions())
+    return found

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
-from gpt2onnx.runtimes.decoding import EARLY_STOPPING, Decoding, Sampling
+from gpt2onnx.runtimes.decoding import EARLY_STOPPING, Decoding, Sampling, check_new_tokens, check_pair
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,10 @@ def parse_request(parameters: dict, stop: list[str] | tuple[str, ...] = ()) -> G
         raise BadInput(f"unknown parameter {', '.join(unknown)}: the parameters are {', '.join(PARAMETERS)}")
     values = {k: _typed(k, v, PARAMETERS[k]) for k, v in parameters.items() if k in PARAMETERS}
     max_new_tokens = values.pop("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-    if max_new_tokens < 1:
-        raise BadInput(f"parameter max_new_tokens must be at least 1, got {max_new_tokens}")
+    check_new_tokens(max_new_tokens)
     sampling = Sampling(**{k: values.pop(k) for k in SAMPLING_FIELDS if k in values})
     decoding = Decoding(**values, stop=tuple(stop))
-    decoding.check(sampling)
+    check_pair(sampling, decoding)
     return GenerationRequest(max_new_tokens, sampling, decoding)
 
 

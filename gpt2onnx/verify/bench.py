@@ -174,7 +174,7 @@ def bench(
         raise BadInput("give at least one exported folder to measure")
     if baseline not in (None, *BASELINES):
         raise BadInput(f"baseline '{baseline}' is not supported: the only baseline is 'torch'")
-    runtimes = runtimes or [RuntimeOptions(provider=provider or ProviderConfig())]
+    runtimes = runtimes or [RuntimeOptions(settings=provider)]
     if len({r.name for r in runtimes}) != len(runtimes):
         raise BadInput("a runtime is named twice: give each once")
     if reference is not None and baseline != "torch":
@@ -197,9 +197,10 @@ def bench(
                 )
             )
     runs = [run for result in results for run in result.runs]
+    first = runtimes[0]  # the baseline runs where it ran: its provider, or its thread count
+    provider = first.settings if first.name == "onnxruntime" else ProviderConfig(threads=first.threads)
     if baseline == "torch":
-        runs += _torch_baseline(folders[0], results, runtimes[0].provider, config, reference, progress)
-    provider = runtimes[0].provider
+        runs += _torch_baseline(folders[0], results, provider, config, reference, progress)
     report = BenchReport(results, runs, describe_machine(provider.name, provider.device_id))
     if json_path is not None:
         write_json_atomic(json_path, report.as_dict())
