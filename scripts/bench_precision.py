@@ -44,7 +44,7 @@ class Variant:
     fusion: str = "ort"
     dtype: str = "fp32"
     quantize: str = "none"
-    block_size: int = 32
+    block_size: int | None = None
     accuracy_level: int | None = None
     lm_head: str | None = None
     embeddings: str | None = None
@@ -60,7 +60,7 @@ class Variant:
         """What the variant is, in words: the recipe filled in."""
         if self.quantize == "none":
             return f"{self.dtype}, fusion {self.fusion}"
-        q = self.quantization().resolved()
+        q = self.quantization().recipe
         text = q.method + (f" bs{q.block_size}" if q.method == "int4" or q.embeddings == "int8" else "")
         if q.accuracy_level is not None:
             text += f" acc{q.accuracy_level}"
@@ -288,7 +288,7 @@ def main() -> None:
     report = evaluate(
         [folders[v.name] for v in variants],
         text=scored,
-        runtime=RuntimeOptions(provider=ProviderConfig(threads=args.threads)),
+        runtime=RuntimeOptions(settings=ProviderConfig(threads=args.threads)),
         greedy_tokens=args.greedy_tokens,
         on_window=lambda done, total: (done % 10 == 0 or done == total) and log(f"eval window {done}/{total}"),
     )

@@ -42,9 +42,10 @@ def make_folder(size: str, dtype: str, workdir: Path) -> Path:
     from transformers import GPT2TokenizerFast
 
     import gpt2onnx
-    from gpt2onnx.targets.deploy import deploy
     from gpt2onnx.exporters.export import ExportOptions
+    from gpt2onnx.passes.precision import QuantizeOptions
     from gpt2onnx.pytorch.architecture import preset_config
+    from gpt2onnx.targets.deploy import deploy
 
     folder = workdir / f"{size}-{dtype}"
     if (folder / "index.html").is_file():
@@ -58,7 +59,7 @@ def make_folder(size: str, dtype: str, workdir: Path) -> Path:
     options = ExportOptions(
         force=True,
         validate=False,
-        quantize=dtype if dtype in ("int8", "int4") else "none",
+        quantization=QuantizeOptions(dtype if dtype in ("int8", "int4") else "none"),
         dtype="fp16" if dtype == "fp16" else "fp32",
     )
     gpt2onnx.export(str(source), folder, random_init=True, options=options)

@@ -189,6 +189,7 @@ def _run_case_timed(case: Case, ctx: Ctx, env: dict[str, str], home: Path) -> Re
 @pytest.fixture(scope="session")
 def shared(tmp_path_factory):
     from gpt2onnx.exporters.export import ExportOptions, export
+    from gpt2onnx.passes.precision import QuantizeOptions
 
     root = tmp_path_factory.mktemp("bad-input-shared")
     src = write_hf_folder(root / "src", make_config("h4-v1000"))
@@ -196,7 +197,9 @@ def shared(tmp_path_factory):
     exp = export(str(src), root / "exp").folder
     ext = export(str(src), root / "ext", options=ExportOptions(external_data=True, validate=False)).folder
     skv = export(str(src), root / "skv", options=ExportOptions(fusion="ort-shared-kv", validate=False)).folder
-    q4 = export(str(src), root / "q4", options=ExportOptions(quantize="int4", validate=False)).folder
+    q4 = export(
+        str(src), root / "q4", options=ExportOptions(quantization=QuantizeOptions("int4"), validate=False)
+    ).folder
     return {"src": src, "exp": exp, "ext": ext, "skv": skv, "q4": q4, "home": root / "hf-home"}
 
 

@@ -4,6 +4,7 @@ import onnx
 import pytest
 
 from gpt2onnx.exporters.export import ExportOptions, export
+from gpt2onnx.passes.precision import QuantizeOptions
 
 VARIANTS = {
     "fp32": dict(),
@@ -11,8 +12,8 @@ VARIANTS = {
     "fp32-portable": dict(fusion="portable"),
     "fp32-tensorrt": dict(fusion="tensorrt"),
     "fp16": dict(dtype="fp16"),
-    "int8": dict(quantize="int8"),
-    "int4": dict(quantize="int4"),
+    "int8": dict(quantization=QuantizeOptions("int8")),
+    "int4": dict(quantization=QuantizeOptions("int4")),
     "block": dict(block=0),
     "external-data": dict(external_data=True),
 }

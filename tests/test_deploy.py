@@ -90,16 +90,18 @@ def ort_greedy(model_path: Path):
 @pytest.fixture(scope="module")
 def int4_export(tiny_folder, tmp_path_factory):
     from gpt2onnx.exporters.export import ExportOptions, export
+    from gpt2onnx.passes.precision import QuantizeOptions
 
-    options = ExportOptions(quantize="int4", validate=False)
+    options = ExportOptions(quantization=QuantizeOptions("int4"), validate=False)
     return export(str(tiny_folder), tmp_path_factory.mktemp("deploy-int4") / "tiny-int4", options=options).folder
 
 
 @pytest.fixture(scope="module")
 def int8_export(tiny_folder, tmp_path_factory):
     from gpt2onnx.exporters.export import ExportOptions, export
+    from gpt2onnx.passes.precision import QuantizeOptions
 
-    options = ExportOptions(quantize="int8", validate=False)
+    options = ExportOptions(quantization=QuantizeOptions("int8"), validate=False)
     return export(str(tiny_folder), tmp_path_factory.mktemp("deploy-int8") / "tiny-int8", options=options).folder
 
 

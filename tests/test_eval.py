@@ -18,8 +18,8 @@ from test_runtimes import runtime_param
 from gpt2onnx.errors import CheckFailed
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.verify import text as text_module
-from gpt2onnx.verify.text import TextSource, sliding_windows, token_pieces, window_count
 from gpt2onnx.verify.evaluate import EvalGates, GreedyComparison, evaluate
+from gpt2onnx.verify.text import TextSource, sliding_windows, token_pieces, window_count
 
 MODULES = ("string", "colorsys", "fnmatch")  # their docstrings: real English text, offline everywhere
 
@@ -50,7 +50,7 @@ def eval_setup(trained_checkpoint, tmp_path_factory):
     heldout = (trained_checkpoint / "heldout.txt").read_text()
     text = root / "held-out.txt"
     text.write_text(heldout[: heldout.index("\n", 3000) + 1])
-    options = ExportOptions(eval_text=str(text), max_ppl_increase=0.01, max_kl=1e-8)
+    options = ExportOptions(eval_text=str(text), eval_gates=EvalGates(max_ppl_increase=0.01, max_kl=1e-8))
     fp32 = export(str(trained_checkpoint), root / "fp32", options=options).folder
     return trained_checkpoint, fp32, text
 
@@ -219,7 +219,7 @@ def test_export_and_optimize_eval_text_gates(eval_setup, tmp_path, monkeypatch):
     )
     row = result.quality.rows[0]
     assert row.check.passed and row.precision == "int8" and 0 < row.kl.mean <= 0.05, row
-    assert result.manifest.eval["protocol"]["reference"] == "source ONNX model"
+    assert result.manifest.eval.protocol.reference == "source ONNX model"
 
     apply = GraphPasses.apply
 
@@ -234,7 +234,7 @@ def test_export_and_optimize_eval_text_gates(eval_setup, tmp_path, monkeypatch):
 
     monkeypatch.setattr(GraphPasses, "apply", damaging)
     # the fixture's gates, which its good fp32 export passed
-    bad = ExportOptions(validate=False, eval_text=str(text), max_ppl_increase=0.01, max_kl=1e-8)
+    bad = ExportOptions(validate=False, eval_text=str(text), eval_gates=EvalGates(max_ppl_increase=0.01, max_kl=1e-8))
     with pytest.raises(CheckFailed, match=r"quality on real text failed: .*damaged: ΔPPL .*nothing was written"):
         export_module.export(str(checkpoint), tmp_path / "damaged", options=bad)
     with pytest.raises(CheckFailed, match=r"quality on real text failed: .*int8-damaged: mean KL"):

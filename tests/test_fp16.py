@@ -12,7 +12,7 @@ from test_cli import assert_one_line_error, run
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.passes.precision import written_out_layer_norms
+from gpt2onnx.passes.precision import QuantizeOptions, written_out_layer_norms
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.verify.fp16_emulation import emulate_fp16, tensor_types
@@ -60,7 +60,7 @@ def test_quantized_models_pass_their_gates_with_outliers(gpt2_like_config, tmp_p
         tmp_path / method,
         random_init=True,
         outliers=OUTLIERS,
-        options=ExportOptions(quantize=method),
+        options=ExportOptions(quantization=QuantizeOptions(method)),
     )
     assert result.check.passed and result.manifest.check.precision == method
     assert parity(result.folder, cases=2).passed

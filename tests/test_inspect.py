@@ -5,6 +5,7 @@ import pytest
 from gpt2onnx.artifact.inspect import inspect
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
+from gpt2onnx.passes.precision import QuantizeOptions
 
 
 def test_inspect_tiny_export(tiny_export):
@@ -64,8 +65,8 @@ def test_inspect_errors(tmp_path):
     [
         ("fp32", ExportOptions()),
         ("fp16", ExportOptions(dtype="fp16")),
-        ("int8", ExportOptions(quantize="int8")),
-        ("int4", ExportOptions(quantize="int4")),
+        ("int8", ExportOptions(quantization=QuantizeOptions("int8"))),
+        ("int4", ExportOptions(quantization=QuantizeOptions("int4"))),
         ("block", ExportOptions(block=1)),
     ],
 )

@@ -56,7 +56,7 @@ def test_layers_kept_and_gates_pass(gpt2_init_export, tmp_path, options, head, e
     result = optimize(gpt2_init_export, tmp_path / "q", fusion="none", quantization=options)
     assert result.check.passed, result.check.summary()
     recorded = result.manifest.quantization
-    resolved = options.resolved()
+    resolved = options.recipe
     assert (recorded.lm_head, recorded.embeddings) == (resolved.lm_head, resolved.embeddings)
     got_head, got_embeddings = _layers(tmp_path / "q")
     assert got_head == head and got_embeddings == [embedding, embedding]  # token and position embeddings

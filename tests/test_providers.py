@@ -143,10 +143,11 @@ def test_dummy_past_slot_used_for_tensorrt_gives_the_same_results(tiny_folder, t
 def variants(tiny_folder, tmp_path_factory):
     """The tiny checkpoint as an int8 folder and as an ort-fused one (com.microsoft ops), not validated: cheap."""
     from gpt2onnx.exporters.export import ExportOptions, export
+    from gpt2onnx.passes.precision import QuantizeOptions
 
     root = tmp_path_factory.mktemp("provider-variants")
     options = {
-        "int8": ExportOptions(quantize="int8", validate=False),
+        "int8": ExportOptions(quantization=QuantizeOptions("int8"), validate=False),
         "ort": ExportOptions(fusion="ort", validate=False),
     }
     return {name: export(str(tiny_folder), root / name, options=o).folder for name, o in options.items()}

@@ -21,7 +21,12 @@ def _ops(folder) -> Counter:
 
 @pytest.mark.parametrize("method, op", [("int4", "MatMulNBits"), ("int8", "MatMulInteger")])
 def test_export_quantized_passes_its_gates(gpt2_like_config, tmp_path, method, op):
-    result = export(str(gpt2_like_config), tmp_path / method, random_init=True, options=ExportOptions(quantize=method))
+    result = export(
+        str(gpt2_like_config),
+        tmp_path / method,
+        random_init=True,
+        options=ExportOptions(quantization=QuantizeOptions(method)),
+    )
     manifest = result.manifest.as_dict()  # the record as written
     assert manifest["quantization"]["method"] == method and manifest["quantization"]["ops"][op] > 0
     check = manifest["parity"]
@@ -42,7 +47,9 @@ def test_int4_is_smaller_than_int8_is_smaller_than_fp32(tiny_folder, tmp_path):
     sizes = {}
     for method in ("none", "int8", "int4"):
         folder = export(
-            str(tiny_folder), tmp_path / method, options=ExportOptions(quantize=method, validate=False)
+            str(tiny_folder),
+            tmp_path / method,
+            options=ExportOptions(quantization=QuantizeOptions(method), validate=False),
         ).folder
         sizes[method] = (folder / "model.onnx").stat().st_size
     assert sizes["int4"] < sizes["int8"] < sizes["none"]
@@ -62,7 +69,7 @@ def test_the_gate_can_fail(tiny_folder, tmp_path, monkeypatch):
     """With a gate no quantized model can meet, export refuses and writes nothing."""
     monkeypatch.setitem(TOLERANCES, "int4", {"kl_mean": 0.0, "top5": 1.0})
     with pytest.raises(Gpt2OnnxError, match=r"validation failed: int4 .*mean KL divergence .* > 0"):
-        export(str(tiny_folder), tmp_path / "q", options=ExportOptions(quantize="int4"))
+        export(str(tiny_folder), tmp_path / "q", options=ExportOptions(quantization=QuantizeOptions("int4")))
     assert not (tmp_path / "q").exists()
 
 

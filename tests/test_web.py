@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.passes.precision import QuantizeOptions
 from gpt2onnx.targets.deploy import deploy
 from gpt2onnx.targets.web_server import ISOLATION_HEADERS, open_server
-from gpt2onnx.errors import BadInput, ContractError
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "tests" / "js"
@@ -118,8 +119,8 @@ def checkpoint(trained_checkpoint):
 VARIANTS = {
     "fp32": {},
     "fp32-ort": {"fusion": "ort"},
-    "int8": {"quantize": "int8"},
-    "int4": {"quantize": "int4"},
+    "int8": {"quantization": QuantizeOptions("int8")},
+    "int4": {"quantization": QuantizeOptions("int4")},
     "fp16": {"dtype": "fp16"},
     "fp32-external": {"external_data": True},
 }

@@ -10,15 +10,48 @@ know are kept as they are and written back (``extra``), so a newer folder deploy
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpt2onnx.artifact.contract import IOSpec, TensorSpec
-from gpt2onnx.artifact.report import CheckReport
+from gpt2onnx.artifact.report import CheckReport, EvalReport
 from gpt2onnx.errors import BadInput
 
 MANIFEST_FORMAT_VERSION = 1
 MODEL_FILE = "model.onnx"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The numbers that fix a GPT-2 architecture (checked from a config by gpt2onnx.pytorch.architecture)."""
+
+    vocab_size: int
+    n_positions: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_inner: int
+    layer_norm_epsilon: float
+    tie_word_embeddings: bool
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Architecture":
+        ints = {k: data[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner")}
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in ints.values()):
+            raise TypeError("architecture")
+        epsilon, tie = data["layer_norm_epsilon"], data["tie_word_embeddings"]
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not isinstance(tie, bool):
+            raise TypeError("architecture")
+        if set(data) != set(ints) | {"layer_norm_epsilon", "tie_word_embeddings"}:
+            raise KeyError("architecture")  # another shape: kept as it was (unreadable), never rewritten
+        return cls(**ints, layer_norm_epsilon=epsilon, tie_word_embeddings=tie)
 
 
 @dataclass(frozen=True)
@@ -254,7 +287,7 @@ class Manifest:
     name: str | None = None
     source: dict = field(default_factory=dict)  # the checkpoint: kind (random, local, hub, onnx), id/path, hash, seed
     optimized_from: str | None = None  # optimize: the model file it was made from
-    architecture: dict | None = None  # the GPT-2 architecture (gpt2onnx.pytorch.architecture.Architecture)
+    architecture: Architecture | None = None  # the GPT-2 architecture
     dtype: str = "float32"
     io: IOSpec | None = None  # the IO contract (None where optimize could not carry it over)
     opset: int | None = None
@@ -266,7 +299,7 @@ class Manifest:
     quantization: QuantizationRecord | None = None
     kv_cache: str | None = None  # "shared" (one buffer for past and present) or "concat"; None: not recorded
     check: CheckReport | None = None
-    eval: dict | None = None  # quality on real text checked before writing (gpt2onnx.verify.evaluate's report JSON)
+    eval: EvalReport | None = None  # quality on real text checked before writing (--eval-text)
     timings: dict[str, float] = field(default_factory=dict)
     deploy: DeployRecord | None = None
     files: dict[str, FileRecord] = field(default_factory=dict)
@@ -304,7 +337,7 @@ class Manifest:
             "name": self.name,
             "source": self.source,
             "optimized_from": self.optimized_from,
-            "architecture": self.architecture,
+            "architecture": self.architecture.as_dict() if self.architecture else None,
             "dtype": self.dtype,
             "io": self.io.as_dict() if self.io else None,
             "opset": self.opset,
@@ -316,7 +349,7 @@ class Manifest:
             "quantization": self.quantization.as_dict() if self.quantization else None,
             "kv_cache": self.kv_cache,
             "parity": self.check.as_dict() if self.check else None,
-            "eval": self.eval,
+            "eval": self.eval.as_dict() if self.eval else None,
             "timings": self.timings,
             "format_version": self.format_version,
             "deploy": self.deploy.as_dict() if self.deploy else None,
@@ -370,7 +403,7 @@ class Manifest:
             name=record("name", str, str),
             source=record("source", dict) or {},
             optimized_from=record("optimized_from", str, str),
-            architecture=record("architecture", dict),
+            architecture=record("architecture", Architecture.from_dict),
             dtype=record("dtype", str, str) or "float32",
             io=record("io", _io_from_dict),
             opset=record("opset", int, int),
@@ -382,7 +415,7 @@ class Manifest:
             quantization=record("quantization", QuantizationRecord.from_dict),
             kv_cache=record("kv_cache", str, str),
             check=check,
-            eval=record("eval", dict),
+            eval=record("eval", EvalReport.from_dict),
             timings=record("timings", dict) or {},
             deploy=record("deploy", DeployRecord.from_dict),
             files={str(name): FileRecord.from_dict(info) for name, info in data["files"].items()},

@@ -297,3 +297,179 @@ class CheckReport:
             machine=machine,
             placement=Placement.from_dict(data.get("placement")),
         )
+
+
+# -- quality on real text (gpt2onnx eval; export's and optimize's --eval-text) ------------------------------
+@dataclass(frozen=True)
+class KlStats:
+    """KL(reference ‖ this) of the next-token distributions, per scored token."""
+
+    mean: float
+    stderr: float
+    p99: float  # from a log-spaced histogram (2.3 % resolution)
+    max: float
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "KlStats | None":
+        return cls(**{k: float(data[k]) for k in ("mean", "stderr", "p99", "max")}) if data else None
+
+
+@dataclass(frozen=True)
+class GreedyComparison:
+    """Greedy continuation of the text's first tokens, against the reference's."""
+
+    prompt_tokens: int
+    new_tokens: int  # compared (genai may stop earlier, at end-of-sequence)
+    matching_tokens: int
+    first_divergence: int | None  # None: all new_tokens equal
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GreedyComparison | None":
+        if not data:
+            return None
+        return cls(data["prompt_tokens"], data["new_tokens"], data["matching_tokens"], data["first_divergence"])
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    """How the figures were measured: stated beside them in every report."""
+
+    method: str
+    context: int
+    stride: int
+    tokens: int  # of the whole text
+    scored_tokens: int
+    windows: int
+    text: dict  # where the text came from (file, or dataset, config, split) and its sha256
+    tokenizer: str | None
+    reference: str
+    greedy_prompt_tokens: int
+    greedy_new_tokens: int
+    gates: dict
+    machine: MachineRecord | None = None  # where the folders ran: the CPU (model, features), the GPU
+
+    @property
+    def source(self) -> str:
+        """The text's file, or dataset:config:split."""
+        named = (self.text.get(k) for k in ("dataset", "config", "split"))
+        return self.text.get("file") or ":".join(filter(None, named))
+
+    def as_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "context": self.context,
+            "stride": self.stride,
+            "tokens": self.tokens,
+            "scored_tokens": self.scored_tokens,
+            "windows": self.windows,
+            "text": self.text,
+            "tokenizer": self.tokenizer,
+            "reference": self.reference,
+            "ppl_stderr": "PPL × standard error of the mean NLL, tokens taken as independent",
+            "kl": "KL(reference ‖ folder) of the next-token distributions; p99 from a log-spaced histogram (2.3 %)",
+            "greedy": {"prompt_tokens": self.greedy_prompt_tokens, "new_tokens": self.greedy_new_tokens},
+            "gates": self.gates,
+            **({"machine": self.machine.as_dict()} if self.machine else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EvalProtocol":
+        machine = data.get("machine")
+        return cls(
+            **{k: data[k] for k in ("method", "context", "stride", "tokens", "scored_tokens", "windows", "text")},
+            tokenizer=data["tokenizer"],
+            reference=data["reference"],
+            greedy_prompt_tokens=data["greedy"]["prompt_tokens"],
+            greedy_new_tokens=data["greedy"]["new_tokens"],
+            gates=data["gates"],
+            machine=MachineRecord.from_dict(machine) if isinstance(machine, dict) else None,
+        )
+
+
+@dataclass
+class EvalRow:
+    """One folder's figures (the reference's own row has only the perplexity)."""
+
+    label: str  # the folder
+    precision: str
+    runtime: str
+    provider: str
+    tokens: int  # scored tokens
+    ppl: float
+    ppl_stderr: float
+    nll_mean: float
+    delta_ppl_percent: float | None = None  # (PPL / PPL_ref - 1) × 100, from the mean paired NLL difference
+    delta_ppl_stderr: float | None = None  # in percentage points
+    kl: KlStats | None = None  # KL(reference ‖ this) per token (None on the reference's own row)
+    same_top1: float | None = None  # share of scored tokens with the reference's top-1 token
+    rms_dp: float | None = None  # RMS of p(correct token) − p_ref(correct token)
+    mean_dp: float | None = None
+    nonfinite: int = 0  # positions with a NaN or Inf figure
+    greedy: GreedyComparison | None = None  # None: not compared
+    token_by_token: bool = False  # a --logits last graph, run one token per step
+    seconds: float = 0.0  # time spent computing this model's logits
+    check: CheckReport | None = None  # the gates, when given
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["kl"], data["greedy"] = data["kl"] or {}, data["greedy"] or {}  # the JSON of earlier releases
+        data["check"] = self.check.as_dict() if self.check else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EvalRow":
+        plain = {f: data[f] for f in cls.__dataclass_fields__ if f not in ("kl", "greedy", "check")}
+        return cls(
+            **plain,
+            kl=KlStats.from_dict(data["kl"]),
+            greedy=GreedyComparison.from_dict(data["greedy"]),
+            check=CheckReport.from_dict(data["check"]),
+        )
+
+
+@dataclass
+class EvalReport:
+    """What :func:`evaluate` returns: the protocol, the reference's perplexity, one row per folder."""
+
+    protocol: EvalProtocol
+    reference: EvalRow
+    rows: list[EvalRow]
+
+    @property
+    def failures(self) -> list[str]:
+        return [f for row in self.rows if row.check for f in row.check.failures]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def as_dict(self) -> dict:
+        return {
+            "protocol": self.protocol.as_dict(),
+            "reference": self.reference.as_dict(),
+            "rows": [r.as_dict() for r in self.rows],
+            "failures": self.failures,
+            "passed": self.passed,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EvalReport":
+        """A report read back from a manifest (export's and optimize's --eval-text)."""
+        return cls(
+            EvalProtocol.from_dict(data["protocol"]),
+            EvalRow.from_dict(data["reference"]),
+            [EvalRow.from_dict(row) for row in data["rows"]],
+        )
+
+    def summary(self) -> str:
+        """One line per folder is too long for a manifest summary: the verdict and the worst figures."""
+        parts = [
+            f"{r.label}: PPL {r.ppl:.4g} ({r.delta_ppl_percent:+.2f} %), mean KL {r.kl.mean:.2e}, "
+            f"top-1 {100 * r.same_top1:.1f} %"
+            for r in self.rows
+        ]
+        verdict = "pass" if self.passed else "FAIL: " + "; ".join(self.failures)
+        return (
+            f"on {self.protocol.scored_tokens:,} tokens of real text against {self.reference.label} "
+            f"(PPL {self.reference.ppl:.4g}): {'; '.join(parts)} — {verdict}"
+        )

@@ -3,10 +3,10 @@ PyTorch → moved into place."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,12 +27,14 @@ from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
-from gpt2onnx.passes.pipeline import GraphPasses
-from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
+from gpt2onnx.passes.pipeline import GraphPasses, timed
+from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
-from gpt2onnx.verify.evaluate import EvalGates, EvalReport, check_eval_options, evaluate_written
-from gpt2onnx.verify.gates import tolerances_for
+from gpt2onnx.pytorch.model import BlockForExport, GPT2ForExport
+from gpt2onnx.verify.evaluate import EvalReport, eval_source, evaluate_written
+from gpt2onnx.verify.gates import EvalGates, tolerances_for
 from gpt2onnx.verify.parity import validate_export
+from gpt2onnx.verify.text import TextSource
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,10 @@ LOGITS_CHOICES = ("all", "last")
 
 @dataclass(frozen=True)
 class ExportOptions:
+    """What export does besides loading the checkpoint, checked when built (and only then): each choice becomes
+    its typed object here (``passes``: the graph passes; ``eval_source``, ``eval_gates``: the check on real text)
+    and flows unchanged to where it is used."""
+
     opset: int = DEFAULT_OPSET
     logits: str = "all"  # "all" positions, or the "last" position only
     block: int | None = None  # export this transformer block alone
@@ -52,71 +58,76 @@ class ExportOptions:
     fusion: str = "none"  # fusion profile: none, ort, portable, tensorrt (see gpt2onnx.passes.fusions)
     allow_partial_fusion: bool = False  # keep a graph whose fusions fall short of the golden counts
     dtype: str = "fp32"  # fp32, or fp16 (weights, activations and K/V cache; LayerNorm, softmax, logits in fp32)
-    quantize: str = "none"  # weight quantization: none, int8 (dynamic) or int4 (block-wise)
-    block_size: int = 32  # int4: weights per scale
-    accuracy_level: int | None = None  # int4: MatMulNBits arithmetic, 0 (fp32) or 4 (int8); None: the recipe's
-    lm_head: str | None = None  # int8/int4: the logits projection's precision (int4, int8, fp32); None: the recipe's
-    embeddings: str | None = None  # int8/int4: the embeddings' precision (int4, int8, fp32); None: the recipe's
+    quantization: QuantizeOptions = QuantizeOptions()  # weights: none, int8 or int4, and int4's recipe options
     gates: dict | None = None  # overrides of the precision's default gates (gpt2onnx.verify.gates.TOLERANCES)
-    keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
+    keep_fp32: tuple[str, ...] | str = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
     eval_text: str | None = None  # a text file: perplexity, KL against PyTorch before writing (verify.evaluate)
-    max_ppl_increase: float | None = None  # with eval_text: the most ΔPPL (percent) accepted
-    max_kl: float | None = None  # with eval_text: the most mean KL accepted
+    eval_gates: EvalGates = EvalGates()  # with eval_text: the most ΔPPL (percent) and mean KL accepted
+    passes: GraphPasses = field(init=False, repr=False, compare=False)
+    eval_source: TextSource | None = field(init=False, repr=False, compare=False)
 
-    def eval_gates(self) -> EvalGates:
-        return EvalGates(max_ppl_increase=self.max_ppl_increase, max_kl=self.max_kl)
-
-    def __post_init__(self) -> None:
-        self.check()  # an invalid one cannot be built
-
-    def passes(self) -> GraphPasses:
-        return GraphPasses(
-            self.fusion,
-            self.allow_partial_fusion,
-            self.dtype,
-            QuantizeOptions(self.quantize, self.block_size, self.accuracy_level, self.lm_head, self.embeddings),
-            self.keep_fp32,
-        )
-
-    def check(self) -> "ExportOptions":
-        """Refuse options out of range, and combinations where one would be ignored."""
+    def __post_init__(self) -> None:  # an invalid one cannot be built: checked here, and only here
         check_opset(self.opset)
         if self.logits not in LOGITS_CHOICES:
             raise BadInput(f"logits '{self.logits}' is not valid: choose 'all' or 'last'")
-        precision = self.passes().precision
+        passes = GraphPasses(self.fusion, self.allow_partial_fusion, self.dtype, self.quantization, self.keep_fp32)
+        object.__setattr__(self, "passes", passes)
+        object.__setattr__(self, "keep_fp32", passes.keep_fp32)
         if self.block is not None:
             if self.block < 0:
                 raise BadInput(f"block {self.block} is not valid: give a block index from 0")
             for name, whole in (
                 ("logits", self.logits != "all"),
-                ("dtype", check_dtype(self.dtype) != "float32"),
-                ("quantize", self.quantize != "none"),
+                ("dtype", passes.dtype != "float32"),
+                ("quantize", self.quantization.method != "none"),
                 ("fusion", self.fusion != "none"),
             ):
                 if whole:
                     raise BadInput(f"{name} applies to the whole decoder, not to a single block: drop one of them")
-        self.passes().check()
         if self.tolerance is not None:
             if not (math.isfinite(self.tolerance) and self.tolerance > 0):
                 raise BadInput(f"tolerance must be a positive number, got {self.tolerance}")
-            if precision != "float32":
+            if passes.precision != "float32":
                 raise BadInput(
-                    f"tolerance applies to fp32 exports; {precision} is checked by its gates: use --gate instead"
+                    f"tolerance applies to fp32 exports; {passes.precision} is checked by its gates: use --gate instead"
                 )
         if not self.validate and (self.tolerance is not None or self.gates):
             raise BadInput(
                 "tolerance and gates apply only when the export is validated: drop them, or drop --no-validate"
             )
-        tolerances_for(precision, self.gates)  # each gate in its range
-        check_eval_options(self.eval_text, self.eval_gates())
+        tolerances_for(passes.precision, self.gates)  # each gate in its range
+        object.__setattr__(self, "eval_source", eval_source(self.eval_text, self.eval_gates))
         if self.eval_text is not None and self.block is not None:
             raise BadInput("eval_text (--eval-text) evaluates a whole decoder, not a single block: drop one of them")
-        return self
+
+    @property
+    def precision(self) -> str:
+        return self.passes.precision
+
+    def as_dict(self) -> dict:
+        """The manifest's record of the options: the keys every release has written, in their order."""
+        quantization = {
+            "quantize": self.quantization.method,
+            "block_size": self.quantization.recipe.block_size,
+            "accuracy_level": self.quantization.accuracy_level,
+            "lm_head": self.quantization.lm_head,
+            "embeddings": self.quantization.embeddings,
+        }
+        gates = {"max_ppl_increase": self.eval_gates.max_ppl_increase, "max_kl": self.eval_gates.max_kl}
+        data = {}
+        for f in dataclasses.fields(self):
+            if f.init:
+                data.update(
+                    {"quantization": quantization, "eval_gates": gates}.get(f.name, {f.name: getattr(self, f.name)})
+                )
+        data["keep_fp32"] = list(self.keep_fp32)
+        return data
 
 
 @dataclass
 class ExportResult:
-    """What :func:`export` returns: the folder written, its manifest, the check it passed, timings in seconds."""
+    """What :func:`export` (and optimize) returns: the folder written, its manifest, the check it passed, timings
+    in seconds."""
 
     folder: Path
     manifest: Manifest
@@ -169,7 +180,6 @@ def export(
         BadInput (options, output folder), CheckpointError (the checkpoint or config), CheckFailed (the model
         does not match PyTorch within its gates; nothing is written), OutputError (cannot write).
     """
-    options.check()
     if revision is not None and random_init:
         raise BadInput(
             "a revision picks a Hub checkpoint's version; random weights have none: drop --revision or --random-init"
@@ -179,9 +189,8 @@ def export(
     if out is not None:
         check_output(Path(out), force=options.force, protect=protect)  # fail before loading any weights
     timings: dict[str, float] = {}
-    start = time.perf_counter()
-    ckpt = load_checkpoint(model, random_init=random_init, seed=seed, revision=revision, outliers=outliers)
-    timings["load_seconds"] = time.perf_counter() - start
+    with timed(timings, "load"):
+        ckpt = load_checkpoint(model, random_init=random_init, seed=seed, revision=revision, outliers=outliers)
     if options.block is not None and not 0 <= options.block < ckpt.spec.n_layer:
         raise BadInput(f"block {options.block} is out of range: this model has blocks 0 to {ckpt.spec.n_layer - 1}")
     if options.eval_text is not None and not set(ckpt.companion_files) & set(TOKENIZER_FILES):
@@ -198,90 +207,88 @@ def export(
 
 
 def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float], *, label: str):
-    from gpt2onnx.pytorch.model import BlockForExport, GPT2ForExport
-
-    spec, dtype, passes = ckpt.spec, check_dtype(options.dtype), options.passes()
-    start = time.perf_counter()
-    with torch.device("meta"):
-        full = GPT2ForExport(spec, last_logits_only=options.logits == "last")
-    full.load_state_dict(ckpt.state_dict, assign=True)  # shares the checkpoint's tensors, no copy
-    if options.block is None:
-        module, io, kind = full, decoder_io(spec, last_logits_only=options.logits == "last"), "decoder"
-        head = ("wte.weight", ckpt.state_dict["wte.weight"]) if spec.tie_word_embeddings else ("lm_head", full.lm_head)
-    else:
-        module, io, kind, head = BlockForExport(full.h[options.block]), block_io(spec), "block", None
-    log.info("exporting %s (%s, opset %d)", ckpt.name, kind, options.opset)
-    proto = export_module(module, io, spec, opset=options.opset, head_weight=head)
-    timings["export_seconds"] = time.perf_counter() - start
-    passed = passes.apply(proto, timings)
-    proto = passed.model
-    if dtype == "float16":
-        logits_dtype = "float32" if "logits" in parse_keep_fp32(options.keep_fp32) else "float16"
-        io = decoder_io(spec, last_logits_only=options.logits == "last", dtype=dtype, logits_dtype=logits_dtype)
-    if passed.kv_cache == "shared":
-        io = shared_cache_io(io)
-    if dtype == "float16" or passed.kv_cache == "shared":
-        check_graph_io(proto, io)
-    start = time.perf_counter()
-    model_files = save_onnx(proto, folder / MODEL_FILE, external_data=options.external_data)
-    timings["save_seconds"] = time.perf_counter() - start
-    graph_facts = graph_summary(proto)
-    del proto
+    """The checkpoint exported into the staged ``folder``, checked (against PyTorch, and on a text where asked),
+    with its companion files and manifest; returns (manifest, check, quality)."""
+    passed, io, kind = _graph(ckpt, options, timings)
+    with timed(timings, "save"):
+        model_files = save_onnx(passed.model, folder / MODEL_FILE, external_data=options.external_data)
+    graph_facts = graph_summary(passed.model)
     passed.model = None  # free the graph before validation; the pass records stay
-
     check = None
     if options.validate:
-        start = time.perf_counter()
-        check = validate_export(
-            folder / MODEL_FILE,
-            ckpt,
-            precision=passes.precision,
-            block=options.block,
-            tolerance=options.tolerance,
-            gates=options.gates,
-            quantization=passed.quantization,
-        )
-        timings["validate_seconds"] = time.perf_counter() - start
-        if not check.passed:
-            raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
+        with timed(timings, "validate"):
+            check = validate_export(
+                folder / MODEL_FILE,
+                ckpt,
+                precision=options.precision,
+                block=options.block,
+                tolerance=options.tolerance,
+                gates=options.gates,
+                quantization=passed.quantization,
+            )
+        passed_or_refused(check)
     _write_companions(folder, ckpt)
     quality = None
-    if options.eval_text is not None:
-        start = time.perf_counter()
-        quality = evaluate_written(
-            folder,
-            reference=ckpt,
-            text=options.eval_text,
-            gates=options.eval_gates(),
-            against=f"PyTorch fp32 ({ckpt.name})",
-            label=label,
-            precision=passes.precision,
-        )
-        timings["eval_seconds"] = time.perf_counter() - start
-        log.info("quality on real text: %s", quality.summary())
-        if not quality.passed:
-            failing = next(r.check for r in quality.rows if r.check and r.check.failures)
-            raise CheckFailed(
-                f"quality on real text failed: {'; '.join(quality.failures)}; nothing was written", failing
+    if options.eval_source is not None:
+        with timed(timings, "eval"):
+            quality = evaluate_written(
+                folder,
+                reference=ckpt,
+                text=options.eval_source,
+                gates=options.eval_gates,
+                against=f"PyTorch fp32 ({ckpt.name})",
+                label=label,
+                precision=options.precision,
             )
     manifest = Manifest(
         kind=kind,
         name=ckpt.name,
         source=ckpt.source,
-        architecture=spec.as_dict(),
-        dtype=dtype,
+        architecture=ckpt.spec,
+        dtype=options.passes.dtype,
         io=io,
         **graph_facts,
-        options={**asdict(options), "external_data": len(model_files) > 1},
-        fusion=passed.fusion,
-        fp16=passed.fp16,
-        quantization=passed.quantization,
-        kv_cache=passed.kv_cache,
+        options={**options.as_dict(), "external_data": len(model_files) > 1},
+        **passed.records(),
         check=check,
-        eval=quality.as_dict() if quality else None,
+        eval=quality,
         timings=timings,
     )
     return write_manifest(folder, manifest), check, quality
+
+
+def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
+    """The checkpoint as an ONNX graph (the whole decoder, or one block) with the passes applied, and its IO
+    contract; returns (PassResult, io, kind)."""
+    spec, passes, last = ckpt.spec, options.passes, options.logits == "last"
+    with timed(timings, "export"):
+        with torch.device("meta"):
+            full = GPT2ForExport(spec, last_logits_only=last)
+        full.load_state_dict(ckpt.state_dict, assign=True)  # shares the checkpoint's tensors, no copy
+        if options.block is None:
+            module, io, kind = full, decoder_io(spec, last_logits_only=last), "decoder"
+            tied = spec.tie_word_embeddings
+            head = ("wte.weight", ckpt.state_dict["wte.weight"]) if tied else ("lm_head", full.lm_head)
+        else:
+            module, io, kind, head = BlockForExport(full.h[options.block]), block_io(spec), "block", None
+        log.info("exporting %s (%s, opset %d)", ckpt.name, kind, options.opset)
+        proto = export_module(module, io, spec, opset=options.opset, head_weight=head)
+    passed = passes.apply(proto, timings)
+    if passes.dtype == "float16":
+        logits_dtype = "float32" if "logits" in passes.keep_fp32 else "float16"
+        io = decoder_io(spec, last_logits_only=last, dtype=passes.dtype, logits_dtype=logits_dtype)
+    if passed.kv_cache == "shared":
+        io = shared_cache_io(io)
+    if passes.dtype == "float16" or passed.kv_cache == "shared":
+        check_graph_io(passed.model, io)
+    return passed, io, kind
+
+
+def passed_or_refused(check: CheckReport) -> CheckReport:
+    """The check of a folder being written; CheckFailed (so nothing is written) where it failed."""
+    if not check.passed:
+        raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
+    return check
 
 
 def _write_companions(folder: Path, ckpt: Checkpoint) -> None:

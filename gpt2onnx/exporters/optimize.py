@@ -3,9 +3,9 @@ folder, checked against the graph it came from before anything is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -27,26 +27,19 @@ from gpt2onnx.artifact.folder import (
 )
 from gpt2onnx.artifact.graph import graph_summary, resolve_model_path, save_onnx
 from gpt2onnx.artifact.manifest import Manifest
-from gpt2onnx.artifact.report import CheckReport
-from gpt2onnx.errors import BadInput, CheckFailed
-from gpt2onnx.passes.pipeline import GraphPasses
+from gpt2onnx.errors import BadInput
+from gpt2onnx.exporters.export import ExportResult, passed_or_refused
+from gpt2onnx.passes.pipeline import GraphPasses, timed
 from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions
-from gpt2onnx.verify.evaluate import EvalGates, EvalReport, check_eval_options, evaluate_written
-from gpt2onnx.verify.gates import tolerances_for
+from gpt2onnx.verify.evaluate import eval_source, evaluate_written
+from gpt2onnx.verify.gates import EvalGates, tolerances_for
 from gpt2onnx.verify.parity import SOURCE_ONNX, validate_against_source
+from gpt2onnx.verify.text import TextSource
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class OptimizeResult:
-    """What :func:`optimize` returns: the folder written, its manifest, the check it passed, timings in seconds."""
-
-    folder: Path
-    manifest: Manifest
-    check: CheckReport | None = None  # None with validate=False
-    timings: dict[str, float] = field(default_factory=dict)
-    quality: EvalReport | None = None  # quality on real text, with eval_text (--eval-text)
+OptimizeResult = ExportResult  # the same record: the folder written, its manifest, its checks, timings
 
 
 def optimize(
@@ -88,16 +81,15 @@ def optimize(
         golden counts, or the rewritten graph differs from its source), OutputError.
     """
     passes = GraphPasses(fusion, allow_partial, dtype, quantization, keep_fp32)
-    dtype = passes.check()
-    if fusion == "none" and passes.precision == "float32":
+    if passes.changes_nothing:
         raise BadInput(
             "nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a"
             " precision"
         )
     tolerances_for(passes.precision, {"logits": tolerance} if passes.precision == "float32" else gates)
-    check_eval_options(eval_text, eval_gates)
+    text = eval_source(eval_text, eval_gates)
     model_path = resolve_model_path(Path(source))
-    if eval_text is not None and not any((model_path.parent / name).is_file() for name in TOKENIZER_FILES):
+    if text is not None and not any((model_path.parent / name).is_file() for name in TOKENIZER_FILES):
         raise BadInput(
             f"eval_text (--eval-text) needs the model's tokenizer, but '{model_path.parent}' has no tokenizer files"
             " (tokenizer.json, or vocab.json and merges.txt): copy them into the source folder, or drop --eval-text"
@@ -111,73 +103,89 @@ def optimize(
     check_output(out, force=force, protect=(model_path.parent,))
     timings = {}
     passed = passes.apply(onnx.load(str(model_path)), timings)
-    fused, passed.model = passed.model, None
+    checks = _Checks(validate, tolerance, gates, text, eval_gates)
     with staged_folder(out, force=force, protect=(model_path.parent,)) as folder:
-        files = save_onnx(fused, folder / MODEL_FILE, external_data=external_data)
-        facts = graph_summary(fused)
-        del fused
-        for name in (CONFIG_FILE, *COMPANION_FILES):
-            if (model_path.parent / name).is_file():
-                copy_regular_file(model_path.parent / name, folder / name, within=model_path.parent)
-        check = None
-        previous = read_manifest(model_path.parent)
-        if validate:
-            start = time.perf_counter()
+        manifest, check, quality = _optimize_into(
+            folder, model_path, passes, passed, checks, timings, out=out, external_data=external_data
+        )
+    return OptimizeResult(out, manifest, check, timings, quality)
+
+
+@dataclass(frozen=True)
+class _Checks:
+    """What the new graph is held to before it is written: the source (``validate``, within ``tolerance`` or the
+    ``gates``), and a text (``text``, its ``eval_gates``)."""
+
+    validate: bool
+    tolerance: float
+    gates: dict | None
+    text: TextSource | None
+    eval_gates: EvalGates
+
+
+def _optimize_into(
+    folder: Path, model_path: Path, passes: GraphPasses, passed, checks: _Checks, timings, *, out: Path, external_data
+):
+    """The rewritten graph and the source's companion files written into the staged ``folder``, checked against
+    the source, and its manifest; returns (manifest, check, quality)."""
+    fused, passed.model = passed.model, None
+    files = save_onnx(fused, folder / MODEL_FILE, external_data=external_data)
+    facts = graph_summary(fused)
+    del fused
+    for name in (CONFIG_FILE, *COMPANION_FILES):
+        if (model_path.parent / name).is_file():
+            copy_regular_file(model_path.parent / name, folder / name, within=model_path.parent)
+    previous = read_manifest(model_path.parent)
+    check = None
+    if checks.validate:
+        with timed(timings, "validate"):
             check = validate_against_source(
                 folder / MODEL_FILE,
                 model_path,
                 precision=passes.precision,
-                tolerance=tolerance,
-                gates=gates,
+                tolerance=checks.tolerance,
+                gates=checks.gates,
                 quantization=passed.quantization,
                 source_record=previous.source if previous else None,
             )
-            timings["validate_seconds"] = time.perf_counter() - start
-            if not check.passed:
-                raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
-        io = previous.io if previous and dtype != "float16" else None
-        quality = None
-        if eval_text is not None:
-            start = time.perf_counter()
-            reference = ModelFolder(model_path.parent, model_path, previous, read_n_positions(folder))
+        passed_or_refused(check)
+    quality = None
+    if checks.text is not None:
+        reference = ModelFolder(model_path.parent, model_path, previous, read_n_positions(folder))
+        with timed(timings, "eval"):
             quality = evaluate_written(
                 folder,
                 reference=reference,
-                text=eval_text,
-                gates=eval_gates,
+                text=checks.text,
+                gates=checks.eval_gates,
                 against=SOURCE_ONNX,
                 label=str(out),
                 precision=passes.precision,
             )
-            timings["eval_seconds"] = time.perf_counter() - start
-            if not quality.passed:
-                failing = next(r.check for r in quality.rows if r.check and r.check.failures)
-                raise CheckFailed(
-                    f"quality on real text failed: {'; '.join(quality.failures)}; nothing was written", failing
-                )
-        manifest = Manifest(
-            kind="decoder",
-            name=previous.name if previous else model_path.parent.name,
-            source=previous.source if previous else {"kind": "onnx", "path": str(model_path.resolve())},
-            optimized_from=str(model_path.resolve()),
-            architecture=previous.architecture if previous else None,
-            dtype=dtype if dtype == "float16" or not previous else previous.dtype,
-            # the source's IO record, with the shared cache's dim names when the new graph shares its cache
-            io=shared_cache_io(io) if io is not None and passed.kv_cache == "shared" else io,
-            **facts,
-            options={
-                **(previous.options if previous else {}),
-                "fusion": fusion,
-                "allow_partial_fusion": allow_partial,
-                "external_data": len(files) > 1,
-            },
-            fusion=passed.fusion,
-            fp16=passed.fp16,
-            quantization=passed.quantization,
-            kv_cache=passed.kv_cache,
-            check=check,
-            eval=quality.as_dict() if quality else None,
-            timings=timings,
-        )
-        manifest = write_manifest(folder, manifest)
-    return OptimizeResult(out, manifest, check, timings, quality)
+    manifest = _manifest(model_path, previous, passes, passed, facts, external=len(files) > 1)
+    manifest = dataclasses.replace(manifest, check=check, eval=quality, timings=timings)
+    return write_manifest(folder, manifest), check, quality
+
+
+def _manifest(model_path: Path, previous, passes: GraphPasses, passed, facts: dict, *, external: bool) -> Manifest:
+    """The new folder's manifest: the source's records (or what an optimum folder lets us know), with the new
+    graph's facts and passes."""
+    io = previous.io if previous and passes.dtype != "float16" else None
+    return Manifest(
+        kind="decoder",
+        name=previous.name if previous else model_path.parent.name,
+        source=previous.source if previous else {"kind": "onnx", "path": str(model_path.resolve())},
+        optimized_from=str(model_path.resolve()),
+        architecture=previous.architecture if previous else None,
+        dtype=passes.dtype if passes.dtype == "float16" or not previous else previous.dtype,
+        # the source's IO record, with the shared cache's dim names when the new graph shares its cache
+        io=shared_cache_io(io) if io is not None and passed.kv_cache == "shared" else io,
+        **facts,
+        options={
+            **(previous.options if previous else {}),
+            "fusion": passes.fusion,
+            "allow_partial_fusion": passes.allow_partial_fusion,
+            "external_data": external,
+        },
+        **passed.records(),
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -9,6 +10,7 @@ import onnx
 
 from gpt2onnx.artifact.manifest import Fp16Record, FusionReport, QuantizationRecord
 from gpt2onnx.errors import BadInput
+from gpt2onnx.passes import precision as precision_passes  # by module: tests swap quantize to damage a file
 from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
 
 
@@ -24,60 +26,69 @@ class PassResult:
     # profile); deployment targets read it (genai: past_present_share_buffer). "concat": present = past + new.
     kv_cache: str = "concat"
 
+    def records(self) -> dict:
+        """The manifest's records of the passes, by their keys."""
+        return {"fusion": self.fusion, "fp16": self.fp16, "quantization": self.quantization, "kv_cache": self.kv_cache}
+
 
 @dataclass(frozen=True)
 class GraphPasses:
+    """The passes export and optimize run, checked when built: a fusion profile, the dtype (canonical: float32 or
+    float16), the weight quantization, and what fp16 keeps in fp32 (a tuple of groups, or --keep-fp32's text)."""
+
     fusion: str = "none"
     allow_partial_fusion: bool = False
     dtype: str = "fp32"
     quantization: QuantizeOptions = field(default_factory=QuantizeOptions)
-    keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
+    keep_fp32: tuple[str, ...] | str = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
 
-    def __post_init__(self) -> None:
-        self.check()  # an invalid one cannot be built
-
-    def check(self) -> str:
-        """Refuse an unknown profile, dtype or method, or fp16 with quantized weights; returns the dtype."""
+    def __post_init__(self) -> None:  # an invalid one cannot be built: checked here, and only here
         if self.fusion != "none":  # the profiles import onnxscript: only when one is asked for
             from gpt2onnx.passes.fusions.profiles import check_profile
 
             check_profile(self.fusion)
         if self.allow_partial_fusion and self.fusion == "none":
             raise BadInput("--allow-partial-fusion applies to a fusion profile: add --fusion, or drop it")
-        self.quantization.check()
         dtype = check_dtype(self.dtype, self.quantization.method)
         keep = parse_keep_fp32(self.keep_fp32)
         if dtype != "float16" and keep != FP16_KEEP_GROUPS:
             raise BadInput("--keep-fp32 applies to fp16 models only: add --dtype fp16, or leave --keep-fp32 out")
-        return dtype
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "keep_fp32", keep)
 
     @property
     def precision(self) -> str:
         """The key of the parity gates: the quantization method, else the dtype."""
         method = self.quantization.method
-        return method if method != "none" else check_dtype(self.dtype)
+        return method if method != "none" else self.dtype
+
+    @property
+    def changes_nothing(self) -> bool:
+        """No fusion, fp32 weights: the passes would leave a graph as it is."""
+        return self.fusion == "none" and self.precision == "float32"
 
     def apply(self, model: onnx.ModelProto, timings: dict[str, float]) -> PassResult:
         """Run the passes in order: fusion profile, fp16, weight quantization."""
         result = PassResult(model)
         if self.fusion != "none":
-            from gpt2onnx.passes.fusions import fuse
+            from gpt2onnx.passes.fusions import fuse  # lazy: the rules import onnxscript, only a fusion needs it
 
-            start = time.perf_counter()
-            result.model, result.fusion = fuse(result.model, self.fusion, allow_partial=self.allow_partial_fusion)
-            timings["fusion_seconds"] = time.perf_counter() - start
-        if self.check() == "float16":
-            from gpt2onnx.passes.precision import to_fp16
-
-            start = time.perf_counter()
-            result.model, result.fp16 = to_fp16(result.model, keep_fp32=parse_keep_fp32(self.keep_fp32))
-            timings["fp16_seconds"] = time.perf_counter() - start
+            with timed(timings, "fusion"):
+                result.model, result.fusion = fuse(result.model, self.fusion, allow_partial=self.allow_partial_fusion)
+        if self.dtype == "float16":
+            with timed(timings, "fp16"):
+                result.model, result.fp16 = precision_passes.to_fp16(result.model, keep_fp32=self.keep_fp32)
         if self.quantization.method != "none":
-            from gpt2onnx.passes.precision import quantize
-
-            start = time.perf_counter()
-            result.model, result.quantization = quantize(result.model, self.quantization)
-            timings["quantize_seconds"] = time.perf_counter() - start
+            with timed(timings, "quantize"):
+                result.model, result.quantization = precision_passes.quantize(result.model, self.quantization)
         shared = any(n.op_type == "GroupQueryAttention" for n in result.model.graph.node)
         result.kv_cache = "shared" if shared else "concat"
         return result
+
+
+@contextlib.contextmanager
+def timed(timings: dict[str, float], step: str):
+    """The seconds the block takes, as timings[step + "_seconds"] (the manifest's timings)."""
+    start = time.perf_counter()
+    yield
+    timings[f"{step}_seconds"] = time.perf_counter() - start

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 METHODS = ("none", "int8", "int4")
 INT4_BLOCK_SIZES = (16, 32, 64, 128, 256)
+DEFAULT_BLOCK_SIZE = 32
 DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16"}
 # What an fp16 model keeps in fp32 (--keep-fp32), by default all of it:
 #   layernorm: each LayerNorm, as a fused op (LayerNormalization, SkipLayerNormalization) or written out (opsets
@@ -257,7 +258,7 @@ class QuantizeOptions:
     method: none, int8 (onnxruntime's quantize_dynamic: MatMulInteger, int8 weights per tensor, activations
         quantized at each step) or int4 (MatMulNBitsQuantizer: symmetric, ``block_size`` weights per scale).
     block_size: weights per scale of every block-wise tensor (int4 weights, an 8-bit head under int4, 8-bit
-        embeddings).
+        embeddings); None: DEFAULT_BLOCK_SIZE.
     accuracy_level: int4's MatMulNBits arithmetic (ACCURACY_LEVELS); int4 only.
     lm_head: the logits projection: int4 (MatMulNBits), int8 (MatMulNBits with 8 bits under int4, MatMulInteger
         under int8) or fp32 (the exported Gemm on the tied embedding, left as it is).
@@ -266,19 +267,16 @@ class QuantizeOptions:
     """
 
     method: str = "none"
-    block_size: int = 32
+    block_size: int | None = None
     accuracy_level: int | None = None
     lm_head: str | None = None
     embeddings: str | None = None
 
-    def __post_init__(self) -> None:
-        self.check()  # an invalid one cannot be built
-
-    def check(self) -> "QuantizeOptions":
+    def __post_init__(self) -> None:  # an invalid one cannot be built: checked here, and only here
         if self.method not in METHODS:
             raise BadInput(f"unknown --quantize '{self.method}': choose one of {', '.join(METHODS)}")
         if self.method == "none":
-            if self.block_size != QuantizeOptions.block_size:
+            if self.block_size is not None:
                 raise BadInput("--block-size applies to quantized weights: add --quantize int8 or int4, or drop it")
             for flag, value in (
                 ("--accuracy-level", self.accuracy_level),
@@ -287,8 +285,8 @@ class QuantizeOptions:
             ):
                 if value is not None:
                     raise BadInput(f"{flag} applies to quantized weights: add --quantize int8 or int4, or drop it")
-            return self
-        if self.block_size not in INT4_BLOCK_SIZES:
+            return
+        if self.block_size is not None and self.block_size not in INT4_BLOCK_SIZES:
             raise BadInput(
                 f"--block-size {self.block_size} is not supported for {self.method}: choose one of"
                 f" {', '.join(map(str, INT4_BLOCK_SIZES))}"
@@ -307,16 +305,14 @@ class QuantizeOptions:
                 raise BadInput(
                     f"{flag} '{value}' is not valid with --quantize {self.method}: choose {' or '.join(choices)}"
                 )
-        return self
 
-    def resolved(self) -> "QuantizeOptions":
+    @property
+    def recipe(self) -> "QuantizeRecipe":
         """The options with the method's recipe filled in where they are None."""
-        if self.method not in RECIPES:
-            return self
-        recipe = RECIPES[self.method]
-        return QuantizeOptions(
+        recipe = RECIPES.get(self.method, {"accuracy_level": None, "lm_head": None, "embeddings": None})
+        return QuantizeRecipe(
             self.method,
-            self.block_size,
+            self.block_size or DEFAULT_BLOCK_SIZE,
             self.accuracy_level if self.accuracy_level is not None else recipe["accuracy_level"],
             self.lm_head or recipe["lm_head"],
             self.embeddings or recipe["embeddings"],
@@ -325,20 +321,31 @@ class QuantizeOptions:
     @property
     def block_wise(self) -> bool:
         """Whether any tensor is quantized block by block (so that block_size matters)."""
-        options = self.resolved()
-        return options.method == "int4" or options.embeddings == "int8"
+        recipe = self.recipe
+        return recipe.method == "int4" or recipe.embeddings == "int8"
 
     def as_dict(self) -> dict:
         if self.method == "none":
             return {"method": "none", "block_size": None}
-        options = self.resolved()
+        recipe = self.recipe
         return {
-            "method": options.method,
-            "block_size": options.block_size if options.block_wise else None,
-            "accuracy_level": options.accuracy_level,
-            "lm_head": options.lm_head,
-            "embeddings": options.embeddings,
+            "method": recipe.method,
+            "block_size": recipe.block_size if self.block_wise else None,
+            "accuracy_level": recipe.accuracy_level,
+            "lm_head": recipe.lm_head,
+            "embeddings": recipe.embeddings,
         }
+
+
+@dataclass(frozen=True)
+class QuantizeRecipe:
+    """What a QuantizeOptions (already checked) does, its method's recipe filled in (QuantizeOptions.recipe)."""
+
+    method: str
+    block_size: int
+    accuracy_level: int | None
+    lm_head: str | None
+    embeddings: str | None
 
 
 def logits_projection(graph: onnx.GraphProto) -> onnx.NodeProto | None:
@@ -383,7 +390,7 @@ def _gemm_to_matmul(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
 
 
 def _matmul_nbits(
-    model: onnx.ModelProto, options: "QuantizeOptions", *, bits: int, exclude: set[str], gathers: bool
+    model: onnx.ModelProto, options: "QuantizeRecipe", *, bits: int, exclude: set[str], gathers: bool
 ) -> onnx.ModelProto:
     """onnxruntime's MatMulNBitsQuantizer over every MatMul on a weight (and the embedding Gathers with
     ``gathers``) whose node is not in ``exclude``."""
@@ -453,6 +460,61 @@ def _gathers_to_8bit(model: onnx.ModelProto, names: set[str], block_size: int) -
     return changed
 
 
+def _int8(model: onnx.ModelProto, head, head_apart: set[str], scheme: Int8Scheme) -> onnx.ModelProto:
+    """onnxruntime's quantize_dynamic on every MatMul but ``head_apart`` (MatMulInteger, weights stored by
+    ``scheme``); a head kept fp32 is hidden from it (see below)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # quantize_dynamic turns every Gemm into a MatMul by transposing its weight in place, which would break
+    # the Gather that shares the tied embedding: a head kept fp32 is hidden from it in a domain of its own
+    held = head is not None and head.op_type == "Gemm"
+    if held:
+        head.domain, head.op_type = HELD_DOMAIN, "HeldGemm"
+        model.opset_import.append(onnx.helper.make_opsetid(HELD_DOMAIN, 1))
+    with tempfile.TemporaryDirectory(prefix="gpt2onnx-int8-") as tmp:
+        out = Path(tmp) / "model.onnx"
+        # quantize_dynamic logs a pre-processing hint on the root logger (logging.warning), which would be a
+        # second line on stderr: the tool's output is one line per error, and the hint is not one
+        hint = logging.Filter()
+        hint.filter = lambda record: "pre-processing before quantization" not in record.getMessage()
+        logging.getLogger().addFilter(hint)
+        try:
+            quantize_dynamic(
+                model,
+                out,
+                op_types_to_quantize=["MatMul"],
+                nodes_to_exclude=sorted(head_apart),
+                weight_type=QuantType.QInt8 if scheme.weights == "int8" else QuantType.QUInt8,
+                per_channel=scheme.per_channel,
+                reduce_range=scheme.reduce_range,
+                use_external_data_format=True,
+            )
+        finally:
+            logging.getLogger().removeFilter(hint)
+        quantized = onnx.load(str(out))
+    if held:
+        for node in quantized.graph.node:
+            if node.domain == HELD_DOMAIN:
+                node.domain, node.op_type = "", "Gemm"
+        opsets = [o for o in quantized.opset_import if o.domain != HELD_DOMAIN]
+        del quantized.opset_import[:]
+        quantized.opset_import.extend(opsets)
+    return quantized
+
+
+def _quantized_ops(model: onnx.ModelProto) -> dict[str, int]:
+    """The quantized ops of a graph by type (with their width where it is not 4 bits): the manifest's record."""
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
+            bits = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits"), 4)
+            key = f"{node.op_type}" if bits == 4 else f"{node.op_type} ({bits}-bit)"
+            ops[key] = ops.get(key, 0) + 1
+        elif node.op_type in ("MatMulInteger", "DynamicQuantizeLinear"):
+            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    return ops
+
+
 def _name_nodes(graph: onnx.GraphProto) -> None:
     """Give every node a name: the quantizers select nodes by name."""
     names = {n.name for n in graph.node if n.name}
@@ -470,7 +532,8 @@ def quantize(
 ) -> tuple[onnx.ModelProto, QuantizationRecord | None]:
     """Quantize ``model`` (changed in place on the way); returns the new model and what was done.
     ``int8_scheme``: how int8 stores its MatMulInteger weights (INT8_SCHEMES; benchmarks choose another)."""
-    options = options.check().resolved()
+    record = options.as_dict()
+    options = options.recipe
     if options.method == "none":
         return model, None
     ir_version = model.ir_version
@@ -497,57 +560,14 @@ def quantize(
             others = {n.name for n in quantized.graph.node} - {head.name}
             quantized = _matmul_nbits(quantized, options, bits=8, exclude=others, gathers=False)
     else:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        # quantize_dynamic turns every Gemm into a MatMul by transposing its weight in place, which would break
-        # the Gather that shares the tied embedding: a head kept fp32 is hidden from it in a domain of its own
-        held = head is not None and head.op_type == "Gemm"
-        if held:
-            head.domain, head.op_type = HELD_DOMAIN, "HeldGemm"
-            model.opset_import.append(onnx.helper.make_opsetid(HELD_DOMAIN, 1))
-        with tempfile.TemporaryDirectory(prefix="gpt2onnx-int8-") as tmp:
-            out = Path(tmp) / "model.onnx"
-            # quantize_dynamic logs a pre-processing hint on the root logger (logging.warning), which would be a
-            # second line on stderr: the tool's output is one line per error, and the hint is not one
-            hint = logging.Filter()
-            hint.filter = lambda record: "pre-processing before quantization" not in record.getMessage()
-            logging.getLogger().addFilter(hint)
-            try:
-                quantize_dynamic(
-                    model,
-                    out,
-                    op_types_to_quantize=["MatMul"],
-                    nodes_to_exclude=sorted(head_apart),
-                    weight_type=QuantType.QInt8 if int8_scheme.weights == "int8" else QuantType.QUInt8,
-                    per_channel=int8_scheme.per_channel,
-                    reduce_range=int8_scheme.reduce_range,
-                    use_external_data_format=True,
-                )
-            finally:
-                logging.getLogger().removeFilter(hint)
-            quantized = onnx.load(str(out))
-        if held:
-            for node in quantized.graph.node:
-                if node.domain == HELD_DOMAIN:
-                    node.domain, node.op_type = "", "Gemm"
-            opsets = [o for o in quantized.opset_import if o.domain != HELD_DOMAIN]
-            del quantized.opset_import[:]
-            quantized.opset_import.extend(opsets)
+        quantized = _int8(model, head, head_apart, int8_scheme)
     if options.embeddings == "int8":
         _gathers_to_8bit(quantized, gathers, options.block_size)
     opset = next((i.version for i in quantized.opset_import if i.domain in ("", "ai.onnx")), 0)
     # the int4 quantizer may raise the opset (GatherBlockQuantized); keep the IR version in step with it
     quantized.ir_version = max(ir_version, 10 if opset >= 21 else ir_version)
-    ops: dict[str, int] = {}
-    for node in quantized.graph.node:
-        if node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
-            bits = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits"), 4)
-            key = f"{node.op_type}" if bits == 4 else f"{node.op_type} ({bits}-bit)"
-            ops[key] = ops.get(key, 0) + 1
-        elif node.op_type in ("MatMulInteger", "DynamicQuantizeLinear"):
-            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    ops = _quantized_ops(quantized)
     log.info("quantized (%s): %s", options.method, ops)
-    record = options.as_dict()
     return quantized, QuantizationRecord(
         record["method"],
         record["block_size"],

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
 
+from gpt2onnx.artifact.manifest import Architecture
 from gpt2onnx.errors import CheckpointError
 from gpt2onnx.files import available_memory
 
@@ -21,27 +20,6 @@ PRESETS: dict[str, dict[str, int]] = {
 
 # Activations that are GPT-2's tanh GELU under another name.
 TANH_GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """The numbers that fix a GPT-2 architecture."""
-
-    vocab_size: int
-    n_positions: int
-    n_embd: int
-    n_layer: int
-    n_head: int
-    n_inner: int
-    layer_norm_epsilon: float
-    tie_word_embeddings: bool
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def preset_config(name: str):

@@ -31,11 +31,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from gpt2onnx.artifact.folder import TOKENIZER_FILES, ModelFolder, open_folder
-from gpt2onnx.artifact.report import CheckReport
-from gpt2onnx.errors import BadInput
+from gpt2onnx.artifact.folder import MODEL_FILE, TOKENIZER_FILES, ModelFolder, open_folder, read_n_positions
+from gpt2onnx.artifact.report import CheckReport, EvalProtocol, EvalReport, EvalRow, GreedyComparison, KlStats
+from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.files import sha256_file
-from gpt2onnx.machine import MachineRecord, describe_machine
+from gpt2onnx.machine import describe_machine
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model, reference_step
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
@@ -43,6 +43,9 @@ from gpt2onnx.runtimes.decoder import file_shape, position_ids_for
 from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.runtimes.prompts import load_tokenizer
 from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.verify.gates import EvalGates
+from gpt2onnx.verify.lockstep import reference_greedy
+from gpt2onnx.verify.metrics import tokens_before_divergence
 from gpt2onnx.verify.text import (
     TextSource,
     TextSummary,
@@ -54,8 +57,6 @@ from gpt2onnx.verify.text import (
     window_count,
     window_logits,
 )
-from gpt2onnx.verify.lockstep import reference_greedy
-from gpt2onnx.verify.metrics import tokens_before_divergence
 
 log = logging.getLogger(__name__)
 
@@ -69,159 +70,40 @@ _KL_BINS = (_KL_DECADES[1] - _KL_DECADES[0]) * _KL_PER_DECADE
 
 
 @dataclass(frozen=True)
-class KlStats:
-    """KL(reference ‖ this) of the next-token distributions, per scored token."""
+class Windows:
+    """The sliding windows: ``context`` tokens each (None: the models' position count) every ``stride`` tokens
+    (None: half the context); checked when built, and against the models once they are known (``fit``)."""
 
-    mean: float
-    stderr: float
-    p99: float  # from a log-spaced histogram (2.3 % resolution)
-    max: float
+    context: int | None = None
+    stride: int | None = None
 
+    def __post_init__(self) -> None:  # an invalid one cannot be built
+        for name, value, low in (("context", self.context, 2), ("stride", self.stride, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise BadInput(f"{name} (--{name}) must be an integer of at least {low}, got {value!r}")
+        if self.context is not None and self.stride is not None and self.stride > self.context:
+            raise BadInput(f"stride (--stride) must be 1 to the context ({self.context}), got {self.stride}")
 
-@dataclass(frozen=True)
-class GreedyComparison:
-    """Greedy continuation of the text's first tokens, against the reference's."""
-
-    prompt_tokens: int
-    new_tokens: int  # compared (genai may stop earlier, at end-of-sequence)
-    matching_tokens: int
-    first_divergence: int | None  # None: all new_tokens equal
-
-
-@dataclass(frozen=True)
-class EvalProtocol:
-    """How the figures were measured: stated beside them in every report."""
-
-    method: str
-    context: int
-    stride: int
-    tokens: int  # of the whole text
-    scored_tokens: int
-    windows: int
-    text: dict  # where the text came from (file, or dataset, config, split) and its sha256
-    tokenizer: str | None
-    reference: str
-    greedy_prompt_tokens: int
-    greedy_new_tokens: int
-    gates: dict
-    machine: MachineRecord | None = None  # where the folders ran: the CPU (model, features), the GPU
-
-    @property
-    def source(self) -> str:
-        """The text's file, or dataset:config:split."""
-        named = (self.text.get(k) for k in ("dataset", "config", "split"))
-        return self.text.get("file") or ":".join(filter(None, named))
-
-    def as_dict(self) -> dict:
-        return {
-            "method": self.method,
-            "context": self.context,
-            "stride": self.stride,
-            "tokens": self.tokens,
-            "scored_tokens": self.scored_tokens,
-            "windows": self.windows,
-            "text": self.text,
-            "tokenizer": self.tokenizer,
-            "reference": self.reference,
-            "ppl_stderr": "PPL × standard error of the mean NLL, tokens taken as independent",
-            "kl": "KL(reference ‖ folder) of the next-token distributions; p99 from a log-spaced histogram (2.3 %)",
-            "greedy": {"prompt_tokens": self.greedy_prompt_tokens, "new_tokens": self.greedy_new_tokens},
-            "gates": self.gates,
-            **({"machine": self.machine.as_dict()} if self.machine else {}),
-        }
+    def fit(self, limit: int) -> "Windows":
+        """The windows for models of ``limit`` positions, the defaults filled in."""
+        context = limit if self.context is None else self.context
+        if context > limit:
+            raise BadInput(
+                f"context (--context) must be 2 to {limit} tokens (the models' position count), got {context}"
+            )
+        stride = max(1, context // 2) if self.stride is None else self.stride
+        if stride > context:
+            raise BadInput(f"stride (--stride) must be 1 to the context ({context}), got {stride}")
+        return Windows(context, stride)
 
 
-@dataclass(frozen=True)
-class EvalGates:
-    """Thresholds on the figures against the reference: the most ΔPPL (percent) and mean KL accepted."""
-
-    max_ppl_increase: float | None = None
-    max_kl: float | None = None
-
-    def check(self) -> "EvalGates":
-        for name, value in (("max_ppl_increase", self.max_ppl_increase), ("max_kl", self.max_kl)):
-            if value is not None and not (
-                isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-            ):
-                raise BadInput(f"{name.replace('_', '-')} must be a number ≥ 0, got {value!r}")
-        return self
-
-    @property
-    def active(self) -> bool:
-        return self.max_ppl_increase is not None or self.max_kl is not None
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-
-@dataclass
-class EvalRow:
-    """One folder's figures (the reference's own row has only the perplexity)."""
-
-    label: str  # the folder
-    precision: str
-    runtime: str
-    provider: str
-    tokens: int  # scored tokens
-    ppl: float
-    ppl_stderr: float
-    nll_mean: float
-    delta_ppl_percent: float | None = None  # (PPL / PPL_ref - 1) × 100, from the mean paired NLL difference
-    delta_ppl_stderr: float | None = None  # in percentage points
-    kl: KlStats | None = None  # KL(reference ‖ this) per token (None on the reference's own row)
-    same_top1: float | None = None  # share of scored tokens with the reference's top-1 token
-    rms_dp: float | None = None  # RMS of p(correct token) − p_ref(correct token)
-    mean_dp: float | None = None
-    nonfinite: int = 0  # positions with a NaN or Inf figure
-    greedy: GreedyComparison | None = None  # None: not compared
-    token_by_token: bool = False  # a --logits last graph, run one token per step
-    seconds: float = 0.0  # time spent computing this model's logits
-    check: CheckReport | None = None  # the gates, when given
-
-    def as_dict(self) -> dict:
-        data = asdict(self)
-        data["kl"], data["greedy"] = data["kl"] or {}, data["greedy"] or {}  # the JSON of earlier releases
-        data["check"] = self.check.as_dict() if self.check else None
-        return data
-
-
-@dataclass
-class EvalReport:
-    """What :func:`evaluate` returns: the protocol, the reference's perplexity, one row per folder."""
-
-    protocol: EvalProtocol
-    reference: EvalRow
-    rows: list[EvalRow]
-
-    @property
-    def failures(self) -> list[str]:
-        return [f for row in self.rows if row.check for f in row.check.failures]
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def as_dict(self) -> dict:
-        return {
-            "protocol": self.protocol.as_dict(),
-            "reference": self.reference.as_dict(),
-            "rows": [r.as_dict() for r in self.rows],
-            "failures": self.failures,
-            "passed": self.passed,
-        }
-
-    def summary(self) -> str:
-        """One line per folder is too long for a manifest summary: the verdict and the worst figures."""
-        parts = [
-            f"{r.label}: PPL {r.ppl:.4g} ({r.delta_ppl_percent:+.2f} %), mean KL {r.kl.mean:.2e}, "
-            f"top-1 {100 * r.same_top1:.1f} %"
-            for r in self.rows
-        ]
-        verdict = "pass" if self.passed else "FAIL: " + "; ".join(self.failures)
-        return (
-            f"on {self.protocol.scored_tokens:,} tokens of real text against {self.reference.label} "
-            f"(PPL {self.reference.ppl:.4g}): {'; '.join(parts)} — {verdict}"
-        )
+def check_greedy_tokens(greedy_tokens: int) -> None:
+    if (
+        isinstance(greedy_tokens, bool)
+        or not isinstance(greedy_tokens, int)
+        or not 0 <= greedy_tokens <= MAX_GREEDY_TOKENS
+    ):
+        raise BadInput(f"greedy tokens (--greedy-tokens) must be 0 to {MAX_GREEDY_TOKENS}, got {greedy_tokens}")
 
 
 # -- accumulating the figures, chunk by chunk --------------------------------------------------------------
@@ -418,8 +300,11 @@ def _reference_scorer(models: list[ModelFolder], reference: str | None, runtime:
     from gpt2onnx.verify.parity import check_reference_matches, reference_checkpoint
 
     if reference is not None and (Path(reference) / "model.onnx").is_file():
-        provider = (
-            runtime.provider if runtime.name == "onnxruntime" else ProviderConfig(threads=runtime.provider.threads)
+        # a reference folder runs on onnxruntime: the folders' own settings there, else their thread count
+        on_ort = (
+            runtime
+            if runtime.name == "onnxruntime"
+            else RuntimeOptions(settings=ProviderConfig(threads=runtime.threads))
         )
         folder = open_folder(reference, verify_files=verify_files)
         ours = _architecture(folder)
@@ -430,7 +315,7 @@ def _reference_scorer(models: list[ModelFolder], reference: str | None, runtime:
                     f" model in '{model.folder}' {_architecture(model)}: give the folder it was made from"
                     " (--reference)"
                 )
-        return _RuntimeScorer(str(reference), folder, RuntimeOptions(provider=provider))
+        return _RuntimeScorer(str(reference), folder, on_ort)
     if reference is None:
         _same_source(models)
         ckpt = reference_checkpoint(models[0])
@@ -445,16 +330,6 @@ def _reference_scorer(models: list[ModelFolder], reference: str | None, runtime:
 def _architecture(model: ModelFolder) -> tuple:
     shape = file_shape(model.model_path, model.n_positions)
     return (shape.vocab_size, shape.n_layer, shape.n_head, shape.head_dim)
-
-
-def _check_length(context: int | None, stride: int | None, limit: int) -> tuple[int, int]:
-    context = limit if context is None else context
-    if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= limit:
-        raise BadInput(f"context (--context) must be 2 to {limit} tokens (the models' position count), got {context}")
-    stride = max(1, context // 2) if stride is None else stride
-    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= context:
-        raise BadInput(f"stride (--stride) must be 1 to the context ({context}), got {stride}")
-    return context, stride
 
 
 # -- the evaluation --------------------------------------------------------------------------------------------
@@ -501,12 +376,13 @@ def evaluate(
         raise BadInput("give at least one exported folder to evaluate")
     if len({Path(f).resolve() for f in folders}) != len(folders):
         raise BadInput("a folder is given twice: give each folder once")
-    source = TextSource(Path(text) if text is not None else None, dataset).check()
-    gates = gates.check()
-    runtime = (runtime or RuntimeOptions()).check()
-    _check_greedy(greedy_tokens)
+    source = TextSource(Path(text) if text is not None else None, dataset)
+    windows = Windows(context, stride)
+    check_greedy_tokens(greedy_tokens)
+    runtime = runtime or RuntimeOptions()
+    runtime.requires("steps", "eval (it compares each window's logits)")
     models = [open_folder(f, verify_files=verify_files) for f in folders]
-    _check_length(context, stride, min(m.n_positions for m in models))  # before any model is loaded
+    windows = windows.fit(min(m.n_positions for m in models))  # before any model is loaded
     tokenizer_folder = _tokenizer_folder([m.folder for m in models], None, required=False)
     summary = None
     if tokenizer_folder is not None:  # the text is read (and checked) once before any model is loaded
@@ -522,42 +398,29 @@ def evaluate(
             tokenizer_folder = _tokenizer_folder([m.folder for m in models], fallback)
         for model in models:
             scorers.append(_RuntimeScorer(str(model.folder), model, runtime))
-        return _run(
-            scorers[1:],
-            ref,
-            load_tokenizer(tokenizer_folder),
-            source,
-            context=context,
-            stride=stride,
-            gates=gates,
-            greedy_tokens=greedy_tokens,
-            tokenizer_folder=tokenizer_folder,
-            on_window=on_window,
-            summary=summary,
-        )
+        text = _Text(load_tokenizer(tokenizer_folder), source, tokenizer_folder, summary)
+        return _run(scorers[1:], ref, text, windows, gates=gates, greedy_tokens=greedy_tokens, on_window=on_window)
     finally:
         for scorer in scorers:
             scorer.close()
 
 
-def check_eval_options(eval_text: str | Path | None, gates: EvalGates) -> None:
-    """export's and optimize's --eval-text with its gates: the file exists, the gates are in range and
-    have a text to apply to."""
-    gates.check()
+def eval_source(eval_text: str | Path | None, gates: EvalGates) -> TextSource | None:
+    """export's and optimize's --eval-text with its gates (built, so checked): the text to check the new folder
+    on, or None; gates without a text are refused."""
     if gates.active and eval_text is None:
         raise BadInput(
             "max_ppl_increase and max_kl (--max-ppl-increase, --max-kl) gate the quality on real text: give the"
             " text (--eval-text FILE)"
         )
-    if eval_text is not None:
-        TextSource(Path(eval_text)).check()
+    return TextSource(Path(eval_text)) if eval_text is not None else None
 
 
 def evaluate_written(
     folder: Path,
     *,
     reference: Checkpoint | ModelFolder,
-    text: str | Path,
+    text: TextSource,
     gates: EvalGates,
     against: str,
     label: str | None = None,
@@ -566,10 +429,7 @@ def evaluate_written(
     """What export and optimize run with ``--eval-text`` on the folder they are writing (staged, before its
     manifest): onnxruntime's cpu provider, the default context and stride, against the checkpoint (export) or
     the source folder (optimize). ``label``: the folder's name in the report (its final path); ``precision``: its
-    precision (the staged folder has no manifest yet)."""
-    from gpt2onnx.artifact.folder import MODEL_FILE, read_n_positions
-
-    source = TextSource(Path(text)).check()
+    precision (the staged folder has no manifest yet). A failed gate raises CheckFailed: nothing is written."""
     model = ModelFolder(folder, folder / MODEL_FILE, None, read_n_positions(folder))
     if isinstance(reference, Checkpoint):
         ref = _TorchScorer(against, reference)
@@ -581,92 +441,76 @@ def evaluate_written(
     tokenizer_source = reference.companion_dir if isinstance(reference, Checkpoint) else reference.folder
     tokenizer_source = tokenizer_source or Path(label or folder)
     try:
-        return _run([candidate], ref, load_tokenizer(folder), source, gates=gates, tokenizer_folder=tokenizer_source)
+        windows = Windows().fit(model.n_positions)
+        report = _run([candidate], ref, _Text(load_tokenizer(folder), text, tokenizer_source), windows, gates=gates)
     finally:
         candidate.close()
         ref.close()
+    log.info("quality on real text: %s", report.summary())
+    if not report.passed:
+        failing = next(r.check for r in report.rows if r.check and r.check.failures)
+        raise CheckFailed(f"quality on real text failed: {'; '.join(report.failures)}; nothing was written", failing)
+    return report
+
+
+@dataclass
+class _Text:
+    """The text evaluated on: its tokenizer, where it comes from, whose tokenizer files it is, and (when read
+    already) its summary."""
+
+    tokenizer: object
+    source: TextSource
+    tokenizer_folder: Path | None
+    summary: TextSummary | None = None
 
 
 def _run(
     candidates: list[_RuntimeScorer],
     ref,
-    tokenizer,
-    source: TextSource,
+    text: _Text,
+    windows: Windows,
     *,
-    context: int | None = None,
-    stride: int | None = None,
     gates: EvalGates = EvalGates(),
     greedy_tokens: int = 64,
-    tokenizer_folder: Path | None = None,
     on_window: Callable[[int, int], None] | None = None,
-    summary: TextSummary | None = None,
 ) -> EvalReport:
-    _check_greedy(greedy_tokens)
     for scorer in candidates:
         if scorer.vocab_size not in (None, ref.vocab_size):
             raise BadInput(
                 f"'{scorer.label}' has a vocabulary of {scorer.vocab_size}, the reference {ref.vocab_size}: give the"
                 " reference it was exported from (--reference)"
             )
-    limit = min(s.n_positions for s in [ref, *candidates] if s.n_positions)
-    context, stride = _check_length(context, stride, limit)
-    summary = summary or summarize_text(tokenizer, source)
+    if ref.n_positions and ref.n_positions < windows.context:
+        raise BadInput(
+            f"the reference's context is {ref.n_positions} tokens, the windows' {windows.context}: give --context"
+            f" {ref.n_positions} or less"
+        )
+    summary = text.summary or summarize_text(text.tokenizer, text.source)
     if summary.tokens < 2:
         raise BadInput(f"the text has {summary.tokens} token(s): perplexity needs at least 2; give a longer text")
     if summary.max_id >= ref.vocab_size:
         raise BadInput(
-            f"the tokenizer of '{tokenizer_folder}' gives token id {summary.max_id}, outside the model's vocabulary of"
-            f" {ref.vocab_size}: the tokenizer files do not belong to this model"
+            f"the tokenizer of '{text.tokenizer_folder}' gives token id {summary.max_id}, outside the model's"
+            f" vocabulary of {ref.vocab_size}: the tokenizer files do not belong to this model"
         )
-    windows = window_count(summary.tokens, context=context, stride=stride)
-    log.info("%d tokens, %d windows of %d (stride %d)", summary.tokens, windows, context, stride)
-    ref_tally, tallies = _Tally(), [_Tally() for _ in candidates]
-    for done, window in enumerate(
-        sliding_windows(token_pieces(tokenizer, source), context=context, stride=stride), start=1
-    ):
-        targets = window.ids[window.first :]
-        ref_logits = ref.logits(window)
-        for start in range(0, len(targets), _ROWS):
-            rows = slice(start, start + _ROWS)
-            r, lse = _log_sum_exp(ref_logits[rows])
-            ref_tally.add_nll(lse - r[np.arange(len(targets[rows])), targets[rows]])
-        for scorer, tally in zip(candidates, tallies):
-            _compare(scorer.logits(window), ref_logits, targets, tally)
-        if on_window is not None:
-            on_window(done, windows)
-    greedy = _greedy(candidates, ref, summary.head, greedy_tokens=greedy_tokens, context=context)
+    ref_tally, tallies, count = _score(candidates, ref, text, windows, summary.tokens, on_window)
+    greedy = _greedy(candidates, ref, summary.head, greedy_tokens=greedy_tokens, context=windows.context)
     ppl, ppl_se, nll = ref_tally.perplexity()
     ref_row = EvalRow(ref.label, ref.precision, ref.runtime, ref.provider, ref_tally.n, ppl, ppl_se, nll)
     ref_row.seconds = ref.seconds
-    rows = []
-    for scorer, tally, greedy_row in zip(candidates, tallies, greedy):
-        ppl, ppl_se, nll = tally.perplexity()
-        row = EvalRow(
-            scorer.label,
-            scorer.precision,
-            scorer.runtime,
-            scorer.provider,
-            tally.n,
-            ppl,
-            ppl_se,
-            nll,
-            **tally.comparison(),
-            greedy=greedy_row,
-            token_by_token=scorer.last_logits,
-            seconds=scorer.seconds,
-        )
-        if gates.active:
-            row.check = _gate(row, gates, against=ref.label)
-        rows.append(row)
+    rows = [
+        _row(scorer, tally, greedy_row, gates, against=ref.label)
+        for scorer, tally, greedy_row in zip(candidates, tallies, greedy)
+    ]
     protocol = EvalProtocol(
         method=PROTOCOL,
-        context=context,
-        stride=stride,
+        context=windows.context,
+        stride=windows.stride,
         tokens=summary.tokens,
         scored_tokens=ref_tally.n,
-        windows=windows,
-        text={**source.describe(), "sha256": summary.sha256},
-        tokenizer=str(tokenizer_folder) if tokenizer_folder else None,
+        windows=count,
+        text={**text.source.describe(), "sha256": summary.sha256},
+        tokenizer=str(text.tokenizer_folder) if text.tokenizer_folder else None,
         reference=ref.label,
         greedy_prompt_tokens=int(min(GREEDY_PROMPT, len(summary.head))),
         greedy_new_tokens=greedy_tokens,
@@ -676,13 +520,45 @@ def _run(
     return EvalReport(protocol, ref_row, rows)
 
 
-def _check_greedy(greedy_tokens: int) -> None:
-    if (
-        isinstance(greedy_tokens, bool)
-        or not isinstance(greedy_tokens, int)
-        or not 0 <= greedy_tokens <= MAX_GREEDY_TOKENS
-    ):
-        raise BadInput(f"greedy tokens (--greedy-tokens) must be 0 to {MAX_GREEDY_TOKENS}, got {greedy_tokens}")
+def _score(candidates, ref, text: _Text, windows: Windows, tokens: int, on_window) -> tuple[_Tally, list[_Tally], int]:
+    """The running sums of every window: the reference's NLL, and each candidate against it."""
+    count = window_count(tokens, context=windows.context, stride=windows.stride)
+    log.info("%d tokens, %d windows of %d (stride %d)", tokens, count, windows.context, windows.stride)
+    ref_tally, tallies = _Tally(), [_Tally() for _ in candidates]
+    pieces = token_pieces(text.tokenizer, text.source)
+    for done, window in enumerate(sliding_windows(pieces, context=windows.context, stride=windows.stride), start=1):
+        targets = window.ids[window.first :]
+        ref_logits = ref.logits(window)
+        for start in range(0, len(targets), _ROWS):
+            rows = slice(start, start + _ROWS)
+            r, lse = _log_sum_exp(ref_logits[rows])
+            ref_tally.add_nll(lse - r[np.arange(len(targets[rows])), targets[rows]])
+        for scorer, tally in zip(candidates, tallies):
+            _compare(scorer.logits(window), ref_logits, targets, tally)
+        if on_window is not None:
+            on_window(done, count)
+    return ref_tally, tallies, count
+
+
+def _row(scorer, tally: _Tally, greedy: GreedyComparison | None, gates: EvalGates, *, against: str) -> EvalRow:
+    ppl, ppl_se, nll = tally.perplexity()
+    row = EvalRow(
+        scorer.label,
+        scorer.precision,
+        scorer.runtime,
+        scorer.provider,
+        tally.n,
+        ppl,
+        ppl_se,
+        nll,
+        **tally.comparison(),
+        greedy=greedy,
+        token_by_token=scorer.last_logits,
+        seconds=scorer.seconds,
+    )
+    if gates.active:
+        row.check = _gate(row, gates, against=against)
+    return row
 
 
 def _compare(logits: np.ndarray, ref_logits: np.ndarray, targets: np.ndarray, tally: _Tally) -> None:
@@ -755,4 +631,4 @@ def _gate(row: EvalRow, gates: EvalGates, *, against: str) -> CheckReport:
     )
 
 
-__all__ = ["EvalGates", "EvalReport", "EvalRow", "check_eval_options", "evaluate", "evaluate_written"]
+__all__ = ["EvalGates", "EvalReport", "EvalRow", "Windows", "eval_source", "evaluate", "evaluate_written"]

@@ -6,6 +6,7 @@ The same gates, validated the same way, serve export, optimize and ``gpt2onnx pa
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 from gpt2onnx.errors import BadInput
 
@@ -152,3 +153,29 @@ def apply_gates(measured: dict, gates: dict, *, cases: int = 1) -> list[str]:
     if gates.get("tokens_equal") and "tokens_equal_cases" in measured and measured["tokens_equal_cases"] < cases:
         failures.append(f"greedy tokens differ in {cases - measured['tokens_equal_cases']} cases")
     return failures
+
+
+@dataclass(frozen=True)
+class EvalGates:
+    """Thresholds on the figures against the reference: the most ΔPPL (percent) and mean KL accepted; checked
+    when built."""
+
+    max_ppl_increase: float | None = None
+    max_kl: float | None = None
+
+    def __post_init__(self) -> None:  # an invalid one cannot be built
+        for name, value in (("max_ppl_increase", self.max_ppl_increase), ("max_kl", self.max_kl)):
+            if value is not None and not (
+                isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+            ):
+                raise BadInput(f"{name.replace('_', '-')} must be a number ≥ 0, got {value!r}")
+
+    def check(self) -> "EvalGates":  # built checked: kept for callers of the earlier API
+        return self
+
+    @property
+    def active(self) -> bool:
+        return self.max_ppl_increase is not None or self.max_kl is not None
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}

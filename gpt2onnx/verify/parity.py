@@ -356,6 +356,8 @@ def check_reference_matches(model: ModelFolder, ckpt: Checkpoint) -> None:
         )
 
 
+# About 70 lines beside its documented arguments: the options, the fp16 emulation's copy of the model and the
+# reference are opened in order, each refusing before the next (slower) one loads.
 def parity(
     folder: str | Path,
     *,
@@ -380,8 +382,9 @@ def parity(
         runtime: the runtime and its options (default: onnxruntime on ``provider``). genai owns its loop and
             exposes no presents: its cases are batch 1, the prefix is part of the prompt, the reference's
             greedy tokens are forced into its loop, and logits, KL, top-k and tokens are compared.
-        cases: how many randomized cases (batches 1 to ``max_batch``, left padding, past 0 or longer, decode
-            steps, a free greedy run); ``seed`` fixes them.
+        cases: how many randomized cases (batches 1 to ``max_batch``, at most onnxruntime's ``max_batch``, the
+            TensorRT profile's; left padding, past 0 or longer, decode steps, a free greedy run); ``seed`` fixes
+            them.
         reference: the checkpoint to compare with (default: the source the manifest records).
         on_case: called after each case, for progress.
         gates: overrides of the precision's default gates (see :data:`gpt2onnx.verify.gates.TOLERANCES`).
@@ -406,23 +409,21 @@ def parity(
         raise BadInput(f"seed must be 0 to 2**32 - 1, got {seed}")
     if not 1 <= max_batch <= 64:
         raise BadInput(f"max batch must be 1 to 64, got {max_batch}")
+    runtime = runtime or RuntimeOptions(settings=provider)
+    runtime.requires("steps", "parity (it compares each step's logits)")
+    onnxruntime = runtime.settings if runtime.name == "onnxruntime" else None  # its ProviderConfig
+    if onnxruntime is not None:
+        max_batch = min(max_batch, onnxruntime.max_batch)  # TensorRT's profile covers batches up to max_batch
     model = open_folder(folder, verify_files=verify_files)
     text_ids = prompt_text_ids(model, text) if text is not None else None
-    runtime = runtime or RuntimeOptions(provider=provider or ProviderConfig())
-    provider = runtime.provider
     # fp32 with TF32 matmuls (--tf32) has its own gates; every other precision keeps its own
-    family = "tf32" if provider.tf32 and model.precision == "float32" else model.precision
+    family = "tf32" if onnxruntime and onnxruntime.tf32 and model.precision == "float32" else model.precision
     tolerances = tolerances_for(family, gates)
-    if emulate_fp16 and runtime.name != "onnxruntime":
-        raise BadInput(f"fp16 emulation runs on onnxruntime's cpu provider, not on {runtime.name}: drop one of them")
     if emulate_fp16:
-        if model.dtype != "float16":
-            raise BadInput(f"fp16 emulation needs an fp16 model: '{folder}' is {model.dtype}; drop --emulate-fp16")
-        if provider.name != "cpu":
-            raise BadInput("fp16 emulation runs on the cpu provider (a GPU computes fp16 itself): drop one of them")
+        _check_emulation(model, runtime, folder)
     with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
         if emulate_fp16:
-            from gpt2onnx.verify.fp16_emulation import write_emulated_fp16
+            from gpt2onnx.verify.fp16_emulation import write_emulated_fp16  # lazy: only --emulate-fp16 needs it
 
             model = dataclasses.replace(
                 model, model_path=write_emulated_fp16(model.model_path, Path(tmp) / "model.onnx")
@@ -442,16 +443,9 @@ def parity(
         if family in ("int8", "int4") and quantization is not None:
             rounded = rounded_pytorch(model.model_path, ckpt, quantization)
         quality = tolerances if rounded is None or rounded.trained else {}
-        run = run_loop_case if decoder.capabilities.owns_loop else run_case
-        results = []
         try:
-            for case in random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch):
-                results.append(run(decoder, ref, case, vocab_size=ckpt.spec.vocab_size, text_ids=text_ids))
-                if on_case is not None:
-                    on_case(results[-1])
-            kv_path = check_kv_path(
-                decoder, vocab_size=ckpt.spec.vocab_size, tolerances=tolerances, seed=seed, text_ids=text_ids
-            )
+            cases_run = random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch)
+            results, kv_path = _run_cases(decoder, ref, cases_run, ckpt, tolerances, seed, text_ids, on_case)
             vocab, positions = ckpt.spec.vocab_size, model.n_positions
             judged = rounded and file_check(
                 decoder, rounded, precision=family, vocab_size=vocab, n_positions=positions, gates=gates
@@ -471,6 +465,31 @@ def parity(
     return report
 
 
+def _check_emulation(model: ModelFolder, runtime: RuntimeOptions, folder) -> None:
+    """fp16 emulation: an fp16 model, on onnxruntime's cpu provider."""
+    if runtime.name != "onnxruntime":
+        raise BadInput(f"fp16 emulation runs on onnxruntime's cpu provider, not on {runtime.name}: drop one of them")
+    if model.dtype != "float16":
+        raise BadInput(f"fp16 emulation needs an fp16 model: '{folder}' is {model.dtype}; drop --emulate-fp16")
+    if runtime.settings.name != "cpu":
+        raise BadInput("fp16 emulation runs on the cpu provider (a GPU computes fp16 itself): drop one of them")
+
+
+def _run_cases(decoder, ref, cases, ckpt: Checkpoint, tolerances, seed: int, text_ids, on_case):
+    """Every case against the reference, then the K/V-path checks of the model against itself; returns (the
+    cases' results, the K/V-path report)."""
+    run = run_loop_case if decoder.capabilities.owns_loop else run_case
+    results = []
+    for case in cases:
+        results.append(run(decoder, ref, case, vocab_size=ckpt.spec.vocab_size, text_ids=text_ids))
+        if on_case is not None:
+            on_case(results[-1])
+    kv_path = check_kv_path(
+        decoder, vocab_size=ckpt.spec.vocab_size, tolerances=tolerances, seed=seed, text_ids=text_ids
+    )
+    return results, kv_path
+
+
 MAX_TEXT_TOKENS = 1 << 20  # parity's prompts come from at most this many tokens of the text's start
 PARITY_TEXT_TOKENS = 96  # the longest prefix + prompt of a case (random_cases' budget)
 
@@ -480,7 +499,7 @@ def prompt_text_ids(model: ModelFolder, text: str | Path) -> np.ndarray:
     from gpt2onnx.runtimes.prompts import load_tokenizer
     from gpt2onnx.verify.text import TextSource, token_pieces
 
-    source = TextSource(Path(text)).check()
+    source = TextSource(Path(text))
     tokenizer = load_tokenizer(model.folder)
     pieces, count = [], 0
     for piece in token_pieces(tokenizer, source):
