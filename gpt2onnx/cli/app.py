@@ -1,0 +1,167 @@
+"""The app: one Typer application, its error mapping (every failure a user can cause is one line on stderr and a
+non-zero exit, never a traceback), --help at 80 columns, and the --version and --verbose callback."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import sys
+import typing
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
+from gpt2onnx import __version__
+from gpt2onnx.errors import BadInput, Gpt2OnnxError
+
+INTERNAL_ERROR = 70  # a bug of ours, not the user's: still one line, and the traceback with --verbose
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+# --help at 80 columns: a short metavar per value type (typer shows "<list[str]>", "<int>"), none for flags
+_METAVARS = {int: "N", float: "X"}
+
+
+def _short_metavars(command, ctx) -> None:
+    help_option = command.get_help_option(ctx)
+    if help_option is not None and help_option.metavar is None:
+        help_option.metavar = ""
+    for param in command.params:
+        if isinstance(param, typer.core.TyperArgument) and param.type_descriptor.is_list:
+            param.display_type_rich = lambda ctx: "PATH..."  # typer shows "<list[Path]>" and ignores metavar
+        if not isinstance(param, typer.core.TyperOption) or param.metavar is not None:
+            continue
+        descriptor = param.type_descriptor
+        if param.is_flag:
+            param.metavar = ""
+        elif descriptor.is_path:
+            param.metavar = "PATH"
+        else:
+            element = (typing.get_args(descriptor.annotation) or (descriptor.annotation,))[0]
+            param.metavar = _METAVARS.get(element, "TEXT")
+
+
+class OneLineErrors(typer.core.TyperGroup):
+    """Every failure the user can cause ends as one line on stderr and a non-zero exit, never a traceback."""
+
+    def format_help(self, ctx, formatter):
+        _short_metavars(self, ctx)
+        return super().format_help(ctx, formatter)
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _short_metavars(command, ctx)
+        return command
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:  # callers who handle errors themselves
+            _refuse_underscored_numbers(args[0] if args else kwargs.get("args"))
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            _refuse_underscored_numbers(args[0] if args else kwargs.get("args"))
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+            sys.stdout.flush()  # a full or closed stdout fails here, not at exit
+        except typer.TyperException as err:  # usage errors: bad option values, missing options
+            _fail(f"{err.format_message()} (see --help)", err.exit_code)
+        except typer.Abort:
+            _fail("aborted", 1, prefix="")
+        except Gpt2OnnxError as err:
+            _fail(str(err), err.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130, prefix="")
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT):
+                _internal_error(err)
+            with contextlib.suppress(OSError):  # what is still buffered goes nowhere, quietly, at exit
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _fail(f"cannot write the output to stdout ({os.strerror(err.errno)}): free space, or send it elsewhere", 4)
+        except MemoryError:
+            _fail("out of memory: use a smaller model, batch or length", 4)
+        except Exception as err:  # a bug: one line for the user, the traceback in the log with --verbose
+            _internal_error(err)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _fail(message: str, code: int, *, prefix: str = "error: ") -> None:
+    err_console.print(prefix + message, markup=False, highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def _internal_error(err: BaseException) -> None:
+    logging.getLogger("gpt2onnx").debug("internal error", exc_info=err)
+    text = str(err).splitlines()[0][:200] if str(err).strip() else ""
+    _fail(
+        f"internal error ({type(err).__name__}: {text}); please report it with the command you ran (--verbose shows"
+        " the traceback)",
+        INTERNAL_ERROR,
+    )
+
+
+_UNDERSCORED_NUMBER = re.compile(r"[+-]?[0-9][0-9_]*_[0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9_]+)?")
+# free text, paths and names, or values parsed by their own parser: never read by int() or float()
+_TEXT_OPTIONS = (
+    "--prompt",
+    "--ids",
+    "--model",
+    "--out",
+    "--reference",
+    "--revision",
+    "--json",
+    "--plot",
+    "--trt-cache-dir",
+    "--triton-name",
+    "--target",
+    "--device",
+)
+
+
+def _refuse_underscored_numbers(args) -> None:
+    """Python's int() and float(), which parse option values, read '1_0' as 10: refuse it as a typo."""
+    args = list(sys.argv[1:] if args is None else args)
+    given = [(before.split("=")[0], value) for before, value in zip(args, args[1:])]  # --flag value
+    given += [(flag, value) for flag, _, value in (arg.partition("=") for arg in args)]  # --flag=value
+    for flag, value in given:
+        if flag.startswith("--") and flag not in _TEXT_OPTIONS and _UNDERSCORED_NUMBER.fullmatch(value):
+            raise BadInput(f"{flag} '{value}' is not a number as written: give it without underscores")
+
+
+app = typer.Typer(
+    cls=OneLineErrors,
+    help="GPT-2 from a PyTorch checkpoint to a verified, fast ONNX decoder with past key/values.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"gpt2onnx {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each step.")] = False,
+    version: Annotated[
+        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = None,
+) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=err_console, show_path=False)],
+        force=True,
+    )
+    # their notices are not the tool's output; matplotlib's "building the font cache" on a brand-new machine would be
+    # a second line before a one-line error
+    for noisy in ("transformers", "huggingface_hub", "torch", "onnxruntime", "onnxscript", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)

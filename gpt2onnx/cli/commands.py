@@ -1,0 +1,356 @@
+"""The commands: each builds its options into typed objects, calls one library function and renders its result.
+
+Imported lazily, inside the commands that need them: the library modules that import torch (exporters, parity,
+eval), so that the run commands (inspect, generate, bench, deploy, serve) work on a machine without torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gpt2onnx.artifact.inspect import inspect as run_inspect
+from gpt2onnx.cli import render
+from gpt2onnx.cli.app import app, console, err_console
+from gpt2onnx.cli.options import (
+    OUTPUT_FILE,
+    OUTPUT_FOLDER,
+    FolderArg,
+    ForceOpt,
+    FusionOpt,
+    GateOpt,
+    JsonOpt,
+    MaxKlOpt,
+    MaxPplOpt,
+    PartialOpt,
+    Precision,
+    ReferenceOpt,
+    RunOptions,
+    RuntimeOpt,
+    RuntimesOpt,
+    Search,
+    VerifyFilesOpt,
+    json_output,
+    precision,
+    run_options,
+    search,
+    uses,
+)
+from gpt2onnx.errors import CheckFailed
+from gpt2onnx.files import write_json_atomic
+from gpt2onnx.runtimes.base import parse_runtimes, runtime_options
+from gpt2onnx.runtimes.generate import generate as run_generate
+from gpt2onnx.runtimes.timing import BenchConfig, parse_batches
+from gpt2onnx.targets.deploy import deploy as run_deploy
+from gpt2onnx.targets.registry import TARGETS
+from gpt2onnx.targets.web_server import open_server
+from gpt2onnx.verify.bench import bench as run_bench
+from gpt2onnx.verify.gates import EvalGates, parse_gates
+
+
+@app.command()
+@uses(precision, into="precision")
+def export(
+    model: Annotated[str, typer.Option("--model", "-m", help="Folder, Hub id, or a preset name.")],
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="Output folder \\[default: models/NAME]."
+        ),
+    ] = None,
+    random_init: Annotated[bool, typer.Option("--random-init", help="Seeded random weights, no download.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed for --random-init.")] = 0,
+    outliers: Annotated[float, typer.Option(help="--random-init: outliers of this size (GPT-2: 3000).")] = 0.0,
+    revision: Annotated[Optional[str], typer.Option(help="Hub branch, tag or commit.")] = None,
+    opset: Annotated[Optional[int], typer.Option(help="ONNX opset, 14 to 20 \\[default: 17].")] = None,
+    logits: Annotated[str, typer.Option(help="'all' positions or the 'last'.")] = "all",
+    block: Annotated[Optional[int], typer.Option(help="Export transformer block N alone.")] = None,
+    external_data: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--external-data/--no-external-data",
+            help="Weights in model.onnx_data \\[default: past 2 GB].",
+            show_default=False,
+        ),
+    ] = None,
+    validate: Annotated[bool, typer.Option(help="Check against PyTorch before writing.")] = True,
+    tolerance: Annotated[Optional[float], typer.Option(help="fp32: max |Δlogits| \\[default: 1e-4].")] = None,
+    force: ForceOpt = False,
+    fusion: FusionOpt = "none",
+    allow_partial_fusion: PartialOpt = False,
+    precision: Precision = None,
+) -> None:
+    """Export a checkpoint to an ONNX decoder with past key/values, checked against PyTorch."""
+    from gpt2onnx.exporters.export import ExportOptions, export  # lazy: torch
+    from gpt2onnx.exporters.torch_export import DEFAULT_OPSET
+
+    options = ExportOptions(
+        opset=DEFAULT_OPSET if opset is None else opset,
+        logits=logits,
+        block=block,
+        external_data=external_data,
+        validate=validate,
+        tolerance=tolerance,
+        force=force,
+        fusion=fusion,
+        allow_partial_fusion=allow_partial_fusion,
+        **precision.keywords(),
+    )
+    with err_console.status(f"exporting {model}…"):
+        result = export(
+            model, out, random_init=random_init, seed=seed, revision=revision, outliers=outliers, options=options
+        )
+    render.exported(result, block)
+
+
+@app.command()
+@uses(precision, into="precision")
+def optimize(
+    source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
+    out: Annotated[Path, typer.Option("--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="Output folder.")],
+    fusion: Annotated[str, typer.Option(help="ort, ort-shared-kv, portable, tensorrt, or none.")] = "ort",
+    allow_partial_fusion: PartialOpt = False,
+    validate: Annotated[bool, typer.Option(help="Check against the source before writing.")] = True,
+    force: ForceOpt = False,
+    precision: Precision = None,
+) -> None:
+    """Fuse LayerNorm, GELU and attention in an exported decoder, or reduce its precision."""
+    from gpt2onnx.exporters.optimize import optimize  # lazy: torch
+
+    with err_console.status(f"optimizing {source}…"):
+        result = optimize(
+            source,
+            out,
+            fusion=fusion,
+            allow_partial=allow_partial_fusion,
+            force=force,
+            validate=validate,
+            **precision.keywords(),
+        )
+    render.optimized(result, source)
+
+
+@app.command()
+def deploy(
+    folder: Annotated[Path, typer.Argument(help="Exported decoder folder.")],
+    target: Annotated[str, typer.Option("--target", "-t", metavar="LIST", help=f"{', '.join(TARGETS)}.")],
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="A new folder \\[default: FOLDER itself]."
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out folder.")] = False,
+    triton_name: Annotated[Optional[str], typer.Option(help="Triton model name \\[default: the folder's].")] = None,
+    triton_device: Annotated[str, typer.Option(help="Triton instances: cpu or gpu.")] = "cpu",
+    web_lib: Annotated[
+        Optional[Path], typer.Option(metavar="PATH", help="web: node_modules with transformers.js (README).")
+    ] = None,
+    verify_files: VerifyFilesOpt = True,
+) -> None:
+    """Make an exported folder ready for genai, transformers.js, Triton, ort-generate, the browser."""
+    options = {"triton_name": triton_name, "triton_device": triton_device, "web_lib": web_lib}
+    result = run_deploy(folder, target, out=out, force=force, verify_files=verify_files, **options)
+    render.deployed(result, folder)
+
+
+@app.command("inspect")
+def inspect_command(
+    path: Annotated[Path, typer.Argument(help="An .onnx file or an exported folder.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON.")] = False,
+    verify_files: VerifyFilesOpt = True,
+) -> None:
+    """Show IO, opsets, ops, file sizes, parameters and the export's checks."""
+    info = run_inspect(path, verify_files=verify_files)
+    if as_json:
+        console.print_json(data=info.as_dict())
+    else:
+        render.inspected(info)
+
+
+@app.command()
+@uses(run_options, into="options")
+@uses(search, into="search")
+def generate(
+    folder: FolderArg = Path("models/gpt2"),
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Prompt text (repeat: a batch).")] = None,
+    ids: Annotated[
+        Optional[list[str]], typer.Option("--ids", metavar="IDS", help="Token ids, e.g. 1,2,3 (repeatable).")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 32,
+    json_path: Annotated[
+        Optional[Path],
+        typer.Option("--json", parser=OUTPUT_FILE, metavar="FILE", help="Write ids, text and score per sequence."),
+    ] = None,
+    runtime: RuntimeOpt = "onnxruntime",
+    search: Search = None,
+    options: RunOptions = None,
+) -> None:
+    """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers)."""
+    json_output(json_path, reads=(folder,))
+    result = run_generate(
+        folder,
+        prompts=prompt,
+        ids=ids,
+        max_new_tokens=max_new_tokens,
+        sampling=search.sampling,
+        decoding=search.decoding,
+        runtime=options.runtime(runtime),
+        verify_files=options.verify_files,
+        on_text=render.streamed,
+    )
+    if json_path is not None:
+        write_json_atomic(json_path, result.as_dict())
+    render.generated(result)
+
+
+@app.command()
+@uses(run_options, into="options")
+def parity(
+    folder: FolderArg = Path("models/gpt2"),
+    cases: Annotated[int, typer.Option(help="Randomized cases.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seed of the cases.")] = 0,
+    json_path: JsonOpt = None,
+    reference: ReferenceOpt = None,
+    gate: GateOpt = None,
+    runtime: RuntimeOpt = "onnxruntime",
+    emulate_fp16: Annotated[
+        bool, typer.Option("--emulate-fp16", help="fp16 on cpu: round tensors as a GPU stores them.")
+    ] = False,
+    text: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--text", help="Take the prompts from this UTF-8 text file (the folder's tokenizer) instead of random ids."
+        ),
+    ] = None,
+    options: RunOptions = None,
+) -> None:
+    """Check an exported model against PyTorch; exit 1 if a gate fails."""
+    from gpt2onnx.verify.parity import parity  # lazy: torch
+
+    gates = parse_gates(gate)
+    json_output(json_path, reads=(folder, reference), files=(text,))
+    with render.progress("parity cases", cases) as step:
+        report = parity(
+            folder,
+            runtime=options.runtime(runtime),
+            cases=cases,
+            seed=seed,
+            reference=reference,
+            on_case=lambda _: step(),
+            gates=gates,
+            emulate_fp16=emulate_fp16,
+            verify_files=options.verify_files,
+            text=text,
+        )
+    render.parity_report(report)
+    if json_path:
+        write_json_atomic(json_path, report.as_dict())
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+@app.command()
+@uses(run_options, into="options")
+def bench(
+    folders: Annotated[
+        Optional[list[Path]], typer.Argument(help="Folders, side by side \\[default: models/gpt2].")
+    ] = None,
+    batch: Annotated[str, typer.Option(metavar="LIST", help="Batch sizes, comma-separated.")] = "1,8",
+    prompt_len: Annotated[int, typer.Option(help="Prompt tokens per row.")] = 128,
+    new_tokens: Annotated[int, typer.Option(help="Tokens per run, the first included.")] = 64,
+    past: Annotated[
+        Optional[str], typer.Option(metavar="LIST", help="Also time one step at these past lengths.")
+    ] = None,
+    warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 2,
+    repeat: Annotated[int, typer.Option(help="Timed runs.")] = 5,
+    baseline: Annotated[Optional[str], typer.Option(help="'torch': PyTorch eager too.")] = None,
+    json_path: JsonOpt = None,
+    plot: Annotated[
+        Optional[Path], typer.Option(parser=OUTPUT_FILE, metavar="FILE", help="PNG: decode latency by past.")
+    ] = None,
+    reference: ReferenceOpt = None,
+    runtime: RuntimesOpt = "onnxruntime",
+    options: RunOptions = None,
+) -> None:
+    """Measure first-token and decode latency, tokens/s and memory (medians)."""
+    folders = folders or [Path("models/gpt2")]
+    runtimes = runtime_options(parse_runtimes(runtime), options.flags)
+    pasts = parse_batches(past, what="past lengths (--past)") if past else ()
+    config = BenchConfig(parse_batches(batch), prompt_len, new_tokens, warmup, repeat, pasts=pasts)
+    runs = (len(folders) * len(runtimes) + (baseline == "torch")) * len(config.batches) * (warmup + repeat)
+    with render.progress("benchmark", runs) as step:
+        report = run_bench(
+            folders,
+            runtimes=runtimes,
+            config=config,
+            baseline=baseline,
+            reference=reference,
+            json_path=json_path,
+            plot=plot,
+            verify_files=options.verify_files,
+            progress=step,
+        )
+    render.benched(report, plot)
+
+
+@app.command("eval")
+@uses(run_options, into="options")
+def eval_command(
+    folders: Annotated[list[Path], typer.Argument(help="Exported folders, side by side.")],
+    text: Annotated[Optional[Path], typer.Option("--text", help="A UTF-8 text file to evaluate on.")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="Or NAME[:CONFIG[:SPLIT]] via datasets (README).")] = None,
+    context: Annotated[Optional[int], typer.Option(help="Tokens per window \\[default: the context].")] = None,
+    stride: Annotated[Optional[int], typer.Option(help="Window step \\[default: context / 2].")] = None,
+    reference: Annotated[Optional[str], typer.Option(help="Checkpoint or folder \\[default: the source].")] = None,
+    max_ppl_increase: MaxPplOpt = None,
+    max_kl: MaxKlOpt = None,
+    greedy_tokens: Annotated[int, typer.Option(help="Greedy tokens compared (0: none).")] = 64,
+    json_path: Annotated[
+        Optional[Path],
+        typer.Option("--json", parser=OUTPUT_FILE, metavar="FILE", help="Write every figure to this JSON file."),
+    ] = None,
+    runtime: RuntimeOpt = "onnxruntime",
+    options: RunOptions = None,
+) -> None:
+    """Perplexity on real text (sliding windows), and KL, top-1 and greedy agreement against a reference."""
+    from gpt2onnx.verify.evaluate import evaluate  # lazy: torch
+
+    json_output(json_path, reads=(*folders, reference), files=(text,))
+    with render.progress("windows") as step:
+        report = evaluate(
+            folders,
+            text=text,
+            dataset=dataset,
+            context=context,
+            stride=stride,
+            reference=reference,
+            runtime=options.runtime(runtime),
+            gates=EvalGates(max_ppl_increase=max_ppl_increase, max_kl=max_kl),
+            greedy_tokens=greedy_tokens,
+            verify_files=options.verify_files,
+            on_window=step,
+        )
+    render.evaluated(report)
+    if json_path:
+        write_json_atomic(json_path, report.as_dict())
+    if not report.passed:
+        failing = next(r.check for r in report.rows if r.check and r.check.failures)
+        raise CheckFailed("eval gate failed: " + "; ".join(report.failures), failing)
+
+
+@app.command()
+def serve(
+    folder: Annotated[Path, typer.Argument(help="A folder written by gpt2onnx deploy --target web.")],
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free port).")] = 8000,
+) -> None:
+    """Serve a web folder on 127.0.0.1 with cross-origin isolation (the wasm thread pool needs it); Ctrl-C stops."""
+    server = open_server(folder, port=port)
+    # one line, flushed: scripts and tests read the address from it
+    print(f"serving {server.folder} at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # the way to stop it: not an error
+        pass

@@ -1,0 +1,312 @@
+"""Rendering: each command's typed result as tables and lines on stdout (errors go to stderr, in app.py)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from gpt2onnx.cli.app import console, err_console
+
+if TYPE_CHECKING:  # the results' types only: rendering imports no library module that would pull in torch
+    from gpt2onnx.artifact.inspect import ModelDescription
+    from gpt2onnx.artifact.report import CheckReport, EvalReport, EvalRow
+    from gpt2onnx.exporters.export import ExportResult
+    from gpt2onnx.runtimes.generate import TextGeneration
+    from gpt2onnx.targets.deploy import DeployResult
+    from gpt2onnx.verify.bench import BenchReport
+
+
+def line(text: str) -> None:
+    """One line as it is: no markup, no highlighting, never wrapped (scripts and tests read it)."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "missing"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1000
+    return str(n)
+
+
+@contextlib.contextmanager
+def progress(description: str, total: int | None = None) -> Iterator[Callable[..., None]]:
+    """A transient progress bar on stderr, on a terminal only (a bar on a pipe would leave a blank line before a
+    one-line error); yields ``step(done=None, total=None)``: one step more, or ``done`` of ``total``."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
+        task = bar.add_task(description, total=total)
+
+        def step(done: int | None = None, of: int | None = None) -> None:
+            if done is None:
+                bar.advance(task)
+            else:
+                bar.update(task, completed=done, total=of)
+
+        yield step
+
+
+def _table(title: str, columns: tuple[str, ...], *, left: tuple[str, ...] = ()) -> Table:
+    """A table whose columns are right-aligned figures, but those named in ``left``."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="left" if col in left else "right")
+    return table
+
+
+def _checks(report: CheckReport | None, quality: EvalReport | None) -> None:
+    """The check a folder passed before it was written, on one line of its own (never cut by a table)."""
+    line("check: " + (report.summary() if report else "skipped (--no-validate)"))
+    if quality is not None:
+        line("real text: " + quality.summary())
+
+
+def exported(result: ExportResult, block: int | None) -> None:
+    manifest = result.manifest
+    table = Table(title=f"{manifest.name} → {result.folder}", show_header=False)
+    table.add_row("kind", manifest.kind + (f" {block}" if block is not None else ""))
+    table.add_row("opset", str(manifest.opset))
+    for name, info in manifest.files.items():
+        table.add_row(name, size(info.bytes))
+    if manifest.fusion:
+        table.add_row("fusion", manifest.fusion.summary())
+    if manifest.quantization:
+        table.add_row("quantization", manifest.quantization.summary())
+    if manifest.fp16:
+        table.add_row("precision", f"float16; fp32 kept for {', '.join(manifest.fp16.kept_fp32) or 'nothing'}")
+    table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
+    console.print(table)
+    _checks(result.check, result.quality)
+
+
+def optimized(result: ExportResult, source: Path) -> None:
+    manifest = result.manifest
+    table = Table(title=f"{source} → {result.folder}", show_header=False)
+    if manifest.fusion:
+        table.add_row("fusion", manifest.fusion.summary())
+        for check, g in manifest.fusion.golden.items():
+            table.add_row(f"  {check}", f"{g.found} of {g.expected} ({', '.join(g.ops)})")
+    for name, info in manifest.files.items():
+        table.add_row(name, size(info.bytes))
+    if manifest.quantization:
+        ops = ", ".join(f"{n} {op}" for op, n in manifest.quantization.ops.items())
+        table.add_row("quantization", f"{manifest.quantization.summary()}; {ops}")
+    console.print(table)
+    _checks(result.check, result.quality)
+
+
+def deployed(result: DeployResult, folder: Path) -> None:
+    table = Table(title=f"{folder} → {result.folder} ({result.record.precision})", show_header=False)
+    for name, files in result.targets.items():
+        table.add_row(name, ", ".join(files))
+    console.print(table)
+    if "web" in result.targets:
+        line(f"open the page with: gpt2onnx serve {result.folder}")
+
+
+def inspected(info: ModelDescription) -> None:
+    console.print(f"[bold]{escape(info.path)}[/]  IR {info.ir_version}, {info.producer or 'unknown producer'}")
+    console.print("opsets: " + ", ".join(f"{d} {v}" for d, v in info.opset_imports.items()))
+    io = _table("inputs and outputs", ("", "name", "dtype", "dims"), left=("", "name", "dtype", "dims"))
+    for kind, tensors in (("input", info.inputs), ("output", info.outputs)):
+        for t in tensors:
+            io.add_row(kind, t.name, t.dtype, escape("[" + ", ".join(map(str, t.dims)) + "]"))
+    console.print(io)
+    ops = _table(f"ops ({info.node_count} nodes)", ("domain", "op", "count"), left=("domain", "op"))
+    for row in info.op_histogram:
+        ops.add_row(row.domain, row.op_type, str(row.count))
+    console.print(ops)
+    params = info.parameters
+    acc = _table("parameters", ("component", "per instance", "instances", "total"), left=("component",))
+    for c in params.components:
+        acc.add_row(c.component, f"{c.params_per_instance:,}", str(c.instances), f"{c.total:,}")
+    for u in params.unnamed:
+        acc.add_row(f"{u.name} (unnamed)", f"{u.params:,}", "1", f"{u.params:,}")
+    acc.add_row("[bold]total[/]", "", "", f"[bold]{params.total:,}[/]")
+    console.print(acc)
+    console.print("files: " + ", ".join(f"{name} {size(n)}" for name, n in info.files.items()))
+    if info.manifest and info.manifest.fusion:
+        console.print("fusion: " + info.manifest.fusion.summary())
+    if info.manifest:
+        line("checked at export: " + info.manifest.check_summary)
+
+
+def streamed(kind: str, text: str) -> None:
+    """generate's text as it comes: the prompt dimmed, then each new piece."""
+    console.print(text, end="", markup=False, highlight=False, style="dim" if kind == "prompt" else None)
+
+
+def generated(result: TextGeneration) -> None:
+    """After the stream: a line break; or, for several sequences, each labelled (prompt.sequence) with its score."""
+    beams, per_prompt = result.settings["num_beams"], result.settings["num_return_sequences"]
+    if len(result.texts) == 1 and beams == 1:
+        console.print()
+        return
+    for row, text in enumerate(result.texts):
+        label = f"{result.prompt_index[row]}.{row % per_prompt}" if per_prompt > 1 else f"{row}"
+        score = f" [dim](score {result.scores[row]:.4f})[/]" if result.scores[row] is not None and beams > 1 else ""
+        console.print(f"[bold]{label}[/]{score}: ", end="")
+        console.print(text, markup=False, highlight=False)
+
+
+def parity_report(report: CheckReport) -> None:
+    worst = sorted(report.parity_cases(), key=lambda case: -case.logits.max)[:10]
+    title = f"parity on {report.runtime}/{report.provider}: {len(report.cases)} cases (worst {len(worst)} shown)"
+    columns = ("batch", "past", "prompt", "steps", "Δlogits max", "Δlogits p99", "Δpresent max", "top-1", "tokens")
+    table = _table(title, columns)
+    for case in worst:
+        table.add_row(
+            str(case.batch),
+            str(case.past),
+            str(case.prompt),
+            str(case.steps),
+            f"{case.logits.max:.1e}",
+            f"{case.logits.p99:.1e}",
+            f"{case.present.max:.1e}" if case.present else "-",
+            f"{100 * case.top1_agreement:.1f}%",
+            "equal" if case.tokens_equal else "[red]differ[/]",
+        )
+    console.print(table)
+    console.print(_parity_totals(report))
+
+
+def _parity_totals(report: CheckReport) -> Table:
+    t = report.parity_totals()
+    summary = Table(title="total", show_header=False)
+    summary.add_row("|Δlogits| max / p50 / p99", f"{t.logits.max:.2e} / {t.logits.p50:.2e} / {t.logits.p99:.2e}")
+    if t.present is not None:
+        summary.add_row(
+            "|Δpresent| max / p50 / p99", f"{t.present.max:.2e} / {t.present.p50:.2e} / {t.present.p99:.2e}"
+        )
+    else:
+        summary.add_row("|Δpresent|", f"not exposed by {report.runtime}")
+    summary.add_row("top-1 agreement", f"{100 * t.top1_agreement:.3f}% of {t.positions_compared:,} positions")
+    summary.add_row("top-5 agreement", f"{100 * t.top5_agreement:.3f}%")
+    summary.add_row("KL(reference ‖ onnx) mean / max", f"{t.kl_mean:.2e} / {t.kl_max:.2e}")
+    summary.add_row(
+        "greedy tokens before divergence",
+        f"min {t.tokens_before_divergence_min}, mean {t.tokens_before_divergence_mean:.1f}",
+    )
+    summary.add_row("NaN/Inf", str(t.nonfinite))
+    summary.add_row("prompts", t.prompts)
+    if report.placement is not None:
+        summary.add_row("node placement", escape(report.placement.summary()))
+    summary.add_row("greedy tokens equal", f"{t.tokens_equal_cases} of {t.cases} cases")
+    if report.kv_path is not None and report.kv_path.skipped:
+        summary.add_row("K/V path", f"not checked: {report.kv_path.skipped}")
+    for check in report.kv_path.checks if report.kv_path is not None else []:
+        summary.add_row(f"K/V path: {check.description}", check.figures() + ("" if check.passed else " [red]FAIL[/]"))
+    summary.add_row(
+        "verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + escape("; ".join(report.failures))
+    )
+    return summary
+
+
+def benched(report: BenchReport, plot: Path | None) -> None:
+    models = report.models
+    config = models[0].config
+    runtimes = len({m.runtime for m in models})
+    where = ", ".join(f"{m.runtime}/{m.provider}" for m in models[:runtimes])
+    title = f"on {where}: prompt {config.prompt_len}, {config.new_tokens} new tokens, ms, median of {config.repeat}"
+    columns = ("model", "batch", "TTFT ms", "decode p50", "p90", "p99", "+/100 past", "tok/s", "RAM MB")
+    table = _table(title, columns, left=("model",))
+    for run in report.runs:
+        decode = run.decode_ms
+        table.add_row(
+            run.label,
+            str(run.batch),
+            f"{run.prompt_ms.p50:.1f}",
+            *((f"{decode.p50:.2f}", f"{decode.p90:.2f}", f"{decode.p99:.2f}") if decode else ("-", "-", "-")),
+            f"{run.decode_growth_ms_per_100_past:.2f}",
+            f"{run.tokens_per_s:.0f}",
+            f"{run.peak_host_bytes / 1e6:.0f}",
+        )
+    console.print(table)
+    if config.pasts:
+        columns = ("model", "batch", *map(str, config.pasts))
+        by_past = _table(f"decode step (ms, median of {config.repeat}) at past length", columns, left=("model",))
+        for run in report.runs:
+            if run.decode_ms_at_past:
+                by_past.add_row(run.label, str(run.batch), *(f"{ms:.2f}" for _, ms in run.decode_ms_at_past))
+        console.print(by_past)
+    _bench_notes(report, runtimes, plot)
+
+
+def _bench_notes(report: BenchReport, runtimes: int, plot: Path | None) -> None:
+    """Below the table: each folder's precision and size, TF32, the speed-ups over PyTorch, the plot."""
+    for model in report.models[::runtimes]:
+        text = f"{Path(model.model).parent.name}: {model.precision}, {size(model.model_bytes)}"
+        line(text + (f"; {model.placement.summary()}" if model.placement is not None else ""))
+    tf32 = {run.runtime or run.engine: run.extra["tf32"] for run in report.runs if "tf32" in run.extra}
+    if tf32:
+        console.print("TF32 in fp32 matmuls: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in tf32.items()))
+    for run in report.runs:
+        for label, s in run.speedup_by_label.items():
+            console.print(
+                f"batch {run.batch}: {label} vs torch eager: first token ×{s.prompt:.2f}, decode step"
+                f" ×{s.decode:.2f}, tokens/s ×{s.tokens_per_s:.2f}",
+                highlight=False,
+            )
+        if run.note:
+            console.print(f"batch {run.batch}: {run.note}", highlight=False)
+    if plot:
+        console.print(f"plot written to {plot}")
+
+
+def evaluated(report: EvalReport) -> None:
+    p = report.protocol
+    line(
+        f"{p.method}: {p.scored_tokens:,} scored tokens of {p.source} ({p.tokens:,} tokens), context"
+        f" {p.context}, stride {p.stride}, {p.windows} windows; against {p.reference}"
+    )
+    ref, rows = report.reference, report.rows
+    # one column per model, so that several folders fit a terminal
+    table = Table(title=f"greedy: {p.greedy_prompt_tokens} prompt tokens from the text's start")
+    table.add_column("")
+    table.add_column("reference", justify="right")
+    for r in rows:
+        table.add_column(escape(Path(r.label).name), justify="right")
+    for name, ref_value, value in _EVAL_FIGURES:
+        table.add_row(name, ref_value(ref), *(value(r) for r in rows))
+    console.print(table)
+
+
+_SHORT = {"float32": "fp32", "float16": "fp16"}
+
+
+def _greedy(r: EvalRow) -> str:
+    if r.greedy is None:
+        return "-"
+    if r.greedy.first_divergence is None:
+        return f"same {r.greedy.new_tokens} tokens"
+    return f"differs at token {r.greedy.first_divergence}"
+
+
+def _none(r: EvalRow) -> str:
+    return ""
+
+
+# eval's rows: name, the reference's cell, a folder's cell
+_EVAL_FIGURES = (
+    ("precision", lambda r: _SHORT.get(r.precision, r.precision), lambda r: _SHORT.get(r.precision, r.precision)),
+    (
+        "runtime",
+        lambda r: r.runtime,
+        lambda r: f"{r.runtime}/{r.provider}" + (", token by token" if r.token_by_token else ""),
+    ),
+    ("PPL ± se", lambda r: f"{r.ppl:.6g} ± {r.ppl_stderr:.2g}", lambda r: f"{r.ppl:.6g} ± {r.ppl_stderr:.2g}"),
+    ("ΔPPL % ± se", _none, lambda r: f"{r.delta_ppl_percent:+.3f} ± {r.delta_ppl_stderr:.2g}"),
+    ("mean KL ± se", _none, lambda r: f"{r.kl.mean:.3g} ± {r.kl.stderr:.2g}"),
+    ("KL p99 / max", _none, lambda r: f"{r.kl.p99:.2g} / {r.kl.max:.2g}"),
+    ("same top-1", _none, lambda r: f"{100 * r.same_top1:.2f} %"),
+    ("RMS Δp", _none, lambda r: f"{r.rms_dp:.3g}"),
+    ("greedy", _none, _greedy),
+    ("verdict", _none, lambda r: "-" if r.check is None else "[green]pass[/]" if r.check.passed else "[red]FAIL[/]"),
+)
