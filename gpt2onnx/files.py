@@ -30,6 +30,18 @@ def kind_of(mode: int) -> str:
     return "not a file"
 
 
+def require_regular(path: Path, named: str, advice: str) -> os.stat_result:
+    """``path``'s stat, if it is a regular file; else BadInput: '{named} cannot be read (why)', or '{named} is not a
+    regular file: {advice}' (a FIFO would block a reader forever, a device would never end)."""
+    try:
+        info = path.stat()
+    except OSError as err:
+        raise BadInput(f"{named} cannot be read ({err.strerror or err})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise BadInput(f"{named} is not a regular file: {advice}")
+    return info
+
+
 def open_regular(path: str | Path, what: str, *, limit: int | None = None) -> BinaryIO:
     """``path`` opened for reading (binary), only if it is a regular file of at most ``limit`` bytes; else
     BadInput naming ``what`` and the path. It is opened without blocking (an ordinary open of a FIFO waits for a
@@ -86,14 +98,20 @@ def sha256_file(path: Path) -> str:
 
 def write_json_atomic(path: str | Path, data) -> Path:
     """Write ``data`` as JSON next to ``path``, then rename it into place."""
+    return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) into a new file next to ``path``, with the mode a new file gets, then rename it into
+    place: a reader sees the old file or the new one, never half of it. OutputError where it cannot be written."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(data, fh, indent=2)
-                fh.write("\n")
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600: give the file the mode a new file gets
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -101,6 +119,12 @@ def write_json_atomic(path: str | Path, data) -> Path:
     except OSError as err:
         raise OutputError(f"cannot write '{path}' ({err.strerror or err}); choose a writable path") from None
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import heapq
 import logging
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from google.protobuf.message import DecodeError
 
 from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.files import require_regular
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +41,10 @@ def resolve_model_path(path: str | Path) -> Path:
 
 
 def _check_regular_file(path: Path) -> None:
-    """Only regular files are read: a FIFO would block forever, a device would never end."""
-    try:
-        mode = path.stat().st_mode
-    except OSError as err:
-        raise BadInput(f"'{path}' cannot be read ({err.strerror or err})") from None
-    if not stat.S_ISREG(mode):
-        raise BadInput(f"'{path}' is not a regular file: give an .onnx file or an exported folder")
-    if path.stat().st_size >= PROTOBUF_LIMIT:
-        raise ContractError(
-            f"'{path}' is {path.stat().st_size:,} bytes, past protobuf's 2 GB limit: it is not an ONNX graph"
-        )
+    """Only regular files are read, and none past protobuf's limit."""
+    size = require_regular(path, f"'{path}'", "give an .onnx file or an exported folder").st_size
+    if size >= PROTOBUF_LIMIT:
+        raise ContractError(f"'{path}' is {size:,} bytes, past protobuf's 2 GB limit: it is not an ONNX graph")
 
 
 def load_graph(path: Path) -> onnx.ModelProto:

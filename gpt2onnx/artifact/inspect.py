@@ -80,6 +80,7 @@ class ModelDescription:
     def as_dict(self) -> dict:
         """The JSON of ``gpt2onnx inspect --json``."""
         manifest = self.manifest
+        recorded = manifest.as_dict() if manifest else {}
         return {
             "path": self.path,
             "ir_version": self.ir_version,
@@ -94,15 +95,8 @@ class ModelDescription:
             "parameters": self.parameters.as_dict(),
             "manifest": (
                 {
-                    "kind": manifest.kind,
-                    "name": manifest.name,
-                    "source": manifest.source,
-                    "dtype": manifest.dtype,
-                    "opset": manifest.opset,
-                    "options": manifest.options,
-                    "fusion": manifest.fusion.as_dict() if manifest.fusion else None,
-                    "quantization": manifest.quantization.as_dict() if manifest.quantization else None,
-                    "fp16": manifest.fp16.as_dict() if manifest.fp16 else None,
+                    **{k: recorded[k] for k in ("kind", "name", "source", "dtype", "opset", "options")},
+                    **{k: recorded[k] for k in ("fusion", "quantization", "fp16")},
                     "targets": manifest.deploy.targets if manifest.deploy else None,
                     "checks": manifest.check.as_dict() if manifest.check else None,
                     "check_summary": manifest.check_summary,

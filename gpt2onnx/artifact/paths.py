@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from gpt2onnx.errors import BadInput, OutputError
-from gpt2onnx.files import kind_of
+from gpt2onnx.files import kind_of, require_regular
 
 
 def plain_name(name: object, *, what: str, where: Path | str) -> str:
@@ -50,12 +50,7 @@ def file_in_folder(folder: Path, name: object, *, what: str, where: Path | str, 
             " file itself"
         )
     if must_exist or path.exists():
-        try:
-            mode = path.stat().st_mode
-        except OSError as err:
-            raise BadInput(f"{what} '{path}' cannot be read ({err.strerror or err})") from None
-        if not stat.S_ISREG(mode):
-            raise BadInput(f"{what} '{path}' named in '{where}' is not a regular file: export the folder again")
+        require_regular(path, f"{what} '{path}' named in '{where}'", "export the folder again")
     return path
 
 

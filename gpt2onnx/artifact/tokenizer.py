@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt2onnx.errors import BadInput, OutputError
-from gpt2onnx.files import read_regular_text
+from gpt2onnx.errors import BadInput
+from gpt2onnx.files import read_regular_text, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -121,27 +119,6 @@ def tokenizer_config(bpe: ByteLevelBPE, *, model_max_length: int | None) -> dict
     }
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600: give the file the mode a new file gets
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as err:
-        raise OutputError(f"cannot write '{path}' ({err.strerror or err}); choose a writable folder") from None
-
-
 def write_tokenizer_files(
     folder: str | Path, *, vocab_file: str | Path, merges_file: str | Path, model_max_length: int | None = None
 ) -> list[str]:
@@ -163,7 +140,7 @@ def write_tokenizer_files(
     for name, text in files.items():
         if (folder / name).is_symlink():
             (folder / name).unlink()  # a new file: never write through a link
-        _write_atomic(folder / name, text)
+        write_text_atomic(folder / name, text)
     return list(files)
 
 
@@ -177,6 +154,6 @@ def ensure_tokenizer_json(folder: str | Path, *, read_from: str | Path | None = 
     if (folder / TOKENIZER_JSON).exists() or not ((folder / VOCAB_FILE).is_file() and (folder / MERGES_FILE).is_file()):
         return False
     bpe = read_bpe(source / VOCAB_FILE, source / MERGES_FILE)
-    _write_atomic(folder / TOKENIZER_JSON, build_tokenizer(bpe).to_str(pretty=True) + "\n")
+    write_text_atomic(folder / TOKENIZER_JSON, build_tokenizer(bpe).to_str(pretty=True) + "\n")
     log.info("wrote %s from %s and %s", folder / TOKENIZER_JSON, VOCAB_FILE, MERGES_FILE)
     return True

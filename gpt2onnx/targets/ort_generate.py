@@ -76,8 +76,7 @@ def decoder_subgraph(model: onnx.ModelProto, shape: DecoderShape) -> tuple[onnx.
     its initializers, which the caller puts in the outer graph."""
     g = model.graph
     names = [v.name for v in g.input]
-    outputs = {v.name: v for v in g.output}
-    logits = outputs["logits"]
+    logits = next(v for v in g.output if v.name == "logits")
     logits_type = logits.type.tensor_type.elem_type
     if logits_type not in _ONNX_DTYPES.values():
         raise ContractError(f"the decoder's logits are {logits_type}: the generation ops take float32 or float16")
@@ -88,56 +87,15 @@ def decoder_subgraph(model: onnx.ModelProto, shape: DecoderShape) -> tuple[onnx.
     if set(names) - set(own) - set(shape.past_names):
         extra = sorted(set(names) - set(own) - set(shape.past_names))
         raise ContractError(f"the decoder has inputs {extra} the generation ops cannot feed")
-
-    nodes: list[onnx.NodeProto] = []
-    for name, inner in own.items():  # the op feeds int32; our graph takes int64
-        if name != "position_ids":
-            nodes.append(helper.make_node("Cast", [name], [inner], to=TensorProto.INT64, name=f"cast_{name}"))
+    nodes = [helper.make_node("Constant", [], [c.name], value=c, name=f"const_{c.name}") for c in _CONSTANTS]
+    nodes += [  # the op feeds int32; our graph takes int64 (positions: computed from the mask, below)
+        helper.make_node("Cast", [name], [inner], to=TensorProto.INT64, name=f"cast_{name}")
+        for name, inner in own.items()
+        if name != "position_ids"
+    ]
     if "position_ids" in own:
-        # The ops derive position_ids from input_ids == pad_token_id, even with an attention_mask
-        # (generation_device_helper.cc CreateGptInputs): a real pad/eos id inside a prompt would get position 0
-        # and shift the rest. Positions from the mask instead, as transformers does: cumsum(mask) - 1, 1 on
-        # padding, the last sequence_length columns (the whole prompt, then one per step).
-        mask, position = own["attention_mask"], own["position_ids"]
-        nodes += [
-            helper.make_node("CumSum", [mask, "gpt2onnx.axis_1"], ["gpt2onnx.mask_cumsum"], name="positions_cumsum"),
-            helper.make_node(
-                "Sub", ["gpt2onnx.mask_cumsum", "gpt2onnx.one"], ["gpt2onnx.counted"], name="positions_sub"
-            ),
-            helper.make_node("Equal", [mask, "gpt2onnx.zero"], ["gpt2onnx.is_padding"], name="positions_padding"),
-            helper.make_node(
-                "Where",
-                ["gpt2onnx.is_padding", "gpt2onnx.one", "gpt2onnx.counted"],
-                ["gpt2onnx.all_positions"],
-                name="positions_where",
-            ),
-            helper.make_node("Shape", [own["input_ids"]], ["gpt2onnx.ids_shape"], name="positions_shape"),
-            helper.make_node(
-                "Gather",
-                ["gpt2onnx.ids_shape", "gpt2onnx.axis_1"],
-                ["gpt2onnx.step_length"],
-                axis=0,
-                name="positions_len",
-            ),
-            helper.make_node("Neg", ["gpt2onnx.step_length"], ["gpt2onnx.step_start"], name="positions_start"),
-            helper.make_node(
-                "Slice",
-                ["gpt2onnx.all_positions", "gpt2onnx.step_start", "gpt2onnx.big", "gpt2onnx.axis_1"],
-                [position],
-                name="positions_slice",
-            ),
-        ]
-    for layer in range(shape.n_layer):
-        for index, kind in enumerate(("key", "value")):
-            target = f"past_key_values.{layer}.{kind}"
-            picked = f"gpt2onnx.past_{layer}.{kind}" if kv_type != logits_type else target
-            nodes.append(
-                helper.make_node(
-                    "Gather", [f"past_{layer}", f"gpt2onnx.index_{index}"], [picked], axis=0, name=f"split_{target}"
-                )
-            )
-            if kv_type != logits_type:
-                nodes.append(helper.make_node("Cast", [picked], [target], to=kv_type, name=f"cast_{target}"))
+        nodes += _position_nodes(own["attention_mask"], own["input_ids"], own["position_ids"])
+    nodes += _past_nodes(shape.n_layer, kv_type, logits_type)
     for node in g.node:
         copy = onnx.NodeProto()
         copy.CopyFrom(node)
@@ -145,30 +103,7 @@ def decoder_subgraph(model: onnx.ModelProto, shape: DecoderShape) -> tuple[onnx.
             if name in own:
                 copy.input[i] = own[name]
         nodes.append(copy)
-    for layer in range(shape.n_layer):
-        parts = []
-        for kind in ("key", "value"):
-            source = f"present.{layer}.{kind}"
-            if kv_type != logits_type:
-                cast = f"gpt2onnx.{source}.cast"
-                nodes.append(helper.make_node("Cast", [source], [cast], to=logits_type, name=f"cast_{source}"))
-                source = cast
-            parts.append(f"gpt2onnx.{source}.stacked")
-            nodes.append(
-                helper.make_node("Unsqueeze", [source, "gpt2onnx.axis_0"], [parts[-1]], name=f"stack_{source}")
-            )
-        nodes.append(helper.make_node("Concat", parts, [f"present_{layer}"], axis=0, name=f"concat_present_{layer}"))
-
-    constants = [
-        helper.make_tensor("gpt2onnx.index_0", TensorProto.INT64, [], [0]),
-        helper.make_tensor("gpt2onnx.index_1", TensorProto.INT64, [], [1]),
-        helper.make_tensor("gpt2onnx.axis_0", TensorProto.INT64, [1], [0]),
-        helper.make_tensor("gpt2onnx.axis_1", TensorProto.INT64, [1], [1]),
-        helper.make_tensor("gpt2onnx.zero", TensorProto.INT64, [], [0]),
-        helper.make_tensor("gpt2onnx.one", TensorProto.INT64, [], [1]),
-        helper.make_tensor("gpt2onnx.big", TensorProto.INT64, [1], [2**62]),
-    ]
-    nodes = [helper.make_node("Constant", [], [t.name], value=t, name=f"const_{t.name}") for t in constants] + nodes
+    nodes += _present_nodes(shape.n_layer, kv_type, logits_type)
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch_size", "sequence_length"]),
         helper.make_tensor_value_info("position_ids", TensorProto.INT32, ["batch_size", "sequence_length"]),
@@ -185,6 +120,82 @@ def decoder_subgraph(model: onnx.ModelProto, shape: DecoderShape) -> tuple[onnx.
     # inference says so), which the ops' subgraph check rejects; onnxruntime infers the types itself
     subgraph = helper.make_graph(nodes, "gpt2onnx decoder", inputs, graph_outputs)
     return subgraph, list(g.initializer)
+
+
+_CONSTANTS = (
+    helper.make_tensor("gpt2onnx.index_0", TensorProto.INT64, [], [0]),
+    helper.make_tensor("gpt2onnx.index_1", TensorProto.INT64, [], [1]),
+    helper.make_tensor("gpt2onnx.axis_0", TensorProto.INT64, [1], [0]),
+    helper.make_tensor("gpt2onnx.axis_1", TensorProto.INT64, [1], [1]),
+    helper.make_tensor("gpt2onnx.zero", TensorProto.INT64, [], [0]),
+    helper.make_tensor("gpt2onnx.one", TensorProto.INT64, [], [1]),
+    helper.make_tensor("gpt2onnx.big", TensorProto.INT64, [1], [2**62]),
+)
+
+
+def _position_nodes(mask: str, input_ids: str, position: str) -> list[onnx.NodeProto]:
+    """The ops derive position_ids from input_ids == pad_token_id, even with an attention_mask
+    (generation_device_helper.cc CreateGptInputs): a real pad/eos id inside a prompt would get position 0 and shift
+    the rest. Positions from the mask instead, as transformers does: cumsum(mask) - 1, 1 on padding, the last
+    sequence_length columns (the whole prompt, then one per step)."""
+    return [
+        helper.make_node("CumSum", [mask, "gpt2onnx.axis_1"], ["gpt2onnx.mask_cumsum"], name="positions_cumsum"),
+        helper.make_node("Sub", ["gpt2onnx.mask_cumsum", "gpt2onnx.one"], ["gpt2onnx.counted"], name="positions_sub"),
+        helper.make_node("Equal", [mask, "gpt2onnx.zero"], ["gpt2onnx.is_padding"], name="positions_padding"),
+        helper.make_node(
+            "Where",
+            ["gpt2onnx.is_padding", "gpt2onnx.one", "gpt2onnx.counted"],
+            ["gpt2onnx.all_positions"],
+            name="positions_where",
+        ),
+        helper.make_node("Shape", [input_ids], ["gpt2onnx.ids_shape"], name="positions_shape"),
+        helper.make_node(
+            "Gather", ["gpt2onnx.ids_shape", "gpt2onnx.axis_1"], ["gpt2onnx.step_length"], axis=0, name="positions_len"
+        ),
+        helper.make_node("Neg", ["gpt2onnx.step_length"], ["gpt2onnx.step_start"], name="positions_start"),
+        helper.make_node(
+            "Slice",
+            ["gpt2onnx.all_positions", "gpt2onnx.step_start", "gpt2onnx.big", "gpt2onnx.axis_1"],
+            [position],
+            name="positions_slice",
+        ),
+    ]
+
+
+def _past_nodes(n_layer: int, kv_type: int, logits_type: int) -> list[onnx.NodeProto]:
+    """Each stacked ``past_%d`` split into our past_key_values.%d.key/value (cast where the cache dtype differs)."""
+    nodes = []
+    for layer in range(n_layer):
+        for index, kind in enumerate(("key", "value")):
+            target = f"past_key_values.{layer}.{kind}"
+            picked = f"gpt2onnx.past_{layer}.{kind}" if kv_type != logits_type else target
+            nodes.append(
+                helper.make_node(
+                    "Gather", [f"past_{layer}", f"gpt2onnx.index_{index}"], [picked], axis=0, name=f"split_{target}"
+                )
+            )
+            if kv_type != logits_type:
+                nodes.append(helper.make_node("Cast", [picked], [target], to=kv_type, name=f"cast_{target}"))
+    return nodes
+
+
+def _present_nodes(n_layer: int, kv_type: int, logits_type: int) -> list[onnx.NodeProto]:
+    """Our present.%d.key/value stacked back into the op's ``present_%d`` (in the logits' dtype)."""
+    nodes = []
+    for layer in range(n_layer):
+        parts = []
+        for kind in ("key", "value"):
+            source = f"present.{layer}.{kind}"
+            if kv_type != logits_type:
+                cast = f"gpt2onnx.{source}.cast"
+                nodes.append(helper.make_node("Cast", [source], [cast], to=logits_type, name=f"cast_{source}"))
+                source = cast
+            parts.append(f"gpt2onnx.{source}.stacked")
+            nodes.append(
+                helper.make_node("Unsqueeze", [source, "gpt2onnx.axis_0"], [parts[-1]], name=f"stack_{source}")
+            )
+        nodes.append(helper.make_node("Concat", parts, [f"present_{layer}"], axis=0, name=f"concat_present_{layer}"))
+    return nodes
 
 
 # -- the search models -----------------------------------------------------------------------------------------

@@ -77,6 +77,8 @@ class TritonServer:
     end of its log otherwise); :meth:`stop` (or leaving the ``with`` block) stops it with SIGTERM and waits for
     it to exit."""
 
+    # 63 lines: the server's start-up in order (its Python, the ports, the process, waiting for readiness), each
+    # step undone by the ones before it when it fails.
     def __init__(
         self,
         repository: str | Path,

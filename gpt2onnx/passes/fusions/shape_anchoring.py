@@ -56,6 +56,45 @@ def _select(dims: list, node: onnx.NodeProto, constants: dict) -> list | None:
     return None
 
 
+class _Emitter:
+    """Nodes that compute dims from the graph inputs' own shapes (``anchors``: dim name → (input, axis))."""
+
+    def __init__(self, anchors: dict[str, tuple[str, int]]):
+        self.anchors, self.count = anchors, 0
+
+    def fresh(self, base: str) -> str:
+        self.count += 1
+        return f"{base}__anchored_{self.count}"
+
+    def emit(self, dims: list, output: str, scalar: bool = False) -> list[onnx.NodeProto] | None:
+        """Nodes computing the int64 vector of ``dims`` (or a scalar) into ``output``; None if a dim is unknown."""
+        if any(not isinstance(d, int) and d not in self.anchors for d in dims):
+            return None
+        nodes, parts = [], []
+        for dim in dims:
+            part = self.fresh(output)
+            if isinstance(dim, int):
+                value = numpy_helper.from_array(np.array([dim], np.int64))
+                nodes.append(helper.make_node("Constant", [], [part], value=value))
+            else:
+                source, axis = self.anchors[dim]
+                nodes.append(helper.make_node("Shape", [source], [part], start=axis, end=axis + 1))
+            parts.append(part)
+        vector = self.fresh(output) if scalar else output
+        if len(parts) == 1:
+            nodes.append(helper.make_node("Identity", [parts[0]], [vector]))
+        else:
+            nodes.append(helper.make_node("Concat", parts, [vector], axis=0))
+        if scalar:
+            axes = self.fresh(output)
+            value = numpy_helper.from_array(np.array([0], np.int64))
+            nodes.append(helper.make_node("Constant", [], [axes], value=value))
+            nodes.append(helper.make_node("Squeeze", [vector, axes], [output]))
+        return nodes
+
+
+# About 70 lines: one walk over the graph that rewrites a Shape's readers or the Shape itself; its cases share
+# the walk's state (the nodes kept, dropped and replaced).
 def anchor_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Returns the model with intermediate shape reads replaced, and how many reads were replaced."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
@@ -79,39 +118,7 @@ def anchor_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
 
-    counter = [0]
-
-    def fresh(base: str) -> str:
-        counter[0] += 1
-        return f"{base}__anchored_{counter[0]}"
-
-    def emit(dims: list, output: str, scalar: bool = False) -> list[onnx.NodeProto] | None:
-        """Nodes computing the int64 vector of ``dims`` (or a scalar) into ``output``; None if a dim is unknown."""
-        if any(not isinstance(d, int) and d not in anchors for d in dims):
-            return None
-        nodes, parts = [], []
-        for dim in dims:
-            part = fresh(output)
-            if isinstance(dim, int):
-                nodes.append(
-                    helper.make_node("Constant", [], [part], value=numpy_helper.from_array(np.array([dim], np.int64)))
-                )
-            else:
-                source, axis = anchors[dim]
-                nodes.append(helper.make_node("Shape", [source], [part], start=axis, end=axis + 1))
-            parts.append(part)
-        vector = fresh(output) if scalar else output
-        if len(parts) == 1:
-            nodes.append(helper.make_node("Identity", [parts[0]], [vector]))
-        else:
-            nodes.append(helper.make_node("Concat", parts, [vector], axis=0))
-        if scalar:
-            axes = fresh(output)
-            nodes.append(
-                helper.make_node("Constant", [], [axes], value=numpy_helper.from_array(np.array([0], np.int64)))
-            )
-            nodes.append(helper.make_node("Squeeze", [vector, axes], [output]))
-        return nodes
+    emit = _Emitter(anchors).emit
 
     new_nodes: list[onnx.NodeProto] = []
     replaced = 0
