@@ -68,6 +68,11 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
       || echo "apt-get install qemu-user failed: the portability tests will skip (under CI=1 they fail)"
   fi
   command -v qemu-x86_64 >/dev/null && echo "$(qemu-x86_64 --version | head -1) (portability tests)"
+  # an aarch64 Python with onnxruntime's aarch64 wheel, for the same tests on an emulated ARM CPU (root only)
+  if command -v qemu-aarch64 >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    bash scripts/setup-arm64.sh 2>&1 | grep -v "^W: Download is performed unsandboxed" \
+      || echo "scripts/setup-arm64.sh failed: the aarch64 portability tests will skip (under CI=1 they fail)"
+  fi
   if [ -x "$CHROMIUM" ]; then
     echo "$("$CHROMIUM" --version 2>/dev/null | head -1) (browser tests)"
   else

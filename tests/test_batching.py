@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from gpt2onnx.artifact.folder import generation_token_ids, open_folder
+from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.batching import BatchingEngine
@@ -43,7 +44,8 @@ def trained_engine(trained_export):
 def alone(folder, prompt_ids, max_new_tokens, **options):
     """What decode() gives one prompt on its own: the new tokens up to and including the last real one."""
     model = open_folder(folder)
-    eos, pad = generation_token_ids(folder)
+    generation = read_generation_config(folder, vocab_size=model.facts.vocab_size)
+    eos = generation.eos_token_ids
     decoder = open_runtime(model, RuntimeOptions())
     result = decode(decoder, np.asarray([prompt_ids]), max_new_tokens=max_new_tokens, eos_token_id=eos, **options)
     return result.tokens[0, : int(result.lengths[0])].tolist()

@@ -35,7 +35,8 @@ from typing import Callable
 
 import numpy as np
 
-from gpt2onnx.artifact.folder import generation_token_ids, open_folder
+from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
 from gpt2onnx.runtimes.base import Runtime, RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, position_ids_for
@@ -232,7 +233,8 @@ class BatchingEngine:
             from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
 
             tokenizer = load_gpt2_tokenizer(model.folder) if has_tokenizer(model.folder) else None
-        eos_ids, pad = generation_token_ids(model.folder)
+        generation = read_generation_config(model.folder, vocab_size=model.facts.vocab_size)
+        eos_ids, pad = generation.eos_token_ids, generation.pad_token_id
         decoder = open_runtime(model, RuntimeOptions(provider=provider))
         return cls(decoder, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_token_id=pad, max_batch=max_batch)
 
