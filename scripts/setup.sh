@@ -40,7 +40,7 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   .venv-triton/bin/python -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('pytriton', 'tritonclient.grpc', 'tritonclient.http', 'onnxruntime', 'onnx', 'tokenizers', 'kserve')))" 2>/dev/null \
     || .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check $TRITON_PACKAGES 2>&1 | grep -v "^WARNING: Location" || true
   # gpt2onnx from this tree: reinstalled only where the venv's points elsewhere (another clone or worktree)
-  .venv-triton/bin/python -c "import gpt2onnx, pathlib, sys; sys.exit(pathlib.Path(gpt2onnx.__file__).resolve().parents[1] != pathlib.Path.cwd().resolve())" 2>/dev/null \
+  .venv-triton/bin/python -P -c "import gpt2onnx, pathlib, sys; sys.exit(pathlib.Path(gpt2onnx.__file__).resolve().parents[1] != pathlib.Path.cwd().resolve())" 2>/dev/null \
     || .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
   .venv-triton/bin/python -c "import importlib.metadata as m; print('nvidia-pytriton', m.version('nvidia-pytriton'), '| kserve', m.version('kserve'), '(.venv-triton)')"
   if command -v npm >/dev/null; then
