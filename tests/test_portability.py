@@ -121,7 +121,7 @@ def runs(variants, trained_checkpoint, tmp_path_factory) -> dict[str, dict]:
         _, stderr = process.communicate(timeout=900)
         assert process.returncode == 0, f"the worker failed on {name}: {stderr[-2000:]}"
         results[name] = dict(np.load(work / f"{name}.npz"))
-    return {"names": list(variants), **results}
+    return {"names": list(variants), "prompts": str(work / "prompts.json"), **results}
 
 
 def test_the_emulated_cpus_take_other_kernel_paths(runs):
@@ -192,3 +192,33 @@ def test_int8_with_8_bit_weights_would_not_be_portable(variants, trained_checkpo
     if "VPMADDUBSW" in host_path:
         pytest.skip(f"this CPU saturates too ({host_path}): both sides compute the same saturated products")
     assert float(kl_divergence(host, avx2).mean()) > 1e-6
+
+
+def test_int8_in_the_browsers_kernels_writes_onnxruntimes_tokens_on_every_cpu(variants, runs, tmp_path):
+    """The int8 folder's browser copy (deploy --target web) run by onnxruntime-web's wasm build (the browser's
+    kernels, tests/js/wasm_greedy.mjs in Node) on this CPU and on the emulated x86 ones writes the greedy tokens
+    onnxruntime writes here: with 7-bit weights the wasm integer kernels and every native path agree."""
+    from gpt2onnx.deploy import deploy
+
+    node, script = shutil.which("node"), ROOT / "tests" / "js" / "wasm_greedy.mjs"
+    if node is None or not (ROOT / "tests" / "js" / "node_modules" / "onnxruntime-web").is_dir():
+        message = "Node.js or tests/js/node_modules is missing: run scripts/setup.sh"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    qemu = qemu_or_skip()
+    folder = tmp_path / "int8"
+    shutil.copytree(variants["int8"], folder)
+    deploy(folder, "web")
+    model = folder / "onnx" / "model_quantized.onnx"
+    index = runs["names"].index("int8")
+    prompt = ",".join(map(str, json.loads((Path(runs["prompts"])).read_text())[0]))
+    args = [str(script), str(model), prompt, str(NEW_TOKENS)]
+    commands = {"host": [node, *args], **{cpu: [qemu, "-cpu", cpu, node, *args] for cpu in EMULATED[:2]}}
+    running = {
+        cpu: subprocess.Popen(command, cwd=script.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for cpu, command in commands.items()
+    }
+    expected = runs["host"][f"tokens_{index}"][0].tolist()
+    for cpu, process in running.items():
+        stdout, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, f"onnxruntime-web on {cpu}: {stderr[-2000:]}"
+        assert json.loads(stdout.strip().splitlines()[-1])["ids"] == expected, cpu
