@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2onnx.artifact.folder import generation_token_ids, open_folder
+from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.generate import Decoding, decode
 from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
@@ -97,7 +98,8 @@ def in_process(folder: Path, prompts: list[str], new_tokens: int, provider: Prov
     """decode() on each prompt alone: tokens/s over all of them, first-token and per-step latencies."""
     model = open_folder(folder)
     tokenizer = load_gpt2_tokenizer(folder)
-    eos, pad = generation_token_ids(folder)
+    generation = read_generation_config(folder, vocab_size=model.facts.vocab_size)
+    eos = generation.eos_token_ids
     decoder = open_runtime(model, RuntimeOptions(settings=provider))
     decoding = Decoding(min_new_tokens=new_tokens)
     ids = [np.asarray([tokenizer.encode(p)]) for p in prompts]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up everything: a virtual environment in .venv with torch, the project and its test tools.
+# Set up everything: a virtual environment in .venv with torch, the project, its test tools and the docs site's
+# builder (the docs extra: mkdocs and Material, pinned).
 # torch is installed first and pinned, so pip does not pull a multi-GB CUDA build where a CPU build is on disk.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,7 +8,7 @@ PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,optimum]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,optimum,docs]' 2>&1 | grep -v "^WARNING: Location" || true
 # OpenVINO (gpt2onnx --runtime openvino) goes into .venv: it leaves onnxruntime-gpu alone.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "${OPENVINO_SPEC:-openvino==2026.4.1}" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import gpt2onnx, torch, onnxruntime; print('gpt2onnx', gpt2onnx.__version__, '| torch', torch.__version__, '| onnxruntime', onnxruntime.__version__)"
@@ -40,7 +41,7 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   .venv-triton/bin/python -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('pytriton', 'tritonclient.grpc', 'tritonclient.http', 'onnxruntime', 'onnx', 'tokenizers', 'kserve')))" 2>/dev/null \
     || .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check $TRITON_PACKAGES 2>&1 | grep -v "^WARNING: Location" || true
   # gpt2onnx from this tree: reinstalled only where the venv's points elsewhere (another clone or worktree)
-  .venv-triton/bin/python -c "import gpt2onnx, pathlib, sys; sys.exit(pathlib.Path(gpt2onnx.__file__).resolve().parents[1] != pathlib.Path.cwd().resolve())" 2>/dev/null \
+  .venv-triton/bin/python -P -c "import gpt2onnx, pathlib, sys; sys.exit(pathlib.Path(gpt2onnx.__file__).resolve().parents[1] != pathlib.Path.cwd().resolve())" 2>/dev/null \
     || .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
   .venv-triton/bin/python -c "import importlib.metadata as m; print('nvidia-pytriton', m.version('nvidia-pytriton'), '| kserve', m.version('kserve'), '(.venv-triton)')"
   if command -v npm >/dev/null; then
@@ -68,6 +69,11 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
       || echo "apt-get install qemu-user failed: the portability tests will skip (under CI=1 they fail)"
   fi
   command -v qemu-x86_64 >/dev/null && echo "$(qemu-x86_64 --version | head -1) (portability tests)"
+  # an aarch64 Python with onnxruntime's aarch64 wheel, for the same tests on an emulated ARM CPU (root only)
+  if command -v qemu-aarch64 >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    bash scripts/setup-arm64.sh 2>&1 | grep -v "^W: Download is performed unsandboxed" \
+      || echo "scripts/setup-arm64.sh failed: the aarch64 portability tests will skip (under CI=1 they fail)"
+  fi
   if [ -x "$CHROMIUM" ]; then
     echo "$("$CHROMIUM" --version 2>/dev/null | head -1) (browser tests)"
   else

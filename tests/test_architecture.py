@@ -2,7 +2,9 @@
 
 import ast
 import functools
+import itertools
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -11,22 +13,41 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gpt2onnx"
+ARCHITECTURE_PAGE = PACKAGE.parent / "docs" / "architecture.md"
+TABLE_HEADER = "| layer | folder | may import | needs torch |"
 
-# Each layer may import only the layers after it in this list (and itself)...
-LAYERS = [
-    ("cli", {"cli", "__main__"}),
-    ("exporters", {"exporters"}),
-    ("verify", {"verify"}),
-    ("torch side", {"pytorch"}),
-    ("graph passes", {"passes"}),
-    ("runtimes", {"runtimes"}),
-    ("deploy targets", {"targets"}),  # files written for other runtimes, no runtime needed
-    ("artifact", {"artifact"}),
-    ("leaves", {"errors", "files"}),
-]
-# ...but these stand side by side: none imports another (what two of them share belongs to the artifact)
-SIBLINGS = ("graph passes", "runtimes", "deploy targets")
-TORCH_FREE = ("artifact", "runtimes", "targets", "passes", "errors", "files", "pytorch.architecture")
+
+def read_layer_table(page: Path) -> tuple[list[tuple[str, set[str]]], tuple[str, ...], dict[str, set[str]]]:
+    """The layers, in order, each with its folders and modules, the modules that never import torch at top level,
+    and the layers each may import, read from the architecture page's layer table: the page states the rule, this
+    file only checks it. "needs torch" `no` makes a layer's modules torch-free; "`X.py` does not" names one module
+    of a layer that is. "may import": "everything below", "X and everything below", or the layers by name."""
+    text = page.read_text()
+    rows = text[text.index(TABLE_HEADER) :].splitlines()[2:]  # after the header and its rule
+    layers, torch_free, cells = [], [], []
+    for row in itertools.takewhile(lambda r: r.startswith("|"), rows):
+        name, folders, may, torch = (cell.strip() for cell in row.strip().strip("|").split("|"))
+        members = {part.strip("`/ ").removesuffix(".py") for part in folders.split(",")}
+        layers.append((name, members))
+        cells.append(may)
+        torch_free += sorted(members) if torch == "no" else []
+        torch_free += [m.removesuffix(".py").replace("/", ".") for m in re.findall(r"`([\w/]+\.py)` does not", torch)]
+    names = [name for name, _ in layers]
+    allowed = {}
+    for index, (name, may) in enumerate(zip(names, cells)):
+        below = names[index + 1 :]
+        if may == "everything below":
+            allowed[name] = set(below)
+        elif may.endswith(" and everything below"):
+            allowed[name] = set(names[names.index(may.removesuffix(" and everything below")) :])
+        else:
+            allowed[name] = {n.strip() for n in may.split(",")} - {"nothing of ours"}
+        assert allowed[name] <= set(below), f"row {name!r} may import {sorted(allowed[name])}: only layers below it"
+    return layers, tuple(torch_free), allowed
+
+
+# Each layer may import itself and the layers its row names, all of them after it in the page's table.
+LAYERS, TORCH_FREE, MAY_IMPORT = read_layer_table(ARCHITECTURE_PAGE)
 
 
 def module_name(path: Path) -> str:
@@ -96,14 +117,13 @@ def test_no_import_cycles():
 
 def test_imports_flow_one_way():
     wrong = []
-    siblings = {index for index, (name, _) in enumerate(LAYERS) if name in SIBLINGS}
     for module, deps in import_graph().items():
         here = layer_of(module)
         if here < 0:
             continue
         for dep in deps:
             there = layer_of(dep)
-            if there >= 0 and (there < here or (there != here and {here, there} <= siblings)):
+            if there >= 0 and there != here and LAYERS[there][0] not in MAY_IMPORT[LAYERS[here][0]]:
                 wrong.append(f"{module} ({LAYERS[here][0]}) imports {dep} ({LAYERS[there][0]})")
     assert not wrong, "\n".join(wrong)
 
@@ -195,16 +215,21 @@ def test_every_module_imports_and_parity_runs_without_optimum(tiny_export):
     assert proc.returncode == 0, proc.stderr + proc.stdout
 
 
-def test_readme_layer_table_is_this_list():
-    """The README's Architecture table names the layers of LAYERS, in order, each with its folders."""
-    readme = (PACKAGE.parent / "README.md").read_text()
-    section = readme[readme.index("## Architecture") : readme.index("## Safety")]
-    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
-    table = [(name.strip(), cell) for name, cell in rows[1:]]  # after the header row
-    assert [name for name, _ in table] == [name for name, _ in LAYERS]
-    for (_, cell), (name, members) in zip(table, LAYERS):
-        named = {part.strip("`/ ").removesuffix(".py") for part in cell.split(",")}
-        assert named == members, f"README row {name!r} names {sorted(named)}, the layer is {sorted(members)}"
+def test_the_layer_table_read_from_the_architecture_page_covers_the_package():
+    """The page's table (read above) is complete and names what exists: every top-level module and folder of the
+    package is in exactly one layer, and every name in the table is a module or folder of the package, so that a
+    typo or a new folder cannot leave code unchecked."""
+    assert [name for name, _ in LAYERS][:2] == ["cli", "exporters"] and len(LAYERS) >= 8, LAYERS
+    named = [member for _, members in LAYERS for member in members]
+    assert len(named) == len(set(named)), f"a folder in two layers: {sorted(named)}"
+    top = {p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"} | {
+        p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()
+    }
+    assert set(named) == top, f"not in the page's table: {sorted(top - set(named))}; not in the package: " + str(
+        sorted(set(named) - top)
+    )
+    for module in TORCH_FREE:
+        assert (PACKAGE / module.replace(".", "/")).with_suffix(".py").exists() or (PACKAGE / module).is_dir(), module
 
 
 def test_no_two_modules_share_a_name():
