@@ -84,7 +84,7 @@ def export(
 ) -> None:
     """Export a checkpoint to an ONNX decoder with past key/values, checked against PyTorch."""
     from gpt2onnx.exporters.export import ExportOptions, export  # lazy: torch
-    from gpt2onnx.exporters.torch_export import DEFAULT_OPSET
+    from gpt2onnx.exporters.torch_export import DEFAULT_OPSET  # lazy: torch
 
     options = ExportOptions(
         opset=DEFAULT_OPSET if opset is None else opset,

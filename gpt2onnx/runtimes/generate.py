@@ -53,7 +53,6 @@ def _checked(decoder, input_ids, attention_mask, max_new_tokens: int, decoding: 
     input_ids = np.asarray(input_ids, dtype=np.int64)
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise BadInput("the prompt is empty: give at least one token")
-    check_new_tokens(max_new_tokens)
     batch, prompt_length = input_ids.shape
     rows = check_request_size(batch, prompt_length, max_new_tokens, decoding)
     mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
@@ -92,6 +91,7 @@ def decode(
     transformers does); ``stop(tokens)``: True where a row's real tokens so far end it (stop strings).
     ``on_step(step, ids)`` is called with each step's new ids, for streaming (not with beam search)."""
     check_pair(sampling, decoding)
+    check_new_tokens(max_new_tokens)
     return _decode(
         decoder,
         input_ids,
@@ -109,8 +109,8 @@ def decode(
 def _decode(
     decoder, input_ids, attention_mask, *, max_new_tokens, sampling, decoding, eos_token_id, pad_token_id, stop, on_step
 ) -> Generation:
-    """decode() with its options already checked as a pair: greedy or sampled steps, beam search, or the
-    runtime's own loop."""
+    """decode() with its options already checked (the pair, max_new_tokens): greedy or sampled steps, beam search,
+    or the runtime's own loop."""
     eos_ids = as_ids(eos_token_id)
     input_ids, mask = _checked(decoder, input_ids, attention_mask, max_new_tokens, decoding, eos_ids)
     pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else None)
