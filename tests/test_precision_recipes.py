@@ -181,11 +181,15 @@ def test_random_weights_export_in_every_precision(tmp_path, precision):
     is close to chance: 55.6 % on an AVX2 CPU, docs/benchmarks.md), judged by the file checks."""
     import json
 
+    from gpt2onnx.machine import describe_cpu
+
     (tmp_path / "config.json").write_text(json.dumps(FLAT))
     result = run("export", "-m", tmp_path / "config.json", "--random-init", "-o", tmp_path / "out", *precision)
     assert result.exit_code == 0, result.output
     check = json.loads((tmp_path / "out" / "gpt2onnx.json").read_text())["parity"]
-    assert check["passed"] and check["machine"]["cpu"]["model"]
+    assert check["passed"] and check["machine"]["cpu"]["model"] == describe_cpu().model
+    shown = run("inspect", tmp_path / "out")
+    assert shown.exit_code == 0 and describe_cpu().short() in shown.output  # where the check ran, on its line
     if precision and precision[1] in ("int8", "int4"):
         assert check["quality_gates"].startswith("quality gates not applied: random weights")
         assert check["rounded"]["measured"]["weights"]["max_steps"] <= 1.001
