@@ -96,7 +96,8 @@ summary() { "$PYTHON" "$HERE/gpu_check_summary.py" "$RESULTS" "${MIRROR[@]}" "$@
 # record STEP STATUS RC SECONDS DETAIL: one JSON line per step, then the summary again.
 # STATUS: ok, failed, timeout, out-of-time, expected-error (a refusal that had to happen), skipped (not applicable)
 record() {
-    "$PYTHON" -c 'import json, sys; s, st, rc, sec, d = sys.argv[1:6]; print(json.dumps({"step": s, "status": st, "rc": int(rc), "seconds": float(sec), "detail": d}))' "$@" >>"$STEPS"
+    # one write(2) per line on an O_APPEND file: steps recorded by parallel exports cannot interleave
+    "$PYTHON" -c 'import json, os, sys; s, st, rc, sec, d = sys.argv[1:6]; os.write(1, (json.dumps({"step": s, "status": st, "rc": int(rc), "seconds": float(sec), "detail": d}) + "\n").encode())' "$@" >>"$STEPS"
     summary >/dev/null 2>&1 || true
 }
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -79,18 +78,14 @@ def make(out: Path) -> Path:
                 "stride": quality.stride,
             },
         }
-        staging = out.with_name(f".{out.name}.tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        save_folder(
+        return save_folder(
             result.model,
-            staging,
+            out,
             vocab_file=vocab_file,
             merges_file=merges_file,
             extra={"heldout.txt": heldout, "train_report.json": json.dumps(report, indent=2) + "\n"},
+            replace=True,
         )
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
-    return out
 
 
 def main() -> int:

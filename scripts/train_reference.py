@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import platform
-import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -107,16 +106,13 @@ def train(out: Path, vocab_file: Path, merges_file: Path, recipe, heldout_percen
         },
         "end_of_text": END_OF_TEXT,
     }
-    staging = out.with_name(f".tmp-{out.name}")
-    shutil.rmtree(staging, ignore_errors=True)
     save_folder(
         result.model,
-        staging,
+        out,
         vocab_file=vocab_file,
         merges_file=merges_file,
         extra={"heldout.txt": heldout_text, "train_report.json": json.dumps(report, indent=2) + "\n"},
     )
-    staging.rename(out)
     log.info("wrote %s", out)
     return 0
 

@@ -24,6 +24,7 @@ import ast
 import hashlib
 import logging
 import math
+import shutil
 import sysconfig
 import time
 from collections.abc import Callable
@@ -333,17 +334,29 @@ def heldout_quality(model, ids: np.ndarray, *, context: int | None = None, strid
 
 
 def save_folder(
-    model, folder: Path, *, vocab_file: Path, merges_file: Path, extra: dict[str, str] | None = None
+    model,
+    folder: Path,
+    *,
+    vocab_file: Path,
+    merges_file: Path,
+    extra: dict[str, str] | None = None,
+    replace: bool = False,
 ) -> Path:
     """A Hugging Face GPT-2 folder: config.json, model.safetensors, generation_config.json and the tokenizer
-    files of the public gpt2 folder; ``extra``: more text files to write (name → text)."""
+    files of the public gpt2 folder; ``extra``: more text files to write (name → text). Written beside the folder
+    first and moved into place when complete; ``replace``: an existing folder is replaced."""
     folder = Path(folder)
+    staging = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
     model.generation_config.bos_token_id = model.config.bos_token_id
     model.generation_config.eos_token_id = model.config.eos_token_id
-    model.save_pretrained(folder)
+    model.save_pretrained(staging)
     write_tokenizer_files(
-        folder, vocab_file=vocab_file, merges_file=merges_file, model_max_length=model.config.n_positions
+        staging, vocab_file=vocab_file, merges_file=merges_file, model_max_length=model.config.n_positions
     )
     for name, text in (extra or {}).items():
-        (folder / name).write_text(text, encoding="utf-8")
+        (staging / name).write_text(text, encoding="utf-8")
+    if replace:
+        shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
     return folder
