@@ -19,6 +19,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -110,7 +111,11 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def _limit_memory() -> None:
+    """In each case's process, before it starts: the memory cap, and Ctrl-C (SIGINT) as a user's terminal delivers
+    it. A test run started in the background by a shell ignores SIGINT, and an ignored signal stays ignored across
+    exec: the cases that stop `serve` with Ctrl-C would then wait for it forever."""
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def make_cli(env: dict[str, str], timeout: float):
