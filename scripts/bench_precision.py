@@ -167,17 +167,16 @@ def time_folders(folders: dict[str, Path], *, threads: int, past: int, prompt: i
 
 def gate_figures(folders: dict[str, Path], *, cases: int) -> dict[str, dict]:
     """The export gates' statistics (randomized token ids against PyTorch, as `gpt2onnx parity`), gates open."""
-    from gpt2onnx.verify.parity import check_parity
+    from gpt2onnx.verify.parity import parity
 
     figures = {}
     for name, folder in folders.items():
-        report = check_parity(folder, cases=cases, gates=_open_gates_for(folder))
-        measured = report.measured
+        measured = parity(folder, cases=cases, gates=_open_gates_for(folder)).measured
         figures[name] = {
-            "kl_mean": measured.get("kl", {}).get("mean"),
-            "top1": measured.get("top1_agreement"),
-            "top5": measured.get("top5_agreement"),
-            "logits_max": measured.get("logits", {}).get("max"),
+            "kl_mean": measured.kl.mean,
+            "top1": measured.top1_agreement,
+            "top5": measured.top5_agreement,
+            "logits_max": measured.logits.max,
         }
     return figures
 

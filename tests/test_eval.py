@@ -258,7 +258,7 @@ def test_parity_takes_its_prompts_from_text(eval_setup):
 
     checkpoint, fp32, text = eval_setup
     report = parity(fp32, cases=2, text=text)
-    assert report.passed and report.measured["prompts"].startswith(f"text '{text}'")
+    assert report.passed and report.measured.prompts.startswith(f"text '{text}'")
     ids = np.array(GPT2TokenizerFast.from_pretrained(checkpoint).encode(text.read_text()))
     case = random_cases(1, seed=3, n_positions=128, max_batch=4)[0]
     batch, mask = _case_batch(case, 512, ids)
@@ -284,3 +284,17 @@ def test_eval_bad_input(eval_setup, tmp_path, monkeypatch):
     assert_one_line_error(result, "dataset")  # offline (or without the library): one line, what to do
     assert result.exit_code in (2, 3)
     assert not (tmp_path / "x").exists()
+
+
+def test_eval_of_a_text_longer_than_the_context_prints_only_its_report(eval_setup):
+    """The text is longer than the model's context on purpose (it is scored in windows): transformers' warning
+    "Token indices sequence length is longer than the specified maximum…" would tell the user something is wrong
+    when nothing is. In a process of its own, as a user runs it, stderr stays empty."""
+    import subprocess
+    import sys
+
+    _, fp32, text = eval_setup
+    command = [sys.executable, "-m", "gpt2onnx", "eval", fp32, "--text", text, "--greedy-tokens", "0"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "sliding window" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr == "" and "Token indices" not in proc.stdout, proc.stderr

@@ -36,8 +36,8 @@ def test_prompt_then_decode_steps_match_reference(exported, logits):
     ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=4, length=9, seed=1)
     assert len({int(m.sum()) for m in mask}) > 1, "rows must differ in padding"
     result = compare_decoder(decoder, reference, ids, mask, decode_steps=5, tolerance=FP32_TOL)
-    assert result.measured["logits"]["max"] <= FP32_TOL, result
-    assert result.measured["present"]["max"] <= FP32_TOL, result
+    assert result.measured.logits.max <= FP32_TOL, result
+    assert result.measured.present.max <= FP32_TOL, result
 
 
 def test_single_unpadded_prompt_and_one_token_prompt(exported):
@@ -143,4 +143,4 @@ def test_nan_in_the_onnx_output_fails_parity(tiny_folder, tmp_path):
         decode_steps=1,
         tolerance=FP32_TOL,
     )
-    assert not result.passed and result.measured["logits"]["max"] == float("inf")
+    assert not result.passed and result.measured.logits.max == float("inf")

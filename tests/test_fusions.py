@@ -367,4 +367,4 @@ def test_gpt2_124m_ort_profile_golden_counts_and_parity(tmp_path):
         "com.microsoft::MultiHeadAttention": 12,
         "com.microsoft::SkipLayerNormalization": 25,
     }
-    assert result.check.passed and result.check.measured["logits"]["max"] < 1e-4
+    assert result.check.passed and result.check.measured.logits.max < 1e-4

@@ -41,7 +41,7 @@ def test_fp32_model_is_consistent_along_the_kv_path(decoder):
     assert [c.name for c in report.checks] == ["past", "batch", "chunks"]
     for check in report.checks:
         assert check.passed, check.failures
-        assert check.measured["logits"]["max"] < 1e-4 and check.measured["positions_compared"] >= 9
+        assert check.measured.logits.max < 1e-4 and check.measured.positions_compared >= 9
         assert check.gates == {"logits": 1e-4, "top1": 1.0}
 
 

@@ -105,3 +105,50 @@ def test_previous_release_folder_loads_inspects_runs_and_benches(previous_releas
     assert deployed.deploy.source_created == old["created"] and deployed.deploy.targets == {
         "genai": ["genai_config.json"]
     }
+
+
+def test_the_checks_figures_are_typed_and_read_back_as_written(tmp_path):
+    """A check's figures are typed (``Figures``): an int8 export's check (randomized cases, and the file judged by
+    its own rounded weights) and a parity report (per case, the K/V path, the prompts) read back with every figure
+    typed and write back key for key, in the order read. A figure this release does not know is kept; a damaged
+    one makes the whole check unreadable, kept in the manifest as it was, never half read."""
+    from gpt2onnx.artifact.report import CheckReport, Figures, KlStats, WeightRounding
+    from gpt2onnx.exporters.export import ExportOptions, export
+    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.verify.parity import parity
+
+    exported = export(
+        "tiny",
+        tmp_path / "int8",
+        random_init=True,
+        options=ExportOptions(quantization=QuantizeOptions("int8")),
+    )
+    checked = parity(exported.folder, cases=2)
+    for report in (exported.check, checked):
+        data = json.loads(json.dumps(report.as_dict()))
+        again = CheckReport.from_dict(data)
+        assert json.dumps(again.as_dict()) == json.dumps(data)
+        assert isinstance(again.measured, Figures) and isinstance(again.measured.kl, KlStats)
+        assert isinstance(again.rounded.measured.weights, WeightRounding) and again.rounded.measured.weights.tensors
+        assert again.measured == report.measured and again.summary() == report.summary()
+    assert checked.measured.prompts == "random token ids" and checked.measured.cases == 2
+    assert checked.kv_path.checks and checked.kv_path.checks[0].measured.positions_compared > 0
+
+    data = json.loads(json.dumps(checked.as_dict()))
+    data["measured"] = {**dict(reversed(data["measured"].items())), "joules_per_token": 0.4}
+    assert list(CheckReport.from_dict(data).as_dict()["measured"]) == list(data["measured"])
+    assert CheckReport.from_dict(data).measured.extra == {"joules_per_token": 0.4}
+
+    manifest = fixture("export")
+    for damage in (
+        lambda d: d["measured"]["kl"].update(mean="low"),
+        lambda d: d["measured"].update(cases=2.5),
+        lambda d: d["measured"]["logits"].update(p95=1.0),
+        lambda d: d["rounded"]["measured"]["weights"].update(tensors=True),
+        lambda d: d["kv_path"]["checks"][0].update(measured=[]),
+    ):
+        damaged = json.loads(json.dumps(checked.as_dict()))
+        damage(damaged)
+        read = Manifest.from_dict({**manifest, "parity": damaged})
+        assert read.check is None and read.check_summary == "unreadable"
+        assert read.as_dict()["parity"] == damaged

@@ -162,7 +162,7 @@ def test_the_recipes_pass_and_a_damaged_file_fails_on_any_weights(
     source = trained_export if weights == "trained" else gpt2_init_export
     good = optimize(source, tmp_path / "good", fusion="none", quantization=QuantizeOptions(method))
     assert good.check.passed, good.check.summary()
-    assert good.check.rounded.measured["weights"]["max_steps"] <= 1.0 + 1e-3
+    assert good.check.rounded.measured.weights.max_steps <= 1.0 + 1e-3
     assert ("not applied" in good.check.quality_gates) == (weights == "random")
     _damage(monkeypatch, method, damage)
     with pytest.raises(CheckFailed, match=f"validation failed: {method}") as failed:

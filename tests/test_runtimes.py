@@ -65,18 +65,18 @@ def test_parity_fp32_on_each_runtime(tiny_export, name):
     report = parity(tiny_export, runtime=RuntimeOptions(name=name), cases=4)
     assert report.passed, report.summary()
     assert report.runtime == name
-    assert report.measured["tokens_equal_cases"] == 4
+    assert report.measured.tokens_equal_cases == 4
     if name == "genai":  # no presents exposed: none compared, the gate does not apply
-        assert "present" not in report.measured and all(c["case"]["batch"] == 1 for c in report.cases)
+        assert report.measured.present is None and all(c["case"]["batch"] == 1 for c in report.cases)
     else:
-        assert report.measured["present"]["max"] <= report.gates["present"]
+        assert report.measured.present.max <= report.gates["present"]
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_parity_int4_on_each_runtime(tiny_int4, name):
     report = parity(tiny_int4, runtime=RuntimeOptions(name=name), cases=3)
     assert report.precision == "int4" and report.passed, report.summary()
-    assert report.measured["kl"]["mean"] < 0.01 and report.measured["top5_agreement"] >= 0.95
+    assert report.measured.kl.mean < 0.01 and report.measured.top5_agreement >= 0.95
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -13,13 +13,184 @@ from typing import Any
 from gpt2onnx.machine import MachineRecord
 
 
+# -- what a check measured ----------------------------------------------------------------------------------
+def _number(value, kind=float):
+    """A figure read back: a JSON number (an int where ``kind`` is int), never a bool or a string."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise TypeError(f"not a number: {value!r}")
+    return value
+
+
+def _compact(record) -> dict:
+    """A record's figures as written: the ones measured, in field order (the order every release wrote)."""
+    return {k: v for k, v in asdict(record).items() if v is not None}
+
+
+def _read(cls, data, kinds: dict[str, type] | None = None):
+    """``cls`` from its written dict; every key must be one of its fields and every figure a number (``kinds``
+    names the fields of another type), so a damaged record is refused whole rather than half read."""
+    if not isinstance(data, dict) or not data.keys() <= cls.__dataclass_fields__.keys():
+        raise ValueError(f"not a {cls.__name__} record: {data!r}")
+    kinds = kinds or {}
+
+    def figure(name, value):
+        kind = kinds.get(name, float)
+        return value if kind is str and isinstance(value, str) else _number(value, int if kind is int else float)
+
+    return cls(**{k: figure(k, v) for k, v in data.items()})
+
+
+@dataclass(frozen=True)
+class Spread:
+    """max / p50 / p99 of an absolute difference (a fixed-batch check measures the max only)."""
+
+    max: float
+    p50: float | None = None
+    p99: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "Spread | None":
+        return None if not data else _read(cls, data)
+
+
+@dataclass(frozen=True)
+class KlStats:
+    """KL(reference ‖ this) of the next-token distributions, per scored token (parity measures mean and max)."""
+
+    mean: float
+    stderr: float | None = None
+    p99: float | None = None  # from a log-spaced histogram (2.3 % resolution)
+    max: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "KlStats | None":
+        return _read(cls, data) if data else None
+
+
+@dataclass(frozen=True)
+class MeanMax:
+    mean: float
+    max: float
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Greedy tokens generated before the first one that differs: the worst case and the mean."""
+
+    min: int
+    mean: float
+
+
+@dataclass(frozen=True)
+class WeightRounding:
+    """A quantized file's weights against the declared rounding of the source's (verify.rounding)."""
+
+    max_steps: float  # the largest error, in declared quantization steps
+    worst: str | None  # that tensor
+    tensors: int  # how many were compared
+
+
+# the fields of Figures that hold a record, and how each is read
+_FIGURE_RECORDS = {
+    "logits": Spread,
+    "present": Spread,
+    "kl": KlStats,
+    "relative_error": MeanMax,
+    "tokens_before_divergence": Divergence,
+    "weights": WeightRounding,
+}
+_FIGURE_KINDS = {"tokens_before_divergence": {"min": int}, "weights": {"worst": str, "tensors": int}}
+_INT_FIGURES = {
+    "positions_compared",
+    "nonfinite",
+    "cases",
+    "tokens_equal_cases",
+    "batch",
+    "prompt_length",
+    "decode_steps",
+    "tokens",
+}
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a check measured, typed. Each check measures its own subset; the rest are None and not written.
+
+    - randomized cases (parity; export's and optimize's reduced-precision checks): logits, present, agreements,
+      kl, relative_error, positions_compared, nonfinite, cases, tokens_equal_cases, tokens_before_divergence;
+      ``prompts`` (parity) and ``weights`` (a quantized file judged by itself) where they apply;
+    - one fixed left-padded batch (fp32 export and optimize): logits and present max, batch, prompt_length,
+      decode_steps;
+    - quality on real text (eval's gates): ppl, delta_ppl_percent, kl, same_top1, rms_dp, tokens;
+    - the K/V path (parity): logits max, agreements, kl, positions_compared, nonfinite.
+    """
+
+    logits: Spread | None = None  # |Δlogits| on real positions
+    present: Spread | None = None  # |Δpresent|; None where the runtime exposes no presents
+    top1_agreement: float | None = None
+    top5_agreement: float | None = None  # share of positions where the reference's top-1 is in our top-5
+    kl: KlStats | None = None
+    relative_error: MeanMax | None = None  # ‖Δlogits‖ / ‖logits − mean‖ per position
+    positions_compared: int | None = None
+    nonfinite: int | None = None  # NaN/Inf values (eval: tokens with NaN/Inf figures)
+    cases: int | None = None
+    tokens_equal_cases: int | None = None
+    tokens_before_divergence: Divergence | None = None
+    weights: WeightRounding | None = None
+    prompts: str | None = None  # "random token ids" or the text the cases were cut from
+    batch: int | None = None
+    prompt_length: int | None = None
+    decode_steps: int | None = None
+    ppl: float | None = None
+    delta_ppl_percent: float | None = None
+    same_top1: float | None = None
+    rms_dp: float | None = None
+    tokens: int | None = None
+    # figures this version does not know (a later release's), kept as read and written back
+    extra: dict[str, Any] = field(default_factory=dict)
+    # the order the keys were read in, so a record read back writes back byte-equal; new ones use field order
+    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    def as_dict(self) -> dict:
+        known = {
+            name: _compact(value) if name in _FIGURE_RECORDS else value
+            for name, value in ((f, getattr(self, f)) for f in _FIGURE_FIELDS)
+            if value is not None
+        }
+        known.update(self.extra)
+        ordered = {k: known[k] for k in self.key_order if k in known}
+        return {**ordered, **{k: v for k, v in known.items() if k not in ordered}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Figures":
+        """Figures read back from a manifest or a report; ValueError/TypeError where a known one is damaged."""
+        if not isinstance(data, dict):
+            raise TypeError(f"not a record of figures: {data!r}")
+        fields, extra = {}, {}
+        for name, value in data.items():
+            if name in _FIGURE_RECORDS:
+                fields[name] = _read(_FIGURE_RECORDS[name], value, _FIGURE_KINDS.get(name))
+            elif name == "prompts":
+                if not isinstance(value, str):
+                    raise TypeError(f"prompts: not a text: {value!r}")
+                fields[name] = value
+            elif name in _FIGURE_FIELDS:
+                fields[name] = _number(value, int if name in _INT_FIGURES else float)
+            else:
+                extra[name] = value
+        return cls(**fields, extra=extra, key_order=tuple(data))
+
+
+_FIGURE_FIELDS = tuple(f for f in Figures.__dataclass_fields__ if f not in ("extra", "key_order"))
+
+
 @dataclass
 class KvPathCheck:
     """One consistency check of a model against itself along the K/V path (:mod:`gpt2onnx.verify.kv_path`)."""
 
     name: str  # past, batch or chunks
     description: str
-    measured: dict[str, Any]  # logits {max}, top1_agreement, top5_agreement, kl {mean, max}, positions_compared
+    measured: Figures  # logits max, top1/top5 agreement, kl mean and max, positions_compared, nonfinite
     gates: dict[str, Any]
     failures: list[str] = field(default_factory=list)
 
@@ -31,8 +202,8 @@ class KvPathCheck:
         """Its measured figures on one line."""
         m = self.measured
         return (
-            f"max |Δlogits| {m['logits']['max']:.2e}, top-1 {100 * m['top1_agreement']:.1f}%,"
-            f" KL mean {m['kl']['mean']:.2e} ({m['positions_compared']} positions)"
+            f"max |Δlogits| {m.logits.max:.2e}, top-1 {100 * m.top1_agreement:.1f}%,"
+            f" KL mean {m.kl.mean:.2e} ({m.positions_compared} positions)"
         )
 
 
@@ -51,35 +222,32 @@ class KvPathReport:
         if self.skipped:
             return f"K/V path: not checked ({self.skipped})"
         parts = [
-            f"{c.name} {c.measured['logits']['max']:.1e} (top-1 {100 * c.measured['top1_agreement']:.0f}%,"
-            f" KL {c.measured['kl']['mean']:.1e})"
+            f"{c.name} {c.measured.logits.max:.1e} (top-1 {100 * c.measured.top1_agreement:.0f}%,"
+            f" KL {c.measured.kl.mean:.1e})"
             for c in self.checks
         ]
         return "K/V path, max |Δlogits|: " + ", ".join(parts) + (" — pass" if not self.failures else " — FAIL")
 
     def as_dict(self) -> dict:
-        return {"skipped": self.skipped, "checks": [{**asdict(c), "passed": c.passed} for c in self.checks]}
+        return {
+            "skipped": self.skipped,
+            "checks": [{**asdict(c), "measured": c.measured.as_dict(), "passed": c.passed} for c in self.checks],
+        }
 
     @classmethod
     def from_dict(cls, data) -> "KvPathReport | None":
-        if not isinstance(data, dict):
+        if data is None:
             return None
+        if not isinstance(data, dict):
+            raise TypeError(f"not a K/V path record: {data!r}")
         fields = KvPathCheck.__dataclass_fields__
-        checks = [KvPathCheck(**{k: c[k] for k in fields if k in c}) for c in data.get("checks") or []]
+        checks = [
+            KvPathCheck(
+                **{k: c[k] for k in fields if k in c and k != "measured"}, measured=Figures.from_dict(c["measured"])
+            )
+            for c in data.get("checks") or []
+        ]
         return cls(checks=checks, skipped=data.get("skipped"))
-
-
-@dataclass(frozen=True)
-class Spread:
-    """max / p50 / p99 of an absolute difference."""
-
-    max: float
-    p50: float | None = None
-    p99: float | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> "Spread | None":
-        return None if not data else cls(data["max"], data.get("p50"), data.get("p99"))
 
 
 @dataclass(frozen=True)
@@ -107,44 +275,6 @@ class ParityCase:
             Spread.from_dict(data.get("present")),
             data["top1_agreement"],
             bool(data["tokens_equal"]),
-        )
-
-
-@dataclass(frozen=True)
-class ParityTotals:
-    """The figures of a parity run over all its cases (a typed view of ``CheckReport.measured``)."""
-
-    logits: Spread
-    present: Spread | None
-    top1_agreement: float
-    top5_agreement: float
-    positions_compared: int
-    kl_mean: float
-    kl_max: float
-    tokens_before_divergence_min: int
-    tokens_before_divergence_mean: float
-    nonfinite: int
-    prompts: str
-    tokens_equal_cases: int
-    cases: int
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "ParityTotals":
-        before = data["tokens_before_divergence"]
-        return cls(
-            Spread.from_dict(data["logits"]),
-            Spread.from_dict(data.get("present")),
-            data["top1_agreement"],
-            data["top5_agreement"],
-            data["positions_compared"],
-            data["kl"]["mean"],
-            data["kl"]["max"],
-            before["min"],
-            before["mean"],
-            data["nonfinite"],
-            str(data.get("prompts", "random token ids")),
-            data["tokens_equal_cases"],
-            data["cases"],
         )
 
 
@@ -193,7 +323,7 @@ class CheckReport:
     precision: str  # the gate family: float32, float16, int8, int4; tf32 (fp32 with TF32 matmuls)
     against: str  # what the model was compared with: "PyTorch" (GPT2LMHeadModel) or "source ONNX model"
     gates: dict[str, Any]  # name → threshold (logits, present, top1, top5, kl_mean, tokens_equal)
-    measured: dict[str, Any]  # logits/present {max, p50, p99}, top1_agreement, top5_agreement, kl {mean, max}, ...
+    measured: Figures
     failures: list[str] = field(default_factory=list)
     provider: str = "cpu"
     runtime: str = "onnxruntime"
@@ -214,30 +344,29 @@ class CheckReport:
     def summary(self) -> str:
         """One line: the verdict and the figures that decide it."""
         m, parts = self.measured, []
-        if "logits" in m:
-            parts.append(f"max |Δlogits| {m['logits']['max']:.2e}")
-        if "present" in m:
-            parts.append(f"max |Δpresent| {m['present']['max']:.2e}")
-        if "delta_ppl_percent" in m:
-            parts.append(f"ΔPPL {m['delta_ppl_percent']:+.2f} %")
-        if "kl" in m and "kl_mean" in self.gates:
-            parts.append(f"mean KL {m['kl']['mean']:.2e}")
-        if "top5_agreement" in m and "top5" in self.gates:
-            parts.append(f"top-5 {100 * m['top5_agreement']:.1f}%")
-        if "top1_agreement" in m and "top1" in self.gates:
-            parts.append(f"top-1 {100 * m['top1_agreement']:.1f}%")
-        if "relative_error" in m and "relative_error" in self.gates:
-            parts.append(f"relative logits error {100 * m['relative_error']['mean']:.2f}%")
-        if "weights" in m and "weight_steps" in self.gates:
-            parts.append(f"weights within {m['weights']['max_steps']:.2f} quantization steps")
-        if self.fp16_emulated is not None and "kl" in self.fp16_emulated.measured:
-            parts.append(f"fp16 as on a GPU: mean KL {self.fp16_emulated.measured['kl']['mean']:.2e}")
-        if self.rounded is not None:
-            file_check = self.rounded
+        if m.logits is not None:
+            parts.append(f"max |Δlogits| {m.logits.max:.2e}")
+        if m.present is not None:
+            parts.append(f"max |Δpresent| {m.present.max:.2e}")
+        if m.delta_ppl_percent is not None:
+            parts.append(f"ΔPPL {m.delta_ppl_percent:+.2f} %")
+        if m.kl is not None and "kl_mean" in self.gates:
+            parts.append(f"mean KL {m.kl.mean:.2e}")
+        if m.top5_agreement is not None and "top5" in self.gates:
+            parts.append(f"top-5 {100 * m.top5_agreement:.1f}%")
+        if m.top1_agreement is not None and "top1" in self.gates:
+            parts.append(f"top-1 {100 * m.top1_agreement:.1f}%")
+        if m.relative_error is not None and "relative_error" in self.gates:
+            parts.append(f"relative logits error {100 * m.relative_error.mean:.2f}%")
+        if m.weights is not None and "weight_steps" in self.gates:
+            parts.append(f"weights within {m.weights.max_steps:.2f} quantization steps")
+        if self.fp16_emulated is not None and self.fp16_emulated.measured.kl is not None:
+            parts.append(f"fp16 as on a GPU: mean KL {self.fp16_emulated.measured.kl.mean:.2e}")
+        file_figures = self.rounded.measured if self.rounded is not None else None
+        if file_figures is not None and file_figures.weights is not None and file_figures.relative_error is not None:
             parts.append(
-                f"the file against its own rounded weights: weights within"
-                f" {file_check.measured['weights']['max_steps']:.2f} steps, relative logits error"
-                f" {100 * file_check.measured['relative_error']['mean']:.2f}%"
+                f"the file against its own rounded weights: weights within {file_figures.weights.max_steps:.2f}"
+                f" steps, relative logits error {100 * file_figures.relative_error.mean:.2f}%"
             )
         if self.quality_gates:
             parts.append(self.quality_gates)
@@ -253,12 +382,9 @@ class CheckReport:
         """The per-case records of a parity run, typed."""
         return [ParityCase.from_dict(record) for record in self.cases]
 
-    def parity_totals(self) -> ParityTotals:
-        """The figures of a parity run, typed."""
-        return ParityTotals.from_dict(self.measured)
-
     def as_dict(self) -> dict:
         data = asdict(self)
+        data["measured"] = self.measured.as_dict()
         data["passed"] = self.passed
         data["fp16_emulated"] = self.fp16_emulated.as_dict() if self.fp16_emulated else None
         if self.kv_path is not None:  # parity's own checks; export and older releases never wrote the key
@@ -281,39 +407,38 @@ class CheckReport:
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "CheckReport | None":
-        """A report read back from a manifest; None for a folder written without one (or by an older version)."""
+        """A report read back from a manifest; None for a folder written without one (or by an older version),
+        or whose figures are damaged (a hand-edited manifest: the caller keeps the record as it was)."""
         if not isinstance(data, dict) or not {"precision", "gates", "measured"} <= data.keys():
             return None
-        emulated = cls.from_dict(data.get("fp16_emulated"))
-        nested = ("fp16_emulated", "kv_path", "rounded", "machine", "placement")
+        try:
+            return cls._from_dict(data)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    @classmethod
+    def _from_dict(cls, data: dict) -> "CheckReport":
+        """Raises where a part is damaged, nested reports included, so that nothing is dropped on a rewrite."""
+
+        def nested_report(value) -> "CheckReport | None":
+            return None if value is None else cls._from_dict(value)
+
+        nested = ("measured", "fp16_emulated", "kv_path", "rounded", "machine", "placement")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k not in nested}
         kv_path = KvPathReport.from_dict(data.get("kv_path"))
         machine = MachineRecord.from_dict(data["machine"]) if isinstance(data.get("machine"), dict) else None
         return cls(
             **{"against": "?", **known},
-            fp16_emulated=emulated,
+            measured=Figures.from_dict(data["measured"]),
+            fp16_emulated=nested_report(data.get("fp16_emulated")),
             kv_path=kv_path,
-            rounded=cls.from_dict(data.get("rounded")),
+            rounded=nested_report(data.get("rounded")),
             machine=machine,
             placement=Placement.from_dict(data.get("placement")),
         )
 
 
 # -- quality on real text (gpt2onnx eval; export's and optimize's --eval-text) ------------------------------
-@dataclass(frozen=True)
-class KlStats:
-    """KL(reference ‖ this) of the next-token distributions, per scored token."""
-
-    mean: float
-    stderr: float
-    p99: float  # from a log-spaced histogram (2.3 % resolution)
-    max: float
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "KlStats | None":
-        return cls(**{k: float(data[k]) for k in ("mean", "stderr", "p99", "max")}) if data else None
-
-
 @dataclass(frozen=True)
 class GreedyComparison:
     """Greedy continuation of the text's first tokens, against the reference's."""

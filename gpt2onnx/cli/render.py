@@ -178,7 +178,7 @@ def parity_report(report: CheckReport) -> None:
 
 
 def _parity_totals(report: CheckReport) -> Table:
-    t = report.parity_totals()
+    t = report.measured
     summary = Table(title="total", show_header=False)
     summary.add_row("|Δlogits| max / p50 / p99", f"{t.logits.max:.2e} / {t.logits.p50:.2e} / {t.logits.p99:.2e}")
     if t.present is not None:
@@ -189,13 +189,13 @@ def _parity_totals(report: CheckReport) -> Table:
         summary.add_row("|Δpresent|", f"not exposed by {report.runtime}")
     summary.add_row("top-1 agreement", f"{100 * t.top1_agreement:.3f}% of {t.positions_compared:,} positions")
     summary.add_row("top-5 agreement", f"{100 * t.top5_agreement:.3f}%")
-    summary.add_row("KL(reference ‖ onnx) mean / max", f"{t.kl_mean:.2e} / {t.kl_max:.2e}")
+    summary.add_row("KL(reference ‖ onnx) mean / max", f"{t.kl.mean:.2e} / {t.kl.max:.2e}")
     summary.add_row(
         "greedy tokens before divergence",
-        f"min {t.tokens_before_divergence_min}, mean {t.tokens_before_divergence_mean:.1f}",
+        f"min {t.tokens_before_divergence.min}, mean {t.tokens_before_divergence.mean:.1f}",
     )
     summary.add_row("NaN/Inf", str(t.nonfinite))
-    summary.add_row("prompts", t.prompts)
+    summary.add_row("prompts", t.prompts or "random token ids")
     if report.placement is not None:
         summary.add_row("node placement", escape(report.placement.summary()))
     summary.add_row("greedy tokens equal", f"{t.tokens_equal_cases} of {t.cases} cases")

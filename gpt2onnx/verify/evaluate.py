@@ -25,14 +25,22 @@ import hashlib
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from gpt2onnx.artifact.folder import MODEL_FILE, TOKENIZER_FILES, ModelFolder, open_folder, read_n_positions
-from gpt2onnx.artifact.report import CheckReport, EvalProtocol, EvalReport, EvalRow, GreedyComparison, KlStats
+from gpt2onnx.artifact.report import (
+    CheckReport,
+    EvalProtocol,
+    EvalReport,
+    EvalRow,
+    Figures,
+    GreedyComparison,
+    KlStats,
+)
 from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.files import sha256_file
 from gpt2onnx.machine import describe_machine
@@ -607,14 +615,14 @@ def _gate(row: EvalRow, gates: EvalGates, *, against: str) -> CheckReport:
         failures.append(f"{row.label}: mean KL {row.kl.mean:.3g} > {gates.max_kl:g}")
     if row.nonfinite:
         failures.append(f"{row.label}: {row.nonfinite} tokens with NaN/Inf figures")
-    measured = {
-        "ppl": row.ppl,
-        "delta_ppl_percent": row.delta_ppl_percent,
-        "kl": asdict(row.kl),
-        "same_top1": row.same_top1,
-        "rms_dp": row.rms_dp,
-        "tokens": row.tokens,
-    }
+    measured = Figures(
+        ppl=row.ppl,
+        delta_ppl_percent=row.delta_ppl_percent,
+        kl=row.kl,
+        same_top1=row.same_top1,
+        rms_dp=row.rms_dp,
+        tokens=row.tokens,
+    )
     return CheckReport(
         row.precision,
         against,

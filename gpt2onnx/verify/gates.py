@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from gpt2onnx.artifact.report import Figures
 from gpt2onnx.errors import BadInput
 
 # Tolerances per dtype: largest |Δlogits| and |Δpresent|, and the top-1 agreement required. In fp32 the ONNX
@@ -112,46 +113,42 @@ def parse_gates(values: list[str] | None) -> dict[str, float]:
     return gates
 
 
-def apply_gates(measured: dict, gates: dict, *, cases: int = 1) -> list[str]:
-    """The failures of ``measured`` (the totals of a check) against ``gates``; NaN fails every gate it meets."""
+def apply_gates(measured: Figures, gates: dict, *, cases: int = 1) -> list[str]:
+    """The failures of ``measured`` (the totals of a check) against ``gates``; NaN fails every gate it meets; a
+    gate on a figure the check does not measure (present on a runtime without presents) is not applied."""
     failures = []
+    m = measured
 
     def above(value, limit):
         return not value <= limit  # NaN is never ≤
 
-    if "logits" in gates and above(measured["logits"]["max"], gates["logits"]):
-        failures.append(f"max |Δlogits| {measured['logits']['max']:.3g} > {gates['logits']:g}")
-    if "present" in gates and "present" in measured and above(measured["present"]["max"], gates["present"]):
-        failures.append(f"max |Δpresent| {measured['present']['max']:.3g} > {gates['present']:g}")
-    if "top1" in gates and "top1_agreement" in measured and not measured["top1_agreement"] >= gates["top1"]:
-        failures.append(f"top-1 agreement {100 * measured['top1_agreement']:.2f}% < {100 * gates['top1']:g}%")
-    if "top5" in gates and "top5_agreement" in measured and not measured["top5_agreement"] >= gates["top5"]:
-        failures.append(f"top-5 agreement {100 * measured['top5_agreement']:.2f}% < {100 * gates['top5']:g}%")
-    if "kl_mean" in gates and "kl" in measured and above(measured["kl"]["mean"], gates["kl_mean"]):
-        failures.append(f"mean KL divergence {measured['kl']['mean']:.3g} > {gates['kl_mean']:g}")
-    if (
-        "weight_steps" in gates
-        and "weights" in measured
-        and above(measured["weights"]["max_steps"], gates["weight_steps"])
-    ):
-        weights = measured["weights"]
+    if "logits" in gates and above(m.logits.max, gates["logits"]):
+        failures.append(f"max |Δlogits| {m.logits.max:.3g} > {gates['logits']:g}")
+    if "present" in gates and m.present is not None and above(m.present.max, gates["present"]):
+        failures.append(f"max |Δpresent| {m.present.max:.3g} > {gates['present']:g}")
+    if "top1" in gates and m.top1_agreement is not None and not m.top1_agreement >= gates["top1"]:
+        failures.append(f"top-1 agreement {100 * m.top1_agreement:.2f}% < {100 * gates['top1']:g}%")
+    if "top5" in gates and m.top5_agreement is not None and not m.top5_agreement >= gates["top5"]:
+        failures.append(f"top-5 agreement {100 * m.top5_agreement:.2f}% < {100 * gates['top5']:g}%")
+    if "kl_mean" in gates and m.kl is not None and above(m.kl.mean, gates["kl_mean"]):
+        failures.append(f"mean KL divergence {m.kl.mean:.3g} > {gates['kl_mean']:g}")
+    if "weight_steps" in gates and m.weights is not None and above(m.weights.max_steps, gates["weight_steps"]):
         failures.append(
-            f"weights are not the declared rounding: '{weights['worst']}' is {weights['max_steps']:.3g} quantization"
+            f"weights are not the declared rounding: '{m.weights.worst}' is {m.weights.max_steps:.3g} quantization"
             f" steps from its source > {gates['weight_steps']:g}"
         )
     if (
         "relative_error" in gates
-        and "relative_error" in measured
-        and above(measured["relative_error"]["mean"], gates["relative_error"])
+        and m.relative_error is not None
+        and above(m.relative_error.mean, gates["relative_error"])
     ):
         failures.append(
-            f"relative logits error {100 * measured['relative_error']['mean']:.3g}% >"
-            f" {100 * gates['relative_error']:g}%"
+            f"relative logits error {100 * m.relative_error.mean:.3g}% > {100 * gates['relative_error']:g}%"
         )
-    if measured.get("nonfinite"):
-        failures.append(f"{measured['nonfinite']} NaN/Inf values")
-    if gates.get("tokens_equal") and "tokens_equal_cases" in measured and measured["tokens_equal_cases"] < cases:
-        failures.append(f"greedy tokens differ in {cases - measured['tokens_equal_cases']} cases")
+    if m.nonfinite:
+        failures.append(f"{m.nonfinite} NaN/Inf values")
+    if gates.get("tokens_equal") and m.tokens_equal_cases is not None and m.tokens_equal_cases < cases:
+        failures.append(f"greedy tokens differ in {cases - m.tokens_equal_cases} cases")
     return failures
 
 

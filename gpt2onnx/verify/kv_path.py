@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpt2onnx.artifact.report import KvPathCheck, KvPathReport
+from gpt2onnx.artifact.report import Figures, KlStats, KvPathCheck, KvPathReport, Spread
 from gpt2onnx.runtimes.decoder import position_ids_for
 from gpt2onnx.verify.gates import apply_gates
 from gpt2onnx.verify.lockstep import left_padded_batch
@@ -63,14 +63,14 @@ def _measure(name: str, ours: np.ndarray, theirs: np.ndarray, gates: dict) -> Kv
     theirs = theirs.reshape(-1, theirs.shape[-1])
     diff = abs_diff(ours, theirs)
     kl = kl_divergence(theirs, ours)
-    measured = {
-        "logits": {"max": float(diff.max())},
-        "top1_agreement": float((ours.argmax(-1) == theirs.argmax(-1)).mean()),
-        "top5_agreement": float(top5_hits(theirs, ours).mean()),
-        "kl": {"mean": float(kl.mean()), "max": float(kl.max())},
-        "positions_compared": int(ours.shape[0]),
-        "nonfinite": int((~np.isfinite(ours)).sum()),
-    }
+    measured = Figures(
+        logits=Spread(float(diff.max())),
+        top1_agreement=float((ours.argmax(-1) == theirs.argmax(-1)).mean()),
+        top5_agreement=float(top5_hits(theirs, ours).mean()),
+        kl=KlStats(float(kl.mean()), max=float(kl.max())),
+        positions_compared=int(ours.shape[0]),
+        nonfinite=int((~np.isfinite(ours)).sum()),
+    )
     return KvPathCheck(name, CHECKS[name], measured, gates, apply_gates(measured, gates))
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from gpt2onnx.artifact.report import CheckReport
+from gpt2onnx.artifact.report import CheckReport, Figures, Spread
 from gpt2onnx.machine import describe_machine
 from gpt2onnx.pytorch.reference import cache_as_arrays, reference_step
 from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
@@ -33,13 +33,13 @@ def greedy(decoder: OnnxDecoder, input_ids: np.ndarray, attention_mask: np.ndarr
 
 
 def _fixed_batch_report(worst_logits, worst_present, tolerance, shape, decode_steps, *, against) -> CheckReport:
-    measured = {
-        "logits": {"max": worst_logits},
-        "present": {"max": worst_present},
-        "batch": int(shape[0]),
-        "prompt_length": int(shape[1]),
-        "decode_steps": decode_steps,
-    }
+    measured = Figures(
+        logits=Spread(worst_logits),
+        present=Spread(worst_present),
+        batch=int(shape[0]),
+        prompt_length=int(shape[1]),
+        decode_steps=decode_steps,
+    )
     gates = {"logits": tolerance, "present": tolerance}
     # export and optimize validate on the cpu provider (compare_decoder, compare_block)
     return CheckReport("float32", against, gates, measured, apply_gates(measured, gates), machine=describe_machine())

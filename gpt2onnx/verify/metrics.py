@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpt2onnx.artifact.report import Divergence, Figures, KlStats, MeanMax, Spread
+
 _SAMPLE_PER_CASE = 20_000  # |Δ| values kept per case to estimate the pooled percentiles
 
 
@@ -74,42 +76,38 @@ def tokens_before_divergence(ours: np.ndarray, theirs: np.ndarray) -> int:
     return int(first.min()) if first.size else 0
 
 
-def summarize(results) -> dict:
+def summarize(results) -> Figures:
     """Totals over CaseResults: pooled |Δ| percentiles, agreements weighted by positions, KL, divergence."""
     logits = np.concatenate([r.samples["logits"] for r in results])
     with_present = [r for r in results if r.present]  # a loop runtime (genai) exposes no presents
     compared = sum(r.positions_compared for r in results)
-    agreed = sum(r.top1_agreement * r.positions_compared for r in results)
-    totals = {
-        "cases": len(results),
-        "logits": {
-            "max": max(r.logits["max"] for r in results),
-            "p50": float(np.percentile(logits, 50)),
-            "p99": float(np.percentile(logits, 99)),
-        },
-        "top1_agreement": agreed / max(compared, 1),
-        "positions_compared": compared,
-        "nonfinite": sum(r.nonfinite for r in results),
-        "tokens_equal_cases": sum(r.tokens_equal for r in results),
-        "top5_agreement": sum(r.top5_agreement * r.positions_compared for r in results) / max(compared, 1),
-        "kl": {
-            "mean": sum(r.kl["mean"] * r.positions_compared for r in results) / max(compared, 1),
-            "max": max(r.kl["max"] for r in results),
-        },
-        "relative_error": {
-            "mean": sum(r.relative_error["mean"] * r.positions_compared for r in results) / max(compared, 1),
-            "max": max(r.relative_error["max"] for r in results),
-        },
-        "tokens_before_divergence": {
-            "min": min(r.tokens_before_divergence for r in results),
-            "mean": sum(r.tokens_before_divergence for r in results) / len(results),
-        },
-    }
+
+    def weighted(values) -> float:
+        """The mean over all compared positions of a per-case mean."""
+        return sum(v * r.positions_compared for v, r in zip(values, results)) / max(compared, 1)
+
+    present = None
     if with_present:
-        present = np.concatenate([r.samples["present"] for r in with_present])
-        totals["present"] = {
-            "max": max(r.present["max"] for r in with_present),
-            "p50": float(np.percentile(present, 50)),
-            "p99": float(np.percentile(present, 99)),
-        }
-    return totals
+        pooled = np.concatenate([r.samples["present"] for r in with_present])
+        worst = max(r.present["max"] for r in with_present)
+        present = Spread(worst, float(np.percentile(pooled, 50)), float(np.percentile(pooled, 99)))
+    return Figures(
+        cases=len(results),
+        logits=Spread(
+            max(r.logits["max"] for r in results), float(np.percentile(logits, 50)), float(np.percentile(logits, 99))
+        ),
+        top1_agreement=weighted(r.top1_agreement for r in results),
+        positions_compared=compared,
+        nonfinite=sum(r.nonfinite for r in results),
+        tokens_equal_cases=sum(r.tokens_equal for r in results),
+        top5_agreement=weighted(r.top5_agreement for r in results),
+        kl=KlStats(weighted(r.kl["mean"] for r in results), max=max(r.kl["max"] for r in results)),
+        relative_error=MeanMax(
+            weighted(r.relative_error["mean"] for r in results), max(r.relative_error["max"] for r in results)
+        ),
+        tokens_before_divergence=Divergence(
+            min(r.tokens_before_divergence for r in results),
+            sum(r.tokens_before_divergence for r in results) / len(results),
+        ),
+        present=present,
+    )

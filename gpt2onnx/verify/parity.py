@@ -17,7 +17,7 @@ from onnx import numpy_helper
 from gpt2onnx.artifact.folder import ModelFolder, open_folder, read_n_positions
 from gpt2onnx.artifact.graph import save_onnx
 from gpt2onnx.artifact.manifest import QuantizationRecord
-from gpt2onnx.artifact.report import CheckReport
+from gpt2onnx.artifact.report import CheckReport, WeightRounding
 from gpt2onnx.errors import BadInput
 from gpt2onnx.machine import describe_machine
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
@@ -96,7 +96,7 @@ class RoundedReference:
 
     reference: object
     against: str
-    weights: dict
+    weights: WeightRounding
     trained: bool
     why: str
 
@@ -177,7 +177,7 @@ def file_check(decoder, rounded: RoundedReference, *, precision: str, vocab_size
         for case in random_cases(4, seed=0, n_positions=n_positions, max_batch=4)
     ]
     report = gate_report(results, precision, file_gates_for(precision, gates), against=rounded.against)
-    report.measured["weights"] = rounded.weights
+    report.measured = dataclasses.replace(report.measured, weights=rounded.weights)
     report.failures = apply_gates(report.measured, report.gates, cases=len(results))
     return report
 
@@ -461,7 +461,8 @@ def parity(
     report.kv_path = kv_path
     report.placement = decoder.placement
     report.failures += kv_path.failures
-    report.measured["prompts"] = "random token ids" if text is None else f"text '{text}' ({len(text_ids):,} tokens)"
+    prompts = "random token ids" if text is None else f"text '{text}' ({len(text_ids):,} tokens)"
+    report.measured = dataclasses.replace(report.measured, prompts=prompts)
     return report
 
 

@@ -27,6 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from gpt2onnx.artifact.manifest import QuantizationRecord
+from gpt2onnx.artifact.report import WeightRounding
 from gpt2onnx.errors import ContractError
 
 HEAD_SUFFIX = "_for_matmul"  # precision._gemm_to_matmul's transposed copy of a Gemm head's weight
@@ -175,12 +176,11 @@ def _declared_bits(weight: QuantizedWeight, record: QuantizationRecord) -> int:
 
 def weight_rounding(
     model: onnx.ModelProto, source_weight, record: QuantizationRecord
-) -> tuple[dict, list[QuantizedWeight]]:
+) -> tuple[WeightRounding, list[QuantizedWeight]]:
     """How far each dequantized weight is from its source, in steps of the declared width.
 
     ``source_weight(name)``: the source's weight by its fp32 graph name (None if it has none). Returns the figures
-    (``max_steps``: the largest error in declared steps, ``worst``: that tensor, ``tensors``: how many) and the
-    weights read."""
+    (the largest error in declared steps, that tensor, how many) and the weights read."""
     weights = dequantized_weights(model)
     worst, worst_name = 0.0, None
     for weight in weights:
@@ -201,7 +201,7 @@ def weight_rounding(
             steps = float("inf")
         if steps > worst or worst_name is None:
             worst, worst_name = steps, weight.name
-    return {"max_steps": worst, "worst": worst_name, "tensors": len(weights)}, weights
+    return WeightRounding(worst, worst_name, len(weights)), weights
 
 
 def rounded_checkpoint(ckpt, weights: list[QuantizedWeight]):

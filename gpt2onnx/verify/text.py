@@ -200,7 +200,7 @@ def _forced_cut(tokenizer, text: str, limit: int) -> tuple[int, list[int]]:
     (a piece that starts at a token boundary, with CUT_CONTEXT characters after ``limit``), kept up to the last
     boundary at or before ``limit``. Token lengths are byte counts (GPT-2's byte-level tokens hold one
     character per byte; added tokens their own text); another kind of tokenizer is refused."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = tokenizer.encode(text, add_special_tokens=False, verbose=False)
     added = set(added_tokens(tokenizer))
     pieces = tokenizer.convert_ids_to_tokens(ids)
     sizes = [len(p.encode("utf-8")) if p in added else len(p) for p in pieces]
@@ -230,7 +230,9 @@ def text_pieces(tokenizer, chunks: Iterable[str]) -> Iterator[tuple[str, list[in
     """The text, cut into pieces of about PIECE_CHARS characters, and each piece's token ids, equal to the whole
     text's (memory stays flat whatever the text holds): cut where the pre-tokenizer always splits, else (a run of
     CUT_SEARCH characters without such a place) at a token boundary computed with CUT_CONTEXT characters of
-    context. No cut falls inside one of the tokenizer's added tokens."""
+    context. No cut falls inside one of the tokenizer's added tokens. (``verbose=False``: a piece is longer than the
+    model's context on purpose, it is scored in windows; transformers' "longer than the specified maximum" warning
+    would tell the user something is wrong.)"""
     keep = [k for k in added_tokens(tokenizer) if k]
     margin = 2 + max((len(k) for k in keep), default=0)  # the last characters are searched once more text came
     carry, searched = "", 0  # searched: carry[:searched] holds no safe place (checked before)
@@ -239,7 +241,7 @@ def text_pieces(tokenizer, chunks: Iterable[str]) -> Iterator[tuple[str, list[in
         while len(carry) > PIECE_CHARS:
             cut = _last_cut(carry, searched, keep)
             if cut is not None:
-                yield carry[:cut], tokenizer.encode(carry[:cut], add_special_tokens=False)
+                yield carry[:cut], tokenizer.encode(carry[:cut], add_special_tokens=False, verbose=False)
                 carry, searched = carry[cut:], 0
                 break
             searched = max(0, len(carry) - margin)
@@ -249,7 +251,7 @@ def text_pieces(tokenizer, chunks: Iterable[str]) -> Iterator[tuple[str, list[in
             yield carry[:cut], ids
             carry, searched = carry[cut:], 0
     if carry:
-        yield carry, tokenizer.encode(carry, add_special_tokens=False)
+        yield carry, tokenizer.encode(carry, add_special_tokens=False, verbose=False)
 
 
 def added_tokens(tokenizer) -> list[str]:
