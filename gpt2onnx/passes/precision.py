@@ -255,8 +255,9 @@ SHAPE_OPS = ("Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten")
 class QuantizeOptions:
     """Weight quantization: the method, and what it does with the logits projection and the embeddings.
 
-    method: none, int8 (onnxruntime's quantize_dynamic: MatMulInteger, int8 weights per tensor, activations
-        quantized at each step) or int4 (MatMulNBitsQuantizer: symmetric, ``block_size`` weights per scale).
+    method: none, int8 (onnxruntime's quantize_dynamic: MatMulInteger, weights as INT8_SCHEME says: 7-bit, per
+        output channel; activations quantized at each step) or int4 (MatMulNBitsQuantizer: symmetric,
+        ``block_size`` weights per scale).
     block_size: weights per scale of every block-wise tensor (int4 weights, an 8-bit head under int4, 8-bit
         embeddings); None: DEFAULT_BLOCK_SIZE.
     accuracy_level: int4's MatMulNBits arithmetic (ACCURACY_LEVELS); int4 only.
