@@ -164,6 +164,9 @@ def test_the_recipes_pass_and_a_damaged_file_fails_on_any_weights(
     assert good.check.passed, good.check.summary()
     assert good.check.rounded.measured.weights.max_steps <= 1.0 + 1e-3
     assert ("not applied" in good.check.quality_gates) == (weights == "random")
+    if weights == "trained":  # a checkpoint whose predictions carry information: measured, and said
+        assert good.check.quality_gates.startswith("quality gates applied (weights from a checkpoint, predicting")
+        assert good.check.measured.reference_information > 0.6
     _damage(monkeypatch, method, damage)
     with pytest.raises(CheckFailed, match=f"validation failed: {method}") as failed:
         optimize(source, tmp_path / "damaged", fusion="none", quantization=QuantizeOptions(method))
@@ -193,3 +196,31 @@ def test_random_weights_export_in_every_precision(tmp_path, precision):
     if precision and precision[1] in ("int8", "int4"):
         assert check["quality_gates"].startswith("quality gates not applied: random weights")
         assert check["rounded"]["measured"]["weights"]["max_steps"] <= 1.001
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_a_random_checkpoint_folder_is_judged_by_its_predictions_not_its_origin(tmp_path, monkeypatch, method):
+    """Random weights saved as a checkpoint (save_pretrained: nothing says they are random, as with the peers'
+    benchmark checkpoint) predict nearly flat distributions, where top-k agreement is chance: their int8 and int4
+    exports pass without the quality gates, saying why with the figure (gates.FLAT_NATS), and the file checks still
+    refuse a damaged file from the same folder. The trained fixture keeps its quality gates (the test above)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gpt2onnx.errors import CheckFailed
+    from gpt2onnx.exporters.export import ExportOptions, export
+
+    torch.manual_seed(0)
+    config = GPT2Config(**{k: v for k, v in FLAT.items() if k != "model_type"})
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "random-checkpoint")
+    options = ExportOptions(quantization=QuantizeOptions(method))
+    good = export(str(tmp_path / "random-checkpoint"), tmp_path / "good", options=options)
+    assert good.check.passed, good.check.summary()
+    assert good.check.quality_gates.startswith("quality gates not applied: the reference predicts nearly flat")
+    assert good.check.measured.reference_information < 0.05  # n_embd 64 · 0.02² / 2 = 0.013 nats
+    assert "kl_mean" not in good.check.gates and good.check.rounded.passed
+    _damage(monkeypatch, method, "bits")
+    with pytest.raises(CheckFailed, match=f"validation failed: {method}") as failed:
+        export(str(tmp_path / "random-checkpoint"), tmp_path / "damaged", options=options)
+    assert not (tmp_path / "damaged").exists()
+    assert any("weights are not the declared rounding" in f for f in failed.value.report.failures)

@@ -138,6 +138,9 @@ class Figures:
     tokens_before_divergence: Divergence | None = None
     weights: WeightRounding | None = None
     prompts: str | None = None  # "random token ids" or the text the cases were cut from
+    # how far the reference's next-token distributions are from uniform (ln V − entropy, nats): near 0 on random
+    # weights, where KL and top-k agreement measure nothing (verify.gates.FLAT_NATS)
+    reference_information: float | None = None
     batch: int | None = None
     prompt_length: int | None = None
     decode_steps: int | None = None

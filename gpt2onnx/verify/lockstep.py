@@ -20,6 +20,7 @@ from gpt2onnx.verify.gates import apply_gates
 from gpt2onnx.verify.metrics import (
     Diffs,
     abs_diff,
+    information,
     kl_divergence,
     relative_error,
     tokens_before_divergence,
@@ -69,6 +70,7 @@ class CaseResult:
     tokens_before_divergence: int = 0  # greedy tokens generated before the first one that differs (min over rows)
     samples: dict = field(default_factory=dict, repr=False)  # subsampled |Δ| values, for pooled percentiles
     relative_error: dict = field(default_factory=dict)  # ‖Δlogits‖ / ‖logits − mean‖ per position: mean, max
+    reference_information: float | None = None  # the reference's ln V − entropy, nats, mean over positions
 
     def as_dict(self) -> dict:
         return {
@@ -83,6 +85,7 @@ class CaseResult:
             "kl": self.kl,
             "tokens_before_divergence": self.tokens_before_divergence,
             "relative_error": self.relative_error,
+            "reference_information": self.reference_information,
         }
 
 
@@ -203,6 +206,7 @@ def run_case(
     agree = top5 = compared = nonfinite = 0
     kls: list[np.ndarray] = []
     relative: list[np.ndarray] = []
+    informed: list[np.ndarray] = []
     total = case.prefix_length + case.prompt_length
     chunks = [(0, case.prefix_length), (case.prefix_length, total)] if case.prefix_length else [(0, total)]
     for step in _lockstep(decoder, reference, ids, mask, chunks=chunks, decode_steps=case.decode_steps):
@@ -213,6 +217,7 @@ def run_case(
         top5 += int(top5_hits(ref_logits, logits)[real].sum())
         kls.append(kl_divergence(ref_logits, logits)[real])
         relative.append(relative_error(ref_logits, logits)[real])
+        informed.append(information(ref_logits)[real])
         compared += int(real.sum())
         for ours, diff in _kv_diffs(step):
             nonfinite += int((~np.isfinite(ours)).sum())
@@ -234,6 +239,7 @@ def run_case(
         tokens_before_divergence(ours, theirs),
         {"logits": logits_sample, "present": present_sample},
         _mean_max(relative),
+        _mean_max(informed)["mean"],
     )
 
 
@@ -262,7 +268,7 @@ def run_loop_case(runner, reference, case: Case, *, vocab_size: int, text_ids: n
     rng = np.random.default_rng(case.seed + 1)
     logit_diffs = Diffs(rng)
     agree = top5 = compared = nonfinite = 0
-    kls, relative = [], []
+    kls, relative, informed = [], [], []
     for ours, ref_logits in zip(ours_steps, ref_steps):
         logits = ours[None]
         ref_logits = ref_logits[:, -logits.shape[1] :]  # --logits last: the last position only
@@ -272,6 +278,7 @@ def run_loop_case(runner, reference, case: Case, *, vocab_size: int, text_ids: n
         top5 += int(top5_hits(ref_logits, logits).sum())
         kls.append(kl_divergence(ref_logits, logits).ravel())
         relative.append(relative_error(ref_logits, logits).ravel())
+        informed.append(information(ref_logits).ravel())
         compared += logits.shape[1]
     if len(ours_steps) != len(ref_steps):
         nonfinite += 1  # a missing step cannot pass: the loop stopped early
@@ -294,6 +301,7 @@ def run_loop_case(runner, reference, case: Case, *, vocab_size: int, text_ids: n
         tokens_before_divergence(ours, theirs_cut),
         {"logits": logits_sample, "present": np.zeros(0, np.float32)},
         _mean_max(relative),
+        _mean_max(informed)["mean"],
     )
 
 

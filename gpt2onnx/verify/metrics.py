@@ -51,6 +51,14 @@ def kl_divergence(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
     return (np.exp(ref) * (ref - ours)).sum(-1)
 
 
+def information(ref_logits: np.ndarray) -> np.ndarray:
+    """Per position: how far the reference's next-token distribution is from uniform, ln V − entropy, in nats
+    (its KL from the uniform distribution). Near 0 where the weights carry no learned signal (random weights:
+    gates.FLAT_NATS), a few nats on a trained model."""
+    logp = log_softmax(ref_logits)
+    return np.log(ref_logits.shape[-1]) + (np.exp(logp) * logp).sum(-1)
+
+
 def relative_error(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
     """Per position: ‖Δlogits‖₂ / ‖reference logits − their mean‖₂, the error relative to the logits' own spread
     (a shift of every logit by one constant changes no probability, so it is not counted). Unlike KL or top-k
@@ -110,4 +118,7 @@ def summarize(results) -> Figures:
             sum(r.tokens_before_divergence for r in results) / len(results),
         ),
         present=present,
+        reference_information=weighted(r.reference_information for r in results)
+        if all(r.reference_information is not None for r in results)
+        else None,
     )

@@ -25,7 +25,7 @@ from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder, file_shape
 from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session, session_placement
-from gpt2onnx.verify.gates import TOLERANCES, apply_gates, file_gates_for, tolerances_for
+from gpt2onnx.verify.gates import FLAT_NATS, QUALITY_GATES, TOLERANCES, apply_gates, file_gates_for, tolerances_for
 from gpt2onnx.verify.kv_path import check_kv_path
 from gpt2onnx.verify.lockstep import (
     CaseResult,
@@ -135,6 +135,7 @@ def precision_gates(
     quality = tolerances_for(precision, gates)
     if rounded is not None:
         checked = check(decoder, reference, quality if rounded.trained else {}, against)
+        rounded = judge_quality(checked, rounded)
         judged = file_check(
             decoder, rounded, precision=precision, vocab_size=vocab_size, n_positions=n_positions, gates=gates
         )
@@ -180,6 +181,27 @@ def file_check(decoder, rounded: RoundedReference, *, precision: str, vocab_size
     report.measured = dataclasses.replace(report.measured, weights=rounded.weights)
     report.failures = apply_gates(report.measured, report.gates, cases=len(results))
     return report
+
+
+def judge_quality(report: CheckReport, rounded: RoundedReference) -> RoundedReference:
+    """``rounded`` told whether the quality gates applied, from what ``report`` measured: where the source is a
+    checkpoint but the reference's own predictions are nearly flat (random weights saved as a checkpoint: their
+    distance from uniform under FLAT_NATS), the quality gates are taken off ``report``, its failures counted
+    again, and the reason given."""
+    flatness = report.measured.reference_information
+    if not rounded.trained or flatness is None:
+        return rounded
+    if flatness >= FLAT_NATS:
+        why = f"quality gates applied (weights from a checkpoint, predicting {flatness:.2f} nats from uniform)"
+        return dataclasses.replace(rounded, why=why)
+    report.gates = {name: value for name, value in report.gates.items() if name not in QUALITY_GATES}
+    report.failures = apply_gates(report.measured, report.gates, cases=report.measured.cases or 1)
+    why = (
+        f"quality gates not applied: the reference predicts nearly flat distributions ({flatness:.2f} nats from"
+        f" uniform, under {FLAT_NATS}), as random weights do, where KL and top-k agreement measure nothing; the"
+        " file is judged by its weights and its activation path"
+    )
+    return dataclasses.replace(rounded, trained=False, why=why)
 
 
 def quality_gates_apply(source: dict | None) -> tuple[bool, str]:
@@ -457,7 +479,7 @@ def parity(
         results, family, quality, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
     )
     if rounded is not None:
-        with_file_check(report, judged, rounded)
+        with_file_check(report, judged, judge_quality(report, rounded))
     report.kv_path = kv_path
     report.placement = decoder.placement
     report.failures += kv_path.failures
