@@ -42,8 +42,6 @@ def measure(folder: str, rows: int, prompt: int, new: int, threads: int | None =
         fh.write("5")  # resets VmHWM to the current resident size
     decode(decoder, ids, max_new_tokens=new)
     grown = _resident("VmHWM") - before
-    cache = 2 * decoder.n_layer * rows * decoder.n_head * (prompt + new) * decoder.head_dim
-    cache *= np.dtype(decoder.kv_dtype).itemsize
     return {
         "folder": folder,
         "rows": rows,
@@ -51,7 +49,7 @@ def measure(folder: str, rows: int, prompt: int, new: int, threads: int | None =
         "new": new,
         "grown_bytes": grown,
         "estimate_bytes": decoder.run_bytes(rows, prompt, prompt + new),
-        "cache_bytes": int(cache),
+        "cache_bytes": decoder.cache_bytes(rows, prompt + new),
     }
 
 

@@ -158,13 +158,16 @@ class OnnxDecoder(StepRuntime):
         return self.session.get_providers()
 
     # -- inputs -------------------------------------------------------------------------------------------
+    def cache_bytes(self, batch: int, total_len: int) -> int:
+        """The key/value cache of ``batch`` rows at ``total_len`` tokens, K and V of every layer, once."""
+        return 2 * self.n_layer * batch * self.n_head * total_len * self.head_dim * np.dtype(self.kv_dtype).itemsize
+
     def run_bytes(self, batch: int, prompt_len: int, total_len: int) -> int:
         """Host memory a run grows by at its peak, an upper bound: the prompt step's logits (float32, every
         position) and its widest activations, and CACHE_COPIES times the key/value cache at full length."""
         vocab = self.vocab_size or 50257
-        kv_bytes = np.dtype(self.kv_dtype).itemsize
         logits = batch * prompt_len * vocab * 4
-        cache = 2 * self.n_layer * batch * self.n_head * total_len * self.head_dim * kv_bytes  # K and V, once
+        cache = self.cache_bytes(batch, total_len)
         embd = self.n_head * self.head_dim  # the MLP's 4 × n_embd twice, q/k/v, the scores over the prompt
         activations = batch * prompt_len * (8 * embd + 2 * self.n_head * total_len) * 4
         return logits + CACHE_COPIES * cache + activations

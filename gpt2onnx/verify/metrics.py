@@ -118,7 +118,5 @@ def summarize(results) -> Figures:
             sum(r.tokens_before_divergence for r in results) / len(results),
         ),
         present=present,
-        reference_information=weighted(r.reference_information for r in results)
-        if all(r.reference_information is not None for r in results)
-        else None,
+        reference_information=weighted(r.reference_information for r in results),
     )
