@@ -48,13 +48,23 @@ class Variant:
     accuracy_level: int | None = None
     lm_head: str | None = None
     embeddings: str | None = None
+    algorithm: str | None = None  # int4's weight algorithm (gpt2onnx.passes.int4.all_algorithms)
+    mixed_int8: float | None = None  # int4: percent of block weights at 8 bits by measured sensitivity
     note: str = ""
     options: dict = field(default_factory=dict)
 
     def quantization(self):
         from gpt2onnx.passes.precision import QuantizeOptions
 
-        return QuantizeOptions(self.quantize, self.block_size, self.accuracy_level, self.lm_head, self.embeddings)
+        return QuantizeOptions(
+            self.quantize,
+            self.block_size,
+            self.accuracy_level,
+            self.lm_head,
+            self.embeddings,
+            algorithm=self.algorithm,
+            mixed_int8=self.mixed_int8,
+        )
 
     def recipe(self) -> str:
         """What the variant is, in words: the recipe filled in."""
@@ -64,6 +74,10 @@ class Variant:
         text = q.method + (f" bs{q.block_size}" if q.method == "int4" or q.embeddings == "int8" else "")
         if q.accuracy_level is not None:
             text += f" acc{q.accuracy_level}"
+        if q.algorithm not in (None, "rtn"):
+            text += f" {q.algorithm}"
+        if q.mixed_int8 is not None:
+            text += f", {q.mixed_int8:g} % measured 8-bit"
         return text + f", lm_head {q.lm_head}, emb {q.embeddings}"
 
 
@@ -85,6 +99,16 @@ VARIANTS = (
     Variant("int4-head8-emb8", quantize="int4", lm_head="int8", embeddings="int8", accuracy_level=4),
     Variant("int4-head8-acc0", quantize="int4", lm_head="int8", embeddings="int4", accuracy_level=0),
     Variant("int4-bs128-head8", quantize="int4", block_size=128, lm_head="int8", embeddings="int4", accuracy_level=4),
+    # int4's weight algorithms beside round to nearest (int4-bs32), each with the recipe's other options
+    Variant("int4-hqq", quantize="int4", algorithm="hqq"),
+    Variant("int4-kquant", quantize="int4", algorithm="k-quant"),
+    Variant("int4-gptq", quantize="int4", algorithm="gptq"),
+    Variant("int4-hqq-head8", quantize="int4", algorithm="hqq", lm_head="int8"),
+    Variant("int4-kquant-head8", quantize="int4", algorithm="k-quant", lm_head="int8"),
+    # measured mixed precision: the most sensitive weights at 8 bits within a budget
+    Variant("int4-mixed10", quantize="int4", mixed_int8=10),
+    Variant("int4-mixed25", quantize="int4", mixed_int8=25),
+    Variant("int4-kquant-mixed10", quantize="int4", algorithm="k-quant", mixed_int8=10),
 )
 # Gates wide open while building: the table measures each variant, the gates are recalibrated from it.
 OPEN_GATES = {

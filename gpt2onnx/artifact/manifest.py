@@ -164,6 +164,15 @@ class QuantizationRecord:
     lm_head: str | None = None
     embeddings: str | None = None
     int8_weights: str | None = None  # int8: how MatMulInteger's weights are stored (precision.Int8Scheme.name)
+    algorithm: str | None = (
+        None  # int4: how its weights were chosen (passes.int4.registry); None before it existed: rtn
+    )
+    calibration: str | None = None  # a calibrated algorithm's text (where it came from, how many tokens)
+    # int4 --mixed-int8: the weights given 8 bits, every candidate's measured sensitivity (mean KL when it alone is
+    # rounded to 4 bits) and the share of the candidates' parameters at 8 bits (passes.mixed_precision)
+    int8_layers: list[str] | None = None
+    sensitivity: dict[str, float] | None = None
+    int8_share: float | None = None
 
     def as_dict(self) -> dict:
         data = {"method": self.method, "block_size": self.block_size, "ops": self.ops}
@@ -171,16 +180,26 @@ class QuantizationRecord:
             data.update(accuracy_level=self.accuracy_level, lm_head=self.lm_head, embeddings=self.embeddings)
         if self.int8_weights is not None:
             data["int8_weights"] = self.int8_weights
+        if self.algorithm is not None:
+            data["algorithm"] = self.algorithm
+        if self.calibration is not None:
+            data["calibration"] = self.calibration
+        if self.int8_layers is not None:
+            data.update(int8_layers=self.int8_layers, sensitivity=self.sensitivity, int8_share=self.int8_share)
         return data
 
     def summary(self) -> str:
-        text = self.method + (f", block {self.block_size}" if self.block_size else "")
+        text = self.method + (f" {self.algorithm}" if self.algorithm else "")
+        text += f", block {self.block_size}" if self.block_size else ""
         if self.int8_weights is not None:
             text += f", {self.int8_weights} weights"
         if self.accuracy_level is not None:
             text += f", accuracy level {self.accuracy_level}"
         if self.lm_head is not None:
             text += f"; lm_head {self.lm_head}, embeddings {self.embeddings}"
+        if self.int8_layers is not None:
+            share = 100 * (self.int8_share or 0)
+            text += f"; {len(self.int8_layers)} layers at 8 bits by measured sensitivity ({share:.0f} % of weights)"
         return text
 
     @classmethod
@@ -194,6 +213,11 @@ class QuantizationRecord:
             data.get("lm_head"),
             data.get("embeddings"),
             data.get("int8_weights"),
+            str(data["algorithm"]) if data.get("algorithm") is not None else None,
+            str(data["calibration"]) if data.get("calibration") is not None else None,
+            [str(n) for n in data["int8_layers"]] if data.get("int8_layers") is not None else None,
+            {str(k): float(v) for k, v in data["sensitivity"].items()} if data.get("sensitivity") is not None else None,
+            float(data["int8_share"]) if data.get("int8_share") is not None else None,
         )
 
 

@@ -88,6 +88,10 @@ class WeightRounding:
     max_steps: float  # the largest error, in declared quantization steps
     worst: str | None  # that tensor
     tensors: int  # how many were compared
+    # the largest RMS error of a tensor over round-to-nearest's at the declared width (the weight_error gate of an
+    # algorithm that moves weights on purpose: HQQ, k-quant, GPTQ); files before it was measured have none
+    rms_ratio: float | None = None
+    rms_worst: str | None = None  # that tensor
 
 
 # the fields of Figures that hold a record, and how each is read
@@ -99,7 +103,10 @@ _FIGURE_RECORDS = {
     "tokens_before_divergence": Divergence,
     "weights": WeightRounding,
 }
-_FIGURE_KINDS = {"tokens_before_divergence": {"min": int}, "weights": {"worst": str, "tensors": int}}
+_FIGURE_KINDS = {
+    "tokens_before_divergence": {"min": int},
+    "weights": {"worst": str, "tensors": int, "rms_worst": str},
+}
 _INT_FIGURES = {
     "positions_compared",
     "nonfinite",
@@ -363,13 +370,21 @@ class CheckReport:
             parts.append(f"relative logits error {100 * m.relative_error.mean:.2f}%")
         if m.weights is not None and "weight_steps" in self.gates:
             parts.append(f"weights within {m.weights.max_steps:.2f} quantization steps")
+        if m.weights is not None and m.weights.rms_ratio is not None and "weight_error" in self.gates:
+            parts.append(f"weight RMS error at most {m.weights.rms_ratio:.2f}× round-to-nearest's")
         if self.fp16_emulated is not None and self.fp16_emulated.measured.kl is not None:
             parts.append(f"fp16 as on a GPU: mean KL {self.fp16_emulated.measured.kl.mean:.2e}")
         file_figures = self.rounded.measured if self.rounded is not None else None
         if file_figures is not None and file_figures.weights is not None and file_figures.relative_error is not None:
+            gates = self.rounded.gates
+            weights = (
+                f"weight RMS error at most {file_figures.weights.rms_ratio:.2f}× round-to-nearest's"
+                if "weight_error" in gates and file_figures.weights.rms_ratio is not None
+                else f"weights within {file_figures.weights.max_steps:.2f} steps"
+            )
             parts.append(
-                f"the file against its own rounded weights: weights within {file_figures.weights.max_steps:.2f}"
-                f" steps, relative logits error {100 * file_figures.relative_error.mean:.2f}%"
+                f"the file against its own rounded weights: {weights},"
+                f" relative logits error {100 * file_figures.relative_error.mean:.2f}%"
             )
         if self.quality_gates:
             parts.append(self.quality_gates)

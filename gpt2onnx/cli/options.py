@@ -15,6 +15,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from gpt2onnx.artifact.paths import check_output_path
+from gpt2onnx.passes.int4.all_algorithms import ALGORITHMS, DEFAULT_ALGORITHM
 from gpt2onnx.passes.precision import QuantizeOptions
 from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, runtime_options
 from gpt2onnx.runtimes.decoding import Decoding, Sampling
@@ -135,6 +136,33 @@ def precision(
         Optional[str], typer.Option("--lm-head", help="Logits projection: int4, int8, fp32 [default: recipe].")
     ] = None,
     embeddings: Annotated[Optional[str], typer.Option(help="Embeddings: int4, int8, fp32 [default: recipe].")] = None,
+    int4_algorithm: Annotated[
+        Optional[str],
+        typer.Option(
+            "--algorithm",
+            metavar="NAME",
+            help=f"int4: {', '.join(ALGORITHMS)} \\[default: {DEFAULT_ALGORITHM}].",
+            show_default=False,
+        ),
+    ] = None,
+    calibration_text: Annotated[
+        Optional[str],
+        typer.Option(
+            "--calibration",
+            metavar="FILE",
+            help="Calibrate gptq, --mixed-int8 on it (or dataset:NAME).",
+            show_default=False,
+        ),
+    ] = None,
+    mixed_int8: Annotated[
+        Optional[float],
+        typer.Option(
+            "--mixed-int8",
+            metavar="PCT",
+            help="int4: % of weights at 8 bits, by sensitivity.",
+            show_default=False,
+        ),
+    ] = None,
     gate: GateOpt = None,
     eval_text: Annotated[Optional[Path], typer.Option(help="Evaluate on this text before writing (see eval).")] = None,
     max_ppl_increase: MaxPplOpt = None,
@@ -143,7 +171,9 @@ def precision(
     return Precision(
         dtype,
         keep_fp32,
-        QuantizeOptions(quantize, block_size, accuracy_level, lm_head, embeddings),
+        QuantizeOptions(
+            quantize, block_size, accuracy_level, lm_head, embeddings, int4_algorithm, calibration_text, mixed_int8
+        ),
         parse_gates(gate) or None,
         str(eval_text) if eval_text is not None else None,
         EvalGates(max_ppl_increase, max_kl),

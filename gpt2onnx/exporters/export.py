@@ -31,6 +31,7 @@ from gpt2onnx.passes.pipeline import GraphPasses, timed
 from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.model import BlockForExport, GPT2ForExport
+from gpt2onnx.verify.calibration import calibration_for
 from gpt2onnx.verify.evaluate import EvalReport, eval_source, evaluate_written
 from gpt2onnx.verify.gates import EvalGates, tolerances_for
 from gpt2onnx.verify.parity import validate_export
@@ -273,7 +274,10 @@ def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
             module, io, kind, head = BlockForExport(full.h[options.block]), block_io(spec), "block", None
         log.info("exporting %s (%s, opset %d)", ckpt.name, kind, options.opset)
         proto = export_module(module, io, spec, opset=options.opset, head_weight=head)
-    passed = passes.apply(proto, timings)
+    calibration = calibration_for(
+        passes.quantization, ckpt.companion_dir, vocab_size=spec.vocab_size, n_positions=spec.n_positions
+    )
+    passed = passes.apply(proto, timings, calibration)
     if passes.dtype == "float16":
         logits_dtype = "float32" if "logits" in passes.keep_fp32 else "float16"
         io = decoder_io(spec, last_logits_only=last, dtype=passes.dtype, logits_dtype=logits_dtype)

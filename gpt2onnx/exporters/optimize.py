@@ -31,6 +31,7 @@ from gpt2onnx.errors import BadInput
 from gpt2onnx.exporters.export import ExportResult, passed_or_refused
 from gpt2onnx.passes.pipeline import GraphPasses, timed
 from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions
+from gpt2onnx.verify.calibration import calibration_for
 from gpt2onnx.verify.evaluate import eval_source, evaluate_written
 from gpt2onnx.verify.gates import EvalGates, tolerances_for
 from gpt2onnx.verify.parity import SOURCE_ONNX, validate_against_source
@@ -102,7 +103,8 @@ def optimize(
         raise BadInput("the output folder is the input folder: write the optimized model to another folder")
     check_output(out, force=force, protect=(model_path.parent,))
     timings = {}
-    passed = passes.apply(onnx.load(str(model_path)), timings)
+    proto = onnx.load(str(model_path))
+    passed = passes.apply(proto, timings, _calibration(passes, model_path, proto))
     checks = _Checks(validate, tolerance, gates, text, eval_gates)
     with staged_folder(out, force=force, protect=(model_path.parent,)) as folder:
         manifest, check, quality = _optimize_into(
@@ -189,3 +191,17 @@ def _manifest(model_path: Path, previous, passes: GraphPasses, passed, facts: di
         },
         **passed.records(),
     )
+
+
+def _calibration(passes: GraphPasses, model_path: Path, proto: onnx.ModelProto):
+    """A calibrated int4 algorithm's token sequences, in the vocabulary the graph's logits declare and within the
+    folder's context length (config.json; 1024, GPT-2's, for a folder without one)."""
+    if not passes.quantization.needs_calibration:
+        return None
+    logits = next((o for o in proto.graph.output if o.name == "logits"), None)
+    dims = logits.type.tensor_type.shape.dim if logits is not None else []
+    if not dims or not dims[-1].HasField("dim_value"):
+        raise BadInput(f"'{model_path}' declares no vocabulary size on its logits output: it cannot be calibrated")
+    config = model_path.parent / "config.json"
+    positions = read_n_positions(model_path.parent) if config.is_file() else 1024
+    return calibration_for(passes.quantization, model_path.parent, vocab_size=dims[-1].dim_value, n_positions=positions)

@@ -67,8 +67,9 @@ class GraphPasses:
         """No fusion, fp32 weights: the passes would leave a graph as it is."""
         return self.fusion == "none" and self.precision == "float32"
 
-    def apply(self, model: onnx.ModelProto, timings: dict[str, float]) -> PassResult:
-        """Run the passes in order: fusion profile, fp16, weight quantization."""
+    def apply(self, model: onnx.ModelProto, timings: dict[str, float], calibration=None) -> PassResult:
+        """Run the passes in order: fusion profile, fp16, weight quantization (``calibration``: the token
+        sequences of a calibrated int4 algorithm, gpt2onnx.passes.int4.algorithm.Calibration)."""
         result = PassResult(model)
         if self.fusion != "none":
             from gpt2onnx.passes.fusions import fuse  # lazy: the rules import onnxscript, only a fusion needs it
@@ -80,7 +81,9 @@ class GraphPasses:
                 result.model, result.fp16 = precision_passes.to_fp16(result.model, keep_fp32=self.keep_fp32)
         if self.quantization.method != "none":
             with timed(timings, "quantize"):
-                result.model, result.quantization = precision_passes.quantize(result.model, self.quantization)
+                result.model, result.quantization = precision_passes.quantize(
+                    result.model, self.quantization, calibration=calibration
+                )
         shared = any(n.op_type == "GroupQueryAttention" for n in result.model.graph.node)
         result.kv_cache = "shared" if shared else "concat"
         return result

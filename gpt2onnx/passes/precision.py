@@ -11,6 +11,7 @@ defaults, the recipes, come from the measured precision table in docs/benchmarks
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 from collections import Counter
@@ -24,6 +25,8 @@ from onnx import numpy_helper
 from gpt2onnx.artifact.graph import sort_topologically
 from gpt2onnx.artifact.manifest import Fp16Record, QuantizationRecord
 from gpt2onnx.errors import BadInput
+from gpt2onnx.passes.int4.algorithm import Calibration, Int4Algorithm
+from gpt2onnx.passes.int4.all_algorithms import ALGORITHMS, DEFAULT_ALGORITHM
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +267,15 @@ class QuantizeOptions:
     lm_head: the logits projection: int4 (MatMulNBits), int8 (MatMulNBits with 8 bits under int4, MatMulInteger
         under int8) or fp32 (the exported Gemm on the tied embedding, left as it is).
     embeddings: the token and position embeddings: int4 or int8 (GatherBlockQuantized) or fp32 (Gather).
-    None (accuracy_level, lm_head, embeddings): the method's recipe (RECIPES).
+    algorithm: how int4 chooses its weights (gpt2onnx.passes.int4.all_algorithms.ALGORITHMS: rtn, hqq, k-quant, gptq);
+        int4 only. The embeddings' GatherBlockQuantized is always round to nearest (the other algorithms write
+        MatMulNBits only).
+    calibration_text: the text a calibrated algorithm (gptq) is calibrated on: a file, or 'dataset:NAME[:CONFIG]
+        [:SPLIT]' (the datasets library); None: the standard library's docstrings (offline on every machine).
+    mixed_int8: int4 only: the share (percent, above 0 and at most 100) of the 4-bit MatMul weights' parameters
+        that may be stored at 8 bits instead, given to the weights measured most sensitive on the calibration text
+        (gpt2onnx.passes.mixed_precision); None: every block weight at 4 bits.
+    None (accuracy_level, lm_head, embeddings, algorithm): the method's recipe (RECIPES).
     """
 
     method: str = "none"
@@ -272,6 +283,9 @@ class QuantizeOptions:
     accuracy_level: int | None = None
     lm_head: str | None = None
     embeddings: str | None = None
+    algorithm: str | None = None
+    calibration_text: str | None = None
+    mixed_int8: float | None = None
 
     def __post_init__(self) -> None:  # an invalid one cannot be built: checked here, and only here
         if self.method not in METHODS:
@@ -283,6 +297,9 @@ class QuantizeOptions:
                 ("--accuracy-level", self.accuracy_level),
                 ("--lm-head", self.lm_head),
                 ("--embeddings", self.embeddings),
+                ("--algorithm", self.algorithm),
+                ("--calibration", self.calibration_text),
+                ("--mixed-int8", self.mixed_int8),
             ):
                 if value is not None:
                     raise BadInput(f"{flag} applies to quantized weights: add --quantize int8 or int4, or drop it")
@@ -300,12 +317,40 @@ class QuantizeOptions:
                     f"--accuracy-level {self.accuracy_level} is not supported: choose 0 (fp32 arithmetic) or 4"
                     " (int8 arithmetic)"
                 )
+        if self.algorithm is not None and self.method != "int4":
+            raise BadInput("--algorithm applies to int4 (MatMulNBits): drop it, or use --quantize int4")
+        if self.algorithm is not None and self.algorithm not in ALGORITHMS:
+            raise BadInput(f"unknown --algorithm '{self.algorithm}': choose one of {', '.join(ALGORITHMS)}")
+        if self.mixed_int8 is not None:
+            if self.method != "int4":
+                raise BadInput(
+                    "--mixed-int8 applies to int4 (8-bit layers among 4-bit ones): drop it, or use --quantize int4"
+                )
+            value = self.mixed_int8
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 100:
+                raise BadInput(f"--mixed-int8 {value} is out of range: give a percent above 0 and at most 100")
+        if self.calibration_text is not None and not self.needs_calibration:
+            calibrated = [a.name for a in ALGORITHMS.values() if a.calibrated]
+            raise BadInput(
+                f"--calibration applies to a calibrated int4 algorithm ({', '.join(calibrated)}) or to"
+                f" --mixed-int8: add --algorithm {calibrated[0]} or --mixed-int8 PERCENT, or drop it"
+            )
         choices = LAYER_CHOICES[self.method]
         for flag, value in (("--lm-head", self.lm_head), ("--embeddings", self.embeddings)):
             if value is not None and value not in choices:
                 raise BadInput(
                     f"{flag} '{value}' is not valid with --quantize {self.method}: choose {' or '.join(choices)}"
                 )
+
+    @property
+    def int4_algorithm(self) -> Int4Algorithm:
+        """The algorithm int4 uses (the recipe's where none is given); round to nearest for other methods."""
+        return ALGORITHMS[self.algorithm or DEFAULT_ALGORITHM]
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether quantizing needs calibration text: a calibrated int4 algorithm, or measured 8-bit layers."""
+        return self.method == "int4" and (self.int4_algorithm.calibrated or self.mixed_int8 is not None)
 
     @property
     def recipe(self) -> "QuantizeRecipe":
@@ -317,6 +362,8 @@ class QuantizeOptions:
             self.accuracy_level if self.accuracy_level is not None else recipe["accuracy_level"],
             self.lm_head or recipe["lm_head"],
             self.embeddings or recipe["embeddings"],
+            self.int4_algorithm.name if self.method == "int4" else None,
+            self.mixed_int8,
         )
 
     @property
@@ -335,6 +382,9 @@ class QuantizeOptions:
             "accuracy_level": recipe.accuracy_level,
             "lm_head": recipe.lm_head,
             "embeddings": recipe.embeddings,
+            **({"algorithm": recipe.algorithm} if recipe.algorithm else {}),
+            **({"calibration_text": self.calibration_text} if self.calibration_text else {}),
+            **({"mixed_int8": self.mixed_int8} if self.mixed_int8 is not None else {}),
         }
 
 
@@ -347,6 +397,12 @@ class QuantizeRecipe:
     accuracy_level: int | None
     lm_head: str | None
     embeddings: str | None
+    algorithm: str | None = None  # int4's (ALGORITHMS)
+    mixed_int8: float | None = None  # int4: the percent of block weights' parameters that may get 8 bits
+
+    @property
+    def int4_algorithm(self) -> Int4Algorithm:
+        return ALGORITHMS[self.algorithm or DEFAULT_ALGORITHM]
 
 
 def logits_projection(graph: onnx.GraphProto) -> onnx.NodeProto | None:
@@ -391,12 +447,34 @@ def _gemm_to_matmul(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
 
 
 def _matmul_nbits(
-    model: onnx.ModelProto, options: "QuantizeRecipe", *, bits: int, exclude: set[str], gathers: bool
+    model: onnx.ModelProto,
+    options: "QuantizeRecipe",
+    *,
+    bits: int,
+    exclude: set[str],
+    gathers: bool,
+    algorithm: Int4Algorithm | None = None,
+    calibration: Calibration | None = None,
 ) -> onnx.ModelProto:
     """onnxruntime's MatMulNBitsQuantizer over every MatMul on a weight (and the embedding Gathers with
-    ``gathers``) whose node is not in ``exclude``."""
+    ``gathers``) whose node is not in ``exclude``, its weights chosen by ``algorithm`` (None: round to nearest)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    weights = {init.name for init in model.graph.initializer}
+    nodes = [
+        n.name
+        for n in model.graph.node
+        if n.op_type == "MatMul" and n.name not in exclude and len(n.input) > 1 and n.input[1] in weights
+    ]
+    config = (
+        algorithm.config(bits=bits, block_size=options.block_size, nodes=nodes, calibration=calibration, model=model)
+        if algorithm
+        else None
+    )
+    if config is not None and gathers:
+        raise ValueError("the int4 algorithms write MatMulNBits only: quantize the embeddings apart")
+    if config is not None and not nodes:
+        return model
     quantizer = MatMulNBitsQuantizer(
         model,
         bits=bits,
@@ -405,9 +483,24 @@ def _matmul_nbits(
         accuracy_level=options.accuracy_level or None,  # 0 leaves the attribute out (the op's default)
         nodes_to_exclude=sorted(exclude),
         op_types_to_quantize=("MatMul", "Gather") if gathers else ("MatMul",),
+        algo_config=config,
     )
-    quantizer.process()
-    return quantizer.model.model
+    with _quiet_quantizer():
+        quantizer.process()
+    quantized = quantizer.model
+    return quantized.model if hasattr(quantized, "model") else quantized
+
+
+@contextlib.contextmanager
+def _quiet_quantizer():
+    """The vendored neural-compressor path (GPTQ) prints a progress bar on stdout, and HQQ warns about
+    non-writable arrays: neither is ours to show (the CLI's output is its own)."""
+    import io
+    import warnings
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore", UserWarning)
+        yield
 
 
 def _gathers_to_8bit(model: onnx.ModelProto, names: set[str], block_size: int) -> int:
@@ -529,10 +622,15 @@ def _name_nodes(graph: onnx.GraphProto) -> None:
 
 
 def quantize(
-    model: onnx.ModelProto, options: QuantizeOptions, *, int8_scheme: Int8Scheme = INT8_SCHEME
+    model: onnx.ModelProto,
+    options: QuantizeOptions,
+    *,
+    int8_scheme: Int8Scheme = INT8_SCHEME,
+    calibration: Calibration | None = None,
 ) -> tuple[onnx.ModelProto, QuantizationRecord | None]:
     """Quantize ``model`` (changed in place on the way); returns the new model and what was done.
-    ``int8_scheme``: how int8 stores its MatMulInteger weights (INT8_SCHEMES; benchmarks choose another)."""
+    ``int8_scheme``: how int8 stores its MatMulInteger weights (INT8_SCHEMES; benchmarks choose another).
+    ``calibration``: the token sequences of a calibrated int4 algorithm (required by it, ignored otherwise)."""
     record = options.as_dict()
     options = options.recipe
     if options.method == "none":
@@ -548,17 +646,57 @@ def quantize(
         _gemm_to_matmul(model, head)
     # the head is quantized with the other MatMuls only at the method's own width
     head_apart = {head.name} if head is not None and options.lm_head != options.method else set()
+    graph_names = {n.name: n.input[1] for n in graph.node if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1}
+    mixed = None
     if options.method == "int4":
+        algorithm = options.int4_algorithm
+        if algorithm.calibrated and calibration is None:
+            raise ValueError(f"int4 algorithm {algorithm.name} needs calibration token sequences")
         other_gathers = {n.name for n in graph.node if n.op_type == "Gather"} - gathers
-        quantized = _matmul_nbits(
-            model,
-            options,
-            bits=4,
-            exclude=head_apart | other_gathers | (gathers if options.embeddings != "int4" else set()),
-            gathers=options.embeddings == "int4",
-        )
+        if options.mixed_int8 is not None:  # measured 8-bit layers: kept out of the 4-bit pass, then 8 bits
+            from gpt2onnx.passes.mixed_precision import choose_int8_layers
+
+            weights = {init.name for init in graph.initializer}
+            candidates = [
+                n.name
+                for n in graph.node
+                if n.op_type == "MatMul" and n.name not in head_apart and len(n.input) > 1 and n.input[1] in weights
+            ]
+            mixed = choose_int8_layers(
+                model,
+                candidates,
+                budget=options.mixed_int8 / 100,
+                block_size=options.block_size,
+                calibration=calibration,
+            )
+            head_apart = head_apart | set(mixed.int8_nodes)
+        if algorithm.weight_error is None:  # round to nearest: the embeddings in the same pass
+            quantized = _matmul_nbits(
+                model,
+                options,
+                bits=4,
+                exclude=head_apart | other_gathers | (gathers if options.embeddings != "int4" else set()),
+                gathers=options.embeddings == "int4",
+            )
+        else:  # the algorithm on the MatMuls, then the embeddings rounded to nearest (GatherBlockQuantized)
+            gather_names = {n.name for n in graph.node if n.op_type == "Gather"}
+            quantized = _matmul_nbits(
+                model,
+                options,
+                bits=4,
+                exclude=head_apart | gather_names,
+                gathers=False,
+                algorithm=algorithm,
+                calibration=calibration,
+            )
+            if options.embeddings == "int4":
+                others = {n.name for n in quantized.graph.node} - gathers
+                quantized = _matmul_nbits(quantized, options, bits=4, exclude=others, gathers=True)
+        eight_bit = set(mixed.int8_nodes) if mixed is not None else set()
         if head is not None and options.lm_head == "int8":
-            others = {n.name for n in quantized.graph.node} - {head.name}
+            eight_bit.add(head.name)
+        if eight_bit:
+            others = {n.name for n in quantized.graph.node} - eight_bit
             quantized = _matmul_nbits(quantized, options, bits=8, exclude=others, gathers=False)
     else:
         quantized = _int8(model, head, head_apart, int8_scheme)
@@ -577,4 +715,19 @@ def quantize(
         record["lm_head"],
         record["embeddings"],
         int8_scheme.name if "MatMulInteger" in ops else None,
+        options.algorithm,
+        calibration.source if calibration is not None and options.method == "int4" else None,
+        **_mixed_record(mixed, graph_names),
     )
+
+
+def _mixed_record(mixed, weight_of: dict[str, str]) -> dict:
+    """The manifest's record of measured 8-bit layers: by weight name (the file check's), with every candidate's
+    sensitivity."""
+    if mixed is None:
+        return {}
+    return {
+        "int8_layers": [weight_of[name] for name in mixed.int8_nodes],
+        "sensitivity": {weight_of[name]: kl for name, kl in mixed.sensitivity.items()},
+        "int8_share": mixed.int8_share,
+    }

@@ -9,7 +9,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from gpt2onnx.artifact.report import Figures
-from gpt2onnx.errors import BadInput
+from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.passes.int4.all_algorithms import ALGORITHMS, DEFAULT_ALGORITHM
 
 # Tolerances per dtype: largest |Δlogits| and |Δpresent|, and the top-1 agreement required. In fp32 the ONNX
 # graph and PyTorch differ only by summation order: ~1e-6 is typical for the 124M model, 1e-4 leaves headroom.
@@ -40,10 +41,14 @@ TOLERANCES = {
 # relative_error: the mean over positions of ‖Δlogits‖ / ‖logits − mean‖ against the reference run with the file's
 #   own rounded weights, so only the activation path is left (measured in docs/benchmarks.md, "A quantized file
 #   judged by itself"): it does not depend on how peaked the predictions are.
+# weight_error: for an int4 algorithm that moves weights on purpose (HQQ, k-quant, GPTQ), weight_steps gives way to
+#   the largest RMS error of a tensor over round-to-nearest's at the declared width, at most the algorithm's own
+#   bound (gpt2onnx.passes.int4: Int4Algorithm.weight_error).
 FILE_GATES = {
     "int8": {"weight_steps": 1.001, "relative_error": 0.05},
     "int4": {"weight_steps": 1.001, "relative_error": 0.05},
 }
+FILE_GATE_NAMES = ("weight_steps", "weight_error", "relative_error")
 # The quality gates judge predictions that carry information. Where the reference's next-token distributions lie
 # within FLAT_NATS of uniform (ln V − entropy, the mean over the compared positions), the weights are random in
 # effect, wherever they came from, and only the file gates apply. Measured on random token ids (the checks' own
@@ -59,6 +64,7 @@ GATE_NAMES = {
     "top5": "least top-5 agreement (0–1)",
     "kl_mean": "largest mean KL divergence",
     "weight_steps": "largest weight error in quantization steps of the declared width",
+    "weight_error": "largest RMS weight error of a tensor over round-to-nearest's (int4 algorithms that move weights)",
     "relative_error": "largest mean relative logits error against the file's own rounded weights",
 }
 # The range each gate may be set to: a |Δ| is a positive number, an agreement a share in (0, 1], a KL ≥ 0.
@@ -69,6 +75,7 @@ GATE_RANGES = {
     "top5": (0.0, 1.0),
     "kl_mean": (0.0, math.inf),
     "weight_steps": (0.0, math.inf),
+    "weight_error": (0.0, math.inf),
     "relative_error": (0.0, math.inf),
 }
 
@@ -95,15 +102,28 @@ def tolerances_for(precision: str, overrides: dict[str, float] | None = None) ->
         raise BadInput(f"no parity gates are defined for precision '{precision}'")
     checked = {name: check_gate(name, value) for name, value in (overrides or {}).items()}
     file_gates = FILE_GATES.get(precision, {})
-    unused = [name for name in checked if name in ("weight_steps", "relative_error") and name not in file_gates]
+    allowed = {*file_gates, *(("weight_error",) if precision == "int4" else ())}
+    unused = [name for name in checked if name in FILE_GATE_NAMES and name not in allowed]
     if unused:
         raise BadInput(f"gate {unused[0]} applies to int8 and int4 files, not to {precision}: drop it")
-    return {**TOLERANCES[precision], **{k: v for k, v in checked.items() if k not in file_gates}}
+    return {**TOLERANCES[precision], **{k: v for k, v in checked.items() if k not in FILE_GATE_NAMES}}
 
 
-def file_gates_for(precision: str, overrides: dict[str, float] | None = None) -> dict:
-    """The gates of a quantized file judged by itself (FILE_GATES), with the --gate overrides that name them."""
+def file_gates_for(precision: str, overrides: dict[str, float] | None = None, *, algorithm: str | None = None) -> dict:
+    """The gates of a quantized file judged by itself (FILE_GATES), with the --gate overrides that name them.
+    ``algorithm``: int4's, from the manifest (None: round to nearest, as every file before it was recorded); one
+    that moves weights is judged by its weight_error bound instead of weight_steps."""
     gates = dict(FILE_GATES.get(precision, {}))
+    if precision == "int4":
+        name = algorithm or DEFAULT_ALGORITHM
+        if name not in ALGORITHMS:
+            raise ContractError(
+                f"the manifest's int4 algorithm '{name}' is unknown: choose one of {', '.join(ALGORITHMS)}"
+            )
+        bound = ALGORITHMS[name].weight_error
+        if bound is not None:
+            del gates["weight_steps"]
+            gates = {"weight_error": bound, **gates}
     gates.update({k: check_gate(k, v) for k, v in (overrides or {}).items() if k in gates})
     return gates
 
@@ -144,6 +164,17 @@ def apply_gates(measured: Figures, gates: dict, *, cases: int = 1) -> list[str]:
         failures.append(
             f"weights are not the declared rounding: '{m.weights.worst}' is {m.weights.max_steps:.3g} quantization"
             f" steps from its source > {gates['weight_steps']:g}"
+        )
+    weights = m.weights
+    if (
+        "weight_error" in gates
+        and weights is not None
+        and weights.rms_ratio is not None
+        and above(weights.rms_ratio, gates["weight_error"])
+    ):
+        failures.append(
+            f"weights are not the declared algorithm's: '{m.weights.rms_worst}' has {m.weights.rms_ratio:.3g} times"
+            f" the RMS error of round to nearest > {gates['weight_error']:g}"
         )
     if (
         "relative_error" in gates

@@ -99,6 +99,7 @@ class RoundedReference:
     weights: WeightRounding
     trained: bool
     why: str
+    algorithm: str | None = None  # int4's (the manifest's record): what its weights are judged by (file_gates_for)
 
 
 def precision_gates(
@@ -166,7 +167,8 @@ def rounded_pytorch(model_path: Path, ckpt: Checkpoint, quantization: Quantizati
     figures, weights = weight_rounding(onnx.load(str(model_path)), lambda name: _tensor(ckpt, name), quantization)
     trained, why = quality_gates_apply(ckpt.source)
     rounded_model = reference_model(rounded_checkpoint(ckpt, weights))
-    return RoundedReference(rounded_model, f"{PYTORCH} with the file's rounded weights", figures, trained, why)
+    against = f"{PYTORCH} with the file's rounded weights"
+    return RoundedReference(rounded_model, against, figures, trained, why, quantization.algorithm)
 
 
 def file_check(decoder, rounded: RoundedReference, *, precision: str, vocab_size: int, n_positions: int, gates=None):
@@ -177,7 +179,8 @@ def file_check(decoder, rounded: RoundedReference, *, precision: str, vocab_size
         run(decoder, rounded.reference, case, vocab_size=vocab_size)
         for case in random_cases(4, seed=0, n_positions=n_positions, max_batch=4)
     ]
-    report = gate_report(results, precision, file_gates_for(precision, gates), against=rounded.against)
+    file_gates = file_gates_for(precision, gates, algorithm=rounded.algorithm)
+    report = gate_report(results, precision, file_gates, against=rounded.against)
     report.measured = dataclasses.replace(report.measured, weights=rounded.weights)
     report.failures = apply_gates(report.measured, report.gates, cases=len(results))
     return report
@@ -296,7 +299,7 @@ def validate_against_source(
                 trained, why = quality_gates_apply(source_record)
                 rounded_reference = OnnxReference(cpu_decoder(rounded_path, n_positions=n_positions))
                 against = f"{SOURCE_ONNX} with the file's rounded weights"
-                rounded = RoundedReference(rounded_reference, against, figures, trained, why)
+                rounded = RoundedReference(rounded_reference, against, figures, trained, why, quantization.algorithm)
             return precision_gates(
                 rewritten,
                 reference,

@@ -31,7 +31,7 @@ from gpt2onnx.artifact.report import WeightRounding
 from gpt2onnx.errors import ContractError
 
 HEAD_SUFFIX = "_for_matmul"  # precision._gemm_to_matmul's transposed copy of a Gemm head's weight
-_NBITS_SUFFIX = re.compile(r"_Q\d+$")
+_NBITS_SUFFIX = re.compile(r"_Q\d+(G\d+)?$")  # _Q4; _Q4G32 from the calibrated algorithms' path
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,9 @@ def _matmul_nbits(node: onnx.NodeProto, weights: dict[str, np.ndarray]) -> np.nd
     packed = weights[node.input[1]].reshape(n, blocks, -1)
     q = _unpack(packed, bits, block).reshape(n, blocks * block)
     scales = weights[node.input[2]].astype(np.float32).reshape(n, blocks)
-    if len(node.input) > 3 and node.input[3]:
+    if len(node.input) > 3 and node.input[3] and weights[node.input[3]].dtype.kind == "f":
+        zero = weights[node.input[3]].astype(np.float32).reshape(n, blocks)  # HQQ: a real-valued zero point
+    elif len(node.input) > 3 and node.input[3]:
         zero = _unpack(weights[node.input[3]].reshape(n, -1), bits, blocks).reshape(n, blocks)
     else:
         zero = np.full((n, blocks), 1 << (bits - 1), np.int32)
@@ -165,6 +167,8 @@ def declared_step(source: np.ndarray, weight: QuantizedWeight, record: Quantizat
 
 def _declared_bits(weight: QuantizedWeight, record: QuantizationRecord) -> int:
     """The width the recipe declares for this weight: the head's and the embeddings' own, else the method's."""
+    if weight.op != "GatherBlockQuantized" and weight.name in (record.int8_layers or ()):
+        return 8  # measured 8-bit layers (--mixed-int8)
     if weight.op == "GatherBlockQuantized":
         layer = record.embeddings
     elif weight.name.endswith(HEAD_SUFFIX) or weight.name == "lm_head.weight":
@@ -183,6 +187,7 @@ def weight_rounding(
     (the largest error in declared steps, that tensor, how many) and the weights read."""
     weights = dequantized_weights(model)
     worst, worst_name = 0.0, None
+    rms_worst, rms_worst_name = 0.0, None
     for weight in weights:
         source = source_weight(weight.source_name)
         if source is None:
@@ -201,7 +206,28 @@ def weight_rounding(
             steps = float("inf")
         if steps > worst or worst_name is None:
             worst, worst_name = steps, weight.name
-    return WeightRounding(worst, worst_name, len(weights)), weights
+        bits = 8 if weight.op == "MatMulInteger" else _declared_bits(weight, record)
+        ratio = _rms_ratio(source, weight, step, bits)
+        if ratio > rms_worst or rms_worst_name is None:
+            rms_worst, rms_worst_name = ratio, weight.name
+    figures = WeightRounding(worst, worst_name, len(weights), rms_worst if weights else None, rms_worst_name)
+    return figures, weights
+
+
+def _rms_ratio(source: np.ndarray, weight: QuantizedWeight, step: np.ndarray, bits: int) -> float:
+    """The RMS error of the file's weight over round-to-nearest's at the declared steps: the judge of algorithms
+    that move weights off the nearest grid point on purpose (gpt2onnx.passes.int4.algorithm.Int4Algorithm.weight_error).
+    Round to nearest on the symmetric grid of the declared step, clamped to the op's range ([-8, 7] steps for
+    4-bit MatMulNBits, as onnxruntime's quantizer), so a sound round-to-nearest file reads about 1."""
+    safe = np.maximum(step, 1e-30)
+    levels = 1 << (bits - 1)  # the declared width's, not the op's: 2-bit weights declared 4 read far above 1
+    low, high = (-levels, levels - 1) if weight.op == "MatMulNBits" else (-np.inf, np.inf)
+    nearest = np.clip(np.rint(source / safe), low, high) * step
+    reference = float(np.sqrt(np.mean((nearest - source) ** 2)))
+    error = float(np.sqrt(np.mean((weight.values - source) ** 2)))
+    if not np.isfinite(error):
+        return float("inf")
+    return error / reference if reference > 0 else (0.0 if error == 0 else float("inf"))
 
 
 def rounded_checkpoint(ckpt, weights: list[QuantizedWeight]):

@@ -1,0 +1,15 @@
+"""Every int4 weight algorithm, by name: a new one is a module beside this one and a line here."""
+
+from gpt2onnx.passes.int4 import gptq, hqq, k_quant, rtn
+from gpt2onnx.passes.int4.algorithm import Int4Algorithm
+
+ALGORITHMS: dict[str, Int4Algorithm] = {
+    algorithm.name: algorithm
+    for algorithm in (
+        rtn.ALGORITHM,
+        hqq.ALGORITHM,
+        k_quant.ALGORITHM,
+        gptq.ALGORITHM,
+    )
+}
+DEFAULT_ALGORITHM = "rtn"  # the recipe's, until docs/precision.md's table on the GPT-2-shaped reference says otherwise
