@@ -187,3 +187,39 @@ def test_mixed_int8_layers_are_judged_at_8_bits(trained_export, tmp_path, monkey
 )
 def test_mixed_int8_bad_inputs(tmp_path, args, message):
     assert_one_line_error(run("export", "-m", "tiny", "--random-init", "-o", tmp_path / "q", *args), message)
+
+
+@pytest.mark.parametrize("widths", [("int4", "int4"), ("int8", "int8")])
+def test_the_tied_embedding_is_stored_once(widths, trained_export, tmp_path, monkeypatch):
+    """int4 with the head and the embeddings at the same width: the token Gather reads the head's MatMulNBits
+    weights, the file shrinks by the table's copy, and its logits are those of the file that stores it twice."""
+    import onnxruntime as ort
+
+    import gpt2onnx.passes.precision as precision
+
+    head, embeddings = widths
+    shared = _optimize(trained_export, tmp_path / "shared", None, lm_head=head, embeddings=embeddings)
+    assert shared.check.passed, shared.check.summary()
+    assert shared.manifest.quantization.shared_embedding == "wte.weight"
+    graph = onnx.load(str(shared.folder / "model.onnx")).graph
+    heads = {n.input[1] for n in graph.node if n.op_type == "MatMulNBits"}
+    token = next(n for n in graph.node if n.op_type == "GatherBlockQuantized" and n.input[1] == "input_ids")
+    assert token.input[0] in heads
+    monkeypatch.setattr(precision, "_share_tied_embedding", lambda model: None)
+    twice = _optimize(trained_export, tmp_path / "twice", None, lm_head=head, embeddings=embeddings)
+    assert twice.manifest.quantization.shared_embedding is None
+    size = {r.folder: (r.folder / "model.onnx").stat().st_size for r in (shared, twice)}
+    vocab, width = 512, 64  # the trained fixture's table, at the recipe's width (the scales are a small copy)
+    assert size[twice.folder] - size[shared.folder] >= 0.9 * vocab * width * (4 if head == "int4" else 8) / 8
+    feed = {"input_ids": np.array([[5, 17, 3, 200]]), "attention_mask": np.ones((1, 4), np.int64)}
+    feed["position_ids"] = np.arange(4)[None]
+    logits = []
+    for folder in (shared.folder, twice.folder):
+        session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+        pasts = {i.name: np.zeros((1, 4, 0, 16), np.float32) for i in session.get_inputs() if "past" in i.name}
+        logits.append(session.run(["logits"], {**feed, **pasts})[0])
+    if head == "int4":  # the same stored values (onnxruntime's 4-bit rounding of the table), the same kernels
+        np.testing.assert_array_equal(*logits)
+    else:  # the table's 8 bits are the head's rounding (scale amax/128) instead of gpt2onnx's own (amax/127): the
+        # values move by less than a step, the logits by far less than int8's own error (the check's 0.2)
+        assert np.abs(logits[0] - logits[1]).max() < 0.05

@@ -1,6 +1,8 @@
 """What int8 and int4 leave alone (--lm-head, --embeddings), int4's arithmetic (--accuracy-level): the ops and
 dtypes written for each layer, and each variant still passing its precision's gates against its source graph."""
 
+import json
+
 import onnx
 import pytest
 from onnx import numpy_helper
@@ -59,7 +61,14 @@ def test_layers_kept_and_gates_pass(gpt2_init_export, tmp_path, options, head, e
     resolved = options.recipe
     assert (recorded.lm_head, recorded.embeddings) == (resolved.lm_head, resolved.embeddings)
     got_head, got_embeddings = _layers(tmp_path / "q")
-    assert got_head == head and got_embeddings == [embedding, embedding]  # token and position embeddings
+    # token and position embeddings; where the head and the token table have one width, the token Gather reads the
+    # head's MatMulNBits weights (its uint8 blocks: the table stored once), and the manifest says so
+    shared = recorded.shared_embedding is not None
+    width = json.loads((gpt2_init_export / "config.json").read_text())["n_embd"]
+    same_width = options.method == "int4" and resolved.lm_head == resolved.embeddings != "fp32"
+    assert shared == (same_width and width % resolved.block_size == 0)  # a padded last block is not shared
+    token = (embedding[0], embedding[1], head[2]) if shared else embedding
+    assert got_head == head and got_embeddings == sorted([token, embedding])
     model = onnx.load(str(tmp_path / "q" / "model.onnx"))
     levels = {_attr(n, "accuracy_level", 0) for n in model.graph.node if n.op_type == "MatMulNBits"}
     if options.method == "int4":

@@ -173,6 +173,8 @@ class QuantizationRecord:
     int8_layers: list[str] | None = None
     sensitivity: dict[str, float] | None = None
     int8_share: float | None = None
+    # the tied embedding stored once: the token Gather reads the head's MatMulNBits weights (its source name)
+    shared_embedding: str | None = None
 
     def as_dict(self) -> dict:
         data = {"method": self.method, "block_size": self.block_size, "ops": self.ops}
@@ -186,6 +188,8 @@ class QuantizationRecord:
             data["calibration"] = self.calibration
         if self.int8_layers is not None:
             data.update(int8_layers=self.int8_layers, sensitivity=self.sensitivity, int8_share=self.int8_share)
+        if self.shared_embedding is not None:
+            data["shared_embedding"] = self.shared_embedding
         return data
 
     def summary(self) -> str:
@@ -197,6 +201,8 @@ class QuantizationRecord:
             text += f", accuracy level {self.accuracy_level}"
         if self.lm_head is not None:
             text += f"; lm_head {self.lm_head}, embeddings {self.embeddings}"
+        if self.shared_embedding is not None:
+            text += "; one copy of the tied embedding"
         if self.int8_layers is not None:
             share = 100 * (self.int8_share or 0)
             text += f"; {len(self.int8_layers)} layers at 8 bits by measured sensitivity ({share:.0f} % of weights)"
@@ -218,6 +224,7 @@ class QuantizationRecord:
             [str(n) for n in data["int8_layers"]] if data.get("int8_layers") is not None else None,
             {str(k): float(v) for k, v in data["sensitivity"].items()} if data.get("sensitivity") is not None else None,
             float(data["int8_share"]) if data.get("int8_share") is not None else None,
+            str(data["shared_embedding"]) if data.get("shared_embedding") is not None else None,
         )
 
 

@@ -702,6 +702,7 @@ def quantize(
         quantized = _int8(model, head, head_apart, int8_scheme)
     if options.embeddings == "int8":
         _gathers_to_8bit(quantized, gathers, options.block_size)
+    shared = _share_tied_embedding(quantized) if head is not None and options.method == "int4" else None
     opset = next((i.version for i in quantized.opset_import if i.domain in ("", "ai.onnx")), 0)
     # the int4 quantizer may raise the opset (GatherBlockQuantized); keep the IR version in step with it
     quantized.ir_version = max(ir_version, 10 if opset >= 21 else ir_version)
@@ -718,6 +719,7 @@ def quantize(
         options.algorithm,
         calibration.source if calibration is not None and options.method == "int4" else None,
         **_mixed_record(mixed, graph_names),
+        shared_embedding=shared,
     )
 
 
@@ -731,3 +733,83 @@ def _mixed_record(mixed, weight_of: dict[str, str]) -> dict:
         "sensitivity": {weight_of[name]: kl for name, kl in mixed.sensitivity.items()},
         "int8_share": mixed.int8_share,
     }
+
+
+def _share_tied_embedding(model: onnx.ModelProto) -> str | None:
+    """One stored copy of a quantized tied embedding: the token embedding's GatherBlockQuantized reads the logits
+    projection's MatMulNBits weights (as onnxruntime-genai's builder does), so the file holds the table once.
+
+    MatMulNBits stores the head's weight as [vocab, blocks, block bytes] uint8, each row's blocks along the
+    embedding width: the token table, quantized the same way. The Gather reads it with quantize_axis 2 (its block
+    the last axis) and a Reshape gives [batch, sequence, width]. Its scales are a [vocab, blocks, 1] copy: the
+    MatMulNBits kernel takes only [vocab, blocks] or [vocab·blocks], the Gather's must have the data's rank (a
+    Reshape of the weights between them makes OpenVINO refuse the Gather). Only where the two are the same width
+    and block size and the head has no zero points (round to nearest; an algorithm with zero points keeps two
+    copies). Returns the shared weight's name, or None where nothing was shared."""
+    inits = {init.name: init for init in model.graph.initializer}
+    producer = {out: node for node in model.graph.node for out in node.output}
+    head = producer.get("logits")
+    while head is not None and head.op_type in SHAPE_OPS:
+        head = producer.get(head.input[0])
+    if head is None or head.op_type != "MatMulNBits" or len([i for i in head.input if i]) != 3:
+        return None
+    head_attrs = {a.name: onnx.helper.get_attribute_value(a) for a in head.attribute}
+    source = head.input[1].removesuffix(f"_Q{head_attrs.get('bits', 4)}").removesuffix("_for_matmul")
+    gather = next(
+        (
+            n
+            for n in model.graph.node
+            if n.op_type == "GatherBlockQuantized"
+            and n.input[0] in inits
+            and n.input[0].split("_Q")[0] == source
+            and n.output[0] not in {o.name for o in model.graph.output}
+        ),
+        None,
+    )
+    if gather is None or head.input[1] not in inits or head.input[2] not in inits:
+        return None
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gather.attribute}
+    bits, block = head_attrs.get("bits", 4), head_attrs["block_size"]
+    if attrs.get("bits", 4) != bits or attrs.get("block_size") != block or attrs.get("gather_axis", 0) != 0:
+        return None
+    vocab, width = head_attrs["N"], head_attrs["K"]
+    if width % block:  # the head's last block is padded: the Gather's blocks would not reshape to the width
+        return None
+    table = inits[gather.input[0]]
+    if list(table.dims) != [vocab, width if bits == 8 or table.data_type == onnx.TensorProto.INT4 else width // 2]:
+        return None
+    scales = numpy_helper.to_array(inits[head.input[2]]).astype(np.float32).reshape(vocab, -1, 1)
+    scales_name = f"{head.input[1]}_gather_scales"
+    shape_name = f"{head.input[1]}_gather_shape"
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(scales, scales_name),
+            numpy_helper.from_array(np.array([0, 0, width], np.int64), shape_name),
+        ]
+    )
+    blocks_out = f"{gather.output[0]}_blocks"
+    reshape = onnx.helper.make_node(
+        "Reshape", [blocks_out, shape_name], [gather.output[0]], name=f"{gather.name}/to_width"
+    )
+    ids = gather.input[1]
+    del gather.input[:], gather.attribute[:]
+    gather.input.extend([head.input[1], ids, scales_name])
+    gather.output[0] = blocks_out
+    gather.attribute.extend(
+        [
+            onnx.helper.make_attribute("bits", bits),
+            onnx.helper.make_attribute("block_size", block),
+            onnx.helper.make_attribute("gather_axis", 0),
+            onnx.helper.make_attribute("quantize_axis", 2),
+        ]
+    )
+    nodes = list(model.graph.node)
+    nodes.insert(nodes.index(gather) + 1, reshape)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {name for node in model.graph.node for name in node.input}
+    kept = [init for init in model.graph.initializer if init.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    log.info("the token embedding reads the logits projection's %d-bit weights (one stored copy)", bits)
+    return source

@@ -166,6 +166,49 @@ def _dequantized_8bit_table(node, attrs: dict, inits: dict) -> np.ndarray | None
     return ((data.astype(np.float32) - zero_points[:, block]) * scales[:, block]).astype(np.float32)
 
 
+def _own_table(model: onnx.ModelProto, node, attrs: dict, inits: dict):
+    """A GatherBlockQuantized that reads the logits projection's MatMulNBits weights ([vocab, blocks, bytes],
+    quantize_axis 2) rewritten to read a table of its own in the layout the rewrite below takes: int4 data and
+    [vocab, blocks] scales (4 bits), or uint8 data with zero points (8 bits); the same values. The browser's copy
+    holds the table twice, as every file did before it was shared."""
+    data = numpy_helper.to_array(inits[node.input[0]])
+    scales = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32)
+    bits, block = int(attrs.get("bits", 4)), int(attrs["block_size"])
+    head = next(n for n in model.graph.node if n.op_type == "MatMulNBits" and n.input[1] == node.input[0])
+    width = next(onnx.helper.get_attribute_value(a) for a in head.attribute if a.name == "K")
+    rows = data.shape[0]
+    if bits == 4:
+        values = np.stack([data & 0x0F, data >> 4], axis=-1).reshape(rows, -1)[:, :width].astype(np.int8) - 8
+    else:
+        values = data.reshape(rows, -1)[:, :width]
+    name = f"{node.input[0]}_table"
+    if bits == 4:
+        table = onnx.helper.make_tensor(name, onnx.TensorProto.INT4, [rows, width], values.flatten().tolist())
+        extra = [table, numpy_helper.from_array(scales.reshape(rows, -1), f"{name}_scales")]
+        inputs = [name, node.input[1], f"{name}_scales"]
+    else:
+        extra = [
+            numpy_helper.from_array(values.astype(np.uint8), name),
+            numpy_helper.from_array(scales.reshape(rows, -1), f"{name}_scales"),
+            numpy_helper.from_array(np.full((rows, scales.size // rows), 128, np.uint8), f"{name}_zero_points"),
+        ]
+        inputs = [name, node.input[1], f"{name}_scales", f"{name}_zero_points"]
+    model.graph.initializer.extend(extra)
+    inits.update({t.name: t for t in extra})
+    own = onnx.helper.make_node(
+        "GatherBlockQuantized",
+        inputs,
+        list(node.output),
+        name=node.name,
+        domain="com.microsoft",
+        bits=bits,
+        block_size=block,
+        gather_axis=0,
+        quantize_axis=1,
+    )
+    return own
+
+
 def without_gather_block_quantized(model: onnx.ModelProto) -> int:
     """Rewrite every GatherBlockQuantized (int4 data, no zero points) into DequantizeLinear + Gather, in place;
     returns how many. Anything else it cannot express in standard ops is refused, naming the node."""
@@ -176,6 +219,9 @@ def without_gather_block_quantized(model: onnx.ModelProto) -> int:
             nodes.append(node)
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("quantize_axis", 1) == 2:  # the tied embedding stored once (the head's MatMulNBits weights)
+            node = _own_table(model, node, attrs, inits)
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         data = inits.get(node.input[0])
         table = _dequantized_8bit_table(node, attrs, inits)
         if table is not None:  # 8-bit embeddings (the int8 recipe): an fp32 table, read by a plain Gather

@@ -126,6 +126,16 @@ def dequantized_weights(model: onnx.ModelProto) -> list[QuantizedWeight]:
         elif node.op_type == "MatMulNBits":
             name = _NBITS_SUFFIX.sub("", node.input[1])
             found.append(QuantizedWeight(name, node.op_type, _attrs(node).get("bits", 4), _matmul_nbits(node, weights)))
+        elif node.op_type == "GatherBlockQuantized" and _attrs(node).get("quantize_axis", 1) == 2:
+            # the tied embedding stored once: the head's MatMulNBits weights, read as the table (its name's)
+            head = next(
+                (n for n in model.graph.node if n.op_type == "MatMulNBits" and n.input[1] == node.input[0]), None
+            )
+            if head is None:
+                raise ContractError(f"{node.name}: a GatherBlockQuantized on 3-D blocks reads no MatMulNBits weight")
+            name = _NBITS_SUFFIX.sub("", node.input[0]).removesuffix(HEAD_SUFFIX)
+            bits = _attrs(node).get("bits", 4)
+            found.append(QuantizedWeight(name, node.op_type, bits, _matmul_nbits(head, weights).T.copy()))
         elif node.op_type == "GatherBlockQuantized":
             name = _NBITS_SUFFIX.sub("", node.input[0])
             bits = _attrs(node).get("bits", 4)
