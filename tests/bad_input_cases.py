@@ -923,6 +923,13 @@ CASES: list[Case] = [
         B,
         match="Triton model name",
     ),
+    Case(  # issue 37: the name is shown escaped, so the error stays one line
+        "deploy-triton-name-newline",
+        "message",
+        ("deploy", "{exp}", "--target", "triton", "-o", "out", "--triton-name", "a\nb"),
+        B,
+        match=r"Triton model name 'a\\nb'",
+    ),
     Case(
         "deploy-ort-generate-early-stopping-never",
         "options",
