@@ -2788,3 +2788,63 @@ CASES += [
         check=lambda c, out: _page_settings(c, 'x"__GPT2ONNX_TITLE__'),
     ),
 ]
+
+
+# -- round four (issue 37): deploy's Triton output, the ort-generate files, weights the checkpoint cannot hold ----
+def _export_link(name: str, *, rehashed: bool = True) -> Callable[[Ctx], None]:
+    """A copy of the export as 'm' whose ``name`` is a link to a copy of it outside the folder (manifest
+    re-hashed: a crafted folder)."""
+
+    def setup(c: Ctx) -> None:
+        folder = c.copy("exp", "m")
+        shutil.copy(folder / name, c.dir / f"outside-{name}")
+        (folder / name).unlink()
+        (folder / name).symlink_to(c.dir / f"outside-{name}")
+        if rehashed:
+            rehash(folder)
+
+    return setup
+
+
+def _generation_config_link(c: Ctx) -> None:
+    folder = c.copy("exp", "m")
+    data = json.loads((folder / "generation_config.json").read_text())
+    data["eos_token_id"] = 3  # what the outside file says: never followed
+    (c.dir / "outside.json").write_text(json.dumps(data))
+    (folder / "generation_config.json").unlink()
+    (folder / "generation_config.json").symlink_to(c.dir / "outside.json")
+
+
+CASES += [
+    Case(
+        "deploy-triton-tokenizer-json-link-out",
+        "silent",
+        ("deploy", "m", "--target", "triton", "-o", "out"),
+        B,
+        _export_link("tokenizer.json"),
+        match="tokenizer.json.*(leads outside|link)",
+    ),
+    Case(
+        "generate-generation-config-link-out",
+        "silent",
+        ("generate", "m", "--ids", "1,2", "--max-new-tokens", "2"),
+        B,
+        _generation_config_link,
+        match="generation_config.json.*leads outside",
+    ),
+    Case(  # float32 stores 1e-46 as 0.0: sampling.onnx would hold top_p 0 while the manifest records 1e-46
+        "deploy-ort-generate-top-p-below-float32",
+        "silent",
+        ("deploy", "m", "--target", "ort-generate", "-o", "out"),
+        B,
+        lambda c: _generation_config(c.copy("exp", "m"), do_sample=True, top_p=1e-46),
+        match="top_p 1e-46.*0 as a float32",
+    ),
+    Case(
+        "generate-top-p-below-float32",
+        "silent",
+        ("generate", "{exp}", "--ids", "1,2", "--sample", "--top-p", "1e-46"),
+        B,
+        match="top_p 1e-46.*float32",
+    ),
+]

@@ -21,6 +21,7 @@ from pathlib import Path
 from gpt2onnx.artifact.folder import CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_NAME, TOKENIZER_FILES
 from gpt2onnx.artifact.graph import external_data_files, load_graph
 from gpt2onnx.artifact.manifest import MODEL_FILE, Manifest
+from gpt2onnx.artifact.paths import file_in_folder
 from gpt2onnx.files import link_or_copy
 from gpt2onnx.targets.formats import json_text, pbtxt_string
 
@@ -125,8 +126,9 @@ def write_generate_models(
     (generate / "config.pbtxt").write_text(generate_config(name, kind=kind))
     (version / "model.py").write_text(MODEL_PY.format(what="generation engine", cls="GenerateModel"))
     companions = [CONFIG_FILE, GENERATION_CONFIG_FILE, *TOKENIZER_FILES]
-    for file in (MODEL_FILE, *data_files, *(c for c in companions if (folder / c).is_file())):
-        link_or_copy(folder / file, version / file)
+    present = [c for c in companions if (folder / c).exists() or (folder / c).is_symlink()]
+    for file in (MODEL_FILE, *data_files, *present):  # each a regular file inside the folder (a link out: refused)
+        link_or_copy(file_in_folder(folder, file, what="file", where=folder), version / file)
     # the manifest the folder was opened with: the engine checks the model files against its sha256 at load
     (version / MANIFEST_NAME).write_text(json_text(manifest.as_dict()))
     written += [f"{repository}/{generate.name}/config.pbtxt"]
