@@ -2848,3 +2848,88 @@ CASES += [
         match="top_p 1e-46.*float32",
     ),
 ]
+
+
+def _ort_generate_folder(edit: Callable[[Path, Ctx], None]) -> Callable[[Ctx], None]:
+    """The export deployed as 'm' with ort-generate (its manifest lists the ort-generate files), then ``edit``."""
+
+    def setup(c: Ctx) -> None:
+        from gpt2onnx.targets.deploy import deploy
+
+        folder = c.copy("exp", "m")
+        deploy(folder, "ort-generate")
+        edit(folder / "ort-generate", c)
+
+    return setup
+
+
+def _other_weights(sub: Path, c: Ctx) -> None:
+    """Another checkpoint's weights of the same size: every byte of the data file changed."""
+    path = sub / "weights.onnx_data"
+    data = bytearray(path.read_bytes())
+    data[: len(data) // 2] = bytes(len(data) // 2)
+    path.unlink()
+    path.write_bytes(bytes(data))
+
+
+def _data_outside(sub: Path, c: Ctx) -> None:
+    import onnx
+
+    path = sub / "greedy_search.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "../../outside.bin"
+    path.unlink()
+    onnx.save(model, str(path))
+    shutil.copy(sub / "weights.onnx_data", c.dir / "outside.bin")
+
+
+def _linked_ort_folder(sub: Path, c: Ctx) -> None:
+    shutil.move(sub, c.dir / "elsewhere")
+    sub.symlink_to(c.dir / "elsewhere")
+
+
+def _fifo_ort_file(sub: Path, c: Ctx) -> None:
+    (sub / "greedy_search.onnx").unlink()
+    os.mkfifo(sub / "greedy_search.onnx")
+
+
+ORT_GENERATE_RUN = ("generate", "m", "--runtime", "ort-generate", "--ids", "1,2", "--max-new-tokens", "2")
+CASES += [
+    Case(
+        "ort-generate-other-weights",
+        "silent",
+        ORT_GENERATE_RUN,
+        B,
+        _ort_generate_folder(_other_weights),
+        match="weights.onnx_data.*differs from what the manifest",
+    ),
+    Case(
+        "ort-generate-data-outside",
+        "traceback",
+        ORT_GENERATE_RUN,
+        B,
+        _ort_generate_folder(_data_outside),
+        match="outside.bin.*not a plain file name",
+    ),
+    Case(
+        "ort-generate-linked-folder",
+        "silent",
+        ORT_GENERATE_RUN,
+        B,
+        _ort_generate_folder(_linked_ort_folder),
+        match="ort-generate' is a symbolic link",
+    ),
+    Case(
+        "ort-generate-file-fifo",
+        "message",
+        ORT_GENERATE_RUN,
+        B,
+        _ort_generate_folder(_fifo_ort_file),
+        match="greedy_search.onnx' is a FIFO",
+        process=True,
+        timeout=120,
+    ),
+]
