@@ -377,6 +377,11 @@ def to_export_names(state_dict: dict[str, torch.Tensor], spec: Architecture) -> 
                 f"checkpoint tensor '{key}' is {str(tensor.dtype).removeprefix('torch.')}, not floating point:"
                 " GPT-2 weights are float; fix the checkpoint (a cast would change the model silently)"
             )
+        if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):  # float8: scaled
+            raise CheckpointError(
+                f"checkpoint tensor '{key}' is {str(tensor.dtype).removeprefix('torch.')}, which is read with scales"
+                " this tool does not apply: give float32, float16 or bfloat16 weights"
+            )
         if not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise CheckpointError(
