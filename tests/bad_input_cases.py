@@ -2838,7 +2838,7 @@ CASES += [
         ("deploy", "m", "--target", "ort-generate", "-o", "out"),
         B,
         lambda c: _generation_config(c.copy("exp", "m"), do_sample=True, top_p=1e-46),
-        match="top_p 1e-46.*0 as a float32",
+        match="top_p 1e-46 in 'm/generation_config.json'.*0 as a float32",  # the source's file, not staging's
     ),
     Case(
         "generate-top-p-below-float32",
