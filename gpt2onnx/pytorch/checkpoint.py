@@ -414,10 +414,19 @@ def _fetch_from_hub(repo_id: str, revision: str | None, what: str, option: str) 
         if not any((folder / f).is_file() for f in SAFETENSORS_FILES):
             folder = fetch(("config.json", *TORCH_BIN_FILES, "pytorch_model-*.bin"))
     except Exception as err:  # network, auth, validation and offline-cache errors all end here
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = _one_sentence_or_more(" ".join(str(err).split()) or type(err).__name__)
         offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") else ""
         raise CheckpointError(
             f"{what} is not a local folder and could not be fetched from the Hugging Face Hub{offline}:"
-            f" {reason[:200]}; use {option} PATH for a local folder, or --random-init for seeded random weights"
+            f" {reason}; use {option} PATH for a local folder, or --random-init for seeded random weights"
         ) from None
     return folder, folder.name if len(folder.name) == 40 else None
+
+
+def _one_sentence_or_more(text: str, limit: int = 300) -> str:
+    """``text`` (one line) up to ``limit`` characters, cut at a sentence's end (never mid-sentence), without its
+    last full stop."""
+    if len(text) > limit:
+        end = text.rfind(". ", 0, limit)
+        text = text[: end + 1] if end > 0 else text[:limit].rsplit(" ", 1)[0] + " …"
+    return text.rstrip(".")
