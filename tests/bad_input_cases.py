@@ -2902,6 +2902,27 @@ def _float8_weights(tensors: dict) -> None:
     tensors["transformer.ln_f.weight"] = tensors["transformer.ln_f.weight"].to(torch.float8_e4m3fn)
 
 
+def readonly_mount_deploy(c: Ctx, cli) -> Outcome:
+    """An in-place deploy of a folder that is a read-only bind mount: the new folder cannot replace it, and no
+    empty backup folder (.m.old-PID-*) is left beside it."""
+    import pytest
+
+    folder = c.copy("exp", "m")
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    mounted = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot bind-mount here ({mounted.stderr.strip()[:100]})")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True, capture_output=True)
+        out = cli(["deploy", "m", "--target", "genai"], c)
+        left = sorted(p.name for p in c.dir.iterdir() if p.name.startswith("."))
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+    assert left == [], f"left beside the folder: {left}"
+    return out
+
+
 ORT_GENERATE_RUN = ("generate", "m", "--runtime", "ort-generate", "--ids", "1,2", "--max-new-tokens", "2")
 CASES += [
     Case(
@@ -2946,4 +2967,5 @@ CASES += [
         weights_edit(_float8_weights),
         match="ln_f.weight.*float8_e4m3fn",
     ),
+    Case("deploy-readonly-mount", "data-loss", (), EXIT_OUTPUT, run=readonly_mount_deploy, creates=("m",), timeout=240),
 ]

@@ -574,7 +574,11 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
                     # Move the old folder aside first, so that a failure here still leaves one complete folder.
                     backup = Path(tempfile.mkdtemp(prefix=f".{target.name}{_BACKUP}{os.getpid()}-", dir=target.parent))
                     _note(lock, "backup", backup)
-                    os.replace(target, backup / target.name)
+                    try:
+                        os.replace(target, backup / target.name)
+                    except BaseException:  # nothing was moved (a mount point, a read-only parent): no backup left
+                        shutil.rmtree(backup, ignore_errors=True)
+                        raise
                     try:
                         os.replace(staging, target)
                     except BaseException:
