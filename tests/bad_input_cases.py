@@ -2923,6 +2923,32 @@ def readonly_mount_deploy(c: Ctx, cli) -> Outcome:
     return out
 
 
+def full_disk_optimize(c: Ctx, cli) -> Outcome:
+    """optimize onto a tmpfs that is already full: not even the lock file's first line fits. One line naming what
+    could not be written, and nothing left on the disk but what was there (no .out.lock)."""
+    import pytest
+
+    disk = c.dir / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs a small tmpfs, and mounting one needs root")
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]
+    mounted = subprocess.run(mount, capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()[:100]})")
+    try:
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as filler:
+            while True:
+                filler.write(b"\0" * 4096)
+                filler.flush()
+        out = cli(["optimize", str(c.exp), "-o", "disk/out"], c)
+        left = sorted(p.name for p in disk.iterdir())
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert left == ["filler"], f"left on the full disk: {left}"
+    return out
+
+
 ORT_GENERATE_RUN = ("generate", "m", "--runtime", "ort-generate", "--ids", "1,2", "--max-new-tokens", "2")
 CASES += [
     Case(
@@ -2966,6 +2992,17 @@ CASES += [
         B,
         weights_edit(_float8_weights),
         match="ln_f.weight.*float8_e4m3fn",
+    ),
+    Case(
+        "optimize-full-disk",
+        "data-loss",
+        (),
+        EXIT_OUTPUT,
+        run=full_disk_optimize,
+        creates=("disk",),
+        timeout=240,
+        match="disk/.out.lock.*(space|No space)",
+        absent="stdout",
     ),
     Case("deploy-readonly-mount", "data-loss", (), EXIT_OUTPUT, run=readonly_mount_deploy, creates=("m",), timeout=240),
 ]

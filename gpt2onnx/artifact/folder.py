@@ -505,8 +505,15 @@ def _output_lock(target: Path):
             handle.truncate()
             handle.write(f"{_LOCK_HEADER}\n")
             handle.flush()
-        except OSError as err:
-            raise OutputError(f"{cannot} ({err.strerror or err}); free space or choose a writable one") from None
+        except OSError as err:  # a full disk: the lock is ours, so it goes (nothing else was written)
+            with contextlib.suppress(OSError):
+                lock_path.unlink()
+            with contextlib.suppress(OSError):  # the unwritten line would fail the close again, hiding this error
+                handle.close()
+            raise OutputError(
+                f"{cannot}: its lock file '{lock_path}' cannot be written ({err.strerror or err}); free space or"
+                " choose a writable one"
+            ) from None
         try:
             yield handle
         finally:
