@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from gpt2onnx.artifact.folder import COMPANION_FILES, MAX_JSON_BYTES
-from gpt2onnx.errors import CheckpointError
-from gpt2onnx.files import read_regular_text, sha256_file
+from gpt2onnx.errors import CheckpointError, shown
+from gpt2onnx.files import kind_of, read_regular_text, sha256_file
 from gpt2onnx.pytorch.architecture import PRESETS, Architecture, check_fits_in_memory, preset_config, spec_from_config
 
 log = logging.getLogger(__name__)
@@ -299,15 +299,26 @@ def _shards(folder: Path, index: str, root: Path, what: str) -> list[Path]:
             f" {json.dumps(weight_map)[:80]}; fix or replace the file"
         )
     shards = sorted(set(weight_map.values()))
+    if not shards:
+        raise CheckpointError(f"'{folder / index}' has an empty weight_map: it names no shard; fix the index")
     for shard in shards:
-        if not shard or Path(shard).is_absolute() or Path(shard).name != shard or shard in (".", ".."):
+        bad = not shard or "\x00" in shard or Path(shard).is_absolute() or Path(shard).name != shard
+        if bad or shard in (".", ".."):
             raise CheckpointError(
-                f"'{folder / index}' names the shard '{shard}', which is not a file name inside the folder;"
+                f"'{folder / index}' names the shard {shown(shard)}, which is not a file name inside the folder;"
                 " only shards beside the index are read: fix the index"
             )
-    missing = [s for s in shards if not (folder / s).is_file()]
-    if missing:
-        raise CheckpointError(f"'{folder}': shard '{missing[0]}' named in {index} is missing")
+        if shard == index:
+            raise CheckpointError(f"'{folder / index}' names itself as a shard: name the .safetensors files")
+    for shard in shards:
+        path = folder / shard
+        if not (path.exists() or path.is_symlink()):
+            raise CheckpointError(f"'{folder}': shard {shown(shard)} named in {index} is missing")
+        if not path.is_file():
+            mode = (path.stat() if path.exists() else path.lstat()).st_mode
+            raise CheckpointError(
+                f"'{path}' named in {index} is {kind_of(mode)}, not a shard file: replace it with the file"
+            )
     for shard in shards:
         _inside(root, folder / shard, what)
     return [folder / s for s in shards]
