@@ -197,7 +197,7 @@ def test_the_servers_tokenizer_is_transformers(trained_checkpoint, trained_expor
     "prompt, options, message",
     [
         ([78.9, 1.5], {}, r"prompt\[0\] must be a whole-number token id, got float 78.9"),
-        (b"Return the", {}, "no tokenizer"),  # bytes are text, never ids
+        (b"Return the", {}, "is bytes, which is neither text nor token ids"),  # never used as ids
         ([True, False], {}, r"prompt\[0\] must be a whole-number token id, got bool"),
         ([1, 2], dict(max_new_tokens=5.0), "max_new_tokens must be a whole number"),
         ([1, 2], dict(max_new_tokens=True), "max_new_tokens must be a whole number"),

@@ -124,7 +124,9 @@ class PromptReader:
         return max_prompt_bytes(self.n_positions or 0)
 
     def ids(self, prompt, *, name: str = "the prompt") -> list[int]:
-        if isinstance(prompt, (str, bytes, bytearray, np.bytes_)):
+        if isinstance(prompt, (bytes, bytearray, np.bytes_)):  # neither ids nor text: the caller decodes
+            raise BadInput(f"{name} is bytes, which is neither text nor token ids: decode it to text (str) first")
+        if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise BadInput("this model has no tokenizer files: give the prompt as token ids")
             prompt = text(name, prompt, max_bytes=self.max_bytes)

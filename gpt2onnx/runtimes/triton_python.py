@@ -342,11 +342,13 @@ class InferModel:
 def _reader(folder: Path) -> PromptReader:
     """NAME-infer's reader of prompts: the generation model's tokenizer and context (that model checks the files
     against its manifest when it loads)."""
-    from gpt2onnx.artifact.folder import open_folder
+    from gpt2onnx.artifact.folder import CONFIG_FILE, read_json_file, read_n_positions
     from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
 
-    model = open_folder(folder, verify_files=False)
-    return PromptReader(load_gpt2_tokenizer(model.folder), model.n_positions, model.facts.vocab_size)
+    # the configs only, never the graph: two instances of this model would each hold the weights otherwise
+    vocab_size = read_json_file(folder / CONFIG_FILE, "config").get("vocab_size")
+    vocab_size = vocab_size if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) else None
+    return PromptReader(load_gpt2_tokenizer(folder), read_n_positions(folder), vocab_size)
 
 
 def _whole(value: str, name: str) -> int:
