@@ -2949,6 +2949,49 @@ def full_disk_optimize(c: Ctx, cli) -> Outcome:
     return out
 
 
+HOSTILE_OUTPUT = (
+    'x" data_type: TYPE_FP32 dims: [ -1 ] } ] instance_group [ { kind: KIND_GPU count: 1 } ] output [ { name: "y'
+)
+
+
+def _hostile_output_name(c: Ctx) -> None:
+    """The export as 'm' with one more graph output whose name would close config.pbtxt's string and add an
+    instance kind and an output, were it written unescaped (the manifest re-hashed: a crafted folder)."""
+    import onnx
+    from onnx import helper
+
+    folder = c.copy("exp", "m")
+    model = onnx.load(str(folder / "model.onnx"))
+    model.graph.node.append(helper.make_node("Identity", ["logits"], [HOSTILE_OUTPUT]))
+    extra = onnx.ValueInfoProto()
+    extra.CopyFrom(next(o for o in model.graph.output if o.name == "logits"))
+    extra.name = HOSTILE_OUTPUT
+    model.graph.output.append(extra)
+    (folder / "model.onnx").unlink()
+    onnx.save(model, str(folder / "model.onnx"))
+    rehash(folder)
+
+
+def _config_reads_back(c: Ctx, out: Outcome) -> None:
+    """Triton's config as protobuf text: one instance_group, one output list, the hostile name one string."""
+    from google.protobuf import text_format
+
+    text = (c.dir / "out" / "triton" / "out" / "config.pbtxt").read_text()
+    tokenizer, top, strings, depth = text_format.Tokenizer(text.splitlines()), [], [], 0
+    while not tokenizer.AtEnd():
+        if tokenizer.token.startswith('"'):
+            strings.append(tokenizer.ConsumeString())
+            continue
+        token = tokenizer.token
+        depth += token in "[{" and len(token) == 1
+        depth -= token in "]}" and len(token) == 1
+        if depth == 0 and token[0].isalpha():
+            top.append(token)
+        tokenizer.NextToken()
+    assert top.count("instance_group") == 1 and top.count("output") == 1, top
+    assert HOSTILE_OUTPUT in strings and "KIND_GPU" not in top
+
+
 ORT_GENERATE_RUN = ("generate", "m", "--runtime", "ort-generate", "--ids", "1,2", "--max-new-tokens", "2")
 CASES += [
     Case(
@@ -3040,6 +3083,15 @@ CASES += [
         match="model-1.safetensors' named in .* is a FIFO",
         process=True,
         timeout=120,
+    ),
+    Case(
+        "deploy-triton-hostile-output-name",
+        "security",
+        ("deploy", "m", "--target", "triton", "-o", "out"),
+        0,
+        _hostile_output_name,
+        creates=("out",),
+        check=_config_reads_back,
     ),
     Case("deploy-readonly-mount", "data-loss", (), EXIT_OUTPUT, run=readonly_mount_deploy, creates=("m",), timeout=240),
 ]
