@@ -51,8 +51,9 @@ class Rule:
             return f"a finite number above {self.low:g} and at most {self.high:g}"
         return f"a finite number from {self.low:g} to {self.high:g}"
 
-    def _within(self, value: float) -> bool:
-        return (value > self.low if self.open_low else value >= self.low) and value <= self.high
+    def _within(self, value: float, *, narrow=float) -> bool:
+        low, high = narrow(self.low), narrow(self.high)  # the bounds in the same type as the value
+        return (value > low if self.open_low else value >= low) and value <= high
 
     def check(self, value, *, name: str, source: str, vocab_size: int | None = None):
         """``value`` typed (int, float or bool) if it meets the rule, else BadInput: '{name} {value} {source}
@@ -65,7 +66,8 @@ class Rule:
         else:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             ok = ok and self._within(value)
-            if ok and not self._within(as_float32(value)):  # what the runtimes store: ONNX attributes, scores
+            # and as the runtimes store it (ONNX attributes, float32 scores)
+            if ok and not self._within(as_float32(value), narrow=as_float32):
                 raise BadInput(
                     f"{name} {_shown(value)} {source} is {as_float32(value):g} as a float32, the type the runtimes"
                     f" store it in, which is not {self.wanted(vocab_size)}: give a value float32 can hold"
