@@ -2841,6 +2841,14 @@ CASES += [
         match="top_p 1e-46 in 'm/generation_config.json'.*0 as a float32",  # the source's file, not staging's
     ),
     Case(
+        "deploy-genai-names-the-source-file",
+        "message",
+        ("deploy", "m", "--target", "genai", "-o", "out"),
+        B,
+        lambda c: _generation_config(c.copy("exp", "m"), do_sample=True, top_p=1e-46),
+        match="in 'm/generation_config.json'",
+    ),
+    Case(
         "generate-top-p-below-float32",
         "silent",
         ("generate", "{exp}", "--ids", "1,2", "--sample", "--top-p", "1e-46"),

@@ -21,7 +21,8 @@ def write_genai_config(folder: str | Path, out: str | Path) -> Path:
 
 
 def _write(deployment: Deployment, options) -> Written:
-    write_genai_config(deployment.staging, deployment.staging)
+    # read from the source (the staged copies are the same files): an error names the user's file, not a copy
+    write_genai_config(deployment.source.folder, deployment.staging)
     return Written([CONFIG_NAME])
 
 
