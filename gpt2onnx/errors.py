@@ -8,6 +8,13 @@ words that make sense both to a CLI user and to a caller of the Python API.
 from __future__ import annotations
 
 
+def shown(value) -> str:
+    """A name or value quoted for an error message, on one line: a control character (a newline, a NUL) is
+    written as its escape, so a message stays the one line it is meant to be."""
+    text = str(value)
+    return f"'{text}'" if text.isprintable() else repr(text)
+
+
 class Gpt2OnnxError(Exception):
     """Base of every error gpt2onnx raises on purpose: one line, what, where, what to do."""
 

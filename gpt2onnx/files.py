@@ -141,7 +141,10 @@ def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
 def link_or_copy(source: Path, target: Path) -> str:
     """``target`` as a hard link to ``source`` (no second copy of a large model file), or a copy where the two
     are on different filesystems or the filesystem has no hard links. Returns "link" or "copy".
-    A hard link shares the data: write new files next to it, never into it."""
+    A hard link shares the data: write new files next to it, never into it. A symbolic link is never linked or
+    copied as a link (it would dangle beside the copy): its regular file is, and anything else is refused."""
+    source = Path(os.path.realpath(source))
+    require_regular(source, f"'{source}'", "give a regular file")
     try:
         os.link(source, target)
         return "link"

@@ -923,6 +923,13 @@ CASES: list[Case] = [
         B,
         match="Triton model name",
     ),
+    Case(  # issue 37: the name is shown escaped, so the error stays one line
+        "deploy-triton-name-newline",
+        "message",
+        ("deploy", "{exp}", "--target", "triton", "-o", "out", "--triton-name", "a\nb"),
+        B,
+        match=r"Triton model name 'a\\nb'",
+    ),
     Case(
         "deploy-ort-generate-early-stopping-never",
         "options",
@@ -2780,4 +2787,319 @@ CASES += [
         creates=('x"__GPT2ONNX_TITLE__',),
         check=lambda c, out: _page_settings(c, 'x"__GPT2ONNX_TITLE__'),
     ),
+]
+
+
+# -- round four (issue 37): deploy's Triton output, the ort-generate files, weights the checkpoint cannot hold ----
+def _export_link(name: str, *, rehashed: bool = True) -> Callable[[Ctx], None]:
+    """A copy of the export as 'm' whose ``name`` is a link to a copy of it outside the folder (manifest
+    re-hashed: a crafted folder)."""
+
+    def setup(c: Ctx) -> None:
+        folder = c.copy("exp", "m")
+        shutil.copy(folder / name, c.dir / f"outside-{name}")
+        (folder / name).unlink()
+        (folder / name).symlink_to(c.dir / f"outside-{name}")
+        if rehashed:
+            rehash(folder)
+
+    return setup
+
+
+def _generation_config_link(c: Ctx) -> None:
+    folder = c.copy("exp", "m")
+    data = json.loads((folder / "generation_config.json").read_text())
+    data["eos_token_id"] = 3  # what the outside file says: never followed
+    (c.dir / "outside.json").write_text(json.dumps(data))
+    (folder / "generation_config.json").unlink()
+    (folder / "generation_config.json").symlink_to(c.dir / "outside.json")
+
+
+CASES += [
+    Case(
+        "deploy-triton-tokenizer-json-link-out",
+        "silent",
+        ("deploy", "m", "--target", "triton", "-o", "out"),
+        B,
+        _export_link("tokenizer.json"),
+        match="tokenizer.json.*(leads outside|link)",
+    ),
+    Case(
+        "generate-generation-config-link-out",
+        "silent",
+        ("generate", "m", "--ids", "1,2", "--max-new-tokens", "2"),
+        B,
+        _generation_config_link,
+        match="generation_config.json.*leads outside",
+    ),
+    Case(  # float32 stores 1e-46 as 0.0: sampling.onnx would hold top_p 0 while the manifest records 1e-46
+        "deploy-ort-generate-top-p-below-float32",
+        "silent",
+        ("deploy", "m", "--target", "ort-generate", "-o", "out"),
+        B,
+        lambda c: _generation_config(c.copy("exp", "m"), do_sample=True, top_p=1e-46),
+        match="top_p 1e-46 in 'm/generation_config.json'.*0 as a float32",  # the source's file, not staging's
+    ),
+    Case(
+        "deploy-genai-names-the-source-file",
+        "message",
+        ("deploy", "m", "--target", "genai", "-o", "out"),
+        B,
+        lambda c: _generation_config(c.copy("exp", "m"), do_sample=True, top_p=1e-46),
+        match="in 'm/generation_config.json'",
+    ),
+    Case(
+        "generate-top-p-below-float32",
+        "silent",
+        ("generate", "{exp}", "--ids", "1,2", "--sample", "--top-p", "1e-46"),
+        B,
+        match="top_p 1e-46.*float32",
+    ),
+]
+
+
+def _ort_generate_folder(edit: Callable[[Path, Ctx], None]) -> Callable[[Ctx], None]:
+    """The export deployed as 'm' with ort-generate (its manifest lists the ort-generate files), then ``edit``."""
+
+    def setup(c: Ctx) -> None:
+        from gpt2onnx.targets.deploy import deploy
+
+        folder = c.copy("exp", "m")
+        deploy(folder, "ort-generate")
+        edit(folder / "ort-generate", c)
+
+    return setup
+
+
+def _other_weights(sub: Path, c: Ctx) -> None:
+    """Another checkpoint's weights of the same size: every byte of the data file changed."""
+    path = sub / "weights.onnx_data"
+    data = bytearray(path.read_bytes())
+    data[: len(data) // 2] = bytes(len(data) // 2)
+    path.unlink()
+    path.write_bytes(bytes(data))
+
+
+def _data_outside(sub: Path, c: Ctx) -> None:
+    import onnx
+
+    path = sub / "greedy_search.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "../../outside.bin"
+    path.unlink()
+    onnx.save(model, str(path))
+    shutil.copy(sub / "weights.onnx_data", c.dir / "outside.bin")
+
+
+def _linked_ort_folder(sub: Path, c: Ctx) -> None:
+    shutil.move(sub, c.dir / "elsewhere")
+    sub.symlink_to(c.dir / "elsewhere")
+
+
+def _fifo_ort_file(sub: Path, c: Ctx) -> None:
+    (sub / "greedy_search.onnx").unlink()
+    os.mkfifo(sub / "greedy_search.onnx")
+
+
+def _float8_weights(tensors: dict) -> None:
+    import torch
+
+    tensors["transformer.ln_f.weight"] = tensors["transformer.ln_f.weight"].to(torch.float8_e4m3fn)
+
+
+def readonly_mount_deploy(c: Ctx, cli) -> Outcome:
+    """An in-place deploy of a folder that is a read-only bind mount: the new folder cannot replace it, and no
+    empty backup folder (.m.old-PID-*) is left beside it."""
+    import pytest
+
+    folder = c.copy("exp", "m")
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    mounted = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot bind-mount here ({mounted.stderr.strip()[:100]})")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True, capture_output=True)
+        out = cli(["deploy", "m", "--target", "genai"], c)
+        left = sorted(p.name for p in c.dir.iterdir() if p.name.startswith("."))
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+    assert left == [], f"left beside the folder: {left}"
+    return out
+
+
+def full_disk_optimize(c: Ctx, cli) -> Outcome:
+    """optimize onto a tmpfs that is already full: not even the lock file's first line fits. One line naming what
+    could not be written, and nothing left on the disk but what was there (no .out.lock)."""
+    import pytest
+
+    disk = c.dir / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs a small tmpfs, and mounting one needs root")
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]
+    mounted = subprocess.run(mount, capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()[:100]})")
+    try:
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as filler:
+            while True:
+                filler.write(b"\0" * 4096)
+                filler.flush()
+        out = cli(["optimize", str(c.exp), "-o", "disk/out"], c)
+        left = sorted(p.name for p in disk.iterdir())
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert left == ["filler"], f"left on the full disk: {left}"
+    return out
+
+
+HOSTILE_OUTPUT = (
+    'x" data_type: TYPE_FP32 dims: [ -1 ] } ] instance_group [ { kind: KIND_GPU count: 1 } ] output [ { name: "y'
+)
+
+
+def _hostile_output_name(c: Ctx) -> None:
+    """The export as 'm' with one more graph output whose name would close config.pbtxt's string and add an
+    instance kind and an output, were it written unescaped (the manifest re-hashed: a crafted folder)."""
+    import onnx
+    from onnx import helper
+
+    folder = c.copy("exp", "m")
+    model = onnx.load(str(folder / "model.onnx"))
+    model.graph.node.append(helper.make_node("Identity", ["logits"], [HOSTILE_OUTPUT]))
+    extra = onnx.ValueInfoProto()
+    extra.CopyFrom(next(o for o in model.graph.output if o.name == "logits"))
+    extra.name = HOSTILE_OUTPUT
+    model.graph.output.append(extra)
+    (folder / "model.onnx").unlink()
+    onnx.save(model, str(folder / "model.onnx"))
+    rehash(folder)
+
+
+def _config_reads_back(c: Ctx, out: Outcome) -> None:
+    """Triton's config as protobuf text: one instance_group, one output list, the hostile name one string."""
+    from google.protobuf import text_format
+
+    text = (c.dir / "out" / "triton" / "out" / "config.pbtxt").read_text()
+    tokenizer, top, strings, depth = text_format.Tokenizer(text.splitlines()), [], [], 0
+    while not tokenizer.AtEnd():
+        if tokenizer.token.startswith('"'):
+            strings.append(tokenizer.ConsumeString())
+            continue
+        token = tokenizer.token
+        depth += token in "[{" and len(token) == 1
+        depth -= token in "]}" and len(token) == 1
+        if depth == 0 and token[0].isalpha():
+            top.append(token)
+        tokenizer.NextToken()
+    assert top.count("instance_group") == 1 and top.count("output") == 1, top
+    assert HOSTILE_OUTPUT in strings and "KIND_GPU" not in top
+
+
+ORT_GENERATE_RUN = ("generate", "m", "--runtime", "ort-generate", "--ids", "1,2", "--max-new-tokens", "2")
+CASES += [
+    Case(
+        "ort-generate-other-weights",
+        "silent",
+        ORT_GENERATE_RUN,
+        B,
+        _ort_generate_folder(_other_weights),
+        match="weights.onnx_data.*differs from what the manifest",
+    ),
+    Case(
+        "ort-generate-data-outside",
+        "traceback",
+        ORT_GENERATE_RUN,
+        B,
+        _ort_generate_folder(_data_outside),
+        match="outside.bin.*not a plain file name",
+    ),
+    Case(
+        "ort-generate-linked-folder",
+        "silent",
+        ORT_GENERATE_RUN,
+        B,
+        _ort_generate_folder(_linked_ort_folder),
+        match="ort-generate' is a symbolic link",
+    ),
+    Case(
+        "ort-generate-file-fifo",
+        "message",
+        ORT_GENERATE_RUN,
+        B,
+        _ort_generate_folder(_fifo_ort_file),
+        match="greedy_search.onnx' is a FIFO",
+        process=True,
+        timeout=120,
+    ),
+    Case(  # F8_E4M3 in the safetensors file: torch has no isfinite for it (was exit 70)
+        "float8-weights",
+        "traceback",
+        ("export", "--model", "m", "-o", "out"),
+        B,
+        weights_edit(_float8_weights),
+        match="ln_f.weight.*float8_e4m3fn",
+    ),
+    Case(
+        "optimize-full-disk",
+        "data-loss",
+        (),
+        EXIT_OUTPUT,
+        run=full_disk_optimize,
+        creates=("disk",),
+        timeout=240,
+        match="disk/.out.lock.*(space|No space)",
+        absent="stdout",
+    ),
+    Case(
+        "index-names-itself",
+        "message",
+        ("export", "--model", "m", "-o", "out"),
+        B,
+        sharded({"transformer.wte.weight": "model.safetensors.index.json"}),
+        match="names itself as a shard",
+    ),
+    Case(
+        "index-empty-weight-map",
+        "message",
+        ("export", "--model", "m", "-o", "out"),
+        B,
+        sharded({}),
+        match="empty weight_map",
+    ),
+    Case(
+        "index-shard-nul",
+        "message",
+        ("export", "--model", "m", "-o", "out"),
+        B,
+        sharded({"transformer.wte.weight": "a\x00b.safetensors"}),
+        match=r"the shard 'a\\x00b.safetensors'",
+    ),
+    Case(
+        "index-shard-fifo",
+        "message",
+        ("export", "--model", "m", "-o", "out"),
+        B,
+        lambda c: (
+            sharded({"transformer.wte.weight": "model-1.safetensors"})(c),
+            os.mkfifo(c.dir / "m" / "model-1.safetensors"),
+        ),
+        match="model-1.safetensors' named in .* is a FIFO",
+        process=True,
+        timeout=120,
+    ),
+    Case(
+        "deploy-triton-hostile-output-name",
+        "security",
+        ("deploy", "m", "--target", "triton", "-o", "out"),
+        0,
+        _hostile_output_name,
+        creates=("out",),
+        check=_config_reads_back,
+    ),
+    Case("deploy-readonly-mount", "data-loss", (), EXIT_OUTPUT, run=readonly_mount_deploy, creates=("m",), timeout=240),
 ]

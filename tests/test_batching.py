@@ -190,3 +190,75 @@ def test_the_servers_tokenizer_is_transformers(trained_checkpoint, trained_expor
         piece = theirs.convert_ids_to_tokens(token)
         assert ours.convert_ids_to_tokens(token) == piece
         assert ours.convert_tokens_to_string([piece]) == theirs.convert_tokens_to_string([piece])
+
+
+# -- issue 37: one request reader, and one request's failure ends that request only -------------------------------
+@pytest.mark.parametrize(
+    "prompt, options, message",
+    [
+        ([78.9, 1.5], {}, r"prompt\[0\] must be a whole-number token id, got float 78.9"),
+        (b"Return the", {}, "is bytes, which is neither text nor token ids"),  # never used as ids
+        ([True, False], {}, r"prompt\[0\] must be a whole-number token id, got bool"),
+        ([1, 2], dict(max_new_tokens=5.0), "max_new_tokens must be a whole number"),
+        ([1, 2], dict(max_new_tokens=True), "max_new_tokens must be a whole number"),
+        ([1, 2], dict(decoding=Decoding(num_beams=2**31 - 1)), "rows"),  # refused at submit, not on the beam thread
+    ],
+)
+def test_requests_are_read_by_type_before_anything_converts_them(tiny_export, tiny_engine, prompt, options, message):
+    start = time.perf_counter()
+    with pytest.raises(BadInput, match=message):
+        tiny_engine.submit(prompt, **options)
+    assert time.perf_counter() - start < 1.0  # a 10 MB text is refused by its size, not tokenized
+    assert tiny_engine.generate([3, 4], max_new_tokens=5).tokens == alone(tiny_export, [3, 4], 5)
+
+
+def test_numpy_integers_are_whole_numbers(tiny_export, tiny_engine):
+    done = tiny_engine.generate(np.array([3, 4], dtype=np.int32), max_new_tokens=np.int64(5))
+    assert done.tokens == alone(tiny_export, [3, 4], 5)
+    assert tiny_engine.generate([np.int64(3), 4], max_new_tokens=5).tokens == done.tokens
+
+
+def test_a_long_text_is_refused_by_its_bytes_before_tokenizing(trained_engine):
+    with pytest.raises(BadInput, match="more than the 65,536 bytes read"):
+        trained_engine.submit("Return the " * 1_000_000)
+
+
+class _PoisonedTokenizer:
+    """The model's tokenizer, except that decoding text that starts with the tokens ``poison`` raises (a tokenizer
+    handed to the engine's public tokenizer= argument that fails on one request's text)."""
+
+    def __init__(self, tokenizer, poison: tuple[int, ...]):
+        self.tokenizer, self.poison = tokenizer, poison
+
+    def encode(self, text):
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids, **options):
+        if tuple(ids[: len(self.poison)]) == self.poison:
+            raise RuntimeError("this text cannot be decoded")
+        return self.tokenizer.decode(ids, **options)
+
+
+def test_a_request_whose_text_fails_to_decode_ends_alone_and_the_engine_keeps_serving(trained_export, trained_engine):
+    firsts = {p: trained_engine.generate(p, max_new_tokens=12) for p in PROMPTS}
+    for k in range(1, 13):  # the shortest start of the new tokens that one request alone has
+        starts = [tuple(done.tokens[:k]) for done in firsts.values()]
+        unique = [p for p, start in zip(firsts, starts) if starts.count(start) == 1 and len(start) == k]
+        if unique:
+            victim, poison = unique[0], tuple(firsts[unique[0]].tokens[:k])
+            break
+    tokenizer = _PoisonedTokenizer(load_gpt2_tokenizer(trained_export), poison)
+    model = open_folder(trained_export)
+    generation = read_generation_config(trained_export, vocab_size=model.facts.vocab_size)
+    decoder = open_runtime(model, RuntimeOptions())
+    with BatchingEngine(decoder, tokenizer=tokenizer, eos_token_ids=generation.eos_token_ids, max_batch=8) as engine:
+        streams = {p: engine.submit(p, max_new_tokens=12) for p in PROMPTS}
+        for prompt, stream in streams.items():
+            if prompt == victim:
+                with pytest.raises(Exception, match="cannot be decoded"):
+                    stream.result(timeout=60)
+            else:
+                assert stream.result(timeout=60).text == firsts[prompt].text
+        assert engine._thread.is_alive()
+        later = [p for p in PROMPTS if p != victim][0]
+        assert engine.generate(later, max_new_tokens=12).text == firsts[later].text  # later requests are served

@@ -164,8 +164,12 @@ def test_hub_id_that_cannot_be_fetched(monkeypatch, tmp_path):
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(
         Gpt2OnnxError, match=r"could not be fetched from the Hugging Face Hub.*--model PATH.*--random-init"
-    ):
+    ) as err:
         load_checkpoint("someone/no-such-gpt2")
+    message = str(err.value)  # huggingface_hub's whole sentence, on one line (it was cut: "... connection and;")
+    assert "\n" not in message and " and; use" not in message
+    reason = message.split("Hub (HF_HUB_OFFLINE is set): ", 1)[-1].split("; use --model PATH")[0]
+    assert not reason.endswith((" and", " or", ",")), reason
 
 
 def test_hub_id_served_from_the_local_cache_when_offline(monkeypatch, tmp_path, tiny_folder):
@@ -182,3 +186,17 @@ def test_hub_id_served_from_the_local_cache_when_offline(monkeypatch, tmp_path, 
     ckpt = load_checkpoint("someone/tiny-gpt2")
     assert ckpt.source["kind"] == "hub" and ckpt.source["commit"] == commit and ckpt.name == "tiny-gpt2"
     assert torch.equal(ckpt.state_dict["wte.weight"], load_checkpoint(str(tiny_folder)).state_dict["wte.weight"])
+
+
+def test_a_hub_error_is_kept_whole_on_one_line():
+    """issue 37: huggingface_hub's reasons span lines; the first line alone ended mid-sentence ("...Please check
+    your internet connection and; use --model PATH...")."""
+    from gpt2onnx.pytorch.checkpoint import _one_sentence_or_more
+
+    hub = (
+        "An error happened while trying to locate the files on the Hub and we cannot find the appropriate snapshot"
+        " folder for the specified revision on the local disk. Please check your internet connection and\ntry again."
+    )
+    assert _one_sentence_or_more(" ".join(hub.split())).endswith("internet connection and try again")
+    long = "First sentence. " + "word " * 100
+    assert _one_sentence_or_more(long.strip()) == "First sentence"

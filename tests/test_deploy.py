@@ -252,6 +252,54 @@ def test_triton_config_parses_with_tritons_schema_and_names_the_graphs_io(deploy
     )
 
 
+HOSTILE_NAMES = [
+    'logits" } ] instance_group [ { kind: KIND_GPU count: 1 }, { kind: KIND_CPU count: 1 } ] output [ { name: "x',
+    "line\nbreak",
+    "back\\slash\\",
+    "nul\x00tab\t",
+    "quote'single",
+    "unicode \u00e9\u2028",
+]
+
+
+def test_triton_config_escapes_hostile_tensor_names(tmp_path):
+    """A graph's tensor names go into config.pbtxt as escaped strings: Triton's own parser reads each name back
+    as it is, and no name adds a field (an instance kind, an output)."""
+    from gpt2onnx.artifact.contract import TensorSpec
+    from gpt2onnx.targets.triton import config_pbtxt
+
+    need(GENAI_PYTHON, "tritonclient (.venv-genai)")
+    inputs = [TensorSpec("input_ids", "int64", ("batch", "seq"))]
+    outputs = [TensorSpec(name, "float32", ("batch", "seq", 7)) for name in HOSTILE_NAMES]
+    path = tmp_path / "config.pbtxt"
+    path.write_text(config_pbtxt("m", inputs, outputs))
+    proc = subprocess.run(
+        [str(GENAI_PYTHON), str(RUNTIMES / "triton_config.py"), str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    config = json.loads(proc.stdout)
+    assert [t["name"] for t in config["outputs"]] == HOSTILE_NAMES
+    assert config["instance_kinds"] == ["KIND_CPU"]
+
+
+def test_formats_escape_for_their_readers():
+    """One escaping rule per written format, each read back by that format's own reader."""
+    import yaml
+    from google.protobuf import text_format
+
+    from gpt2onnx.targets.formats import html_text, pbtxt_string, script_json, yaml_comment, yaml_string
+
+    for name in HOSTILE_NAMES + ["</script><script>alert(1)</script>", "<!--", "a: b # c"]:
+        tokenizer = text_format.Tokenizer([f"name: {pbtxt_string(name)}"])
+        assert tokenizer.ConsumeIdentifier() == "name" and tokenizer.TryConsume(":")
+        assert tokenizer.ConsumeString() == name and tokenizer.AtEnd()
+        text = f"key: {yaml_string(name)}  # {yaml_comment(name)}\nnext: 1\n"
+        assert yaml.safe_load(text) == {"key": name, "next": 1}
+        data = script_json({"name": name})
+        assert "<" not in data and ">" not in data and "\u2028" not in data and json.loads(data) == {"name": name}
+        assert "<" not in html_text(name) and '"' not in html_text(name)
+
+
 def test_deploy_records_targets_and_keeps_the_plain_folder(deployed):
     from gpt2onnx.artifact.folder import open_folder
 

@@ -123,3 +123,15 @@ def test_text_pieces_give_the_whole_texts_tokens(tokenizer, monkeypatch):
         assert "".join(p for p, _ in pieces) == text
         assert [t for _, ids in pieces for t in ids] == tokenizer.encode(text, add_special_tokens=False), text[:80]
         assert max(len(p) for p, _ in pieces) <= 128 + 90, [len(p) for p, _ in pieces]  # a piece and a chunk
+
+
+def test_float_settings_are_checked_in_float32_the_type_the_runtimes_store():
+    """issue 37: top_p 1e-46 passes (0, 1] as a double but is 0.0 in float32 (sampling.onnx's attribute, the
+    processors' scores): refused. The bounds themselves stay valid (1e-6 is below 1e-6 once rounded, as its
+    bound is)."""
+    from gpt2onnx.artifact.generation import check_option
+
+    with pytest.raises(BadInput, match="top_p 1e-46 .* is 0 as a float32"):
+        check_option("top_p", 1e-46)
+    assert check_option("temperature", 1e-6) == 1e-6
+    assert check_option("top_p", 1.0) == 1.0 and check_option("temperature", 1e6) == 1e6

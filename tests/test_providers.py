@@ -253,3 +253,17 @@ def test_tensorrt_tf32_switch_is_restored(tiny_export):
             tiny_export / "model.onnx", ProviderConfig(name="tensorrt", trt_cache_dir=str(tiny_export.parent / "c"))
         )
     assert os.environ.get(TF32_OVERRIDE) == before
+
+
+def test_a_bench_that_fell_back_records_the_cpu_it_ran_on(tiny_export):
+    """issue 37: bench --provider cuda --allow-fallback on a machine where cuda cannot load runs on the CPU, and
+    its machine record says so: no GPU line (it said 'GPU 0 (nvidia-smi not found…)')."""
+    from gpt2onnx.runtimes.timing import BenchConfig
+    from gpt2onnx.verify.bench import bench
+
+    if "cuda" in WORKING:
+        pytest.skip("cuda loads on this machine")
+    config = BenchConfig(batches=(1,), prompt_len=4, new_tokens=3, warmup=0, repeat=1)
+    report = bench([tiny_export], provider=ProviderConfig(name="cuda", allow_fallback=True), config=config)
+    assert report.models[0].provider == "cpu"
+    assert report.machine.gpu is None and "gpu" not in report.machine.as_dict()

@@ -312,6 +312,74 @@ def test_decoding_options_as_request_parameters(served, trained_export):
         assert answer["text_output"] == alone.texts[0]
 
 
+def post_binary_infer(server, model: str, prompt: bytes, stop: bytes) -> tuple[int, dict]:
+    """A unary infer whose inputs travel as raw bytes (the binary tensor extension): text that JSON cannot carry."""
+    inputs, blob = [], b""
+    for name, value in (("text_input", prompt), ("stop", stop)):
+        element = len(value).to_bytes(4, "little") + value
+        inputs.append(
+            {"name": name, "shape": [1, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(element)}}
+        )
+        blob += element
+    header = json.dumps({"inputs": inputs, "parameters": {"max_new_tokens": 4}}).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=120)
+    try:
+        connection.request(
+            "POST",
+            f"/v2/models/{model}/infer",
+            header + blob,
+            {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))},
+        )
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def infer_body(prompts: list[str], **parameters) -> dict:
+    return {
+        "inputs": [{"name": "text_input", "shape": [len(prompts), 1], "datatype": "BYTES", "data": prompts}],
+        "parameters": {"max_new_tokens": 8, **parameters},
+    }
+
+
+def test_refusals_are_400s_on_infer_as_on_generate_and_leave_no_traceback(served, expected, trained_export):
+    """issue 37: the unary infer reads a request as the generation model does (floats where a number goes, the
+    same refusals, 400 each), a huge prompt is refused by its bytes before tokenizing, a stop string that is not
+    UTF-8 is a 400, a beam request too big to run is refused without a traceback; a known prompt gives its text
+    after each bad request."""
+    prompt, new = PROMPTS[1]
+    sampled = {"sample": True, "temperature": 0.8, "top_p": 0.9, "seed": 3}
+    status, answer = post(served, f"/v2/models/{INFER}/infer", infer_body(["Return the"], **sampled))
+    assert status == 200, answer
+    alone = generate(trained_export, prompts=["Return the"], max_new_tokens=8, sampling=Sampling(**sampled))
+    assert answer["outputs"][0]["data"] == [alone.texts[0]]
+    bad = [
+        (infer_body([""]), "empty"),
+        (infer_body(["Return the"], max_new_tokens=100000), "beyond the model's context"),
+        (infer_body(["Return the", ""]), "prompt 2 of 2"),
+        (infer_body(["word " * 20000]), "bytes read"),
+        (infer_body(["Return the"], temperature=0.5), "only apply when sampling"),
+    ]
+    for request, message in bad:
+        status, answer = post(served, f"/v2/models/{INFER}/infer", request)
+        assert status == 400 and message in answer["error"], (request["parameters"], answer)
+        assert post(served, f"/v2/models/{INFER}/infer", infer_body([prompt], max_new_tokens=new))[1]["outputs"][0][
+            "data"
+        ] == [expected[prompt][1]]
+    status, answer = post_binary_infer(served, INFER, b"Return the", b"\xff\xfe")
+    assert status == 400 and "UTF-8" in answer["error"], answer
+    start = time.monotonic()
+    status, answer = post(served, f"/v2/models/{GENERATE}/generate", {"text_input": "word " * 2_000_000})
+    assert status == 400 and "bytes read" in answer["error"] and time.monotonic() - start < 10, answer
+    status, answer = post(
+        served, f"/v2/models/{GENERATE}/generate", {"text_input": "Return the", "parameters": {"num_beams": 2**31 - 1}}
+    )
+    assert status == 400, answer
+    assert streamed(stream(served, body(prompt, new)))[:2] == expected[prompt]
+    assert "Traceback" not in served.log_tail(10_000)
+
+
 def test_shutdown_is_clean(served):
     """Last in the module: SIGTERM stops the server (and the engine's threads) with exit code 0."""
     start = time.monotonic()

@@ -6,6 +6,7 @@ model is conftest's trained tiny GPT-2 (2 layers × 64, a 512-token byte-level B
 tests/js/node_modules is missing the browser tests skip with the reason; under CI=1 they fail (scripts/setup.sh
 installs them)."""
 
+import http.client
 import json
 import os
 import re
@@ -296,10 +297,17 @@ def test_serve_sends_isolation_headers_and_refuses_what_is_outside(tmp_path):
             ("sub/", 404),
             ("nope", 404),
             ("%2e%2e/secret.txt", 403),
+            ("sub/a.wasm/", 404),  # a file is no folder (it answered 200)
         ):
             with pytest.raises(urllib.error.HTTPError) as err:
                 urllib.request.urlopen(server.url + path)
             assert err.value.code == status, path
+        host, port = server.url.split("//")[1].strip("/").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        connection.request("GET", "/sub")  # a folder without index.html: 404, never a redirect to a listing
+        response = connection.getresponse()
+        assert response.status == 404 and response.getheader("Location") is None
+        connection.close()
     with pytest.raises(BadInput, match="has no index.html"):
         open_server(tmp_path, port=0)
     with pytest.raises(BadInput, match="is not a port number"):

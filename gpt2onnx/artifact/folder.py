@@ -28,7 +28,7 @@ from gpt2onnx.artifact.graph import GraphFacts, external_data_files, graph_facts
 from gpt2onnx.artifact.manifest import MANIFEST_FORMAT_VERSION, MODEL_FILE, FileRecord, Manifest
 from gpt2onnx.artifact.paths import check_output_path, file_in_folder, real_location
 from gpt2onnx.errors import BadInput, ContractError, Gpt2OnnxError, IntegrityError, OutputError
-from gpt2onnx.files import read_regular_text, sha256_file
+from gpt2onnx.files import kind_of, read_regular_text, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ class ModelFolder:
     manifest: Manifest | None
     n_positions: int
     facts: GraphFacts | None = None  # read from model_path when not given
+    verified: bool = False  # its model files were checked against the manifest (a runtime checks its own too)
 
     def __post_init__(self) -> None:
         if self.facts is None:
@@ -211,7 +212,47 @@ def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder
         check_integrity(folder, manifest, data_files=facts.data_files)
     if manifest is not None and _claims(manifest, facts):
         log.warning("'%s' says %s: the graph's are used", folder / MANIFEST_NAME, "; ".join(_claims(manifest, facts)))
-    return ModelFolder(folder, model_path, manifest, n_positions, facts)
+    return ModelFolder(folder, model_path, manifest, n_positions, facts, verified=manifest is not None and verify_files)
+
+
+def check_deployed_files(folder: Path, manifest: Manifest, names: list[str]) -> None:
+    """Each of ``names`` (paths relative to ``folder``, in a deployment target's sub-folder) is a regular file
+    inside the folder, reached through no link, with the size and sha256 the manifest records: what a runtime
+    loads from a target's files is what deploy wrote."""
+    folder = Path(folder)
+    where = folder / MANIFEST_NAME
+    root = folder.resolve()
+    for name in names:
+        path = folder / name
+        parts = Path(name).parts
+        if ".." in parts or Path(name).is_absolute():
+            raise IntegrityError(f"'{name}' in '{where}' is not a path inside the folder: deploy the folder again")
+        for depth in range(1, len(parts) + 1):  # every folder on the way, and the file: none of them a link
+            entry, last = folder.joinpath(*parts[:depth]), depth == len(parts)
+            try:
+                mode = os.lstat(entry).st_mode
+            except OSError as err:
+                raise IntegrityError(
+                    f"'{entry}' cannot be read ({err.strerror or err}): deploy the folder again"
+                ) from None
+            if not (stat.S_ISREG(mode) if last else stat.S_ISDIR(mode)):
+                raise IntegrityError(
+                    f"'{entry}' is {kind_of(mode)}, not the {'file' if last else 'folder'} deploy wrote: deploy the"
+                    " folder again"
+                )
+        if not path.resolve().is_relative_to(root):
+            raise IntegrityError(f"'{path}' leads outside '{folder}': deploy the folder again")
+        info = manifest.files.get(name)
+        if info is None:
+            raise IntegrityError(
+                f"'{path}' is not listed in the manifest '{where}', so it cannot be checked: deploy the folder again,"
+                " or skip the check (--no-verify-files) if you changed it on purpose"
+            )
+        if path.stat().st_size != info.bytes or sha256_file(path) != info.sha256:
+            raise IntegrityError(
+                f"'{path}' differs from what the manifest '{where}' records (size or sha256): deploy the folder"
+                " again, or skip the check (--no-verify-files, verify_files=False) if you changed it on purpose"
+            )
 
 
 # -- writing --------------------------------------------------------------------------------------------------
@@ -234,14 +275,30 @@ def write_manifest(folder: Path, manifest: Manifest, *, exclude: tuple[str, ...]
     """Add the file hashes, versions and date, and write gpt2onnx.json (the last file of a folder).
     ``exclude``: files in the folder that are not ours (what deploy in place keeps): not listed, so never
     replaced by a later --force."""
+    hashed: dict[tuple[int, int], FileRecord] = {}  # by inode: a target's hard link of model.onnx is hashed once
+
+    def record(path: Path) -> FileRecord:
+        info = path.stat()
+        key = (info.st_dev, info.st_ino)
+        if key not in hashed:
+            hashed[key] = FileRecord(info.st_size, sha256_file(path))
+        return hashed[key]
+
+    files = {
+        p.name: record(p)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and not p.is_symlink() and p.name != MANIFEST_NAME and p.name not in exclude
+    }
+    # the files deployment targets wrote: a runtime that loads them checks them as it checks the model's
+    deployed = [f for names in (manifest.deploy.targets.values() if manifest.deploy else ()) for f in names]
+    for name in sorted(set(deployed)):
+        path = folder / name
+        if "/" in name and path.is_file() and not path.is_symlink():
+            files[name] = record(path)
     manifest = dataclasses.replace(
         manifest,
         format_version=MANIFEST_FORMAT_VERSION,
-        files={
-            p.name: FileRecord(p.stat().st_size, sha256_file(p))
-            for p in sorted(folder.iterdir())
-            if p.is_file() and not p.is_symlink() and p.name != MANIFEST_NAME and p.name not in exclude
-        },
+        files=files,
         versions=versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
@@ -448,8 +505,15 @@ def _output_lock(target: Path):
             handle.truncate()
             handle.write(f"{_LOCK_HEADER}\n")
             handle.flush()
-        except OSError as err:
-            raise OutputError(f"{cannot} ({err.strerror or err}); free space or choose a writable one") from None
+        except OSError as err:  # a full disk: the lock is ours, so it goes (nothing else was written)
+            with contextlib.suppress(OSError):
+                lock_path.unlink()
+            with contextlib.suppress(OSError):  # the unwritten line would fail the close again, hiding this error
+                handle.close()
+            raise OutputError(
+                f"{cannot}: its lock file '{lock_path}' cannot be written ({err.strerror or err}); free space or"
+                " choose a writable one"
+            ) from None
         try:
             yield handle
         finally:
@@ -517,7 +581,11 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
                     # Move the old folder aside first, so that a failure here still leaves one complete folder.
                     backup = Path(tempfile.mkdtemp(prefix=f".{target.name}{_BACKUP}{os.getpid()}-", dir=target.parent))
                     _note(lock, "backup", backup)
-                    os.replace(target, backup / target.name)
+                    try:
+                        os.replace(target, backup / target.name)
+                    except BaseException:  # nothing was moved (a mount point, a read-only parent): no backup left
+                        shutil.rmtree(backup, ignore_errors=True)
+                        raise
                     try:
                         os.replace(staging, target)
                     except BaseException:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt2onnx.artifact.folder import CONFIG_FILE, GENERATION_CONFIG_FILE, read_json_file
+from gpt2onnx.artifact.paths import file_in_folder
 from gpt2onnx.errors import BadInput
 
 COUNT_MAX = 2**31 - 1  # counts and sizes: what an int32 attribute or config field holds
@@ -49,6 +51,10 @@ class Rule:
             return f"a finite number above {self.low:g} and at most {self.high:g}"
         return f"a finite number from {self.low:g} to {self.high:g}"
 
+    def _within(self, value: float, *, narrow=float) -> bool:
+        low, high = narrow(self.low), narrow(self.high)  # the bounds in the same type as the value
+        return (value > low if self.open_low else value >= low) and value <= high
+
     def check(self, value, *, name: str, source: str, vocab_size: int | None = None):
         """``value`` typed (int, float or bool) if it meets the rule, else BadInput: '{name} {value} {source}
         is not {rule}: {what to do}'. ``source``: '(--top-k)' for an option, "in 'FILE'" for a file."""
@@ -59,11 +65,22 @@ class Rule:
             ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
         else:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            ok = ok and (value > self.low if self.open_low else value >= self.low) and value <= self.high
+            ok = ok and self._within(value)
+            # and as the runtimes store it (ONNX attributes, float32 scores)
+            if ok and not self._within(as_float32(value), narrow=as_float32):
+                raise BadInput(
+                    f"{name} {_shown(value)} {source} is {as_float32(value):g} as a float32, the type the runtimes"
+                    f" store it in, which is not {self.wanted(vocab_size)}: give a value float32 can hold"
+                )
         if not ok:
             hint = "fix or delete the field" if source.startswith("in ") else "give another value"
             raise BadInput(f"{name} {_shown(value)} {source} is not {self.wanted(vocab_size)}: {hint}")
         return float(value) if self.kind == "float" else value
+
+
+def as_float32(value: float) -> float:
+    """``value`` rounded to float32, as a runtime that stores it in that type holds it (1e-46 is 0.0)."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 def _shown(value) -> str:
@@ -147,7 +164,8 @@ def read_generation_config(folder: str | Path, *, vocab_size: int | None) -> Gen
     sources = []
     for name in (GENERATION_CONFIG_FILE, CONFIG_FILE):
         path = folder / name
-        if path.exists() or path.is_symlink():
+        if path.exists() or path.is_symlink():  # a regular file of the folder: a link leading out is refused
+            path = file_in_folder(folder, name, what=name, where=folder)
             sources.append((path, read_json_file(path, name)))
     values: dict = {}
     where: dict[str, str] = {}

@@ -82,6 +82,8 @@ class OneLineErrors(typer.core.TyperGroup):
                 _internal_error(err)
             with contextlib.suppress(OSError):  # what is still buffered goes nowhere, quietly, at exit
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            if err.filename is not None:  # a file, not stdout: name it
+                _fail(f"cannot write '{err.filename}' ({os.strerror(err.errno)}): free space, or write elsewhere", 4)
             _fail(f"cannot write the output to stdout ({os.strerror(err.errno)}): free space, or send it elsewhere", 4)
         except MemoryError:
             _fail("out of memory: use a smaller model, batch or length", 4)

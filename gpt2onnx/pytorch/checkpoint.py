@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from gpt2onnx.artifact.folder import COMPANION_FILES, MAX_JSON_BYTES
-from gpt2onnx.errors import CheckpointError
-from gpt2onnx.files import read_regular_text, sha256_file
+from gpt2onnx.errors import CheckpointError, shown
+from gpt2onnx.files import kind_of, read_regular_text, sha256_file
 from gpt2onnx.pytorch.architecture import PRESETS, Architecture, check_fits_in_memory, preset_config, spec_from_config
 
 log = logging.getLogger(__name__)
@@ -299,15 +299,26 @@ def _shards(folder: Path, index: str, root: Path, what: str) -> list[Path]:
             f" {json.dumps(weight_map)[:80]}; fix or replace the file"
         )
     shards = sorted(set(weight_map.values()))
+    if not shards:
+        raise CheckpointError(f"'{folder / index}' has an empty weight_map: it names no shard; fix the index")
     for shard in shards:
-        if not shard or Path(shard).is_absolute() or Path(shard).name != shard or shard in (".", ".."):
+        bad = not shard or "\x00" in shard or Path(shard).is_absolute() or Path(shard).name != shard
+        if bad or shard in (".", ".."):
             raise CheckpointError(
-                f"'{folder / index}' names the shard '{shard}', which is not a file name inside the folder;"
+                f"'{folder / index}' names the shard {shown(shard)}, which is not a file name inside the folder;"
                 " only shards beside the index are read: fix the index"
             )
-    missing = [s for s in shards if not (folder / s).is_file()]
-    if missing:
-        raise CheckpointError(f"'{folder}': shard '{missing[0]}' named in {index} is missing")
+        if shard == index:
+            raise CheckpointError(f"'{folder / index}' names itself as a shard: name the .safetensors files")
+    for shard in shards:
+        path = folder / shard
+        if not (path.exists() or path.is_symlink()):
+            raise CheckpointError(f"'{folder}': shard {shown(shard)} named in {index} is missing")
+        if not path.is_file():
+            mode = (path.stat() if path.exists() else path.lstat()).st_mode
+            raise CheckpointError(
+                f"'{path}' named in {index} is {kind_of(mode)}, not a shard file: replace it with the file"
+            )
     for shard in shards:
         _inside(root, folder / shard, what)
     return [folder / s for s in shards]
@@ -377,6 +388,11 @@ def to_export_names(state_dict: dict[str, torch.Tensor], spec: Architecture) -> 
                 f"checkpoint tensor '{key}' is {str(tensor.dtype).removeprefix('torch.')}, not floating point:"
                 " GPT-2 weights are float; fix the checkpoint (a cast would change the model silently)"
             )
+        if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):  # float8: scaled
+            raise CheckpointError(
+                f"checkpoint tensor '{key}' is {str(tensor.dtype).removeprefix('torch.')}, which is read with scales"
+                " this tool does not apply: give float32, float16 or bfloat16 weights"
+            )
         if not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise CheckpointError(
@@ -409,10 +425,19 @@ def _fetch_from_hub(repo_id: str, revision: str | None, what: str, option: str) 
         if not any((folder / f).is_file() for f in SAFETENSORS_FILES):
             folder = fetch(("config.json", *TORCH_BIN_FILES, "pytorch_model-*.bin"))
     except Exception as err:  # network, auth, validation and offline-cache errors all end here
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = _one_sentence_or_more(" ".join(str(err).split()) or type(err).__name__)
         offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") else ""
         raise CheckpointError(
             f"{what} is not a local folder and could not be fetched from the Hugging Face Hub{offline}:"
-            f" {reason[:200]}; use {option} PATH for a local folder, or --random-init for seeded random weights"
+            f" {reason}; use {option} PATH for a local folder, or --random-init for seeded random weights"
         ) from None
     return folder, folder.name if len(folder.name) == 40 else None
+
+
+def _one_sentence_or_more(text: str, limit: int = 300) -> str:
+    """``text`` (one line) up to ``limit`` characters, cut at a sentence's end (never mid-sentence), without its
+    last full stop."""
+    if len(text) > limit:
+        end = text.rfind(". ", 0, limit)
+        text = text[: end + 1] if end > 0 else text[:limit].rsplit(" ", 1)[0] + " …"
+    return text.rstrip(".")

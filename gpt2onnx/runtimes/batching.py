@@ -40,11 +40,20 @@ from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
 from gpt2onnx.runtimes.base import RuntimeOptions, StepRuntime, open_runtime
 from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, position_ids_for
-from gpt2onnx.runtimes.decoding import Decoding, Sampling, check_new_tokens, check_pair, draw, process_scores
+from gpt2onnx.runtimes.decoding import (
+    Decoding,
+    Sampling,
+    check_new_tokens,
+    check_pair,
+    check_request_size,
+    draw,
+    process_scores,
+)
 from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.runtimes.logits import StopStrings
-from gpt2onnx.runtimes.prompts import MAX_TOKEN_ID, TextStream, has_tokenizer, left_pad
+from gpt2onnx.runtimes.prompts import TextStream, has_tokenizer, left_pad
 from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.runtimes.requests import PromptReader, whole_number
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +206,7 @@ class BatchingEngine:
             else decoder
         )
         self.tokenizer = tokenizer
+        self.reader = PromptReader(tokenizer, self.stepper.n_positions, self.stepper.vocab_size)
         self.eos_token_ids = tuple(eos_token_ids)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_ids[0] if eos_token_ids else 0)
         self.max_batch = max_batch
@@ -247,14 +257,10 @@ class BatchingEngine:
 
     # -- the caller's side --------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise BadInput("this model has no tokenizer files: give the prompt as token ids")
+        """A text prompt's token ids, read as every prompt is (:class:`~gpt2onnx.runtimes.requests.PromptReader`)."""
         if not isinstance(text, str):
             raise BadInput(f"the prompt must be text, got {type(text).__name__}")
-        ids = self.tokenizer.encode(text)
-        if not ids:
-            raise BadInput(f"the prompt {text[:40]!r} is empty (no tokens): give some text")
-        return list(ids)
+        return self.reader.ids(text)
 
     def submit(
         self,
@@ -269,15 +275,19 @@ class BatchingEngine:
         generate. Checked here, in the caller's thread (BadInput, one line), before it is queued. ``on_event``:
         called on the engine's thread with each event (it must be quick: the batch waits for it); without it,
         iterate the returned stream."""
-        ids = self.encode(prompt) if isinstance(prompt, str) else self._checked_ids(prompt)
+        ids = self.reader.ids(prompt)  # types first: a float or a bytes prompt is no list of ids
+        max_new_tokens = whole_number("max_new_tokens", max_new_tokens)
         check_new_tokens(max_new_tokens)
+        if not isinstance(sampling, Sampling) or not isinstance(decoding, Decoding):
+            raise BadInput("sampling and decoding must be gpt2onnx's Sampling and Decoding")
         check_pair(sampling, decoding)
         if decoding.num_return_sequences > 1:
             raise BadInput("num_return_sequences above 1 is not served: send one request per sequence (with seeds)")
         if decoding.stop and self.tokenizer is None:
             raise BadInput("stop strings need the model's tokenizer files, and this model has none: drop them")
-        self.stepper.check_ids(np.asarray([ids], dtype=np.int64))
-        self.stepper.check_length(len(ids) + max_new_tokens)
+        self.reader.check_length(len(ids), max_new_tokens)
+        if decoding.beams:  # refused here, not on the beam thread
+            check_request_size(1, len(ids), max_new_tokens, decoding)
         stop = StopStrings(self.tokenizer, decoding.stop) if decoding.stop else None
         request_id = next(self._ids)
         stream = GenerationStream(request_id, on_event)
@@ -315,17 +325,6 @@ class BatchingEngine:
         self._thread.join(timeout)
         self._beam_thread.join(timeout)
 
-    def _checked_ids(self, prompt) -> list[int]:
-        try:
-            ids = [int(i) for i in prompt]
-        except (TypeError, ValueError):
-            raise BadInput("the prompt must be text or a list of token ids") from None
-        if not ids:
-            raise BadInput("the prompt is empty: give at least one token")
-        if any(not 0 <= i <= MAX_TOKEN_ID for i in ids):
-            raise BadInput(f"a prompt token id is outside 0 to {MAX_TOKEN_ID}: give ids of the vocabulary")
-        return ids
-
     # -- the engine thread ----------------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
@@ -354,12 +353,18 @@ class BatchingEngine:
         self._rows, self._past, self._mask = [], None, None
 
     def _fail(self, requests: list[_Request], err: Exception) -> None:
-        log.error(
-            "generation failed for %d request(s): %s", len(requests), err, exc_info=not isinstance(err, Gpt2OnnxError)
-        )
-        failure = err if isinstance(err, Gpt2OnnxError) else Gpt2OnnxError(f"generation failed: {err}")
+        """End these requests with ``err`` (logged in one line: a refusal or a failure of these requests only)."""
+        line = (str(err).splitlines() or [type(err).__name__])[0]
+        log.error("generation failed for %d request(s): %s", len(requests), line)
+        failure = _failure(err)
         for request in requests:
-            self._end(request, "error", error=failure)
+            try:
+                self._end(request, "error", error=failure)
+            except Exception as second:  # its callback or its stream failed too: it is finished all the same
+                log.error("request %s could not be ended cleanly: %s", request.id, second)
+                request.stream._finish(
+                    Completion(request.id, request.prompt, list(request.tokens), "", "error", error=failure)
+                )
 
     def _prefill(self, requests: list[_Request]) -> None:
         """The new requests' prompts in one left-padded step (empty past), their first tokens, and their rows
@@ -416,27 +421,34 @@ class BatchingEngine:
         keep = []
         now = time.perf_counter()
         for i, request in enumerate(requests):
-            token = chosen[i]
-            request.tokens.append(token)
-            if request.first_token is None:
-                request.first_token = now - request.submitted
-            reason = None
-            if token in self.eos_token_ids:
-                reason = "eos"
-            elif request.stop is not None and request.stop(request.prompt + request.tokens):
-                reason = "stop"
-            elif len(request.tokens) >= request.max_new_tokens:
-                reason = "length"
-            piece = request.text.push(token)
-            if reason is None:
-                request.stream._emit(TokenEvent(request.id, (token,), piece, len(request.tokens) - 1))
-                if request.stream.cancelled:
-                    self._end(request, "cancelled")
-                else:
+            try:
+                if self._advance(request, chosen[i], now):
                     keep.append(i)
-            else:
-                self._end(request, reason, token=token, piece=piece)
+            except Exception as err:  # this request's text or stop check failed: it ends, the others go on
+                self._fail([request], err)
         return keep
+
+    def _advance(self, request: _Request, token: int, now: float) -> bool:
+        """One request's new token: its stop conditions, its text and its event; whether it goes on."""
+        request.tokens.append(token)
+        if request.first_token is None:
+            request.first_token = now - request.submitted
+        reason = None
+        if token in self.eos_token_ids:
+            reason = "eos"
+        elif request.stop is not None and request.stop(request.prompt + request.tokens):
+            reason = "stop"
+        elif len(request.tokens) >= request.max_new_tokens:
+            reason = "length"
+        piece = request.text.push(token)
+        if reason is not None:
+            self._end(request, reason, token=token, piece=piece)
+            return False
+        request.stream._emit(TokenEvent(request.id, (token,), piece, len(request.tokens) - 1))
+        if request.stream.cancelled:
+            self._end(request, "cancelled")
+            return False
+        return True
 
     def _end(
         self,
@@ -451,8 +463,16 @@ class BatchingEngine:
         completion."""
         if request.stream.done:
             return
-        text = request.text.text(request.tokens)
         shown = request.text.shown  # push() has already counted ``piece`` in
+        if error is None:
+            try:
+                text = request.text.text(request.tokens)
+            except Exception as err:  # the text cannot be decoded: the request ends with that error
+                reason, error = "error", _failure(err)
+                log.error("request %s: its text could not be decoded: %s", request.id, err)
+                text = shown
+        else:
+            text = shown  # an ending error: never run the tokenizer again (it may be what failed)
         rest = text[len(shown) :] if text.startswith(shown) else ""
         first = 0 if token is None else len(request.tokens) - 1
         index = len(request.tokens) if token is None else first
@@ -530,19 +550,16 @@ class BatchingEngine:
                     pad_token_id=self.pad_token_id,
                     stop=request.stop,
                 )
-            except Exception as err:
-                log.exception("beam search failed")
-                failure = err if isinstance(err, Gpt2OnnxError) else Gpt2OnnxError(f"beam search failed: {err}")
-                self._end(request, "error", error=failure)
-                continue
-            tokens = result.tokens[0, : int(result.lengths[0])].tolist()
-            request.tokens = tokens
-            request.first_token = time.perf_counter() - request.submitted
-            if not result.finished[0]:
-                reason = "length"
-            else:
-                reason = "eos" if tokens and tokens[-1] in self.eos_token_ids else "stop"
-            self._end_beams(request, reason)
+                tokens = result.tokens[0, : int(result.lengths[0])].tolist()
+                request.tokens = tokens
+                request.first_token = time.perf_counter() - request.submitted
+                if not result.finished[0]:
+                    reason = "length"
+                else:
+                    reason = "eos" if tokens and tokens[-1] in self.eos_token_ids else "stop"
+                self._end_beams(request, reason)
+            except Exception as err:  # this request fails, in one line; the beam thread goes on
+                self._fail([request], err)
 
     def _end_beams(self, request: _Request, reason: str) -> None:
         text = request.text.text(request.tokens)
@@ -551,6 +568,11 @@ class BatchingEngine:
         request.stream._finish(
             Completion(request.id, request.prompt, list(request.tokens), text, reason, request.first_token, seconds)
         )
+
+
+def _failure(err: Exception) -> Gpt2OnnxError:
+    """The error a request ends with: gpt2onnx's own as it is (a refusal stays a BadInput), any other wrapped."""
+    return err if isinstance(err, Gpt2OnnxError) else Gpt2OnnxError(f"generation failed: {err}")
 
 
 def _host(value) -> np.ndarray:

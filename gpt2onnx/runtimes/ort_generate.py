@@ -14,16 +14,25 @@ It gives no per-step logits or times: parity, eval and bench run on the folder's
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from gpt2onnx.artifact.folder import GENERATION_CONFIG_FILE, ModelFolder, open_folder
+from gpt2onnx.artifact.folder import (
+    GENERATION_CONFIG_FILE,
+    ModelFolder,
+    check_deployed_files,
+    graph_data_files,
+    open_folder,
+)
 from gpt2onnx.artifact.generation import COUNT_MAX
 from gpt2onnx.artifact.search_ops import FILES, SUBFOLDER, FixedSettings, deployed_settings
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
+from gpt2onnx.files import kind_of
 from gpt2onnx.runtimes.base import Capabilities, Continuations, LoopRuntime, RuntimeSpec, ThreadSettings
 from gpt2onnx.runtimes.decoder import file_shape
 from gpt2onnx.runtimes.decoding import Decoding, Sampling, check_pair
@@ -67,6 +76,7 @@ class OrtGenerator(LoopRuntime):
         except ImportError:
             raise RuntimeUnavailable("onnxruntime is not installed: pip install onnxruntime") from None
         self.folder = model.folder
+        _check_files(model)  # before anything reads them
         self.fixed = deployed_settings(self.folder)
         self.settings = settings
         shape = file_shape(model.model_path, model.n_positions)
@@ -196,6 +206,26 @@ class OrtGenerator(LoopRuntime):
         result = self.search(prompts, max_new_tokens=max_new_tokens, sampling=sampling, decoding=decoding)
         scores = result.scores.reshape(-1).astype(np.float64) if result.scores is not None else None
         return Continuations(result.tokens, [result.seconds], scores)
+
+
+def _check_files(model: ModelFolder) -> None:
+    """The ort-generate files: each graph's external data a plain name of a regular file beside it (never
+    '../../outside.bin'), and, where the folder's model files were checked, each file with the size and sha256
+    the manifest records (another checkpoint's weights.onnx_data, a linked folder: refused)."""
+    names = []
+    for file in FILES.values():
+        path = model.folder / SUBFOLDER / file
+        if not (path.exists() or path.is_symlink()):
+            continue  # missing: said when its search is asked for
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode):  # never opened: a FIFO would block the reader
+            raise ContractError(
+                f"'{path}' is {kind_of(mode)}, not the graph deploy wrote: run gpt2onnx deploy {model.folder} --target"
+                " ort-generate again"
+            )
+        names += [f"{SUBFOLDER}/{n}" for n in (file, *graph_data_files(path))]
+    if model.verified and names:
+        check_deployed_files(model.folder, model.manifest, sorted(set(names)))
 
 
 def open_generator(model: ModelFolder, settings: OrtGenerateSettings) -> OrtGenerator:

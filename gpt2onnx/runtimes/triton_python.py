@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import queue
 import threading
 from dataclasses import dataclass
@@ -33,75 +32,41 @@ from pathlib import Path
 import numpy as np
 
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
-from gpt2onnx.runtimes.decoding import EARLY_STOPPING, Decoding, Sampling, check_new_tokens, check_pair
+from gpt2onnx.runtimes.requests import (  # noqa: F401 (PARAMETERS, GenerationRequest: this module's API too)
+    PARAMETERS,
+    GenerationRequest,
+    PromptReader,
+    parse_request,
+    text,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_NEW_TOKENS = 32  # as gpt2onnx generate
-# request parameter → (the type a client sends, where it goes): the names of generate's Python API
-PARAMETERS = {
-    "max_new_tokens": int,
-    "sample": bool,
-    "temperature": float,
-    "top_k": int,
-    "top_p": float,
-    "seed": int,
-    "num_beams": int,
-    "length_penalty": float,
-    "early_stopping": (bool, str),
-    "repetition_penalty": float,
-    "no_repeat_ngram_size": int,
-    "min_new_tokens": int,
-}
-SAMPLING_FIELDS = ("sample", "temperature", "top_k", "top_p", "seed")
 # model config parameters of NAME-generate (config.pbtxt, string values)
 CONFIG_PARAMETERS = ("max_batch", "threads", "spinning", "verify_files")
+# the one parameter NAME-infer forwards its request's parameters in, as JSON text: Triton's requests between
+# models (BLS) carry only bool, int and str values, and a float (temperature) must reach the engine as sent
+FORWARDED = "gpt2onnx_parameters"
 
 
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One request's options, checked: what :meth:`BatchingEngine.submit` takes."""
-
-    max_new_tokens: int
-    sampling: Sampling
-    decoding: Decoding
-
-
-def _typed(name: str, value, kind):
-    """``value`` as the parameter's type, or BadInput naming it (JSON gives 1 for 1.0; a bool is not a number)."""
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise BadInput(f"parameter {name} must be a finite number, got {value}")
-        return float(value)
-    if kind is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if kind is bool and isinstance(value, bool):
-        return value
-    if kind == (bool, str):  # early_stopping: true, false or "never"
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in EARLY_STOPPING:
-            return EARLY_STOPPING[value.lower()]
-        raise BadInput(f'parameter {name} must be true, false or "never", got {value!r}')
-    wanted = {int: "a whole number", float: "a number", bool: "true or false"}[kind]
-    raise BadInput(f"parameter {name} must be {wanted}, got {value!r}")
-
-
-def parse_request(parameters: dict, stop: list[str] | tuple[str, ...] = ()) -> GenerationRequest:
-    """A request's parameters (names of :data:`PARAMETERS`; Triton's own ``triton_*`` keys are left to it) and
-    stop strings, checked once: BadInput naming the parameter."""
-    if not isinstance(parameters, dict):
-        raise BadInput("the request parameters must be an object of name → value")
-    unknown = sorted(k for k in parameters if k not in PARAMETERS and not k.startswith("triton_"))
-    if unknown:
-        raise BadInput(f"unknown parameter {', '.join(unknown)}: the parameters are {', '.join(PARAMETERS)}")
-    values = {k: _typed(k, v, PARAMETERS[k]) for k, v in parameters.items() if k in PARAMETERS}
-    max_new_tokens = values.pop("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-    check_new_tokens(max_new_tokens)
-    sampling = Sampling(**{k: values.pop(k) for k in SAMPLING_FIELDS if k in values})
-    decoding = Decoding(**values, stop=tuple(stop))
-    check_pair(sampling, decoding)
-    return GenerationRequest(max_new_tokens, sampling, decoding)
+def request_parameters(request) -> dict:
+    """A request's parameters as the client sent them (those NAME-infer forwarded, unwrapped)."""
+    try:
+        parameters = json.loads(request.parameters() or "{}")
+    except ValueError:
+        raise BadInput("the request parameters are not JSON") from None
+    if isinstance(parameters, dict) and FORWARDED in parameters:
+        forwarded = parameters.pop(FORWARDED)
+        if not isinstance(forwarded, str):
+            raise BadInput(f"parameter {FORWARDED} must be JSON text (NAME-infer sends it)")
+        try:
+            inner = json.loads(forwarded)
+        except ValueError:
+            raise BadInput(f"parameter {FORWARDED} is not JSON text") from None
+        if not isinstance(inner, dict):
+            raise BadInput(f"parameter {FORWARDED} must be a JSON object")
+        parameters = {**{k: v for k, v in parameters.items() if str(k).startswith("triton_")}, **inner}
+    return parameters
 
 
 def _config_parameters(model_config: dict) -> dict[str, str]:
@@ -114,13 +79,9 @@ def _config_parameters(model_config: dict) -> dict[str, str]:
     return found
 
 
-def _strings(tensor) -> list[str]:
-    """A Triton STRING tensor as Python strings (UTF-8; BadInput otherwise)."""
-    values = tensor.as_numpy().reshape(-1).tolist()
-    try:
-        return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values]
-    except UnicodeDecodeError:
-        raise BadInput(f"input {tensor.name()} is not UTF-8 text") from None
+def _strings(tensor, *, max_bytes: int) -> list[str]:
+    """A Triton STRING tensor as Python strings, each read as text is (UTF-8, at most ``max_bytes``)."""
+    return [text(f"input {tensor.name()}", v, max_bytes=max_bytes) for v in tensor.as_numpy().reshape(-1).tolist()]
 
 
 def _error(pb_utils, err: Exception):
@@ -181,17 +142,17 @@ class GenerateModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                text = pb_utils.get_input_tensor_by_name(request, "text_input")
-                if text is None:  # Triton refuses a request without a required input; this guards the config
+                prompt_input = pb_utils.get_input_tensor_by_name(request, "text_input")
+                if prompt_input is None:  # Triton refuses a request without a required input; this guards the config
                     raise BadInput("input text_input is missing: give the prompt as one string")
-                texts = _strings(text)
+                texts = _strings(prompt_input, max_bytes=self.engine.reader.max_bytes)
                 if len(texts) != 1:
                     raise BadInput(f"input text_input holds {len(texts)} strings: give one prompt per request")
                 stream_input = pb_utils.get_input_tensor_by_name(request, "stream")
                 stream = bool(stream_input.as_numpy().reshape(-1)[0]) if stream_input is not None else False
                 stop_input = pb_utils.get_input_tensor_by_name(request, "stop")
-                stop = _strings(stop_input) if stop_input is not None else []
-                options = parse_request(json.loads(request.parameters() or "{}"), stop)
+                stop = _strings(stop_input, max_bytes=self.engine.reader.max_bytes) if stop_input is not None else []
+                options = parse_request(request_parameters(request), stop)
                 pending = _Pending(sender, stream, ids=[])
                 pending.handle = self.engine.submit(
                     texts[0],
@@ -289,6 +250,7 @@ class InferModel:
         self.target = parameters.get("generate_model")
         if not self.target:
             raise BadInput(f"model {args['model_name']} names no generate_model parameter: deploy it again")
+        self.reader = _reader(Path(args["model_repository"]).parent / self.target / "1")
 
     async def execute(self, requests):
         import asyncio
@@ -329,28 +291,32 @@ class InferModel:
         return responses
 
     def _forward(self, request) -> list:
+        """The request's calls of the generation model, one per prompt, after every prompt and option is read as
+        the generation model reads them (a refusal here is the client's 400, never a forwarded 500)."""
         pb_utils = self.pb
-        text = pb_utils.get_input_tensor_by_name(request, "text_input")
-        if text is None:
+        prompt_input = pb_utils.get_input_tensor_by_name(request, "text_input")
+        if prompt_input is None:
             raise BadInput("input text_input is missing: give the prompt as one string")
-        prompts = _strings(text)
+        prompts = _strings(prompt_input, max_bytes=self.reader.max_bytes)
         stop = pb_utils.get_input_tensor_by_name(request, "stop")
         # stop strings per prompt: the rows of [batch, n] (the batch dimension is the prompts')
-        stops = (
-            [[]] * len(prompts) if stop is None else [list(row) for row in stop.as_numpy().reshape(len(prompts), -1)]
-        )
-        parameters = json.loads(request.parameters() or "{}")
-        for row in stops:  # refuse here, before anything runs
-            parse_request(parameters, [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in row])
+        rows = [[]] * len(prompts) if stop is None else stop.as_numpy().reshape(len(prompts), -1).tolist()
+        stops = [[text("stop string", s, max_bytes=self.reader.max_bytes) for s in row] for row in rows]
+        parameters = request_parameters(request)
+        for index, (prompt, row) in enumerate(zip(prompts, stops)):  # refuse here, before anything runs
+            options = parse_request(parameters, row)
+            name = "the prompt" if len(prompts) == 1 else f"prompt {index + 1} of {len(prompts)}"
+            ids = self.reader.ids(prompt, name=name)
+            self.reader.check_length(len(ids), options.max_new_tokens)
         return [
             pb_utils.InferenceRequest(
                 model_name=self.target,
                 requested_output_names=["text_output", "finish_reason"],
                 inputs=[
                     pb_utils.Tensor("text_input", np.array([prompt.encode()], dtype=np.object_)),
-                    *([pb_utils.Tensor("stop", np.array(row, dtype=np.object_))] if row else []),
+                    *([pb_utils.Tensor("stop", np.array([s.encode() for s in row], dtype=np.object_))] if row else []),
                 ],
-                parameters=parameters,
+                parameters={FORWARDED: json.dumps(parameters)},
             )
             for prompt, row in zip(prompts, stops)
         ]
@@ -371,6 +337,18 @@ class InferModel:
             if finish is not None:
                 reason = finish.as_numpy().reshape(-1)[0].decode()
         return text, reason, None
+
+
+def _reader(folder: Path) -> PromptReader:
+    """NAME-infer's reader of prompts: the generation model's tokenizer and context (that model checks the files
+    against its manifest when it loads)."""
+    from gpt2onnx.artifact.folder import CONFIG_FILE, read_json_file, read_n_positions
+    from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
+
+    # the configs only, never the graph: two instances of this model would each hold the weights otherwise
+    vocab_size = read_json_file(folder / CONFIG_FILE, "config").get("vocab_size")
+    vocab_size = vocab_size if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) else None
+    return PromptReader(load_gpt2_tokenizer(folder), read_n_positions(folder), vocab_size)
 
 
 def _whole(value: str, name: str) -> int:

@@ -6,22 +6,23 @@ into a temporary overlay for every run); genai reads only tokenizer.json of the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from gpt2onnx.artifact.genai_config import CONFIG_NAME, genai_config
+from gpt2onnx.targets.formats import json_text
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
 
 def write_genai_config(folder: str | Path, out: str | Path) -> Path:
     """Write the folder's genai_config.json into the folder ``out`` (the folder itself, or a copy of it)."""
     path = Path(out) / CONFIG_NAME
-    path.write_text(json.dumps(genai_config(folder), indent=2) + "\n")
+    path.write_text(json_text(genai_config(folder)))
     return path
 
 
 def _write(deployment: Deployment, options) -> Written:
-    write_genai_config(deployment.staging, deployment.staging)
+    # read from the source (the staged copies are the same files): an error names the user's file, not a copy
+    write_genai_config(deployment.source.folder, deployment.staging)
     return Written([CONFIG_NAME])
 
 

@@ -13,9 +13,10 @@ runs Kubernetes: tests check the manifest against the ``kserve`` package's model
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
+
+from gpt2onnx.targets.formats import yaml_comment, yaml_string
 
 SUBFOLDER = "kserve"
 FILE = "inferenceservice.yaml"
@@ -38,7 +39,7 @@ def memory_request(model_bytes: int) -> str:
 
 def inference_service(name: str, *, model_bytes: int, gpu: bool, max_batch: int) -> str:
     """The manifest as YAML text (values JSON-quoted: valid YAML scalars), with comments for the person applying it."""
-    q = json.dumps
+    q = yaml_string
     resources = [
         "      resources:",
         "        requests:",
@@ -64,13 +65,14 @@ def inference_service(name: str, *, model_bytes: int, gpu: bool, max_batch: int)
             "    minReplicas: 1",
             "    maxReplicas: 4",
             f"    scaleMetric: {q('concurrency')}",
-            f"    scaleTarget: {max_batch}",
+            f"    scaleTarget: {int(max_batch)}",
             "    model:",
             "      modelFormat:",
             f"        name: {q('triton')}",
             f"      protocolVersion: {q('v2')}",
             f"      runtime: {q(RUNTIME)}",
-            f"      # the deployed folder copied to this volume claim as {name}/ (or your bucket's URI of its triton/)",
+            f"      # the deployed folder copied to this volume claim as {yaml_comment(name)}/ (or your bucket's URI of"
+            " its triton/)",
             f"      storageUri: {q(f'pvc://{CLAIM}/{name}/triton')}",
             "      # NVIDIA's Triton 24.10 with gpt2onnx, onnxruntime, onnx, numpy and tokenizers added (README)",
             f"      image: {q(IMAGE)}",

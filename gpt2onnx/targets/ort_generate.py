@@ -257,7 +257,9 @@ def search_model(
     return helper.make_model(graph, opset_imports=imports, ir_version=ir_version, producer_name="gpt2onnx")
 
 
-def write_ort_generate(folder: Path, out: Path) -> tuple[list[str], FixedSettings]:
+def write_ort_generate(
+    folder: Path, out: Path, *, settings_from: Path | None = None
+) -> tuple[list[str], FixedSettings]:
     """Write ort-generate/ into ``out`` (a staging copy of ``folder``); returns the files written, relative to it,
     and the attributes fixed in them (the manifest records them)."""
     # a shared-K/V-cache folder (GroupQueryAttention) runs too: the ops feed it a growing past, which
@@ -267,7 +269,7 @@ def write_ort_generate(folder: Path, out: Path) -> tuple[list[str], FixedSetting
     shape = decoder_shape(*graph_io(model), read_n_positions(folder))
     if shape.vocab_size is None:
         raise ContractError(f"'{folder / MODEL_FILE}' has no fixed vocabulary size on its logits: the ops need it")
-    settings = fixed_settings(folder, shape.vocab_size)
+    settings = fixed_settings(settings_from or folder, shape.vocab_size)  # errors name the file the user has
     subgraph, initializers = decoder_subgraph(model, shape)
     target = out / SUBFOLDER
     target.mkdir()
@@ -296,7 +298,7 @@ def write_ort_generate(folder: Path, out: Path) -> tuple[list[str], FixedSetting
 
 
 def _write(deployment: Deployment, options) -> Written:
-    files, fixed = write_ort_generate(deployment.staging, deployment.staging)
+    files, fixed = write_ort_generate(deployment.staging, deployment.staging, settings_from=deployment.source.folder)
     return Written(files, fixed.as_dict())
 
 

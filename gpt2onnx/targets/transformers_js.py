@@ -20,6 +20,7 @@ from gpt2onnx.artifact.folder import CONFIG_FILE, MODEL_FILE, read_json_file
 from gpt2onnx.artifact.graph import DATA_FILE_SUFFIX, external_data_files, load_graph
 from gpt2onnx.errors import ContractError
 from gpt2onnx.files import link_or_copy
+from gpt2onnx.targets.formats import json_text
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
 SUBFOLDER = "onnx"
@@ -66,7 +67,7 @@ def write_transformers_js(folder: Path, out: Path, precision: str) -> list[str]:
     config = read_json_file(out / CONFIG_FILE, "config")
     config[CONFIG_KEY] = {"dtype": dtype, **({"use_external_data_format": {name: 1}} if data_files else {})}
     (out / CONFIG_FILE).unlink()  # a new file: never write through a link
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    (out / CONFIG_FILE).write_text(json_text(config))
     return written + [CONFIG_FILE]
 
 
@@ -78,7 +79,7 @@ def drop_config_key(staging: Path) -> None:
     config = json.loads(path.read_text())
     if isinstance(config, dict) and CONFIG_KEY in config:
         del config[CONFIG_KEY]
-        path.write_text(json.dumps(config, indent=2) + "\n")
+        path.write_text(json_text(config))
 
 
 def _write(deployment: Deployment, options) -> Written:

@@ -23,9 +23,10 @@ from gpt2onnx.artifact.contract import TensorSpec, graph_io
 from gpt2onnx.artifact.folder import MODEL_FILE
 from gpt2onnx.artifact.graph import external_data_files, load_graph
 from gpt2onnx.artifact.manifest import Manifest
-from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.errors import BadInput, ContractError, shown
 from gpt2onnx.files import link_or_copy
 from gpt2onnx.targets import kserve
+from gpt2onnx.targets.formats import pbtxt_string
 from gpt2onnx.targets.kserve import write_kserve
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 from gpt2onnx.targets.triton_generate import DEFAULT_MAX_BATCH, write_generate_models
@@ -45,9 +46,9 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 def model_name(name: str) -> str:
     """A Triton model name (a folder name in the repository)."""
-    if not _NAME.fullmatch(name) or len(name) > 90:  # 90: room for the generation model's "-generate"
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > 90:  # 90: room for "-generate"
         raise BadInput(
-            f"Triton model name '{name}' is not a plain name of at most 90 characters (letters, digits, '_', '.',"
+            f"Triton model name {shown(name)} is not a plain name of at most 90 characters (letters, digits, '_', '.',"
             " '-'): give --triton-name"
         )
     return name
@@ -55,9 +56,9 @@ def model_name(name: str) -> str:
 
 def _tensor(t: TensorSpec) -> str:
     if t.dtype not in TRITON_DTYPES:
-        raise ContractError(f"'{t.name}' is {t.dtype}, which Triton's ONNX Runtime backend has no type for")
+        raise ContractError(f"{shown(t.name)} is {t.dtype}, which Triton's ONNX Runtime backend has no type for")
     dims = ", ".join(str(d) if isinstance(d, int) and d > 0 else "-1" for d in t.dims)
-    return f'  {{ name: "{t.name}" data_type: {TRITON_DTYPES[t.dtype]} dims: [ {dims} ] }}'
+    return f"  {{ name: {pbtxt_string(t.name)} data_type: {TRITON_DTYPES[t.dtype]} dims: [ {dims} ] }}"
 
 
 def config_pbtxt(name: str, inputs: list[TensorSpec], outputs: list[TensorSpec], *, device: str = "cpu") -> str:
@@ -66,7 +67,7 @@ def config_pbtxt(name: str, inputs: list[TensorSpec], outputs: list[TensorSpec],
         raise BadInput(f"unknown Triton instance kind '{device}': choose cpu or gpu")
     return "\n".join(
         [
-            f'name: "{model_name(name)}"',
+            f"name: {pbtxt_string(model_name(name))}",
             'platform: "onnxruntime_onnx"',
             "max_batch_size: 0  # the batch dim is explicit (-1): requests carry past key/values of their own length",
             "input [",

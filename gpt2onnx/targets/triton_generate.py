@@ -15,14 +15,15 @@ no generation models (they take text), only the decoder.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 from gpt2onnx.artifact.folder import CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_NAME, TOKENIZER_FILES
 from gpt2onnx.artifact.graph import external_data_files, load_graph
 from gpt2onnx.artifact.manifest import MODEL_FILE, Manifest
+from gpt2onnx.artifact.paths import file_in_folder
 from gpt2onnx.files import link_or_copy
+from gpt2onnx.targets.formats import json_text, pbtxt_string
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def generate_config(name: str, *, kind: str, max_batch: int = DEFAULT_MAX_BATCH)
     """config.pbtxt of NAME-generate: decoupled, one instance (one engine batches every request)."""
     return "\n".join(
         [
-            f'name: "{name}{GENERATE_SUFFIX}"',
+            f"name: {pbtxt_string(name + GENERATE_SUFFIX)}",
             'backend: "python"',
             "max_batch_size: 0  # the engine batches requests itself, joining them at each decode step",
             "model_transaction_policy { decoupled: true }",
@@ -60,8 +61,8 @@ def generate_config(name: str, *, kind: str, max_batch: int = DEFAULT_MAX_BATCH)
             '  { name: "output_ids" data_type: TYPE_INT64 dims: [ -1 ] },',
             '  { name: "finish_reason" data_type: TYPE_STRING dims: [ 1 ] }',
             "]",
-            f"instance_group [ {{ kind: {kind} count: 1 }} ]",
-            f'parameters: {{ key: "max_batch" value: {{ string_value: "{max_batch}" }} }}',
+            f"instance_group [ {{ kind: {_kind(kind)} count: 1 }} ]",
+            f'parameters: {{ key: "max_batch" value: {{ string_value: {pbtxt_string(str(int(max_batch)))} }} }}',
             "",
         ]
     )
@@ -72,9 +73,9 @@ def infer_config(name: str, *, max_batch: int = DEFAULT_MAX_BATCH) -> str:
     that new requests are taken while others decode (all of them join the same engine)."""
     return "\n".join(
         [
-            f'name: "{name}{INFER_SUFFIX}"',
+            f"name: {pbtxt_string(name + INFER_SUFFIX)}",
             'backend: "python"',
-            f"max_batch_size: {max_batch}",
+            f"max_batch_size: {int(max_batch)}",
             "dynamic_batching { max_queue_delay_microseconds: 2000 }",
             "input [",
             '  { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },',
@@ -85,10 +86,18 @@ def infer_config(name: str, *, max_batch: int = DEFAULT_MAX_BATCH) -> str:
             '  { name: "finish_reason" data_type: TYPE_STRING dims: [ 1 ] }',
             "]",
             "instance_group [ { kind: KIND_CPU count: 2 } ]",
-            f'parameters: {{ key: "generate_model" value: {{ string_value: "{name}{GENERATE_SUFFIX}" }} }}',
+            f'parameters: {{ key: "generate_model" value: {{ string_value: {pbtxt_string(name + GENERATE_SUFFIX)} }}'
+            " }",
             "",
         ]
     )
+
+
+def _kind(kind: str) -> str:
+    """An instance kind is one of Triton's enum names, written bare."""
+    if kind not in ("KIND_CPU", "KIND_GPU"):
+        raise ValueError(f"unknown Triton instance kind {kind!r}")
+    return kind
 
 
 def has_tokenizer_files(folder: Path) -> bool:
@@ -117,10 +126,11 @@ def write_generate_models(
     (generate / "config.pbtxt").write_text(generate_config(name, kind=kind))
     (version / "model.py").write_text(MODEL_PY.format(what="generation engine", cls="GenerateModel"))
     companions = [CONFIG_FILE, GENERATION_CONFIG_FILE, *TOKENIZER_FILES]
-    for file in (MODEL_FILE, *data_files, *(c for c in companions if (folder / c).is_file())):
-        link_or_copy(folder / file, version / file)
+    present = [c for c in companions if (folder / c).exists() or (folder / c).is_symlink()]
+    for file in (MODEL_FILE, *data_files, *present):  # each a regular file inside the folder (a link out: refused)
+        link_or_copy(file_in_folder(folder, file, what="file", where=folder), version / file)
     # the manifest the folder was opened with: the engine checks the model files against its sha256 at load
-    (version / MANIFEST_NAME).write_text(json.dumps(manifest.as_dict(), indent=2) + "\n")
+    (version / MANIFEST_NAME).write_text(json_text(manifest.as_dict()))
     written += [f"{repository}/{generate.name}/config.pbtxt"]
     written += sorted(f"{repository}/{generate.name}/1/{p.name}" for p in version.iterdir())
     infer = out / repository / f"{name}{INFER_SUFFIX}"

@@ -30,7 +30,6 @@ new text goes into ``#output``, and ``document.body.dataset.done`` becomes "true
 
 from __future__ import annotations
 
-import html
 import json
 import logging
 import os
@@ -48,6 +47,7 @@ from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy, read_regular_text
 from gpt2onnx.targets import transformers_js
+from gpt2onnx.targets.formats import html_text, script_json
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
 PAGE = "index.html"
@@ -321,9 +321,9 @@ class _PageWriter(HTMLParser):
         self.out.append(self.get_starttag_text())
         values = dict(attrs)
         if tag == "title":
-            self.filling = html.escape(f"{self.title} · gpt2onnx in the browser")
+            self.filling = html_text(f"{self.title} · gpt2onnx in the browser")
         elif tag == "h1" and values.get("id") == "title":
-            self.filling = html.escape(self.title)
+            self.filling = html_text(self.title)
         elif tag == "script" and values.get("id") == "gpt2onnx-settings":
             self.filling = self.settings_json
         if self.filling is not None:
@@ -357,7 +357,7 @@ def render_page(page_settings: dict) -> str:
     """index.html with the settings inlined as JSON data (never code: every '<' is written \\u003c, so no
     '</script>' can end the block early) and the folder's name as the title, escaped as HTML text."""
     template = resources.files("gpt2onnx.targets").joinpath("web_page", PAGE).read_text()
-    data = json.dumps(page_settings, indent=2).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    data = script_json(page_settings)
     writer = _PageWriter(str(page_settings["name"]), f"\n{data}\n")
     writer.feed(template)
     writer.close()

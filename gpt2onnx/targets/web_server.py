@@ -111,7 +111,14 @@ class FolderHandler(SimpleHTTPRequestHandler):
         real = self.inside(self.root.joinpath(*parts))
         if real is None:
             return None
+        if path.endswith("/") and parts and not real.is_dir():  # 'file/': no such folder
+            self.send_error(HTTPStatus.NOT_FOUND)
+            return None
         if real.is_dir():
+            index = real / "index.html"
+            if not (index.exists() or index.is_symlink()):  # a folder without a page: nothing to redirect to
+                self.send_error(HTTPStatus.NOT_FOUND)
+                return None
             if not path.endswith("/"):  # as the standard handler: /sub -> /sub/
                 self.send_response(HTTPStatus.MOVED_PERMANENTLY)
                 self.send_header("Location", "/" + "/".join(parts) + "/")

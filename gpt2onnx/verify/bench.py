@@ -201,7 +201,10 @@ def bench(
     provider = first.settings if first.name == "onnxruntime" else ProviderConfig(threads=first.threads)
     if baseline == "torch":
         runs += _torch_baseline(folders[0], results, provider, config, reference, progress)
-    report = BenchReport(results, runs, describe_machine(provider.name, provider.device_id))
+    # the machine that ran, not the one asked for: a GPU only where a run really used it (a fallback ran on the CPU)
+    ran = [r.provider for r in results] + [run.extra.get("device") or "" for run in runs]
+    on_gpu = any(str(where).lower() in ("cuda", "tensorrt") or str(where).startswith("cuda:") for where in ran)
+    report = BenchReport(results, runs, describe_machine(provider.name if on_gpu else "cpu", provider.device_id))
     if json_path is not None:
         write_json_atomic(json_path, report.as_dict())
     if plot is not None:
