@@ -6,6 +6,7 @@ The same gates, validated the same way, serve export, optimize and ``gpt2onnx pa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from gpt2onnx.artifact.report import Figures
@@ -57,35 +58,102 @@ FILE_GATE_NAMES = ("weight_steps", "weight_error", "relative_error")
 # layers of 64, held-out PPL 184 on a vocabulary of 512), gives 1.2–1.3. 0.6 lies between, with room on both sides.
 FLAT_NATS = 0.6
 QUALITY_GATES = ("kl_mean", "top1", "top5")
-GATE_NAMES = {
-    "logits": "max |Δlogits|",
-    "present": "max |Δpresent|",
-    "top1": "least top-1 agreement (0–1)",
-    "top5": "least top-5 agreement (0–1)",
-    "kl_mean": "largest mean KL divergence",
-    "weight_steps": "largest weight error in quantization steps of the declared width",
-    "weight_error": "largest RMS weight error of a tensor over round-to-nearest's (int4 algorithms that move weights)",
-    "relative_error": "largest mean relative logits error against the file's own rounded weights",
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One gate: its name (--gate NAME=X), what it bounds, the range it may be set to (a |Δ| is a positive number,
+    an agreement a share in (0, 1], a KL ≥ 0), whether the figure must stay at most (``upper``) or at least the
+    value, the figure of a check's Figures it reads (None where the check did not measure it), and the failure's
+    words for the figure and the limit."""
+
+    name: str
+    description: str
+    figure: Callable[[Figures], float | None]
+    failure: Callable[[Figures, float], str]
+    upper: bool = True
+    low: float = 0.0
+    high: float = math.inf
+
+    def fails(self, measured: Figures, limit: float) -> bool:
+        value = self.figure(measured)
+        if value is None:
+            return False  # a gate on a figure the check does not measure (present on a runtime without presents)
+        return not value <= limit if self.upper else not value >= limit  # NaN fails either way
+
+
+GATES = {
+    gate.name: gate
+    for gate in (
+        Gate(
+            "logits",
+            "max |Δlogits|",
+            lambda m: m.logits.max if m.logits is not None else None,
+            lambda m, g: f"max |Δlogits| {m.logits.max:.3g} > {g:g}",
+        ),
+        Gate(
+            "present",
+            "max |Δpresent|",
+            lambda m: m.present.max if m.present is not None else None,
+            lambda m, g: f"max |Δpresent| {m.present.max:.3g} > {g:g}",
+        ),
+        Gate(
+            "top1",
+            "least top-1 agreement (0–1)",
+            lambda m: m.top1_agreement,
+            lambda m, g: f"top-1 agreement {100 * m.top1_agreement:.2f}% < {100 * g:g}%",
+            upper=False,
+            high=1.0,
+        ),
+        Gate(
+            "top5",
+            "least top-5 agreement (0–1)",
+            lambda m: m.top5_agreement,
+            lambda m, g: f"top-5 agreement {100 * m.top5_agreement:.2f}% < {100 * g:g}%",
+            upper=False,
+            high=1.0,
+        ),
+        Gate(
+            "kl_mean",
+            "largest mean KL divergence",
+            lambda m: m.kl.mean if m.kl is not None else None,
+            lambda m, g: f"mean KL divergence {m.kl.mean:.3g} > {g:g}",
+        ),
+        Gate(
+            "weight_steps",
+            "largest weight error in quantization steps of the declared width",
+            lambda m: m.weights.max_steps if m.weights is not None else None,
+            lambda m, g: (
+                f"weights are not the declared rounding: '{m.weights.worst}' is {m.weights.max_steps:.3g}"
+                f" quantization steps from its source > {g:g}"
+            ),
+        ),
+        Gate(
+            "weight_error",
+            "largest RMS weight error of a tensor over round-to-nearest's (int4 algorithms that move weights)",
+            lambda m: m.weights.rms_ratio if m.weights is not None else None,
+            lambda m, g: (
+                f"weights are not the declared algorithm's: '{m.weights.rms_worst}' has {m.weights.rms_ratio:.3g}"
+                f" times the RMS error of round to nearest > {g:g}"
+            ),
+        ),
+        Gate(
+            "relative_error",
+            "largest mean relative logits error against the file's own rounded weights",
+            lambda m: m.relative_error.mean if m.relative_error is not None else None,
+            lambda m, g: f"relative logits error {100 * m.relative_error.mean:.3g}% > {100 * g:g}%",
+        ),
+    )
 }
-# The range each gate may be set to: a |Δ| is a positive number, an agreement a share in (0, 1], a KL ≥ 0.
-GATE_RANGES = {
-    "logits": (0.0, math.inf),
-    "present": (0.0, math.inf),
-    "top1": (0.0, 1.0),
-    "top5": (0.0, 1.0),
-    "kl_mean": (0.0, math.inf),
-    "weight_steps": (0.0, math.inf),
-    "weight_error": (0.0, math.inf),
-    "relative_error": (0.0, math.inf),
-}
+GATE_NAMES = {name: gate.description for name, gate in GATES.items()}  # for the help and the errors
 
 
 def check_gate(name: str, value: float) -> float:
     """A gate value within its range (a NaN, a negative |Δ| or an agreement above 1 would never fail or never pass)."""
-    if name not in GATE_NAMES:
+    if name not in GATES:
         choices = ", ".join(f"{k} ({v})" for k, v in GATE_NAMES.items())
         raise BadInput(f"unknown gate '{name}': choose one of {choices}")
-    low, high = GATE_RANGES[name]
+    low, high = GATES[name].low, GATES[name].high
     if not (
         isinstance(value, (int, float)) and not isinstance(value, bool) and low < value <= high and math.isfinite(value)
     ):
@@ -142,52 +210,17 @@ def parse_gates(values: list[str] | None) -> dict[str, float]:
 
 
 def apply_gates(measured: Figures, gates: dict, *, cases: int = 1) -> list[str]:
-    """The failures of ``measured`` (the totals of a check) against ``gates``; NaN fails every gate it meets; a
-    gate on a figure the check does not measure (present on a runtime without presents) is not applied."""
-    failures = []
-    m = measured
-
-    def above(value, limit):
-        return not value <= limit  # NaN is never ≤
-
-    if "logits" in gates and above(m.logits.max, gates["logits"]):
-        failures.append(f"max |Δlogits| {m.logits.max:.3g} > {gates['logits']:g}")
-    if "present" in gates and m.present is not None and above(m.present.max, gates["present"]):
-        failures.append(f"max |Δpresent| {m.present.max:.3g} > {gates['present']:g}")
-    if "top1" in gates and m.top1_agreement is not None and not m.top1_agreement >= gates["top1"]:
-        failures.append(f"top-1 agreement {100 * m.top1_agreement:.2f}% < {100 * gates['top1']:g}%")
-    if "top5" in gates and m.top5_agreement is not None and not m.top5_agreement >= gates["top5"]:
-        failures.append(f"top-5 agreement {100 * m.top5_agreement:.2f}% < {100 * gates['top5']:g}%")
-    if "kl_mean" in gates and m.kl is not None and above(m.kl.mean, gates["kl_mean"]):
-        failures.append(f"mean KL divergence {m.kl.mean:.3g} > {gates['kl_mean']:g}")
-    if "weight_steps" in gates and m.weights is not None and above(m.weights.max_steps, gates["weight_steps"]):
-        failures.append(
-            f"weights are not the declared rounding: '{m.weights.worst}' is {m.weights.max_steps:.3g} quantization"
-            f" steps from its source > {gates['weight_steps']:g}"
-        )
-    weights = m.weights
-    if (
-        "weight_error" in gates
-        and weights is not None
-        and weights.rms_ratio is not None
-        and above(weights.rms_ratio, gates["weight_error"])
-    ):
-        failures.append(
-            f"weights are not the declared algorithm's: '{m.weights.rms_worst}' has {m.weights.rms_ratio:.3g} times"
-            f" the RMS error of round to nearest > {gates['weight_error']:g}"
-        )
-    if (
-        "relative_error" in gates
-        and m.relative_error is not None
-        and above(m.relative_error.mean, gates["relative_error"])
-    ):
-        failures.append(
-            f"relative logits error {100 * m.relative_error.mean:.3g}% > {100 * gates['relative_error']:g}%"
-        )
-    if m.nonfinite:
-        failures.append(f"{m.nonfinite} NaN/Inf values")
-    if gates.get("tokens_equal") and m.tokens_equal_cases is not None and m.tokens_equal_cases < cases:
-        failures.append(f"greedy tokens differ in {cases - m.tokens_equal_cases} cases")
+    """The failures of ``measured`` (the totals of a check) against ``gates``, in the table's order; NaN fails
+    every gate it meets; a gate on a figure the check does not measure is not applied."""
+    failures = [
+        gate.failure(measured, gates[name])
+        for name, gate in GATES.items()
+        if name in gates and gate.fails(measured, gates[name])
+    ]
+    if measured.nonfinite:
+        failures.append(f"{measured.nonfinite} NaN/Inf values")
+    if gates.get("tokens_equal") and measured.tokens_equal_cases is not None and measured.tokens_equal_cases < cases:
+        failures.append(f"greedy tokens differ in {cases - measured.tokens_equal_cases} cases")
     return failures
 
 
