@@ -46,8 +46,6 @@ from gpt2onnx.passes.graph_tools import infer_value_info
 log = logging.getLogger(__name__)
 
 PROFILES = ("none", "ort", "ort-shared-kv", "portable", "tensorrt")
-# Profiles whose graph holds com.microsoft ops (a model fused with one of them can be fused again with another).
-CONTRIB_PROFILES = ("ort", "ort-shared-kv")
 MS = "com.microsoft"
 
 
@@ -147,28 +145,77 @@ def _where_it_stopped(model: ir.Model, fusion: Fusion) -> str:
     return f"stopped matching at node '{node.name}' ({node.op_type}): {reason}"
 
 
+def fused_with(model: onnx.ModelProto) -> str | None:
+    """The profile whose fused ops the graph holds, read from its own ops: ort-shared-kv (GroupQueryAttention),
+    ort (MultiHeadAttention, FastGelu, SkipLayerNormalization), portable (the standard Gelu); None for a graph
+    with none of them (an unfused export, and the tensorrt profile's, whose LayerNormalization torch writes too)."""
+    ops = {(n.domain or "", n.op_type) for n in model.graph.node}
+    if (MS, "GroupQueryAttention") in ops:
+        return "ort-shared-kv"
+    if any(op in ops for op in ((MS, "MultiHeadAttention"), (MS, "FastGelu"), (MS, "SkipLayerNormalization"))):
+        return "ort"
+    if ("", "Gelu") in ops:
+        return "portable"
+    return None
+
+
+# (profile the graph holds, profile asked for) pairs that fuse() runs: the asked profile's rules on a graph that
+# holds the other's ops (ort-shared-kv rewrites ort's MultiHeadAttention). The same profile is a no-op; any other
+# pair is refused in one line.
+_REFUSABLE = "start from the unfused export (--fusion none), or keep the folder's own profile (--fusion {held})"
+_FUSES_OVER = {("ort", "ort-shared-kv")}
+
+
+def _check_fused(held: str | None, profile: str) -> None:
+    """Refuse a profile that cannot be applied to a graph already fused with ``held``."""
+    if held is None or held == profile or (held, profile) in _FUSES_OVER:
+        return
+    what = {
+        "ort-shared-kv": "a shared K/V cache (GroupQueryAttention)",
+        "ort": "com.microsoft ops from the ort profile",
+        "portable": "the portable profile's standard Gelu",
+    }[held]
+    raise BadInput(
+        f"the model already has {what}, which the {profile} profile cannot be made from: "
+        + _REFUSABLE.format(held=held)
+    )
+
+
+def _already_fused(model: onnx.ModelProto, profile: str, n_layer: int) -> FusionReport:
+    """The report of a profile on a graph it has fused already: nothing applied, its ops counted as they are."""
+    graph = ir.from_proto(model)
+    histogram = _op_histogram(graph)
+    golden = {}
+    for check, (ops, expected) in golden_counts(profile, n_layer).items():
+        found = sum(histogram[op] for op in ops)
+        golden[check] = GoldenCount(expected, found, ["::".join(filter(None, op)) for op in ops])
+    produced = {op for f in PROFILE_FUSIONS[profile] for op in f.produces}
+    op_counts = {"::".join(filter(None, key)): n for key, n in sorted(histogram.items()) if key in produced}
+    partial = [f"fusion '{c}' has {g.found} of {g.expected} ops" for c, g in golden.items() if g.found < g.expected]
+    return FusionReport(profile, {f.name: 0 for f in PROFILE_FUSIONS[profile]}, op_counts, golden, partial)
+
+
 def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -> tuple[onnx.ModelProto, FusionReport]:
-    """Apply a profile's fusions in order; fail below the golden counts unless ``allow_partial``."""
+    """Apply a profile's fusions in order; fail below the golden counts unless ``allow_partial``. A graph that
+    already holds the profile's fused ops comes back as it is (fusing what is fused is a no-op)."""
     check_profile(profile)
     n_layer = count_layers(model)
     if profile == "none":
         return model, FusionReport(profile, {}, {}, {})
-    contrib = sorted({n.op_type for n in model.graph.node if n.domain == MS})
-    if "GroupQueryAttention" in contrib:
-        raise BadInput(
-            "the model already has a shared K/V cache (GroupQueryAttention): start from the unfused or ort export"
-        )
-    if contrib and profile not in CONTRIB_PROFILES:
-        raise BadInput(
-            f"the model already holds com.microsoft ops ({', '.join(contrib)}) from the ort profile, which the"
-            f" {profile} profile cannot contain: start from the unfused export"
-        )
+    held = fused_with(model)
+    _check_fused(held, profile)
+    if held == profile:
+        log.info("the model is already fused with the %s profile: nothing to fuse", profile)
+        return model, _already_fused(model, profile, n_layer)
     model = _upgrade_opset(model, MIN_OPSET[profile])
     ir_version = model.ir_version
     if any(f is ATTENTION for f in PROFILE_FUSIONS[profile]):
         model, anchored = anchor_shapes(model)
         log.info("re-anchored %d intermediate shape reads on the graph inputs", anchored)
+    known = list(model.graph.value_info)  # a fused graph's contrib ops are typed by the pass that fused them only
     infer_value_info(model)
+    inferred = {v.name for v in model.graph.value_info}
+    model.graph.value_info.extend(v for v in known if v.name not in inferred)
     graph = ir.from_proto(model)
     # Small constant subgraphs (the SDPA scale, shape arithmetic) become constants the rules can read.
     onnxscript.optimizer.fold_constants(graph, input_size_limit=1024, output_size_limit=1024)
