@@ -273,7 +273,17 @@ _KEYS = (
     "files",
     "versions",
     "created",
+    "outside_vocabulary",
 )
+
+
+def _outside_from_dict(data: dict) -> dict[str, list[int]]:
+    out = {}
+    for key, ids in data.items():
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(key)
+        out[str(key)] = list(ids)
+    return out
 
 
 @dataclass
@@ -298,6 +308,9 @@ class Manifest:
     fp16: Fp16Record | None = None
     quantization: QuantizationRecord | None = None
     kv_cache: str | None = None  # "shared" (one buffer for past and present) or "concat"; None: not recorded
+    # special token ids the configs give outside the vocabulary ({"eos_token_id": [50256]}): as in transformers
+    # they never come; the readers of generation_config.json accept exactly these (artifact.generation)
+    outside_vocabulary: dict[str, list[int]] = field(default_factory=dict)
     check: CheckReport | None = None
     eval: EvalReport | None = None  # quality on real text checked before writing (--eval-text)
     timings: dict[str, float] = field(default_factory=dict)
@@ -363,6 +376,8 @@ class Manifest:
             del values["deploy"]
         if self.eval is None:
             del values["eval"]  # written only by an export or optimize with --eval-text
+        if self.outside_vocabulary:  # written only where a special token is outside the vocabulary
+            values["outside_vocabulary"] = self.outside_vocabulary
         return {**values, **self.extra}
 
     @classmethod
@@ -414,6 +429,7 @@ class Manifest:
             fp16=record("fp16", Fp16Record.from_dict),
             quantization=record("quantization", QuantizationRecord.from_dict),
             kv_cache=record("kv_cache", str, str),
+            outside_vocabulary=record("outside_vocabulary", _outside_from_dict) or {},
             check=check,
             eval=record("eval", EvalReport.from_dict),
             timings=record("timings", dict) or {},

@@ -22,6 +22,7 @@ from gpt2onnx.artifact.folder import (
     staged_folder,
     write_manifest,
 )
+from gpt2onnx.artifact.generation import special_tokens_outside
 from gpt2onnx.artifact.graph import graph_summary, save_onnx
 from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.artifact.report import CheckReport
@@ -228,6 +229,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
             )
         passed_or_refused(check)
     _write_companions(folder, ckpt)
+    outside = _special_tokens_outside(folder, ckpt.spec.vocab_size)
     quality = None
     if options.eval_source is not None:
         with timed(timings, "eval"):
@@ -250,6 +252,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         **graph_facts,
         options={**options.as_dict(), "external_data": len(model_files) > 1},
         **passed.records(),
+        outside_vocabulary=outside,
         check=check,
         eval=quality,
         timings=timings,
@@ -289,6 +292,21 @@ def passed_or_refused(check: CheckReport) -> CheckReport:
     if not check.passed:
         raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
     return check
+
+
+def _special_tokens_outside(folder: Path, vocab_size: int) -> dict[str, list[int]]:
+    """The special token ids the written configs give outside the vocabulary, said once: transformers accepts such
+    a config and its generate() runs on it (the token simply never comes), so the folder keeps them and the
+    manifest records them, which every command that reads the folder then accepts."""
+    outside = special_tokens_outside(folder, vocab_size)
+    if outside:
+        ids = ", ".join(f"{key} {'/'.join(map(str, values))}" for key, values in outside.items())
+        log.warning(
+            "%s outside the vocabulary of %d tokens: as in transformers, never generated (recorded in the manifest)",
+            ids,
+            vocab_size,
+        )
+    return outside
 
 
 def _write_companions(folder: Path, ckpt: Checkpoint) -> None:

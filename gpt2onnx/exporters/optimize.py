@@ -223,4 +223,5 @@ def _manifest(model_path: Path, previous, passes: GraphPasses, passed, facts: di
             "external_data": external,
         },
         **records,
+        outside_vocabulary=previous.outside_vocabulary if previous else {},
     )

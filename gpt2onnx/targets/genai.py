@@ -13,15 +13,18 @@ from gpt2onnx.artifact.genai_config import CONFIG_NAME, genai_config
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
 
-def write_genai_config(folder: str | Path, out: str | Path) -> Path:
-    """Write the folder's genai_config.json into the folder ``out`` (the folder itself, or a copy of it)."""
+def write_genai_config(folder: str | Path, out: str | Path, *, outside_vocabulary: dict | None = None) -> Path:
+    """Write the folder's genai_config.json into the folder ``out`` (the folder itself, or a copy of it);
+    ``outside_vocabulary``: the source manifest's record, for a folder without its manifest."""
     path = Path(out) / CONFIG_NAME
-    path.write_text(json.dumps(genai_config(folder), indent=2) + "\n")
+    config = genai_config(folder, outside_vocabulary=outside_vocabulary)
+    path.write_text(json.dumps(config, indent=2) + "\n")
     return path
 
 
 def _write(deployment: Deployment, options) -> Written:
-    write_genai_config(deployment.staging, deployment.staging)
+    outside = deployment.source.manifest.outside_vocabulary  # the staging copy has no manifest yet
+    write_genai_config(deployment.staging, deployment.staging, outside_vocabulary=outside)
     return Written([CONFIG_NAME])
 
 
