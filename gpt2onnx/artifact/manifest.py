@@ -33,13 +33,27 @@ class Architecture:
     n_inner: int
     layer_norm_epsilon: float
     tie_word_embeddings: bool
+    # Beyond OpenAI's GPT-2 (recorded only where they differ from it, so that older manifests read the same):
+    activation: str = "gelu_new"  # the MLP's activation, by its canonical name (pytorch.architecture.ACTIVATIONS)
+    scale_attn_weights: bool = True  # scores divided by √head_dim
+    scale_attn_by_inverse_layer_idx: bool = False  # and by layer index + 1 (BioMedLM, Mistral's GPT-2 runs)
+    reorder_and_upcast_attn: bool = False  # scores computed in fp32 (the same values in an fp32 export)
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    def attention_divisor(self, layer: int) -> float:
+        """What layer ``layer``'s attention scores are divided by (transformers' GPT2Attention)."""
+        divisor = self.head_dim**0.5 if self.scale_attn_weights else 1.0
+        return divisor * (layer + 1) if self.scale_attn_by_inverse_layer_idx else divisor
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        values = asdict(self)
+        for name, default in _ARCHITECTURE_EXTRAS.items():
+            if values[name] == default:
+                del values[name]
+        return values
 
     @classmethod
     def from_dict(cls, data: dict) -> "Architecture":
@@ -49,9 +63,20 @@ class Architecture:
         epsilon, tie = data["layer_norm_epsilon"], data["tie_word_embeddings"]
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not isinstance(tie, bool):
             raise TypeError("architecture")
-        if set(data) != set(ints) | {"layer_norm_epsilon", "tie_word_embeddings"}:
+        extras = {k: data[k] for k in _ARCHITECTURE_EXTRAS if k in data}
+        if any(type(v) is not type(_ARCHITECTURE_EXTRAS[k]) for k, v in extras.items()):
+            raise TypeError("architecture")
+        if set(data) != set(ints) | {"layer_norm_epsilon", "tie_word_embeddings"} | set(extras):
             raise KeyError("architecture")  # another shape: kept as it was (unreadable), never rewritten
-        return cls(**ints, layer_norm_epsilon=epsilon, tie_word_embeddings=tie)
+        return cls(**ints, layer_norm_epsilon=epsilon, tie_word_embeddings=tie, **extras)
+
+
+_ARCHITECTURE_EXTRAS = {
+    "activation": "gelu_new",
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+}
 
 
 @dataclass(frozen=True)

@@ -276,7 +276,7 @@ def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
             module, io, kind, head = BlockForExport(full.h[options.block]), block_io(spec), "block", None
         log.info("exporting %s (%s, opset %d)", ckpt.name, kind, options.opset)
         proto = export_module(module, io, spec, opset=options.opset, head_weight=head)
-    passed = passes.apply(proto, timings)
+    passed = passes.apply(proto, timings, activation=spec.activation)
     if passes.dtype == "float16":
         logits_dtype = "float32" if "logits" in passes.keep_fp32 else "float16"
         io = decoder_io(spec, last_logits_only=last, dtype=passes.dtype, logits_dtype=logits_dtype)

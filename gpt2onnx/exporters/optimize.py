@@ -108,7 +108,9 @@ def optimize(
     if fusion is None:
         passes = _own_profile(model, passes)
     _refuse_a_fused_copy(model, passes, model_path)
-    passed = passes.apply(model, timings)
+    previous = read_manifest(model_path.parent)
+    activation = previous.architecture.activation if previous and previous.architecture else "gelu_new"
+    passed = passes.apply(model, timings, activation=activation)
     del model
     checks = _Checks(validate, tolerance, gates, text, eval_gates)
     with staged_folder(out, force=force, protect=(model_path.parent,)) as folder:

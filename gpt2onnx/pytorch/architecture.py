@@ -18,8 +18,20 @@ PRESETS: dict[str, dict[str, int]] = {
     "tiny": dict(n_layer=2, n_head=4, n_embd=64, vocab_size=1000, n_positions=256),
 }
 
-# Activations that are GPT-2's tanh GELU under another name.
-TANH_GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+# The activations transformers' GPT-2 takes (transformers.activations.ACT2FN), by the canonical name the export
+# module computes: GPT-2's tanh GELU under its three names, the exact (erf) GELU, and the others.
+ACTIVATIONS = {
+    "gelu_new": "gelu_new",
+    "gelu_pytorch_tanh": "gelu_new",
+    "gelu_fast": "gelu_new",
+    "gelu": "gelu",
+    "quick_gelu": "quick_gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+    "tanh": "tanh",
+}
+TANH_GELU_NAMES = tuple(name for name, canonical in ACTIVATIONS.items() if canonical == "gelu_new")
 
 
 def preset_config(name: str):
@@ -46,20 +58,25 @@ def spec_from_config(config) -> Architecture:
     if model_type != "gpt2":
         raise CheckpointError(f"config: model_type is '{model_type}', expected 'gpt2'")
     activation = get("activation_function", "gelu_new")
-    if activation not in TANH_GELU_NAMES:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise CheckpointError(
-            f"config: activation_function '{activation}' is not GPT-2's tanh GELU ({', '.join(TANH_GELU_NAMES)})"
+            f"config: activation_function {activation!r} cannot be exported: choose one of {', '.join(ACTIVATIONS)}"
         )
-    refusals = {
-        "scale_attn_weights": (True, "attention scores must be scaled by 1/sqrt(head_dim)"),
-        "scale_attn_by_inverse_layer_idx": (False, "per-layer attention scaling is not supported"),
-        "reorder_and_upcast_attn": (False, "reordered/upcast attention is not supported"),
-        "add_cross_attention": (False, "cross-attention is not supported"),
-    }
-    for key, (expected, why) in refusals.items():
-        value = get(key, expected)
-        if bool(value) != expected:
-            raise CheckpointError(f"config: {key}={value} cannot be exported: {why}")
+    flags = {}
+    for key, default in (
+        ("scale_attn_weights", True),
+        ("scale_attn_by_inverse_layer_idx", False),
+        ("reorder_and_upcast_attn", False),
+    ):
+        value = get(key, default)
+        if not isinstance(value, bool):
+            raise CheckpointError(f"config: {key} must be true or false, got {value!r}; fix config.json")
+        flags[key] = value
+    if bool(get("add_cross_attention", False)):
+        raise CheckpointError(
+            f"config: add_cross_attention={get('add_cross_attention')} cannot be exported: cross-attention (an"
+            " encoder-decoder GPT-2) is not a decoder-only GPT2LMHeadModel"
+        )
     for key, (low, high) in INT_FIELDS.items():
         _check_int(key, get(key), low, high)
     n_inner = get("n_inner")
@@ -90,6 +107,8 @@ def spec_from_config(config) -> Architecture:
         n_inner=n_inner or 4 * n_embd,
         layer_norm_epsilon=float(epsilon),
         tie_word_embeddings=tie,
+        activation=ACTIVATIONS[activation],
+        **flags,
     )
 
 

@@ -21,6 +21,27 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
+def gelu_erf(x: torch.Tensor) -> torch.Tensor:
+    """GELU, exact: 0.5 · x · (1 + erf(x / √2)) (transformers' "gelu", torch's F.gelu)."""
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """x · sigmoid(1.702 · x) (transformers' QuickGELUActivation)."""
+    return x * torch.sigmoid(1.702 * x)
+
+
+# The activation of each canonical name (pytorch.architecture.ACTIVATIONS), written as the ops the fusions read.
+ACTIVATION_FUNCTIONS = {
+    "gelu_new": gelu_tanh,
+    "gelu": gelu_erf,
+    "quick_gelu": quick_gelu,
+    "relu": torch.relu,
+    "silu": lambda x: x * torch.sigmoid(x),
+    "tanh": torch.tanh,
+}
+
+
 class Conv1D(nn.Module):
     """GPT-2's linear layer: weight stored [in_features, out_features]."""
 
@@ -34,10 +55,13 @@ class Conv1D(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, spec: Architecture):
+    def __init__(self, spec: Architecture, layer: int = 0):
         super().__init__()
         self.n_head = spec.n_head
         self.head_dim = spec.n_embd // spec.n_head
+        # √head_dim, times layer + 1 with scale_attn_by_inverse_layer_idx, 1 without scale_attn_weights: one
+        # constant Div (the attention fusion reads it into MultiHeadAttention's scale)
+        self.divisor = spec.attention_divisor(layer)
         self.c_attn = Conv1D(spec.n_embd, 3 * spec.n_embd)
         self.c_proj = Conv1D(spec.n_embd, spec.n_embd)
 
@@ -49,7 +73,7 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         present_key = torch.cat([past_key, k], dim=2)  # (B, nh, P+T, hs)
         present_value = torch.cat([past_value, v], dim=2)
-        scores = torch.matmul(q, present_key.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        scores = torch.matmul(q, present_key.transpose(-1, -2)) / self.divisor
         probs = torch.softmax(scores + attn_bias, dim=-1)  # attn_bias: (B, 1, T, P+T)
         y = torch.matmul(probs, present_value)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)
@@ -61,16 +85,17 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = Conv1D(spec.n_embd, spec.n_inner)
         self.c_proj = Conv1D(spec.n_inner, spec.n_embd)
+        self.act = ACTIVATION_FUNCTIONS[spec.activation]
 
     def forward(self, x):
-        return self.c_proj(gelu_tanh(self.c_fc(x)))
+        return self.c_proj(self.act(self.c_fc(x)))
 
 
 class Block(nn.Module):
-    def __init__(self, spec: Architecture):
+    def __init__(self, spec: Architecture, layer: int = 0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(spec.n_embd, eps=spec.layer_norm_epsilon)
-        self.attn = CausalSelfAttention(spec)
+        self.attn = CausalSelfAttention(spec, layer)
         self.ln_2 = nn.LayerNorm(spec.n_embd, eps=spec.layer_norm_epsilon)
         self.mlp = MLP(spec)
 
@@ -109,7 +134,7 @@ class GPT2ForExport(nn.Module):
         self.last_logits_only = last_logits_only
         self.wte = nn.Embedding(spec.vocab_size, spec.n_embd)
         self.wpe = nn.Embedding(spec.n_positions, spec.n_embd)
-        self.h = nn.ModuleList(Block(spec) for _ in range(spec.n_layer))
+        self.h = nn.ModuleList(Block(spec, i) for i in range(spec.n_layer))
         self.ln_f = nn.LayerNorm(spec.n_embd, eps=spec.layer_norm_epsilon)
         # Untied checkpoints keep their own head; GPT-2 ties it to wte (stored once in the graph).
         self.lm_head = None if spec.tie_word_embeddings else nn.Parameter(torch.empty(spec.vocab_size, spec.n_embd))

@@ -32,7 +32,14 @@ from onnxscript.rewriter import pattern
 from gpt2onnx.artifact.manifest import FusionReport, GoldenCount
 from gpt2onnx.errors import BadInput, CheckFailed, ContractError
 from gpt2onnx.passes.fusions.attention import attention_div_rule, attention_split_scale_rule
-from gpt2onnx.passes.fusions.gelu import fast_gelu_rule, fast_gelu_with_bias_rule, standard_gelu_rule
+from gpt2onnx.passes.fusions.gelu import (
+    erf_gelu_rule,
+    fast_gelu_rule,
+    fast_gelu_with_bias_rule,
+    quick_gelu_rule,
+    standard_erf_gelu_rule,
+    standard_gelu_rule,
+)
 from gpt2onnx.passes.fusions.layer_norm import layer_norm_rule
 from gpt2onnx.passes.fusions.shape_anchoring import anchor_shapes
 from gpt2onnx.passes.fusions.shared_kv import share_kv_cache
@@ -58,8 +65,20 @@ class Fusion:
 
 LAYER_NORM = Fusion("layer_norm", (layer_norm_rule,), (("", "LayerNormalization"),))
 ATTENTION = Fusion("attention", (attention_div_rule, attention_split_scale_rule), ((MS, "MultiHeadAttention"),))
-FAST_GELU = Fusion("gelu", (fast_gelu_with_bias_rule, fast_gelu_rule), ((MS, "FastGelu"),))
-STANDARD_GELU = Fusion("gelu", (standard_gelu_rule,), (("", "Gelu"),))
+# The activation's fused op: tanh GELU → FastGelu, exact GELU → Gelu, quick GELU → QuickGelu (com.microsoft); the
+# portable profile: both GELUs → the standard Gelu. relu, silu and tanh have none (no golden check).
+FAST_GELU = Fusion(
+    "gelu",
+    (fast_gelu_with_bias_rule, fast_gelu_rule, erf_gelu_rule, quick_gelu_rule),
+    ((MS, "FastGelu"), (MS, "Gelu"), (MS, "QuickGelu")),
+)
+STANDARD_GELU = Fusion("gelu", (standard_gelu_rule, standard_erf_gelu_rule), (("", "Gelu"),))
+# The op each profile's gelu fusion makes of each activation (the export module's canonical names).
+GELU_OPS = {
+    "ort": {"gelu_new": (MS, "FastGelu"), "gelu": (MS, "Gelu"), "quick_gelu": (MS, "QuickGelu")},
+    "portable": {"gelu_new": ("", "Gelu"), "gelu": ("", "Gelu")},
+}
+GELU_OPS["ort-shared-kv"] = GELU_OPS["ort"]
 SKIP_LAYER_NORM = Fusion(
     "skip_layer_norm",
     (layer_norm_before_reshape_rule, skip_layer_norm_with_bias_rule, skip_layer_norm_rule),
@@ -78,9 +97,23 @@ PROFILE_FUSIONS: dict[str, tuple[Fusion, ...]] = {
 MIN_OPSET = {"none": 0, "ort": 17, "ort-shared-kv": 17, "portable": 20, "tensorrt": 17}
 
 
-def golden_counts(profile: str, n_layer: int) -> dict[str, tuple[tuple[tuple[str, str], ...], int]]:
+def golden_counts(
+    profile: str, n_layer: int, activation: str = "gelu_new"
+) -> dict[str, tuple[tuple[tuple[str, str], ...], int]]:
     """What a whole fusion must reach: {check name: ((domain, op), ...), expected count}. (ort-shared-kv also
-    leaves no MultiHeadAttention: fuse() rewrites every one.)"""
+    leaves no MultiHeadAttention: fuse() rewrites every one.) ``activation``: the MLP's (canonical name); one
+    without a fused op in this profile has no gelu check."""
+    counts = _golden_counts(profile, n_layer)
+    if "gelu" in counts:
+        op = GELU_OPS[profile].get(activation)
+        if op is None:
+            del counts["gelu"]
+        else:
+            counts["gelu"] = ((op,), n_layer)
+    return counts
+
+
+def _golden_counts(profile: str, n_layer: int) -> dict[str, tuple[tuple[tuple[str, str], ...], int]]:
     L = n_layer
     layer_norms = (("", "LayerNormalization"), (MS, "SkipLayerNormalization"))
     return {
@@ -152,7 +185,7 @@ def fused_with(model: onnx.ModelProto) -> str | None:
     ops = {(n.domain or "", n.op_type) for n in model.graph.node}
     if (MS, "GroupQueryAttention") in ops:
         return "ort-shared-kv"
-    if any(op in ops for op in ((MS, "MultiHeadAttention"), (MS, "FastGelu"), (MS, "SkipLayerNormalization"))):
+    if any(op in ops for op in ((MS, "MultiHeadAttention"), (MS, "SkipLayerNormalization"), *FAST_GELU.produces)):
         return "ort"
     if ("", "Gelu") in ops:
         return "portable"
@@ -181,12 +214,12 @@ def _check_fused(held: str | None, profile: str) -> None:
     )
 
 
-def _already_fused(model: onnx.ModelProto, profile: str, n_layer: int) -> FusionReport:
+def _already_fused(model: onnx.ModelProto, profile: str, n_layer: int, activation: str) -> FusionReport:
     """The report of a profile on a graph it has fused already: nothing applied, its ops counted as they are."""
     graph = ir.from_proto(model)
     histogram = _op_histogram(graph)
     golden = {}
-    for check, (ops, expected) in golden_counts(profile, n_layer).items():
+    for check, (ops, expected) in golden_counts(profile, n_layer, activation).items():
         found = sum(histogram[op] for op in ops)
         golden[check] = GoldenCount(expected, found, ["::".join(filter(None, op)) for op in ops])
     produced = {op for f in PROFILE_FUSIONS[profile] for op in f.produces}
@@ -195,9 +228,12 @@ def _already_fused(model: onnx.ModelProto, profile: str, n_layer: int) -> Fusion
     return FusionReport(profile, {f.name: 0 for f in PROFILE_FUSIONS[profile]}, op_counts, golden, partial)
 
 
-def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -> tuple[onnx.ModelProto, FusionReport]:
+def fuse(
+    model: onnx.ModelProto, profile: str, *, allow_partial: bool = False, activation: str = "gelu_new"
+) -> tuple[onnx.ModelProto, FusionReport]:
     """Apply a profile's fusions in order; fail below the golden counts unless ``allow_partial``. A graph that
-    already holds the profile's fused ops comes back as it is (fusing what is fused is a no-op)."""
+    already holds the profile's fused ops comes back as it is (fusing what is fused is a no-op). ``activation``:
+    the MLP's (the Architecture's canonical name), which fixes the gelu check's op."""
     check_profile(profile)
     n_layer = count_layers(model)
     if profile == "none":
@@ -206,7 +242,7 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
     _check_fused(held, profile)
     if held == profile:
         log.info("the model is already fused with the %s profile: nothing to fuse", profile)
-        return model, _already_fused(model, profile, n_layer)
+        return model, _already_fused(model, profile, n_layer, activation)
     model = _upgrade_opset(model, MIN_OPSET[profile])
     ir_version = model.ir_version
     if any(f is ATTENTION for f in PROFILE_FUSIONS[profile]):
@@ -234,7 +270,7 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
         graph = ir.from_proto(proto)
     histogram = _op_histogram(graph)
     golden, partial = {}, []
-    for check, (ops, expected) in golden_counts(profile, n_layer).items():
+    for check, (ops, expected) in golden_counts(profile, n_layer, activation).items():
         found = sum(histogram[op] for op in ops)
         golden[check] = GoldenCount(expected, found, ["::".join(filter(None, op)) for op in ops])
         if found < expected:
