@@ -8,13 +8,31 @@ from gpt2onnx.artifact.manifest import Architecture
 from gpt2onnx.errors import CheckpointError
 from gpt2onnx.files import available_memory
 
-# Sizes of the released checkpoints (OpenAI's four and distilgpt2), and a tiny one for tests and demos.
-PRESETS: dict[str, dict[str, int]] = {
+# Cerebras-GPT (cerebras/Cerebras-GPT-*): exact GELU, 2048 positions, n_inner 4 x n_embd, GPT-2's vocabulary.
+_CEREBRAS = dict(activation_function="gelu", n_positions=2048)
+# stanford-crfm's Mistral GPT-2 runs and BioMedLM: per-layer attention scaling with upcast (fp32) attention.
+_MISTRAL = dict(scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True)
+
+# Sizes of the released checkpoints (OpenAI's four and distilgpt2, and the families below, each as its published
+# config.json has it), and a tiny one for tests and demos.
+PRESETS: dict[str, dict[str, int | str | bool]] = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),
     "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),
     "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),
     "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),
     "distilgpt2": dict(n_layer=6, n_head=12, n_embd=768),
+    "cerebras-gpt-111m": dict(n_layer=10, n_head=12, n_embd=768, n_inner=3072, **_CEREBRAS),
+    "cerebras-gpt-256m": dict(n_layer=14, n_head=17, n_embd=1088, n_inner=4352, **_CEREBRAS),
+    "cerebras-gpt-590m": dict(n_layer=18, n_head=12, n_embd=1536, n_inner=6144, **_CEREBRAS),
+    "cerebras-gpt-1.3b": dict(n_layer=24, n_head=16, n_embd=2048, n_inner=8192, **_CEREBRAS),
+    "cerebras-gpt-2.7b": dict(n_layer=32, n_head=32, n_embd=2560, n_inner=10240, **_CEREBRAS),
+    "cerebras-gpt-6.7b": dict(n_layer=32, n_head=32, n_embd=4096, n_inner=16384, **_CEREBRAS),
+    "cerebras-gpt-13b": dict(n_layer=40, n_head=40, n_embd=5120, n_inner=20480, **_CEREBRAS),
+    "biomedlm": dict(
+        n_layer=32, n_head=20, n_embd=2560, vocab_size=28896, bos_token_id=28895, eos_token_id=28895, **_MISTRAL
+    ),
+    "mistral-gpt2-small": dict(n_layer=12, n_head=12, n_embd=768, **_MISTRAL),
+    "mistral-gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024, **_MISTRAL),
     "tiny": dict(n_layer=2, n_head=4, n_embd=64, vocab_size=1000, n_positions=256),
 }
 
@@ -43,7 +61,7 @@ def preset_config(name: str):
             f"unknown architecture '{name}': choose one of {', '.join(PRESETS)}, or give a config.json"
         )
     params = dict(PRESETS[name])
-    if "vocab_size" in params:  # GPT-2's special token 50256 lies outside a smaller vocabulary
+    if "vocab_size" in params and "eos_token_id" not in params:  # GPT-2's 50256 lies outside a smaller vocabulary
         params.update(bos_token_id=params["vocab_size"] - 1, eos_token_id=params["vocab_size"] - 1)
     return GPT2Config(**params)
 
