@@ -81,3 +81,42 @@ def test_variant_matches_transformers(variant, tmp_path, profile):
     assert parity.passed, parity
     print(f"{name} {profile}: max |Δlogits| {parity.measured.logits.max:.2e}")  # the figures, with -s
     np.testing.assert_array_equal(greedy(decoder, ids, mask, 8), reference_greedy(reference, ids, mask, 8))
+
+
+@pytest.mark.parametrize("name", ["cerebras-gelu-2048", "biomedlm-scaling", "silu"])
+def test_variant_deploys_to_every_target_and_runs(name, tmp_path):
+    """The variants through the deploy targets and the runtimes installed here: every target written from the ort
+    export, and generate's greedy tokens on onnxruntime, ort-generate (the loop in the graph) and OpenVINO (where
+    installed) equal to transformers' generate()."""
+    import importlib.util
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from typer.testing import CliRunner
+
+    from gpt2onnx.cli.app import app
+
+    changes, _ = VARIANTS[name]
+    params = {**BASE, **changes}
+    config = GPT2Config(**params, bos_token_id=params["vocab_size"] - 1, eos_token_id=params["vocab_size"] - 1)
+    folder = write_hf_folder(tmp_path / "checkpoint", config, seed=3)
+    from conftest import write_tokenizer
+
+    write_tokenizer(folder, params["vocab_size"])  # the web page and transformers.js read tokenizer.json
+    exported = export(str(folder), tmp_path / "ort", options=ExportOptions(fusion="ort")).folder
+    runner = CliRunner()
+    targets = "genai,transformers-js,triton,ort-generate,web"
+    result = runner.invoke(app, ["deploy", str(exported), "-t", targets, "-o", str(tmp_path / "d")])
+    assert result.exit_code == 0, result.output
+    prompt = [5, 17, 42, 7]
+    # eager: transformers 4.57's sdpa path drops scale_attn_by_inverse_layer_idx (measured: its greedy tokens part
+    # from its own eager path's at the fourth new token on biomedlm-scaling); eager is the exact one
+    model = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    runtimes = ["onnxruntime", "ort-generate"] + (["openvino"] if importlib.util.find_spec("openvino") else [])
+    for runtime in runtimes:
+        args = ["generate", str(tmp_path / "d"), "--ids", ",".join(map(str, prompt)), "--max-new-tokens", "6"]
+        result = runner.invoke(app, [*args, "--runtime", runtime, "--min-new-tokens", "6"])
+        assert result.exit_code == 0, (runtime, result.output)
+        assert [int(t) for t in result.output.split()] == theirs[0].tolist(), (runtime, result.output)
