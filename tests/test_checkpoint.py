@@ -164,7 +164,7 @@ def test_missing_and_unexpected_tensors(tiny_folder, tmp_path):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"activation_function": "mish"}, "activation_function 'mish' cannot be exported: choose one of gelu_new"),
+        ({"activation_function": "prelu"}, "activation_function 'prelu' cannot be exported: choose one of gelu_new"),
         ({"scale_attn_by_inverse_layer_idx": 1}, "scale_attn_by_inverse_layer_idx must be true or false, got 1"),
         ({"reorder_and_upcast_attn": "yes"}, "reorder_and_upcast_attn must be true or false"),
         ({"add_cross_attention": True}, "add_cross_attention=True cannot be exported"),

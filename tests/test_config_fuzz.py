@@ -80,7 +80,7 @@ def test_random_config_matches_transformers(tmp_path, index, params, profile):
 # field → (value, words the refusal must contain)
 INVALID = {
     "n_head": (5, "not divisible by n_head=5"),
-    "activation_function": ("mish", "activation_function 'mish' cannot be exported"),
+    "activation_function": ("prelu", "activation_function 'prelu' cannot be exported"),
     "scale_attn_weights": ("yes", "scale_attn_weights must be true or false"),
     "scale_attn_by_inverse_layer_idx": (2, "scale_attn_by_inverse_layer_idx must be true or false"),
     "reorder_and_upcast_attn": (None, "reorder_and_upcast_attn must be true or false"),

@@ -11,6 +11,7 @@ import pytest
 from conftest import write_hf_folder
 
 from gpt2onnx.exporters.export import ExportOptions, export
+from gpt2onnx.pytorch.architecture import ACTIVATIONS
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import cpu_decoder
@@ -120,3 +121,21 @@ def test_variant_deploys_to_every_target_and_runs(name, tmp_path):
         result = runner.invoke(app, [*args, "--runtime", runtime, "--min-new-tokens", "6"])
         assert result.exit_code == 0, (runtime, result.output)
         assert [int(t) for t in result.output.split()] == theirs[0].tolist(), (runtime, result.output)
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+def test_every_activation_matches_transformers(activation, tmp_path):
+    """Every activation_function the export takes, against transformers' own (ACT2FN) on a one-layer model."""
+    from transformers import GPT2Config
+
+    params = {**BASE, "n_layer": 1, "activation_function": activation}
+    config = GPT2Config(**params, bos_token_id=999, eos_token_id=999)
+    folder = write_hf_folder(tmp_path / "checkpoint", config, seed=4)
+    ckpt = load_checkpoint(str(folder))
+    result = export(str(folder), tmp_path / "x")
+    assert result.check.passed, result.check.summary()
+    decoder = cpu_decoder(result.folder / "model.onnx", n_positions=ckpt.spec.n_positions)
+    ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=2, length=6, seed=4)
+    parity = compare_decoder(decoder, reference_model(ckpt), ids, mask, decode_steps=2, tolerance=FP32_TOL)
+    assert parity.passed, parity
+    print(f"{activation}: max |Δlogits| {parity.measured.logits.max:.2e}")

@@ -112,10 +112,7 @@ def optimize(
     out: Annotated[Path, typer.Option("--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="Output folder.")],
     fusion: Annotated[
         str | None,
-        typer.Option(
-            help="ort, ort-shared-kv, portable, tensorrt, or none (default: the source's own profile if it is fused,"
-            " else ort)."
-        ),
+        typer.Option(help="ort, ort-shared-kv, portable, tensorrt, none. Default: the source's, else ort."),
     ] = None,
     allow_partial_fusion: PartialOpt = False,
     validate: Annotated[bool, typer.Option(help="Check against the source before writing.")] = True,

@@ -42,12 +42,22 @@ ACTIVATIONS = {
     "gelu_new": "gelu_new",
     "gelu_pytorch_tanh": "gelu_new",
     "gelu_fast": "gelu_new",
+    "gelu_accurate": "gelu_new",
+    "gelu_python_tanh": "gelu_new",
     "gelu": "gelu",
+    "gelu_python": "gelu",
+    "gelu_10": "gelu_10",
     "quick_gelu": "quick_gelu",
     "relu": "relu",
+    "relu2": "relu2",
+    "relu6": "relu6",
+    "leaky_relu": "leaky_relu",
     "silu": "silu",
     "swish": "silu",
+    "mish": "mish",
     "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "linear": "linear",
 }
 TANH_GELU_NAMES = tuple(name for name, canonical in ACTIVATIONS.items() if canonical == "gelu_new")
 

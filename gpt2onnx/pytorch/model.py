@@ -36,9 +36,16 @@ ACTIVATION_FUNCTIONS = {
     "gelu_new": gelu_tanh,
     "gelu": gelu_erf,
     "quick_gelu": quick_gelu,
+    "gelu_10": lambda x: torch.clamp(gelu_erf(x), -10.0, 10.0),  # transformers' ClippedGELUActivation(-10, 10)
     "relu": torch.relu,
+    "relu2": lambda x: torch.square(torch.relu(x)),
+    "relu6": lambda x: torch.clamp(x, 0.0, 6.0),
+    "leaky_relu": lambda x: F.leaky_relu(x, 0.01),  # nn.LeakyReLU's default slope, as transformers builds it
     "silu": lambda x: x * torch.sigmoid(x),
+    "mish": lambda x: x * torch.tanh(F.softplus(x)),
     "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "linear": lambda x: x,
 }
 
 
