@@ -113,8 +113,16 @@ class Block(nn.Module):
         return x, present_key, present_value
 
 
+# The additive mask's blocked value (GPT-2's own masked_bias): exp(BLOCKED + score) is exactly 0 in fp32 and fp16
+# (both underflow below -104), and score + BLOCKED stays finite in fp16. The lowest float32 (-3.4e38) becomes fp16's
+# -65504 in an fp16 graph, so a score added to it overflowed to -inf: a fully padded row's softmax was NaN, which
+# reached the padded slots' K/V and, through 0 x NaN, every real row (the fp16 check's GPU emulation: 75776 NaN/Inf
+# on the trained fixture with the unfused attention).
+BLOCKED = -1e4
+
+
 def attention_bias(attention_mask: torch.Tensor, query_length, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask (B, 1, T, P+T): 0 where query t may see key j (causal and not padding), else min.
+    """Additive mask (B, 1, T, P+T): 0 where query t may see key j (causal and not padding), else BLOCKED.
 
     Built once from the 2-D mask and shared by every layer. Query t sits at absolute slot P + t.
     """
@@ -124,7 +132,7 @@ def attention_bias(attention_mask: torch.Tensor, query_length, dtype: torch.dtyp
     causal = key_slots[None, :] <= query_slots[:, None]  # (T, P+T)
     allowed = causal[None, None, :, :] & (attention_mask[:, None, None, :] > 0)
     zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
-    blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=attention_mask.device)
+    blocked = torch.full((), BLOCKED, dtype=dtype, device=attention_mask.device)
     return torch.where(allowed, zero, blocked)
 
 
