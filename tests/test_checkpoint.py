@@ -49,6 +49,42 @@ def test_presets_are_representable(name):
     assert spec.n_embd % spec.n_head == 0 and spec.layer_norm_epsilon == 1e-5
 
 
+# The families' published sizes (their names), in millions of parameters; ours is the exact count.
+FAMILY_SIZES = {
+    "cerebras-gpt-111m": 111,
+    "cerebras-gpt-256m": 256,
+    "cerebras-gpt-590m": 590,
+    "cerebras-gpt-1.3b": 1300,
+    "cerebras-gpt-2.7b": 2700,
+    "cerebras-gpt-6.7b": 6700,
+    "cerebras-gpt-13b": 13000,
+    "biomedlm": 2700,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_parameter_count_is_transformers(name):
+    """Each preset's exact parameter count (ours, analytic) is that of transformers' GPT2LMHeadModel of the same
+    config, built on the meta device (no memory, no time), and the family's published size to 5%."""
+    from transformers import GPT2LMHeadModel
+
+    from gpt2onnx.pytorch.architecture import parameter_count
+    from gpt2onnx.pytorch.checkpoint import expected_shapes
+
+    config = preset_config(name)
+    spec = spec_from_config(config)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config)
+    theirs = sum(p.numel() for p in model.parameters())  # a tied head is one parameter
+    assert parameter_count(spec) == theirs
+    assert sum(int(torch.Size(s).numel()) for s in expected_shapes(spec).values()) == theirs
+    if name in FAMILY_SIZES:
+        assert abs(theirs / 1e6 / FAMILY_SIZES[name] - 1) < 0.05, theirs
+    assert spec.activation == ("gelu" if name.startswith("cerebras") else "gelu_new")
+    mistral = name == "biomedlm" or name.startswith("mistral")
+    assert spec.scale_attn_by_inverse_layer_idx == spec.reorder_and_upcast_attn == mistral
+
+
 def test_gpt2_preset_parameter_count():
     from gpt2onnx.pytorch.checkpoint import expected_shapes
 
@@ -128,9 +164,10 @@ def test_missing_and_unexpected_tensors(tiny_folder, tmp_path):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"activation_function": "relu"}, "activation_function 'relu'"),
-        ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
-        ({"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn"),
+        ({"activation_function": "prelu"}, "activation_function 'prelu' cannot be exported: choose one of gelu_new"),
+        ({"scale_attn_by_inverse_layer_idx": 1}, "scale_attn_by_inverse_layer_idx must be true or false, got 1"),
+        ({"reorder_and_upcast_attn": "yes"}, "reorder_and_upcast_attn must be true or false"),
+        ({"add_cross_attention": True}, "add_cross_attention=True cannot be exported"),
         ({"n_head": 5}, "not divisible by n_head=5"),
         ({"model_type": "llama"}, "model_type is 'llama'"),
     ],

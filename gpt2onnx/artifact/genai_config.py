@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gpt2onnx.artifact.contract import decoder_shape, graph_io
 from gpt2onnx.artifact.folder import MODEL_FILE, read_n_positions
-from gpt2onnx.artifact.generation import GenerationConfig, read_generation_config
+from gpt2onnx.artifact.generation import GenerationConfig, read_generation_config, refuse_eos_outside
 from gpt2onnx.artifact.graph import SHARED_CACHE_OP, load_graph
 from gpt2onnx.errors import ContractError
 
@@ -53,8 +53,10 @@ def _search(generation: GenerationConfig, n_positions: int, shared_kv: bool) -> 
     }
 
 
-def genai_config(folder: str | Path, *, filename: str = MODEL_FILE) -> dict:
-    """The genai_config.json for an exported decoder folder (any precision; read from its graph and configs)."""
+def genai_config(folder: str | Path, *, filename: str = MODEL_FILE, outside_vocabulary: dict | None = None) -> dict:
+    """The genai_config.json for an exported decoder folder (any precision; read from its graph and configs).
+    ``outside_vocabulary``: the manifest's record of special tokens outside the vocabulary, for a folder without
+    its manifest (a staging copy); genai needs its eos inside the vocabulary (BadInput where it is not)."""
     folder = Path(folder)
     n_positions = read_n_positions(folder)
     graph = load_graph(folder / filename)
@@ -64,7 +66,8 @@ def genai_config(folder: str | Path, *, filename: str = MODEL_FILE) -> dict:
     # the graph says whether it shares its cache, not a manifest (a staging folder has none yet)
     shared_kv = any(node.op_type == SHARED_CACHE_OP for node in graph.graph.node)
     del graph
-    generation = read_generation_config(folder, vocab_size=shape.vocab_size)
+    generation = read_generation_config(folder, vocab_size=shape.vocab_size, outside_vocabulary=outside_vocabulary)
+    refuse_eos_outside(generation, shape.vocab_size, needs="onnxruntime-genai")
     return {
         "model": {
             "type": "decoder",

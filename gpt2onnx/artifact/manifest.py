@@ -33,13 +33,27 @@ class Architecture:
     n_inner: int
     layer_norm_epsilon: float
     tie_word_embeddings: bool
+    # Beyond OpenAI's GPT-2 (recorded only where they differ from it, so that older manifests read the same):
+    activation: str = "gelu_new"  # the MLP's activation, by its canonical name (pytorch.architecture.ACTIVATIONS)
+    scale_attn_weights: bool = True  # scores divided by √head_dim
+    scale_attn_by_inverse_layer_idx: bool = False  # and by layer index + 1 (BioMedLM, Mistral's GPT-2 runs)
+    reorder_and_upcast_attn: bool = False  # scores computed in fp32 (the same values in an fp32 export)
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    def attention_divisor(self, layer: int) -> float:
+        """What layer ``layer``'s attention scores are divided by (transformers' GPT2Attention)."""
+        divisor = self.head_dim**0.5 if self.scale_attn_weights else 1.0
+        return divisor * (layer + 1) if self.scale_attn_by_inverse_layer_idx else divisor
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        values = asdict(self)
+        for name, default in _ARCHITECTURE_EXTRAS.items():
+            if values[name] == default:
+                del values[name]
+        return values
 
     @classmethod
     def from_dict(cls, data: dict) -> "Architecture":
@@ -49,9 +63,20 @@ class Architecture:
         epsilon, tie = data["layer_norm_epsilon"], data["tie_word_embeddings"]
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not isinstance(tie, bool):
             raise TypeError("architecture")
-        if set(data) != set(ints) | {"layer_norm_epsilon", "tie_word_embeddings"}:
+        extras = {k: data[k] for k in _ARCHITECTURE_EXTRAS if k in data}
+        if any(type(v) is not type(_ARCHITECTURE_EXTRAS[k]) for k, v in extras.items()):
+            raise TypeError("architecture")
+        if set(data) != set(ints) | {"layer_norm_epsilon", "tie_word_embeddings"} | set(extras):
             raise KeyError("architecture")  # another shape: kept as it was (unreadable), never rewritten
-        return cls(**ints, layer_norm_epsilon=epsilon, tie_word_embeddings=tie)
+        return cls(**ints, layer_norm_epsilon=epsilon, tie_word_embeddings=tie, **extras)
+
+
+_ARCHITECTURE_EXTRAS = {
+    "activation": "gelu_new",
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+}
 
 
 @dataclass(frozen=True)
@@ -304,7 +329,17 @@ _KEYS = (
     "files",
     "versions",
     "created",
+    "outside_vocabulary",
 )
+
+
+def _outside_from_dict(data: dict) -> dict[str, list[int]]:
+    out = {}
+    for key, ids in data.items():
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(key)
+        out[str(key)] = list(ids)
+    return out
 
 
 @dataclass
@@ -329,6 +364,9 @@ class Manifest:
     fp16: Fp16Record | None = None
     quantization: QuantizationRecord | None = None
     kv_cache: str | None = None  # "shared" (one buffer for past and present) or "concat"; None: not recorded
+    # special token ids the configs give outside the vocabulary ({"eos_token_id": [50256]}): as in transformers
+    # they never come; the readers of generation_config.json accept exactly these (artifact.generation)
+    outside_vocabulary: dict[str, list[int]] = field(default_factory=dict)
     check: CheckReport | None = None
     eval: EvalReport | None = None  # quality on real text checked before writing (--eval-text)
     timings: dict[str, float] = field(default_factory=dict)
@@ -394,6 +432,8 @@ class Manifest:
             del values["deploy"]
         if self.eval is None:
             del values["eval"]  # written only by an export or optimize with --eval-text
+        if self.outside_vocabulary:  # written only where a special token is outside the vocabulary
+            values["outside_vocabulary"] = self.outside_vocabulary
         return {**values, **self.extra}
 
     @classmethod
@@ -445,6 +485,7 @@ class Manifest:
             fp16=record("fp16", Fp16Record.from_dict),
             quantization=record("quantization", QuantizationRecord.from_dict),
             kv_cache=record("kv_cache", str, str),
+            outside_vocabulary=record("outside_vocabulary", _outside_from_dict) or {},
             check=check,
             eval=record("eval", EvalReport.from_dict),
             timings=record("timings", dict) or {},

@@ -110,7 +110,10 @@ def export(
 def optimize(
     source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
     out: Annotated[Path, typer.Option("--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="Output folder.")],
-    fusion: Annotated[str, typer.Option(help="ort, ort-shared-kv, portable, tensorrt, or none.")] = "ort",
+    fusion: Annotated[
+        str | None,
+        typer.Option(help="ort, ort-shared-kv, portable, tensorrt, none. Default: the source's, else ort."),
+    ] = None,
     allow_partial_fusion: PartialOpt = False,
     validate: Annotated[bool, typer.Option(help="Check against the source before writing.")] = True,
     force: ForceOpt = False,

@@ -22,6 +22,7 @@ from gpt2onnx.artifact.folder import (
     staged_folder,
     write_manifest,
 )
+from gpt2onnx.artifact.generation import special_tokens_outside
 from gpt2onnx.artifact.graph import graph_summary, save_onnx
 from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.artifact.report import CheckReport
@@ -229,6 +230,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
             )
         passed_or_refused(check)
     _write_companions(folder, ckpt)
+    outside = _special_tokens_outside(folder, ckpt.spec.vocab_size)
     quality = None
     if options.eval_source is not None:
         with timed(timings, "eval"):
@@ -251,6 +253,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         **graph_facts,
         options={**options.as_dict(), "external_data": len(model_files) > 1},
         **passed.records(),
+        outside_vocabulary=outside,
         check=check,
         eval=quality,
         timings=timings,
@@ -277,7 +280,7 @@ def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
     calibration = calibration_for(
         passes.quantization, ckpt.companion_dir, vocab_size=spec.vocab_size, n_positions=spec.n_positions
     )
-    passed = passes.apply(proto, timings, calibration)
+    passed = passes.apply(proto, timings, calibration, activation=spec.activation)
     if passes.dtype == "float16":
         logits_dtype = "float32" if "logits" in passes.keep_fp32 else "float16"
         io = decoder_io(spec, last_logits_only=last, dtype=passes.dtype, logits_dtype=logits_dtype)
@@ -293,6 +296,21 @@ def passed_or_refused(check: CheckReport) -> CheckReport:
     if not check.passed:
         raise CheckFailed(f"validation failed: {check.summary()}; nothing was written", check)
     return check
+
+
+def _special_tokens_outside(folder: Path, vocab_size: int) -> dict[str, list[int]]:
+    """The special token ids the written configs give outside the vocabulary, said once: transformers accepts such
+    a config and its generate() runs on it (the token simply never comes), so the folder keeps them and the
+    manifest records them, which every command that reads the folder then accepts."""
+    outside = special_tokens_outside(folder, vocab_size)
+    if outside:
+        ids = ", ".join(f"{key} {'/'.join(map(str, values))}" for key, values in outside.items())
+        log.warning(
+            "%s outside the vocabulary of %d tokens: as in transformers, never generated (recorded in the manifest)",
+            ids,
+            vocab_size,
+        )
+    return outside
 
 
 def _write_companions(folder: Path, ckpt: Checkpoint) -> None:

@@ -47,7 +47,7 @@ def optimize(
     source: str | Path,
     out: str | Path,
     *,
-    fusion: str,
+    fusion: str | None = None,
     allow_partial: bool = False,
     force: bool = False,
     validate: bool = True,
@@ -66,7 +66,9 @@ def optimize(
     Args:
         source: an exported folder or an .onnx file.
         out: the new folder (never the source's); replaced only with ``force``, and only if gpt2onnx wrote it.
-        fusion: the profile: ort, portable or tensorrt ('none' with a precision change only).
+        fusion: the profile: ort, ort-shared-kv, portable or tensorrt ('none' with a precision change only);
+            None: the source's own profile when it is fused (read from its ops), else ort. Fusing a graph with the
+            profile it holds is a no-op; another profile over a fused graph is refused (BadInput).
         allow_partial: keep a graph whose fusions fall short of the golden counts.
         validate: compare with the source (fp32: max |Δlogits| within ``tolerance``; otherwise the gates).
         quantization, dtype, keep_fp32: weight quantization, fp16 and what fp16 keeps in fp32.
@@ -81,7 +83,7 @@ def optimize(
         BadInput, ContractError (not an ONNX decoder, missing external data), CheckFailed (fusion short of its
         golden counts, or the rewritten graph differs from its source), OutputError.
     """
-    passes = GraphPasses(fusion, allow_partial, dtype, quantization, keep_fp32)
+    passes = GraphPasses(fusion or "ort", allow_partial, dtype, quantization, keep_fp32)
     if passes.changes_nothing:
         raise BadInput(
             "nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a"
@@ -103,14 +105,44 @@ def optimize(
         raise BadInput("the output folder is the input folder: write the optimized model to another folder")
     check_output(out, force=force, protect=(model_path.parent,))
     timings = {}
-    proto = onnx.load(str(model_path))
-    passed = passes.apply(proto, timings, _calibration(passes, model_path, proto))
+    model = onnx.load(str(model_path))
+    if fusion is None:
+        passes = _own_profile(model, passes)
+    _refuse_a_fused_copy(model, passes, model_path)
+    previous = read_manifest(model_path.parent)
+    activation = previous.architecture.activation if previous and previous.architecture else "gelu_new"
+    passed = passes.apply(model, timings, _calibration(passes, model_path, model), activation=activation)
+    del model
     checks = _Checks(validate, tolerance, gates, text, eval_gates)
     with staged_folder(out, force=force, protect=(model_path.parent,)) as folder:
         manifest, check, quality = _optimize_into(
             folder, model_path, passes, passed, checks, timings, out=out, external_data=external_data
         )
     return OptimizeResult(out, manifest, check, timings, quality)
+
+
+def _own_profile(model: onnx.ModelProto, passes: GraphPasses) -> GraphPasses:
+    """The passes with the profile the graph is fused with already, if any (no --fusion given)."""
+    from gpt2onnx.passes.fusions.profiles import fused_with  # lazy: the profiles import onnxscript
+
+    held = fused_with(model)
+    if held is None or held == passes.fusion:
+        return passes
+    log.info("the source is fused with the %s profile: keeping it", held)
+    return dataclasses.replace(passes, fusion=held)
+
+
+def _refuse_a_fused_copy(model: onnx.ModelProto, passes: GraphPasses, model_path: Path) -> None:
+    """Refuse options that would write the source again: its own fusion profile (a no-op) with fp32 weights."""
+    if passes.fusion == "none" or passes.precision != "float32":
+        return
+    from gpt2onnx.passes.fusions.profiles import fused_with  # lazy: the profiles import onnxscript
+
+    if fused_with(model) == passes.fusion:
+        raise BadInput(
+            f"nothing to do: '{model_path.parent}' is already fused with the {passes.fusion} profile (fusing it again"
+            " changes nothing): choose a precision (--dtype fp16, --quantize int8 or int4)"
+        )
 
 
 @dataclass(frozen=True)
@@ -173,6 +205,10 @@ def _manifest(model_path: Path, previous, passes: GraphPasses, passed, facts: di
     """The new folder's manifest: the source's records (or what an optimum folder lets us know), with the new
     graph's facts and passes."""
     io = previous.io if previous and passes.dtype != "float16" else None
+    records = passed.records()
+    if previous and previous.fusion and passed.fusion and previous.fusion.profile == passed.fusion.profile:
+        if not any(passed.fusion.applied.values()):  # a no-op on a fused graph: the rewrites the source's fusion did
+            records["fusion"] = previous.fusion
     return Manifest(
         kind="decoder",
         name=previous.name if previous else model_path.parent.name,
@@ -189,7 +225,8 @@ def _manifest(model_path: Path, previous, passes: GraphPasses, passed, facts: di
             "allow_partial_fusion": passes.allow_partial_fusion,
             "external_data": external,
         },
-        **passed.records(),
+        **records,
+        outside_vocabulary=previous.outside_vocabulary if previous else {},
     )
 
 

@@ -67,15 +67,21 @@ class GraphPasses:
         """No fusion, fp32 weights: the passes would leave a graph as it is."""
         return self.fusion == "none" and self.precision == "float32"
 
-    def apply(self, model: onnx.ModelProto, timings: dict[str, float], calibration=None) -> PassResult:
-        """Run the passes in order: fusion profile, fp16, weight quantization (``calibration``: the token
-        sequences of a calibrated int4 algorithm, gpt2onnx.passes.int4.algorithm.Calibration)."""
+    def apply(
+        self, model: onnx.ModelProto, timings: dict[str, float], calibration=None, *, activation: str = "gelu_new"
+    ) -> PassResult:
+        """Run the passes in order: fusion profile, fp16, weight quantization. ``calibration``: the token sequences
+        of a calibrated int4 algorithm or measured 8-bit layers (gpt2onnx.passes.int4.algorithm.Calibration);
+        ``activation``: the MLP's (the Architecture's canonical name; it fixes which fused op the gelu fusion must
+        reach)."""
         result = PassResult(model)
         if self.fusion != "none":
             from gpt2onnx.passes.fusions import fuse  # lazy: the rules import onnxscript, only a fusion needs it
 
             with timed(timings, "fusion"):
-                result.model, result.fusion = fuse(result.model, self.fusion, allow_partial=self.allow_partial_fusion)
+                result.model, result.fusion = fuse(
+                    result.model, self.fusion, allow_partial=self.allow_partial_fusion, activation=activation
+                )
         if self.dtype == "float16":
             with timed(timings, "fp16"):
                 result.model, result.fp16 = precision_passes.to_fp16(result.model, keep_fp32=self.keep_fp32)

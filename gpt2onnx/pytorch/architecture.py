@@ -8,18 +8,58 @@ from gpt2onnx.artifact.manifest import Architecture
 from gpt2onnx.errors import CheckpointError
 from gpt2onnx.files import available_memory
 
-# Sizes of the released checkpoints (OpenAI's four and distilgpt2), and a tiny one for tests and demos.
-PRESETS: dict[str, dict[str, int]] = {
+# Cerebras-GPT (cerebras/Cerebras-GPT-*): exact GELU, 2048 positions, n_inner 4 x n_embd, GPT-2's vocabulary.
+_CEREBRAS = dict(activation_function="gelu", n_positions=2048)
+# stanford-crfm's Mistral GPT-2 runs and BioMedLM: per-layer attention scaling with upcast (fp32) attention.
+_MISTRAL = dict(scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True)
+
+# Sizes of the released checkpoints (OpenAI's four and distilgpt2, and the families below, each as its published
+# config.json has it), and a tiny one for tests and demos.
+PRESETS: dict[str, dict[str, int | str | bool]] = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),
     "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),
     "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),
     "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),
     "distilgpt2": dict(n_layer=6, n_head=12, n_embd=768),
+    "cerebras-gpt-111m": dict(n_layer=10, n_head=12, n_embd=768, n_inner=3072, **_CEREBRAS),
+    "cerebras-gpt-256m": dict(n_layer=14, n_head=17, n_embd=1088, n_inner=4352, **_CEREBRAS),
+    "cerebras-gpt-590m": dict(n_layer=18, n_head=12, n_embd=1536, n_inner=6144, **_CEREBRAS),
+    "cerebras-gpt-1.3b": dict(n_layer=24, n_head=16, n_embd=2048, n_inner=8192, **_CEREBRAS),
+    "cerebras-gpt-2.7b": dict(n_layer=32, n_head=32, n_embd=2560, n_inner=10240, **_CEREBRAS),
+    "cerebras-gpt-6.7b": dict(n_layer=32, n_head=32, n_embd=4096, n_inner=16384, **_CEREBRAS),
+    "cerebras-gpt-13b": dict(n_layer=40, n_head=40, n_embd=5120, n_inner=20480, **_CEREBRAS),
+    "biomedlm": dict(
+        n_layer=32, n_head=20, n_embd=2560, vocab_size=28896, bos_token_id=28895, eos_token_id=28895, **_MISTRAL
+    ),
+    "mistral-gpt2-small": dict(n_layer=12, n_head=12, n_embd=768, **_MISTRAL),
+    "mistral-gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024, **_MISTRAL),
     "tiny": dict(n_layer=2, n_head=4, n_embd=64, vocab_size=1000, n_positions=256),
 }
 
-# Activations that are GPT-2's tanh GELU under another name.
-TANH_GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+# The activations transformers' GPT-2 takes (transformers.activations.ACT2FN), by the canonical name the export
+# module computes: GPT-2's tanh GELU under its three names, the exact (erf) GELU, and the others.
+ACTIVATIONS = {
+    "gelu_new": "gelu_new",
+    "gelu_pytorch_tanh": "gelu_new",
+    "gelu_fast": "gelu_new",
+    "gelu_accurate": "gelu_new",
+    "gelu_python_tanh": "gelu_new",
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "gelu_10": "gelu_10",
+    "quick_gelu": "quick_gelu",
+    "relu": "relu",
+    "relu2": "relu2",
+    "relu6": "relu6",
+    "leaky_relu": "leaky_relu",
+    "silu": "silu",
+    "swish": "silu",
+    "mish": "mish",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "linear": "linear",
+}
+TANH_GELU_NAMES = tuple(name for name, canonical in ACTIVATIONS.items() if canonical == "gelu_new")
 
 
 def preset_config(name: str):
@@ -31,7 +71,7 @@ def preset_config(name: str):
             f"unknown architecture '{name}': choose one of {', '.join(PRESETS)}, or give a config.json"
         )
     params = dict(PRESETS[name])
-    if "vocab_size" in params:  # GPT-2's special token 50256 lies outside a smaller vocabulary
+    if "vocab_size" in params and "eos_token_id" not in params:  # GPT-2's 50256 lies outside a smaller vocabulary
         params.update(bos_token_id=params["vocab_size"] - 1, eos_token_id=params["vocab_size"] - 1)
     return GPT2Config(**params)
 
@@ -46,20 +86,25 @@ def spec_from_config(config) -> Architecture:
     if model_type != "gpt2":
         raise CheckpointError(f"config: model_type is '{model_type}', expected 'gpt2'")
     activation = get("activation_function", "gelu_new")
-    if activation not in TANH_GELU_NAMES:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise CheckpointError(
-            f"config: activation_function '{activation}' is not GPT-2's tanh GELU ({', '.join(TANH_GELU_NAMES)})"
+            f"config: activation_function {activation!r} cannot be exported: choose one of {', '.join(ACTIVATIONS)}"
         )
-    refusals = {
-        "scale_attn_weights": (True, "attention scores must be scaled by 1/sqrt(head_dim)"),
-        "scale_attn_by_inverse_layer_idx": (False, "per-layer attention scaling is not supported"),
-        "reorder_and_upcast_attn": (False, "reordered/upcast attention is not supported"),
-        "add_cross_attention": (False, "cross-attention is not supported"),
-    }
-    for key, (expected, why) in refusals.items():
-        value = get(key, expected)
-        if bool(value) != expected:
-            raise CheckpointError(f"config: {key}={value} cannot be exported: {why}")
+    flags = {}
+    for key, default in (
+        ("scale_attn_weights", True),
+        ("scale_attn_by_inverse_layer_idx", False),
+        ("reorder_and_upcast_attn", False),
+    ):
+        value = get(key, default)
+        if not isinstance(value, bool):
+            raise CheckpointError(f"config: {key} must be true or false, got {value!r}; fix config.json")
+        flags[key] = value
+    if bool(get("add_cross_attention", False)):
+        raise CheckpointError(
+            f"config: add_cross_attention={get('add_cross_attention')} cannot be exported: cross-attention (an"
+            " encoder-decoder GPT-2) is not a decoder-only GPT2LMHeadModel"
+        )
     for key, (low, high) in INT_FIELDS.items():
         _check_int(key, get(key), low, high)
     n_inner = get("n_inner")
@@ -90,6 +135,8 @@ def spec_from_config(config) -> Architecture:
         n_inner=n_inner or 4 * n_embd,
         layer_norm_epsilon=float(epsilon),
         tie_word_embeddings=tie,
+        activation=ACTIVATIONS[activation],
+        **flags,
     )
 
 

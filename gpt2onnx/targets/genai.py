@@ -13,16 +13,18 @@ from gpt2onnx.targets.formats import json_text
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
 
-def write_genai_config(folder: str | Path, out: str | Path) -> Path:
-    """Write the folder's genai_config.json into the folder ``out`` (the folder itself, or a copy of it)."""
+def write_genai_config(folder: str | Path, out: str | Path, *, outside_vocabulary: dict | None = None) -> Path:
+    """Write the folder's genai_config.json into the folder ``out`` (the folder itself, or a copy of it);
+    ``outside_vocabulary``: the source manifest's record, for a folder without its manifest."""
     path = Path(out) / CONFIG_NAME
-    path.write_text(json_text(genai_config(folder)))
+    path.write_text(json_text(genai_config(folder, outside_vocabulary=outside_vocabulary)))
     return path
 
 
 def _write(deployment: Deployment, options) -> Written:
     # read from the source (the staged copies are the same files): an error names the user's file, not a copy
-    write_genai_config(deployment.source.folder, deployment.staging)
+    outside = deployment.source.manifest.outside_vocabulary
+    write_genai_config(deployment.source.folder, deployment.staging, outside_vocabulary=outside)
     return Written([CONFIG_NAME])
 
 

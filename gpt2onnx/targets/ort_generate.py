@@ -32,7 +32,7 @@ from onnx import TensorProto, helper
 
 from gpt2onnx.artifact.contract import DecoderShape, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import GENERATION_CONFIG_FILE, MODEL_FILE, read_n_positions
-from gpt2onnx.artifact.generation import read_generation_config
+from gpt2onnx.artifact.generation import read_generation_config, refuse_eos_outside
 from gpt2onnx.artifact.search_ops import DATA_NAME, FILES, MS_DOMAIN, SEARCHES, SUBFOLDER, FixedSettings
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
@@ -42,12 +42,13 @@ log = logging.getLogger(__name__)
 _ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
 
-def fixed_settings(folder: str | Path, vocab_size: int) -> FixedSettings:
+def fixed_settings(folder: str | Path, vocab_size: int, *, outside_vocabulary: dict | None = None) -> FixedSettings:
     """The attributes from generation_config.json, as transformers' generate() would read them there (its
     defaults where the file says nothing; each value checked by its rule); pad falls back to eos (GPT-2 has no
-    pad token)."""
+    pad token). ``outside_vocabulary``: the source manifest's record, for a staging copy without its manifest."""
     folder = Path(folder)
-    generation = read_generation_config(folder, vocab_size=vocab_size)
+    generation = read_generation_config(folder, vocab_size=vocab_size, outside_vocabulary=outside_vocabulary)
+    refuse_eos_outside(generation, vocab_size, needs="onnxruntime's search ops (their eos_token_id attribute)")
     if not generation.eos_token_ids:
         raise ContractError(f"'{folder}' names no eos_token_id (generation_config.json or config.json): add one")
     eos = generation.eos_token_ids[0]
@@ -258,7 +259,7 @@ def search_model(
 
 
 def write_ort_generate(
-    folder: Path, out: Path, *, settings_from: Path | None = None
+    folder: Path, out: Path, *, settings_from: Path | None = None, outside_vocabulary: dict | None = None
 ) -> tuple[list[str], FixedSettings]:
     """Write ort-generate/ into ``out`` (a staging copy of ``folder``); returns the files written, relative to it,
     and the attributes fixed in them (the manifest records them)."""
@@ -269,7 +270,8 @@ def write_ort_generate(
     shape = decoder_shape(*graph_io(model), read_n_positions(folder))
     if shape.vocab_size is None:
         raise ContractError(f"'{folder / MODEL_FILE}' has no fixed vocabulary size on its logits: the ops need it")
-    settings = fixed_settings(settings_from or folder, shape.vocab_size)  # errors name the file the user has
+    # errors name the file the user has
+    settings = fixed_settings(settings_from or folder, shape.vocab_size, outside_vocabulary=outside_vocabulary)
     subgraph, initializers = decoder_subgraph(model, shape)
     target = out / SUBFOLDER
     target.mkdir()
@@ -298,7 +300,10 @@ def write_ort_generate(
 
 
 def _write(deployment: Deployment, options) -> Written:
-    files, fixed = write_ort_generate(deployment.staging, deployment.staging, settings_from=deployment.source.folder)
+    outside = deployment.source.manifest.outside_vocabulary  # the staging copy has no manifest yet
+    files, fixed = write_ort_generate(
+        deployment.staging, deployment.staging, settings_from=deployment.source.folder, outside_vocabulary=outside
+    )
     return Written(files, fixed.as_dict())
 
 

@@ -78,3 +78,56 @@ class StandardGelu(FastGelu):
 fast_gelu_with_bias_rule = FastGeluWithBias.rule()
 fast_gelu_rule = FastGelu.rule()
 standard_gelu_rule = StandardGelu.rule()
+
+
+# GELU, exact (erf) form: 0.5 · x · (1 + erf(x / √2)) (transformers' "gelu": Cerebras-GPT).
+# ort profile: → com.microsoft.Gelu; portable: → the standard Gelu (approximate="none", opset 20).
+_SQRT_2 = math.sqrt(2.0)
+
+
+class ErfGelu(pattern.RewriteRuleClassBase):
+    """exact GELU → com.microsoft.Gelu(x)."""
+
+    def pattern(self, op, x, half, sqrt_2, one):
+        return op.Mul(op.Mul(x, half), op.Add(op.Erf(op.Div(x, sqrt_2)), one))
+
+    def check(self, context, half, sqrt_2, one, **_):
+        result = pattern.MatchResult()
+        for label, (value, target) in {"0.5": (half, 0.5), "√2": (sqrt_2, _SQRT_2), "1": (one, 1.0)}.items():
+            found = constant_value(value)
+            if found is None or not math.isclose(found, target, rel_tol=1e-5):
+                return result.fail(f"constant {label} of the exact GELU is {found}", value)
+        return result
+
+    def rewrite(self, op, x, **_):
+        return op.Gelu(x, _domain="com.microsoft")
+
+
+class StandardErfGelu(ErfGelu):
+    """exact GELU → the standard Gelu (approximate="none") of opset 20."""
+
+    def rewrite(self, op, x, **_):
+        return op.Gelu(x)
+
+
+# quick GELU: x · sigmoid(1.702 · x) (transformers' "quick_gelu") → com.microsoft.QuickGelu(alpha=1.702).
+QUICK_GELU_ALPHA = 1.702
+
+
+class QuickGelu(pattern.RewriteRuleClassBase):
+    def pattern(self, op, x, alpha):
+        return op.Mul(x, op.Sigmoid(op.Mul(x, alpha)))
+
+    def check(self, context, alpha, **_):
+        found = constant_value(alpha)
+        if found is None or not math.isclose(found, QUICK_GELU_ALPHA, rel_tol=1e-5):
+            return pattern.MatchResult().fail(f"the quick GELU's factor is {found}, not {QUICK_GELU_ALPHA}", alpha)
+        return pattern.MatchResult()
+
+    def rewrite(self, op, x, alpha, **_):
+        return op.QuickGelu(x, alpha=constant_value(alpha), _domain="com.microsoft")
+
+
+erf_gelu_rule = ErfGelu.rule()
+standard_erf_gelu_rule = StandardErfGelu.rule()
+quick_gelu_rule = QuickGelu.rule()

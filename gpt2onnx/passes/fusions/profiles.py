@@ -32,7 +32,14 @@ from onnxscript.rewriter import pattern
 from gpt2onnx.artifact.manifest import FusionReport, GoldenCount
 from gpt2onnx.errors import BadInput, CheckFailed, ContractError
 from gpt2onnx.passes.fusions.attention import attention_div_rule, attention_split_scale_rule
-from gpt2onnx.passes.fusions.gelu import fast_gelu_rule, fast_gelu_with_bias_rule, standard_gelu_rule
+from gpt2onnx.passes.fusions.gelu import (
+    erf_gelu_rule,
+    fast_gelu_rule,
+    fast_gelu_with_bias_rule,
+    quick_gelu_rule,
+    standard_erf_gelu_rule,
+    standard_gelu_rule,
+)
 from gpt2onnx.passes.fusions.layer_norm import layer_norm_rule
 from gpt2onnx.passes.fusions.shape_anchoring import anchor_shapes
 from gpt2onnx.passes.fusions.shared_kv import share_kv_cache
@@ -46,8 +53,6 @@ from gpt2onnx.passes.graph_tools import infer_value_info
 log = logging.getLogger(__name__)
 
 PROFILES = ("none", "ort", "ort-shared-kv", "portable", "tensorrt")
-# Profiles whose graph holds com.microsoft ops (a model fused with one of them can be fused again with another).
-CONTRIB_PROFILES = ("ort", "ort-shared-kv")
 MS = "com.microsoft"
 
 
@@ -60,8 +65,20 @@ class Fusion:
 
 LAYER_NORM = Fusion("layer_norm", (layer_norm_rule,), (("", "LayerNormalization"),))
 ATTENTION = Fusion("attention", (attention_div_rule, attention_split_scale_rule), ((MS, "MultiHeadAttention"),))
-FAST_GELU = Fusion("gelu", (fast_gelu_with_bias_rule, fast_gelu_rule), ((MS, "FastGelu"),))
-STANDARD_GELU = Fusion("gelu", (standard_gelu_rule,), (("", "Gelu"),))
+# The activation's fused op: tanh GELU → FastGelu, exact GELU → Gelu, quick GELU → QuickGelu (com.microsoft); the
+# portable profile: both GELUs → the standard Gelu. relu, silu and tanh have none (no golden check).
+FAST_GELU = Fusion(
+    "gelu",
+    (fast_gelu_with_bias_rule, fast_gelu_rule, erf_gelu_rule, quick_gelu_rule),
+    ((MS, "FastGelu"), (MS, "Gelu"), (MS, "QuickGelu")),
+)
+STANDARD_GELU = Fusion("gelu", (standard_gelu_rule, standard_erf_gelu_rule), (("", "Gelu"),))
+# The op each profile's gelu fusion makes of each activation (the export module's canonical names).
+GELU_OPS = {
+    "ort": {"gelu_new": (MS, "FastGelu"), "gelu": (MS, "Gelu"), "quick_gelu": (MS, "QuickGelu")},
+    "portable": {"gelu_new": ("", "Gelu"), "gelu": ("", "Gelu")},
+}
+GELU_OPS["ort-shared-kv"] = GELU_OPS["ort"]
 SKIP_LAYER_NORM = Fusion(
     "skip_layer_norm",
     (layer_norm_before_reshape_rule, skip_layer_norm_with_bias_rule, skip_layer_norm_rule),
@@ -80,9 +97,23 @@ PROFILE_FUSIONS: dict[str, tuple[Fusion, ...]] = {
 MIN_OPSET = {"none": 0, "ort": 17, "ort-shared-kv": 17, "portable": 20, "tensorrt": 17}
 
 
-def golden_counts(profile: str, n_layer: int) -> dict[str, tuple[tuple[tuple[str, str], ...], int]]:
+def golden_counts(
+    profile: str, n_layer: int, activation: str = "gelu_new"
+) -> dict[str, tuple[tuple[tuple[str, str], ...], int]]:
     """What a whole fusion must reach: {check name: ((domain, op), ...), expected count}. (ort-shared-kv also
-    leaves no MultiHeadAttention: fuse() rewrites every one.)"""
+    leaves no MultiHeadAttention: fuse() rewrites every one.) ``activation``: the MLP's (canonical name); one
+    without a fused op in this profile has no gelu check."""
+    counts = _golden_counts(profile, n_layer)
+    if "gelu" in counts:
+        op = GELU_OPS[profile].get(activation)
+        if op is None:
+            del counts["gelu"]
+        else:
+            counts["gelu"] = ((op,), n_layer)
+    return counts
+
+
+def _golden_counts(profile: str, n_layer: int) -> dict[str, tuple[tuple[tuple[str, str], ...], int]]:
     L = n_layer
     layer_norms = (("", "LayerNormalization"), (MS, "SkipLayerNormalization"))
     return {
@@ -147,28 +178,80 @@ def _where_it_stopped(model: ir.Model, fusion: Fusion) -> str:
     return f"stopped matching at node '{node.name}' ({node.op_type}): {reason}"
 
 
-def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -> tuple[onnx.ModelProto, FusionReport]:
-    """Apply a profile's fusions in order; fail below the golden counts unless ``allow_partial``."""
+def fused_with(model: onnx.ModelProto) -> str | None:
+    """The profile whose fused ops the graph holds, read from its own ops: ort-shared-kv (GroupQueryAttention),
+    ort (MultiHeadAttention, FastGelu, SkipLayerNormalization), portable (the standard Gelu); None for a graph
+    with none of them (an unfused export, and the tensorrt profile's, whose LayerNormalization torch writes too)."""
+    ops = {(n.domain or "", n.op_type) for n in model.graph.node}
+    if (MS, "GroupQueryAttention") in ops:
+        return "ort-shared-kv"
+    if any(op in ops for op in ((MS, "MultiHeadAttention"), (MS, "SkipLayerNormalization"), *FAST_GELU.produces)):
+        return "ort"
+    if ("", "Gelu") in ops:
+        return "portable"
+    return None
+
+
+# (profile the graph holds, profile asked for) pairs that fuse() runs: the asked profile's rules on a graph that
+# holds the other's ops (ort-shared-kv rewrites ort's MultiHeadAttention). The same profile is a no-op; any other
+# pair is refused in one line.
+_REFUSABLE = "start from the unfused export (--fusion none), or keep the folder's own profile (--fusion {held})"
+_FUSES_OVER = {("ort", "ort-shared-kv")}
+
+
+def _check_fused(held: str | None, profile: str) -> None:
+    """Refuse a profile that cannot be applied to a graph already fused with ``held``."""
+    if held is None or held == profile or (held, profile) in _FUSES_OVER:
+        return
+    what = {
+        "ort-shared-kv": "a shared K/V cache (GroupQueryAttention)",
+        "ort": "com.microsoft ops from the ort profile",
+        "portable": "the portable profile's standard Gelu",
+    }[held]
+    raise BadInput(
+        f"the model already has {what}, which the {profile} profile cannot be made from: "
+        + _REFUSABLE.format(held=held)
+    )
+
+
+def _already_fused(model: onnx.ModelProto, profile: str, n_layer: int, activation: str) -> FusionReport:
+    """The report of a profile on a graph it has fused already: nothing applied, its ops counted as they are."""
+    graph = ir.from_proto(model)
+    histogram = _op_histogram(graph)
+    golden = {}
+    for check, (ops, expected) in golden_counts(profile, n_layer, activation).items():
+        found = sum(histogram[op] for op in ops)
+        golden[check] = GoldenCount(expected, found, ["::".join(filter(None, op)) for op in ops])
+    produced = {op for f in PROFILE_FUSIONS[profile] for op in f.produces}
+    op_counts = {"::".join(filter(None, key)): n for key, n in sorted(histogram.items()) if key in produced}
+    partial = [f"fusion '{c}' has {g.found} of {g.expected} ops" for c, g in golden.items() if g.found < g.expected]
+    return FusionReport(profile, {f.name: 0 for f in PROFILE_FUSIONS[profile]}, op_counts, golden, partial)
+
+
+def fuse(
+    model: onnx.ModelProto, profile: str, *, allow_partial: bool = False, activation: str = "gelu_new"
+) -> tuple[onnx.ModelProto, FusionReport]:
+    """Apply a profile's fusions in order; fail below the golden counts unless ``allow_partial``. A graph that
+    already holds the profile's fused ops comes back as it is (fusing what is fused is a no-op). ``activation``:
+    the MLP's (the Architecture's canonical name), which fixes the gelu check's op."""
     check_profile(profile)
     n_layer = count_layers(model)
     if profile == "none":
         return model, FusionReport(profile, {}, {}, {})
-    contrib = sorted({n.op_type for n in model.graph.node if n.domain == MS})
-    if "GroupQueryAttention" in contrib:
-        raise BadInput(
-            "the model already has a shared K/V cache (GroupQueryAttention): start from the unfused or ort export"
-        )
-    if contrib and profile not in CONTRIB_PROFILES:
-        raise BadInput(
-            f"the model already holds com.microsoft ops ({', '.join(contrib)}) from the ort profile, which the"
-            f" {profile} profile cannot contain: start from the unfused export"
-        )
+    held = fused_with(model)
+    _check_fused(held, profile)
+    if held == profile:
+        log.info("the model is already fused with the %s profile: nothing to fuse", profile)
+        return model, _already_fused(model, profile, n_layer, activation)
     model = _upgrade_opset(model, MIN_OPSET[profile])
     ir_version = model.ir_version
     if any(f is ATTENTION for f in PROFILE_FUSIONS[profile]):
         model, anchored = anchor_shapes(model)
         log.info("re-anchored %d intermediate shape reads on the graph inputs", anchored)
+    known = list(model.graph.value_info)  # a fused graph's contrib ops are typed by the pass that fused them only
     infer_value_info(model)
+    inferred = {v.name for v in model.graph.value_info}
+    model.graph.value_info.extend(v for v in known if v.name not in inferred)
     graph = ir.from_proto(model)
     # Small constant subgraphs (the SDPA scale, shape arithmetic) become constants the rules can read.
     onnxscript.optimizer.fold_constants(graph, input_size_limit=1024, output_size_limit=1024)
@@ -187,7 +270,7 @@ def fuse(model: onnx.ModelProto, profile: str, *, allow_partial: bool = False) -
         graph = ir.from_proto(proto)
     histogram = _op_histogram(graph)
     golden, partial = {}, []
-    for check, (ops, expected) in golden_counts(profile, n_layer).items():
+    for check, (ops, expected) in golden_counts(profile, n_layer, activation).items():
         found = sum(histogram[op] for op in ops)
         golden[check] = GoldenCount(expected, found, ["::".join(filter(None, op)) for op in ops])
         if found < expected:
