@@ -181,10 +181,12 @@ class TrainResult:
     stopped: str = "steps"  # "steps", "early stop" (held-out perplexity stopped falling) or "time budget"
 
 
-def _lr(step: int, recipe: Recipe) -> float:
+def _lr(step: int, recipe: Recipe, time_progress: float = 0.0) -> float:
+    """Linear warmup, then a cosine decay to a tenth of ``recipe.lr`` at the last step, or at the end of a
+    wall-clock budget (``time_progress``: the share of it spent) when that comes first."""
     if step < recipe.warmup:
         return recipe.lr * (step + 1) / recipe.warmup
-    progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
+    progress = min(1.0, max((step - recipe.warmup) / max(1, recipe.steps - recipe.warmup), time_progress))
     return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -197,6 +199,7 @@ def train_gpt2(
     progress: Callable[[int, float], None] | None = None,
     evaluate: Callable[[object], float] | None = None,
     max_seconds: float | None = None,
+    decay_to_budget: bool = False,
 ) -> TrainResult:
     """Train a GPT-2 on a token stream with the tied-tail softmax (see the module's docstring); deterministic
     for a given recipe, stream and torch version. Returns the model expanded to ``vocab_size`` rows.
@@ -206,7 +209,9 @@ def train_gpt2(
     evaluations without a new lowest one, and the model returned holds the weights of the lowest. The learning
     rate follows ``recipe.steps`` whatever stops the run, so a run that stops by steps or by evaluation is
     reproducible; ``max_seconds``: a wall-clock budget that also stops it (where it stops then depends on the
-    machine's speed, the report says which stopped it)."""
+    machine's speed, the report says which stopped it); ``decay_to_budget``: the learning rate decays by the
+    share of ``max_seconds`` spent when that is ahead of the share of steps (a run on a slow or busy machine
+    still anneals, at the price of depending on its speed)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(recipe.seed)
@@ -248,6 +253,10 @@ def train_gpt2(
     model.train()
     losses, start = [], time.perf_counter()
     curve, best, best_step, stale, stopped = [], math.inf, None, 0, "steps"
+
+    def budget_spent() -> float:
+        return (time.perf_counter() - start) / max_seconds if decay_to_budget and max_seconds else 0.0
+
     best_state = None
 
     def evaluation(step: int) -> bool:
@@ -278,7 +287,7 @@ def train_gpt2(
         batch = torch.stack([stream[o : o + span] for o in offsets.tolist()])
         inputs, targets = batch[:, :-1], batch[:, 1:]
         for group in optimizer.param_groups:
-            group["lr"] = _lr(step, recipe)
+            group["lr"] = _lr(step, recipe, time_progress=budget_spent())
         logits = model(input_ids=inputs).logits + tail_bias
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, rows), targets.reshape(-1))
         if n_tail:

@@ -84,3 +84,12 @@ def test_training_stops_when_the_heldout_perplexity_stops_falling_and_keeps_the_
 def test_a_time_budget_stops_training():
     result = train_gpt2(stream(40, 4000), vocab_size=1000, eos_id=999, recipe=TINY, max_seconds=0)
     assert result.stopped == "time budget" and result.steps_run == 1 and result.curve == []
+
+
+def test_the_learning_rate_decays_to_the_budget_when_it_comes_first():
+    from scripts.training import _lr
+
+    recipe = Recipe(**{**TINY.__dict__, "steps": 100, "warmup": 10, "lr": 1.0})
+    assert _lr(55, recipe) == pytest.approx(0.55)  # half-way through the steps: the cosine's middle
+    assert _lr(55, recipe, time_progress=1.0) == pytest.approx(0.1)  # the budget spent: the floor
+    assert _lr(55, recipe, time_progress=0.2) == _lr(55, recipe)  # the steps are ahead: they lead
