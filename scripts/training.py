@@ -152,6 +152,8 @@ class Recipe:
     weight_decay: float = 0.01
     seed: int = 0
     threads: int = 2  # fixed: the order of floating-point sums, hence the result, depends on it
+    eval_every: int = 0  # steps between held-out evaluations (0: none; train_gpt2's ``evaluate``)
+    patience: int = 2  # stop after this many evaluations without a lower held-out perplexity
 
 
 @dataclass(frozen=True)
@@ -173,12 +175,18 @@ class TrainResult:
     final_loss: float  # mean training loss (nats) over the last 10 % of steps
     seconds: float
     losses: list[float] = field(default_factory=list)
+    curve: list[dict] = field(default_factory=list)  # each evaluation: step, train_loss, heldout_ppl, seconds
+    steps_run: int = 0
+    best_step: int | None = None  # the evaluated step whose weights the model holds (None: the last step's)
+    stopped: str = "steps"  # "steps", "early stop" (held-out perplexity stopped falling) or "time budget"
 
 
-def _lr(step: int, recipe: Recipe) -> float:
+def _lr(step: int, recipe: Recipe, time_progress: float = 0.0) -> float:
+    """Linear warmup, then a cosine decay to a tenth of ``recipe.lr`` at the last step, or at the end of a
+    wall-clock budget (``time_progress``: the share of it spent) when that comes first."""
     if step < recipe.warmup:
         return recipe.lr * (step + 1) / recipe.warmup
-    progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
+    progress = min(1.0, max((step - recipe.warmup) / max(1, recipe.steps - recipe.warmup), time_progress))
     return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -189,9 +197,21 @@ def train_gpt2(
     eos_id: int,
     recipe: Recipe,
     progress: Callable[[int, float], None] | None = None,
+    evaluate: Callable[[object], float] | None = None,
+    max_seconds: float | None = None,
+    decay_to_budget: bool = False,
 ) -> TrainResult:
     """Train a GPT-2 on a token stream with the tied-tail softmax (see the module's docstring); deterministic
-    for a given recipe, stream and torch version. Returns the model expanded to ``vocab_size`` rows."""
+    for a given recipe, stream and torch version. Returns the model expanded to ``vocab_size`` rows.
+
+    ``evaluate``: every ``recipe.eval_every`` steps (and after the last), called with the model expanded to the
+    full vocabulary (in eval mode) and returns its held-out perplexity; training stops after ``recipe.patience``
+    evaluations without a new lowest one, and the model returned holds the weights of the lowest. The learning
+    rate follows ``recipe.steps`` whatever stops the run, so a run that stops by steps or by evaluation is
+    reproducible; ``max_seconds``: a wall-clock budget that also stops it (where it stops then depends on the
+    machine's speed, the report says which stopped it); ``decay_to_budget``: the learning rate decays by the
+    share of ``max_seconds`` spent when that is ahead of the share of steps (a run on a slow or busy machine
+    still anneals, at the price of depending on its speed)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(recipe.seed)
@@ -232,12 +252,42 @@ def train_gpt2(
         raise BadInput(f"the training text has {len(stream)} tokens: give more than {span} (the rows are {span} long)")
     model.train()
     losses, start = [], time.perf_counter()
+    curve, best, best_step, stale, stopped = [], math.inf, None, 0, "steps"
+
+    def budget_spent() -> float:
+        return (time.perf_counter() - start) / max_seconds if decay_to_budget and max_seconds else 0.0
+
+    best_state = None
+
+    def evaluation(step: int) -> bool:
+        """Evaluate after ``step``; True when the run should stop (no improvement for ``patience``)."""
+        nonlocal best, best_step, stale, best_state
+        model.eval()
+        ppl = float(evaluate(_expand(model, used, vocab_size, eos_id)))
+        model.train()
+        window = losses[-recipe.eval_every :] if recipe.eval_every else losses[-1:]
+        curve.append(
+            {
+                "step": step + 1,
+                "train_loss": round(float(np.mean(window)), 4),
+                "heldout_ppl": round(ppl, 3),
+                "seconds": round(time.perf_counter() - start, 1),
+            }
+        )
+        log.info("step %d: train loss %.3f, held-out perplexity %.2f", step + 1, curve[-1]["train_loss"], ppl)
+        if ppl < best:
+            best, best_step, stale = ppl, step + 1, 0
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            return False
+        stale += 1
+        return stale >= recipe.patience
+
     for step in range(recipe.steps):
         offsets = torch.randint(0, len(stream) - span, (recipe.batch,), generator=generator)
         batch = torch.stack([stream[o : o + span] for o in offsets.tolist()])
         inputs, targets = batch[:, :-1], batch[:, 1:]
         for group in optimizer.param_groups:
-            group["lr"] = _lr(step, recipe)
+            group["lr"] = _lr(step, recipe, time_progress=budget_spent())
         logits = model(input_ids=inputs).logits + tail_bias
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, rows), targets.reshape(-1))
         if n_tail:
@@ -249,7 +299,21 @@ def train_gpt2(
         losses.append(loss.item())
         if progress:
             progress(step, losses[-1])
+        last = step == recipe.steps - 1
+        out_of_time = max_seconds is not None and time.perf_counter() - start >= max_seconds
+        if evaluate and recipe.eval_every and ((step + 1) % recipe.eval_every == 0 or last or out_of_time):
+            if evaluation(step):
+                stopped = "early stop"
+                break
+        if out_of_time and not last:
+            stopped = "time budget"
+            break
     seconds = time.perf_counter() - start
+    steps_run = len(losses)
+    if best_state is not None and best_step != steps_run:
+        model.load_state_dict(best_state)
+    if best_state is None:
+        best_step = None
     full = _expand(model, used, vocab_size, eos_id)
     # the saved model's full softmax must give the loss trained here: check it on one batch (dropout off)
     model.eval()
@@ -267,7 +331,7 @@ def train_gpt2(
             f"the saved model's loss {expanded.item():.6f} differs from the trained {trained.item():.6f}: a bug in the"
             " tied-tail expansion (scripts/training.py)"
         )
-    tail = losses[-max(1, recipe.steps // 10) :]
+    tail = losses[-max(1, steps_run // 10) :]
     return TrainResult(
         model=full,
         recipe=recipe,
@@ -275,7 +339,45 @@ def train_gpt2(
         final_loss=float(np.mean(tail)),
         seconds=seconds,
         losses=losses,
+        curve=curve,
+        steps_run=steps_run,
+        best_step=best_step,
+        stopped=stopped,
     )
+
+
+def block_share(model) -> tuple[int, int]:
+    """(all parameters, the transformer blocks' parameters) of a GPT-2, tied weights counted once (GPT-2 124M:
+    124.4M, 69 % in its blocks; the rest is the embeddings and the last layer norm)."""
+    total = sum(p.numel() for p in model.parameters())
+    blocks = sum(p.numel() for p in model.transformer.h.parameters())
+    return total, blocks
+
+
+def cpu_info() -> dict:
+    """The CPU's model name and whether it has the vector and matrix extensions that matter to matmuls."""
+    import os
+    import platform
+    import subprocess
+
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Model name":
+            name = value.strip()
+        elif key.strip() == "Flags":
+            flags = set(value.split())
+    return {
+        "model_name": name,
+        "avx2": "avx2" in flags,
+        "avx512": sorted(f for f in flags if f.startswith("avx512")),
+        "amx": sorted(f for f in flags if f.startswith("amx")),
+        "logical_cpus": os.cpu_count(),
+    }
 
 
 def _expand(model, used: np.ndarray, vocab_size: int, eos_id: int):

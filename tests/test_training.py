@@ -61,3 +61,35 @@ def test_corpus_is_split_by_module_and_smaller_corpora_keep_the_heldout_modules(
 def test_a_text_shorter_than_one_row_is_refused():
     with pytest.raises(BadInput, match="the training text has 10 tokens: give more than 17"):
         train_gpt2(stream(5, 10), vocab_size=1000, eos_id=999, recipe=TINY)
+
+
+def test_training_stops_when_the_heldout_perplexity_stops_falling_and_keeps_the_best_weights():
+    ids = stream(40, 4000)
+    recipe = Recipe(**{**TINY.__dict__, "steps": 40, "eval_every": 2, "patience": 2})
+    scores = iter([50.0, 40.0, 45.0, 41.0, 30.0])  # improves, improves, then two evaluations without
+    seen = []
+
+    def evaluate(model):
+        seen.append({k: v.clone() for k, v in model.state_dict().items()})
+        return next(scores)
+
+    result = train_gpt2(ids, vocab_size=1000, eos_id=999, recipe=recipe, evaluate=evaluate)
+    assert result.stopped == "early stop" and result.steps_run == 8 and result.best_step == 4
+    assert [point["step"] for point in result.curve] == [2, 4, 6, 8]
+    assert [point["heldout_ppl"] for point in result.curve] == [50.0, 40.0, 45.0, 41.0]
+    for name, value in result.model.state_dict().items():  # the returned model is the one evaluated at step 4
+        assert torch.equal(value, seen[1][name]), name
+
+
+def test_a_time_budget_stops_training():
+    result = train_gpt2(stream(40, 4000), vocab_size=1000, eos_id=999, recipe=TINY, max_seconds=0)
+    assert result.stopped == "time budget" and result.steps_run == 1 and result.curve == []
+
+
+def test_the_learning_rate_decays_to_the_budget_when_it_comes_first():
+    from scripts.training import _lr
+
+    recipe = Recipe(**{**TINY.__dict__, "steps": 100, "warmup": 10, "lr": 1.0})
+    assert _lr(55, recipe) == pytest.approx(0.55)  # half-way through the steps: the cosine's middle
+    assert _lr(55, recipe, time_progress=1.0) == pytest.approx(0.1)  # the budget spent: the floor
+    assert _lr(55, recipe, time_progress=0.2) == _lr(55, recipe)  # the steps are ahead: they lead
