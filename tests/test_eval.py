@@ -223,14 +223,14 @@ def test_export_and_optimize_eval_text_gates(eval_setup, tmp_path, monkeypatch):
 
     apply = GraphPasses.apply
 
-    def damaging(self, proto, timings):  # every weight matrix broken before the passes, as a faulty rewrite would
+    def damaging(self, proto, timings, *args, **kwargs):  # every weight matrix broken before the passes
         rng = np.random.default_rng(0)
         for init in proto.graph.initializer:
             array = onnx.numpy_helper.to_array(init)
             if array.ndim == 2 and array.dtype == np.float32:
                 noisy = array + rng.normal(0, array.std(), array.shape).astype(np.float32)
                 init.CopyFrom(onnx.numpy_helper.from_array(noisy, init.name))
-        return apply(self, proto, timings)
+        return apply(self, proto, timings, *args, **kwargs)
 
     monkeypatch.setattr(GraphPasses, "apply", damaging)
     # the fixture's gates, which its good fp32 export passed
