@@ -165,8 +165,15 @@ def test_missing_and_unexpected_tensors(tiny_folder, tmp_path):
     "change, message",
     [
         ({"activation_function": "prelu"}, "activation_function 'prelu' cannot be exported: choose one of gelu_new"),
-        ({"scale_attn_by_inverse_layer_idx": 1}, "scale_attn_by_inverse_layer_idx must be true or false, got 1"),
-        ({"reorder_and_upcast_attn": "yes"}, "reorder_and_upcast_attn must be true or false"),
+        # transformers 4 accepts any value and gpt2onnx refuses it; transformers 5 refuses it first, naming it too
+        (
+            {"scale_attn_by_inverse_layer_idx": 1},
+            r"scale_attn_by_inverse_layer_idx(' expected bool, got int \(value: 1\)| must be true or false, got 1)",
+        ),
+        (
+            {"reorder_and_upcast_attn": "yes"},
+            r"reorder_and_upcast_attn(' expected bool, got str \(value: 'yes'\)| must be true or false)",
+        ),
         ({"add_cross_attention": True}, "add_cross_attention=True cannot be exported"),
         ({"n_head": 5}, "not divisible by n_head=5"),
         ({"model_type": "llama"}, "model_type is 'llama'"),

@@ -144,7 +144,8 @@ def _read_config(config_file: Path, what: str, root: Path | None = None):
     try:
         config = GPT2Config.from_dict(raw)
     except Exception as err:  # transformers raises many types for a bad config
-        raise CheckpointError(f"'{config_file}' is not a valid GPT-2 config ({err}); fix the file") from None
+        reason = " ".join(str(err).split())  # transformers 5 validates fields itself, over several lines: one line
+        raise CheckpointError(f"'{config_file}' is not a valid GPT-2 config ({reason}); fix the file") from None
     return config
 
 
