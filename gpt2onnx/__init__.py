@@ -37,7 +37,7 @@ _HOMES = {
     "ModelDescription": ("gpt2onnx.artifact.inspect", "ModelDescription"),
     "BenchReport": ("gpt2onnx.verify.bench", "BenchReport"),
     "Manifest": ("gpt2onnx.artifact.manifest", "Manifest"),
-    "QuantizeOptions": ("gpt2onnx.passes.precision", "QuantizeOptions"),
+    "QuantizeOptions": ("gpt2onnx.precisions.quantize_options", "QuantizeOptions"),
     "ProviderConfig": ("gpt2onnx.runtimes.providers", "ProviderConfig"),
     "RuntimeOptions": ("gpt2onnx.runtimes.base", "RuntimeOptions"),
     "Sampling": ("gpt2onnx.runtimes.generate", "Sampling"),

@@ -101,7 +101,9 @@ def main() -> int:
 
     from gpt2onnx.exporters.export import ExportOptions, export
     from gpt2onnx.machine import describe_cpu
-    from gpt2onnx.passes.precision import INT8_SCHEME, INT8_SCHEMES, QuantizeOptions, quantize
+    from gpt2onnx.precisions.int8 import INT8_SCHEME, INT8_SCHEMES
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
+    from gpt2onnx.precisions.weights import quantize
     from gpt2onnx.verify.metrics import kl_divergence
     from scripts.bench_precision import time_folders
 

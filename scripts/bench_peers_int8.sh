@@ -26,7 +26,9 @@ from pathlib import Path
 
 import onnx
 
-from gpt2onnx.passes.precision import INT8_SCHEMES, QuantizeOptions, quantize
+from gpt2onnx.precisions.int8 import INT8_SCHEMES
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
+from gpt2onnx.precisions.weights import quantize
 
 work = Path(sys.argv[1])
 base, out = work / "fp32", work / "int8-before"

@@ -48,13 +48,13 @@ class Variant:
     accuracy_level: int | None = None
     lm_head: str | None = None
     embeddings: str | None = None
-    algorithm: str | None = None  # int4's weight algorithm (gpt2onnx.passes.int4.all_algorithms)
+    algorithm: str | None = None  # int4's weight algorithm (gpt2onnx.precisions.algorithms.all_algorithms)
     mixed_int8: float | None = None  # int4: percent of block weights at 8 bits by measured sensitivity
     note: str = ""
     options: dict = field(default_factory=dict)
 
     def quantization(self):
-        from gpt2onnx.passes.precision import QuantizeOptions
+        from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
         return QuantizeOptions(
             self.quantize,
@@ -207,8 +207,9 @@ def gate_figures(folders: dict[str, Path], *, cases: int) -> dict[str, dict]:
 
 def _open_gates_for(folder: Path):
     from gpt2onnx.artifact.folder import open_folder
+    from gpt2onnx.precisions.all_precisions import precision_of
 
-    precision = open_folder(folder).precision
+    precision = precision_of(open_folder(folder).facts).name
     if precision == "float32":
         return {"logits": 1e9, "present": 1e9}
     return OPEN_GATES["float16" if precision == "float16" else "quantized"]

@@ -38,6 +38,7 @@ import numpy as np
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import read_generation_config
+from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.generate import Decoding, decode
 from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
@@ -198,7 +199,10 @@ def main() -> None:
     print(
         f"machine: {machine.get('cpu')}, {machine['cpu_count']} cores, {machine.get('memory_bytes', 0) / 2**30:.0f} GiB"
     )
-    print(f"folder: {folder} ({open_folder(folder).precision}); load average before: {os.getloadavg()}", flush=True)
+    print(
+        f"folder: {folder} ({precision_of(open_folder(folder).facts).name}); load average before: {os.getloadavg()}",
+        flush=True,
+    )
     print(f"onnxruntime threads: {args.threads or 'all cores'}, spinning: {not args.no_spin}")
     provider = ProviderConfig(threads=args.threads, spinning=not args.no_spin)
     results = [("in-process decode(), batch 1", in_process(folder, PROMPTS, args.new_tokens, provider))]

@@ -43,7 +43,7 @@ def make_folder(size: str, dtype: str, workdir: Path) -> Path:
 
     import gpt2onnx
     from gpt2onnx.exporters.export import ExportOptions
-    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
     from gpt2onnx.pytorch.architecture import preset_config
     from gpt2onnx.targets.deploy import deploy
 

@@ -2041,7 +2041,7 @@ CASES += [
 def int8_export(c: Ctx) -> None:
     """An int8 export of the tiny checkpoint as 'm' (DynamicQuantizeLinear, MatMulInteger), not validated."""
     from gpt2onnx.exporters.export import ExportOptions, export
-    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
     export(str(c.src), c.dir / "m", options=ExportOptions(quantization=QuantizeOptions("int8"), validate=False))
 

@@ -194,7 +194,7 @@ def _run_case_timed(case: Case, ctx: Ctx, env: dict[str, str], home: Path) -> Re
 @pytest.fixture(scope="session")
 def shared(tmp_path_factory):
     from gpt2onnx.exporters.export import ExportOptions, export
-    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
     root = tmp_path_factory.mktemp("bad-input-shared")
     src = write_hf_folder(root / "src", make_config("h4-v1000"))

@@ -4,7 +4,7 @@ import onnx
 import pytest
 
 from gpt2onnx.exporters.export import ExportOptions, export
-from gpt2onnx.passes.precision import QuantizeOptions
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
 VARIANTS = {
     "fp32": dict(),

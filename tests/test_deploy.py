@@ -90,7 +90,7 @@ def ort_greedy(model_path: Path):
 @pytest.fixture(scope="module")
 def int4_export(tiny_folder, tmp_path_factory):
     from gpt2onnx.exporters.export import ExportOptions, export
-    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
     options = ExportOptions(quantization=QuantizeOptions("int4"), validate=False)
     return export(str(tiny_folder), tmp_path_factory.mktemp("deploy-int4") / "tiny-int4", options=options).folder
@@ -99,7 +99,7 @@ def int4_export(tiny_folder, tmp_path_factory):
 @pytest.fixture(scope="module")
 def int8_export(tiny_folder, tmp_path_factory):
     from gpt2onnx.exporters.export import ExportOptions, export
-    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
     options = ExportOptions(quantization=QuantizeOptions("int8"), validate=False)
     return export(str(tiny_folder), tmp_path_factory.mktemp("deploy-int8") / "tiny-int8", options=options).folder
@@ -306,9 +306,11 @@ def test_deploy_records_targets_and_keeps_the_plain_folder(deployed):
     folder, manifest = deployed["folder"], deployed["manifest"]
     assert set(manifest.deploy.targets) == {"genai", "transformers-js", "triton"}
     assert "genai_config.json" in manifest.files and "model.onnx" in manifest.files
+    from gpt2onnx.precisions.all_precisions import precision_of
+
     opened = open_folder(folder)  # the plain folder still opens, hashes and all
     assert (
-        opened.precision
+        precision_of(opened.facts).name
         == {"fp32": "float32", "fp32-ort": "float32", "int4": "int4", "int8": "int8"}[deployed["variant"]]
     )
     config = json.loads((folder / "config.json").read_text())

@@ -202,7 +202,7 @@ def test_export_and_optimize_eval_text_gates(eval_setup, tmp_path, monkeypatch):
     from gpt2onnx.exporters import optimize as optimize_module
     from gpt2onnx.exporters.optimize import optimize
     from gpt2onnx.passes.pipeline import GraphPasses
-    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
     checkpoint, fp32, text = eval_setup
     written = json.loads((fp32 / "gpt2onnx.json").read_text())["eval"]  # the fixture's export, gated

@@ -12,7 +12,8 @@ from test_cli import assert_one_line_error, run
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.passes.precision import QuantizeOptions, written_out_layer_norms
+from gpt2onnx.precisions.fp16 import written_out_layer_norms
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.verify.fp16_emulation import emulate_fp16, tensor_types

@@ -5,7 +5,7 @@ import pytest
 from gpt2onnx.artifact.inspect import inspect
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
-from gpt2onnx.passes.precision import QuantizeOptions
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
 
 def test_inspect_tiny_export(tiny_export):

@@ -1,4 +1,4 @@
-"""int4's weight algorithms as plug-ins (gpt2onnx.passes.int4): each exports, passes its own file check and is
+"""int4's weight algorithms as plug-ins (gpt2onnx.precisions.algorithms): each exports, passes its own file check and is
 refused when its file is damaged, on trained and on random weights; the manifest says which algorithm chose the
 weights, and a calibrated one on what text."""
 
@@ -12,11 +12,11 @@ import pytest
 from test_cli import assert_one_line_error, run
 from test_precision_recipes import _damage
 
-import gpt2onnx.passes.int4 as int4_package
+import gpt2onnx.precisions.algorithms as int4_package
 from gpt2onnx.errors import CheckFailed
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.passes.int4.all_algorithms import ALGORITHMS, DEFAULT_ALGORITHM
-from gpt2onnx.passes.precision import QuantizeOptions
+from gpt2onnx.precisions.algorithms.all_algorithms import ALGORITHMS, DEFAULT_ALGORITHM
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.verify.gates import file_gates_for
 
 HELDOUT = Path(__file__).parent / "fixtures" / "trained-tiny" / "heldout.txt"
@@ -25,7 +25,7 @@ HELDOUT = Path(__file__).parent / "fixtures" / "trained-tiny" / "heldout.txt"
 def test_the_registry_lists_one_module_per_algorithm():
     assert list(ALGORITHMS) == ["rtn", "hqq", "k-quant", "gptq"] and DEFAULT_ALGORITHM in ALGORITHMS
     modules = {m.name for m in pkgutil.iter_modules(int4_package.__path__)} - {"algorithm", "all_algorithms"}
-    declared = {importlib.import_module(f"gpt2onnx.passes.int4.{m}").ALGORITHM.name for m in modules}
+    declared = {importlib.import_module(f"gpt2onnx.precisions.algorithms.{m}").ALGORITHM.name for m in modules}
     assert declared == set(ALGORITHMS)
     assert [a.name for a in ALGORITHMS.values() if a.calibrated] == ["gptq"]
 
@@ -167,10 +167,10 @@ def test_mixed_int8_gives_8_bits_to_the_most_sensitive_layers(weights, trained_e
 
 def test_mixed_int8_layers_are_judged_at_8_bits(trained_export, tmp_path, monkeypatch):
     """A file whose measured 8-bit layers hold 4-bit values is refused: the record says 8 bits."""
-    import gpt2onnx.passes.precision as precision
+    import gpt2onnx.precisions.weights as precision
 
-    real = precision._matmul_nbits
-    monkeypatch.setattr(precision, "_matmul_nbits", lambda m, o, **kw: real(m, o, **{**kw, "bits": 4}))
+    real = precision.matmul_nbits
+    monkeypatch.setattr(precision, "matmul_nbits", lambda m, o, **kw: real(m, o, **{**kw, "bits": 4}))
     with pytest.raises(CheckFailed, match="validation failed: int4") as failed:
         _optimize(trained_export, tmp_path / "damaged", None, mixed_int8=30)
     assert any("weights are not the declared rounding" in f for f in failed.value.report.failures)
@@ -195,7 +195,7 @@ def test_the_tied_embedding_is_stored_once(widths, trained_export, tmp_path, mon
     weights, the file shrinks by the table's copy, and its logits are those of the file that stores it twice."""
     import onnxruntime as ort
 
-    import gpt2onnx.passes.precision as precision
+    import gpt2onnx.precisions.weights as precision
 
     head, embeddings = widths
     shared = _optimize(trained_export, tmp_path / "shared", None, lm_head=head, embeddings=embeddings)
@@ -205,7 +205,7 @@ def test_the_tied_embedding_is_stored_once(widths, trained_export, tmp_path, mon
     heads = {n.input[1] for n in graph.node if n.op_type == "MatMulNBits"}
     token = next(n for n in graph.node if n.op_type == "GatherBlockQuantized" and n.input[1] == "input_ids")
     assert token.input[0] in heads
-    monkeypatch.setattr(precision, "_share_tied_embedding", lambda model: None)
+    monkeypatch.setattr(precision, "share_tied_embedding", lambda model: None)
     twice = _optimize(trained_export, tmp_path / "twice", None, lm_head=head, embeddings=embeddings)
     assert twice.manifest.quantization.shared_embedding is None
     size = {r.folder: (r.folder / "model.onnx").stat().st_size for r in (shared, twice)}

@@ -10,6 +10,7 @@ import pytest
 from gpt2onnx.artifact.folder import MANIFEST_NAME, open_folder, read_manifest
 from gpt2onnx.artifact.manifest import FileRecord, Manifest
 from gpt2onnx.errors import BadInput
+from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.targets.deploy import deploy
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cf4bc05"
@@ -86,7 +87,7 @@ def test_previous_release_folder_loads_inspects_runs_and_benches(previous_releas
     from gpt2onnx.cli import app
 
     folder = previous_release_folder
-    assert open_folder(folder).precision == "float32"  # the sha256 check included
+    assert precision_of(open_folder(folder).facts).name == "float32"  # the sha256 check included
     info = gpt2onnx.inspect(folder)
     assert info.manifest.check.passed and info.manifest.check_summary.endswith("— pass")
     shown = CliRunner().invoke(app, ["inspect", str(folder)])
@@ -114,7 +115,7 @@ def test_the_checks_figures_are_typed_and_read_back_as_written(tmp_path):
     one makes the whole check unreadable, kept in the manifest as it was, never half read."""
     from gpt2onnx.artifact.report import CheckReport, Figures, KlStats, WeightRounding
     from gpt2onnx.exporters.export import ExportOptions, export
-    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
     from gpt2onnx.verify.parity import parity
 
     exported = export(

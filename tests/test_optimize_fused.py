@@ -13,7 +13,7 @@ from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.passes.fusions.profiles import fused_with
-from gpt2onnx.passes.precision import QuantizeOptions
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
 PROFILES = ("none", "ort", "ort-shared-kv", "portable", "tensorrt")
 PRECISIONS = {

@@ -89,7 +89,7 @@ def arm_command(args: list[str]) -> list[str]:
 def variants(trained_export, tmp_path_factory) -> dict[str, Path]:
     """The trained test model in every precision: fp32 unfused and ort-fused, fp16, int8 and int4 (their recipes)."""
     from gpt2onnx.exporters.optimize import optimize
-    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
     work = tmp_path_factory.mktemp("portability")
     ort = optimize(trained_export, work / "fp32-ort", fusion="ort").folder
@@ -179,7 +179,9 @@ def test_int8_with_8_bit_weights_would_not_be_portable(variants, trained_checkpo
     that path and the test above proves less)."""
     import onnx
 
-    from gpt2onnx.passes.precision import INT8_SCHEMES, QuantizeOptions, quantize
+    from gpt2onnx.precisions.int8 import INT8_SCHEMES
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
+    from gpt2onnx.precisions.weights import quantize
     from gpt2onnx.verify.metrics import kl_divergence
 
     qemu = qemu_or_skip()

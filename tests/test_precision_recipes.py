@@ -9,7 +9,8 @@ from onnx import numpy_helper
 from test_cli import assert_one_line_error, run
 
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.passes.precision import QuantizeOptions, embedding_gathers, logits_projection
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
+from gpt2onnx.precisions.weights import embedding_gathers, logits_projection
 
 
 def _attr(node, name, default=None):
@@ -83,7 +84,7 @@ def test_8bit_embeddings_round_trip(gpt2_init_export):
     import numpy as np
     import onnxruntime as ort
 
-    from gpt2onnx.passes.precision import _gathers_to_8bit
+    from gpt2onnx.precisions.weights import gathers_to_8bit as _gathers_to_8bit
 
     model = onnx.load(str(gpt2_init_export / "model.onnx"))
     gather = embedding_gathers(model.graph)[0]
@@ -129,7 +130,7 @@ def _damage(monkeypatch, method: str, damage: str) -> None:
     import onnxruntime.quantization
     from onnx import numpy_helper
 
-    import gpt2onnx.passes.precision as precision
+    import gpt2onnx.precisions.weights as precision
 
     if damage == "scales":
         real_quantize = precision.quantize
@@ -143,10 +144,10 @@ def _damage(monkeypatch, method: str, damage: str) -> None:
 
         monkeypatch.setattr(precision, "quantize", doubled)
         return
-    real = precision._matmul_nbits
+    real = precision.matmul_nbits
     if method == "int4":
         monkeypatch.setattr(
-            precision, "_matmul_nbits", lambda model, options, **kw: real(model, options, **{**kw, "bits": 2})
+            precision, "matmul_nbits", lambda model, options, **kw: real(model, options, **{**kw, "bits": 2})
         )
         return
 

@@ -143,7 +143,7 @@ def test_dummy_past_slot_used_for_tensorrt_gives_the_same_results(tiny_folder, t
 def variants(tiny_folder, tmp_path_factory):
     """The tiny checkpoint as an int8 folder and as an ort-fused one (com.microsoft ops), not validated: cheap."""
     from gpt2onnx.exporters.export import ExportOptions, export
-    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
     root = tmp_path_factory.mktemp("provider-variants")
     options = {

@@ -10,7 +10,7 @@ from test_cli import assert_one_line_error, run
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.passes.precision import QuantizeOptions
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.verify.gates import TOLERANCES
 from gpt2onnx.verify.parity import parity
 

@@ -17,7 +17,7 @@ from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.cli import app
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
-from gpt2onnx.passes.precision import QuantizeOptions
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.runtimes import genai
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime, parse_runtimes, runtime_options
 from gpt2onnx.runtimes.generate import generate

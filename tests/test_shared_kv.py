@@ -15,7 +15,7 @@ from gpt2onnx.cli import app
 from gpt2onnx.errors import RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.passes.precision import QuantizeOptions
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, check_shared_cache_provider, open_decoder

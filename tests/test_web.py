@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from gpt2onnx.errors import BadInput, ContractError
-from gpt2onnx.passes.precision import QuantizeOptions
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.targets.deploy import deploy
 from gpt2onnx.targets.web_server import ISOLATION_HEADERS, open_server
 

@@ -162,17 +162,20 @@ class ModelFolder:
     def dtype(self) -> str:
         return self.facts.dtype
 
-    @property
-    def precision(self) -> str:
-        """The quantization method if the weights are quantized, else the dtype: the key of the parity gates."""
-        return self.facts.precision
+
+def _recorded_ops(manifest: Manifest) -> list[str] | None:
+    """The quantized op kinds the manifest records (none without a quantization record; no claim where an old
+    record has no op counts)."""
+    if manifest.quantization is None:
+        return []
+    return sorted(manifest.quantization.ops) or None
 
 
 def _claims(manifest: Manifest, facts: GraphFacts) -> list[str]:
     """What the manifest says of the graph that the graph contradicts (each: 'what: manifest vs graph')."""
     claims = {
         "dtype": (manifest.dtype, facts.dtype),
-        "quantization": (manifest.quantization.method if manifest.quantization else "none", facts.quantization),
+        "quantized ops": (_recorded_ops(manifest), sorted(facts.quantized_ops)),
         "kv_cache": (manifest.kv_cache, "shared" if facts.shared_kv else "concat"),
         "options.logits": (manifest.options.get("logits"), "last" if facts.logits_last else "all"),
     }

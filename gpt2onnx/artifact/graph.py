@@ -110,17 +110,26 @@ class GraphFacts:
     last dimension, when fixed; ``data_files``: the external data files its weights are read from."""
 
     dtype: str = "float32"
-    quantization: str = "none"
+    quantized_ops: frozenset[str] = frozenset()
     logits_last: bool = False
     shared_kv: bool = False
     vocab_size: int | None = None
     data_files: tuple[str, ...] = ()
     position_rows: int | None = None
 
-    @property
-    def precision(self) -> str:
-        """The quantization method if the weights are quantized, else the dtype: the key of the parity gates."""
-        return self.dtype if self.quantization == "none" else self.quantization
+
+def quantized_op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """The quantized ops of a graph by kind, with their width where it is not 4 bits ('MatMulNBits (8-bit)'): the
+    manifest's record, and what tells a graph's precision (gpt2onnx.precisions.all_precisions.precision_of)."""
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
+            bits = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits"), 4)
+            key = f"{node.op_type}" if bits == 4 else f"{node.op_type} ({bits}-bit)"
+            ops[key] = ops.get(key, 0) + 1
+        elif node.op_type in ("MatMulInteger", "DynamicQuantizeLinear"):
+            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    return ops
 
 
 def graph_facts(model: onnx.ModelProto) -> GraphFacts:
@@ -129,16 +138,11 @@ def graph_facts(model: onnx.ModelProto) -> GraphFacts:
     presents = [t for t in outputs if t.name.startswith("present")]
     logits = next((t for t in outputs if t.name == "logits"), None)
     dtype = presents[0].dtype if presents else (logits.dtype if logits is not None else "float32")
-    bits = set()
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
-            bits.add(next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits"), 4))
     ops = {node.op_type for node in model.graph.node}
-    quantization = "int4" if 4 in bits else ("int8" if "MatMulInteger" in ops or 8 in bits else "none")
     dims = logits.dims if logits is not None else ()
     return GraphFacts(
         dtype=dtype,
-        quantization=quantization,
+        quantized_ops=frozenset(quantized_op_counts(model)),
         logits_last=len(dims) == 3 and dims[1] == 1,
         shared_kv=SHARED_CACHE_OP in ops,
         vocab_size=dims[-1] if dims and isinstance(dims[-1], int) else None,

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from gpt2onnx.artifact.paths import check_output_path
-from gpt2onnx.passes.int4.all_algorithms import ALGORITHMS, DEFAULT_ALGORITHM
-from gpt2onnx.passes.precision import QuantizeOptions
+from gpt2onnx.precisions.all_precisions import FLOAT, FP32, QUANTIZED, quantized_names
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, runtime_options
 from gpt2onnx.runtimes.decoding import Decoding, Sampling
 from gpt2onnx.verify.gates import EvalGates, parse_gates
@@ -113,8 +113,15 @@ class Precision:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
+_ALGORITHMS_HELP = "; ".join(
+    f"{p.short}: {', '.join(p.algorithms)} \\[default: {p.default_algorithm}]"
+    for p in QUANTIZED.values()
+    if p.algorithms
+)
+
+
 def precision(
-    dtype: Annotated[str, typer.Option(help="fp32, or fp16 (see --keep-fp32).")] = "fp32",
+    dtype: Annotated[str, typer.Option(help=f"{', or '.join(FLOAT)} (see --keep-fp32).")] = FP32.short,
     keep_fp32: Annotated[
         str,
         typer.Option(
@@ -124,7 +131,7 @@ def precision(
             help="fp16: kept fp32, of layernorm, softmax, logits \\[default: all]; or none.",
         ),
     ] = "layernorm,softmax,logits",
-    quantize: Annotated[str, typer.Option("--quantize", help="Weights: none, int8 or int4.")] = "none",
+    quantize: Annotated[str, typer.Option("--quantize", help=f"Weights: {quantized_names()}.")] = "none",
     block_size: Annotated[
         Optional[int], typer.Option(help="Block-wise tensors: weights per scale, 16 to 256 \\[default: 32].")
     ] = None,
@@ -136,12 +143,12 @@ def precision(
         Optional[str], typer.Option("--lm-head", help="Logits projection: int4, int8, fp32 [default: recipe].")
     ] = None,
     embeddings: Annotated[Optional[str], typer.Option(help="Embeddings: int4, int8, fp32 [default: recipe].")] = None,
-    int4_algorithm: Annotated[
+    weight_algorithm: Annotated[
         Optional[str],
         typer.Option(
             "--algorithm",
             metavar="NAME",
-            help=f"int4: {', '.join(ALGORITHMS)} \\[default: {DEFAULT_ALGORITHM}].",
+            help=_ALGORITHMS_HELP,
             show_default=False,
         ),
     ] = None,
@@ -172,7 +179,7 @@ def precision(
         dtype,
         keep_fp32,
         QuantizeOptions(
-            quantize, block_size, accuracy_level, lm_head, embeddings, int4_algorithm, calibration_text, mixed_int8
+            quantize, block_size, accuracy_level, lm_head, embeddings, weight_algorithm, calibration_text, mixed_int8
         ),
         parse_gates(gate) or None,
         str(eval_text) if eval_text is not None else None,

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpt2onnx.cli.app import console, err_console
+from gpt2onnx.precisions.all_precisions import PRECISIONS
 
 if TYPE_CHECKING:  # the results' types only: rendering imports no library module that would pull in torch
     from gpt2onnx.artifact.inspect import ModelDescription
@@ -278,7 +279,9 @@ def evaluated(report: EvalReport) -> None:
     console.print(table)
 
 
-_SHORT = {"float32": "fp32", "float16": "fp16"}
+def _short(name: str) -> str:
+    """A precision as tables spell it (fp32, fp16, int8, ...)."""
+    return PRECISIONS[name].short if name in PRECISIONS else name
 
 
 def _greedy(r: EvalRow) -> str:
@@ -295,7 +298,7 @@ def _none(r: EvalRow) -> str:
 
 # eval's rows: name, the reference's cell, a folder's cell
 _EVAL_FIGURES = (
-    ("precision", lambda r: _SHORT.get(r.precision, r.precision), lambda r: _SHORT.get(r.precision, r.precision)),
+    ("precision", lambda r: _short(r.precision), lambda r: _short(r.precision)),
     (
         "runtime",
         lambda r: r.runtime,

@@ -29,7 +29,9 @@ from gpt2onnx.artifact.report import CheckReport
 from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
 from gpt2onnx.passes.pipeline import GraphPasses, timed
-from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions
+from gpt2onnx.precisions.all_precisions import FP32
+from gpt2onnx.precisions.fp16 import FP16_KEEP_GROUPS
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.model import BlockForExport, GPT2ForExport
 from gpt2onnx.verify.calibration import calibration_for
@@ -59,10 +61,10 @@ class ExportOptions:
     force: bool = False  # replace an existing output folder (one gpt2onnx wrote, or an empty one)
     fusion: str = "none"  # fusion profile: none, ort, portable, tensorrt (see gpt2onnx.passes.fusions)
     allow_partial_fusion: bool = False  # keep a graph whose fusions fall short of the golden counts
-    dtype: str = "fp32"  # fp32, or fp16 (weights, activations and K/V cache; LayerNorm, softmax, logits in fp32)
-    quantization: QuantizeOptions = QuantizeOptions()  # weights: none, int8 or int4, and int4's recipe options
+    dtype: str = FP32.short  # fp32, or fp16 (weights, activations and K/V cache; LayerNorm, softmax, logits in fp32)
+    quantization: QuantizeOptions = QuantizeOptions()  # weights: a quantizing precision and its options
     gates: dict | None = None  # overrides of the precision's default gates (gpt2onnx.verify.gates.TOLERANCES)
-    keep_fp32: tuple[str, ...] | str = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
+    keep_fp32: tuple[str, ...] | str = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precisions.fp16.FP16_KEEP_GROUPS)
     eval_text: str | None = None  # a text file: perplexity, KL against PyTorch before writing (verify.evaluate)
     eval_gates: EvalGates = EvalGates()  # with eval_text: the most ΔPPL (percent) and mean KL accepted
     passes: GraphPasses = field(init=False, repr=False, compare=False)
@@ -80,7 +82,7 @@ class ExportOptions:
                 raise BadInput(f"block {self.block} is not valid: give a block index from 0")
             for name, whole in (
                 ("logits", self.logits != "all"),
-                ("dtype", passes.dtype != "float32"),
+                ("dtype", passes.dtype != FP32.dtype),
                 ("quantize", self.quantization.method != "none"),
                 ("fusion", self.fusion != "none"),
             ):
@@ -89,22 +91,23 @@ class ExportOptions:
         if self.tolerance is not None:
             if not (math.isfinite(self.tolerance) and self.tolerance > 0):
                 raise BadInput(f"tolerance must be a positive number, got {self.tolerance}")
-            if passes.precision != "float32":
+            if not passes.precision.exact:
                 raise BadInput(
-                    f"tolerance applies to fp32 exports; {passes.precision} is checked by its gates: use --gate instead"
+                    f"tolerance applies to fp32 exports; {passes.precision.name} is checked by its gates: use --gate"
+                    " instead"
                 )
         if not self.validate and (self.tolerance is not None or self.gates):
             raise BadInput(
                 "tolerance and gates apply only when the export is validated: drop them, or drop --no-validate"
             )
-        tolerances_for(passes.precision, self.gates)  # each gate in its range
+        tolerances_for(passes.precision.name, self.gates)  # each gate in its range
         object.__setattr__(self, "eval_source", eval_source(self.eval_text, self.eval_gates))
         if self.eval_text is not None and self.block is not None:
             raise BadInput("eval_text (--eval-text) evaluates a whole decoder, not a single block: drop one of them")
 
     @property
     def precision(self) -> str:
-        return self.passes.precision
+        return self.passes.precision.name
 
     def as_dict(self) -> dict:
         """The manifest's record of the options: the keys every release has written, in their order."""

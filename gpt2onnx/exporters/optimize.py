@@ -30,7 +30,9 @@ from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.errors import BadInput
 from gpt2onnx.exporters.export import ExportResult, passed_or_refused
 from gpt2onnx.passes.pipeline import GraphPasses, timed
-from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions
+from gpt2onnx.precisions.all_precisions import FP32
+from gpt2onnx.precisions.fp16 import FP16_KEEP_GROUPS
+from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.verify.calibration import calibration_for
 from gpt2onnx.verify.evaluate import eval_source, evaluate_written
 from gpt2onnx.verify.gates import EvalGates, tolerances_for
@@ -54,7 +56,7 @@ def optimize(
     tolerance: float = 1e-4,
     external_data: bool | None = None,
     quantization: QuantizeOptions = QuantizeOptions(),
-    dtype: str = "fp32",
+    dtype: str = FP32.short,
     gates: dict | None = None,
     keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS,
     eval_text: str | Path | None = None,
@@ -89,7 +91,7 @@ def optimize(
             "nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a"
             " precision"
         )
-    tolerances_for(passes.precision, {"logits": tolerance} if passes.precision == "float32" else gates)
+    tolerances_for(passes.precision.name, {"logits": tolerance} if passes.precision.exact else gates)
     text = eval_source(eval_text, eval_gates)
     model_path = resolve_model_path(Path(source))
     if text is not None and not any((model_path.parent / name).is_file() for name in TOKENIZER_FILES):
@@ -134,7 +136,7 @@ def _own_profile(model: onnx.ModelProto, passes: GraphPasses) -> GraphPasses:
 
 def _refuse_a_fused_copy(model: onnx.ModelProto, passes: GraphPasses, model_path: Path) -> None:
     """Refuse options that would write the source again: its own fusion profile (a no-op) with fp32 weights."""
-    if passes.fusion == "none" or passes.precision != "float32":
+    if passes.fusion == "none" or not passes.precision.exact:
         return
     from gpt2onnx.passes.fusions.profiles import fused_with  # lazy: the profiles import onnxscript
 
@@ -176,7 +178,7 @@ def _optimize_into(
             check = validate_against_source(
                 folder / MODEL_FILE,
                 model_path,
-                precision=passes.precision,
+                precision=passes.precision.name,
                 tolerance=checks.tolerance,
                 gates=checks.gates,
                 quantization=passed.quantization,
@@ -194,7 +196,7 @@ def _optimize_into(
                 gates=checks.eval_gates,
                 against=SOURCE_ONNX,
                 label=str(out),
-                precision=passes.precision,
+                precision=passes.precision.name,
             )
     manifest = _manifest(model_path, previous, passes, passed, facts, external=len(files) > 1)
     manifest = dataclasses.replace(manifest, check=check, eval=quality, timings=timings)

@@ -1,3 +1,3 @@
-"""Graph passes on an ONNX decoder: fusion rules by profile (fusions), fp16 and weight quantization
-(precision), and the ordered pipeline export and optimize share (pipeline); graph_tools holds the helpers
-they have in common. onnx, onnxscript and onnxruntime's tools only, never torch."""
+"""Graph passes on an ONNX decoder: fusion rules by profile (fusions), and the ordered pipeline export and optimize
+share (pipeline: fusion, then the precision's own pass from gpt2onnx.precisions). onnx, onnxscript and
+onnxruntime's tools only, never torch."""

@@ -10,8 +10,12 @@ import onnx
 
 from gpt2onnx.artifact.manifest import Fp16Record, FusionReport, QuantizationRecord
 from gpt2onnx.errors import BadInput
-from gpt2onnx.passes import precision as precision_passes  # by module: tests swap quantize to damage a file
-from gpt2onnx.passes.precision import FP16_KEEP_GROUPS, QuantizeOptions, check_dtype, parse_keep_fp32
+from gpt2onnx.precisions import fp16
+from gpt2onnx.precisions import weights as weight_passes  # by module: tests swap quantize to damage a file
+from gpt2onnx.precisions.all_precisions import FP32, by_dtype
+from gpt2onnx.precisions.fp16 import FP16_KEEP_GROUPS, parse_keep_fp32
+from gpt2onnx.precisions.precision import Precision
+from gpt2onnx.precisions.quantize_options import QuantizeOptions, check_dtype
 
 
 @dataclass
@@ -38,7 +42,7 @@ class GraphPasses:
 
     fusion: str = "none"
     allow_partial_fusion: bool = False
-    dtype: str = "fp32"
+    dtype: str = FP32.short
     quantization: QuantizeOptions = field(default_factory=QuantizeOptions)
     keep_fp32: tuple[str, ...] | str = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
 
@@ -51,27 +55,26 @@ class GraphPasses:
             raise BadInput("--allow-partial-fusion applies to a fusion profile: add --fusion, or drop it")
         dtype = check_dtype(self.dtype, self.quantization.method)
         keep = parse_keep_fp32(self.keep_fp32)
-        if dtype != "float16" and keep != FP16_KEEP_GROUPS:
+        if by_dtype(dtype) is not fp16.PRECISION and keep != FP16_KEEP_GROUPS:
             raise BadInput("--keep-fp32 applies to fp16 models only: add --dtype fp16, or leave --keep-fp32 out")
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "keep_fp32", keep)
 
     @property
-    def precision(self) -> str:
-        """The key of the parity gates: the quantization method, else the dtype."""
-        method = self.quantization.method
-        return method if method != "none" else self.dtype
+    def precision(self) -> Precision:
+        """What the passes write: the quantizing precision, else the dtype's."""
+        return self.quantization.precision or by_dtype(self.dtype)
 
     @property
     def changes_nothing(self) -> bool:
         """No fusion, fp32 weights: the passes would leave a graph as it is."""
-        return self.fusion == "none" and self.precision == "float32"
+        return self.fusion == "none" and self.precision.exact
 
     def apply(
         self, model: onnx.ModelProto, timings: dict[str, float], calibration=None, *, activation: str = "gelu_new"
     ) -> PassResult:
         """Run the passes in order: fusion profile, fp16, weight quantization. ``calibration``: the token sequences
-        of a calibrated int4 algorithm or measured 8-bit layers (gpt2onnx.passes.int4.algorithm.Calibration);
+        of a calibrated int4 algorithm or measured 8-bit layers (gpt2onnx.precisions.algorithms.algorithm.Calibration);
         ``activation``: the MLP's (the Architecture's canonical name; it fixes which fused op the gelu fusion must
         reach)."""
         result = PassResult(model)
@@ -82,12 +85,12 @@ class GraphPasses:
                 result.model, result.fusion = fuse(
                     result.model, self.fusion, allow_partial=self.allow_partial_fusion, activation=activation
                 )
-        if self.dtype == "float16":
+        if self.precision is fp16.PRECISION:
             with timed(timings, "fp16"):
-                result.model, result.fp16 = precision_passes.to_fp16(result.model, keep_fp32=self.keep_fp32)
-        if self.quantization.method != "none":
+                result.model, result.fp16 = fp16.to_fp16(result.model, keep_fp32=self.keep_fp32)
+        if self.quantization.precision is not None:
             with timed(timings, "quantize"):
-                result.model, result.quantization = precision_passes.quantize(
+                result.model, result.quantization = weight_passes.quantize(
                     result.model, self.quantization, calibration=calibration
                 )
         shared = any(n.op_type == "GroupQueryAttention" for n in result.model.graph.node)

@@ -32,6 +32,7 @@ from gpt2onnx.artifact.contract import DecoderShape
 from gpt2onnx.artifact.paths import check_output_path
 from gpt2onnx.artifact.report import Placement
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
+from gpt2onnx.precisions.all_precisions import PRECISIONS
 from gpt2onnx.runtimes.base import check_threads
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,12 @@ CUDA_KERNEL_FACTS = {
 TENSORRT_UNSUPPORTED = {("", "DynamicQuantizeLinear"), ("", "MatMulInteger")}
 
 
+def cuda_precisions() -> list[str]:
+    """The precisions whose identifying ops CUDA has kernels for (none of theirs in CUDA_KERNEL_FACTS)."""
+    missing = {op for _, op in CUDA_KERNEL_FACTS}
+    return [p.short for p in PRECISIONS.values() if p.selectable and not p.marks & missing]
+
+
 def _elem_types(graph) -> dict[str, str]:
     """Element type names ('float', 'uint8', ...) of the tensors whose type the graph states, or that the ONNX
     spec fixes (DynamicQuantizeLinear's y is uint8)."""
@@ -208,7 +215,8 @@ def check_kernels(graph, config: ProviderConfig) -> None:
         )
     else:
         advice = (
-            "use --provider cpu, or a model in fp32, fp16 or int4 (or run them on the CPU anyway: --allow-fallback)"
+            f"use --provider cpu, or a model in {' or '.join(cuda_precisions())} (or run them on the CPU anyway:"
+            " --allow-fallback)"
         )
     message = f"provider '{config.name}' cannot run this model's {ops}"
     if not config.allow_fallback:

@@ -27,6 +27,7 @@ import onnxruntime
 from gpt2onnx.artifact.folder import open_folder, versions
 from gpt2onnx.artifact.report import Placement
 from gpt2onnx.errors import BadInput
+from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.generate import MAX_BATCH_TOKENS, decode
 from gpt2onnx.runtimes.providers import gpu_library_versions
@@ -442,7 +443,7 @@ def measure_folder(
         machine=machine_info(),
         versions={**versions(), **_runtime_versions(runtime.name, decoder)},
         model_bytes=sum(p.stat().st_size for p in model.folder.glob("model.onnx*")),
-        precision=model.precision,
+        precision=precision_of(model.facts).name,
         n_positions=model.n_positions,
         vocab_size=vocab,
         runs=runs,

@@ -48,6 +48,7 @@ from gpt2onnx.artifact.paths import check_output_path, real_location
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
+from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.targets.registry import Deployment, TargetSpec, parse_targets, target_options, target_specs
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def deploy(
         record = DeployRecord(
             targets=written,
             source=str(opened.folder),
-            precision=opened.precision,
+            precision=precision_of(opened.facts).name,
             # write_manifest records the versions and date of this run; keep those of the export
             source_versions=opened.manifest.versions,
             source_created=opened.manifest.created,

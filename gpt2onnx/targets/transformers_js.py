@@ -20,20 +20,21 @@ from gpt2onnx.artifact.folder import CONFIG_FILE, MODEL_FILE, read_json_file
 from gpt2onnx.artifact.graph import DATA_FILE_SUFFIX, external_data_files, load_graph
 from gpt2onnx.errors import ContractError
 from gpt2onnx.files import link_or_copy
+from gpt2onnx.precisions.all_precisions import PRECISIONS, precision_of
 from gpt2onnx.targets.formats import json_text
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
 SUBFOLDER = "onnx"
 CONFIG_KEY = "transformers.js_config"
-# our precision → transformers.js dtype and the file name suffix it loads
-DTYPES = {"float32": ("fp32", ""), "float16": ("fp16", "_fp16"), "int8": ("q8", "_quantized"), "int4": ("q4", "_q4")}
 
 
 def dtype_for(precision: str) -> tuple[str, str]:
-    """The transformers.js dtype and its file name for a folder's precision."""
-    if precision not in DTYPES:
-        raise ContractError(f"transformers.js has no dtype for a {precision} model: export fp32, fp16, int8 or int4")
-    dtype, suffix = DTYPES[precision]
+    """The transformers.js dtype and its file name for a folder's precision (its Precision.transformers_js)."""
+    declared = PRECISIONS.get(precision)
+    if declared is None or declared.transformers_js is None:
+        loadable = ", ".join(p.short for p in PRECISIONS.values() if p.transformers_js)
+        raise ContractError(f"transformers.js has no dtype for a {precision} model: export {loadable}")
+    dtype, suffix = declared.transformers_js
     return dtype, f"model{suffix}.onnx"
 
 
@@ -83,7 +84,9 @@ def drop_config_key(staging: Path) -> None:
 
 
 def _write(deployment: Deployment, options) -> Written:
-    return Written(write_transformers_js(deployment.staging, deployment.staging, deployment.source.precision))
+    return Written(
+        write_transformers_js(deployment.staging, deployment.staging, precision_of(deployment.source.facts).name)
+    )
 
 
 SPEC = TargetSpec(

@@ -46,6 +46,7 @@ from gpt2onnx.artifact.folder import CONFIG_FILE, read_json_file
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy, read_regular_text
+from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.targets import transformers_js
 from gpt2onnx.targets.formats import html_text, script_json
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
@@ -414,7 +415,11 @@ class WebOptions:
 def _write(deployment: Deployment, options: WebOptions) -> Written:
     source = deployment.source
     files = write_web(
-        source.folder, deployment.staging, source.precision, name=deployment.name, web_lib=options.web_lib
+        source.folder,
+        deployment.staging,
+        precision_of(source.facts).name,
+        name=deployment.name,
+        web_lib=options.web_lib,
     )
     return Written(files)
 

@@ -15,6 +15,7 @@ from gpt2onnx.artifact.paths import check_output_file
 from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic
 from gpt2onnx.machine import MachineRecord, describe_machine
+from gpt2onnx.precisions.all_precisions import PRECISIONS
 from gpt2onnx.runtimes.base import RuntimeOptions
 from gpt2onnx.runtimes.providers import TF32_OVERRIDE, ProviderConfig
 from gpt2onnx.runtimes.timing import (
@@ -227,7 +228,7 @@ def _torch_baseline(
     device = torch_device(provider)
     # On a GPU an fp16 folder is compared with torch in fp16 (fp32 there would flatter us); on the CPU torch
     # stays fp32, its fp16 kernels there are not what anyone would run.
-    half = device.startswith("cuda") and results[0].precision == "float16"
+    half = device.startswith("cuda") and PRECISIONS[results[0].precision].dtype == "float16"
     model = open_folder(folder, verify_files=False)
     ckpt = reference_checkpoint(model, reference)
     check_reference_matches(model, ckpt)  # the baseline must run the same architecture

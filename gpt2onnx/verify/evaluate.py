@@ -44,6 +44,7 @@ from gpt2onnx.artifact.report import (
 from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.files import sha256_file
 from gpt2onnx.machine import describe_machine
+from gpt2onnx.precisions.all_precisions import FP32, precision_of
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model, reference_step
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
@@ -204,7 +205,7 @@ class _RuntimeScorer:
         self.label, self.model = label, model
         self.runner = open_runtime(model, runtime)
         self.runtime, self.provider = runtime.name, self.runner.provider
-        self.precision = model.precision
+        self.precision = precision_of(model.facts).name
         self.vocab_size, self.n_positions = self.runner.vocab_size, model.n_positions
         self.last_logits = graph_logits_last(model)
         self.seconds = 0.0
@@ -223,7 +224,7 @@ class _RuntimeScorer:
 
 
 class _TorchScorer:
-    runtime, provider, precision, last_logits = "torch", "cpu", "float32", False
+    runtime, provider, precision, last_logits = "torch", "cpu", FP32.name, False
 
     def __init__(self, label: str, ckpt: Checkpoint):
         self.label, self.ckpt = label, ckpt

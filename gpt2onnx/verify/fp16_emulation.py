@@ -29,7 +29,7 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     the weightless skeleton of the model with every node output made a graph output."""
     import onnxruntime as ort
 
-    from gpt2onnx.passes.graph_tools import skeleton
+    from gpt2onnx.artifact.graph_tools import skeleton
 
     probe = skeleton(model)
     del probe.graph.output[:]

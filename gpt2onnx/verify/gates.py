@@ -11,44 +11,22 @@ from dataclasses import asdict, dataclass
 
 from gpt2onnx.artifact.report import Figures
 from gpt2onnx.errors import BadInput, ContractError
-from gpt2onnx.passes.int4.all_algorithms import ALGORITHMS, DEFAULT_ALGORITHM
+from gpt2onnx.precisions.all_precisions import PRECISIONS, precision
 
-# Tolerances per dtype: largest |Δlogits| and |Δpresent|, and the top-1 agreement required. In fp32 the ONNX
-# graph and PyTorch differ only by summation order: ~1e-6 is typical for the 124M model, 1e-4 leaves headroom.
-# Quantized weights change every logit a little, so their gates measure what matters for generation instead:
-# the mean KL divergence of the next-token distributions, and how often the reference's choice stays in our
-# top 5. They are set to catch a broken quantization (KL far above 0.1, top-5 near chance), not to rank good
-# ones: with random weights the 124M model's next-token distributions are nearly flat (logit std 0.55 over
-# 50,257 tokens), which makes top-k agreement a harsh measure. Measured there (20 cases): int8 KL 2e-4,
-# top-5 100 %; int4 (block 32) top-5 88 %.
-TOLERANCES = {
-    "float32": {"logits": 1e-4, "present": 1e-4, "top1": 1.0, "tokens_equal": True},
-    # fp16 on the 124M model (random weights): KL 7e-8, top-1 99.6 %, top-5 100 %.
-    "float16": {"kl_mean": 1e-4, "top1": 0.98, "top5": 0.99},
-    # fp32 weights with TF32 matmuls (cuda/tensorrt --tf32): the inputs of each product rounded to a 10-bit
-    # mantissa, as fp16 stores them, sums kept in fp32; fp32's 1e-4 cannot hold, so fp16's gates apply.
-    "tf32": {"kl_mean": 1e-4, "top1": 0.98, "top5": 0.99},
-    # int8 and int4: recalibrated on a trained model (docs/benchmarks.md, "What each precision costs"): each
-    # recipe passes with a margin (trained test model: int8 KL 5.9e-5, top-1 98.6 %; int4 KL 1.4e-3, top-1 90.7 %;
-    # random 124M: int8 KL 4.1e-4, top-1 93.5 %; int4 KL 7.8e-3, top-1 77 %, top-5 96 %), and the same method
-    # with fewer bits per weight fails (int8 with 4-bit weights: KL 8.2e-4, top-1 89.6 %; int4 with 2-bit
-    # weights: KL 1.75e-2, top-1 63.8 %), tests/test_precision_recipes.py.
-    "int8": {"kl_mean": 7e-4, "top1": 0.92, "top5": 0.99},
-    "int4": {"kl_mean": 0.012, "top1": 0.72, "top5": 0.94},
-}
+# Each precision's gates are declared by its module (gpt2onnx.precisions: Precision.gates and .file_gates, with
+# the measurements that set them); the tables below are views of the registry, by precision name.
+# Quality gates (KL, top-1, top-5) are set to catch a broken quantization, not to rank good ones.
 # A quantized file judged by itself (verify.rounding), the same on any weights, random or trained:
 # weight_steps: the largest distance of a dequantized weight from its source, in quantization steps of the declared
 #   width (round to nearest gives 0.5; onnxruntime's symmetric 4-bit range [-8, 7] clamps some values by up to 1).
 # relative_error: the mean over positions of ‖Δlogits‖ / ‖logits − mean‖ against the reference run with the file's
 #   own rounded weights, so only the activation path is left (measured in docs/benchmarks.md, "A quantized file
 #   judged by itself"): it does not depend on how peaked the predictions are.
-# weight_error: for an int4 algorithm that moves weights on purpose (HQQ, k-quant, GPTQ), weight_steps gives way to
+# weight_error: for a weight algorithm that moves weights on purpose (HQQ, k-quant, GPTQ), weight_steps gives way to
 #   the largest RMS error of a tensor over round-to-nearest's at the declared width, at most the algorithm's own
-#   bound (gpt2onnx.passes.int4: Int4Algorithm.weight_error).
-FILE_GATES = {
-    "int8": {"weight_steps": 1.001, "relative_error": 0.05},
-    "int4": {"weight_steps": 1.001, "relative_error": 0.05},
-}
+#   bound (gpt2onnx.precisions.algorithms: Int4Algorithm.weight_error).
+TOLERANCES = {name: dict(p.gates) for name, p in PRECISIONS.items()}
+FILE_GATES = {name: dict(p.file_gates) for name, p in PRECISIONS.items() if p.file_gates}
 FILE_GATE_NAMES = ("weight_steps", "weight_error", "relative_error")
 # The quality gates judge predictions that carry information. Where the reference's next-token distributions lie
 # within FLAT_NATS of uniform (ln V − entropy, the mean over the compared positions), the weights are random in
@@ -163,35 +141,29 @@ def check_gate(name: str, value: float) -> float:
     return float(value)
 
 
-def tolerances_for(precision: str, overrides: dict[str, float] | None = None) -> dict:
+def tolerances_for(name: str, overrides: dict[str, float] | None = None) -> dict:
     """The precision's default gates, with ``overrides`` (from --gate NAME=VALUE) on top, each checked; the file
     gates (FILE_GATES) are overridden by the same --gate but kept apart (file_gates_for)."""
-    if precision not in TOLERANCES:
-        raise BadInput(f"no parity gates are defined for precision '{precision}'")
-    checked = {name: check_gate(name, value) for name, value in (overrides or {}).items()}
-    file_gates = FILE_GATES.get(precision, {})
-    allowed = {*file_gates, *(("weight_error",) if precision == "int4" else ())}
-    unused = [name for name in checked if name in FILE_GATE_NAMES and name not in allowed]
+    declared = precision(name)  # refuses an unknown name
+    checked = {gate: check_gate(gate, value) for gate, value in (overrides or {}).items()}
+    allowed = {*FILE_GATES.get(name, {}), *(("weight_error",) if declared.algorithms else ())}
+    unused = [gate for gate in checked if gate in FILE_GATE_NAMES and gate not in allowed]
     if unused:
-        raise BadInput(f"gate {unused[0]} applies to int8 and int4 files, not to {precision}: drop it")
-    return {**TOLERANCES[precision], **{k: v for k, v in checked.items() if k not in FILE_GATE_NAMES}}
+        quantized = " and ".join(n for n, p in PRECISIONS.items() if p.file_gates)
+        raise BadInput(f"gate {unused[0]} applies to {quantized} files, not to {name}: drop it")
+    return {**TOLERANCES[name], **{k: v for k, v in checked.items() if k not in FILE_GATE_NAMES}}
 
 
-def file_gates_for(precision: str, overrides: dict[str, float] | None = None, *, algorithm: str | None = None) -> dict:
+def file_gates_for(name: str, overrides: dict[str, float] | None = None, *, algorithm: str | None = None) -> dict:
     """The gates of a quantized file judged by itself (FILE_GATES), with the --gate overrides that name them.
-    ``algorithm``: int4's, from the manifest (None: round to nearest, as every file before it was recorded); one
-    that moves weights is judged by its weight_error bound instead of weight_steps."""
-    gates = dict(FILE_GATES.get(precision, {}))
-    if precision == "int4":
-        name = algorithm or DEFAULT_ALGORITHM
-        if name not in ALGORITHMS:
-            raise ContractError(
-                f"the manifest's int4 algorithm '{name}' is unknown: choose one of {', '.join(ALGORITHMS)}"
-            )
-        bound = ALGORITHMS[name].weight_error
-        if bound is not None:
-            del gates["weight_steps"]
-            gates = {"weight_error": bound, **gates}
+    ``algorithm``: the weight algorithm the manifest records (None: the precision's default, as every file before
+    it was recorded); one that moves weights is judged by its weight_error bound instead of weight_steps."""
+    declared = precision(name)
+    if algorithm is not None and declared.algorithms and algorithm not in declared.algorithms:
+        raise ContractError(
+            f"the manifest's {name} algorithm '{algorithm}' is unknown: choose one of {', '.join(declared.algorithms)}"
+        )
+    gates = declared.file_gates_for(algorithm)
     gates.update({k: check_gate(k, v) for k, v in (overrides or {}).items() if k in gates})
     return gates
 

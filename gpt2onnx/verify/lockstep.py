@@ -13,6 +13,7 @@ import torch
 
 from gpt2onnx.artifact.report import CheckReport, Figures, Spread
 from gpt2onnx.machine import describe_machine
+from gpt2onnx.precisions.all_precisions import FP32
 from gpt2onnx.pytorch.reference import cache_as_arrays, reference_step
 from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
 from gpt2onnx.runtimes.generate import decode
@@ -43,7 +44,7 @@ def _fixed_batch_report(worst_logits, worst_present, tolerance, shape, decode_st
     )
     gates = {"logits": tolerance, "present": tolerance}
     # export and optimize validate on the cpu provider (compare_decoder, compare_block)
-    return CheckReport("float32", against, gates, measured, apply_gates(measured, gates), machine=describe_machine())
+    return CheckReport(FP32.name, against, gates, measured, apply_gates(measured, gates), machine=describe_machine())
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from gpt2onnx.artifact.manifest import QuantizationRecord
 from gpt2onnx.artifact.report import CheckReport, WeightRounding
 from gpt2onnx.errors import BadInput
 from gpt2onnx.machine import describe_machine
+from gpt2onnx.precisions import all_precisions as precisions
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
@@ -142,7 +143,7 @@ def precision_gates(
         )
         return with_file_check(checked, judged, rounded)
     checked = check(decoder, reference, quality, against)
-    if precision != "float16":
+    if not precisions.precision(precision).emulate_fp16:
         return checked
     from gpt2onnx.verify.fp16_emulation import write_emulated_fp16
 
@@ -236,7 +237,7 @@ def validate_export(
     length = max(2, min(8, ckpt.spec.n_positions - decode_steps))
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
     reference = reference_model(ckpt)
-    if precision != "float32":
+    if not precisions.precision(precision).exact:
         log.info("checking the %s gates against transformers' GPT2LMHeadModel", precision)
         rounded = rounded_pytorch(path, ckpt, quantization) if quantization is not None else None
         return precision_gates(
@@ -248,7 +249,7 @@ def validate_export(
             gates=gates,
             rounded=rounded,
         )
-    tolerance = tolerances_for("float32", {"logits": tolerance} if tolerance is not None else gates)["logits"]
+    tolerance = tolerances_for(precision, {"logits": tolerance} if tolerance is not None else gates)["logits"]
     log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)
     if block is not None:
         session = cpu_session(path)
@@ -282,7 +283,7 @@ def validate_against_source(
     fused = cpu_decoder(rewritten, n_positions=n_positions)
     reference = OnnxReference(cpu_decoder(source, n_positions=n_positions))
     vocab = fused.vocab_size or 1000
-    if precision != "float32":
+    if not precisions.precision(precision).exact:
         with tempfile.TemporaryDirectory(prefix="gpt2onnx-rounded-") as tmp:
             rounded = None
             if quantization is not None:
@@ -442,7 +443,8 @@ def parity(
     model = open_folder(folder, verify_files=verify_files)
     text_ids = prompt_text_ids(model, text) if text is not None else None
     # fp32 with TF32 matmuls (--tf32) has its own gates; every other precision keeps its own
-    family = "tf32" if onnxruntime and onnxruntime.tf32 and model.precision == "float32" else model.precision
+    written = precisions.precision_of(model.facts)
+    family = precisions.TF32.name if onnxruntime and onnxruntime.tf32 and written.exact else written.name
     tolerances = tolerances_for(family, gates)
     if emulate_fp16:
         _check_emulation(model, runtime, folder)
@@ -465,7 +467,7 @@ def parity(
         ref = reference_model(ckpt)
         quantization = model.manifest.quantization if model.manifest else None
         rounded = None
-        if family in ("int8", "int4") and quantization is not None:
+        if precisions.precision(family).quantized and quantization is not None:
             rounded = rounded_pytorch(model.model_path, ckpt, quantization)
         quality = tolerances if rounded is None or rounded.trained else {}
         try:
@@ -495,7 +497,7 @@ def _check_emulation(model: ModelFolder, runtime: RuntimeOptions, folder) -> Non
     """fp16 emulation: an fp16 model, on onnxruntime's cpu provider."""
     if runtime.name != "onnxruntime":
         raise BadInput(f"fp16 emulation runs on onnxruntime's cpu provider, not on {runtime.name}: drop one of them")
-    if model.dtype != "float16":
+    if not precisions.precision_of(model.facts).emulate_fp16:
         raise BadInput(f"fp16 emulation needs an fp16 model: '{folder}' is {model.dtype}; drop --emulate-fp16")
     if runtime.settings.name != "cpu":
         raise BadInput("fp16 emulation runs on the cpu provider (a GPU computes fp16 itself): drop one of them")

@@ -29,8 +29,9 @@ from onnx import numpy_helper
 from gpt2onnx.artifact.manifest import QuantizationRecord
 from gpt2onnx.artifact.report import WeightRounding
 from gpt2onnx.errors import ContractError
+from gpt2onnx.precisions.all_precisions import layer_bits
 
-HEAD_SUFFIX = "_for_matmul"  # precision._gemm_to_matmul's transposed copy of a Gemm head's weight
+HEAD_SUFFIX = "_for_matmul"  # precisions.weights.gemm_to_matmul's transposed copy of a Gemm head's weight
 _NBITS_SUFFIX = re.compile(r"_Q\d+(G\d+)?$")  # _Q4; _Q4G32 from the calibrated algorithms' path
 
 
@@ -185,7 +186,7 @@ def _declared_bits(weight: QuantizedWeight, record: QuantizationRecord) -> int:
         layer = record.lm_head
     else:
         layer = record.method
-    return {"int4": 4, "int8": 8}.get(layer or record.method, 4)
+    return layer_bits(layer or record.method)
 
 
 def weight_rounding(
@@ -226,7 +227,7 @@ def weight_rounding(
 
 def _rms_ratio(source: np.ndarray, weight: QuantizedWeight, step: np.ndarray, bits: int) -> float:
     """The RMS error of the file's weight over round-to-nearest's at the declared steps: the judge of algorithms
-    that move weights off the nearest grid point on purpose (gpt2onnx.passes.int4.algorithm.Int4Algorithm.weight_error).
+    that move weights off the nearest grid point on purpose (gpt2onnx.precisions.algorithms: weight_error).
     Round to nearest on the symmetric grid of the declared step, clamped to the op's range ([-8, 7] steps for
     4-bit MatMulNBits, as onnxruntime's quantizer), so a sound round-to-nearest file reads about 1."""
     safe = np.maximum(step, 1e-30)

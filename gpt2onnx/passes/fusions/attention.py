@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from gpt2onnx.passes.graph_tools import constant_value, static_dim
+from gpt2onnx.artifact.graph_tools import constant_value, static_dim
 
 
 def _heads(op, x, shape):

@@ -10,7 +10,7 @@ import math
 
 from onnxscript.rewriter import pattern
 
-from gpt2onnx.passes.graph_tools import constant_value
+from gpt2onnx.artifact.graph_tools import constant_value
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 

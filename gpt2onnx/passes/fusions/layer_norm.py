@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from onnxscript.rewriter import pattern
 
-from gpt2onnx.passes.graph_tools import constant_value
+from gpt2onnx.artifact.graph_tools import constant_value
 
 
 def _reduces_last_axis(mean_value, rank: int | None) -> bool:

@@ -29,6 +29,7 @@ import onnx_ir as ir
 import onnxscript.optimizer
 from onnxscript.rewriter import pattern
 
+from gpt2onnx.artifact.graph_tools import infer_value_info
 from gpt2onnx.artifact.manifest import FusionReport, GoldenCount
 from gpt2onnx.errors import BadInput, CheckFailed, ContractError
 from gpt2onnx.passes.fusions.attention import attention_div_rule, attention_split_scale_rule
@@ -48,7 +49,6 @@ from gpt2onnx.passes.fusions.skip_layer_norm import (
     skip_layer_norm_rule,
     skip_layer_norm_with_bias_rule,
 )
-from gpt2onnx.passes.graph_tools import infer_value_info
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gpt2onnx.artifact.graph import sort_topologically
-from gpt2onnx.passes.graph_tools import skeleton
+from gpt2onnx.artifact.graph_tools import skeleton
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ each block's min and max (neural_compressor's quant_tensor). Symmetric, that sec
 every weight is rounded twice (on the trained test fixture's blocks: mean KL 8.2e-4 against round-to-nearest's
 1.9e-4); asymmetric, the grids coincide where a block's extremes reach the ends of its range (2.3e-4)."""
 
-from gpt2onnx.passes.int4.algorithm import Int4Algorithm, per_node_bits
+from gpt2onnx.precisions.algorithms.algorithm import Int4Algorithm, per_node_bits
 
 
 def _build(*, bits: int, block_size: int, nodes, calibration, model, **_):

@@ -2,7 +2,7 @@
 asymmetric blocks with a zero point, the scale chosen by a weighted least-squares search instead of the largest
 magnitude; no calibration data. onnxruntime's KQuantWeightOnlyQuantConfig."""
 
-from gpt2onnx.passes.int4.algorithm import Int4Algorithm, per_node_bits
+from gpt2onnx.precisions.algorithms.algorithm import Int4Algorithm, per_node_bits
 
 
 def _build(*, bits: int, block_size: int, nodes, **_):

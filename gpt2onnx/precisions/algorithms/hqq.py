@@ -2,7 +2,7 @@
 by a few iterations that minimise a sparsity-promoting norm of the weight error; no calibration data.
 onnxruntime's HQQWeightOnlyQuantConfig (it imports torch). MatMulNBits with fp32 zero points."""
 
-from gpt2onnx.passes.int4.algorithm import Int4Algorithm
+from gpt2onnx.precisions.algorithms.algorithm import Int4Algorithm
 
 
 def _build(*, bits: int, block_size: int, **_):

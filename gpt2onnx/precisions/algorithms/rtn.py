@@ -1,7 +1,7 @@
 """Round to nearest: each block's largest magnitude sets its scale, every weight rounded to the nearest step
 (onnxruntime's default MatMulNBits quantizer). No calibration; the file check holds every weight within a step."""
 
-from gpt2onnx.passes.int4.algorithm import Int4Algorithm
+from gpt2onnx.precisions.algorithms.algorithm import Int4Algorithm
 
 ALGORITHM = Int4Algorithm(
     name="rtn",

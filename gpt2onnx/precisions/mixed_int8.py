@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from gpt2onnx.passes.int4.algorithm import Calibration
+from gpt2onnx.precisions.algorithms.algorithm import Calibration
 
 log = logging.getLogger(__name__)
 
