@@ -4,7 +4,7 @@ this table (gates, file checks, graph identification, deployment targets) instea
 from __future__ import annotations
 
 from gpt2onnx.errors import BadInput
-from gpt2onnx.precisions import fp16, fp32, int4, int8
+from gpt2onnx.precisions import fp16, fp32, int4, int8, int8_weights
 from gpt2onnx.precisions.precision import Precision
 
 PRECISIONS: dict[str, Precision] = {
@@ -15,6 +15,7 @@ PRECISIONS: dict[str, Precision] = {
         fp16.PRECISION,
         int8.PRECISION,
         int4.PRECISION,
+        int8_weights.PRECISION,
     )
 }
 FP32 = PRECISIONS["float32"]  # the reference's precision, and what an export is before any pass
