@@ -328,13 +328,24 @@ class Placement:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
-@dataclass
+# How a nested check's failures read among its report's (and how a report read back tells them from its own)
+FP16_EMULATED = "fp16 arithmetic as on a GPU: "
+ROUNDED = "the file against its own rounded weights: "
+KV_PATH = "K/V path ("
+
+
+@dataclass(frozen=True)
 class CheckReport:
-    precision: str  # the gate family: float32, float16, int8, int4; tf32 (fp32 with TF32 matmuls)
+    """A check's verdict, frozen: its own gates' failures (computed from the gates and the figures by the check
+    that built it, gpt2onnx.verify.gates.apply_gates) and those of the checks nested in it (fp16 emulated, the
+    file against its own rounded weights, the K/V path), read from them: :attr:`failures`. A later step makes a
+    new report (dataclasses.replace), never changes one."""
+
+    precision: str  # the gate family: a precision's name (gpt2onnx.precisions), or tf32
     against: str  # what the model was compared with: "PyTorch" (GPT2LMHeadModel) or "source ONNX model"
     gates: dict[str, Any]  # name → threshold (logits, present, top1, top5, kl_mean, tokens_equal)
     measured: Figures
-    failures: list[str] = field(default_factory=list)
+    gate_failures: tuple[str, ...] = ()  # its own gates' failures, in the gate table's order
     provider: str = "cpu"
     runtime: str = "onnxruntime"
     cases: list[dict] = field(default_factory=list)  # per case, where the check kept them (parity)
@@ -346,6 +357,18 @@ class CheckReport:
     quality_gates: str | None = None  # int8/int4: whether the quality gates (KL, top-k) were applied, and why
     machine: MachineRecord | None = None  # where it ran: the CPU's model and features, the GPU
     placement: Placement | None = None  # where the checked session's nodes ran (onnxruntime)
+
+    @property
+    def failures(self) -> list[str]:
+        """Every failure: its own gates', then those of the checks nested in it."""
+        found = list(self.gate_failures)
+        if self.fp16_emulated is not None:
+            found += [f"{FP16_EMULATED}{f}" for f in self.fp16_emulated.failures]
+        if self.rounded is not None:
+            found += [f"{ROUNDED}{f}" for f in self.rounded.failures]
+        if self.kv_path is not None:
+            found += self.kv_path.failures
+        return found
 
     @property
     def passed(self) -> bool:
@@ -401,7 +424,15 @@ class CheckReport:
         return [ParityCase.from_dict(record) for record in self.cases]
 
     def as_dict(self) -> dict:
-        data = asdict(self)
+        # written as every release wrote it: all the failures after the figures (read back, the nested checks'
+        # are told apart by their prefixes)
+        fields = asdict(self)
+        data = {}
+        for key, value in fields.items():
+            if key == "gate_failures":
+                data["failures"] = self.failures
+            else:
+                data[key] = value
         data["measured"] = self.measured.as_dict()
         data["passed"] = self.passed
         data["fp16_emulated"] = self.fp16_emulated.as_dict() if self.fp16_emulated else None
@@ -441,12 +472,14 @@ class CheckReport:
         def nested_report(value) -> "CheckReport | None":
             return None if value is None else cls._from_dict(value)
 
-        nested = ("measured", "fp16_emulated", "kv_path", "rounded", "machine", "placement")
+        nested = ("measured", "fp16_emulated", "kv_path", "rounded", "machine", "placement", "gate_failures")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k not in nested}
+        own = [f for f in data.get("failures", []) if not str(f).startswith((FP16_EMULATED, ROUNDED, KV_PATH))]
         kv_path = KvPathReport.from_dict(data.get("kv_path"))
         machine = MachineRecord.from_dict(data["machine"]) if isinstance(data.get("machine"), dict) else None
         return cls(
             **{"against": "?", **known},
+            gate_failures=tuple(own),
             measured=Figures.from_dict(data["measured"]),
             fp16_emulated=nested_report(data.get("fp16_emulated")),
             kv_path=kv_path,

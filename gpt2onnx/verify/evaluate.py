@@ -633,7 +633,7 @@ def _gate(row: EvalRow, gates: EvalGates, *, against: str) -> CheckReport:
             if value is not None
         },
         measured,
-        failures,
+        tuple(failures),
         provider=row.provider,
         runtime=row.runtime,
         machine=describe_machine(row.provider),

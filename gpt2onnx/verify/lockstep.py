@@ -44,7 +44,9 @@ def _fixed_batch_report(worst_logits, worst_present, tolerance, shape, decode_st
     )
     gates = {"logits": tolerance, "present": tolerance}
     # export and optimize validate on the cpu provider (compare_decoder, compare_block)
-    return CheckReport(FP32.name, against, gates, measured, apply_gates(measured, gates), machine=describe_machine())
+    return CheckReport(
+        FP32.name, against, gates, measured, tuple(apply_gates(measured, gates)), machine=describe_machine()
+    )
 
 
 @dataclass(frozen=True)

@@ -57,14 +57,28 @@ def gate_report(
     provider: str = "cpu",
     keep_cases: bool = False,
     runtime: str = "onnxruntime",
+    placement=None,
+    weights=None,
 ) -> CheckReport:
-    """The report of randomized cases: their totals against the gates, and the machine they ran on."""
+    """The report of randomized cases: their totals (with the file's ``weights`` figures, where it has them)
+    against the gates, the machine they ran on and where the session's nodes ran."""
     measured = summarize(results)
-    failures = apply_gates(measured, gates, cases=len(results))
+    if weights is not None:
+        measured = dataclasses.replace(measured, weights=weights)
+    failures = tuple(apply_gates(measured, gates, cases=len(results)))
     cases = [r.as_dict() for r in results] if keep_cases else []
     machine = describe_machine(provider.split(" ")[0])
     return CheckReport(
-        precision, against, gates, measured, failures, provider=provider, runtime=runtime, cases=cases, machine=machine
+        precision,
+        against,
+        gates,
+        measured,
+        failures,
+        provider=provider,
+        runtime=runtime,
+        cases=cases,
+        machine=machine,
+        placement=placement,
     )
 
 
@@ -84,9 +98,9 @@ def gate_check(
         run_case(decoder, reference, case, vocab_size=vocab_size)
         for case in random_cases(cases, seed=0, n_positions=n_positions, max_batch=4)
     ]
-    report = gate_report(results, precision, tolerances, against=against, provider=decoder.provider)
-    report.placement = decoder.placement
-    return report
+    return gate_report(
+        results, precision, tolerances, against=against, provider=decoder.provider, placement=decoder.placement
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +151,7 @@ def precision_gates(
     quality = tolerances_for(precision, gates)
     if rounded is not None:
         checked = check(decoder, reference, quality if rounded.trained else {}, against)
-        rounded = judge_quality(checked, rounded)
+        checked, rounded = judge_quality(checked, rounded)
         judged = file_check(
             decoder, rounded, precision=precision, vocab_size=vocab_size, n_positions=n_positions, gates=gates
         )
@@ -150,17 +164,12 @@ def precision_gates(
     with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
         emulated_path = write_emulated_fp16(Path(model_path), Path(tmp) / "emulated.onnx")
         emulated = check(cpu_decoder(emulated_path), reference, quality, against)
-    checked.fp16_emulated = emulated
-    checked.failures += [f"fp16 arithmetic as on a GPU: {f}" for f in emulated.failures]
-    return checked
+    return dataclasses.replace(checked, fp16_emulated=emulated)
 
 
 def with_file_check(report: CheckReport, file_report: CheckReport, rounded: RoundedReference) -> CheckReport:
-    """``report`` with the file check attached, its failures among the report's, and which quality gates ran."""
-    report.rounded = file_report
-    report.quality_gates = rounded.why
-    report.failures += [f"the file against its own rounded weights: {f}" for f in file_report.failures]
-    return report
+    """``report`` with the file check attached (its failures among the report's), and which quality gates ran."""
+    return dataclasses.replace(report, rounded=file_report, quality_gates=rounded.why)
 
 
 def rounded_pytorch(model_path: Path, ckpt: Checkpoint, quantization: QuantizationRecord) -> RoundedReference:
@@ -181,31 +190,29 @@ def file_check(decoder, rounded: RoundedReference, *, precision: str, vocab_size
         for case in random_cases(4, seed=0, n_positions=n_positions, max_batch=4)
     ]
     file_gates = file_gates_for(precision, gates, algorithm=rounded.algorithm)
-    report = gate_report(results, precision, file_gates, against=rounded.against)
-    report.measured = dataclasses.replace(report.measured, weights=rounded.weights)
-    report.failures = apply_gates(report.measured, report.gates, cases=len(results))
-    return report
+    return gate_report(results, precision, file_gates, against=rounded.against, weights=rounded.weights)
 
 
-def judge_quality(report: CheckReport, rounded: RoundedReference) -> RoundedReference:
-    """``rounded`` told whether the quality gates applied, from what ``report`` measured: where the source is a
-    checkpoint but the reference's own predictions are nearly flat (random weights saved as a checkpoint: their
-    distance from uniform under FLAT_NATS), the quality gates are taken off ``report``, its failures counted
-    again, and the reason given."""
+def judge_quality(report: CheckReport, rounded: RoundedReference) -> tuple[CheckReport, RoundedReference]:
+    """Whether the quality gates apply, from what ``report`` measured: where the source is a checkpoint but the
+    reference's own predictions are nearly flat (random weights saved as a checkpoint: their distance from uniform
+    under FLAT_NATS), a new report without the quality gates (its failures computed again) and ``rounded`` told
+    why; else both as they are, ``rounded`` with the reason."""
     flatness = report.measured.reference_information
     if not rounded.trained or flatness is None:
-        return rounded
+        return report, rounded
     if flatness >= FLAT_NATS:
         why = f"quality gates applied (weights from a checkpoint, predicting {flatness:.2f} nats from uniform)"
-        return dataclasses.replace(rounded, why=why)
-    report.gates = {name: value for name, value in report.gates.items() if name not in QUALITY_GATES}
-    report.failures = apply_gates(report.measured, report.gates, cases=report.measured.cases or 1)
+        return report, dataclasses.replace(rounded, why=why)
+    gates = {name: value for name, value in report.gates.items() if name not in QUALITY_GATES}
+    failures = tuple(apply_gates(report.measured, gates, cases=report.measured.cases or 1))
     why = (
         f"quality gates not applied: the reference predicts nearly flat distributions ({flatness:.2f} nats from"
         f" uniform, under {FLAT_NATS}), as random weights do, where KL and top-k agreement measure nothing; the"
         " file is judged by its weights and its activation path"
     )
-    return dataclasses.replace(rounded, trained=False, why=why)
+    report = dataclasses.replace(report, gates=gates, gate_failures=failures)
+    return report, dataclasses.replace(rounded, trained=False, why=why)
 
 
 def quality_gates_apply(source: dict | None) -> tuple[bool, str]:
@@ -256,11 +263,11 @@ def validate_export(
         report = compare_block(
             session, reference, block, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance
         )
-        report.placement = session_placement(session)
+        report = dataclasses.replace(report, placement=session_placement(session))
     else:
         decoder = cpu_decoder(path)
         report = compare_decoder(decoder, reference, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
-        report.placement = decoder.placement
+        report = dataclasses.replace(report, placement=decoder.placement)
     log.info("%s", report.summary())
     return report
 
@@ -316,7 +323,7 @@ def validate_against_source(
     report = compare_decoder(
         fused, reference, input_ids, mask, decode_steps=2, tolerance=tolerance, against=SOURCE_ONNX
     )
-    report.placement = fused.placement
+    report = dataclasses.replace(report, placement=fused.placement)
     return report
 
 
@@ -480,16 +487,23 @@ def parity(
         finally:
             decoder.close()
     label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
+    prompts = "random token ids" if text is None else f"text '{text}' ({len(text_ids):,} tokens)"
     report = gate_report(
-        results, family, quality, against=PYTORCH, provider=label, keep_cases=True, runtime=runtime.name
+        results,
+        family,
+        quality,
+        against=PYTORCH,
+        provider=label,
+        keep_cases=True,
+        runtime=runtime.name,
+        placement=decoder.placement,
+    )
+    report = dataclasses.replace(
+        report, kv_path=kv_path, measured=dataclasses.replace(report.measured, prompts=prompts)
     )
     if rounded is not None:
-        with_file_check(report, judged, judge_quality(report, rounded))
-    report.kv_path = kv_path
-    report.placement = decoder.placement
-    report.failures += kv_path.failures
-    prompts = "random token ids" if text is None else f"text '{text}' ({len(text_ids):,} tokens)"
-    report.measured = dataclasses.replace(report.measured, prompts=prompts)
+        report, rounded = judge_quality(report, rounded)
+        report = with_file_check(report, judged, rounded)
     return report
 
 
