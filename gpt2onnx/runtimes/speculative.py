@@ -63,20 +63,19 @@ class Speculation:
     draft_tokens: int | str | None = None  # default "adaptive"
 
     def __post_init__(self) -> None:  # an invalid one cannot be built
-        if (self.prompt_lookup is None) == (self.draft is None):
-            raise BadInput(
-                "speculative decoding takes one proposer: --prompt-lookup N or --draft FOLDER"
-                + (", not both" if self.draft is not None else "")
-            )
+        if self.prompt_lookup is not None and self.draft is not None:
+            raise BadInput("speculative decoding takes one proposer: --prompt-lookup N or --draft FOLDER, not both")
+        if self.max_ngram is not None and self.prompt_lookup is None:
+            raise BadInput("--max-ngram applies to prompt lookup: give --prompt-lookup N, or drop it")
+        if self.draft_tokens is not None and self.draft is None:
+            raise BadInput("--draft-tokens applies to a draft folder: give --draft FOLDER, or drop it")
+        if self.prompt_lookup is None and self.draft is None:
+            raise BadInput("speculative decoding takes one proposer: --prompt-lookup N or --draft FOLDER")
         if self.prompt_lookup is not None:
             _count("prompt_lookup_num_tokens", "--prompt-lookup", self.prompt_lookup)
-            if self.draft_tokens is not None:
-                raise BadInput("--draft-tokens applies to a draft folder: give --draft FOLDER, or drop it")
             ngram = PROMPT_LOOKUP_NGRAM if self.max_ngram is None else self.max_ngram
             object.__setattr__(self, "max_ngram", _count("max_matching_ngram_size", "--max-ngram", ngram))
             return
-        if self.max_ngram is not None:
-            raise BadInput("--max-ngram applies to prompt lookup: give --prompt-lookup N, or drop it")
         if not str(self.draft).strip():
             raise BadInput("the draft folder (--draft) is empty: give an exported folder")
         tokens = ADAPTIVE if self.draft_tokens is None else self.draft_tokens
