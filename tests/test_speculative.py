@@ -4,16 +4,21 @@ kinds; transformers' prompt lookup and draft schedule; every refusal as one line
 import inspect
 import json
 import textwrap
+from collections import Counter
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.cli import app
 from gpt2onnx.errors import BadInput
 from gpt2onnx.exporters.export import ExportOptions, export
-from gpt2onnx.runtimes.decoding import Decoding
-from gpt2onnx.runtimes.generate import generate
+from gpt2onnx.runtimes.decoder import open_decoder
+from gpt2onnx.runtimes.decoding import Decoding, Sampling, warp
+from gpt2onnx.runtimes.generate import decode, generate
+from gpt2onnx.runtimes.logits import softmax
+from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.runtimes.speculative import ASSISTANT_TOKENS, Draft, Speculation, lookup
 
 # Short enough for the trained model's 128 positions with 48 new tokens: code, docstrings, free text.
@@ -209,7 +214,71 @@ def test_cli_refusals(trained_export, bad_draft, other_vocabulary):
     one_line_error(run(folder, *prompt, "--draft-tokens", 2), "--draft-tokens applies to a draft")
     one_line_error(run(folder, *prompt, "--draft", folder, "--draft-tokens", "lots"), "'adaptive'")
     one_line_error(run(folder, *prompt, "--draft", folder, "--prompt-lookup", 3), "not both")
-    one_line_error(run(folder, *prompt, "--prompt-lookup", 3, "--sample"), "drop --sample")
-    one_line_error(run(folder, *prompt, "--draft", folder, "--num-beams", 2), "drop --num-beams")
+    one_line_error(run(folder, *prompt, "--draft", folder, "--num-beams", 2), "beam search: drop --num-beams")
+    one_line_error(run(folder, *prompt, "--prompt-lookup", 3, "--num-beams", 2), "beam search: drop --num-beams")
     one_line_error(run(folder, *prompt, "--prompt-lookup", 3, "--runtime", "openvino"), "onnxruntime runtime")
     one_line_error(run(folder, *prompt, "--draft", folder.parent / "missing"), "missing")
+
+
+def test_the_acceptance_rule_samples_the_models_distribution():
+    """transformers' _speculative_sampling on one position: a proposal drawn from q, kept with probability
+    min(1, p/q), else a draw from max(p - q, 0): the token follows p (total variation 0.02 at most over 20,000
+    draws, where q's own distribution is 0.4 away)."""
+    from gpt2onnx.runtimes.speculative import _choose
+
+    p = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
+    q = np.array([0.1, 0.1, 0.2, 0.3, 0.3])
+    rng, sampling = np.random.default_rng(0), Sampling(sample=True)
+    draws = 20_000
+    tokens = [_choose(np.log(p), int(rng.choice(5, p=q)), q, sampling, rng) for _ in range(draws)]
+    seen = np.bincount(tokens, minlength=5) / draws
+    assert 0.5 * np.abs(seen - p).sum() < 0.02 and 0.5 * np.abs(q - p).sum() > 0.4
+
+
+def _probs(decoder, sequence, sampling):
+    out, _ = decoder.run(
+        np.array([sequence]),
+        np.ones((1, len(sequence)), np.int64),
+        np.arange(len(sequence))[None],
+        decoder.empty_past(1),
+    )
+    return softmax(warp(out[:, -1].astype(np.float32), sampling).astype(np.float64))[0]
+
+
+def test_sampling_with_a_draft_keeps_the_distribution_and_prompt_lookup_keeps_the_draws(trained_export, bad_draft):
+    """Sampled with a draft, the first two new tokens follow the model's own joint distribution (exact, from its
+    logits; chi-square over 300 seeds, far below what the draft's tokens would give); with prompt lookup a seed
+    gives plain sampling's very tokens."""
+    decoder = open_decoder(open_folder(trained_export), ProviderConfig())
+    draft = open_decoder(open_folder(bad_draft), ProviderConfig())
+    prompt, sampling = [40, 41, 42, 43, 44, 45], Sampling(sample=True, top_k=4)
+    first = _probs(decoder, prompt, sampling)
+    joint = {}
+    for a in np.flatnonzero(first):
+        second = _probs(decoder, [*prompt, int(a)], sampling)
+        joint |= {(int(a), int(b)): first[a] * second[b] for b in np.flatnonzero(second)}
+    runs = 300
+    spec = Speculation(draft=bad_draft, draft_tokens=3)
+    counts = Counter(
+        tuple(
+            decode(
+                decoder,
+                np.array([prompt]),
+                max_new_tokens=2,
+                sampling=Sampling(sample=True, top_k=4, seed=seed),
+                speculation=spec,
+                draft=draft,
+            ).tokens[0]
+        )
+        for seed in range(runs)
+    )
+    assert set(counts) <= set(joint)
+    chi2 = sum((counts[k] - runs * p) ** 2 / (runs * p) for k, p in joint.items())
+    assert chi2 < 3 * len(joint), (chi2, len(joint))  # 15 degrees of freedom: p < 1e-4 at 45
+    for seed in range(3):
+        seeded = Sampling(sample=True, seed=seed, top_k=20)
+        plain = decode(decoder, np.array([prompt]), max_new_tokens=30, sampling=seeded)
+        ours = decode(
+            decoder, np.array([prompt]), max_new_tokens=30, sampling=seeded, speculation=Speculation(prompt_lookup=5)
+        )
+        np.testing.assert_array_equal(ours.tokens, plain.tokens)

@@ -196,7 +196,7 @@ def generate(
     speculation: Optional[Speculation] = None,
 ) -> None:
     """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers);
-    greedy with --prompt-lookup or --draft checks several proposed tokens a step, the same tokens."""
+    --prompt-lookup or --draft check several proposed tokens a step (greedy: the same tokens)."""
     json_output(json_path, reads=(folder,))
     result = run_generate(
         folder,

@@ -93,8 +93,8 @@ def decode(
     ``eos_token_id``: one id or several; ``pad_token_id`` fills rows that stopped (default: the first eos id, as
     transformers does); ``stop(tokens)``: True where a row's real tokens so far end it (stop strings).
     ``on_step(step, ids)`` is called with each step's new ids, for streaming (not with beam search).
-    ``speculation``: proposals checked in one step (:mod:`gpt2onnx.runtimes.speculative`; greedy, the same
-    tokens), with ``draft`` the opened draft folder where it names one."""
+    ``speculation``: proposals checked in one step (:mod:`gpt2onnx.runtimes.speculative`; greedy: the same
+    tokens; sampling: the same distribution), with ``draft`` the opened draft folder where it names one."""
     check_pair(sampling, decoding)
     check_new_tokens(max_new_tokens)
     return _decode(
@@ -283,9 +283,9 @@ def generate(
         on_text: streaming, for a single row without beams: called with ("prompt", text) once every check has
             passed, then ("token", new text) per step.
         speculation: prompt lookup or a draft folder (:class:`~gpt2onnx.runtimes.speculative.Speculation`):
-            greedy decoding with proposals checked several at a time, the same tokens as without; the draft is
-            opened on the same runtime and provider, and needs the model's vocabulary size. Rows run one at a
-            time. The result's ``speculation`` says how many proposals were kept.
+            proposals checked several at a time; greedy gives the same tokens as without, sampling the same
+            distribution. The draft is opened on the same runtime and provider, and needs the model's vocabulary
+            size. Rows run one at a time. The result's ``speculation`` says how many proposals were kept.
 
     Returns:
         TextGeneration. Raises: BadInput (prompts, options, folder), ContractError, IntegrityError,

@@ -7,22 +7,29 @@ Two proposers, as transformers' ``generate()`` has them (4.57, ``generation/cand
   to right; the first match with tokens after it proposes up to ``num_tokens`` of them, cut before an
   end-of-sequence id. No match: a plain step.
 - **a draft folder** (``assistant_model``; AssistedCandidateGenerator): a smaller export with the same vocabulary
-  proposes k tokens greedily, one step each on its own cache; k fixed (``num_assistant_tokens_schedule="constant"``)
-  or adaptive (``"heuristic"``: from transformers' default 20, +2 after a round where every proposal was kept,
-  -1 otherwise, at least 1). transformers' draft also stops early below a confidence it tunes with scikit-learn
-  (``assistant_confidence_threshold``); this one does not.
+  proposes k tokens (greedy, or sampled), one step each on its own cache; k fixed
+  (``num_assistant_tokens_schedule="constant"``) or adaptive (``"heuristic"``: from transformers' default 20, +2
+  after a round where every proposal was kept, -1 otherwise, at least 1). transformers' draft also stops early
+  below a confidence it tunes with scikit-learn (``assistant_confidence_threshold``); this one does not.
 
 A round: the target runs the sequence's last token and the k proposals in one step on its past (k + 1 positions),
 the logits processors are applied to each position as plain decoding would have them (the sequence with the
-proposals before it), and the proposals are kept up to the first where the target's greedy token differs; that
-token, or the one after the last proposal where all were kept, is the round's own. The target's cache is cut back
-to the kept tokens: a concatenating cache (present = past + new) is sliced, a shared buffer (ort-shared-kv) keeps
-its columns and the mask shrinks (the next step writes over the columns it drops). Every kept token is the token
-greedy decoding would have chosen, so the output is plain greedy's, token for token; only where two logits are
-within float rounding of each other can the (k + 1)-token step, whose matmuls have other shapes, pick the other.
+proposals before it), and the proposals are kept up to the first the target does not keep; the token chosen there
+(or after the last proposal, where all were kept) is the round's own. The target's cache is cut back to the kept
+tokens: a concatenating cache (present = past + new) is sliced, a shared buffer (ort-shared-kv) keeps its columns
+and the mask shrinks (the next step writes over the columns it drops).
 
-Greedy only: ``--sample`` is refused (transformers' speculative sampling keeps the distribution, not the draws, so
-a seed would not give plain sampling's tokens). Rows of a batch run one after another, each at batch 1.
+- Greedy: a proposal is kept where it is the target's argmax, so every token is plain greedy's, token for token;
+  only where two logits are within float rounding of each other can the (k + 1)-token step, whose matmuls have
+  other shapes, pick the other.
+- Sampling, as transformers' ``_assisted_decoding`` does it: with prompt lookup each position is drawn from the
+  target's processed distribution and a proposal is kept where the draw equals it (one draw per token, in order:
+  a seed gives plain sampling's tokens for a single row); with a draft, transformers' ``_speculative_sampling``
+  (the draft samples from its own processed distribution q; a proposal x is kept with probability
+  min(1, p(x) / q(x)), else the token is drawn from max(p - q, 0)): the same distribution as plain sampling, not
+  the same draws. Draws come from numpy's seeded generator, never torch's.
+
+Rows of a batch run one after another, each at batch 1 (``num_return_sequences`` rows per prompt when sampling).
 """
 
 from __future__ import annotations
@@ -175,6 +182,10 @@ def lookup(sequence: list[int], num_tokens: int, max_ngram: int, eos_token_ids: 
 
 
 class PromptLookup:
+    """Proposals copied from the sequence itself; no distribution of its own (``probs`` stays None)."""
+
+    probs = None
+
     def __init__(self, num_tokens: int, max_ngram: int, eos_token_ids: tuple[int, ...]):
         self.num_tokens, self.max_ngram, self.eos_token_ids = num_tokens, max_ngram, eos_token_ids
         self.steps = 0
@@ -190,13 +201,24 @@ class PromptLookup:
 
 
 class Draft:
-    """A draft model on its own stepper: k greedy tokens a round, its cache cut back to what the target kept."""
+    """A draft model on its own stepper: k tokens a round, greedy or sampled from its own processed distribution
+    (kept in ``probs`` for the acceptance rule), its cache cut back to what the target kept."""
 
-    def __init__(self, decoder: StepRuntime, tokens: int | str, decoding: Decoding, eos_token_ids: tuple[int, ...]):
+    def __init__(
+        self,
+        decoder: StepRuntime,
+        tokens: int | str,
+        decoding: Decoding,
+        eos_token_ids: tuple[int, ...],
+        sampling: Sampling = Sampling(),
+        rng: np.random.Generator | None = None,
+    ):
         self.decoder, self.decoding, self.eos_token_ids = decoder, decoding, eos_token_ids
+        self.sampling, self.rng = sampling, rng
         self.adaptive = tokens == ADAPTIVE
         self.k = ASSISTANT_TOKENS if self.adaptive else int(tokens)
         self.steps = 0
+        self.probs: list[np.ndarray] | None = None  # sampling: each proposal's distribution (float64)
 
     def start(self, prompt: list[int], capacity: int) -> None:
         self.prompt_length = len(prompt)
@@ -209,6 +231,7 @@ class Draft:
             return []
         new = sequence[len(self.seen) :]  # what the draft has not seen: at least the last token
         proposed: list[int] = []
+        self.probs = [] if self.sampling.sample else None
         while True:
             width = len(self.seen) + len(new)
             mask = self.decoder.prompt_mask(np.ones((1, width), np.int64))
@@ -217,16 +240,21 @@ class Draft:
             self.steps += 1
             self.seen += new
             scores = out[:, -1].astype(np.float32)
-            if self.decoding.processors_on():
+            if self.sampling.sample or self.decoding.processors_on():
                 scores = process_scores(
                     scores,
                     np.array([sequence + proposed]),
                     prompt_length=self.prompt_length,
                     decoding=self.decoding,
-                    sampling=Sampling(),
+                    sampling=self.sampling,
                     eos_token_ids=self.eos_token_ids,
                 )
-            token = int(scores[0].argmax())
+            if self.sampling.sample:
+                probs = logits.softmax(scores[0].astype(np.float64))
+                token = int(self.rng.choice(len(probs), p=probs / probs.sum()))
+                self.probs.append(probs)
+            else:
+                token = int(scores[0].argmax())
             proposed.append(token)
             if len(proposed) == k or token in self.eos_token_ids:
                 return proposed
@@ -263,18 +291,33 @@ def speculative_decode(
     stop: Callable[[list[int]], bool] | None,
     on_step: Callable[[int, np.ndarray], None] | None,
 ) -> Generation:
-    """Greedy decoding of a (left-padded, checked) batch with proposals checked in one target step, a row at a
-    time: the same tokens as the plain loop. ``draft``: the opened draft folder (with ``speculation.draft``)."""
+    """Greedy or sampled decoding of a (left-padded, checked) batch with proposals checked in one target step, a
+    row at a time (``num_return_sequences`` rows per prompt when sampling). ``draft``: the opened draft folder
+    (with ``speculation.draft``). Greedy: the plain loop's tokens. Sampling: the plain loop's distribution; with
+    prompt lookup on a single row, also its tokens for a seed (one draw per token from the same distributions)."""
     check_speculative(sampling, decoding, speculation)
     _check_runtimes(decoder, draft, speculation)
+    rng = np.random.default_rng(sampling.seed)
     if speculation.kind == "prompt-lookup":
         proposer = PromptLookup(speculation.prompt_lookup, speculation.max_ngram, eos_token_ids)
     else:
-        proposer = Draft(draft, speculation.draft_tokens, decoding, eos_token_ids)
-    rows = [row[m > 0].tolist() for row, m in zip(input_ids, mask)]
+        proposer = Draft(draft, speculation.draft_tokens, decoding, eos_token_ids, sampling, rng)
+    copies = decoding.num_return_sequences
+    rows = [row[m > 0].tolist() for row, m in zip(input_ids, mask) for _ in range(copies)]
     single = len(rows) == 1
     results = [
-        _row(decoder, proposer, prompt, max_new_tokens, decoding, eos_token_ids, stop, on_step if single else None)
+        _row(
+            decoder,
+            proposer,
+            prompt,
+            max_new_tokens,
+            decoding,
+            sampling,
+            rng,
+            eos_token_ids,
+            stop,
+            on_step if single else None,
+        )
         for prompt in rows
     ]
     fill = pad_token_id if pad_token_id is not None else 0
@@ -299,7 +342,7 @@ def speculative_decode(
         np.array([r.finished for r in results]),
         seconds,
         np.array([r.score for r in results]),
-        1,
+        copies,
         np.array([len(r.tokens) for r in results], dtype=np.int64),
         speculation=acceptance,
     )
@@ -308,10 +351,8 @@ def speculative_decode(
 def check_speculative(sampling: Sampling, decoding: Decoding, speculation: Speculation) -> None:
     """The decoding options speculative decoding cannot take, refused in one line."""
     flag = "--prompt-lookup" if speculation.kind == "prompt-lookup" else "--draft"
-    if sampling.sample:
-        raise BadInput(f"{flag} decodes greedily: drop --sample (speculative sampling is not offered)")
     if decoding.beams:
-        raise BadInput(f"{flag} decodes greedily: drop --num-beams")
+        raise BadInput(f"{flag} does not take beam search: drop --num-beams")
 
 
 def _check_runtimes(decoder, draft, speculation: Speculation) -> None:
@@ -336,11 +377,31 @@ class _Row:
     accepted: int = 0
 
 
-def _row(decoder, proposer, prompt, max_new_tokens, decoding, eos_ids, stop, on_step) -> _Row:
+def _choose(scores: np.ndarray, proposal: int | None, q: np.ndarray | None, sampling: Sampling, rng) -> int:
+    """The token at one position from its processed [vocab] scores, given the proposal there (None past the last).
+
+    Greedy: the argmax. Sampling without the proposer's distribution (prompt lookup): a draw from the scores, as
+    the plain loop draws; the proposal is kept where the draw equals it (transformers, candidate_logits None).
+    Sampling with the draft's distribution ``q``: transformers' _speculative_sampling (Leviathan et al. 2023,
+    algorithm 1): the proposal x is kept with probability min(1, p(x) / q(x)); otherwise the token is drawn from
+    max(p - q, 0), renormalised. Either way each token follows p, the plain loop's distribution."""
+    if not sampling.sample:
+        return int(scores.argmax())
+    p = logits.softmax(scores.astype(np.float64))
+    if proposal is None or q is None:
+        return int(rng.choice(len(p), p=p / p.sum()))
+    if rng.random() * q[proposal] <= p[proposal]:
+        return proposal
+    residual = np.maximum(p - q, 0.0)
+    residual = residual if residual.sum() > 0 else p
+    return int(rng.choice(len(p), p=residual / residual.sum()))
+
+
+def _row(decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos_ids, stop, on_step) -> _Row:
     """One row at batch 1: the prompt step, then rounds of proposals until max_new_tokens, eos or a stop string."""
     total = len(prompt) + max_new_tokens
     dummy = decoder.dummy_past
-    processed = decoding.processors_on()
+    processed = sampling.sample or decoding.processors_on()
     sequence = list(prompt)
     new: list[int] = []
     score = 0.0
@@ -364,10 +425,12 @@ def _row(decoder, proposer, prompt, max_new_tokens, decoding, eos_ids, stop, on_
                     np.array([sequence]),
                     prompt_length=len(prompt),
                     decoding=decoding,
-                    sampling=Sampling(),
+                    sampling=sampling,
                     eos_token_ids=eos_ids,
                 )
-            token = int(scores[0].argmax())
+            proposal = proposed[i] if i < len(proposed) else None
+            q = proposer.probs[i] if proposal is not None and proposer.probs is not None else None
+            token = _choose(scores[0], proposal, q, sampling, rng)
             score += float(logits.log_softmax(scores)[0, token])
             sequence.append(token)
             new.append(token)
