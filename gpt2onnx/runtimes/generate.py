@@ -365,7 +365,10 @@ def _speculation_models(model, speculation, sampling, decoding, options, verify_
         )
     if speculation.kind != "draft":
         return None
-    draft = open_folder(speculation.draft, verify_files=verify_files)
+    try:
+        draft = open_folder(speculation.draft, verify_files=verify_files)
+    except BadInput as err:  # its subclasses (ContractError, IntegrityError) take one message too
+        raise type(err)(f"the draft (--draft): {err}") from None
     ours, theirs = model.facts.vocab_size, draft.facts.vocab_size
     if ours != theirs:
         raise BadInput(
