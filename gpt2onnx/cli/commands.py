@@ -195,8 +195,9 @@ def generate(
     options: RunOptions = None,
     speculation: Optional[Speculation] = None,
 ) -> None:
-    """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers);
-    --prompt-lookup or --draft check several proposed tokens a step (greedy: the same tokens)."""
+    """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers).
+
+    --prompt-lookup or --draft check several proposed tokens a step: greedy's tokens, sampling's distribution."""
     json_output(json_path, reads=(folder,))
     result = run_generate(
         folder,
