@@ -43,6 +43,8 @@ _HOMES = {
     "Sampling": ("gpt2onnx.runtimes.generate", "Sampling"),
     "Decoding": ("gpt2onnx.runtimes.generate", "Decoding"),
     "TextGeneration": ("gpt2onnx.runtimes.generate", "TextGeneration"),
+    "Speculation": ("gpt2onnx.runtimes.speculative", "Speculation"),  # generate(speculation=): prompt lookup, a draft
+    "Acceptance": ("gpt2onnx.runtimes.speculative", "Acceptance"),
     "BenchConfig": ("gpt2onnx.runtimes.timing", "BenchConfig"),
     "CheckReport": ("gpt2onnx.artifact.report", "CheckReport"),
     "EvalGates": ("gpt2onnx.verify.gates", "EvalGates"),

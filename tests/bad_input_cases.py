@@ -874,6 +874,18 @@ CASES: list[Case] = [
         absent="folder 'afile'",
     ),
     Case("generate-folder-is-file", "message", ("generate", "{src}/config.json", "--ids", "1"), B, match="is a file"),
+    Case(
+        "draft-is-file",
+        "message",
+        ("generate", "{exp}", "--ids", "1", "--draft", "{src}/config.json"),
+        B,
+        match="draft",
+    ),
+    Case("draft-missing", "message", ("generate", "{exp}", "--ids", "1", "--draft", "nope"), B, match="draft"),
+    Case(
+        "draft-no-model", "message", ("generate", "{exp}", "--ids", "1", "--draft", "{src}"), B, match="no model.onnx"
+    ),
+    Case("lookup-beams", "message", ("generate", "{exp}", "--ids", "1", "--prompt-lookup", "3", "--num-beams", "2"), B),
     Case("optimize-fusion-bogus", "message", ("optimize", "{exp}", "-o", "out", "--fusion", "bogus"), B, match="bogus"),
     Case(
         "model-no-weights",
@@ -890,6 +902,9 @@ CASES: list[Case] = [
     Case("export-no-model", "options", ("export",), B, match="model"),
     Case("top-p-2", "options", ("generate", "{exp}", "--ids", "1", "--sample", "--top-p", "2"), B, match="top-p"),
     Case("provider-bogus", "options", ("generate", "{exp}", "--ids", "1", "--provider", "tpu"), B, match="tpu"),
+    Case("prompt-lookup-zero", "options", ("generate", "{exp}", "--ids", "1", "--prompt-lookup", "0"), B, match="1 to"),
+    Case("draft-tokens-bogus", "options", ("generate", "{exp}", "--ids", "1", "--draft-tokens", "x"), B, match="draft"),
+    Case("max-ngram-alone", "options", ("generate", "{exp}", "--ids", "1", "--max-ngram", "3"), B, match="--max-ngram"),
     Case("parity-cases-zero", "options", ("parity", "{exp}", "--cases", "0"), B, match="cases"),
     Case("bench-folder-without-model", "options", ("bench", "{src}"), B, match="model.onnx"),
     # -- deploy ------------------------------------------------------------------------------------------------------

@@ -299,6 +299,7 @@ INPUT_PATHS = {
     ("eval", "text"),
     ("export", "eval_text"),
     ("generate", "folder"),
+    ("generate", "draft"),
     ("inspect", "path"),
     ("optimize", "eval_text"),
     ("optimize", "source"),

@@ -36,12 +36,14 @@ from gpt2onnx.cli.options import (
     precision,
     run_options,
     search,
+    speculate,
     uses,
 )
 from gpt2onnx.errors import CheckFailed
 from gpt2onnx.files import write_json_atomic
 from gpt2onnx.runtimes.base import parse_runtimes, runtime_options
 from gpt2onnx.runtimes.generate import generate as run_generate
+from gpt2onnx.runtimes.speculative import Speculation
 from gpt2onnx.runtimes.timing import BenchConfig, parse_batches
 from gpt2onnx.targets.deploy import deploy as run_deploy
 from gpt2onnx.targets.registry import TARGETS
@@ -176,6 +178,7 @@ def inspect_command(
 @app.command()
 @uses(run_options, into="options")
 @uses(search, into="search")
+@uses(speculate, into="speculation")
 def generate(
     folder: FolderArg = Path("models/gpt2"),
     prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Prompt text (repeat: a batch).")] = None,
@@ -190,8 +193,11 @@ def generate(
     runtime: RuntimeOpt = "onnxruntime",
     search: Search = None,
     options: RunOptions = None,
+    speculation: Optional[Speculation] = None,
 ) -> None:
-    """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers)."""
+    """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers).
+
+    --prompt-lookup or --draft check several proposed tokens a step: greedy's tokens, sampling's distribution."""
     json_output(json_path, reads=(folder,))
     result = run_generate(
         folder,
@@ -203,6 +209,7 @@ def generate(
         runtime=options.runtime(runtime),
         verify_files=options.verify_files,
         on_text=render.streamed,
+        speculation=speculation,
     )
     if json_path is not None:
         write_json_atomic(json_path, result.as_dict())

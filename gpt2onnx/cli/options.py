@@ -19,6 +19,7 @@ from gpt2onnx.precisions.all_precisions import FLOAT, FP32, QUANTIZED, quantized
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, runtime_options
 from gpt2onnx.runtimes.decoding import Decoding, Sampling
+from gpt2onnx.runtimes.speculative import Speculation, speculation_from
 from gpt2onnx.verify.gates import EvalGates, parse_gates
 
 
@@ -233,6 +234,24 @@ def run_options(
         "--tf32": tf32,
     }
     return RunOptions(flags, verify_files)
+
+
+# -- generate's speculative decoding: prompt lookup or a draft folder --------------------------------------------
+def speculate(
+    prompt_lookup: Annotated[
+        Optional[int], typer.Option("--prompt-lookup", metavar="N", help="Propose N tokens from n-grams.")
+    ] = None,
+    max_ngram: Annotated[
+        Optional[int], typer.Option("--max-ngram", metavar="M", help="Prompt lookup: longest n-gram \\[2].")
+    ] = None,
+    draft: Annotated[
+        Optional[Path], typer.Option("--draft", metavar="DIR", help="A draft folder proposes tokens.")
+    ] = None,
+    draft_tokens: Annotated[
+        Optional[str], typer.Option("--draft-tokens", metavar="N", help="Draft: N or adaptive \\[adaptive].")
+    ] = None,
+) -> Speculation | None:
+    return speculation_from(prompt_lookup, max_ngram, draft, draft_tokens)
 
 
 # -- generate's search: transformers' generate() options ----------------------------------------------------------

@@ -149,12 +149,20 @@ def generated(result: TextGeneration) -> None:
     beams, per_prompt = result.settings["num_beams"], result.settings["num_return_sequences"]
     if len(result.texts) == 1 and beams == 1:
         console.print()
+        _speculation(result)
         return
     for row, text in enumerate(result.texts):
         label = f"{result.prompt_index[row]}.{row % per_prompt}" if per_prompt > 1 else f"{row}"
         score = f" [dim](score {result.scores[row]:.4f})[/]" if result.scores[row] is not None and beams > 1 else ""
         console.print(f"[bold]{label}[/]{score}: ", end="")
         console.print(text, markup=False, highlight=False)
+    _speculation(result)
+
+
+def _speculation(result: TextGeneration) -> None:
+    """With --prompt-lookup or --draft: how many proposals the model kept."""
+    if result.speculation is not None:
+        console.print(result.speculation.summary(), style="dim", markup=False, highlight=False)
 
 
 def parity_report(report: CheckReport) -> None:

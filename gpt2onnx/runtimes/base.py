@@ -244,6 +244,11 @@ class StepRuntime(Runtime):
         gathers host arrays (OpenVINO); onnxruntime's steppers keep it on their device."""
         return [np.ascontiguousarray(p[np.asarray(rows, dtype=np.int64)]) for p in past]
 
+    def crop_past(self, past: list, length: int) -> list:
+        """The cache cut back to its first ``length`` columns (speculative decoding drops the proposals the model
+        did not keep). This default slices host arrays; onnxruntime's steppers override it."""
+        return [p if p.shape[2] == length else np.ascontiguousarray(p[:, :, :length]) for p in past]
+
     def past_of_length(self, batch: int, length: int, *, capacity: int | None = None) -> list:
         """A zero-filled past of ``length`` tokens, for timing a step there (where ``capabilities.past_of_length``)."""
         raise BadInput(f"the {self.runtime} runtime cannot time a step at a given past (--past): drop --past")

@@ -245,6 +245,16 @@ class OnnxDecoder(StepRuntime):
         self._gather.run_with_iobinding(binding)
         return binding.get_outputs()
 
+    def crop_past(self, past, length: int) -> list:
+        """The cache cut back to its first ``length`` columns (speculative decoding's rollback): the presents as
+        they are where they have that length already, else their first columns as host arrays (bound as the next
+        step's past; on a GPU provider this copies the cache through the host)."""
+        if isinstance(past[0], np.ndarray):
+            return [p if p.shape[2] == length else np.ascontiguousarray(p[:, :, :length]) for p in past]
+        if past[0].shape()[2] == length:
+            return past
+        return [np.ascontiguousarray(p.numpy()[:, :, :length]) for p in past]
+
     def step(self, input_ids, attention_mask, position_ids, past):
         """One step with everything on the host: (all logits, presents as numpy arrays)."""
         logits, presents = self.run(input_ids, attention_mask, position_ids, past, last_logits_only=False)
@@ -345,6 +355,11 @@ class SharedCacheDecoder(OnnxDecoder):
             self.empty_past(len(rows), self.capacity)
         for buffer, values in zip(self._buffers, picked):
             buffer[...] = values
+        return self._values
+
+    def crop_past(self, past, length: int) -> list[ort.OrtValue]:
+        """Nothing to cut: buffer column j holds mask column j, so the next step's narrower mask leaves the
+        columns past ``length`` unread, and writes its own K/V over them."""
         return self._values
 
     def step(self, input_ids, attention_mask, position_ids, past=None):

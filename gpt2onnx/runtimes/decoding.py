@@ -134,6 +134,7 @@ class Generation:
     scores: np.ndarray | None = None
     num_return_sequences: int = 1
     lengths: np.ndarray | None = None  # [rows] new tokens in each row, up to and including its last real one
+    speculation: object | None = None  # speculative decoding: its Acceptance (gpt2onnx.runtimes.speculative)
 
 
 def process_scores(

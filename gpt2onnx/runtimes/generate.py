@@ -46,6 +46,7 @@ from gpt2onnx.runtimes.prompts import (
     parse_id_prompts,
 )
 from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.runtimes.speculative import Acceptance, Speculation, check_speculative, speculative_decode
 
 
 def _checked(decoder, input_ids, attention_mask, max_new_tokens: int, decoding: Decoding, eos_token_ids):
@@ -84,12 +85,16 @@ def decode(
     pad_token_id: int | None = None,
     stop: Callable[[list[int]], bool] | None = None,
     on_step: Callable[[int, np.ndarray], None] | None = None,
+    speculation: Speculation | None = None,
+    draft: StepRuntime | None = None,
 ) -> Generation:
     """Continue a (left-padded) batch as transformers' generate() would with the same settings.
 
     ``eos_token_id``: one id or several; ``pad_token_id`` fills rows that stopped (default: the first eos id, as
     transformers does); ``stop(tokens)``: True where a row's real tokens so far end it (stop strings).
-    ``on_step(step, ids)`` is called with each step's new ids, for streaming (not with beam search)."""
+    ``on_step(step, ids)`` is called with each step's new ids, for streaming (not with beam search).
+    ``speculation``: proposals checked in one step (:mod:`gpt2onnx.runtimes.speculative`; greedy: the same
+    tokens; sampling: the same distribution), with ``draft`` the opened draft folder where it names one."""
     check_pair(sampling, decoding)
     check_new_tokens(max_new_tokens)
     return _decode(
@@ -103,18 +108,38 @@ def decode(
         pad_token_id=pad_token_id,
         stop=stop,
         on_step=on_step,
+        speculation=speculation,
+        draft=draft,
     )
 
 
 def _decode(
-    decoder, input_ids, attention_mask, *, max_new_tokens, sampling, decoding, eos_token_id, pad_token_id, stop, on_step
+    decoder,
+    input_ids,
+    attention_mask,
+    *,
+    max_new_tokens,
+    sampling,
+    decoding,
+    eos_token_id,
+    pad_token_id,
+    stop,
+    on_step,
+    speculation=None,
+    draft=None,
 ) -> Generation:
     """decode() with its options already checked (the pair, max_new_tokens): greedy or sampled steps, beam search,
-    or the runtime's own loop."""
+    speculative decoding, or the runtime's own loop."""
     eos_ids = as_ids(eos_token_id)
     input_ids, mask = _checked(decoder, input_ids, attention_mask, max_new_tokens, decoding, eos_ids)
     pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else None)
     common = dict(max_new_tokens=max_new_tokens, decoding=decoding, eos_token_ids=eos_ids, pad_token_id=pad, stop=stop)
+    if speculation is not None:
+        if draft is not None:
+            draft.check_length(input_ids.shape[1] + max_new_tokens)
+        return speculative_decode(
+            decoder, input_ids, mask, speculation=speculation, draft=draft, sampling=sampling, on_step=on_step, **common
+        )
     if decoder.capabilities.owns_loop:
         return decoder.generate(input_ids, mask, sampling=sampling, on_step=on_step, **common)
     if decoding.beams:
@@ -197,6 +222,7 @@ class TextGeneration:
     prompt_ids: list[list[int]] = field(default_factory=list)  # per prompt: its real token ids
     scores: list[float | None] = field(default_factory=list)  # per row: see Generation.scores
     settings: dict = field(default_factory=dict)  # the decoding settings, eos and pad ids used
+    speculation: Acceptance | None = None  # speculative decoding: how many proposals the model kept
 
     def as_dict(self) -> dict:
         """For --json: per prompt, every returned sequence with its token ids, text and score."""
@@ -218,7 +244,10 @@ class TextGeneration:
                     ],
                 }
             )
-        return {"settings": self.settings, "prompts": prompts, "step_seconds": self.step_seconds}
+        out = {"settings": self.settings, "prompts": prompts, "step_seconds": self.step_seconds}
+        if self.speculation is not None:
+            out["speculation"] = self.speculation.as_dict()
+        return out
 
 
 def generate(
@@ -233,6 +262,7 @@ def generate(
     runtime: RuntimeOptions | None = None,
     verify_files: bool = True,
     on_text: Callable[[str, str], None] | None = None,
+    speculation: Speculation | None = None,
 ) -> TextGeneration:
     """Continue prompts with an exported folder: text through the folder's tokenizer, or token ids.
 
@@ -252,6 +282,10 @@ def generate(
         verify_files: check the model files against the manifest's sha256 first.
         on_text: streaming, for a single row without beams: called with ("prompt", text) once every check has
             passed, then ("token", new text) per step.
+        speculation: prompt lookup or a draft folder (:class:`~gpt2onnx.runtimes.speculative.Speculation`):
+            proposals checked several at a time; greedy gives the same tokens as without, sampling the same
+            distribution. The draft is opened on the same runtime and provider, and needs the model's vocabulary
+            size. Rows run one at a time. The result's ``speculation`` says how many proposals were kept.
 
     Returns:
         TextGeneration. Raises: BadInput (prompts, options, folder), ContractError, IntegrityError,
@@ -265,7 +299,10 @@ def generate(
         check_prompt_text(text)
     model = open_folder(folder, verify_files=verify_files)
     request = _request(model, prompts, ids, decoding)
-    decoder = open_runtime(model, runtime or RuntimeOptions(settings=provider))
+    options = runtime or RuntimeOptions(settings=provider)
+    draft_model = _speculation_models(model, speculation, sampling, decoding, options, verify_files)
+    decoder = open_runtime(model, options)
+    draft = None
     stream = TextStream(request.tokenizer if prompts else None)
 
     def step(index: int, new_ids: np.ndarray) -> None:
@@ -276,6 +313,8 @@ def generate(
         on_text("token", stream.push(int(new_ids[0])))
 
     try:
+        if draft_model is not None:
+            draft = open_runtime(draft_model, options)
         result = _decode(
             decoder,
             request.input_ids,
@@ -287,9 +326,13 @@ def generate(
             pad_token_id=request.pad_id,
             stop=StopStrings(request.tokenizer, decoding.stop) if decoding.stop else None,
             on_step=step,
+            speculation=speculation,
+            draft=draft,
         )
     finally:
         decoder.close()
+        if draft is not None:
+            draft.close()
     settings = {
         **asdict(decoding),
         **asdict(sampling),
@@ -299,7 +342,40 @@ def generate(
         "runtime": decoder.runtime,
         "stop": list(decoding.stop),
     }
-    return _text_generation(result, request, settings, text=bool(prompts))
+    if speculation is not None:
+        settings["speculation"] = speculation.as_dict()
+    generation = _text_generation(result, request, settings, text=bool(prompts))
+    generation.speculation = result.speculation
+    return generation
+
+
+def _speculation_models(model, speculation, sampling, decoding, options, verify_files):
+    """What speculative decoding needs of the folders, refused in one line before any session is made: every
+    position's logits from the model, and a draft folder with the model's vocabulary size. Returns the draft's
+    opened folder (None for prompt lookup or plain decoding)."""
+    if speculation is None:
+        return None
+    check_speculative(sampling, decoding, speculation)
+    if options.name != "onnxruntime":
+        raise BadInput(f"speculative decoding runs on the onnxruntime runtime, not {options.name}: drop --runtime")
+    if model.facts.logits_last:
+        raise BadInput(
+            f"'{model.folder}' returns the last position's logits only (exported with --logits last), and checking"
+            " proposals needs every position's: export it with --logits all"
+        )
+    if speculation.kind != "draft":
+        return None
+    try:
+        draft = open_folder(speculation.draft, verify_files=verify_files)
+    except BadInput as err:  # its subclasses (ContractError, IntegrityError) take one message too
+        raise type(err)(f"the draft (--draft): {err}") from None
+    ours, theirs = model.facts.vocab_size, draft.facts.vocab_size
+    if ours != theirs:
+        raise BadInput(
+            f"the draft '{draft.folder}' has a vocabulary of {theirs} tokens and the model '{model.folder}' one of"
+            f" {ours}: a draft must share the model's tokenizer"
+        )
+    return draft
 
 
 @dataclass
