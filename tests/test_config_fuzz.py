@@ -10,8 +10,8 @@ hold every flag, untied heads, 2048 positions, both GELUs and head sizes that Gr
 refuses), but no config that passes in one profile and fails in another goes unseen. The time stays about what it
 was: the exports skip their own validation (the comparison below is that check, on this batch) and transformers'
 greedy tokens are computed once per config (measured on 2 loaded cores: 20 × 1 took 90 s wall and 47 s of CPU,
-8 × 5 took 89 s and 61 s, so 7). The seed is fixed, so a failure names a combination that can be rerun;
-GPT2ONNX_FUZZ_SEED and GPT2ONNX_FUZZ_CONFIGS draw others, or more, by hand."""
+8 × 5 took 89 s and 61 s, 7 × 5 takes 60 s and 42 s). The seed is fixed, so a failure names a combination that
+can be rerun; GPT2ONNX_FUZZ_SEED and GPT2ONNX_FUZZ_CONFIGS draw others, or more, by hand."""
 
 import json
 import os
