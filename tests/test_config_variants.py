@@ -1,7 +1,9 @@
 """The GPT2LMHeadModel configurations that released checkpoints use beyond OpenAI's four, on tiny seeded models:
 each exported with the default profile and with ort (and the portable one for the GELUs) and compared with
 transformers' GPT2LMHeadModel through plain onnxruntime on a left-padded batch (prompt and decode steps) and
-greedy generation, with the fused op each activation must become."""
+greedy generation, with the fused op each activation must become; and the runtimes and eval on them: the deploy
+targets with onnxruntime, ort-generate and OpenVINO, gpt2onnx eval and onnxruntime-genai on exact GELU with
+per-layer scaling, and genai's one-line refusal of what it cannot represent."""
 
 from collections import Counter
 
@@ -9,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import write_hf_folder
+from test_runtimes import runtime_param
 
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.pytorch.architecture import ACTIVATIONS
@@ -139,3 +142,86 @@ def test_every_activation_matches_transformers(activation, tmp_path):
     parity = compare_decoder(decoder, reference_model(ckpt), ids, mask, decode_steps=2, tolerance=FP32_TOL)
     assert parity.passed, parity
     print(f"{activation}: max |Δlogits| {parity.measured.logits.max:.2e}")
+
+
+# exact GELU (Cerebras-GPT) with BioMedLM's per-layer scaling and upcast attention, in the ort profile (com.microsoft
+# Gelu, MultiHeadAttention whose scale carries the layer's scaling)
+GELU_SCALED = dict(activation_function="gelu", scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True)
+
+
+@pytest.fixture(scope="module")
+def gelu_scaled(tmp_path_factory):
+    """The variant's checkpoint with a tokenizer, and its ort export (unvalidated: the tests below compare it)."""
+    from conftest import write_tokenizer
+    from transformers import GPT2Config
+
+    params = {**BASE, **GELU_SCALED}
+    config = GPT2Config(**params, bos_token_id=params["vocab_size"] - 1, eos_token_id=params["vocab_size"] - 1)
+    root = tmp_path_factory.mktemp("gelu-scaled")
+    folder = write_hf_folder(root / "checkpoint", config, seed=3)
+    write_tokenizer(folder, params["vocab_size"])
+    options = ExportOptions(fusion="ort", validate=False)
+    return folder, export(str(folder), root / "ort", options=options).folder
+
+
+def test_eval_on_a_variant_equals_pytorch(gelu_scaled, tmp_path):
+    """gpt2onnx eval on the variant: transformers' sliding-window perplexity (its eager model, which applies the
+    per-layer scaling) equal to our own PyTorch reference's and the export's, the same top-1 and greedy tokens."""
+    import json
+
+    from test_eval import pytorch_perplexity, real_text
+    from transformers import GPT2TokenizerFast
+    from typer.testing import CliRunner
+
+    from gpt2onnx.cli.app import app
+
+    checkpoint, exported = gelu_scaled
+    text = tmp_path / "text.txt"
+    text.write_text(real_text()[:1500])
+    args = ["eval", str(exported), "--text", str(text), "--context", "48", "--stride", "24", "--greedy-tokens", "8"]
+    result = CliRunner().invoke(app, [*args, "--json", str(tmp_path / "eval.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "eval.json").read_text())
+    ids = GPT2TokenizerFast.from_pretrained(checkpoint).encode(text.read_text())
+    expected = pytorch_perplexity(checkpoint, ids, context=48, stride=24)
+    assert abs(report["reference"]["ppl"] / expected - 1) < 1e-6, (report["reference"], expected)
+    (row,) = report["rows"]
+    assert abs(row["ppl"] / expected - 1) < 1e-4 and row["same_top1"] == 1.0, row
+    assert row["kl"]["max"] < 1e-8 and row["greedy"]["first_divergence"] is None, row
+
+
+@pytest.mark.parametrize("runtime", [runtime_param("genai")])
+def test_genai_generates_transformers_tokens_on_a_variant(gelu_scaled, runtime):
+    """generate --runtime genai (onnxruntime-genai's own loop) on the variant: transformers' greedy tokens."""
+    import torch
+    from transformers import GPT2LMHeadModel
+    from typer.testing import CliRunner
+
+    from gpt2onnx.cli.app import app
+
+    checkpoint, exported = gelu_scaled
+    prompt = [5, 17, 42, 7]
+    model = GPT2LMHeadModel.from_pretrained(checkpoint, attn_implementation="eager").eval()  # sdpa drops the scaling
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0].tolist()
+    args = ["generate", str(exported), "--ids", ",".join(map(str, prompt)), "--max-new-tokens", "8"]
+    result = CliRunner().invoke(app, [*args, "--runtime", runtime])
+    assert result.exit_code == 0, result.output
+    assert [int(t) for t in result.output.split()] == theirs, result.output
+
+
+def test_genai_refuses_a_variant_it_cannot_represent_in_one_line(tmp_path):
+    """What genai cannot represent is not the architecture (it runs the graph as exported) but an eos that never
+    comes: GPT-2's default 50256 kept beside a smaller vocabulary, which genai needs inside it. Refused before any
+    worker starts, whether onnxruntime-genai is installed or not."""
+    from transformers import GPT2Config
+    from typer.testing import CliRunner
+
+    from gpt2onnx.cli.app import app
+
+    folder = write_hf_folder(tmp_path / "checkpoint", GPT2Config(**{**BASE, **GELU_SCALED}), seed=3)  # eos 50256
+    exported = export(str(folder), tmp_path / "x", options=ExportOptions(validate=False)).folder
+    result = CliRunner().invoke(app, ["generate", str(exported), "--ids", "5,17", "--runtime", "genai"])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert "\n" not in line and line.startswith("error: eos_token_id 50256 is outside the model's vocabulary"), line

@@ -283,7 +283,9 @@ def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
     calibration = calibration_for(
         passes.quantization, ckpt.companion_dir, vocab_size=spec.vocab_size, n_positions=spec.n_positions
     )
-    passed = passes.apply(proto, timings, calibration, activation=spec.activation)
+    passed = passes.apply(
+        proto, timings, calibration, activation=spec.activation, upcast_attention=spec.reorder_and_upcast_attn
+    )
     if passes.dtype == "float16":
         logits_dtype = "float32" if "logits" in passes.keep_fp32 else "float16"
         io = decoder_io(spec, last_logits_only=last, dtype=passes.dtype, logits_dtype=logits_dtype)

@@ -112,8 +112,14 @@ def optimize(
         passes = _own_profile(model, passes)
     _refuse_a_fused_copy(model, passes, model_path)
     previous = read_manifest(model_path.parent)
-    activation = previous.architecture.activation if previous and previous.architecture else "gelu_new"
-    passed = passes.apply(model, timings, _calibration(passes, model_path, model), activation=activation)
+    architecture = previous.architecture if previous else None  # None: a folder this tool did not write
+    passed = passes.apply(
+        model,
+        timings,
+        _calibration(passes, model_path, model),
+        activation=architecture.activation if architecture else "gelu_new",
+        upcast_attention=bool(architecture and architecture.reorder_and_upcast_attn),
+    )
     del model
     checks = _Checks(validate, tolerance, gates, text, eval_gates)
     with staged_folder(out, force=force, protect=(model_path.parent,)) as folder:

@@ -71,12 +71,18 @@ class GraphPasses:
         return self.fusion == "none" and self.precision.exact
 
     def apply(
-        self, model: onnx.ModelProto, timings: dict[str, float], calibration=None, *, activation: str = "gelu_new"
+        self,
+        model: onnx.ModelProto,
+        timings: dict[str, float],
+        calibration=None,
+        *,
+        activation: str = "gelu_new",
+        upcast_attention: bool = False,
     ) -> PassResult:
         """Run the passes in order: fusion profile, fp16, weight quantization. ``calibration``: the token sequences
         of a calibrated int4 algorithm or measured 8-bit layers (gpt2onnx.precisions.algorithms.algorithm.Calibration);
         ``activation``: the MLP's (the Architecture's canonical name; it fixes which fused op the gelu fusion must
-        reach)."""
+        reach); ``upcast_attention``: the Architecture's reorder_and_upcast_attn (fp16 keeps the scores fp32)."""
         result = PassResult(model)
         if self.fusion != "none":
             from gpt2onnx.passes.fusions import fuse  # lazy: the rules import onnxscript, only a fusion needs it
@@ -87,7 +93,9 @@ class GraphPasses:
                 )
         if self.precision is fp16.PRECISION:
             with timed(timings, "fp16"):
-                result.model, result.fp16 = fp16.to_fp16(result.model, keep_fp32=self.keep_fp32)
+                result.model, result.fp16 = fp16.to_fp16(
+                    result.model, keep_fp32=self.keep_fp32, upcast_attention=upcast_attention
+                )
         if self.quantization.precision is not None:
             with timed(timings, "quantize"):
                 result.model, result.quantization = weight_passes.quantize(

@@ -25,6 +25,17 @@ log = logging.getLogger(__name__)
 #   logits:    the logits output, so callers sample from fp32 (the projection itself runs in fp16).
 FP16_KEEP_GROUPS = ("layernorm", "softmax", "logits")
 FP16_KEEP_OPS = {"layernorm": ("LayerNormalization", "SkipLayerNormalization"), "softmax": ("Softmax",)}
+# Not a --keep-fp32 choice but the architecture's: with reorder_and_upcast_attn (BioMedLM, Mistral's GPT-2 runs)
+# transformers computes the attention scores in fp32 whatever the model's dtype (Q·Kᵀ, its scale, the mask, the
+# softmax; the probabilities are cast back before they weigh V), so an fp16 export keeps them fp32 too, whatever
+# --keep-fp32 says. Where attention is written out (fusion none, portable, tensorrt) those nodes stay fp32 here.
+# Where it is fused (ort: MultiHeadAttention, ort-shared-kv: GroupQueryAttention) the scores live inside the op:
+# onnxruntime 1.31's CPU kernels compute them and the softmax in fp32 from fp16 inputs (measured:
+# tests/test_upcast_fp16.py), its CUDA kernels in fp32 when they run flash or memory-efficient attention, but
+# its unfused CUDA kernel (onnxruntime's attention_impl.cu, read, not run here) stores Q·Kᵀ in fp16 before the
+# softmax.
+ATTENTION_SCORES = "attention_scores"
+FUSED_ATTENTION = ("MultiHeadAttention", "GroupQueryAttention")
 
 
 def parse_keep_fp32(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -84,10 +95,47 @@ def written_out_layer_norms(graph: onnx.GraphProto) -> list[list[onnx.NodeProto]
     return found
 
 
+def written_out_attention_scores(graph: onnx.GraphProto) -> list[list[onnx.NodeProto]]:
+    """The nodes that make each written-out attention's probabilities, Softmax(Q·Kᵀ / c + mask): the MatMul, its
+    scale (a Div or Mul by a constant; none where c is 1 and the exporter left it out), the mask's Add and the
+    Softmax, with the Constants they read (one list per attention)."""
+    producer = {out: node for node in graph.node for out in node.output}
+
+    def made_by(name: str, *op_types: str):
+        node = producer.get(name)
+        return node if node is not None and node.op_type in op_types else None
+
+    def constant(name: str) -> bool:
+        node = producer.get(name)
+        return (node is not None and node.op_type == "Constant") or name in initializers
+
+    initializers = {i.name for i in graph.initializer}
+    found = []
+    for softmax in graph.node:
+        add = softmax.op_type == "Softmax" and made_by(softmax.input[0], "Add")
+        if not add:
+            continue
+        for name in add.input:
+            scale = made_by(name, "Div", "Mul")
+            if scale is not None and not constant(scale.input[1]):
+                scale = None
+            product = made_by(scale.input[0] if scale else name, "MatMul")
+            if product is not None:
+                break
+        else:
+            continue
+        nodes = [product, *([scale] if scale else []), add, softmax]
+        constants = [producer[i] for n in nodes for i in n.input if i in producer and producer[i].op_type == "Constant"]
+        found.append(nodes + constants)
+    return found
+
+
 def to_fp16(
-    model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS
+    model: onnx.ModelProto, *, keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS, upcast_attention: bool = False
 ) -> tuple[onnx.ModelProto, Fp16Record]:
-    """fp16 weights, activations and K/V cache; the ``keep_fp32`` groups (FP16_KEEP_GROUPS) stay fp32.
+    """fp16 weights, activations and K/V cache; the ``keep_fp32`` groups (FP16_KEEP_GROUPS) stay fp32, and with
+    ``upcast_attention`` (the architecture's reorder_and_upcast_attn) the written-out attention scores too
+    (ATTENTION_SCORES).
 
     onnxruntime's converter keeps nodes in fp32 one by one: it casts every tensor between two kept nodes to
     fp16 and back, which would store a written-out LayerNorm's squares (and overflow) in fp16 all the same.
@@ -107,6 +155,21 @@ def to_fp16(
     model.graph.value_info.extend(v for v in known if v.name not in inferred)
     if "layernorm" in keep_fp32:
         kept_nodes = [node for nodes in written_out_layer_norms(model.graph) for node in nodes]
+    groups = list(keep_fp32)
+    if upcast_attention:
+        scores = written_out_attention_scores(model.graph)
+        kept_nodes += [node for nodes in scores for node in nodes if node not in kept_nodes]
+        if scores:
+            groups.append(ATTENTION_SCORES)
+            log.info("reorder_and_upcast_attn: the attention scores of %d layers stay fp32", len(scores))
+        fused = sorted({n.op_type for n in model.graph.node if n.op_type in FUSED_ATTENTION})
+        if fused:
+            log.warning(
+                "reorder_and_upcast_attn: the attention scores are inside %s, which computes them in fp32 on the CPU"
+                " provider; on CUDA that depends on the kernel it picks (the unfused one stores them in fp16): use"
+                " --fusion none or portable for fp32 scores on every provider",
+                " and ".join(fused),
+            )
     for index, node in enumerate(kept_nodes):
         node.name = node.name or f"kept_fp32_{index}"  # the converter blocks nodes by name
     names = {n.name for n in kept_nodes}
@@ -125,7 +188,7 @@ def to_fp16(
     sort_topologically(converted.graph)  # the converter appends its Casts at the end of the node list
     converted.ir_version = ir_version
     log.info("fp16; kept in fp32: %s", dict(kept) or "nothing")
-    return converted, Fp16Record(list(keep_fp32), dict(kept), keep_io)
+    return converted, Fp16Record(groups, dict(kept), keep_io)
 
 
 def _untype_inner_tensors(graph: onnx.GraphProto, kept: set[str]) -> None:
