@@ -452,11 +452,11 @@ def _row(decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos
                 return row
             if not matched:
                 break
+        start = time.perf_counter()  # the round: the caches cut back, the proposals, the model's step
         row.accepted += kept
         if proposed:
             proposer.update(sequence, len(proposed), kept)
-        # the cache holds every token but the last: cut what the target saw past that (timed with the round)
-        start = time.perf_counter()
+        # the cache holds every token but the last: cut what the target saw past that
         cached = len(sequence) - 1
         past = decoder.crop_past(past, dummy + cached)
         # at most what keeps the round within prompt + max_new_tokens (transformers: max_length - length - 1)

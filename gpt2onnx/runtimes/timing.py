@@ -7,11 +7,11 @@ steps fed with greedy tokens. Figures are medians (and p90/p99) over ``repeat`` 
 With a :class:`~gpt2onnx.runtimes.speculative.Speculation` (``bench --prompt-lookup N`` or ``--draft DIR``), each
 batch is also run with proposals checked several at a time, on the same prompt, right after its plain run: the rows
 one after another at batch 1 (as speculative decoding runs them), greedy, so the same tokens as the plain run
-(checked once per batch, untimed). A round's time covers its proposals (the n-gram lookup, or the draft's steps),
-the cut of the model's cache and the model's step of k + 1 positions; tokens/s is batch × new tokens over the
-summed times, as for the plain run. The run also records its acceptance (proposals kept, tokens per model step)
-and its tokens/s over the plain run's. The prompt is random ids, so prompt lookup finds only what the model
-repeats of its own output (``scripts/bench_speculative.py`` measures real prompts).
+(checked once per batch, untimed). A round's time covers the cut of the caches (the model's, and the draft's), its
+proposals (the n-gram lookup, or the draft's steps) and the model's step of k + 1 positions; tokens/s is batch × new
+tokens over the summed times, as for the plain run. The run also records its acceptance (proposals kept, tokens per
+model step) and its tokens/s over the plain run's. The prompt is random ids, so prompt lookup finds only what the
+model repeats of its own output (``scripts/bench_speculative.py`` measures real prompts).
 
 Decode latency against past length up to the context (``pasts``, `gpt2onnx bench --past 128,512,1000`): one
 decode step timed at each past length on a zero-filled cache, without running a prompt of that length first
