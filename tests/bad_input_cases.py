@@ -1931,6 +1931,14 @@ CASES += [
         B,
         match="twice",
     ),
+    Case("bench-draft-missing", "message", ("bench", "{exp}", *BENCH_QUICK, "--draft", "nope"), B, match="draft"),
+    Case(
+        "bench-lookup-openvino",
+        "options",
+        ("bench", "{exp}", *BENCH_QUICK, "--prompt-lookup", "3", "--runtime", "openvino"),
+        B,
+        match="onnxruntime runtime only",
+    ),
     Case("emulate-fp16-on-fp32", "options", ("parity", "{exp}", "--cases", "1", "--emulate-fp16"), B, match="fp16"),
     Case(
         "keep-fp32-without-fp16", "options", (*EXPORT_TINY, "--keep-fp32", "none", "-o", "out"), B, match="--keep-fp32"

@@ -292,6 +292,7 @@ def test_the_corpus_covers_every_command_and_class():
 
 # the path parameters commands read (every other path parameter is an output, fed the hostile set above)
 INPUT_PATHS = {
+    ("bench", "draft"),
     ("bench", "folders"),
     ("deploy", "folder"),
     ("deploy", "web_lib"),

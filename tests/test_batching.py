@@ -264,3 +264,50 @@ def test_a_request_whose_text_fails_to_decode_ends_alone_and_the_engine_keeps_se
         assert engine._thread.is_alive()
         later = [p for p in PROMPTS if p != victim][0]
         assert engine.generate(later, max_new_tokens=12).text == firsts[later].text  # later requests are served
+
+
+# -- issue 39: speculative decoding's options, known and refused in one line ---------------------------------------
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"prompt_lookup_num_tokens": 10},
+        {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2, "max_new_tokens": 8},
+        {"max_matching_ngram_size": "two"},  # refused by name, before its value is read
+        {"assistant_model": "models/distilgpt2", "num_assistant_tokens": 5},
+        {"num_assistant_tokens_schedule": "heuristic", "sample": True},
+    ],
+)
+def test_the_request_reader_refuses_speculative_parameters_by_name(parameters):
+    """The reader NAME-generate and NAME-infer use (parse_request, after request_parameters unwraps what
+    NAME-infer forwards): a 400 naming the parameter, not 'unknown parameter' and not ignored."""
+    import json
+
+    from gpt2onnx.runtimes.requests import SPECULATIVE_PARAMETERS, parse_request
+    from gpt2onnx.runtimes.triton_python import FORWARDED, request_parameters
+
+    class Request:  # what Triton's Python backend hands the model: parameters() as JSON text
+        def __init__(self, sent: dict):
+            self.sent = sent
+
+        def parameters(self) -> str:
+            return json.dumps(self.sent)
+
+    named = [k for k in parameters if k in SPECULATIVE_PARAMETERS]
+    sent = [Request(parameters), Request({FORWARDED: json.dumps(parameters), "triton_x": 1})]  # generate, infer
+    for read in [parameters, *(request_parameters(r) for r in sent)]:
+        with pytest.raises(BadInput) as refused:
+            parse_request(read)
+        message = str(refused.value)
+        assert "\n" not in message and message.startswith(f"parameter {', '.join(named)}: ")
+        assert "speculative decoding runs in `gpt2onnx generate`, not in the batching engine" in message
+        assert "unknown parameter" not in message
+
+
+def test_submit_refuses_speculation_and_the_engine_keeps_serving(tiny_export, tiny_engine):
+    from gpt2onnx.runtimes.speculative import Speculation
+
+    with pytest.raises(BadInput, match="speculative decoding runs in `gpt2onnx generate`, not in the batching engine"):
+        tiny_engine.submit([1, 2, 3], max_new_tokens=5, speculation=Speculation(prompt_lookup=10))
+    with pytest.raises(BadInput, match="not in the batching engine"):
+        tiny_engine.submit([1, 2, 3], speculation=Speculation(draft=tiny_export, draft_tokens=4))
+    assert tiny_engine.generate([3, 4], max_new_tokens=5).tokens == alone(tiny_export, [3, 4], 5)

@@ -199,6 +199,50 @@ def test_bench_bad_inputs(tiny_export, tmp_path):
     assert_one_line_error(run("bench", tmp_path / "none"), "does not exist")
 
 
+def test_bench_speculation_beside_plain_decoding(trained_export, tmp_path):
+    """issue 39: --prompt-lookup and --draft add, per batch, a run with proposals right after the plain one: its
+    acceptance, its tokens/s over plain decoding, the plain run's very tokens (greedy)."""
+    common = ("--prompt-len", 16, "--new-tokens", 24, "--warmup", 0, "--repeat", 1, "--threads", 1)
+    result = run(
+        "bench", trained_export, "--batch", "1,2", *common, "--prompt-lookup", 10, "--json", tmp_path / "l.json"
+    )
+    assert result.exit_code == 0, result.output
+    runs = json.loads((tmp_path / "l.json").read_text())["runs"]
+    assert [(r["label"], r["batch"]) for r in runs] == [
+        ("model", 1),
+        ("model prompt-lookup 10", 1),
+        ("model", 2),
+        ("model prompt-lookup 10", 2),
+    ]
+    for plain, spec in (runs[:2], runs[2:]):
+        extra = spec["extra"]
+        assert extra["same_tokens"] and extra["proposer"]["prompt_lookup_num_tokens"] == 10
+        assert extra["rows"] == ("single" if spec["batch"] == 1 else "one at a time")
+        acceptance = extra["speculation"]
+        assert acceptance["tokens"] == 24 * spec["batch"] and acceptance["tokens_per_target_step"] >= 1
+        assert 0 <= acceptance["accepted"] <= acceptance["proposed"]
+        assert extra["speedup_over_plain"] == pytest.approx(spec["tokens_per_s"] / plain["tokens_per_s"])
+        assert spec["decode_ms"] == {} and plain["decode_ms"]["p50"] > 0 and "speculation" not in plain["extra"]
+    assert "vs plain decoding" in result.output and "tokens per target step" in result.output
+    # the model as its own draft: every proposal kept
+    result = run("bench", trained_export, "--batch", 1, *common, "--draft", trained_export, "--draft-tokens", 4)
+    assert result.exit_code == 0, result.output
+    assert "draft: accepted 100.0% of 18 proposed, 4.00 tokens per target step" in " ".join(result.output.split())
+
+
+def test_bench_speculation_is_refused_where_it_does_not_run(trained_export, tiny_export):
+    lookup = ("--prompt-lookup", 3, "--batch", 1, "--prompt-len", 4, "--new-tokens", 4)
+    for runtime in ("openvino", "onnxruntime,genai"):
+        assert_one_line_error(
+            run("bench", trained_export, *lookup, "--runtime", runtime), "runs on the onnxruntime runtime only"
+        )
+    assert_one_line_error(
+        run("bench", trained_export, "--batch", 1, "--draft", tiny_export), "a draft must share the model's tokenizer"
+    )
+    assert_one_line_error(run("bench", trained_export, "--max-ngram", 2), "--max-ngram applies to prompt lookup")
+    assert_one_line_error(run("bench", trained_export, "--prompt-lookup", 0), "from 1 to 64")
+
+
 def test_runs_beyond_available_memory_are_refused_before_they_start(tiny_export, monkeypatch):
     """batch × length within the token cap can still need more than the machine has (logits + key/value cache)."""
     import gpt2onnx.runtimes.decoder as decoder

@@ -264,6 +264,7 @@ def parity(
 
 @app.command()
 @uses(run_options, into="options")
+@uses(speculate, into="speculation")
 def bench(
     folders: Annotated[
         Optional[list[Path]], typer.Argument(help="Folders, side by side \\[default: models/gpt2].")
@@ -284,13 +285,17 @@ def bench(
     reference: ReferenceOpt = None,
     runtime: RuntimesOpt = "onnxruntime",
     options: RunOptions = None,
+    speculation: Optional[Speculation] = None,
 ) -> None:
-    """Measure first-token and decode latency, tokens/s and memory (medians)."""
+    """Measure first-token and decode latency, tokens/s and memory (medians).
+
+    --prompt-lookup or --draft: each batch also with proposals, its acceptance and tok/s beside plain decoding."""
     folders = folders or [Path("models/gpt2")]
     runtimes = runtime_options(parse_runtimes(runtime), options.flags)
     pasts = parse_batches(past, what="past lengths (--past)") if past else ()
     config = BenchConfig(parse_batches(batch), prompt_len, new_tokens, warmup, repeat, pasts=pasts)
-    runs = (len(folders) * len(runtimes) + (baseline == "torch")) * len(config.batches) * (warmup + repeat)
+    measured = len(folders) * len(runtimes) * (1 + (speculation is not None)) + (baseline == "torch")
+    runs = measured * len(config.batches) * (warmup + repeat)
     with render.progress("benchmark", runs) as step:
         report = run_bench(
             folders,
@@ -302,6 +307,7 @@ def bench(
             plot=plot,
             verify_files=options.verify_files,
             progress=step,
+            speculation=speculation,
         )
     render.benched(report, plot)
 

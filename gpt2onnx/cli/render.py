@@ -233,7 +233,7 @@ def benched(report: BenchReport, plot: Path | None) -> None:
             str(run.batch),
             f"{run.prompt_ms.p50:.1f}",
             *((f"{decode.p50:.2f}", f"{decode.p90:.2f}", f"{decode.p99:.2f}") if decode else ("-", "-", "-")),
-            f"{run.decode_growth_ms_per_100_past:.2f}",
+            f"{run.decode_growth_ms_per_100_past:.2f}" if decode else "-",
             f"{run.tokens_per_s:.0f}",
             f"{run.peak_host_bytes / 1e6:.0f}",
         )
@@ -257,10 +257,20 @@ def _bench_notes(report: BenchReport, runtimes: int, plot: Path | None) -> None:
     if tf32:
         console.print("TF32 in fp32 matmuls: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in tf32.items()))
     for run in report.runs:
-        for label, s in run.speedup_by_label.items():
+        if run.speculation is not None:
+            rows = " (rows one at a time)" if run.batch > 1 else ""
+            same = "" if run.extra.get("same_tokens", True) else "; NOT the plain run's tokens"
             console.print(
-                f"batch {run.batch}: {label} vs torch eager: first token ×{s.prompt:.2f}, decode step"
-                f" ×{s.decode:.2f}, tokens/s ×{s.tokens_per_s:.2f}",
+                f"batch {run.batch}: {run.label}: tokens/s ×{run.speedup_over_plain:.2f} vs plain decoding{rows};"
+                f" {run.speculation.summary()}{same}",
+                highlight=False,
+                markup=False,
+            )
+        for label, s in run.speedup_by_label.items():
+            step = f", decode step ×{s.decode:.2f}" if s.decode == s.decode else ""  # nan: no per-token step
+            console.print(
+                f"batch {run.batch}: {label} vs torch eager: first token ×{s.prompt:.2f}{step},"
+                f" tokens/s ×{s.tokens_per_s:.2f}",
                 highlight=False,
             )
         if run.note:

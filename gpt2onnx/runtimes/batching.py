@@ -53,7 +53,8 @@ from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.runtimes.logits import StopStrings
 from gpt2onnx.runtimes.prompts import TextStream, has_tokenizer, left_pad
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.runtimes.requests import PromptReader, whole_number
+from gpt2onnx.runtimes.requests import NOT_SPECULATIVE, PromptReader, whole_number
+from gpt2onnx.runtimes.speculative import Speculation
 
 log = logging.getLogger(__name__)
 
@@ -270,11 +271,15 @@ class BatchingEngine:
         sampling: Sampling = Sampling(),
         decoding: Decoding = Decoding(),
         on_event: Callable[[TokenEvent], None] | None = None,
+        speculation: Speculation | None = None,
     ) -> GenerationStream:
         """Queue one request: ``prompt`` as text (needs the tokenizer) or token ids; the decoding options of
         generate. Checked here, in the caller's thread (BadInput, one line), before it is queued. ``on_event``:
         called on the engine's thread with each event (it must be quick: the batch waits for it); without it,
-        iterate the returned stream."""
+        iterate the returned stream. ``speculation`` (generate's :class:`~gpt2onnx.runtimes.speculative.Speculation`)
+        is refused: the batch checks one token per row per step."""
+        if speculation is not None:
+            raise BadInput(f"{NOT_SPECULATIVE}: drop speculation")
         ids = self.reader.ids(prompt)  # types first: a float or a bytes prompt is no list of ids
         max_new_tokens = whole_number("max_new_tokens", max_new_tokens)
         check_new_tokens(max_new_tokens)

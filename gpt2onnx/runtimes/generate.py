@@ -300,7 +300,7 @@ def generate(
     model = open_folder(folder, verify_files=verify_files)
     request = _request(model, prompts, ids, decoding)
     options = runtime or RuntimeOptions(settings=provider)
-    draft_model = _speculation_models(model, speculation, sampling, decoding, options, verify_files)
+    draft_model = speculation_draft(model, speculation, sampling, decoding, options, verify_files)
     decoder = open_runtime(model, options)
     draft = None
     stream = TextStream(request.tokenizer if prompts else None)
@@ -349,7 +349,7 @@ def generate(
     return generation
 
 
-def _speculation_models(model, speculation, sampling, decoding, options, verify_files):
+def speculation_draft(model, speculation, sampling, decoding, options, verify_files):
     """What speculative decoding needs of the folders, refused in one line before any session is made: every
     position's logits from the model, and a draft folder with the model's vocabulary size. Returns the draft's
     opened folder (None for prompt lookup or plain decoding)."""

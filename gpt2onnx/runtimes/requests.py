@@ -40,6 +40,19 @@ PARAMETERS = {
     "min_new_tokens": int,
 }
 SAMPLING_FIELDS = ("sample", "temperature", "top_k", "top_p", "seed")
+# transformers' generate() names of speculative decoding: known, and refused (continuous batching checks one token
+# per row per step); `gpt2onnx generate` runs them (gpt2onnx.runtimes.speculative)
+SPECULATIVE_PARAMETERS = (
+    "prompt_lookup_num_tokens",
+    "max_matching_ngram_size",
+    "assistant_model",
+    "num_assistant_tokens",
+    "num_assistant_tokens_schedule",
+)
+NOT_SPECULATIVE = (
+    "speculative decoding runs in `gpt2onnx generate`, not in the batching engine (it checks one token per row per"
+    " step)"
+)
 
 
 def max_prompt_bytes(n_positions: int) -> int:
@@ -190,9 +203,15 @@ def stop_strings(values, *, max_bytes: int = MIN_PROMPT_BYTES) -> tuple[str, ...
 
 def parse_request(parameters, stop=()) -> GenerationRequest:
     """A request's parameters (names of :data:`PARAMETERS`; Triton's own ``triton_*`` keys are left to it) and
-    stop strings, checked once: BadInput naming the parameter."""
+    stop strings, checked once: BadInput naming the parameter. transformers' speculative options
+    (:data:`SPECULATIVE_PARAMETERS`) are refused by name, whatever their value."""
     if not isinstance(parameters, dict):
         raise BadInput("the request parameters must be an object of name → value")
+    speculative = [str(k) for k in parameters if k in SPECULATIVE_PARAMETERS]
+    if speculative:
+        raise BadInput(
+            f"parameter {', '.join(speculative)}: {NOT_SPECULATIVE}: drop {'it' if len(speculative) == 1 else 'them'}"
+        )
     unknown = sorted(str(k) for k in parameters if k not in PARAMETERS and not str(k).startswith("triton_"))
     if unknown:
         raise BadInput(f"unknown parameter {', '.join(unknown)}: the parameters are {', '.join(PARAMETERS)}")

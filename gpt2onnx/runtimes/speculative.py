@@ -102,6 +102,13 @@ class Speculation:
     def kind(self) -> str:
         return "prompt-lookup" if self.prompt_lookup is not None else "draft"
 
+    @property
+    def label(self) -> str:
+        """Short, for a table row: "prompt-lookup 10", "draft NAME 4", "draft NAME adaptive"."""
+        if self.kind == "prompt-lookup":
+            return f"prompt-lookup {self.prompt_lookup}"
+        return f"draft {Path(self.draft).name or self.draft} {self.draft_tokens}"
+
     def as_dict(self) -> dict:
         if self.kind == "prompt-lookup":
             return {"kind": self.kind, "prompt_lookup_num_tokens": self.prompt_lookup, "max_ngram": self.max_ngram}
@@ -445,13 +452,13 @@ def _row(decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos
                 return row
             if not matched:
                 break
+        start = time.perf_counter()  # the round: the caches cut back, the proposals, the model's step
         row.accepted += kept
         if proposed:
             proposer.update(sequence, len(proposed), kept)
         # the cache holds every token but the last: cut what the target saw past that
         cached = len(sequence) - 1
         past = decoder.crop_past(past, dummy + cached)
-        start = time.perf_counter()
         # at most what keeps the round within prompt + max_new_tokens (transformers: max_length - length - 1)
         proposed = proposer.propose(sequence, total - len(sequence) - 1)
         step_ids = [sequence[-1], *proposed]

@@ -4,6 +4,15 @@ tokens per second, peak memory; optionally the same workload on PyTorch eager in
 Every run is: a prompt of ``prompt_len`` random tokens per row (no padding), then ``new_tokens - 1`` decode
 steps fed with greedy tokens. Figures are medians (and p90/p99) over ``repeat`` runs after ``warmup`` runs.
 
+With a :class:`~gpt2onnx.runtimes.speculative.Speculation` (``bench --prompt-lookup N`` or ``--draft DIR``), each
+batch is also run with proposals checked several at a time, on the same prompt, right after its plain run: the rows
+one after another at batch 1 (as speculative decoding runs them), greedy, so the same tokens as the plain run
+(checked once per batch, untimed). A round's time covers the cut of the caches (the model's, and the draft's), its
+proposals (the n-gram lookup, or the draft's steps) and the model's step of k + 1 positions; tokens/s is batch × new
+tokens over the summed times, as for the plain run. The run also records its acceptance (proposals kept, tokens per
+model step) and its tokens/s over the plain run's. The prompt is random ids, so prompt lookup finds only what the
+model repeats of its own output (``scripts/bench_speculative.py`` measures real prompts).
+
 Decode latency against past length up to the context (``pasts``, `gpt2onnx bench --past 128,512,1000`): one
 decode step timed at each past length on a zero-filled cache, without running a prompt of that length first
 (the values in the cache do not change the work a step does); ``warmup`` + ``repeat`` rounds per point.
@@ -29,8 +38,10 @@ from gpt2onnx.artifact.report import Placement
 from gpt2onnx.errors import BadInput
 from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.runtimes.generate import MAX_BATCH_TOKENS, decode
+from gpt2onnx.runtimes.decoding import Decoding, Sampling
+from gpt2onnx.runtimes.generate import MAX_BATCH_TOKENS, decode, speculation_draft
 from gpt2onnx.runtimes.providers import gpu_library_versions
+from gpt2onnx.runtimes.speculative import Acceptance, Speculation
 
 
 @dataclass(frozen=True)
@@ -160,17 +171,23 @@ class RunStats:
     note: str | None = None  # something the reader of the figures must know
     speedup_of_onnx: Speedup | None = None  # torch baseline: the first folder's speed-up over it
     speedup_by_label: dict[str, Speedup] = field(default_factory=dict)  # torch baseline: every run's
+    speculation: Acceptance | None = None  # a speculative run: how its proposals fared (one timed run, every row)
+    speedup_over_plain: float | None = None  # a speculative run: its tokens/s over the plain run's (same batch)
 
     def as_dict(self) -> dict:
-        """The JSON of ``bench --json``: the note and speed-ups under "extra", where they have always been."""
+        """The JSON of ``bench --json``: the note and speed-ups under "extra", where they have always been, and
+        a speculative run's acceptance and speed-up over plain decoding beside them."""
         data = asdict(self)
         data["decode_ms"] = data["decode_ms"] or {}
         note, by_onnx, by_label = data.pop("note"), data.pop("speedup_of_onnx"), data.pop("speedup_by_label")
+        data.pop("speculation"), data.pop("speedup_over_plain")
         data["extra"] = {
             **self.extra,
             **({"note": note} if note else {}),
             **({"speedup_of_onnx": by_onnx} if by_onnx else {}),
             **({"speedup_by_label": by_label} if by_label else {}),
+            **({"speculation": self.speculation.as_dict()} if self.speculation is not None else {}),
+            **({"speedup_over_plain": self.speedup_over_plain} if self.speedup_over_plain is not None else {}),
         }
         return data
 
@@ -303,6 +320,53 @@ def measure_batch(
     return stats
 
 
+def measure_speculative(
+    decoder,
+    draft,
+    speculation: Speculation,
+    config: BenchConfig,
+    batch: int,
+    *,
+    vocab_size: int,
+    progress: Callable[[], None] | None = None,
+) -> RunStats:
+    """The plain run's workload with proposals checked several at a time (``draft``: the opened draft folder, for
+    a draft): greedy, rows one after another at batch 1. Per timed run, the rounds' times summed over the rows; no
+    per-step decode latency (a round makes one to k + 1 tokens). ``extra["same_tokens"]``: the tokens equal the
+    plain loop's (one untimed plain run)."""
+    ids = random_prompt(batch, config.prompt_len, vocab_size, config.seed)
+    runs, acceptance, tokens = [], None, None
+    with PeakMemory() as memory:
+        for i in range(config.warmup + config.repeat):
+            result = decode(decoder, ids, max_new_tokens=config.new_tokens, speculation=speculation, draft=draft)
+            if i >= config.warmup:
+                runs.append(result.step_seconds)
+                acceptance, tokens = result.speculation, result.tokens
+            if progress:
+                progress()
+    plain = decode(decoder, ids, max_new_tokens=config.new_tokens).tokens
+    totals = [sum(r) for r in runs]
+    decode_totals = [sum(r[1:]) for r in runs]
+    stats = RunStats(
+        engine=decoder.runtime,
+        batch=batch,
+        prompt_ms=_percentiles([r[0] * 1e3 for r in runs]),  # the rows' prompt steps, one after another
+        decode_ms=None,
+        decode_growth_ms_per_100_past=0.0,
+        decode_ms_by_past=[],
+        tokens_per_s=batch * config.new_tokens / float(np.median(totals)),
+        decode_tokens_per_s=batch * (config.new_tokens - 1) / float(np.median(decode_totals)),
+        peak_host_bytes=int(memory.peak_bytes),
+        speculation=acceptance,
+    )
+    stats.extra.update(
+        rows="one at a time" if batch > 1 else "single",
+        proposer=speculation.as_dict(),
+        same_tokens=bool(np.array_equal(tokens, plain)),
+    )
+    return stats
+
+
 # What each side's peak_device_bytes is: the memory its allocator took for the runs, beyond the weights, so that
 # the two compare like for like (onnxruntime's CUDA arena keeps what it takes, as PyTorch's caching allocator does).
 ONNX_DEVICE_MEMORY = "growth of the device memory in use during the runs: onnxruntime's CUDA arena (weights excluded)"
@@ -367,7 +431,9 @@ def plot_decode_latency(runs: list[RunStats], path) -> None:
     plt = require_matplotlib()
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
-        pasts, ms = zip(*run.decode_ms_by_past) if run.decode_ms_by_past else ((), ())
+        if not run.decode_ms_by_past:  # a speculative run: rounds, not one step per token
+            continue
+        pasts, ms = zip(*run.decode_ms_by_past)
         ax.plot(pasts, ms, label=f"{run.label or run.engine} batch {run.batch}")
     ax.set_xlabel("past length (tokens)")
     ax.set_ylabel("decode step (ms, median)")
@@ -412,24 +478,43 @@ def measure_folder(
     verify_files: bool = True,
     progress: Callable[[], None] | None = None,
     label: str | None = None,
+    speculation: Speculation | None = None,
 ) -> ModelBench:
     """Measure one exported folder on one runtime (default: onnxruntime on ``provider``): one run per batch
-    size, each labelled (``label``, default the folder's name) and with its runtime."""
+    size, each labelled (``label``, default the folder's name) and with its runtime; with ``speculation``, each
+    followed by the same batch with proposals checked several at a time (:func:`measure_speculative`)."""
     runtime = runtime or RuntimeOptions(settings=provider)
     runtime.requires("steps", "bench (it times each step)")
     model = open_folder(folder, verify_files=verify_files)
     config.check(model.n_positions)
+    draft_model = speculation_draft(model, speculation, Sampling(), Decoding(), runtime, verify_files)
     decoder = open_runtime(model, runtime)
+    draft = None
+    label = label or Path(folder).name
+    runs = []
     try:
         decoder.check_memory(
             max(config.batches), config.prompt_len, config.prompt_len + config.new_tokens, what="--batch"
         )
         vocab = decoder.vocab_size or 50257
-        runs = [measure_batch(decoder, config, batch, vocab_size=vocab, progress=progress) for batch in config.batches]
+        if draft_model is not None:
+            draft = open_runtime(draft_model, runtime)
+        for batch in config.batches:
+            plain = measure_batch(decoder, config, batch, vocab_size=vocab, progress=progress)
+            plain.label = label
+            runs.append(plain)
+            if speculation is not None:
+                run = measure_speculative(
+                    decoder, draft, speculation, config, batch, vocab_size=vocab, progress=progress
+                )
+                run.label = f"{label} {speculation.label}"
+                run.speedup_over_plain = run.tokens_per_s / plain.tokens_per_s
+                runs.append(run)
     finally:
         decoder.close()
+        if draft is not None:
+            draft.close()
     for run in runs:
-        run.label = label or Path(folder).name
         run.runtime = runtime.name
     return ModelBench(
         model=str(model.model_path),

@@ -8,8 +8,10 @@ code from the model folder.
   a sender thread sends each request's responses and watches for clients that went away (their rows are
   dropped at the next step). Inputs ``text_input`` (one string), optional ``stream`` (bool: one response per
   token, else one response with the whole text) and ``stop`` (stop strings, a list); the decoding options of
-  ``gpt2onnx generate`` as request parameters (:data:`PARAMETERS`). Outputs ``text_output`` (the text this
-  response adds), ``output_ids`` (its token ids) and, in the last response, ``finish_reason`` (eos, stop, length).
+  ``gpt2onnx generate`` as request parameters (:data:`PARAMETERS`; its speculative ones, by transformers'
+  names, are refused: :data:`~gpt2onnx.runtimes.requests.SPECULATIVE_PARAMETERS`). Outputs ``text_output``
+  (the text this response adds), ``output_ids`` (its token ids) and, in the last response, ``finish_reason`` (eos,
+  stop, length).
   It answers ``/v2/models/NAME-generate/generate`` and ``generate_stream`` over HTTP, and gRPC's streaming infer.
 - :class:`InferModel` (``NAME-infer``, not decoupled): Triton refuses the unary ``infer`` of HTTP and gRPC for a
   decoupled model, so this one forwards each request to ``NAME-generate`` (BLS, one engine for both) and answers

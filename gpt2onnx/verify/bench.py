@@ -11,13 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.paths import check_output_file
 from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic
 from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.precisions.all_precisions import PRECISIONS
 from gpt2onnx.runtimes.base import RuntimeOptions
+from gpt2onnx.runtimes.decoding import Decoding, Sampling
+from gpt2onnx.runtimes.generate import speculation_draft
 from gpt2onnx.runtimes.providers import TF32_OVERRIDE, ProviderConfig
+from gpt2onnx.runtimes.speculative import Speculation
 from gpt2onnx.runtimes.timing import (
     TORCH_DEVICE_MEMORY,
     BenchConfig,
@@ -144,6 +148,7 @@ def bench(
     plot: str | Path | None = None,
     verify_files: bool = True,
     progress: Callable[[], None] | None = None,
+    speculation: Speculation | None = None,
 ) -> BenchReport:
     """Measure exported folders side by side on one or several runtimes and one workload, and optionally
     PyTorch eager.
@@ -160,6 +165,10 @@ def bench(
         json_path: also write the result there (atomically). plot: draw decode latency against past length (PNG).
         verify_files: check each folder's model files against its manifest's sha256 first.
         progress: called after each warm-up or timed run.
+        speculation: prompt lookup or a draft folder: each folder's every batch is also run with proposals checked
+            several at a time, right after its plain run (greedy, rows one at a time), with its acceptance and its
+            tokens/s over the plain run's. onnxruntime only, on folders that return every position's logits;
+            checked for every folder (and the draft's vocabulary) before anything is measured.
 
     Returns:
         BenchReport: ``models``, per folder and runtime (runtime, provider, node placement, machine, versions,
@@ -188,13 +197,21 @@ def bench(
         check_plot_path(plot)  # before minutes of measuring, not after
         if json_path is not None and Path(plot).resolve() == Path(json_path).resolve():
             raise BadInput(f"--plot and --json both name '{plot}': give two files")
+    if speculation is not None:
+        _check_speculation(folders, runtimes, speculation)
     results = []
     for folder in folders:
         for runtime in runtimes:
             label = Path(folder).name + (f" {runtime.name}" if len(runtimes) > 1 else "")
             results.append(
                 measure_folder(
-                    folder, runtime=runtime, config=config, verify_files=verify_files, progress=progress, label=label
+                    folder,
+                    runtime=runtime,
+                    config=config,
+                    verify_files=verify_files,
+                    progress=progress,
+                    label=label,
+                    speculation=speculation,
                 )
             )
     runs = [run for result in results for run in result.runs]
@@ -213,6 +230,22 @@ def bench(
     return report
 
 
+def _check_speculation(folders, runtimes: list[RuntimeOptions], speculation: Speculation) -> None:
+    """Before minutes of measuring: speculative decoding runs on the onnxruntime runtime (genai and OpenVINO own
+    or shape their loop), on folders with every position's logits, with a draft of the same vocabulary."""
+    flag = "--prompt-lookup" if speculation.kind == "prompt-lookup" else "--draft"
+    others = [r.name for r in runtimes if r.name != "onnxruntime"]
+    if others:
+        raise BadInput(
+            f"{flag} times speculative decoding, which runs on the onnxruntime runtime only, not {others[0]}:"
+            f" bench {others[0]} without {flag}, or drop --runtime {others[0]}"
+        )
+    for folder in folders:
+        speculation_draft(
+            open_folder(folder, verify_files=False), speculation, Sampling(), Decoding(), runtimes[0], False
+        )
+
+
 def _torch_baseline(
     folder, results: list[ModelBench], provider: ProviderConfig, config: BenchConfig, reference, progress
 ) -> list[RunStats]:
@@ -220,7 +253,6 @@ def _torch_baseline(
     on the first runtime) and of every folder and runtime (``speedup_by_label``) per batch."""
     import torch
 
-    from gpt2onnx.artifact.folder import open_folder
     from gpt2onnx.pytorch.reference import reference_model
     from gpt2onnx.verify.parity import check_reference_matches, reference_checkpoint
 
