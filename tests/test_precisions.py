@@ -90,10 +90,12 @@ def test_each_quantized_precision_is_told_back_from_its_graph(trained_ort, tmp_p
 
 
 def test_int8_weights_is_near_lossless_and_runs_on_cuda(trained_ort, tmp_path):
-    """int8-weights: every block weight, the head and the embeddings at 8 bits (MatMulNBits, GatherBlockQuantized,
-    one stored table), checked against its own gates and as a file; its graph passes CUDA's kernel table, where
-    int8's MatMulInteger graph is refused."""
-    result = _written(trained_ort, tmp_path / "w8", method="int8-weights")
+    """int8-weights: every block weight at 8 bits (MatMulNBits), the head and the embeddings fp32 by its recipe or
+    at 8 bits (GatherBlockQuantized, one stored table), checked against its own gates and as a file; its graph
+    passes CUDA's kernel table, where int8's MatMulInteger graph is refused."""
+    recipe = _written(trained_ort, tmp_path / "w8-recipe", method="int8-weights").manifest.quantization
+    assert (recipe.lm_head, recipe.embeddings, set(recipe.ops)) == ("fp32", "fp32", {"MatMulNBits (8-bit)"})
+    result = _written(trained_ort, tmp_path / "w8", method="int8-weights", lm_head="int8", embeddings="int8")
     record = result.manifest.quantization
     assert record.method == "int8-weights" and record.shared_embedding == "wte.weight"
     assert set(record.ops) == {"MatMulNBits (8-bit)", "GatherBlockQuantized (8-bit)"}
