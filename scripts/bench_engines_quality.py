@@ -14,7 +14,7 @@ The files, built under ``--work`` (kept; reused when present unless ``--force``)
 - GGUF F32 by llama.cpp's own converter (convert_hf_to_gguf.py, ``--convert``), from a staging copy of the
   folder whose config.json has ``n_ctx`` (transformers 4.57 leaves it out, the converter needs it). The converter
   refuses a BPE pre-tokenizer whose hash it does not know (any tokenizer but the public ones, as the test
-  fixture's 512-token BPE): it is then registered as plain 'gpt2' (GPT-2's pre-tokenizer regex, which every
+  fixture's 512-token BPE): it is then registered as 'gpt-2' (GPT-2's pre-tokenizer regex, which every
   byte-level BPE of ours uses); harmless here, the engines are fed token ids, never text. Said in the output.
 - Q4_0, Q4_K_M (``--gguf-types``) by llama.cpp's quantizer (llama_model_quantize, as quantize_gguf.py). The
   k-quants work in super-blocks of 256 columns: a tensor whose rows are not a multiple of 256 long (every
@@ -73,7 +73,7 @@ GGUF_TYPES = ("Q4_0", "Q4_K_M")
 OWN_TYPES = {"Q4_0": {"F32", "Q4_0", "Q6_K"}, "Q4_K_M": {"F32", "Q4_K", "Q6_K"}, "Q8_0": {"F32", "Q8_0"}}
 OV_STRICT = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
 
-# Run in a subprocess: llama.cpp's converter with an unknown BPE pre-tokenizer registered as 'gpt2'.
+# Run in a subprocess: llama.cpp's converter with an unknown BPE pre-tokenizer registered as 'gpt-2'.
 CONVERT_WRAPPER = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -87,9 +87,9 @@ def get_vocab_base_pre(self, tokenizer):
     try:
         return original(self, tokenizer)
     except NotImplementedError as e:
-        print("WORKAROUND: unknown BPE pre-tokenizer (" + str(e).splitlines()[0][:120] + "): registered as 'gpt2'",
+        print("WORKAROUND: unknown BPE pre-tokenizer (" + str(e).splitlines()[0][:120] + "): registered as 'gpt-2'",
               flush=True)
-        return "gpt2"
+        return "gpt-2"  # llama.cpp's name for GPT-2's pre-tokenizer (llama-vocab.cpp); 'gpt2' fails to load
 TextModel.get_vocab_base_pre = get_vocab_base_pre
 sys.argv = [c.__file__] + sys.argv[2:]
 c.main()
