@@ -21,6 +21,15 @@ against PyTorch fp32 (the manifest's source): mean KL(PyTorch ‖ ONNX), its 99t
 ``--trained FOLDER``: also the largest residual-stream activation of a trained checkpoint on its heldout.txt
 (transformers, output_hidden_states) and the ratio to the median |activation|: whether it has massive
 activations at all.
+
+``--probe FOLDER``: a massive activation at a MatMulNBits input of a trained checkpoint, the function kept: in
+block ``--probe-layer``, value channel 0 of the attention (c_attn's V column and bias) is multiplied by
+``--probe-scale`` and the matching input row of the attention's output projection (attn.c_proj) divided by it,
+so the attention output carries that channel at about ``--probe-scale`` × its usual size on every token while
+the fp32 model computes the same function (attention is linear in V). The int4 files (block 32, round to
+nearest) differ only in accuracy_level; both lose that row's small weights to rounding alike, so the difference
+between them is the int8 activation quantization. Scored with gpt2onnx eval on the first ``--probe-chars``
+characters of the folder's heldout.txt against PyTorch fp32 of the probed checkpoint.
 """
 
 from __future__ import annotations
@@ -133,6 +142,78 @@ def compare(folders: dict[str, Path], *, cases: int, length: int, seed: int, thr
     return out
 
 
+def probe_checkpoint(folder: Path, out: Path, *, layer: int, scale: float) -> Path:
+    """``folder``'s model with one massive value channel in block ``layer`` (same function in exact arithmetic)."""
+    import shutil
+
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    if (out / "model.safetensors").is_file():
+        return out
+    model = GPT2LMHeadModel.from_pretrained(folder).eval()
+    n_embd = model.config.n_embd
+    block = model.transformer.h[layer]
+    with torch.no_grad():
+        block.attn.c_attn.weight[:, 2 * n_embd] *= scale  # Conv1D: [in, out]; V is the last third of out
+        block.attn.c_attn.bias[2 * n_embd] *= scale
+        block.attn.c_proj.weight[0, :] /= scale  # input row 0 of the output projection
+    model.save_pretrained(out)
+    for f in folder.iterdir():
+        if f.is_file() and f.name not in ("model.safetensors", "config.json", "generation_config.json"):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def probe(folder: Path, work: Path, *, layer: int, scale: float, chars: int, threads: int, log) -> dict:
+    from gpt2onnx.exporters.export import ExportOptions, export
+    from gpt2onnx.exporters.optimize import optimize
+    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.runtimes.base import RuntimeOptions
+    from gpt2onnx.runtimes.providers import ProviderConfig
+    from gpt2onnx.verify.evaluate import evaluate
+
+    checkpoints = {"trained": folder, "probed": probe_checkpoint(folder, work / "probe-checkpoint", layer=layer, scale=scale)}
+    text = (folder / "heldout.txt").read_text(encoding="utf-8")[:chars]
+    scored = work / "probe-scored.txt"
+    scored.write_text(text[: text.rfind("\n") if "\n" in text else len(text)], encoding="utf-8")
+    out = {"layer": layer, "scale": scale, "text_chars": len(scored.read_text(encoding="utf-8"))}
+    for name, checkpoint in checkpoints.items():
+        base = work / f"probe-{name}-fp32"
+        if not (base / "gpt2onnx.json").is_file():
+            export(str(checkpoint), base, options=ExportOptions(fusion="ort", validate=False, force=True))
+        folders = []
+        for level in (0, 4):
+            dst = work / f"probe-{name}-int4-acc{level}"
+            if not (dst / "gpt2onnx.json").is_file():
+                optimize(
+                    base,
+                    dst,
+                    fusion="none",
+                    quantization=QuantizeOptions("int4", 32, level),
+                    gates=OPEN_GATES,
+                    validate=False,
+                    force=True,
+                )
+            folders.append(dst)
+        log(f"probe {name}: evaluating")
+        report = evaluate(
+            [base, *folders], text=scored, runtime=RuntimeOptions(settings=ProviderConfig(threads=threads)), greedy_tokens=0
+        )
+        rows = {}
+        for label, row in zip(("fp32", "int4-acc0", "int4-acc4"), report.rows):
+            rows[label] = {
+                "ppl": row.ppl,
+                "delta_ppl_percent": row.delta_ppl_percent,
+                "kl_mean": row.kl.mean if row.kl else None,
+                "kl_p99": row.kl.p99 if row.kl else None,
+                "same_top1": row.same_top1,
+            }
+            log(f"probe {name} {label}: KL {rows[label]['kl_mean']:.3e} top-1 {100 * (row.same_top1 or 0):.2f} %")
+        out[name] = {"reference_ppl": report.reference.ppl, "tokens": report.protocol.scored_tokens, "rows": rows}
+    return out
+
+
 def residual_activations(folder: Path, chars: int = 20_000) -> dict:
     """The largest |hidden state| of a trained checkpoint on its held-out text, per layer, and against the median."""
     import torch
@@ -168,6 +249,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-baseline", action="store_true", help="skip the random model without outliers")
     parser.add_argument("--trained", type=Path, help="a trained checkpoint folder with heldout.txt")
+    parser.add_argument("--probe", type=Path, help="a trained checkpoint to give one massive activation")
+    parser.add_argument("--probe-layer", type=int, default=1)
+    parser.add_argument("--probe-scale", type=float, default=1000.0)
+    parser.add_argument("--probe-chars", type=int, default=20_000)
+    parser.add_argument("--only-probe", action="store_true", help="skip the random 124M models")
     parser.add_argument("--json", dest="json_path", type=Path)
     args = parser.parse_args()
     import logging
@@ -194,7 +280,7 @@ def main() -> None:
     models = [("random124m-outliers", args.outliers)]
     if not args.no_baseline:
         models.append(("random124m", 0.0))
-    for name, outliers in models:
+    for name, outliers in [] if args.only_probe else models:
         folders = build(args.work, name, outliers, args.seed, log)
         log(f"comparing {name}")
         figures = compare(folders, cases=args.cases, length=args.length, seed=args.seed, threads=args.threads)
@@ -208,6 +294,16 @@ def main() -> None:
     if args.trained:
         result["trained_residual"] = {"folder": str(args.trained), **residual_activations(args.trained)}
         log(f"trained residual stream: {result['trained_residual']}")
+    if args.probe:
+        result["probe"] = probe(
+            args.probe,
+            args.work,
+            layer=args.probe_layer,
+            scale=args.probe_scale,
+            chars=args.probe_chars,
+            threads=args.threads,
+            log=log,
+        )
     result["loadavg_end"] = os.getloadavg()
     result["seconds"] = round(time.time() - started, 1)
     if args.json_path:
