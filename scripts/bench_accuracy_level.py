@@ -23,7 +23,7 @@ against PyTorch fp32 (the manifest's source): mean KL(PyTorch ‖ ONNX), its 99t
 activations at all.
 
 ``--probe FOLDER``: a massive activation at a MatMulNBits input of a trained checkpoint, the function kept: in
-block ``--probe-layer``, value channel 0 of the attention (c_attn's V column and bias) is multiplied by
+each block of ``--probe-layers``, value channel 0 of the attention (c_attn's V column and bias) is multiplied by
 ``--probe-scale`` and the matching input row of the attention's output projection (attn.c_proj) divided by it,
 so the attention output carries that channel at about ``--probe-scale`` × its usual size on every token while
 the fp32 model computes the same function (attention is linear in V). The int4 files (block 32, round to
@@ -138,12 +138,17 @@ def compare(folders: dict[str, Path], *, cases: int, length: int, seed: int, thr
                 "logits_max_abs_diff": float(delta[:, sl].max()),
             }
 
-        out[name] = {"position_0": stats(slice(0, 1)), "positions_1_on": stats(slice(1, None)), "all": stats(slice(None))}
+        out[name] = {
+            "position_0": stats(slice(0, 1)),
+            "positions_1_on": stats(slice(1, None)),
+            "all": stats(slice(None)),
+        }
     return out
 
 
-def probe_checkpoint(folder: Path, out: Path, *, layer: int, scale: float) -> Path:
-    """``folder``'s model with one massive value channel in block ``layer`` (same function in exact arithmetic)."""
+def probe_checkpoint(folder: Path, out: Path, *, layers: list[int], scale: float) -> Path:
+    """``folder``'s model with one massive value channel in each block of ``layers`` (same function in exact
+    arithmetic)."""
     import shutil
 
     import torch
@@ -153,11 +158,12 @@ def probe_checkpoint(folder: Path, out: Path, *, layer: int, scale: float) -> Pa
         return out
     model = GPT2LMHeadModel.from_pretrained(folder).eval()
     n_embd = model.config.n_embd
-    block = model.transformer.h[layer]
     with torch.no_grad():
-        block.attn.c_attn.weight[:, 2 * n_embd] *= scale  # Conv1D: [in, out]; V is the last third of out
-        block.attn.c_attn.bias[2 * n_embd] *= scale
-        block.attn.c_proj.weight[0, :] /= scale  # input row 0 of the output projection
+        for layer in layers:
+            block = model.transformer.h[layer]
+            block.attn.c_attn.weight[:, 2 * n_embd] *= scale  # Conv1D: [in, out]; V is the last third of out
+            block.attn.c_attn.bias[2 * n_embd] *= scale
+            block.attn.c_proj.weight[0, :] /= scale  # input row 0 of the output projection
     model.save_pretrained(out)
     for f in folder.iterdir():
         if f.is_file() and f.name not in ("model.safetensors", "config.json", "generation_config.json"):
@@ -165,7 +171,7 @@ def probe_checkpoint(folder: Path, out: Path, *, layer: int, scale: float) -> Pa
     return out
 
 
-def probe(folder: Path, work: Path, *, layer: int, scale: float, chars: int, threads: int, log) -> dict:
+def probe(folder: Path, work: Path, *, layers: list[int], scale: float, chars: int, threads: int, log) -> dict:
     from gpt2onnx.exporters.export import ExportOptions, export
     from gpt2onnx.exporters.optimize import optimize
     from gpt2onnx.passes.precision import QuantizeOptions
@@ -173,18 +179,21 @@ def probe(folder: Path, work: Path, *, layer: int, scale: float, chars: int, thr
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.verify.evaluate import evaluate
 
-    checkpoints = {"trained": folder, "probed": probe_checkpoint(folder, work / "probe-checkpoint", layer=layer, scale=scale)}
+    tag = f"probe-l{'-'.join(map(str, layers))}-x{scale:g}"
+    probed = probe_checkpoint(folder, work / f"{tag}-checkpoint", layers=layers, scale=scale)
+    checkpoints = {"trained": folder, "probed": probed}
     text = (folder / "heldout.txt").read_text(encoding="utf-8")[:chars]
     scored = work / "probe-scored.txt"
     scored.write_text(text[: text.rfind("\n") if "\n" in text else len(text)], encoding="utf-8")
-    out = {"layer": layer, "scale": scale, "text_chars": len(scored.read_text(encoding="utf-8"))}
+    out = {"layers": layers, "scale": scale, "text_chars": len(scored.read_text(encoding="utf-8"))}
     for name, checkpoint in checkpoints.items():
-        base = work / f"probe-{name}-fp32"
+        stem = "probe-trained" if name == "trained" else tag
+        base = work / f"{stem}-fp32"
         if not (base / "gpt2onnx.json").is_file():
             export(str(checkpoint), base, options=ExportOptions(fusion="ort", validate=False, force=True))
         folders = []
         for level in (0, 4):
-            dst = work / f"probe-{name}-int4-acc{level}"
+            dst = work / f"{stem}-int4-acc{level}"
             if not (dst / "gpt2onnx.json").is_file():
                 optimize(
                     base,
@@ -198,7 +207,10 @@ def probe(folder: Path, work: Path, *, layer: int, scale: float, chars: int, thr
             folders.append(dst)
         log(f"probe {name}: evaluating")
         report = evaluate(
-            [base, *folders], text=scored, runtime=RuntimeOptions(settings=ProviderConfig(threads=threads)), greedy_tokens=0
+            [base, *folders],
+            text=scored,
+            runtime=RuntimeOptions(settings=ProviderConfig(threads=threads)),
+            greedy_tokens=0,
         )
         rows = {}
         for label, row in zip(("fp32", "int4-acc0", "int4-acc4"), report.rows):
@@ -250,7 +262,7 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true", help="skip the random model without outliers")
     parser.add_argument("--trained", type=Path, help="a trained checkpoint folder with heldout.txt")
     parser.add_argument("--probe", type=Path, help="a trained checkpoint to give one massive activation")
-    parser.add_argument("--probe-layer", type=int, default=1)
+    parser.add_argument("--probe-layers", default="1", help="comma-separated block indices (default 1)")
     parser.add_argument("--probe-scale", type=float, default=1000.0)
     parser.add_argument("--probe-chars", type=int, default=20_000)
     parser.add_argument("--only-probe", action="store_true", help="skip the random 124M models")
@@ -287,7 +299,8 @@ def main() -> None:
         result["models"][name] = {"outliers": outliers, "figures": figures}
         for variant, f in figures.items():
             log(
-                f"{name} {variant}: pos0 KL {f['position_0']['kl_mean']:.3e} top-1 {100 * f['position_0']['same_top1']:.1f} %"
+                f"{name} {variant}: pos0 KL {f['position_0']['kl_mean']:.3e}"
+                f" top-1 {100 * f['position_0']['same_top1']:.1f} %"
                 f" max|Δ| {f['position_0']['logits_max_abs_diff']:.3f}; pos1+ KL {f['positions_1_on']['kl_mean']:.3e}"
                 f" p99 {f['positions_1_on']['kl_p99']:.3e} top-1 {100 * f['positions_1_on']['same_top1']:.2f} %"
             )
@@ -298,7 +311,7 @@ def main() -> None:
         result["probe"] = probe(
             args.probe,
             args.work,
-            layer=args.probe_layer,
+            layers=[int(x) for x in args.probe_layers.split(",")],
             scale=args.probe_scale,
             chars=args.probe_chars,
             threads=args.threads,

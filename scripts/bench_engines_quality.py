@@ -31,7 +31,8 @@ gpt2onnx eval's sliding windows: a window scores the tokens after the previous w
 all but its first token), and the last window is the one that reaches the text's last token (shorter when the
 text ends first), so every token but the first is predicted once. To sit beside scripts/bench_precision.py's
 table, give its scored text (WORK/scored.txt) with ``--tokens 0 --context N_POSITIONS --stride N_POSITIONS/2``:
-the same tokens, windows and scored positions (the JSON has the token ids' sha256 to compare). Per scored position, the engine's next-token distribution against transformers' GPT2LMHeadModel fp32 on
+the same tokens, windows and scored positions (the JSON has the token ids' sha256 to compare).
+Per scored position, the engine's next-token distribution against transformers' GPT2LMHeadModel fp32 on
 the same window, in float64: mean KL(reference ‖ engine) with its standard error, the 99th percentile and the
 maximum, the share of positions with the same top-1 token, perplexity and ΔPPL % (from the mean paired NLL
 difference, with its standard error), and the file size (MB = 10^6 bytes). llama.cpp: Llama(logits_all=True,

@@ -138,8 +138,13 @@ OPEN_GATES = {
 }
 
 
-def build(source_model: str, work: Path, variants, *, log, calibration: str | None = None) -> dict[str, Path]:
-    """Export fp32 from the checkpoint, then optimize every other variant from the right fp32 folder."""
+def build(
+    source_model: str, work: Path, variants, *, log, calibration: str | None = None, refused: dict | None = None
+) -> dict[str, Path]:
+    """Export fp32 from the checkpoint, then optimize every other variant from the right fp32 folder. A variant
+    that its own check refuses (gates open, so a file check: a broken file) is left out and its reason put in
+    ``refused``."""
+    from gpt2onnx.errors import CheckFailed
     from gpt2onnx.exporters.export import ExportOptions, export
     from gpt2onnx.exporters.optimize import optimize
 
@@ -158,15 +163,22 @@ def build(source_model: str, work: Path, variants, *, log, calibration: str | No
             source = folders.get("fp32-ort", base) if (quantized or variant.dtype != "fp32") else base
             fusion = "none" if source != base else variant.fusion
             gates = OPEN_GATES["quantized"] if quantized else OPEN_GATES["float16"] if variant.dtype == "fp16" else None
-            optimize(
-                source,
-                out,
-                fusion=fusion,
-                quantization=variant.quantization(calibration),
-                dtype=variant.dtype,
-                gates=gates,
-                force=True,
-            )
+            try:
+                optimize(
+                    source,
+                    out,
+                    fusion=fusion,
+                    quantization=variant.quantization(calibration),
+                    dtype=variant.dtype,
+                    gates=gates,
+                    force=True,
+                )
+            except CheckFailed as failure:
+                if refused is None:
+                    raise
+                refused[variant.name] = str(failure)
+                log(f"{variant.name} refused by its own check, left out: {failure}")
+                continue
         folders[variant.name] = out
         log(f"built {variant.name} in {time.perf_counter() - started:.1f} s")
     return folders
@@ -362,7 +374,9 @@ def main() -> None:
     calibration = calibration_text(args.calibration, Path(args.model), args.work)
     if calibration:
         log(f"calibration text: {calibration}")
-    folders = build(args.model, args.work, variants, log=log, calibration=calibration)
+    refused: dict[str, str] = {}
+    folders = build(args.model, args.work, variants, log=log, calibration=calibration, refused=refused)
+    variants = tuple(v for v in variants if v.name not in refused)
     sizes = {name: model_bytes(folder) for name, folder in folders.items()}
     scored, chars = excerpt(args.text, args.max_chars, args.work)
     log(f"evaluating {len(folders)} folders on {chars:,} characters of {args.text}")
@@ -399,11 +413,14 @@ def main() -> None:
         f" (PPL {report.reference.ppl:.3f} ± {report.reference.ppl_stderr:.3f}). Greedy: {args.greedy_tokens} new"
         f" tokens from the text's first tokens. Gate figures: {args.gate_cases} randomized cases. Timing:"
         f" onnxruntime cpu, {args.threads} threads, {args.rounds} interleaved rounds (medians). Machine:"
-        f" {machine_info()}, flags {' '.join(cpu_flags())}. Load average (1/5/15 min): start {loads['start']}, after eval {loads['after_eval']},"
+        f" {machine_info()}, flags {' '.join(cpu_flags())}. Load average (1/5/15 min): start {loads['start']},"
+        f" after eval {loads['after_eval']},"
         f" end {loads['end']}. Calibration (gptq, mixed): {calibration or 'gpt2onnx default'}."
         f" {time.time() - started:.0f} s in all.\n"
     )
     print(table(variants, rows, sizes, decode, prefill, gates, report.reference.ppl))
+    for name, reason in refused.items():
+        print(f"\n{name}: refused by its own check, not measured: {reason}")
     if args.json_path:
         args.json_path.write_text(
             json.dumps(
@@ -416,6 +433,7 @@ def main() -> None:
                     "gate_figures": gates,
                     "variants": {v.name: v.recipe() for v in variants},
                     "calibration": calibration,
+                    "refused": refused,
                     "threads": args.threads,
                     "machine": machine_info(),
                     "cpu_flags": cpu_flags(),
