@@ -14,7 +14,7 @@ The files, built under ``--work`` (kept; reused when present unless ``--force``)
 - GGUF F32 by llama.cpp's own converter (convert_hf_to_gguf.py, ``--convert``), from a staging copy of the
   folder whose config.json has ``n_ctx`` (transformers 4.57 leaves it out, the converter needs it). The converter
   refuses a BPE pre-tokenizer whose hash it does not know (any tokenizer but the public ones, as the test
-  fixture's 512-token BPE): it is then registered as plain 'gpt2' (GPT-2's pre-tokenizer regex, which every
+  fixture's 512-token BPE): it is then registered as 'gpt-2' (GPT-2's pre-tokenizer regex, which every
   byte-level BPE of ours uses); harmless here, the engines are fed token ids, never text. Said in the output.
 - Q4_0, Q4_K_M (``--gguf-types``) by llama.cpp's quantizer (llama_model_quantize, as quantize_gguf.py). The
   k-quants work in super-blocks of 256 columns: a tensor whose rows are not a multiple of 256 long (every
@@ -25,10 +25,14 @@ The files, built under ``--work`` (kept; reused when present unless ``--force``)
   from the IR (rt_info) and openvino_config.json, and the weight types from the IR's constants.
 
 Scoring (the protocol is printed with the table and written in the JSON): the first ``--tokens`` tokens of
-heldout.txt (the folder's tokenizer), windows of ``--context`` tokens every ``--stride`` (default: the context,
-non-overlapping), each from an empty past; a window scores the positions whose next token lies past the previous
-window's end (all of them when the windows do not overlap: context - 1 per window), so every token is predicted
-once. Per scored position, the engine's next-token distribution against transformers' GPT2LMHeadModel fp32 on
+``--text`` (default heldout.txt; ``--tokens 0``: all of them), tokenized whole by the folder's tokenizer, windows
+of ``--context`` tokens every ``--stride`` (default: the context, non-overlapping), each from an empty past, as
+gpt2onnx eval's sliding windows: a window scores the tokens after the previous window's end (the first window
+all but its first token), and the last window is the one that reaches the text's last token (shorter when the
+text ends first), so every token but the first is predicted once. To sit beside scripts/bench_precision.py's
+table, give its scored text (WORK/scored.txt) with ``--tokens 0 --context N_POSITIONS --stride N_POSITIONS/2``:
+the same tokens, windows and scored positions (the JSON has the token ids' sha256 to compare).
+Per scored position, the engine's next-token distribution against transformers' GPT2LMHeadModel fp32 on
 the same window, in float64: mean KL(reference ‖ engine) with its standard error, the 99th percentile and the
 maximum, the share of positions with the same top-1 token, perplexity and ΔPPL % (from the mean paired NLL
 difference, with its standard error), and the file size (MB = 10^6 bytes). llama.cpp: Llama(logits_all=True,
@@ -49,6 +53,7 @@ import collections
 import concurrent.futures
 import ctypes
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -69,7 +74,7 @@ GGUF_TYPES = ("Q4_0", "Q4_K_M")
 OWN_TYPES = {"Q4_0": {"F32", "Q4_0", "Q6_K"}, "Q4_K_M": {"F32", "Q4_K", "Q6_K"}, "Q8_0": {"F32", "Q8_0"}}
 OV_STRICT = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
 
-# Run in a subprocess: llama.cpp's converter with an unknown BPE pre-tokenizer registered as 'gpt2'.
+# Run in a subprocess: llama.cpp's converter with an unknown BPE pre-tokenizer registered as 'gpt-2'.
 CONVERT_WRAPPER = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -83,9 +88,9 @@ def get_vocab_base_pre(self, tokenizer):
     try:
         return original(self, tokenizer)
     except NotImplementedError as e:
-        print("WORKAROUND: unknown BPE pre-tokenizer (" + str(e).splitlines()[0][:120] + "): registered as 'gpt2'",
+        print("WORKAROUND: unknown BPE pre-tokenizer (" + str(e).splitlines()[0][:120] + "): registered as 'gpt-2'",
               flush=True)
-        return "gpt2"
+        return "gpt-2"  # llama.cpp's name for GPT-2's pre-tokenizer (llama-vocab.cpp); 'gpt2' fails to load
 TextModel.get_vocab_base_pre = get_vocab_base_pre
 sys.argv = [c.__file__] + sys.argv[2:]
 c.main()
@@ -286,16 +291,22 @@ def openvino_settings(folder: Path) -> dict:
 
 
 # -- the windows and the statistics -------------------------------------------------------------------------
-def windows(n: int, context: int, stride: int) -> list[tuple[int, int]]:
-    """(start, first scored position within the window) per window; position i predicts token start + i + 1."""
-    out, scored_to = [], 0  # scored_to: the last token already predicted
-    start = 0
-    while start + context <= n:
-        first = max(0, scored_to - start)  # position predicting token scored_to + 1
-        out.append((start, first))
-        scored_to = start + context - 1
-        start += stride
-    return out
+def windows(n: int, context: int, stride: int) -> list[tuple[int, int, int]]:
+    """(start, end, first) per window, as gpt2onnx eval's sliding windows (gpt2onnx.verify.text.sliding_windows,
+    transformers' perplexity guide): start = 0, stride, 2·stride, ...; end = min(start + context, n); the window
+    scores its tokens from the previous window's end on (``first``: the index in the window of the first scored
+    token; the first window scores all but its first token), and the window that reaches the last token is the
+    last, so every token but the text's first is scored once, as bench_precision scores it."""
+    out, begin, prev_end = [], 0, 0
+    while True:
+        end = min(begin + context, n)
+        first = max(1, prev_end - begin)
+        if end - begin > first:
+            out.append((begin, end, first))
+        prev_end = end
+        if end == n:
+            return out
+        begin += stride
 
 
 class Tally:
@@ -464,7 +475,7 @@ def main() -> int:
     ap.add_argument("--model", type=Path, required=True, help="GPT2LMHeadModel folder with heldout.txt")
     ap.add_argument("--work", type=Path, required=True, help="where the engines' files are built (kept)")
     ap.add_argument("--text", type=Path, help="the text to score (default: the folder's heldout.txt)")
-    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--tokens", type=int, default=16384, help="score the text's first N tokens (0: all of them)")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--stride", type=int, help="default: the context (non-overlapping windows)")
     ap.add_argument("--threads", type=int, default=2)
@@ -495,13 +506,15 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    content = text.read_text()
-    ids = np.array(tok(content[: max(200_000, args.tokens * 12)], verbose=False)["input_ids"], dtype=np.int64)
-    if len(ids) < args.tokens:
+    content = text.read_text(encoding="utf-8")
+    if args.tokens:
+        ids = np.array(tok(content[: max(200_000, args.tokens * 12)], verbose=False)["input_ids"], dtype=np.int64)
+    if not args.tokens or len(ids) < args.tokens:
         ids = np.array(tok(content, verbose=False)["input_ids"], dtype=np.int64)
-    ids = ids[: args.tokens]
+    if args.tokens:
+        ids = ids[: args.tokens]
     wins = windows(len(ids), args.context, stride)
-    scored = sum(args.context - 1 - first for _, first in wins)
+    scored = sum(end - start - first for start, end, first in wins)
     vocab = config["vocab_size"]
     log(f"{len(ids)} tokens, {len(wins)} windows of {args.context} every {stride}, {scored} positions scored")
 
@@ -569,11 +582,11 @@ def main() -> int:
         rows.append(row)
 
     t0 = time.time()
-    for w, (start, first) in enumerate(wins):
-        window = ids[start : start + args.context]
-        targets = window[first + 1 :]
+    for w, (start, end, first) in enumerate(wins):
+        window = ids[start:end]
+        targets = window[first:]  # predicted by positions first - 1 ... end - start - 2
         r = ref.logits(window)[:, :vocab]
-        ref_tally.add(r[first:-1], r[first:-1], targets)
+        ref_tally.add(r[first - 1 : -1], r[first - 1 : -1], targets)
         for row, eng, tally, clock in open_engines:
             if "error" in row:
                 continue
@@ -583,7 +596,7 @@ def main() -> int:
                 clock[0] += time.perf_counter() - t
                 if g.shape[1] < vocab:
                     raise RuntimeError(f"{g.shape[1]} logits per position, the model has {vocab} tokens")
-                tally.add(r[first:-1], g[first:-1, :vocab], targets)
+                tally.add(r[first - 1 : -1], g[first - 1 : -1, :vocab], targets)
             except Exception as e:
                 log(f"{row['name']}: failed on window {w}: {e}")
                 row["error"] = f"{type(e).__name__}: {e}"
@@ -630,6 +643,8 @@ def main() -> int:
             "model": str(model),
             "text": str(text),
             "tokens": int(len(ids)),
+            "text_sha256": hashlib.sha256(content.encode("utf-8")).hexdigest(),
+            "ids_sha256": hashlib.sha256(ids.astype("<i8").tobytes()).hexdigest(),
             "context": args.context,
             "stride": stride,
             "windows": len(wins),

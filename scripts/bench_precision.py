@@ -53,10 +53,14 @@ class Variant:
     note: str = ""
     options: dict = field(default_factory=dict)
 
-    def quantization(self):
+    def quantization(self, calibration: str | None = None):
+        """The variant's QuantizeOptions; ``calibration`` (a text file) is given to those that take one (gptq,
+        measured mixed precision) and ignored by the others."""
+        import dataclasses
+
         from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
-        return QuantizeOptions(
+        options = QuantizeOptions(
             self.quantize,
             self.block_size,
             self.accuracy_level,
@@ -65,6 +69,9 @@ class Variant:
             algorithm=self.algorithm,
             mixed_int8=self.mixed_int8,
         )
+        if calibration is not None and options.needs_calibration:
+            options = dataclasses.replace(options, calibration_text=calibration)
+        return options
 
     def recipe(self) -> str:
         """What the variant is, in words: the recipe filled in."""
@@ -109,6 +116,20 @@ VARIANTS = (
     Variant("int4-mixed10", quantize="int4", mixed_int8=10),
     Variant("int4-mixed25", quantize="int4", mixed_int8=25),
     Variant("int4-kquant-mixed10", quantize="int4", algorithm="k-quant", mixed_int8=10),
+    # issue 34's table: every algorithm with the recipe's options, block sizes and accuracy levels, mixed and
+    # 8-bit lm_head with each algorithm, so that the best one's rows come from the same run
+    Variant("int4-bs64", quantize="int4", block_size=64, lm_head="int4", embeddings="int4", accuracy_level=4),
+    Variant("int4-bs64-acc0", quantize="int4", block_size=64, lm_head="int4", embeddings="int4", accuracy_level=0),
+    Variant("int4-bs128-acc0", quantize="int4", block_size=128, lm_head="int4", embeddings="int4", accuracy_level=0),
+    Variant("int4-gptq-head8", quantize="int4", algorithm="gptq", lm_head="int8"),
+    Variant("int4-hqq-mixed10", quantize="int4", algorithm="hqq", mixed_int8=10),
+    Variant("int4-gptq-mixed10", quantize="int4", algorithm="gptq", mixed_int8=10),
+    Variant("int4-hqq-mixed25", quantize="int4", algorithm="hqq", mixed_int8=25),
+    Variant("int4-kquant-mixed25", quantize="int4", algorithm="k-quant", mixed_int8=25),
+    Variant("int4-gptq-mixed25", quantize="int4", algorithm="gptq", mixed_int8=25),
+    Variant("int4-hqq-acc0", quantize="int4", algorithm="hqq", accuracy_level=0),
+    Variant("int4-kquant-acc0", quantize="int4", algorithm="k-quant", accuracy_level=0),
+    Variant("int4-gptq-acc0", quantize="int4", algorithm="gptq", accuracy_level=0),
 )
 # Gates wide open while building: the table measures each variant, the gates are recalibrated from it.
 OPEN_GATES = {
@@ -117,8 +138,13 @@ OPEN_GATES = {
 }
 
 
-def build(source_model: str, work: Path, variants, *, log) -> dict[str, Path]:
-    """Export fp32 from the checkpoint, then optimize every other variant from the right fp32 folder."""
+def build(
+    source_model: str, work: Path, variants, *, log, calibration: str | None = None, refused: dict | None = None
+) -> dict[str, Path]:
+    """Export fp32 from the checkpoint, then optimize every other variant from the right fp32 folder. A variant
+    that its own check refuses (gates open, so a file check: a broken file) is left out and its reason put in
+    ``refused``."""
+    from gpt2onnx.errors import CheckFailed
     from gpt2onnx.exporters.export import ExportOptions, export
     from gpt2onnx.exporters.optimize import optimize
 
@@ -137,18 +163,51 @@ def build(source_model: str, work: Path, variants, *, log) -> dict[str, Path]:
             source = folders.get("fp32-ort", base) if (quantized or variant.dtype != "fp32") else base
             fusion = "none" if source != base else variant.fusion
             gates = OPEN_GATES["quantized"] if quantized else OPEN_GATES["float16"] if variant.dtype == "fp16" else None
-            optimize(
-                source,
-                out,
-                fusion=fusion,
-                quantization=variant.quantization(),
-                dtype=variant.dtype,
-                gates=gates,
-                force=True,
-            )
+            try:
+                optimize(
+                    source,
+                    out,
+                    fusion=fusion,
+                    quantization=variant.quantization(calibration),
+                    dtype=variant.dtype,
+                    gates=gates,
+                    force=True,
+                )
+            except CheckFailed as failure:
+                if refused is None:
+                    raise
+                refused[variant.name] = str(failure)
+                log(f"{variant.name} refused by its own check, left out: {failure}")
+                continue
         folders[variant.name] = out
         log(f"built {variant.name} in {time.perf_counter() - started:.1f} s")
     return folders
+
+
+def calibration_text(choice: str | None, model: Path, work: Path) -> str | None:
+    """The calibration file: ``choice`` itself, or (``train-split``) the reference's training docstrings."""
+    if choice != "train-split":
+        return choice
+    from scripts.training import stdlib_docstrings
+
+    report = json.loads((model / "train_report.json").read_text())
+    corpus = stdlib_docstrings(heldout_percent=report["heldout_percent"])
+    if sorted(corpus.heldout) != report["heldout_modules"]:
+        raise SystemExit("the held-out modules differ from the reference's train_report.json: another Python?")
+    path = work / "calibration-train-split.txt"
+    path.write_text(corpus.train_text(), encoding="utf-8")
+    return str(path)
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features int4/int8 kernels care about, as /proc/cpuinfo lists them."""
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8", "amx_bf16")
+    try:
+        with open("/proc/cpuinfo") as fh:
+            have = set(next(line for line in fh if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return []
+    return [flag for flag in wanted if flag in have]
 
 
 def model_bytes(folder: Path) -> int:
@@ -284,6 +343,14 @@ def main() -> None:
     parser.add_argument("--gate-cases", type=int, default=10, help="randomized cases of the gate figures")
     parser.add_argument("--greedy-tokens", type=int, default=64)
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
+    parser.add_argument(
+        "--calibration",
+        default=None,
+        help="text that gptq and measured mixed precision are calibrated on (a file); 'train-split': the"
+        " training split of a reference trained by scripts.train_reference (the standard library's docstrings"
+        " less the held-out modules, from its train_report.json), so that no held-out text is calibrated on;"
+        " default: gpt2onnx's own (the standard library's module docstrings, held-out modules included)",
+    )
     args = parser.parse_args()
     import logging
 
@@ -305,7 +372,12 @@ def main() -> None:
         variants = tuple(v for v in VARIANTS if v.name in wanted or v.name == "fp32")
     args.work.mkdir(parents=True, exist_ok=True)
     loads = {"start": os.getloadavg()}
-    folders = build(args.model, args.work, variants, log=log)
+    calibration = calibration_text(args.calibration, Path(args.model), args.work)
+    if calibration:
+        log(f"calibration text: {calibration}")
+    refused: dict[str, str] = {}
+    folders = build(args.model, args.work, variants, log=log, calibration=calibration, refused=refused)
+    variants = tuple(v for v in variants if v.name not in refused)
     sizes = {name: model_bytes(folder) for name, folder in folders.items()}
     scored, chars = excerpt(args.text, args.max_chars, args.work)
     log(f"evaluating {len(folders)} folders on {chars:,} characters of {args.text}")
@@ -342,10 +414,14 @@ def main() -> None:
         f" (PPL {report.reference.ppl:.3f} ± {report.reference.ppl_stderr:.3f}). Greedy: {args.greedy_tokens} new"
         f" tokens from the text's first tokens. Gate figures: {args.gate_cases} randomized cases. Timing:"
         f" onnxruntime cpu, {args.threads} threads, {args.rounds} interleaved rounds (medians). Machine:"
-        f" {machine_info()}. Load average (1/5/15 min): start {loads['start']}, after eval {loads['after_eval']},"
-        f" end {loads['end']}. {time.time() - started:.0f} s in all.\n"
+        f" {machine_info()}, flags {' '.join(cpu_flags())}. Load average (1/5/15 min): start {loads['start']},"
+        f" after eval {loads['after_eval']},"
+        f" end {loads['end']}. Calibration (gptq, mixed): {calibration or 'gpt2onnx default'}."
+        f" {time.time() - started:.0f} s in all.\n"
     )
     print(table(variants, rows, sizes, decode, prefill, gates, report.reference.ppl))
+    for name, reason in refused.items():
+        print(f"\n{name}: refused by its own check, not measured: {reason}")
     if args.json_path:
         args.json_path.write_text(
             json.dumps(
@@ -357,7 +433,11 @@ def main() -> None:
                     "prompt_ms": prefill,
                     "gate_figures": gates,
                     "variants": {v.name: v.recipe() for v in variants},
+                    "calibration": calibration,
+                    "refused": refused,
+                    "threads": args.threads,
                     "machine": machine_info(),
+                    "cpu_flags": cpu_flags(),
                     "loads": loads,
                 },
                 indent=1,
