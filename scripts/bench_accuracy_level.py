@@ -48,7 +48,7 @@ OPEN_GATES = {"kl_mean": 1e9, "top1": 1e-9, "top5": 1e-9}
 def build(work: Path, name: str, outliers: float, seed: int, log) -> dict[str, Path]:
     from gpt2onnx.exporters.export import ExportOptions, export
     from gpt2onnx.exporters.optimize import optimize
-    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
     base = work / f"{name}-fp32"
     if not (base / "gpt2onnx.json").is_file():
@@ -174,7 +174,7 @@ def probe_checkpoint(folder: Path, out: Path, *, layers: list[int], scale: float
 def probe(folder: Path, work: Path, *, layers: list[int], scale: float, chars: int, threads: int, log) -> dict:
     from gpt2onnx.exporters.export import ExportOptions, export
     from gpt2onnx.exporters.optimize import optimize
-    from gpt2onnx.passes.precision import QuantizeOptions
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
     from gpt2onnx.runtimes.base import RuntimeOptions
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.verify.evaluate import evaluate
