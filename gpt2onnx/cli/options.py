@@ -134,7 +134,7 @@ def precision(
     ] = "layernorm,softmax,logits",
     quantize: Annotated[str, typer.Option("--quantize", help=f"Weights: {quantized_names()}.")] = "none",
     block_size: Annotated[
-        Optional[int], typer.Option(help="Block-wise tensors: weights per scale, 16 to 256 \\[default: 32].")
+        Optional[int], typer.Option(help="Block-wise tensors: weights per scale, 16 to 256 \\[default: recipe].")
     ] = None,
     accuracy_level: Annotated[
         Optional[int],

@@ -53,7 +53,7 @@ class Precision:
         nodes in fp32, which hides an overflow the graph has on fp16 hardware).
     transformers_js: its transformers.js dtype and the file name suffix that dtype loads; None: no such dtype.
     options: the QuantizeOptions fields it takes (OPTION_FLAGS), each refused in one line elsewhere.
-    recipe: the defaults of those options (lm_head, embeddings, accuracy_level).
+    recipe: the defaults of those options (lm_head, embeddings, accuracy_level, block_size).
     layer_choices: what ``--lm-head`` and ``--embeddings`` may be under it (names of precisions).
     accuracy_levels: MatMulNBits' arithmetic it allows (0: fp32, 4: int8 activations).
     block_sizes: the block sizes it allows.

@@ -126,7 +126,7 @@ class QuantizeOptions:
         algorithm = self.weight_algorithm
         return QuantizeRecipe(
             self.method,
-            self.block_size or DEFAULT_BLOCK_SIZE,
+            self.block_size or recipe.get("block_size", DEFAULT_BLOCK_SIZE),
             self.accuracy_level if self.accuracy_level is not None else recipe.get("accuracy_level"),
             self.lm_head or recipe.get("lm_head"),
             self.embeddings or recipe.get("embeddings"),

@@ -83,6 +83,16 @@ def matmul_nbits(
     ``gathers``) whose node is not in ``exclude``, its weights chosen by ``algorithm`` (None: round to nearest)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    class _Quantizer(MatMulNBitsQuantizer):
+        """onnxruntime 1.31's quantizer, with nodes_to_exclude honoured on its GPTQ path too: its RTN and k-quant
+        paths mark them "fp32" (the vendored code's word for leave alone), its GPTQ path does not and quantizes
+        them at 4 bits (a head or a measured layer meant for 8 bits, then refused by the file check)."""
+
+        def _generate_q4_node_config(self):
+            config = super()._generate_q4_node_config()
+            config.update({name: "fp32" for name in self.nodes_to_exclude})
+            return config
+
     weights = {init.name for init in model.graph.initializer}
     nodes = [
         n.name
@@ -98,7 +108,7 @@ def matmul_nbits(
         raise ValueError("the int4 algorithms write MatMulNBits only: quantize the embeddings apart")
     if config is not None and not nodes:
         return model
-    quantizer = MatMulNBitsQuantizer(
+    quantizer = _Quantizer(
         model,
         bits=bits,
         block_size=options.block_size,
