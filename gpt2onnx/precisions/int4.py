@@ -52,7 +52,15 @@ def _quantize(context: QuantizeContext) -> tuple[onnx.ModelProto, dict]:
         )
     else:  # the algorithm on the MatMuls, then the embeddings rounded to nearest (GatherBlockQuantized)
         gather_names = {n.name for n in graph.node if n.op_type == "Gather"}
-        quantized = weights.nbits_pass(context, bits=BITS, exclude=head_apart | gather_names, algorithm=algorithm)
+        quantized = weights.matmul_nbits(
+            model,
+            recipe,
+            bits=BITS,
+            exclude=head_apart | gather_names,
+            gathers=False,
+            algorithm=algorithm,
+            calibration=context.calibration,
+        )
         if recipe.embeddings == LAYER:
             others = {n.name for n in quantized.graph.node} - gathers
             quantized = weights.matmul_nbits(quantized, recipe, bits=BITS, exclude=others, gathers=True)

@@ -20,8 +20,8 @@ LAYER = "int8"  # --lm-head / --embeddings at 8 bits
 
 def _quantize(context: QuantizeContext) -> tuple[onnx.ModelProto, dict]:
     head = {context.head.name} if context.head is not None and context.recipe.lm_head == LAYER else set()
-    gathers = {n.name for n in context.model.graph.node if n.op_type == "Gather"}
-    exclude = (context.head_apart - head) | gathers  # the embeddings: 8-bit tables, written by the frame
+    # MatMuls only (gathers=False): the embeddings' 8-bit tables are written by the frame
+    exclude = context.head_apart - head
     return weights.matmul_nbits(context.model, context.recipe, bits=BITS, exclude=exclude, gathers=False), {}
 
 

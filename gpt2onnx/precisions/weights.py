@@ -341,22 +341,3 @@ def quantize(
         shared_embedding=shared,
         **extra,
     )
-
-
-def nbits_pass(
-    context: QuantizeContext,
-    *,
-    bits: int,
-    exclude: set[str],
-    algorithm: Int4Algorithm | None = None,
-) -> onnx.ModelProto:
-    """MatMulNBits at ``bits`` over the MatMuls not in ``exclude`` with ``algorithm`` (None: round to nearest)."""
-    return matmul_nbits(
-        context.model,
-        context.recipe,
-        bits=bits,
-        exclude=exclude,
-        gathers=False,
-        algorithm=algorithm,
-        calibration=context.calibration,
-    )
