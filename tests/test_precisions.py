@@ -41,6 +41,7 @@ def test_the_registry_lists_every_precision_module():
 _KEYS = re.compile(r"""["'](int4|int8|int8-weights|fp16|fp32|tf32)["']""")
 _NOT_A_PRECISION = {
     ("artifact/contract.py", '3: "int8"'): "ONNX's element type names",
+    ("artifact/contract.py", '"tensor(int8)": "int8"'): "ONNX Runtime's element type names",
     ("verify/bench.py", "'fp16' if half else 'fp32'"): "torch's dtype in a label",
     ("runtimes/providers.py", '("int8",)'): "the ONNX element type MatMulInteger's activations must have on CUDA",
     ("runtimes/providers.py", '"tf32": "--tf32"'): "the provider option's name",

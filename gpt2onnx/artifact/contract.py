@@ -52,6 +52,7 @@ ORT_DTYPES = {
     "tensor(float16)": "float16",
     "tensor(int64)": "int64",
     "tensor(int32)": "int32",
+    "tensor(int8)": "int8",  # a quantized K/V cache's
 }
 _PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
 
@@ -118,11 +119,13 @@ def decoder_io(
     return IOSpec(inputs, outputs)
 
 
-def shared_cache_io(io: IOSpec) -> IOSpec:
-    """The contract of a shared-cache graph: the same names and dtypes, the cache and mask dims renamed."""
+def shared_cache_io(io: IOSpec, *, cache_dtype: str | None = None) -> IOSpec:
+    """The contract of a shared-cache graph: the same names, the cache and mask dims renamed; past and present of
+    ``cache_dtype`` where the cache is quantized (None: their dtype as it is)."""
 
     def rename(t: TensorSpec, axis: int, dim: str) -> TensorSpec:
-        return TensorSpec(t.name, t.dtype, tuple(dim if i == axis else d for i, d in enumerate(t.dims)))
+        dtype = cache_dtype if cache_dtype and axis == 2 else t.dtype
+        return TensorSpec(t.name, dtype, tuple(dim if i == axis else d for i, d in enumerate(t.dims)))
 
     inputs = tuple(
         rename(t, 2, PAST_BUFFER)

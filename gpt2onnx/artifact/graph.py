@@ -107,7 +107,8 @@ class GraphFacts:
     fp16 export, whose logits may stay float32); ``quantization``: int4 (4-bit MatMulNBits), int8
     (MatMulInteger) or none; ``logits_last``: the logits output has one position (exported with --logits
     last); ``shared_kv``: past and present share one buffer (GroupQueryAttention); ``vocab_size``: the logits'
-    last dimension, when fixed; ``data_files``: the external data files its weights are read from."""
+    last dimension, when fixed; ``data_files``: the external data files its weights are read from; ``kv_dtype``:
+    the cache's element type (``dtype``, or int8 for a quantized cache: --kv-cache)."""
 
     dtype: str = "float32"
     quantized_ops: frozenset[str] = frozenset()
@@ -116,6 +117,7 @@ class GraphFacts:
     vocab_size: int | None = None
     data_files: tuple[str, ...] = ()
     position_rows: int | None = None
+    kv_dtype: str = "float32"
 
 
 def quantized_op_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -137,7 +139,9 @@ def graph_facts(model: onnx.ModelProto) -> GraphFacts:
     inputs, outputs = graph_io(model)
     presents = [t for t in outputs if t.name.startswith("present")]
     logits = next((t for t in outputs if t.name == "logits"), None)
-    dtype = presents[0].dtype if presents else (logits.dtype if logits is not None else "float32")
+    kv_dtype = presents[0].dtype if presents else (logits.dtype if logits is not None else "float32")
+    # a quantized cache (integer presents) is written on fp32 graphs only (gpt2onnx.precisions.kv_cache)
+    dtype = kv_dtype if kv_dtype.startswith(("float", "bfloat")) else "float32"
     ops = {node.op_type for node in model.graph.node}
     dims = logits.dims if logits is not None else ()
     return GraphFacts(
@@ -148,6 +152,7 @@ def graph_facts(model: onnx.ModelProto) -> GraphFacts:
         vocab_size=dims[-1] if dims and isinstance(dims[-1], int) else None,
         data_files=tuple(external_data_files(model)),
         position_rows=position_table_rows(model),
+        kv_dtype=kv_dtype,
     )
 
 
@@ -215,3 +220,25 @@ def sort_topologically(graph: onnx.GraphProto) -> bool:
     del graph.node[:]
     graph.node.extend(nodes[index] for index in order)
     return True
+
+
+def cache_scales(model: onnx.ModelProto, base_dir: Path) -> dict | None:
+    """A quantized K/V cache's scales (GroupQueryAttention's k_scale and v_scale inputs, each [1, heads, 1,
+    head_dim] float32) by the name of the past input each scales; None for a float cache.
+    ``model``: the graph, loaded with or without its weights (external ones are read from ``base_dir``)."""
+    import numpy as np
+    from onnx import numpy_helper
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    initializers = {init.name: init for init in model.graph.initializer}
+    by_past = {}
+    for node in model.graph.node:
+        if node.op_type != SHARED_CACHE_OP or len(node.input) < 14 or not node.input[12]:
+            continue
+        for past, scale in ((node.input[3], node.input[12]), (node.input[4], node.input[13])):
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(initializers[scale])
+            if uses_external_data(tensor):
+                load_external_data_for_tensor(tensor, str(base_dir))
+            by_past[past] = np.asarray(numpy_helper.to_array(tensor), np.float32)
+    return by_past or None

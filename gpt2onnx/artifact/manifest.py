@@ -177,6 +177,32 @@ class Fp16Record:
 
 
 @dataclass(frozen=True)
+class KvCacheRecord:
+    """A quantized K/V cache (--kv-cache): its element type, the kernel's scale granularity, the text its scales
+    were calibrated on, and the largest |K| and |V| calibration saw (what the widest channel's scale maps to the
+    largest stored step)."""
+
+    dtype: str
+    quant_type: str
+    calibration: str
+    largest_key: float
+    largest_value: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "KvCacheRecord":
+        return cls(
+            str(data["dtype"]),
+            str(data["quant_type"]),
+            str(data["calibration"]),
+            float(data["largest_key"]),
+            float(data["largest_value"]),
+        )
+
+
+@dataclass(frozen=True)
 class QuantizationRecord:
     """The weight quantization: method (int8, int4), the block size of block-wise tensors, the quantized ops per
     type, and the recipe (int4's accuracy level; the logits projection's and the embeddings' precision).
@@ -321,6 +347,7 @@ _KEYS = (
     "fp16",
     "quantization",
     "kv_cache",
+    "kv_cache_quantization",
     "parity",
     "eval",
     "timings",
@@ -364,6 +391,7 @@ class Manifest:
     fp16: Fp16Record | None = None
     quantization: QuantizationRecord | None = None
     kv_cache: str | None = None  # "shared" (one buffer for past and present) or "concat"; None: not recorded
+    kv_cache_quantization: KvCacheRecord | None = None  # a quantized cache (--kv-cache); None: the float cache
     # special token ids the configs give outside the vocabulary ({"eos_token_id": [50256]}): as in transformers
     # they never come; the readers of generation_config.json accept exactly these (artifact.generation)
     outside_vocabulary: dict[str, list[int]] = field(default_factory=dict)
@@ -417,6 +445,7 @@ class Manifest:
             "fp16": self.fp16.as_dict() if self.fp16 else None,
             "quantization": self.quantization.as_dict() if self.quantization else None,
             "kv_cache": self.kv_cache,
+            "kv_cache_quantization": self.kv_cache_quantization.as_dict() if self.kv_cache_quantization else None,
             "parity": self.check.as_dict() if self.check else None,
             "eval": self.eval.as_dict() if self.eval else None,
             "timings": self.timings,
@@ -430,6 +459,8 @@ class Manifest:
             del values["optimized_from"]  # an export never wrote it
         if self.deploy is None:
             del values["deploy"]
+        if self.kv_cache_quantization is None:
+            del values["kv_cache_quantization"]  # written only for a quantized cache
         if self.eval is None:
             del values["eval"]  # written only by an export or optimize with --eval-text
         if self.outside_vocabulary:  # written only where a special token is outside the vocabulary
@@ -485,6 +516,7 @@ class Manifest:
             fp16=record("fp16", Fp16Record.from_dict),
             quantization=record("quantization", QuantizationRecord.from_dict),
             kv_cache=record("kv_cache", str, str),
+            kv_cache_quantization=record("kv_cache_quantization", KvCacheRecord.from_dict),
             outside_vocabulary=record("outside_vocabulary", _outside_from_dict) or {},
             check=check,
             eval=record("eval", EvalReport.from_dict),

@@ -22,6 +22,7 @@ from gpt2onnx.cli.options import (
     FusionOpt,
     GateOpt,
     JsonOpt,
+    KvCacheOpt,
     MaxKlOpt,
     MaxPplOpt,
     PartialOpt,
@@ -41,6 +42,7 @@ from gpt2onnx.cli.options import (
 )
 from gpt2onnx.errors import CheckFailed
 from gpt2onnx.files import write_json_atomic
+from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.runtimes.base import parse_runtimes, runtime_options
 from gpt2onnx.runtimes.generate import generate as run_generate
 from gpt2onnx.runtimes.speculative import Speculation
@@ -82,6 +84,7 @@ def export(
     force: ForceOpt = False,
     fusion: FusionOpt = "none",
     allow_partial_fusion: PartialOpt = False,
+    kv_cache: KvCacheOpt = FLOAT_CACHE,
     precision: Precision = None,
 ) -> None:
     """Export a checkpoint to an ONNX decoder with past key/values, checked against PyTorch."""
@@ -98,6 +101,7 @@ def export(
         force=force,
         fusion=fusion,
         allow_partial_fusion=allow_partial_fusion,
+        kv_cache=kv_cache,
         **precision.keywords(),
     )
     with err_console.status(f"exporting {model}…"):
@@ -119,6 +123,7 @@ def optimize(
     allow_partial_fusion: PartialOpt = False,
     validate: Annotated[bool, typer.Option(help="Check against the source before writing.")] = True,
     force: ForceOpt = False,
+    kv_cache: KvCacheOpt = FLOAT_CACHE,
     precision: Precision = None,
 ) -> None:
     """Fuse LayerNorm, GELU and attention in an exported decoder, or reduce its precision."""
@@ -132,6 +137,7 @@ def optimize(
             allow_partial=allow_partial_fusion,
             force=force,
             validate=validate,
+            kv_cache=kv_cache,
             **precision.keywords(),
         )
     render.optimized(result, source)

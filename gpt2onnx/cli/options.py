@@ -16,6 +16,7 @@ import typer
 
 from gpt2onnx.artifact.paths import check_output_path
 from gpt2onnx.precisions.all_precisions import FLOAT, FP32, QUANTIZED, quantized_names
+from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, KV_CACHES
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, runtime_options
 from gpt2onnx.runtimes.decoding import Decoding, Sampling
@@ -74,6 +75,12 @@ def json_output(path: Path | None, *, reads: tuple = (), files: tuple = ()) -> N
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")]
 FusionOpt = Annotated[str, typer.Option(help="none, ort, ort-shared-kv, portable, tensorrt.")]
 PartialOpt = Annotated[bool, typer.Option("--allow-partial-fusion", help="Keep a graph short of its golden counts.")]
+KvCacheOpt = Annotated[
+    str,
+    typer.Option(
+        "--kv-cache", metavar="TYPE", help=f"The K/V cache: {', '.join([FLOAT_CACHE, *KV_CACHES])} (ort-shared-kv)."
+    ),
+]
 VerifyFilesOpt = Annotated[
     bool, typer.Option("--verify-files/--no-verify-files", help="Check the model files' sha256 first.")
 ]

@@ -31,10 +31,11 @@ from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_m
 from gpt2onnx.passes.pipeline import GraphPasses, timed
 from gpt2onnx.precisions.all_precisions import FP32
 from gpt2onnx.precisions.fp16 import FP16_KEEP_GROUPS
+from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.model import BlockForExport, GPT2ForExport
-from gpt2onnx.verify.calibration import calibration_for
+from gpt2onnx.verify.calibration import calibration_for, kv_cache_calibration
 from gpt2onnx.verify.evaluate import EvalReport, eval_source, evaluate_written
 from gpt2onnx.verify.gates import EvalGates, tolerances_for
 from gpt2onnx.verify.parity import validate_export
@@ -67,6 +68,7 @@ class ExportOptions:
     keep_fp32: tuple[str, ...] | str = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precisions.fp16.FP16_KEEP_GROUPS)
     eval_text: str | None = None  # a text file: perplexity, KL against PyTorch before writing (verify.evaluate)
     eval_gates: EvalGates = EvalGates()  # with eval_text: the most ΔPPL (percent) and mean KL accepted
+    kv_cache: str = FLOAT_CACHE  # the K/V cache's precision: float, or int8 (fusion ort-shared-kv)
     passes: GraphPasses = field(init=False, repr=False, compare=False)
     eval_source: TextSource | None = field(init=False, repr=False, compare=False)
 
@@ -74,7 +76,9 @@ class ExportOptions:
         check_opset(self.opset)
         if self.logits not in LOGITS_CHOICES:
             raise BadInput(f"logits '{self.logits}' is not valid: choose 'all' or 'last'")
-        passes = GraphPasses(self.fusion, self.allow_partial_fusion, self.dtype, self.quantization, self.keep_fp32)
+        passes = GraphPasses(
+            self.fusion, self.allow_partial_fusion, self.dtype, self.quantization, self.keep_fp32, self.kv_cache
+        )
         object.__setattr__(self, "passes", passes)
         object.__setattr__(self, "keep_fp32", passes.keep_fp32)
         if self.block is not None:
@@ -95,6 +99,11 @@ class ExportOptions:
                 raise BadInput(
                     f"tolerance applies to fp32 exports; {passes.precision.name} is checked by its gates: use --gate"
                     " instead"
+                )
+            if passes.cache_format is not None:
+                raise BadInput(
+                    f"tolerance applies to a float K/V cache; --kv-cache {self.kv_cache} is checked by its gates: use"
+                    " --gate instead"
                 )
         if not self.validate and (self.tolerance is not None or self.gates):
             raise BadInput(
@@ -126,6 +135,8 @@ class ExportOptions:
                     {"quantization": quantization, "eval_gates": gates}.get(f.name, {f.name: getattr(self, f.name)})
                 )
         data["keep_fp32"] = list(self.keep_fp32)
+        if self.passes.cache_format is None:
+            del data["kv_cache"]  # written only for a quantized cache
         return data
 
 
@@ -283,14 +294,25 @@ def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
     calibration = calibration_for(
         passes.quantization, ckpt.companion_dir, vocab_size=spec.vocab_size, n_positions=spec.n_positions
     )
+    kv_calibration = kv_cache_calibration(
+        ckpt.companion_dir,
+        vocab_size=spec.vocab_size,
+        n_positions=spec.n_positions,
+        wanted=passes.cache_format is not None,
+    )
     passed = passes.apply(
-        proto, timings, calibration, activation=spec.activation, upcast_attention=spec.reorder_and_upcast_attn
+        proto,
+        timings,
+        calibration,
+        activation=spec.activation,
+        upcast_attention=spec.reorder_and_upcast_attn,
+        kv_calibration=kv_calibration,
     )
     if passes.dtype == "float16":
         logits_dtype = "float32" if "logits" in passes.keep_fp32 else "float16"
         io = decoder_io(spec, last_logits_only=last, dtype=passes.dtype, logits_dtype=logits_dtype)
     if passed.kv_cache == "shared":
-        io = shared_cache_io(io)
+        io = shared_cache_io(io, cache_dtype=passes.cache_format.dtype if passes.cache_format else None)
     if passes.dtype == "float16" or passed.kv_cache == "shared":
         check_graph_io(passed.model, io)
     return passed, io, kind

@@ -32,8 +32,9 @@ from gpt2onnx.exporters.export import ExportResult, passed_or_refused
 from gpt2onnx.passes.pipeline import GraphPasses, timed
 from gpt2onnx.precisions.all_precisions import FP32
 from gpt2onnx.precisions.fp16 import FP16_KEEP_GROUPS
+from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, SHARED_CACHE_PROFILE
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
-from gpt2onnx.verify.calibration import calibration_for
+from gpt2onnx.verify.calibration import calibration_for, kv_cache_calibration
 from gpt2onnx.verify.evaluate import eval_source, evaluate_written
 from gpt2onnx.verify.gates import EvalGates, tolerances_for
 from gpt2onnx.verify.parity import SOURCE_ONNX, validate_against_source
@@ -61,6 +62,7 @@ def optimize(
     keep_fp32: tuple[str, ...] = FP16_KEEP_GROUPS,
     eval_text: str | Path | None = None,
     eval_gates: EvalGates = EvalGates(),
+    kv_cache: str = FLOAT_CACHE,
 ) -> OptimizeResult:
     """Rewrite an exported decoder (gpt2onnx's or optimum's) with a fusion profile and a precision, checked against
     the graph it came from before the new folder is written.
@@ -69,7 +71,8 @@ def optimize(
         source: an exported folder or an .onnx file.
         out: the new folder (never the source's); replaced only with ``force``, and only if gpt2onnx wrote it.
         fusion: the profile: ort, ort-shared-kv, portable or tensorrt ('none' with a precision change only);
-            None: the source's own profile when it is fused (read from its ops), else ort. Fusing a graph with the
+            None: the source's own profile when it is fused (read from its ops), else ort (ort-shared-kv with a
+            quantized ``kv_cache``). Fusing a graph with the
             profile it holds is a no-op; another profile over a fused graph is refused (BadInput).
         allow_partial: keep a graph whose fusions fall short of the golden counts.
         validate: compare with the source (fp32: max |Δlogits| within ``tolerance``; otherwise the gates).
@@ -77,6 +80,8 @@ def optimize(
         gates: overrides of the precision's default gates.
         eval_text: a text file: the new graph's perplexity, KL and top-1 against the source graph on it
             (:mod:`gpt2onnx.verify.evaluate`), gated by ``eval_gates`` (ΔPPL percent, mean KL) before writing.
+        kv_cache: the K/V cache's precision: float, or int8 (fusion ort-shared-kv only; scales calibrated on the
+            standard library's docstrings through the source's graph; :mod:`gpt2onnx.precisions.kv_cache`).
 
     Returns:
         OptimizeResult: the new folder, its manifest, the CheckReport of the check against the source, timings.
@@ -85,7 +90,9 @@ def optimize(
         BadInput, ContractError (not an ONNX decoder, missing external data), CheckFailed (fusion short of its
         golden counts, or the rewritten graph differs from its source), OutputError.
     """
-    passes = GraphPasses(fusion or "ort", allow_partial, dtype, quantization, keep_fp32)
+    # a quantized cache needs the shared-cache profile: the default profile when it is asked for
+    default_fusion = SHARED_CACHE_PROFILE if kv_cache != FLOAT_CACHE else "ort"
+    passes = GraphPasses(fusion or default_fusion, allow_partial, dtype, quantization, keep_fp32, kv_cache)
     if passes.changes_nothing:
         raise BadInput(
             "nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a"
@@ -111,6 +118,7 @@ def optimize(
     if fusion is None:
         passes = _own_profile(model, passes)
     _refuse_a_fused_copy(model, passes, model_path)
+    _refuse_a_quantized_cache(model, model_path)
     previous = read_manifest(model_path.parent)
     architecture = previous.architecture if previous else None  # None: a folder this tool did not write
     passed = passes.apply(
@@ -119,6 +127,7 @@ def optimize(
         _calibration(passes, model_path, model),
         activation=architecture.activation if architecture else "gelu_new",
         upcast_attention=bool(architecture and architecture.reorder_and_upcast_attn),
+        kv_calibration=_kv_calibration(passes, model_path, model),
     )
     del model
     checks = _Checks(validate, tolerance, gates, text, eval_gates)
@@ -134,7 +143,7 @@ def _own_profile(model: onnx.ModelProto, passes: GraphPasses) -> GraphPasses:
     from gpt2onnx.passes.fusions.profiles import fused_with  # lazy: the profiles import onnxscript
 
     held = fused_with(model)
-    if held is None or held == passes.fusion:
+    if held is None or held == passes.fusion or passes.cache_format is not None:
         return passes
     log.info("the source is fused with the %s profile: keeping it", held)
     return dataclasses.replace(passes, fusion=held)
@@ -142,7 +151,7 @@ def _own_profile(model: onnx.ModelProto, passes: GraphPasses) -> GraphPasses:
 
 def _refuse_a_fused_copy(model: onnx.ModelProto, passes: GraphPasses, model_path: Path) -> None:
     """Refuse options that would write the source again: its own fusion profile (a no-op) with fp32 weights."""
-    if passes.fusion == "none" or not passes.precision.exact:
+    if passes.fusion == "none" or not passes.precision.exact or passes.cache_format is not None:
         return
     from gpt2onnx.passes.fusions.profiles import fused_with  # lazy: the profiles import onnxscript
 
@@ -150,6 +159,19 @@ def _refuse_a_fused_copy(model: onnx.ModelProto, passes: GraphPasses, model_path
         raise BadInput(
             f"nothing to do: '{model_path.parent}' is already fused with the {passes.fusion} profile (fusing it again"
             " changes nothing): choose a precision (--dtype fp16, --quantize int8 or int4)"
+        )
+
+
+def _refuse_a_quantized_cache(model: onnx.ModelProto, model_path: Path) -> None:
+    """A source whose K/V cache is quantized already is no reference for another pass: its float-cache source is."""
+    from gpt2onnx.artifact.contract import graph_io
+    from gpt2onnx.precisions.kv_cache import cache_format_of
+
+    past = next((t for t in graph_io(model)[0] if t.name.startswith("past_key_values.")), None)
+    if past is not None and cache_format_of(past.dtype) is not None:
+        raise BadInput(
+            f"'{model_path.parent}' stores its K/V cache as {past.dtype} already: optimize the float-cache folder it"
+            " was made from"
         )
 
 
@@ -225,16 +247,42 @@ def _manifest(model_path: Path, previous, passes: GraphPasses, passed, facts: di
         architecture=previous.architecture if previous else None,
         dtype=passes.dtype if passes.dtype == "float16" or not previous else previous.dtype,
         # the source's IO record, with the shared cache's dim names when the new graph shares its cache
-        io=shared_cache_io(io) if io is not None and passed.kv_cache == "shared" else io,
+        io=shared_cache_io(io, cache_dtype=_cache_dtype(passes))
+        if io is not None and passed.kv_cache == "shared"
+        else io,
         **facts,
         options={
             **(previous.options if previous else {}),
             "fusion": passes.fusion,
             "allow_partial_fusion": passes.allow_partial_fusion,
             "external_data": external,
+            **({"kv_cache": passes.kv_cache} if passes.cache_format is not None else {}),
         },
         **records,
         outside_vocabulary=previous.outside_vocabulary if previous else {},
+    )
+
+
+def _cache_dtype(passes: GraphPasses) -> str | None:
+    return passes.cache_format.dtype if passes.cache_format is not None else None
+
+
+def _vocabulary(model_path: Path, proto: onnx.ModelProto) -> int:
+    logits = next((o for o in proto.graph.output if o.name == "logits"), None)
+    dims = logits.type.tensor_type.shape.dim if logits is not None else []
+    if not dims or not dims[-1].HasField("dim_value"):
+        raise BadInput(f"'{model_path}' declares no vocabulary size on its logits output: it cannot be calibrated")
+    return dims[-1].dim_value
+
+
+def _kv_calibration(passes: GraphPasses, model_path: Path, proto: onnx.ModelProto):
+    """What a quantized K/V cache's scales are calibrated on (None for a float cache)."""
+    if passes.cache_format is None:
+        return None
+    config = model_path.parent / "config.json"
+    positions = read_n_positions(model_path.parent) if config.is_file() else 1024
+    return kv_cache_calibration(
+        model_path.parent, vocab_size=_vocabulary(model_path, proto), n_positions=positions, wanted=True
     )
 
 

@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from gpt2onnx.artifact.contract import ORT_DTYPES, DecoderShape, TensorSpec, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.artifact.graph import SHARED_CACHE_OP, load_graph
+from gpt2onnx.artifact.graph import SHARED_CACHE_OP, cache_scales, load_graph
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
 from gpt2onnx.runtimes.base import Capabilities, StepRuntime
@@ -86,18 +86,23 @@ def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     check_kernels(graph, provider)  # ops the provider has no kernel for: refused before any session is made
     shape = decoder_shape(*graph_io(graph), model.n_positions)
     host_side = host_side_nodes(graph) if provider.name != "cpu" else None
+    scales = cache_scales(graph, model.model_path.parent) if shared else None
     del graph
     session = create_session(model.model_path, provider, shape=shape, host_side=host_side)
-    kind = SharedCacheDecoder if shared else OnnxDecoder
-    return kind(session, n_positions=model.n_positions, device_id=provider.device_id)
+    if shared:
+        return SharedCacheDecoder(session, n_positions=model.n_positions, cache_scales=scales)
+    return OnnxDecoder(session, n_positions=model.n_positions, device_id=provider.device_id)
 
 
 def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDecoder":
     """A decoder on the cpu provider for a bare model file (the checks export and optimize run before writing)."""
     from gpt2onnx.runtimes.providers import cpu_session
 
-    kind = SharedCacheDecoder if shares_cache(load_graph(Path(model_path))) else OnnxDecoder
-    return kind(cpu_session(model_path), n_positions=n_positions)
+    graph = load_graph(Path(model_path))
+    if shares_cache(graph):
+        scales = cache_scales(graph, Path(model_path).parent)
+        return SharedCacheDecoder(cpu_session(model_path), n_positions=n_positions, cache_scales=scales)
+    return OnnxDecoder(cpu_session(model_path), n_positions=n_positions)
 
 
 def gather_session(count: int, kv_dtype, device: str, device_id: int = 0) -> ort.InferenceSession:
@@ -273,13 +278,33 @@ class SharedCacheDecoder(OnnxDecoder):
 
     onnxruntime's kernel takes a multi-token step on a non-empty past at batch 1 only: such a step at batch > 1
     (a prompt continued in chunks) runs token by token, with the same result.
+
+    A quantized cache (--kv-cache int8): the buffers are int8, the kernel stores and reads them with the graph's
+    per-channel scales (``cache_scales``: by past input name, read from the graph by open_decoder); step() gives
+    the cache back dequantized, as the float values attention reads.
     """
 
     capabilities = Capabilities(past_of_length=True, shared_cache=True, memory_check=True)
 
-    def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        *,
+        n_positions: int | None = None,
+        device_id: int = 0,
+        cache_scales: dict[str, np.ndarray] | None = None,
+    ):
         super().__init__(session, n_positions=n_positions, device_id=device_id)
         check_shared_cache_provider(self.provider)
+        self.kv_dtype = np.dtype(self.shape.kv_dtype)  # float32, float16, or int8 (a quantized cache)
+        self.scales = None
+        if self.kv_dtype.kind in "iu":
+            if cache_scales is None or set(cache_scales) != set(self.past_names):
+                raise BadInput(
+                    f"this model's K/V cache is {self.kv_dtype} but its graph gives no scale for every past input:"
+                    " export it again"
+                )
+            self.scales = [cache_scales[name] for name in self.past_names]
         logits = next(o for o in session.get_outputs() if o.name == "logits")
         self.last_logits_graph = len(logits.shape) == 3 and logits.shape[1] == 1
         self.capacity = 0
@@ -367,4 +392,6 @@ class SharedCacheDecoder(OnnxDecoder):
         mask's width: what present holds in the contract)."""
         logits, _ = self.run(input_ids, attention_mask, position_ids, past, last_logits_only=False)
         total = attention_mask.shape[1]
+        if self.scales is not None:  # the values attention reads: stored steps × the channel's scale
+            return logits, [b[:, :, :total].astype(np.float32) * s for b, s in zip(self._buffers, self.scales)]
         return logits, [buffer[:, :, :total].copy() for buffer in self._buffers]

@@ -1,4 +1,4 @@
-"""The text a calibrated int4 algorithm (GPTQ) is calibrated on, as token sequences for the quantizer.
+"""The text a calibrated int4 algorithm (GPTQ) or a quantized K/V cache is calibrated on, as token sequences.
 
 A file or a ``datasets`` text (``--calibration``), else the Python standard library's module docstrings
 (offline on every machine), tokenized by the model's own tokenizer and cut into CALIBRATION_SEQUENCES sequences
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 CALIBRATION_SEQUENCES = 32
 CALIBRATION_LENGTH = 128
+KV_CALIBRATION_SEQUENCES = 4  # a quantized K/V cache's: a few whole contexts
+KV_CALIBRATION_LENGTH = 1024
 STDLIB_CHARS = 400_000  # about 100k GPT-2 tokens: more than the sequences take
 
 
@@ -64,7 +66,33 @@ def calibration_for(
     if not quantization.needs_calibration:
         return None
     length = min(CALIBRATION_LENGTH, n_positions)
-    source = _source(quantization.calibration_text)
+    return token_sequences(
+        quantization.calibration_text,
+        tokenizer_folder,
+        vocab_size=vocab_size,
+        length=length,
+        count=CALIBRATION_SEQUENCES,
+    )
+
+
+def kv_cache_calibration(
+    tokenizer_folder: Path | None, *, vocab_size: int, n_positions: int, wanted: bool
+) -> Calibration | None:
+    """What a quantized K/V cache's scales are calibrated on (None where the cache stays float, ``wanted`` false):
+    KV_CALIBRATION_SEQUENCES sequences of the whole context (at most KV_CALIBRATION_LENGTH tokens), so that the K/V
+    of every position the model can reach are seen."""
+    if not wanted:
+        return None
+    length = min(KV_CALIBRATION_LENGTH, n_positions)
+    return token_sequences(None, tokenizer_folder, vocab_size=vocab_size, length=length, count=KV_CALIBRATION_SEQUENCES)
+
+
+def token_sequences(
+    text: str | None, tokenizer_folder: Path | None, *, vocab_size: int, length: int, count: int
+) -> Calibration:
+    """``count`` sequences of ``length`` tokens of ``text`` (--calibration's value; None: the standard library's
+    module docstrings), tokenized by the folder's tokenizer; seeded random ids for a model without one."""
+    source = _source(text)
     if tokenizer_folder is None or not has_tokenizer(tokenizer_folder):
         if source is not None:
             raise BadInput(
@@ -72,23 +100,23 @@ def calibration_for(
                 " the checkpoint folder, or drop --calibration (random token ids are used)"
             )
         rng = np.random.default_rng(0)
-        sequences = tuple(rng.integers(0, vocab_size, length, dtype=np.int64) for _ in range(CALIBRATION_SEQUENCES))
-        return Calibration(sequences, f"seeded random token ids (no tokenizer): {CALIBRATION_SEQUENCES} × {length}")
+        sequences = tuple(rng.integers(0, vocab_size, length, dtype=np.int64) for _ in range(count))
+        return Calibration(sequences, f"seeded random token ids (no tokenizer): {count} × {length}")
     tokenizer = load_tokenizer(tokenizer_folder)
     chunks = iter([stdlib_docstrings()]) if source is None else source.chunks()
-    described = "the standard library's module docstrings" if source is None else quantization.calibration_text
-    collected, total, needed = [], 0, CALIBRATION_SEQUENCES * length
+    described = "the standard library's module docstrings" if source is None else text
+    collected, total, needed = [], 0, count * length
     for _, piece in text_pieces(tokenizer, chunks):  # read only as far as the sequences need
         collected.append(np.asarray(piece, np.int64))
         total += len(piece)
         if total >= needed:
             break
     ids = np.concatenate(collected) if collected else np.zeros(0, np.int64)
-    count = min(CALIBRATION_SEQUENCES, len(ids) // length)
-    if count == 0:
+    found = min(count, len(ids) // length)
+    if found == 0:
         raise BadInput(f"--calibration '{described}' has {len(ids)} tokens: give at least {length} (one sequence)")
     if ids.max(initial=0) >= vocab_size:
         raise BadInput(f"the tokenizer gives token id {int(ids.max())}, outside the vocabulary of {vocab_size}")
-    sequences = tuple(ids[i * length : (i + 1) * length] for i in range(count))
-    log.info("calibrating on %d sequences of %d tokens of %s", count, length, described)
-    return Calibration(sequences, f"{described}: {count} × {length} tokens")
+    sequences = tuple(ids[i * length : (i + 1) * length] for i in range(found))
+    log.info("calibrating on %d sequences of %d tokens of %s", found, length, described)
+    return Calibration(sequences, f"{described}: {found} × {length} tokens")

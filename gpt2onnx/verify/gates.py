@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from gpt2onnx.artifact.report import Figures
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.precisions.all_precisions import PRECISIONS, precision
+from gpt2onnx.precisions.kv_cache import cache_format_of
 
 # Each precision's gates are declared by its module (gpt2onnx.precisions: Precision.gates and .file_gates, with
 # the measurements that set them); the tables below are views of the registry, by precision name.
@@ -152,6 +153,17 @@ def tolerances_for(name: str, overrides: dict[str, float] | None = None) -> dict
         quantized = " and ".join(n for n, p in PRECISIONS.items() if p.file_gates)
         raise BadInput(f"gate {unused[0]} applies to {quantized} files, not to {name}: drop it")
     return {**TOLERANCES[name], **{k: v for k, v in checked.items() if k not in FILE_GATE_NAMES}}
+
+
+def cache_tolerances(name: str, kv_dtype: str, overrides: dict[str, float] | None = None) -> dict | None:
+    """The gates of a graph whose K/V cache is quantized (``kv_dtype``: its past inputs' element type), with
+    ``overrides`` on top: its cache format's (gpt2onnx.precisions.kv_cache) in place of the precision's exact ones;
+    None for a float cache (the precision's own gates apply)."""
+    fmt = cache_format_of(kv_dtype)
+    if fmt is None:
+        return None
+    checked = tolerances_for(name, overrides)  # each override checked against the precision's table
+    return {**fmt.gates, **{k: v for k, v in checked.items() if k in (overrides or {})}}
 
 
 def file_gates_for(name: str, overrides: dict[str, float] | None = None, *, algorithm: str | None = None) -> dict:

@@ -26,7 +26,15 @@ from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder, file_shape
 from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session, session_placement
-from gpt2onnx.verify.gates import FLAT_NATS, QUALITY_GATES, TOLERANCES, apply_gates, file_gates_for, tolerances_for
+from gpt2onnx.verify.gates import (
+    FLAT_NATS,
+    QUALITY_GATES,
+    TOLERANCES,
+    apply_gates,
+    cache_tolerances,
+    file_gates_for,
+    tolerances_for,
+)
 from gpt2onnx.verify.kv_path import check_kv_path
 from gpt2onnx.verify.lockstep import (
     CaseResult,
@@ -244,6 +252,17 @@ def validate_export(
     length = max(2, min(8, ckpt.spec.n_positions - decode_steps))
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
     reference = reference_model(ckpt)
+    quantized_cache = cache_tolerances(precision, file_shape(path, ckpt.spec.n_positions).kv_dtype, gates)
+    if quantized_cache is not None and block is None:
+        log.info("checking the quantized K/V cache's gates against transformers' GPT2LMHeadModel")
+        return gate_check(
+            cpu_decoder(path),
+            reference,
+            precision=precision,
+            vocab_size=ckpt.spec.vocab_size,
+            n_positions=ckpt.spec.n_positions,
+            tolerances=quantized_cache,
+        )
     if not precisions.precision(precision).exact:
         log.info("checking the %s gates against transformers' GPT2LMHeadModel", precision)
         rounded = rounded_pytorch(path, ckpt, quantization) if quantization is not None else None
@@ -290,6 +309,17 @@ def validate_against_source(
     fused = cpu_decoder(rewritten, n_positions=n_positions)
     reference = OnnxReference(cpu_decoder(source, n_positions=n_positions))
     vocab = fused.vocab_size or 1000
+    quantized_cache = cache_tolerances(precision, fused.shape.kv_dtype, gates)
+    if quantized_cache is not None:
+        return gate_check(
+            fused,
+            reference,
+            precision=precision,
+            vocab_size=vocab,
+            n_positions=n_positions,
+            tolerances=quantized_cache,
+            against=SOURCE_ONNX,
+        )
     if not precisions.precision(precision).exact:
         with tempfile.TemporaryDirectory(prefix="gpt2onnx-rounded-") as tmp:
             rounded = None
@@ -452,7 +482,7 @@ def parity(
     # fp32 with TF32 matmuls (--tf32) has its own gates; every other precision keeps its own
     written = precisions.precision_of(model.facts)
     family = precisions.TF32.name if onnxruntime and onnxruntime.tf32 and written.exact else written.name
-    tolerances = tolerances_for(family, gates)
+    tolerances = cache_tolerances(family, model.facts.kv_dtype, gates) or tolerances_for(family, gates)
     if emulate_fp16:
         _check_emulation(model, runtime, folder)
     with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:

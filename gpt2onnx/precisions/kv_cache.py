@@ -1,0 +1,98 @@
+"""The K/V cache's precision (``--kv-cache``), apart from the weights': float (the model's own dtype, the default)
+or int8, per channel, which onnxruntime's CPU GroupQueryAttention (the ort-shared-kv profile) stores and reads.
+
+What onnxruntime 1.31.1's CPU kernel does, measured on a one-node graph against numpy (``tests/test_kv_cache.py``):
+with ``kv_cache_bit_width`` 8, ``k_quant_type``/``v_quant_type`` PER_CHANNEL and float ``k_scale``/``v_scale`` of
+[1, kv_heads, 1, head_dim], past and present are int8 and each new K/V value is stored as
+clip(round(x / scale), -128, 127); attention then reads scale × the stored value (the prompt step too), within
+1e-6 of that computation in numpy. An int8 buffer bound as both past and present is written in place, as a float
+one is. uint8 with bit width 8 is refused ("Tensor type mismatch"); bit width 4 packs two values per uint8
+(head_dim / 2 bytes); float8e4m3fn has no CPU kernel ("Could not find an implementation"). The CUDA kernel takes
+fp16/bf16 activations only (NOTES.md), so a quantized cache runs where the ort-shared-kv profile runs: on the CPU.
+
+The scales are calibrated: per layer, K and V, one per channel (head × head_dim), the largest |x| the fp32 graph
+writes to its cache over the calibration text (full-context sequences, so every position's embedding is seen),
+divided by 127, so that nothing seen in calibration is clipped. (onnxruntime-genai's calibration divides a 99.99th
+percentile by 128 and clips what lies beyond; GPT-2 has no rotary embedding, so its K/V at a position far from the
+calibrated ones are not a rotation away from them.) A value beyond the calibrated range is clipped to ±127 steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpt2onnx.errors import BadInput
+
+FLOAT_CACHE = "float"  # --kv-cache's default: the cache in the model's own dtype
+SHARED_CACHE_PROFILE = "ort-shared-kv"  # the fusion profile whose attention op (GroupQueryAttention) quantizes it
+
+
+@dataclass(frozen=True)
+class KvCacheFormat:
+    """A quantized K/V cache: its name (``--kv-cache``), the element type of past and present, the kernel's
+    attributes, the largest stored magnitude a calibrated scale maps to, and the gates a graph with it is held to
+    against its float-cache reference (verify.gates' names)."""
+
+    name: str
+    summary: str
+    dtype: str  # numpy's name of the cache's element type (the IO contract's)
+    onnx_type: int  # onnx.TensorProto's element type
+    bit_width: int  # GroupQueryAttention's kv_cache_bit_width
+    quant_type: str  # GroupQueryAttention's k_quant_type and v_quant_type
+    qmax: int  # a channel's calibrated |x| max is stored as this many steps
+    gates: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def bytes_per_value(self) -> float:
+        return self.bit_width / 8
+
+
+INT8 = KvCacheFormat(
+    name="int8",
+    summary="int8 per channel (onnxruntime's CPU GroupQueryAttention), scales calibrated on text",
+    dtype="int8",
+    onnx_type=3,  # TensorProto.INT8
+    bit_width=8,
+    quant_type="PER_CHANNEL",
+    qmax=127,
+    # Against the float cache on the checks' random prompts: the trained test fixture measured KL 2e-5, top-1 99 %
+    # (tests/test_kv_cache.py); the gates catch a broken cache (wrong scales, a wrong layout), not rank good ones.
+    gates=MappingProxyType({"kl_mean": 1e-3, "top1": 0.9, "top5": 0.95}),
+)
+
+KV_CACHES: dict[str, KvCacheFormat] = {fmt.name: fmt for fmt in (INT8,)}
+BY_DTYPE = {fmt.dtype: fmt for fmt in KV_CACHES.values()}
+
+
+def kv_cache_format(name: str) -> KvCacheFormat | None:
+    """The format ``--kv-cache`` names (None for the float cache); BadInput for another name."""
+    if name == FLOAT_CACHE:
+        return None
+    if name not in KV_CACHES:
+        raise BadInput(f"unknown --kv-cache '{name}': choose {', '.join([FLOAT_CACHE, *KV_CACHES])}")
+    return KV_CACHES[name]
+
+
+def check_kv_cache(name: str, *, fusion: str, dtype: str, quantized_weights: bool) -> KvCacheFormat | None:
+    """``--kv-cache`` checked against the other passes: a quantized cache needs the shared-cache profile, whose
+    GroupQueryAttention quantizes it, an fp32 graph (fp16 activations with an int8 cache are not checked here)."""
+    fmt = kv_cache_format(name)
+    if fmt is None:
+        return None
+    if fusion != SHARED_CACHE_PROFILE:
+        raise BadInput(
+            f"the {fusion} profile's attention op has no quantized cache; use --fusion {SHARED_CACHE_PROFILE}"
+        )
+    if dtype != "float32":
+        raise BadInput(f"--kv-cache {fmt.name} takes fp32 activations: drop --dtype, or keep the float cache")
+    if quantized_weights:
+        raise BadInput(
+            f"--kv-cache {fmt.name} with quantized weights is not checked yet: quantize the weights or the cache"
+        )
+    return fmt
+
+
+def cache_format_of(dtype: str) -> KvCacheFormat | None:
+    """The quantized format of a cache of element type ``dtype`` (a graph's past input's), None for a float one."""
+    return BY_DTYPE.get(dtype)
