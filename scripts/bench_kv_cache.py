@@ -7,13 +7,16 @@ each round times every folder once, in alternating order, and the figures are me
 
 Each point is gpt2onnx.runtimes.timing.decode_step_at_past: one decode step at that past on a zero-filled cache
 (no prompt run). Prints a Markdown table: ms per step, the ratio of each folder to the first, and the growth
-from the first past length to the last. ``--json`` writes every time.
+from the first past length to the last, then the K/V cache each folder's stepper holds at each point (a quantized
+cache, --kv-cache int8, is a quarter of the fp32 one), and the load average before and after. ``--json`` writes
+every time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -39,7 +42,7 @@ def main() -> None:
     decoders = [open_decoder(open_folder(f), provider) for f in args.folders]
     names = [open_folder(f).folder.name for f in args.folders]
     times = {}  # (name, batch, past) -> [seconds]
-    started = time.time()
+    started, load = time.time(), os.getloadavg()[0]
     for batch in batches:
         for past in pasts:
             for r in range(args.warmup + args.rounds):
@@ -72,6 +75,14 @@ def main() -> None:
         print(
             f"| {batch} | growth {pasts[0]}→{pasts[-1]} | " + " | ".join(f"{g:+.2f}" for g in growth) + f" | {ratios} |"
         )
+    for batch in batches:
+        for past in pasts:
+            sizes = ", ".join(
+                f"{n} {d.cache_bytes(batch, past + 1) / 2**20:.1f} MiB ({np.dtype(d.kv_dtype).name})"
+                for n, d in zip(names, decoders)
+            )
+            print(f"\nK/V cache at batch {batch}, {past + 1} tokens: {sizes}", end="")
+    print(f"\nload average (1 min): {load:.1f} before, {os.getloadavg()[0]:.1f} after")
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump(

@@ -63,6 +63,11 @@ def genai_config(folder: str | Path, *, filename: str = MODEL_FILE, outside_voca
     shape = decoder_shape(*graph_io(graph), n_positions)
     if shape.vocab_size is None:
         raise ContractError(f"'{folder / filename}' has no fixed vocabulary size on its logits: genai needs it")
+    if not shape.kv_dtype.startswith("float"):
+        raise ContractError(
+            f"'{folder / filename}' stores its K/V cache as {shape.kv_dtype} (--kv-cache): gpt2onnx has not checked"
+            " onnxruntime-genai on it; deploy the float-cache folder"
+        )
     # the graph says whether it shares its cache, not a manifest (a staging folder has none yet)
     shared_kv = any(node.op_type == SHARED_CACHE_OP for node in graph.graph.node)
     del graph

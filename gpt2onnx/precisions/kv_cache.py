@@ -56,9 +56,11 @@ INT8 = KvCacheFormat(
     bit_width=8,
     quant_type="PER_CHANNEL",
     qmax=127,
-    # Against the float cache on the checks' random prompts: the trained test fixture measured KL 2e-5, top-1 99 %
-    # (tests/test_kv_cache.py); the gates catch a broken cache (wrong scales, a wrong layout), not rank good ones.
-    gates=MappingProxyType({"kl_mean": 1e-3, "top1": 0.9, "top5": 0.95}),
+    # On the checks' random prompts against PyTorch: the trained test model measured mean KL 1.9e-5, top-1 98.2 %,
+    # top-5 100 %; the GPT-2-shaped reference (6 × 384) 4.6e-6, 100 %, 100 %. Scales 16× too large (about 4 bits
+    # per value) give 1.4e-4 on the test model, 64× too large 4.1e-3 and top-1 86 % (tests/test_kv_cache.py):
+    # the gates catch a broken cache (wrong scales, a wrong layout), with 5× room for a sound one.
+    gates=MappingProxyType({"kl_mean": 1e-4, "top1": 0.95, "top5": 0.99}),
 )
 
 KV_CACHES: dict[str, KvCacheFormat] = {fmt.name: fmt for fmt in (INT8,)}

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import onnx
 
+from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.artifact.folder import CONFIG_FILE, MODEL_FILE, read_json_file
 from gpt2onnx.artifact.graph import DATA_FILE_SUFFIX, external_data_files, load_graph
 from gpt2onnx.errors import ContractError
 from gpt2onnx.files import link_or_copy
 from gpt2onnx.precisions.all_precisions import PRECISIONS, precision_of
+from gpt2onnx.precisions.kv_cache import cache_format_of
 from gpt2onnx.targets.formats import json_text
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
@@ -38,6 +40,16 @@ def dtype_for(precision: str) -> tuple[str, str]:
     return dtype, f"model{suffix}.onnx"
 
 
+def refuse_a_quantized_cache(graph: onnx.ModelProto, who: str) -> None:
+    """A runtime that allocates the cache itself, in the model's float dtype, cannot feed an int8 one."""
+    past = next((t for t in graph_io(graph)[0] if t.name.startswith("past_key_values.")), None)
+    if past is not None and cache_format_of(past.dtype) is not None:
+        raise ContractError(
+            f"the model's K/V cache is {past.dtype} (--kv-cache), which {who} does not feed: deploy the float-cache"
+            " folder"
+        )
+
+
 def write_transformers_js(folder: Path, out: Path, precision: str) -> list[str]:
     """Write the onnx/ layout into ``out`` (a staging copy of ``folder`` that already holds its config files);
     returns the files written, relative to ``out``."""
@@ -45,6 +57,7 @@ def write_transformers_js(folder: Path, out: Path, precision: str) -> list[str]:
     target = out / SUBFOLDER
     target.mkdir()
     graph = load_graph(folder / MODEL_FILE)
+    refuse_a_quantized_cache(graph, "transformers.js")
     data_files = external_data_files(graph)
     if len(data_files) > 1:
         raise ContractError(
