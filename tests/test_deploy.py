@@ -200,12 +200,49 @@ def ort_forward(model_path: Path, sequence: list[int]) -> np.ndarray:
     }
     feed.update(
         {
-            t.name: np.zeros((1, t.dims[1], 0, t.dims[3]), np.float32)
+            t.name: np.zeros((1, t.dims[1], 0, t.dims[3]), t.dtype)
             for t in inputs
             if t.name.startswith("past_key_values")
         }
     )
     return session.run(["logits"], feed)[0][0]
+
+
+# q4f16 against onnxruntime on the same file: fp16 activations, so two onnxruntime builds (onnxruntime-node 1.30 in
+# transformers.js, 1.31 here) may round differently; measured 0 here (the same kernels)
+Q4F16_SAME_FILE_TOLERANCE = 1e-2
+
+
+def test_transformers_js_runs_q4f16_from_an_int4_folder(int4_export, reference, tmp_path, request):
+    """deploy writes onnx/model_q4f16.onnx beside model_q4.onnx: the int4 graph with fp16 activations; transformers.js
+    (Node) runs it with dtype 'q4f16' and writes onnxruntime's tokens on the same file."""
+    need(JS / "node_modules" / "@huggingface" / "transformers", "transformers.js (tests/js/node_modules)")
+    folder = tmp_path / "tjs"
+    written = deploy(int4_export, "transformers-js", out=folder).manifest.deploy.targets["transformers-js"]
+    assert {"onnx/model_q4.onnx", "onnx/model_q4f16.onnx"} <= set(written)
+    q4f16 = folder / "onnx" / "model_q4f16.onnx"
+    inputs, outputs = graph_io(load_graph(q4f16))
+    assert {t.dtype for t in inputs if t.name.startswith("past")} == {"float16"}
+    assert next(t for t in outputs if t.name == "logits").dtype == "float32"  # fp16's default: logits kept fp32
+    out = tmp_path / "tjs.json"
+    args = ["node", "greedy.mjs", str(folder), "q4f16", ",".join(map(str, PROMPT)), str(NEW), str(out)]
+    proc = subprocess.run(args, cwd=JS, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    logits = np.array(result["logits"], np.float32).reshape(result["dims"])[0]
+    expected = ort_forward(q4f16, PROMPT + result["tokens"][:-1])
+    delta = float(np.abs(logits - expected).max())
+    int4_tokens = ort_greedy(int4_export / "model.onnx")["tokens"]
+    record(
+        request,
+        runtime=f"transformers.js {result['version']} (Node)",
+        variant="q4f16",
+        against="onnxruntime, same file",
+        max_abs_delta_logits=delta,
+        tokens_equal_int4=result["tokens"] == int4_tokens,
+    )
+    assert result["tokens"] == [int(t) for t in expected.argmax(-1)[len(PROMPT) - 1 :]]
+    assert delta < Q4F16_SAME_FILE_TOLERANCE, delta
 
 
 TRITON_TYPES = {"float32": "TYPE_FP32", "int64": "TYPE_INT64", "float16": "TYPE_FP16"}

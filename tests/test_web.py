@@ -152,18 +152,19 @@ def page_settings(folder: Path) -> dict:
     return json.loads(html[start : html.index("</script>", start)])
 
 
-def python_greedy(folder: Path, new: int = NEW) -> dict:
+def python_greedy(folder: Path, new: int = NEW, *, dtype: str | None = None) -> dict:
     """onnxruntime (Python) on the file the page loads: what `gpt2onnx generate --prompt PROMPT` writes. That is
     the folder's model.onnx, hard-linked, except for int4, whose web graph is rewritten (gpt2onnx.targets.web):
     then `generate` runs on a copy of the folder with that graph as its model.onnx."""
     import gpt2onnx
     from gpt2onnx.runtimes.prompts import load_tokenizer
 
-    web_graph = folder / page_settings(folder)["model_file"]
+    settings = page_settings(folder)
+    web_graph = folder / settings["dtypes"][dtype or settings["dtype"]]["file"]
     if web_graph.samefile(folder / "model.onnx"):
         result = gpt2onnx.generate(folder, prompts=[PROMPT], max_new_tokens=new)
     else:
-        view = folder.parent / f"{folder.name}-web-graph"
+        view = folder.parent / f"{folder.name}-web-graph-{dtype or settings['dtype']}"
         if not view.exists():
             shutil.copytree(folder, view, ignore=shutil.ignore_patterns("lib", "onnx", "model.onnx*"))
             os.link(web_graph, view / "model.onnx")
@@ -177,9 +178,11 @@ def ids(value: str) -> list[int]:
     return [int(i) for i in value.split(",")] if value else []
 
 
-def check_same_as_onnxruntime(result: dict, folder: Path, request, backend: str, new: int = NEW) -> dict:
+def check_same_as_onnxruntime(
+    result: dict, folder: Path, request, backend: str, new: int = NEW, *, dtype: str | None = None
+) -> dict:
     assert result["done"] == "true", (result.get("error"), result.get("console"), result.get("failed"))
-    expected = python_greedy(folder, new)
+    expected = python_greedy(folder, new, dtype=dtype)
     record(request, folder, result, backend)
     assert ids(result["stats"]["promptIds"]) == expected["prompt_ids"]
     assert ids(result["stats"]["ids"]) == expected["ids"]
@@ -205,6 +208,18 @@ def test_the_browser_writes_what_onnxruntime_writes(variant, browser, web_folder
     check_same_as_onnxruntime(result, folder, request, "wasm")
 
 
+def test_the_browser_runs_q4f16_from_an_int4_folder(browser, web_folder, request):
+    """?dtype=q4f16: the int4 folder's fp16 graph (4-bit MatMulNBits, fp16 activations and scales), on wasm."""
+    folder = web_folder("int4")
+    with open_server(folder, port=0, background=True) as server:
+        result = browser.visit(page_url(server, prompt=PROMPT, max_new_tokens=NEW, backend="wasm", dtype="q4f16"))
+        check_same_as_onnxruntime(result, folder, request, "wasm", dtype="q4f16")
+        assert result["backend"]["dtype"] == "q4f16" and "int4 as q4f16 (onnx/model_q4f16.onnx)" in result["text"]
+        refused = browser.visit(page_url(server, prompt=PROMPT, max_new_tokens=2, dtype="q8"))
+    assert refused["done"] == "error"
+    assert refused["error"] == "?dtype=q8 is not a dtype this folder holds (q4, q4f16): fix the address"
+
+
 def test_the_page_streams_shows_speed_and_backend_and_uses_threads(browser, web_folder, request, tmp_path):
     """fp32 on two wasm threads (cross-origin isolated by gpt2onnx's server): the DOM and a screenshot."""
     folder = web_folder("fp32")
@@ -213,7 +228,7 @@ def test_the_page_streams_shows_speed_and_backend_and_uses_threads(browser, web_
         result = browser.visit(page_url(server, prompt=PROMPT, max_new_tokens=NEW, threads=2), screenshot=shot)
     expected = check_same_as_onnxruntime(result, folder, request, "wasm")
     assert result["crossOriginIsolated"] is True
-    assert result["backend"] == {"backend": "wasm", "threads": "2", "crossOriginIsolated": "true"}
+    assert result["backend"] == {"backend": "wasm", "threads": "2", "crossOriginIsolated": "true", "dtype": "fp32"}
     text = result["text"]
     assert PROMPT + expected["text"] in text  # the prompt, then the new text after it
     assert f"{NEW} new tokens in" in text and "tokens/s" in text
@@ -256,16 +271,17 @@ def test_a_bad_folder_shows_a_readable_error(browser, web_folder, tmp_path):
     assert result["done"] == "error" and "cannot load the page script or lib/transformers.min.js" in result["error"]
 
 
-@pytest.mark.parametrize("variant", ["fp32", "fp16"])
-def test_webgpu_on_swiftshader_writes_what_onnxruntime_writes(variant, webgpu_browser, web_folder, request):
+@pytest.mark.parametrize("variant, dtype", [("fp32", None), ("fp16", None), ("int4", "q4f16")])
+def test_webgpu_on_swiftshader_writes_what_onnxruntime_writes(variant, dtype, webgpu_browser, web_folder, request):
     """WebGPU on SwiftShader's software adapter (Vulkan on the CPU: slow, 3 new tokens). It offers no
-    shader-f16, so fp16 skips, saying so."""
+    shader-f16, so fp16 and q4f16 skip, saying so."""
     folder = web_folder(variant)
+    query = {"dtype": dtype} if dtype else {}
     with open_server(folder, port=0, background=True) as server:
-        result = webgpu_browser.visit(page_url(server, prompt=PROMPT, max_new_tokens=3, backend="webgpu"))
+        result = webgpu_browser.visit(page_url(server, prompt=PROMPT, max_new_tokens=3, backend="webgpu", **query))
         if result["done"] == "error" and "WebGPU was asked for" in (result["error"] or ""):
-            pytest.skip(f"WebGPU cannot run {variant} in this headless Chromium: {result['error']}")
-        check_same_as_onnxruntime(result, folder, request, "webgpu", new=3)
+            pytest.skip(f"WebGPU cannot run {dtype or variant} in this headless Chromium: {result['error']}")
+        check_same_as_onnxruntime(result, folder, request, "webgpu", new=3, dtype=dtype)
         assert "WebGPU (google swiftshader" in result["text"]
         # without ?backend the page does not pick a software adapter: wasm is far faster
         result = webgpu_browser.visit(page_url(server, prompt=PROMPT, max_new_tokens=2))
@@ -420,6 +436,11 @@ def test_deploy_web_writes_a_self_contained_page(web_folder, checkpoint, tmp_pat
     }
     assert levels == {1}
     assert any(n.op_type == "GatherBlockQuantized" for n in load_graph(folder / "model.onnx").graph.node)
+    # the page may load q4f16 too (?dtype=q4f16): the int4 graph in fp16, rewritten the same way
+    q4f16 = settings["dtypes"]["q4f16"]
+    assert (q4f16["file"], q4f16["f16"], settings["dtypes"]["q4"]["f16"]) == ("onnx/model_q4f16.onnx", True, False)
+    assert q4f16["rewritten"] == settings["rewritten"]
+    assert not any(n.op_type == "GatherBlockQuantized" for n in load_graph(folder / q4f16["file"]).graph.node)
 
 
 def test_deploy_web_refuses_what_it_cannot_serve(tiny_export, tmp_path):

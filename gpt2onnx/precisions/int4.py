@@ -90,6 +90,51 @@ def _mixed_record(mixed, weight_of: dict[str, str]) -> dict:
     }
 
 
+def _declare_types(model: onnx.ModelProto) -> None:
+    """Give every tensor an element type in value_info, in place. onnxruntime's float16 converter casts only the
+    tensors it knows the type of, and onnx's inference stops at a contrib op (GatherBlockQuantized): the standard
+    ops after it would stay untyped and an fp32 LayerNorm would get an fp16 input. So the types are carried
+    forward node by node: a standard op's by onnx's own inference from its inputs' types, a contrib op's outputs
+    as its float input's (GatherBlockQuantized: its scales'; MatMulNBits and the fused ops: their first input's)."""
+    from onnx import shape_inference
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    types = {v.name: v.type for v in (*model.graph.input, *model.graph.value_info, *model.graph.output)}
+    types.update({i.name: onnx.helper.make_tensor_type_proto(i.data_type, None) for i in model.graph.initializer})
+    added = []
+    for node in model.graph.node:
+        outputs = [o for o in node.output if o and o not in types]
+        if not outputs:
+            continue
+        found = {}
+        if node.domain in ("", "ai.onnx") and all(not i or i in types for i in node.input):
+            try:
+                schema = onnx.defs.get_schema(node.op_type, opset, "")
+                found = shape_inference.infer_node_outputs(schema, node, {i: types[i] for i in node.input if i})
+            except Exception:  # an op onnx cannot infer alone (a subgraph, a missing attribute): left untyped
+                found = {}
+        elif node.domain == "com.microsoft":
+            source = node.input[2] if node.op_type == "GatherBlockQuantized" else node.input[0]
+            if source in types:
+                found = {node.output[0]: onnx.helper.make_tensor_type_proto(types[source].tensor_type.elem_type, None)}
+        for name, kind in found.items():
+            if name in outputs and kind.tensor_type.elem_type:
+                types[name] = kind
+                added.append(onnx.helper.make_value_info(name, kind))
+    model.graph.value_info.extend(added)
+
+
+def to_q4f16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """An int4 graph with its float parts in fp16 (the fp16 precision's converter and its default groups kept in
+    fp32: every LayerNorm, the softmax, the logits output): transformers.js's q4f16, 4-bit MatMulNBits and
+    GatherBlockQuantized with fp16 scales and activations, the K/V cache in fp16. onnxruntime's CPU kernels run it
+    (MatMulNBits and GatherBlockQuantized take fp16); measured in docs/precision.md ("q4f16")."""
+    from gpt2onnx.precisions.fp16 import to_fp16
+
+    _declare_types(model)
+    return to_fp16(model)[0]
+
+
 PRECISION = Precision(
     name="int4",
     short="int4",
@@ -103,6 +148,7 @@ PRECISION = Precision(
     weight_bits=BITS,
     marks=frozenset({"MatMulNBits", "GatherBlockQuantized"}),
     transformers_js=("q4", "_q4"),
+    transformers_js_derived=(("q4f16", "_q4f16", to_q4f16),),
     options=frozenset(
         {"block_size", "accuracy_level", "lm_head", "embeddings", "algorithm", "calibration_text", "mixed_int8"}
     ),

@@ -52,6 +52,8 @@ class Precision:
     emulate_fp16: also checked with fp16 arithmetic as a GPU computes it (the CPU provider computes most fp16
         nodes in fp32, which hides an overflow the graph has on fp16 hardware).
     transformers_js: its transformers.js dtype and the file name suffix that dtype loads; None: no such dtype.
+    transformers_js_derived: more transformers.js dtypes made from its file, each (dtype, file name suffix, the
+        graph pass that makes it from the folder's model: ModelProto → ModelProto); the target writes them too.
     options: the QuantizeOptions fields it takes (OPTION_FLAGS), each refused in one line elsewhere.
     recipe: the defaults of those options (lm_head, embeddings, accuracy_level, block_size).
     layer_choices: what ``--lm-head`` and ``--embeddings`` may be under it (names of precisions).
@@ -77,6 +79,7 @@ class Precision:
     exact: bool = False
     emulate_fp16: bool = False
     transformers_js: tuple[str, str] | None = None
+    transformers_js_derived: tuple[tuple[str, str, Callable], ...] = ()
     options: frozenset[str] = frozenset()
     recipe: Mapping[str, object] = field(default_factory=dict)
     layer_choices: tuple[str, ...] = ()

@@ -3,6 +3,8 @@
     config.json             the folder's config, plus "transformers.js_config" (the dtype to load, external data)
     generation_config.json, tokenizer files (already in the folder)
     onnx/model.onnx         fp32;  onnx/model_fp16.onnx, onnx/model_quantized.onnx (int8), onnx/model_q4.onnx (int4)
+    onnx/model_q4f16.onnx   from an int4 folder also: its graph with the float parts in fp16 (a precision's
+                            transformers_js_derived: dtypes made from its file, written beside its own)
 
 transformers.js picks the file by its dtype suffix, and the external data file by the model file's name
 (``<file>_data``), so a renamed model with external data gets a new (small) graph file whose data location
@@ -12,19 +14,22 @@ names ``<file>_data``; the data itself is hard-linked.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import onnx
 
 from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.artifact.folder import CONFIG_FILE, MODEL_FILE, read_json_file
-from gpt2onnx.artifact.graph import DATA_FILE_SUFFIX, external_data_files, load_graph
+from gpt2onnx.artifact.graph import DATA_FILE_SUFFIX, external_data_files, load_graph, save_onnx
 from gpt2onnx.errors import ContractError
 from gpt2onnx.files import link_or_copy
 from gpt2onnx.precisions.all_precisions import PRECISIONS, precision_of
 from gpt2onnx.precisions.kv_cache import cache_format_of
 from gpt2onnx.targets.formats import json_text
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
+
+log = logging.getLogger(__name__)
 
 SUBFOLDER = "onnx"
 CONFIG_KEY = "transformers.js_config"
@@ -78,11 +83,36 @@ def write_transformers_js(folder: Path, out: Path, precision: str) -> list[str]:
         for data in data_files:
             link_or_copy(folder / data, target / data)
             written.append(f"{SUBFOLDER}/{data}")
+    external = {name: 1} if data_files else {}
+    for derived, files in write_derived(folder, target, precision):
+        written += [f"{SUBFOLDER}/{f}" for f in files]
+        external.update({derived: 1} if len(files) > 1 else {})
     config = read_json_file(out / CONFIG_FILE, "config")
-    config[CONFIG_KEY] = {"dtype": dtype, **({"use_external_data_format": {name: 1}} if data_files else {})}
+    config[CONFIG_KEY] = {"dtype": dtype, **({"use_external_data_format": external} if external else {})}
     (out / CONFIG_FILE).unlink()  # a new file: never write through a link
     (out / CONFIG_FILE).write_text(json_text(config))
     return written + [CONFIG_FILE]
+
+
+def derived_dtypes(precision: str) -> dict[str, str]:
+    """The transformers.js dtypes the target makes from a folder of ``precision`` beside its own, by dtype: the
+    file each loads (relative to onnx/)."""
+    declared = PRECISIONS.get(precision)
+    derived = declared.transformers_js_derived if declared is not None else ()
+    return {dtype: f"model{suffix}.onnx" for dtype, suffix, _ in derived}
+
+
+def write_derived(folder: Path, target: Path, precision: str) -> list[tuple[str, list[str]]]:
+    """Each derived dtype's graph made from the folder's model (weights and all) and written into ``target``:
+    [(file name, the files written: the graph, and its external data where it passes protobuf's limit)]."""
+    declared = PRECISIONS.get(precision)
+    written = []
+    for dtype, suffix, make in declared.transformers_js_derived if declared is not None else ():
+        name = f"model{suffix}.onnx"
+        model = make(onnx.load(str(folder / MODEL_FILE)))  # external data is read from beside the file
+        written.append((name, save_onnx(model, target / name, external_data=None)))
+        log.info("transformers.js %s: %s", dtype, name)
+    return written
 
 
 def drop_config_key(staging: Path) -> None:

@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.artifact.folder import CONFIG_FILE, read_json_file
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.errors import BadInput, ContractError
@@ -148,7 +149,7 @@ def _checked_library(package: Path, meta: dict, install: str) -> WebLibrary:
 
 
 def _dequantized_8bit_table(node, attrs: dict, inits: dict) -> np.ndarray | None:
-    """The fp32 table an 8-bit GatherBlockQuantized reads ((q − zero point) × scale, blocks along each row), or
+    """The float table an 8-bit GatherBlockQuantized reads ((q − zero point) × scale, blocks along each row), or
     None where the node is not one (int4 data, another layout). Blocked uint8 DequantizeLinear would need opset 21,
     which an int8 graph does not have."""
     inputs = [i for i in node.input if i]
@@ -157,14 +158,15 @@ def _dequantized_8bit_table(node, attrs: dict, inits: dict) -> np.ndarray | None
     if attrs.get("quantize_axis", 1) != 1 or not all(name in inits for name in inputs[:1] + inputs[2:]):
         return None
     data = numpy_helper.to_array(inits[inputs[0]])
-    scales = numpy_helper.to_array(inits[inputs[2]]).astype(np.float32)
+    stored = numpy_helper.to_array(inits[inputs[2]])  # the table comes out in the scales' type (fp16 in q4f16)
+    scales = stored.astype(np.float32)
     zero_points = numpy_helper.to_array(inits[inputs[3]]).astype(np.float32)
     if data.dtype != np.uint8 or data.ndim != 2 or scales.shape != zero_points.shape or scales.ndim != 2:
         return None
     block = np.arange(data.shape[1]) // int(attrs.get("block_size", 128))
     if block[-1] >= scales.shape[1]:
         return None
-    return ((data.astype(np.float32) - zero_points[:, block]) * scales[:, block]).astype(np.float32)
+    return ((data.astype(np.float32) - zero_points[:, block]) * scales[:, block]).astype(stored.dtype)
 
 
 def _own_table(model: onnx.ModelProto, node, attrs: dict, inits: dict):
@@ -173,7 +175,7 @@ def _own_table(model: onnx.ModelProto, node, attrs: dict, inits: dict):
     [vocab, blocks] scales (4 bits), or uint8 data with zero points (8 bits); the same values. The browser's copy
     holds the table twice, as every file did before it was shared."""
     data = numpy_helper.to_array(inits[node.input[0]])
-    scales = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32)
+    scales = numpy_helper.to_array(inits[node.input[2]])  # float32, or float16 in a q4f16 graph: kept as they are
     bits, block = int(attrs.get("bits", 4)), int(attrs["block_size"])
     head = next(n for n in model.graph.node if n.op_type == "MatMulNBits" and n.input[1] == node.input[0])
     width = next(onnx.helper.get_attribute_value(a) for a in head.attribute if a.name == "K")
@@ -287,16 +289,42 @@ def with_fp32_matmul_nbits(model: onnx.ModelProto) -> int:
     return changed
 
 
+def _is_past(name: str) -> bool:
+    return name.startswith("past_key_values.")
+
+
+def _rewrite_for_the_browser(graph_file: Path) -> dict[str, int]:
+    """The graph file rewritten in place for onnxruntime-web (a new file, never written through a hard link; its
+    weights stay where they were); returns what was rewritten, by kind."""
+    graph = load_graph(graph_file)
+    rewritten = {
+        "GatherBlockQuantized → DequantizeLinear + Gather": without_gather_block_quantized(graph),
+        "MatMulNBits accuracy_level → 1 (fp32)": with_fp32_matmul_nbits(graph),
+    }
+    rewritten = {what: n for what, n in rewritten.items() if n}
+    if rewritten:
+        graph_file.unlink()  # a hard link to the folder's model: write a new file, never through the link
+        onnx.save_model(graph, str(graph_file))  # the graph only: its weights stay where they were
+        log.info("web graph %s: %s", graph_file.name, ", ".join(f"{n} {what}" for what, n in rewritten.items()))
+    return rewritten
+
+
 def settings(folder: Path, precision: str, library: WebLibrary, *, name: str) -> dict:
     """What the page needs to know about the folder (written into index.html); ``name`` is its title."""
     config = read_json_file(folder / CONFIG_FILE, "config")
     dtype, model_file = transformers_js.dtype_for(precision)
     tjs = config.get(transformers_js.CONFIG_KEY, {})
+    files = {dtype: model_file, **transformers_js.derived_dtypes(precision)}
+    dtypes = {}
+    for choice, file in files.items():  # what the page may load (?dtype=): the file, and whether it computes in fp16
+        past = next(t for t in graph_io(load_graph(folder / transformers_js.SUBFOLDER / file))[0] if _is_past(t.name))
+        dtypes[choice] = {"file": f"{transformers_js.SUBFOLDER}/{file}", "f16": past.dtype == "float16"}
     return {
         "name": name,
         "precision": precision,
         "dtype": dtype,
         "model_file": f"{transformers_js.SUBFOLDER}/{model_file}",
+        "dtypes": dtypes,
         "external_data": bool(tjs.get("use_external_data_format")),
         "n_positions": config.get("n_positions"),
         "transformers_js": library.transformers_js_version,
@@ -382,19 +410,12 @@ def write_web(
         raise BadInput("the web target needs the transformers-js target: deploy with --target web (it adds both)")
     written = [PAGE, SCRIPT]
     page_settings = settings(out, precision, library, name=name or folder.name)
-    graph_file = out / page_settings["model_file"]
-    graph = load_graph(graph_file)
-    rewritten = {
-        "GatherBlockQuantized → DequantizeLinear + Gather": without_gather_block_quantized(graph),
-        "MatMulNBits accuracy_level → 1 (fp32)": with_fp32_matmul_nbits(graph),
-    }
-    rewritten = {what: n for what, n in rewritten.items() if n}
-    if rewritten:
-        graph_file.unlink()  # a hard link to the folder's model: write a new file, never through the link
-        onnx.save_model(graph, str(graph_file))  # the graph only: its weights stay where they were
-        log.info("web graph %s: %s", graph_file.name, ", ".join(f"{n} {what}" for what, n in rewritten.items()))
-        written.append(page_settings["model_file"])
-    page_settings["rewritten"] = rewritten
+    for choice in page_settings["dtypes"].values():  # every file the page may load, the default first
+        rewritten = _rewrite_for_the_browser(out / choice["file"])
+        if rewritten:
+            written.append(choice["file"])
+        choice["rewritten"] = rewritten
+    page_settings["rewritten"] = page_settings["dtypes"][page_settings["dtype"]]["rewritten"]
     (out / PAGE).write_text(render_page(page_settings))
     (out / SCRIPT).write_text(resources.files("gpt2onnx.targets").joinpath("web_page", SCRIPT).read_text())
     (out / LIB).mkdir()

@@ -5,7 +5,8 @@
 // goes into #output; document.body.dataset.done becomes "true" when it has finished, or "error" with the message
 // in #error. #stats carries the figures as data attributes (data-ids, data-new-tokens, data-tokens-per-second,
 // data-decode-tokens-per-second, data-first-token-ms, data-streamed-chunks, data-backend). Options: &backend=wasm|webgpu (default: WebGPU when offered),
-// &threads=N (wasm threads; more than 1 needs cross-origin isolation, which `gpt2onnx serve` provides).
+// &threads=N (wasm threads; more than 1 needs cross-origin isolation, which `gpt2onnx serve` provides),
+// &dtype=D (one of the transformers.js dtypes the folder holds, settings.dtypes: an int4 folder has q4 and q4f16).
 import { env, AutoModelForCausalLM, AutoTokenizer, TextStreamer } from "./lib/transformers.min.js";
 
 const $ = (id) => document.getElementById(id);
@@ -44,6 +45,18 @@ function integerParam(name, fallback, { min, max }) {
   return value;
 }
 
+function chooseDtype() {
+  const asked = params.get("dtype") ?? settings.dtype;
+  const choice = settings.dtypes?.[asked];
+  if (!choice) {
+    const held = Object.keys(settings.dtypes ?? { [settings.dtype]: null }).join(", ");
+    throw new PageError(`?dtype=${asked} is not a dtype this folder holds (${held}): fix the address`);
+  }
+  return { dtype: asked, ...choice };
+}
+
+const chosen = { dtype: settings.dtype, file: settings.model_file, f16: settings.dtype === "fp16" };
+
 async function chooseBackend() {
   const asked = params.get("backend") ?? "auto";
   if (!["auto", "wasm", "webgpu"].includes(asked)) {
@@ -59,8 +72,8 @@ async function chooseBackend() {
       reason = `requestAdapter failed (${err.message})`;
     }
   }
-  if (adapter && settings.dtype === "fp16" && !adapter.features.has("shader-f16")) {
-    reason = "the WebGPU adapter has no shader-f16 (needed by an fp16 model)";
+  if (adapter && chosen.f16 && !adapter.features.has("shader-f16")) {
+    reason = `the WebGPU adapter has no shader-f16 (needed by ${chosen.dtype}, which computes in fp16)`;
     adapter = null;
   }
   if (asked === "webgpu" && !adapter) throw new PageError(`WebGPU was asked for, but ${reason}`);
@@ -79,6 +92,7 @@ let tokenizer, model, backend;
 async function load() {
   const threads = integerParam("threads", undefined, { min: 1, max: 64 });
   if (threads !== undefined) env.backends.onnx.wasm.numThreads = threads;
+  Object.assign(chosen, chooseDtype());
   backend = await chooseBackend();
   const started = performance.now();
   try {
@@ -87,10 +101,10 @@ async function load() {
     throw new PageError(`cannot load the tokenizer (tokenizer.json) from ${folderPath}: ${err.message}`);
   }
   try {
-    model = await AutoModelForCausalLM.from_pretrained(folderPath, { dtype: settings.dtype, device: backend.device });
+    model = await AutoModelForCausalLM.from_pretrained(folderPath, { dtype: chosen.dtype, device: backend.device });
   } catch (err) {
     throw new PageError(
-      `cannot load the model ${settings.model_file} (${settings.dtype}) from ${folderPath} on ${backend.device}: ${err.message}`,
+      `cannot load the model ${chosen.file} (${chosen.dtype}) from ${folderPath} on ${backend.device}: ${err.message}`,
     );
   }
   const loadSeconds = (performance.now() - started) / 1000;
@@ -100,10 +114,11 @@ async function load() {
     : "WebGPU";
   $("backend").textContent = `backend: ${where}${backend.note ? ` (${backend.note})` : ""}; loaded in ${loadSeconds.toFixed(2)} s`;
   $("backend").dataset.backend = backend.device;
+  $("backend").dataset.dtype = chosen.dtype;
   $("backend").dataset.threads = String(wasm.numThreads ?? 1);
   $("backend").dataset.crossOriginIsolated = String(crossOriginIsolated);
   $("about").textContent =
-    `${settings.precision} (${settings.model_file}${settings.external_data ? " + external data" : ""}), ` +
+    `${settings.precision} as ${chosen.dtype} (${chosen.file}${settings.external_data ? " + external data" : ""}), ` +
     `transformers.js ${settings.transformers_js}, onnxruntime-web ${settings.onnxruntime_web}`;
 }
 
