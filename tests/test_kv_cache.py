@@ -193,7 +193,6 @@ def test_bench_at_a_past_on_the_int8_cache(int8_cache, tmp_path):
         (["--fusion", "ort"], "the ort profile's attention op has no quantized cache; use --fusion ort-shared-kv"),
         (["--fusion", "none"], "the none profile's attention op has no quantized cache"),
         (["--fusion", "ort-shared-kv", "--dtype", "fp16"], "takes fp32 activations"),
-        (["--fusion", "ort-shared-kv", "--quantize", "int4"], "with quantized weights is not checked yet"),
         (["--fusion", "ort-shared-kv", "--tolerance", "1e-3"], "is checked by its gates"),
     ],
 )
@@ -232,3 +231,14 @@ def test_damaged_scales_fail_the_gates(trained_checkpoint, tmp_path, monkeypatch
 def test_targets_that_feed_a_float_cache_refuse_it(int8_cache, tmp_path, target, message):
     result = runner.invoke(app, ["deploy", str(int8_cache.folder), "--target", target, "--out", str(tmp_path / "d")])
     assert_one_line_error(result, message)
+
+
+def test_int4_weights_with_an_int8_cache(float_cache, tmp_path):
+    """int4 weights and an int8 cache: the scales calibrated on the int4 graph, the file judged by int4's gates and
+    file check, the cache included (its relative logits error stays far below the file gate's 5 %)."""
+    result = optimize(float_cache, tmp_path / "w4kv8", quantization=QuantizeOptions("int4"), kv_cache="int8")
+    assert result.check.passed, result.check.summary()
+    assert result.manifest.precision == "int4" and result.manifest.kv_cache_quantization.dtype == "int8"
+    assert result.check.rounded.measured.relative_error.mean < 0.01
+    report = parity(tmp_path / "w4kv8", cases=3, seed=2, max_batch=3)
+    assert report.passed, report.failures

@@ -74,8 +74,7 @@ class GraphPasses:
     @property
     def cache_format(self) -> KvCacheFormat | None:
         """The quantized cache's format (None: the float cache)."""
-        weights = self.quantization.precision is not None
-        return check_kv_cache(self.kv_cache, fusion=self.fusion, dtype=self.dtype, quantized_weights=weights)
+        return check_kv_cache(self.kv_cache, fusion=self.fusion, dtype=self.dtype)
 
     @property
     def precision(self) -> Precision:

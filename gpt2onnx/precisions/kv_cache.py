@@ -76,9 +76,10 @@ def kv_cache_format(name: str) -> KvCacheFormat | None:
     return KV_CACHES[name]
 
 
-def check_kv_cache(name: str, *, fusion: str, dtype: str, quantized_weights: bool) -> KvCacheFormat | None:
+def check_kv_cache(name: str, *, fusion: str, dtype: str) -> KvCacheFormat | None:
     """``--kv-cache`` checked against the other passes: a quantized cache needs the shared-cache profile, whose
-    GroupQueryAttention quantizes it, an fp32 graph (fp16 activations with an int8 cache are not checked here)."""
+    GroupQueryAttention quantizes it, and fp32 activations (fp16 ones with an int8 cache are not checked here).
+    Quantized weights take it: their own gates and file check judge the graph, cache included."""
     fmt = kv_cache_format(name)
     if fmt is None:
         return None
@@ -88,10 +89,6 @@ def check_kv_cache(name: str, *, fusion: str, dtype: str, quantized_weights: boo
         )
     if dtype != "float32":
         raise BadInput(f"--kv-cache {fmt.name} takes fp32 activations: drop --dtype, or keep the float cache")
-    if quantized_weights:
-        raise BadInput(
-            f"--kv-cache {fmt.name} with quantized weights is not checked yet: quantize the weights or the cache"
-        )
     return fmt
 
 
