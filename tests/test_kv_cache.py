@@ -242,3 +242,9 @@ def test_int4_weights_with_an_int8_cache(float_cache, tmp_path):
     assert result.check.rounded.measured.relative_error.mean < 0.01
     report = parity(tmp_path / "w4kv8", cases=3, seed=2, max_batch=3)
     assert report.passed, report.failures
+
+
+def test_openvino_refuses_an_int8_cache(int8_cache):
+    result = runner.invoke(app, ["generate", str(int8_cache.folder), "--ids", "1,2", "--runtime", "openvino"])
+    assert result.exit_code == 3
+    assert_one_line_error(result, "OpenVINO does not read this model's int8 K/V cache")
