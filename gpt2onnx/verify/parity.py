@@ -252,8 +252,9 @@ def validate_export(
     length = max(2, min(8, ckpt.spec.n_positions - decode_steps))
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
     reference = reference_model(ckpt)
-    quantized_cache = cache_tolerances(precision, file_shape(path, ckpt.spec.n_positions).kv_dtype, gates)
-    if quantized_cache is not None and block is None:
+    cache = file_shape(path, ckpt.spec.n_positions).kv_dtype if block is None else "float32"  # a block has none
+    quantized_cache = cache_tolerances(precision, cache, gates)
+    if quantized_cache is not None:
         log.info("checking the quantized K/V cache's gates against transformers' GPT2LMHeadModel")
         return gate_check(
             cpu_decoder(path),
