@@ -17,7 +17,7 @@ from gpt2onnx.cli import app
 from gpt2onnx.errors import BadInput
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.precisions.kv_cache import INT8
+from gpt2onnx.precisions.kv_cache import INT4, INT8, steps_of
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.runtimes.decoder import SharedCacheDecoder, open_decoder
 from gpt2onnx.runtimes.generate import decode
@@ -29,15 +29,17 @@ runner = CliRunner()
 B, H, D = 2, 2, 64  # the kernel needs head_dim a multiple of 8
 
 
-def _one_node(k_scale, v_scale) -> ort.InferenceSession:
-    """GroupQueryAttention with an int8 per-channel cache, as the pass writes it (scales as initializers)."""
+def _one_node(k_scale, v_scale, *, bits: int = 8) -> ort.InferenceSession:
+    """GroupQueryAttention with an int8 (or 4-bit, uint8) per-channel cache, as the pass writes it (scales as
+    initializers)."""
     E = H * D
+    cache, row = (TensorProto.INT8, D) if bits == 8 else (TensorProto.UINT8, D // 2)
     inputs = [
         helper.make_tensor_value_info("q", TensorProto.FLOAT, [B, "S", E]),
         helper.make_tensor_value_info("k", TensorProto.FLOAT, [B, "S", E]),
         helper.make_tensor_value_info("v", TensorProto.FLOAT, [B, "S", E]),
-        helper.make_tensor_value_info("past_k", TensorProto.INT8, [B, H, "C", D]),
-        helper.make_tensor_value_info("past_v", TensorProto.INT8, [B, H, "C", D]),
+        helper.make_tensor_value_info("past_k", cache, [B, H, "C", row]),
+        helper.make_tensor_value_info("past_v", cache, [B, H, "C", row]),
         helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [B]),
         helper.make_tensor_value_info("total", TensorProto.INT32, []),
         helper.make_tensor_value_info("bias", TensorProto.FLOAT, [B, 1, "S", "T"]),
@@ -49,14 +51,14 @@ def _one_node(k_scale, v_scale) -> ort.InferenceSession:
         domain="com.microsoft",
         num_heads=H,
         kv_num_heads=H,
-        kv_cache_bit_width=8,
+        kv_cache_bit_width=bits,
         k_quant_type="PER_CHANNEL",
         v_quant_type="PER_CHANNEL",
     )
     outputs = [
         helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
-        helper.make_tensor_value_info("present_k", TensorProto.INT8, None),
-        helper.make_tensor_value_info("present_v", TensorProto.INT8, None),
+        helper.make_tensor_value_info("present_k", cache, None),
+        helper.make_tensor_value_info("present_v", cache, None),
     ]
     scales = [onnx.numpy_helper.from_array(k_scale, "k_scale"), onnx.numpy_helper.from_array(v_scale, "v_scale")]
     graph = helper.make_graph([node], "gqa", inputs, outputs, initializer=scales)
@@ -75,15 +77,19 @@ def _attention(q, k, v, bias):
     return (weights @ split[2]).transpose(0, 2, 1, 3).reshape(B, -1, H * D)
 
 
-def test_the_kernel_stores_rounded_steps_in_place_and_reads_them_back():
+@pytest.mark.parametrize("fmt", [INT8, INT4], ids=["int8", "int4"])
+def test_the_kernel_stores_rounded_steps_in_place_and_reads_them_back(fmt):
     """onnxruntime's CPU kernel, one buffer bound as past and present: each new K/V value stored as
-    clip(round(x / scale), -128, 127) per channel, attention on scale × the stored steps (prompt and decode)."""
+    clip(round(x / scale), -128, 127) per channel (4 bits: clip to [-8, 7], stored + 8, two a byte, low nibble
+    first), attention on scale × the stored steps (prompt and decode)."""
     rng = np.random.default_rng(0)
-    k_scale = rng.uniform(0.01, 0.03, (1, H, 1, D)).astype(np.float32)
-    v_scale = rng.uniform(0.01, 0.03, (1, H, 1, D)).astype(np.float32)
-    session = _one_node(k_scale, v_scale)
+    low, high = (-128, 127) if fmt.bit_width == 8 else (-8, 7)
+    spread = 0.02 if fmt.bit_width == 8 else 0.3  # steps that clip some values and keep most
+    k_scale = rng.uniform(spread / 2, spread * 1.5, (1, H, 1, D)).astype(np.float32)
+    v_scale = rng.uniform(spread / 2, spread * 1.5, (1, H, 1, D)).astype(np.float32)
+    session = _one_node(k_scale, v_scale, bits=fmt.bit_width)
     capacity = 12
-    buffers = [np.zeros((B, H, capacity, D), np.int8) for _ in range(2)]
+    buffers = [np.zeros((B, H, capacity, D // fmt.values_per_byte), np.dtype(fmt.dtype)) for _ in range(2)]
     values = [ort.OrtValue.ortvalue_from_numpy(b) for b in buffers]
     keys, vals, total = [], [], 0
     for length in (5, 1, 1):
@@ -106,9 +112,9 @@ def test_the_kernel_stores_rounded_steps_in_place_and_reads_them_back():
         steps = []
         for x, scale in ((np.concatenate(keys, 1), k_scale), (np.concatenate(vals, 1), v_scale)):
             heads = x.reshape(B, total, H, D).transpose(0, 2, 1, 3)
-            steps.append(np.clip(np.round(heads / scale), -128, 127))
-        np.testing.assert_array_equal(buffers[0][:, :, :total], steps[0])  # in place: the bound buffer holds them
-        np.testing.assert_array_equal(buffers[1][:, :, :total], steps[1])
+            steps.append(np.clip(np.round(heads / scale), low, high))
+        for buffer, expected_steps in zip(buffers, steps):  # in place: the bound buffer holds them
+            np.testing.assert_array_equal(steps_of(buffer[:, :, :total], fmt), expected_steps)
         dequantized = [
             (s * scale).transpose(0, 2, 1, 3).reshape(B, total, -1) for s, scale in zip(steps, (k_scale, v_scale))
         ]
@@ -248,3 +254,23 @@ def test_openvino_refuses_an_int8_cache(int8_cache):
     result = runner.invoke(app, ["generate", str(int8_cache.folder), "--ids", "1,2", "--runtime", "openvino"])
     assert result.exit_code == 3
     assert_one_line_error(result, "OpenVINO does not read this model's int8 K/V cache")
+
+
+def test_a_4_bit_cache_packs_two_values_a_byte(float_cache, tmp_path):
+    """--kv-cache int4: uint8 past and present of head_dim / 2 bytes a row (the contract and the manifest say so),
+    buffers of that shape, step() unpacking them, parity within the 4-bit cache's gates."""
+    result = optimize(float_cache, tmp_path / "int4", kv_cache="int4")
+    assert result.check.passed, result.check.summary()
+    past = result.manifest.io.inputs[3]
+    assert (past.dtype, past.dims[3], result.manifest.kv_cache_quantization.dtype) == ("uint8", 8, "uint8")
+    decoder = open_decoder(open_folder(tmp_path / "int4"), ProviderConfig())
+    assert (decoder.head_dim, decoder.kv_dtype) == (16, np.uint8)
+    assert decoder.cache_bytes(8, 100) * 8 == open_decoder(open_folder(float_cache), ProviderConfig()).cache_bytes(
+        8, 100
+    )
+    ids, mask = left_padded_batch(500, batch=2, length=6, seed=3)
+    decoder.empty_past(2, capacity=6)
+    _, presents = decoder.step(ids, mask, np.where(mask == 0, 1, np.cumsum(mask, -1) - 1))
+    assert decoder._buffers[0].shape == (2, 4, 6, 8) and presents[0].shape == (2, 4, 6, 16)
+    report = parity(tmp_path / "int4", cases=3, seed=1, max_batch=3)
+    assert report.passed and report.gates == dict(INT4.gates), report.failures

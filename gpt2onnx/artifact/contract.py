@@ -53,8 +53,12 @@ ORT_DTYPES = {
     "tensor(int64)": "int64",
     "tensor(int32)": "int32",
     "tensor(int8)": "int8",  # a quantized K/V cache's
+    "tensor(uint8)": "uint8",  # a 4-bit K/V cache's, two values a byte
 }
 _PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
+# A K/V cache whose rows pack several values a byte: onnxruntime's GroupQueryAttention stores a 4-bit cache as uint8,
+# two values a byte (head_dim / 2 bytes a row); its 8-bit cache is int8, one a byte (gpt2onnx.precisions.kv_cache).
+PACKED_VALUES = {"uint8": 2}
 
 
 @dataclass(frozen=True)
@@ -121,11 +125,15 @@ def decoder_io(
 
 def shared_cache_io(io: IOSpec, *, cache_dtype: str | None = None) -> IOSpec:
     """The contract of a shared-cache graph: the same names, the cache and mask dims renamed; past and present of
-    ``cache_dtype`` where the cache is quantized (None: their dtype as it is)."""
+    ``cache_dtype`` where the cache is quantized (None: their dtype as it is), their last dim the bytes of a row
+    where it packs values (PACKED_VALUES)."""
+    per_byte = PACKED_VALUES.get(cache_dtype or "", 1)
 
     def rename(t: TensorSpec, axis: int, dim: str) -> TensorSpec:
-        dtype = cache_dtype if cache_dtype and axis == 2 else t.dtype
-        return TensorSpec(t.name, dtype, tuple(dim if i == axis else d for i, d in enumerate(t.dims)))
+        dims = tuple(dim if i == axis else d for i, d in enumerate(t.dims))
+        if cache_dtype and axis == 2:
+            return TensorSpec(t.name, cache_dtype, (*dims[:3], dims[3] // per_byte))
+        return TensorSpec(t.name, t.dtype, dims)
 
     inputs = tuple(
         rename(t, 2, PAST_BUFFER)
@@ -261,7 +269,7 @@ def decoder_shape(inputs: list[TensorSpec], outputs: list[TensorSpec], n_positio
     return DecoderShape(
         ordered,
         first.dims[1],
-        first.dims[3],
+        first.dims[3] * PACKED_VALUES.get(first.dtype, 1),  # head_dim, from the bytes of a packed cache's row
         n_positions,
         "position_ids" in found_inputs,
         first.dtype,

@@ -125,6 +125,9 @@ def quantize_kv_cache(
     for value in (*model.graph.input, *model.graph.output):
         if _PAST.match(value.name) or value.name.startswith("present."):
             _set_elem_type(value, fmt.onnx_type)
+            if fmt.values_per_byte > 1:  # a row of head_dim values in head_dim / values_per_byte bytes
+                row = value.type.tensor_type.shape.dim[3]
+                row.dim_value = row.dim_value // fmt.values_per_byte
     record = KvCacheRecord(
         dtype=fmt.dtype,
         quant_type=fmt.quant_type,

@@ -42,10 +42,7 @@ class KvCacheFormat:
     quant_type: str  # GroupQueryAttention's k_quant_type and v_quant_type
     qmax: int  # a channel's calibrated |x| max is stored as this many steps
     gates: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
-
-    @property
-    def bytes_per_value(self) -> float:
-        return self.bit_width / 8
+    values_per_byte: int = 1  # 2: two 4-bit values a byte (head_dim / 2 bytes a row), low nibble first
 
 
 INT8 = KvCacheFormat(
@@ -63,7 +60,20 @@ INT8 = KvCacheFormat(
     gates=MappingProxyType({"kl_mean": 1e-4, "top1": 0.95, "top5": 0.99}),
 )
 
-KV_CACHES: dict[str, KvCacheFormat] = {fmt.name: fmt for fmt in (INT8,)}
+INT4 = KvCacheFormat(
+    name="int4",
+    summary="int4 per channel, two values a byte (onnxruntime's CPU GroupQueryAttention), scales calibrated on text",
+    dtype="uint8",  # the kernel's 4-bit cache: uint8 bytes of two values, each stored as step + 8, low nibble first
+    onnx_type=2,  # TensorProto.UINT8
+    bit_width=4,
+    quant_type="PER_CHANNEL",
+    qmax=7,  # the steps run from -8 to 7: the calibrated largest |x| is 7 steps, so it is never clipped
+    # KV4_GATES_NOTE
+    gates=MappingProxyType({"kl_mean": 2e-3, "top1": 0.9, "top5": 0.97}),
+    values_per_byte=2,
+)
+
+KV_CACHES: dict[str, KvCacheFormat] = {fmt.name: fmt for fmt in (INT8, INT4)}
 BY_DTYPE = {fmt.dtype: fmt for fmt in KV_CACHES.values()}
 
 
@@ -90,6 +100,17 @@ def check_kv_cache(name: str, *, fusion: str, dtype: str) -> KvCacheFormat | Non
     if dtype != "float32":
         raise BadInput(f"--kv-cache {fmt.name} takes fp32 activations: drop --dtype, or keep the float cache")
     return fmt
+
+
+def steps_of(stored, fmt: KvCacheFormat):
+    """The signed steps a cache holds (numpy, [..., head_dim]): int8 as they are; 4-bit bytes unpacked, low nibble
+    first, each less the offset 8."""
+    import numpy as np
+
+    if fmt.values_per_byte == 1:
+        return stored.astype(np.float32)
+    pairs = np.stack([stored & 0x0F, stored >> 4], axis=-1).astype(np.float32) - 8
+    return pairs.reshape(*stored.shape[:-1], stored.shape[-1] * 2)
 
 
 def cache_format_of(dtype: str) -> KvCacheFormat | None:

@@ -24,6 +24,7 @@ from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.artifact.graph import SHARED_CACHE_OP, cache_scales, load_graph
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
+from gpt2onnx.precisions.kv_cache import cache_format_of, steps_of
 from gpt2onnx.runtimes.base import Capabilities, StepRuntime
 from gpt2onnx.runtimes.providers import (
     DEVICE_TYPES,
@@ -296,9 +297,11 @@ class SharedCacheDecoder(OnnxDecoder):
     ):
         super().__init__(session, n_positions=n_positions, device_id=device_id)
         check_shared_cache_provider(self.provider)
-        self.kv_dtype = np.dtype(self.shape.kv_dtype)  # float32, float16, or int8 (a quantized cache)
+        self.kv_dtype = np.dtype(self.shape.kv_dtype)  # float32, float16, or int8/uint8 (a quantized cache)
+        self.cache_format = cache_format_of(self.shape.kv_dtype)  # None: a float cache
+        self.row_bytes = self.head_dim // (self.cache_format.values_per_byte if self.cache_format else 1)
         self.scales = None
-        if self.kv_dtype.kind in "iu":
+        if self.cache_format is not None:
             if cache_scales is None or set(cache_scales) != set(self.past_names):
                 raise BadInput(
                     f"this model's K/V cache is {self.kv_dtype} but its graph gives no scale for every past input:"
@@ -313,6 +316,11 @@ class SharedCacheDecoder(OnnxDecoder):
         self._values: list[ort.OrtValue] = []
         self._binding = None
 
+    def cache_bytes(self, batch: int, total_len: int) -> int:
+        """The buffers of ``batch`` rows at ``total_len`` tokens, K and V of every layer (a 4-bit cache: half a
+        byte a value)."""
+        return 2 * self.n_layer * batch * self.n_head * total_len * self.row_bytes * self.kv_dtype.itemsize
+
     def empty_past(self, batch: int, capacity: int | None = None) -> list[ort.OrtValue]:
         """(Re)allocate the buffers for ``batch`` rows of ``capacity`` tokens and bind them as past and present.
         Old contents need no clearing: a prompt writes columns [0, T), and no step reads beyond its mask."""
@@ -321,7 +329,7 @@ class SharedCacheDecoder(OnnxDecoder):
             raise BadInput("a shared K/V cache needs its length: give the total tokens (prompt + new tokens)")
         if (batch, capacity) != (self.batch, self.capacity):
             self._values, self._buffers = [], []  # free the old buffers before allocating the new ones
-            shape = (batch, self.n_head, capacity, self.head_dim)
+            shape = (batch, self.n_head, capacity, self.row_bytes)  # head_dim values, packed in a 4-bit cache
             # numpy owns the memory; the OrtValues are views of it on the cpu, kept alive together
             self._buffers = [np.zeros(shape, self.kv_dtype) for _ in self.past_names]
             self._values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self._buffers]
@@ -393,5 +401,6 @@ class SharedCacheDecoder(OnnxDecoder):
         logits, _ = self.run(input_ids, attention_mask, position_ids, past, last_logits_only=False)
         total = attention_mask.shape[1]
         if self.scales is not None:  # the values attention reads: stored steps × the channel's scale
-            return logits, [b[:, :, :total].astype(np.float32) * s for b, s in zip(self._buffers, self.scales)]
+            fmt = self.cache_format
+            return logits, [steps_of(b[:, :, :total], fmt) * s for b, s in zip(self._buffers, self.scales)]
         return logits, [buffer[:, :, :total].copy() for buffer in self._buffers]
