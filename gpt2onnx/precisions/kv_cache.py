@@ -68,8 +68,10 @@ INT4 = KvCacheFormat(
     bit_width=4,
     quant_type="PER_CHANNEL",
     qmax=7,  # the steps run from -8 to 7: the calibrated largest |x| is 7 steps, so it is never clipped
-    # KV4_GATES_NOTE
-    gates=MappingProxyType({"kl_mean": 2e-3, "top1": 0.9, "top5": 0.97}),
+    # On the checks' random prompts against PyTorch: the trained test model 1.8e-4, top-1 98.2 %; the GPT-2-shaped
+    # reference 1.15e-3, 97.8 %, top-5 100 % (random token ids reach values calibration on text never saw, which
+    # 4 bits clip harder; on held-out text the reference measures 6.5e-5, docs/precision.md)
+    gates=MappingProxyType({"kl_mean": 5e-3, "top1": 0.9, "top5": 0.97}),
     values_per_byte=2,
 )
 
