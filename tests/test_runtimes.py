@@ -79,6 +79,20 @@ def test_parity_int4_on_each_runtime(tiny_int4, name):
     assert report.measured.kl.mean < 0.01 and report.measured.top5_agreement >= 0.95
 
 
+@pytest.mark.skipif(_openvino_missing() is not None, reason=str(_openvino_missing()))
+def test_openvino_s_refusal_says_why(tmp_path):
+    """Blocks wider than the model's 64-wide embedding (a user's --block-size 128; the recipe fits its own): the
+    8-bit GatherBlockQuantized runs on onnxruntime, OpenVINO's frontend refuses it. Its reason in one line, not the
+    frame its error text opens with ("Exception from src/inference/src/cpp/core.cpp:84:")."""
+    options = ExportOptions(quantization=QuantizeOptions("int4", 128), validate=False)
+    folder = export("tiny", tmp_path / "b128", random_init=True, options=options).folder
+    with pytest.raises(RuntimeUnavailable) as refused:
+        open_runtime(open_folder(folder), RuntimeOptions(name="openvino"))
+    message = str(refused.value)
+    assert "\n" not in message and "Exception from" not in message
+    assert "quantize dimension (64) must be a multiple of block_size (128)" in message
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_generate_gives_the_same_greedy_tokens(tiny_export, name):
     ids = ["1,2,3,4,5", "7,8"]  # rows of different lengths: a left-padded batch

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -71,13 +72,27 @@ def open_runtime(model: ModelFolder, settings: OpenVinoSettings) -> "OpenVinoDec
     try:
         compiled = core.compile_model(core.read_model(str(model.model_path)), settings.device, config)
     except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RuntimeUnavailable(
-            f"OpenVINO cannot compile '{model.model_path}' for {settings.device}: {first}"
+            f"OpenVINO cannot compile '{model.model_path}' for {settings.device}: {_reason(exc)}"
         ) from None
     return OpenVinoDecoder(
         compiled, model, device=settings.device, precision=settings.precision, version=ov.__version__
     )
+
+
+# the frames of OpenVINO's error text around the reason (where it was raised, which check, which node)
+_FRAME = re.compile(
+    r"^(Exception from |Check '.*' failed at |FrontEnd API failed|Model wasn't fully converted|Failed operations"
+    r"|While validating |Summary:|-- )"
+)
+
+
+def _reason(exc: Exception) -> str:
+    """The line of an OpenVINO error that says what is wrong (its text opens with where it was raised:
+    "Exception from src/inference/src/cpp/core.cpp:84:"), else its first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reasons = [line for line in lines if not _FRAME.match(line)]
+    return (reasons or lines or [type(exc).__name__])[0]
 
 
 class OpenVinoDecoder(StepRuntime):
