@@ -109,13 +109,19 @@ _written = False  # a command of this process wrote its --json file: Ctrl-C stay
 _as_process = False  # the app runs as the gpt2onnx process (_Process), not inside a caller's
 
 
-def write_json_output(path, data) -> None:
-    """A command's --json file, its last work: from here on Ctrl-C is ignored until the process exits, so that an
-    interrupted command (exit code 130) has written nothing and a finished one the whole file (atomically)."""
+def ignore_interrupts() -> None:
+    """A command starts writing its --json (and --plot) file, its last work: from here on Ctrl-C is ignored until
+    the process exits, so that an interrupted command (exit code 130) has written nothing and a finished one the
+    whole file (atomically)."""
     global _written
     if _in_main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _written = True
+
+
+def write_json_output(path, data) -> None:
+    """A command's --json file, written as its last work (see ignore_interrupts)."""
+    ignore_interrupts()
     write_json_atomic(path, data)
 
 

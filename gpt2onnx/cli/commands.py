@@ -13,7 +13,7 @@ import typer
 
 from gpt2onnx.artifact.inspect import inspect as run_inspect
 from gpt2onnx.cli import render
-from gpt2onnx.cli.app import app, console, err_console, write_json_output
+from gpt2onnx.cli.app import app, console, err_console, ignore_interrupts, write_json_output
 from gpt2onnx.cli.options import (
     OUTPUT_FILE,
     OUTPUT_FOLDER,
@@ -307,6 +307,7 @@ def bench(
             verify_files=options.verify_files,
             progress=step,
             speculation=speculation,
+            before_writing=ignore_interrupts,
         )
     render.benched(report, plot)
 
