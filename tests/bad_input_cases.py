@@ -3211,43 +3211,54 @@ def _no_work_done(c: Ctx, out: Outcome) -> None:
     assert out.stdout.strip() == "", f"the command worked before refusing its --json: {out.stdout[:200]!r}"
 
 
-PREVIOUS = '{"the": "previous report"}\n'
+PREVIOUS = b'{"the": "previous report"}\n'
 
 
-def _eval_interrupted(c: Ctx, cli) -> Outcome:
-    """eval --json e.json over a text, e.json already there. Ctrl-C during the windows: exit code 130, the old
-    e.json as it was, no staging file. Ctrl-C (again and again) once the report is being written: the whole new
-    e.json, no traceback of an interrupted interpreter shutdown. Returns the second run."""
-    words = ("the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away")
-    (c.dir / "t.txt").write_text(" ".join(words[(i * 7) % 10] for i in range(6000)))
-    (c.dir / "e.json").write_text(PREVIOUS)
-    argv = ["eval", str(c.exp), "--text", "t.txt", "--json", "e.json", "--greedy-tokens", "0"]
-    proc = cli(argv, c, wait=False)
-    time.sleep(3)
-    assert proc.poll() is None, "eval ended before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
-    first = finish(proc, 60)
-    assert first.code == 130, (first.code, first.stderr[-500:])
-    assert "Traceback" not in first.stderr, first.stderr[-2000:]
-    assert (c.dir / "e.json").read_text() == PREVIOUS, "an interrupted eval replaced its --json file"
-    assert sorted(p.name for p in c.dir.iterdir()) == ["e.json", "t.txt"]
+def _interrupted(argv: tuple[str, ...], outputs: tuple[str, ...]) -> Callable[[Ctx, Callable], Outcome]:
+    """``argv`` writing ``outputs`` (--json, --plot), each already there. Ctrl-C 3 s in, while it works: exit code
+    130, every output as it was, no staging file. Ctrl-C again and again from the moment it starts writing them
+    to its end: all of them whole and new, no traceback of an interrupted interpreter shutdown. Returns the second
+    run."""
 
-    proc = cli(argv, c, wait=False)
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline:
-        if list(c.dir.glob(".e.json.*")) or (c.dir / "e.json").read_text() != PREVIOUS:
-            break
-        time.sleep(0.001)
-    while proc.poll() is None:  # Ctrl-C from the start of the write to the process's end
+    def run(c: Ctx, cli) -> Outcome:
+        words = ("the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away")
+        (c.dir / "t.txt").write_text(" ".join(words[(i * 7) % 10] for i in range(6000)))
+        args = [a.format(exp=c.exp) for a in argv]
+
+        def as_before() -> bool:
+            return all((c.dir / name).read_bytes() == PREVIOUS for name in outputs)
+
+        for name in outputs:
+            (c.dir / name).write_bytes(PREVIOUS)
+        proc = cli(args, c, wait=False)
+        time.sleep(3)
+        assert proc.poll() is None, "the command ended before it could be interrupted"
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.02)
-    out = finish(proc, 60)
-    if out.code == 0:
-        assert json.loads((c.dir / "e.json").read_text())["rows"], "a finished eval wrote no report"
-    else:
-        assert (c.dir / "e.json").read_text() == PREVIOUS, "an interrupted eval replaced its --json file"
-    assert sorted(p.name for p in c.dir.iterdir()) == ["e.json", "t.txt"]
-    return out
+        first = finish(proc, 60)
+        assert first.code == 130, (first.code, first.stderr[-500:])
+        assert "Traceback" not in first.stderr, first.stderr[-2000:]
+        assert as_before(), "an interrupted command replaced its output"
+        assert sorted(p.name for p in c.dir.iterdir()) == sorted([*outputs, "t.txt"])
+
+        proc = cli(args, c, wait=False)
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any(c.dir.glob(".*.*")) or not as_before():  # a staging file, or a file replaced
+                break
+            time.sleep(0.001)
+        while proc.poll() is None:  # Ctrl-C from the start of the writing to the process's end
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.02)
+        out = finish(proc, 60)
+        if out.code == 0:
+            assert all((c.dir / name).read_bytes() != PREVIOUS for name in outputs), "a finished run kept an old output"
+            json.loads((c.dir / outputs[0]).read_text())
+        else:
+            assert as_before(), "an interrupted command replaced its output"
+        assert sorted(p.name for p in c.dir.iterdir()) == sorted([*outputs, "t.txt"])
+        return out
+
+    return run
 
 
 def _serve_per_request(c: Ctx, cli) -> Outcome:
@@ -3349,6 +3360,43 @@ CASES += [
         match="'.*m/trt_cache' cannot be removed by this user",
         check=_nothing_beside,
     ),
-    Case("eval-json-interrupted", "data-loss", (), 0, run=_eval_interrupted, creates=("e.json", "t.txt"), timeout=400),
+    Case(
+        "eval-json-interrupted",
+        "data-loss",
+        (),
+        0,
+        run=_interrupted(("eval", "{exp}", "--text", "t.txt", "--json", "e.json", "--greedy-tokens", "0"), ("e.json",)),
+        creates=("e.json", "t.txt"),
+        timeout=400,
+    ),
+    Case(
+        "bench-json-plot-interrupted",
+        "data-loss",
+        (),
+        0,
+        run=_interrupted(
+            (
+                "bench",
+                "{exp}",
+                "--batch",
+                "1,4",
+                "--prompt-len",
+                "32",
+                "--new-tokens",
+                "32",
+                "--warmup",
+                "1",
+                "--repeat",
+                "150",
+                "--json",
+                "b.json",
+                "--plot",
+                "b.png",
+            ),
+            ("b.json", "b.png"),
+        ),
+        creates=("b.json", "b.png", "t.txt"),
+        timeout=400,
+    ),
     Case("serve-decides-per-request", "security", (), 0, run=_serve_per_request, creates=(*SITE, "site"), timeout=60),
 ]
