@@ -13,7 +13,7 @@ import typer
 
 from gpt2onnx.artifact.inspect import inspect as run_inspect
 from gpt2onnx.cli import render
-from gpt2onnx.cli.app import app, console, err_console
+from gpt2onnx.cli.app import app, console, err_console, ignore_interrupts, write_json_output
 from gpt2onnx.cli.options import (
     OUTPUT_FILE,
     OUTPUT_FOLDER,
@@ -40,7 +40,6 @@ from gpt2onnx.cli.options import (
     uses,
 )
 from gpt2onnx.errors import CheckFailed
-from gpt2onnx.files import write_json_atomic
 from gpt2onnx.runtimes.base import parse_runtimes, runtime_options
 from gpt2onnx.runtimes.generate import generate as run_generate
 from gpt2onnx.runtimes.speculative import Speculation
@@ -212,7 +211,7 @@ def generate(
         speculation=speculation,
     )
     if json_path is not None:
-        write_json_atomic(json_path, result.as_dict())
+        write_json_output(json_path, result.as_dict())
     render.generated(result)
 
 
@@ -257,7 +256,7 @@ def parity(
         )
     render.parity_report(report)
     if json_path:
-        write_json_atomic(json_path, report.as_dict())
+        write_json_output(json_path, report.as_dict())
     if not report.passed:
         raise typer.Exit(1)
 
@@ -308,6 +307,7 @@ def bench(
             verify_files=options.verify_files,
             progress=step,
             speculation=speculation,
+            before_writing=ignore_interrupts,
         )
     render.benched(report, plot)
 
@@ -351,7 +351,7 @@ def eval_command(
         )
     render.evaluated(report)
     if json_path:
-        write_json_atomic(json_path, report.as_dict())
+        write_json_output(json_path, report.as_dict())
     if not report.passed:
         failing = next(r.check for r in report.rows if r.check and r.check.failures)
         raise CheckFailed("eval gate failed: " + "; ".join(report.failures), failing)

@@ -24,6 +24,7 @@ import os
 import platform
 import re
 import resource
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,7 +36,8 @@ import onnxruntime
 
 from gpt2onnx.artifact.folder import open_folder, versions
 from gpt2onnx.artifact.report import Placement
-from gpt2onnx.errors import BadInput
+from gpt2onnx.errors import BadInput, OutputError
+from gpt2onnx.files import new_file_mode
 from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoding import Decoding, Sampling
@@ -440,8 +442,23 @@ def plot_decode_latency(runs: list[RunStats], path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    path = Path(path)
+    try:  # beside it, then renamed: a reader sees the old plot or the new one, never half a PNG
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent if str(path.parent) else ".")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fig.savefig(fh, dpi=120, format="png")
+            os.chmod(tmp, new_file_mode())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as err:
+        raise OutputError(
+            f"cannot write --plot '{path}' ({err.strerror or err}); free space or choose another path"
+        ) from None
+    finally:
+        plt.close(fig)
 
 
 @dataclass
