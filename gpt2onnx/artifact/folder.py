@@ -177,7 +177,7 @@ def _claims(manifest: Manifest, facts: GraphFacts) -> list[str]:
     claims = {
         "dtype": (manifest.dtype, facts.dtype),
         "quantized ops": (_recorded_ops(manifest), sorted(facts.quantized_ops)),
-        "kv_cache": (manifest.kv_cache, "shared" if facts.shared_kv else "concat"),
+        "kv_cache": (manifest.kv_cache, facts.kv_cache),
         "options.logits": (manifest.options.get("logits"), "last" if facts.logits_last else "all"),
     }
     return [f"{key} {said}, the graph's {found}" for key, (said, found) in claims.items() if said not in (None, found)]

@@ -363,7 +363,7 @@ class Manifest:
     fusion: FusionReport | None = None
     fp16: Fp16Record | None = None
     quantization: QuantizationRecord | None = None
-    kv_cache: str | None = None  # "shared" (one buffer for past and present) or "concat"; None: not recorded
+    kv_cache: str | None = None  # "shared" (one buffer, GroupQueryAttention), "static" (TensorScatter) or "concat"
     # special token ids the configs give outside the vocabulary ({"eos_token_id": [50256]}): as in transformers
     # they never come; the readers of generation_config.json accept exactly these (artifact.generation)
     outside_vocabulary: dict[str, list[int]] = field(default_factory=dict)

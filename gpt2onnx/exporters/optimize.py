@@ -68,7 +68,8 @@ def optimize(
     Args:
         source: an exported folder or an .onnx file.
         out: the new folder (never the source's); replaced only with ``force``, and only if gpt2onnx wrote it.
-        fusion: the profile: ort, ort-shared-kv, portable or tensorrt ('none' with a precision change only);
+        fusion: the profile: ort, ort-shared-kv, portable, tensorrt, onnx or onnx-static-kv ('none' with a precision
+            change only);
             None: the source's own profile when it is fused (read from its ops), else ort. Fusing a graph with the
             profile it holds is a no-op; another profile over a fused graph is refused (BadInput).
         allow_partial: keep a graph whose fusions fall short of the golden counts.
@@ -225,7 +226,7 @@ def _manifest(model_path: Path, previous, passes: GraphPasses, passed, facts: di
         architecture=previous.architecture if previous else None,
         dtype=passes.dtype if passes.dtype == "float16" or not previous else previous.dtype,
         # the source's IO record, with the shared cache's dim names when the new graph shares its cache
-        io=shared_cache_io(io) if io is not None and passed.kv_cache == "shared" else io,
+        io=shared_cache_io(io) if io is not None and passed.kv_cache in ("shared", "static") else io,
         **facts,
         options={
             **(previous.options if previous else {}),

@@ -27,7 +27,8 @@ class PassResult:
     fp16: Fp16Record | None = None
     quantization: QuantizationRecord | None = None
     # "shared": past and present may be one preallocated buffer (GroupQueryAttention, the ort-shared-kv
-    # profile); deployment targets read it (genai: past_present_share_buffer). "concat": present = past + new.
+    # profile); deployment targets read it (genai: past_present_share_buffer). "static": one fixed-size buffer
+    # updated in place by TensorScatter (onnx-static-kv). "concat": present = past + new.
     kv_cache: str = "concat"
 
     def records(self) -> dict:
@@ -101,8 +102,8 @@ class GraphPasses:
                 result.model, result.quantization = weight_passes.quantize(
                     result.model, self.quantization, calibration=calibration
                 )
-        shared = any(n.op_type == "GroupQueryAttention" for n in result.model.graph.node)
-        result.kv_cache = "shared" if shared else "concat"
+        ops = {n.op_type for n in result.model.graph.node}
+        result.kv_cache = "shared" if "GroupQueryAttention" in ops else "static" if "TensorScatter" in ops else "concat"
         return result
 
 

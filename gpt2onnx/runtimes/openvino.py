@@ -72,6 +72,20 @@ def open_runtime(model: ModelFolder, settings: OpenVinoSettings) -> "OpenVinoDec
     try:
         compiled = core.compile_model(core.read_model(str(model.model_path)), settings.device, config)
     except RuntimeError as exc:
+        unconverted = re.search(r"No conversion rule found for operations: (.+)", str(exc))
+        if unconverted:  # the frontend cannot read an op: its own words, not the C++ location it starts with
+            ops = unconverted.group(1).strip()
+            hint = (
+                " (the onnx-static-kv profile's fixed-size cache): use --runtime onnxruntime, or a model exported"
+                " with --fusion onnx"
+                if model.facts.static_kv
+                else ": use --runtime onnxruntime"
+            )
+            version = ov.__version__.split("-")[0]
+            raise RuntimeUnavailable(
+                f"OpenVINO {version}'s ONNX frontend cannot read '{model.model_path}': it has no conversion rule for"
+                f" {ops}{hint}"
+            ) from None
         raise RuntimeUnavailable(
             f"OpenVINO cannot compile '{model.model_path}' for {settings.device}: {_reason(exc)}"
         ) from None
