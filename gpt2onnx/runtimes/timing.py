@@ -237,15 +237,18 @@ def parse_batches(value: str, *, what: str = "batch sizes (--batch)") -> tuple[i
         raise BadInput(f"{what} '{value}' are not a comma-separated list of integers (e.g. 1,8)") from None
 
 
-def decode_step_at_past(decoder, batch: int, past: int, *, vocab_size: int, seed: int = 0) -> float:
+def decode_step_at_past(
+    decoder, batch: int, past: int, *, vocab_size: int, seed: int = 0, capacity: int | None = None
+) -> float:
     """Seconds of one decode step at ``past`` tokens of cache (zeros, no prompt step): a fresh cache of
-    past - 1, one untimed step (so both steppers start from their own outputs), then the timed step."""
+    past - 1, one untimed step (so both steppers start from their own outputs), then the timed step.
+    ``capacity``: the buffer length of a stepper that preallocates one (default: past + 1, what the run needs)."""
     rng = np.random.default_rng(seed)
 
     def ids():
         return rng.integers(0, vocab_size, size=(batch, 1), dtype=np.int64)
 
-    cache = decoder.past_of_length(batch, past - 1, capacity=past + 1)
+    cache = decoder.past_of_length(batch, past - 1, capacity=capacity or past + 1)
     mask = np.ones((batch, past), np.int64)
     _, cache = decoder.run(ids(), mask, np.full((batch, 1), past - 1, np.int64), cache)
     mask = np.ones((batch, past + 1), np.int64)
