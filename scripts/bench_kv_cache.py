@@ -1,5 +1,6 @@
 """Decode step against past length for several exported folders, interleaved in one run (for a loaded machine:
-each round times every folder once, in alternating order, and the figures are medians over rounds).
+each round times every folder at every past length once, in alternating order, and the figures are medians over
+rounds: a change of load during the run then weighs on every column and every past alike).
 
     python -m scripts.bench_kv_cache models/gpt2-ort-last models/gpt2-shared-kv-last --batch 8,1 --past 128,512,896
 
@@ -66,8 +67,8 @@ def main() -> None:
     times = {}  # (name, batch, past) -> [seconds]
     started = time.time()
     for batch in batches:
-        for past in pasts:
-            for r in range(args.warmup + args.rounds):
+        for r in range(args.warmup + args.rounds):
+            for past in pasts[:: 1 if r % 2 == 0 else -1]:
                 for name, decoder, capacity in columns[:: 1 if r % 2 == 0 else -1]:
                     vocab = decoder.vocab_size or 50257
                     seconds = decode_step_at_past(decoder, batch, past, vocab_size=vocab, seed=r, capacity=capacity)
