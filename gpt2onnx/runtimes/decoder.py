@@ -5,8 +5,8 @@ optimum's. Steps run through IO binding: the presents stay where the provider pu
 and tensorrt) and are bound as the next step's past without a copy; only the last position's logits come
 back to the host.
 
-Two steppers, chosen from the graph by :func:`open_decoder`:
-- :class:`OnnxDecoder`: present = past + the new K/V, a new tensor every step (every profile but ort-shared-kv);
+Three steppers, chosen from the graph by :func:`open_decoder`:
+- :class:`OnnxDecoder`: present = past + the new K/V, a new tensor every step (every profile but the two below);
 - :class:`SharedCacheDecoder`: a graph with GroupQueryAttention (profile ort-shared-kv): one K/V buffer per
   layer, allocated once for the whole sequence (prompt + new tokens) and bound as both past and present, so
   the kernel writes each step's K/V in place and nothing is copied between steps;
