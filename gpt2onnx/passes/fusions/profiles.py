@@ -344,5 +344,8 @@ def fuse(
         if key in {op for f in PROFILE_FUSIONS[profile] for op in f.produces}
     }
     fused = ir.to_proto(graph)
-    fused.ir_version = ir_version
+    # the source's IR version, or the first that has the profile's opset (11 for 23, 12 for 24): onnx-ir writes a
+    # newer one than onnxruntime 1.31 reads, and the opset converter leaves the old one
+    needed = onnx.helper.find_min_ir_version_for(list(fused.opset_import), ignore_unknown=True)
+    fused.ir_version = max(ir_version, needed)
     return fused, FusionReport(profile, applied, op_counts, golden, partial)
