@@ -256,7 +256,7 @@ def runner_invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-PROFILES = ("none", "ort", "ort-shared-kv", "portable")
+PROFILES = ("none", "ort", "ort-shared-kv", "portable", "onnx", "onnx-static-kv")
 
 
 @pytest.fixture(scope="module")
@@ -277,5 +277,9 @@ def test_each_runtime_runs_each_profile_at_batch_1_and_2(profile_exports, name):
     }
     for profile, folder in profile_exports.items():
         for batch, ids in prompts.items():
+            if profile == "onnx-static-kv" and name == "openvino":  # its frontend has no TensorScatter-24 rule
+                with pytest.raises(RuntimeUnavailable, match="no conversion rule for TensorScatter-24"):
+                    generate(folder, ids=ids, max_new_tokens=4, runtime=RuntimeOptions(name=name))
+                continue
             result = generate(folder, ids=ids, max_new_tokens=4, runtime=RuntimeOptions(name=name))
             assert result.tokens == expected[batch], (profile, batch, result.tokens, expected[batch])
