@@ -215,3 +215,11 @@ def test_genai_config_shares_the_static_buffer(static_export, onnx_export):
 
     assert genai_config(static_export)["search"]["past_present_share_buffer"] is True
     assert genai_config(onnx_export)["search"]["past_present_share_buffer"] is False
+
+
+def test_deploy_refuses_the_targets_that_feed_a_growing_past(static_export, tmp_path):
+    for target in ("transformers-js", "web", "ort-generate"):
+        result = runner.invoke(app, ["deploy", str(static_export), "--target", target, "-o", str(tmp_path / target)])
+        assert result.exit_code == 2, result.output
+        assert_one_line_error(result, "fixed-size K/V cache (TensorScatter")
+        assert not (tmp_path / target).exists()
