@@ -59,7 +59,6 @@ def _shared_nodes(first_past: str) -> list[onnx.NodeProto]:
         helper.make_node("Sub", [P + "buffer", P + "width"], [P + "unwritten"], name=P + "unwritten"),
         _const(P + "no_pads", np.zeros(7, np.int64)),
         helper.make_node("Concat", [P + "no_pads", P + "unwritten"], [P + "pads"], axis=0, name=P + "pads"),
-        _const(P + "heads_shape_tail", np.array([0, 0], np.int64)),
     ]
 
 
