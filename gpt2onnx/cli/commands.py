@@ -113,9 +113,7 @@ def optimize(
     out: Annotated[Path, typer.Option("--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="Output folder.")],
     fusion: Annotated[
         str | None,
-        typer.Option(
-            help="ort, ort-shared-kv, portable, tensorrt, onnx, onnx-static-kv, none. Default: the source's, else ort."
-        ),
+        typer.Option(help="As export's --fusion, or none; default: the source's profile, else ort."),
     ] = None,
     allow_partial_fusion: PartialOpt = False,
     validate: Annotated[bool, typer.Option(help="Check against the source before writing.")] = True,
