@@ -15,7 +15,15 @@ each name loads its module on first use, and nothing on the run path (inspect, g
 torch baseline) imports torch.
 """
 
+import os
 from importlib import import_module
+
+# onnxruntime (1.31 on Linux) starts its telemetry when it is imported: it writes a device id and an event database
+# under ~/.cache/Microsoft/DeveloperTools/ and, where it cannot (a home that is not writable: another user's, a
+# read-only one), prints "Failed to persist telemetry device ID" on stderr before anything we say. Off unless the
+# user chose otherwise (ORT_DISABLE_TELEMETRY=0), set here because the package is imported before any module that
+# imports onnxruntime, and inherited by the processes gpt2onnx starts (the genai worker).
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 __version__ = "0.1.0"
 

@@ -109,7 +109,7 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600: give the file the mode a new file gets
+            os.chmod(tmp, new_file_mode())  # mkstemp makes 0600: give the file the mode a new file gets
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
             os.replace(tmp, path)
@@ -121,10 +121,11 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return path
 
 
-def _umask() -> int:
+def new_file_mode() -> int:
+    """The mode a new file gets here (0o666 less the umask): for files made with mkstemp (0600) and renamed."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:

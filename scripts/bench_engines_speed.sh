@@ -6,8 +6,8 @@
 # before and after each half.
 #   bash scripts/bench_engines_speed.sh ENGINES_DIR [WORK_DIR]     (ENGINES_DIR: built by engines/prepare.sh)
 # Our variants (exported once, reused): fp32 (--fusion ort --logits last), then optimize --fusion none to fp16,
-# int8, int4 (the recipe: everything at 4 bits, blocks of 32), int4 with the tied head and embeddings at 8 bits in
-# blocks of 128 (recommended, docs/precision.md), all 4-bit in blocks of 128, int8-weights (its recipe: fp32 head
+# int8, int4 (the recipe: the tied head and embeddings at 8 bits, blocks of 128), int4 with everything at 4 bits in
+# blocks of 32 (the recipe before) and of 128, int8-weights (its recipe: fp32 head
 # and embeddings) and
 # int8-weights with an 8-bit head and embeddings.
 # ENGINE_ROWS: a substring filter of the engines' rows (default: all); SKIP_ENGINES=1 times ours only.
@@ -27,12 +27,12 @@ declare -A RECIPES=(
   [fp16]="--dtype fp16"
   [int8]="--quantize int8"
   [int4]="--quantize int4"
-  [int4-t8-b128]="--quantize int4 --block-size 128 --lm-head int8 --embeddings int8"
+  [int4-all4-b32]="--quantize int4 --block-size 32 --lm-head int4 --embeddings int4"
   [int4-all4-b128]="--quantize int4 --block-size 128 --lm-head int4 --embeddings int4"
   [int8-weights]="--quantize int8-weights"
   [int8-weights-8bit-head]="--quantize int8-weights --lm-head int8 --embeddings int8"
 )
-for name in fp16 int8 int4 int4-t8-b128 int4-all4-b128 int8-weights int8-weights-8bit-head; do
+for name in fp16 int8 int4 int4-all4-b32 int4-all4-b128 int8-weights int8-weights-8bit-head; do
   # shellcheck disable=SC2086
   [ -f "$W/$name/model.onnx" ] || $G optimize "$W/fp32" -o "$W/$name" --fusion none ${RECIPES[$name]} --force
 done
@@ -51,7 +51,7 @@ if [ "${SKIP_ENGINES:-0}" != 1 ]; then
   machine
 fi
 variants=()
-for name in fp32 fp16 int8 int4 int4-t8-b128 int4-all4-b128 int8-weights int8-weights-8bit-head; do
+for name in fp32 fp16 int8 int4 int4-all4-b32 int4-all4-b128 int8-weights int8-weights-8bit-head; do
   variants+=(--variant "gpt2onnx $name=$W/$name/model.onnx")
 done
 $PY "$PEERS/bench_decode.py" --torch-model "$E/gpt2-small" --threads 2 --reps 20 --gen-reps 10 --no-hf-generate \

@@ -3126,3 +3126,277 @@ CASES += [
     ),
     Case("deploy-readonly-mount", "data-loss", (), EXIT_OUTPUT, run=readonly_mount_deploy, creates=("m",), timeout=240),
 ]
+
+
+# -- round four's leftovers: an unprivileged user, Ctrl-C at the end of eval, serve decides per request -----------
+# ``cli(..., unprivileged=True)``: the case's process cannot pass permission checks (test_bad_input._unprivileged):
+# the case folder's files are its own, a folder given to NOBODY is another user's.
+NOBODY = 65534
+
+
+def _as_user(argv: tuple[str, ...], *, home: bool = False, check=None) -> Callable[[Ctx, Callable], Outcome]:
+    """``argv`` run by an unprivileged user; ``home``: with a home it may not write (the case's 'home', 0555) and
+    onnxruntime's telemetry as onnxruntime has it, on (no ORT_DISABLE_TELEMETRY from this process)."""
+
+    def run(c: Ctx, cli) -> Outcome:
+        changes = {}
+        if home:
+            (c.dir / "home").mkdir()
+            (c.dir / "home").chmod(0o555)
+            changes = {"HOME": str(c.dir / "home"), "XDG_CACHE_HOME": None, "ORT_DISABLE_TELEMETRY": None}
+        args = [a.format(exp=c.exp, dir=c.dir) for a in argv]
+        out = cli(args, c, unprivileged=True, env_changes=changes)
+        if check:
+            check(c, out)
+        return out
+
+    return run
+
+
+def _no_stderr(c: Ctx, out: Outcome) -> None:
+    assert out.stderr.strip() == "", f"a run that succeeded printed on stderr: {out.stderr[-500:]!r}"
+
+
+def _private_folder(c: Ctx) -> None:
+    """'priv', another user's private folder (0700), holding a model folder and a text."""
+    c.copy("exp", "priv/m")
+    (c.dir / "priv" / "t.txt").write_text("some text to evaluate on")
+    for path in [c.dir / "priv", *(c.dir / "priv").rglob("*")]:
+        os.chown(path, NOBODY, NOBODY)
+    (c.dir / "priv").chmod(0o700)
+
+
+def _read_only_copy(c: Ctx) -> None:
+    """'m', the user's export made read-only (chmod -R a-w m): its files and the folder itself."""
+    folder = c.copy("exp", "m")
+    for path in [*folder.rglob("*"), folder]:
+        path.chmod(path.stat().st_mode & ~0o222)
+
+
+def _read_only_subfolder(c: Ctx) -> None:
+    """'m' with the user's own read-only sub-folder trt_cache/ (deploy carries it) and read-only files."""
+    folder = c.copy("exp", "m")
+    (folder / "trt_cache").mkdir()
+    (folder / "trt_cache" / "engine.bin").write_bytes(b"engine")
+    for path in [*folder.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+
+
+def _foreign_subfolder(c: Ctx) -> None:
+    """'m' holding another user's sub-folder (trt_cache/, owned by NOBODY, 0755) that the user cannot empty."""
+    folder = c.copy("exp", "m")
+    (folder / "trt_cache").mkdir()
+    (folder / "trt_cache" / "engine.bin").write_bytes(b"engine")
+    for path in (folder / "trt_cache", folder / "trt_cache" / "engine.bin"):
+        os.chown(path, NOBODY, NOBODY)
+
+
+def _deployed_in_place(c: Ctx, out: Outcome) -> None:
+    assert (c.dir / "m" / "genai_config.json").is_file(), sorted(p.name for p in (c.dir / "m").iterdir())
+    left = sorted(p.name for p in c.dir.iterdir() if p.name.startswith("."))
+    assert left == [], f"left beside the folder: {left}"
+
+
+def _carried_read_only(c: Ctx, out: Outcome) -> None:
+    _deployed_in_place(c, out)
+    assert (c.dir / "m" / "trt_cache" / "engine.bin").read_bytes() == b"engine"
+
+
+def _nothing_beside(c: Ctx, out: Outcome) -> None:
+    left = sorted(p.name for p in c.dir.iterdir() if p.name.startswith("."))
+    assert left == [], f"left beside the folder: {left}"
+
+
+def _no_work_done(c: Ctx, out: Outcome) -> None:
+    assert out.stdout.strip() == "", f"the command worked before refusing its --json: {out.stdout[:200]!r}"
+
+
+PREVIOUS = b'{"the": "previous report"}\n'
+
+
+def _interrupted(argv: tuple[str, ...], outputs: tuple[str, ...]) -> Callable[[Ctx, Callable], Outcome]:
+    """``argv`` writing ``outputs`` (--json, --plot), each already there. Ctrl-C 3 s in, while it works: exit code
+    130, every output as it was, no staging file. Ctrl-C again and again from the moment it starts writing them
+    to its end: all of them whole and new, no traceback of an interrupted interpreter shutdown. Returns the second
+    run."""
+
+    def run(c: Ctx, cli) -> Outcome:
+        words = ("the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away")
+        (c.dir / "t.txt").write_text(" ".join(words[(i * 7) % 10] for i in range(6000)))
+        args = [a.format(exp=c.exp) for a in argv]
+
+        def as_before() -> bool:
+            return all((c.dir / name).read_bytes() == PREVIOUS for name in outputs)
+
+        for name in outputs:
+            (c.dir / name).write_bytes(PREVIOUS)
+        proc = cli(args, c, wait=False)
+        time.sleep(3)
+        assert proc.poll() is None, "the command ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        first = finish(proc, 60)
+        assert first.code == 130, (first.code, first.stderr[-500:])
+        assert "Traceback" not in first.stderr, first.stderr[-2000:]
+        assert as_before(), "an interrupted command replaced its output"
+        assert sorted(p.name for p in c.dir.iterdir()) == sorted([*outputs, "t.txt"])
+
+        proc = cli(args, c, wait=False)
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any(c.dir.glob(".*.*")) or not as_before():  # a staging file, or a file replaced
+                break
+            time.sleep(0.001)
+        while proc.poll() is None:  # Ctrl-C from the start of the writing to the process's end
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.02)
+        out = finish(proc, 60)
+        if out.code == 0:
+            assert all((c.dir / name).read_bytes() != PREVIOUS for name in outputs), "a finished run kept an old output"
+            json.loads((c.dir / outputs[0]).read_text())
+        else:
+            assert as_before(), "an interrupted command replaced its output"
+        assert sorted(p.name for p in c.dir.iterdir()) == sorted([*outputs, "t.txt"])
+        return out
+
+    return run
+
+
+def _serve_per_request(c: Ctx, cli) -> Outcome:
+    """Probes of an index.html that leads out of the folder poison nothing: once it is a page inside the folder,
+    '/' serves it; a folder without index.html is 404, never a redirect to a listing; 'file/' on a file is 404."""
+
+    def requests(url: str) -> None:
+        for path in ("/", "/index.html", "/index.html/", "//index.html", "/"):
+            code, reply = _status(url, path)
+            assert SECRET.encode() not in reply and code in (403, 404), (path, code)
+        index = c.dir / "site" / "index.html"
+        index.unlink()
+        (c.dir / "site" / "page.html").write_text("<p>the page</p>")
+        index.symlink_to("page.html")  # a link inside the folder
+        for path in ("/", "/index.html"):
+            code, reply = _status(url, path)
+            assert code == 200 and b"<p>the page</p>" in reply, (path, code, reply[:300])
+        (c.dir / "site" / "lib").mkdir()
+        (c.dir / "site" / "lib" / "a.js").write_text("export {}")
+        for path, expected in (("/lib", 404), ("/lib/", 404), ("/config.json/", 404), ("/lib/a.js/", 404)):
+            code, reply = _status(url, path)
+            assert code == expected and b"Location" not in reply and b"a.js" not in reply, (path, code, reply[:300])
+
+    return _serving(c, cli, requests, **{"index.html": "{secret}"})
+
+
+CASES += [
+    Case(
+        "unprivileged-telemetry-success",
+        "message",
+        (),
+        0,
+        run=_as_user(("generate", "{exp}", "--ids", "1,2", "--max-new-tokens", "1"), home=True, check=_no_stderr),
+        creates=("home",),
+    ),
+    Case(
+        "unprivileged-telemetry-error",
+        "message",
+        (),
+        B,
+        run=_as_user(("generate", "nope", "--ids", "1,2"), home=True),
+        creates=("home",),
+        match="does not exist",
+    ),
+    *(
+        Case(
+            f"unprivileged-private-{name}",
+            "traceback",
+            (),
+            B,
+            _private_folder,
+            run=_as_user(argv),
+            match=f"cannot use '{where}' \\(Permission denied\\)",
+        )
+        for name, argv, where in (
+            ("model-json", ("generate", "priv/m", "--ids", "1,2", "--json", "e.json"), "priv/m"),
+            ("inspect", ("inspect", "priv/m"), "priv/m"),
+            ("deploy", ("deploy", "priv/m", "--target", "genai"), "priv/m"),
+            ("serve", ("serve", "priv/m", "--port", "0"), "priv/m"),
+            ("eval-text", ("eval", "{exp}", "--text", "priv/t.txt"), "priv/t.txt"),
+        )
+    ),
+    Case(
+        "unprivileged-json-read-only-folder",
+        "data-loss",
+        (),
+        EXIT_OUTPUT,
+        lambda c: ((c.dir / "ro").mkdir(), (c.dir / "ro").chmod(0o555)),
+        run=_as_user(("generate", "{exp}", "--ids", "1,2", "--json", "ro/e.json"), check=_no_work_done),
+        match="ro/e.json.*its folder 'ro' is not writable",
+    ),
+    Case(
+        "unprivileged-deploy-read-only-folder",
+        "data-loss",
+        (),
+        0,
+        _read_only_copy,
+        run=_as_user(("deploy", "m", "--target", "genai")),
+        creates=("m",),
+        check=_deployed_in_place,
+    ),
+    Case(
+        "unprivileged-deploy-read-only-subfolder",
+        "data-loss",
+        (),
+        0,
+        _read_only_subfolder,
+        run=_as_user(("deploy", "m", "--target", "genai")),
+        creates=("m",),
+        check=_carried_read_only,
+    ),
+    Case(
+        "unprivileged-deploy-foreign-subfolder",
+        "data-loss",
+        (),
+        EXIT_OUTPUT,
+        _foreign_subfolder,
+        run=_as_user(("deploy", "m", "--target", "genai")),
+        match="'.*m/trt_cache' cannot be removed by this user",
+        check=_nothing_beside,
+    ),
+    Case(
+        "eval-json-interrupted",
+        "data-loss",
+        (),
+        0,
+        run=_interrupted(("eval", "{exp}", "--text", "t.txt", "--json", "e.json", "--greedy-tokens", "0"), ("e.json",)),
+        creates=("e.json", "t.txt"),
+        timeout=400,
+    ),
+    Case(
+        "bench-json-plot-interrupted",
+        "data-loss",
+        (),
+        0,
+        run=_interrupted(
+            (
+                "bench",
+                "{exp}",
+                "--batch",
+                "1,4",
+                "--prompt-len",
+                "32",
+                "--new-tokens",
+                "32",
+                "--warmup",
+                "1",
+                "--repeat",
+                "150",
+                "--json",
+                "b.json",
+                "--plot",
+                "b.png",
+            ),
+            ("b.json", "b.png"),
+        ),
+        creates=("b.json", "b.png", "t.txt"),
+        timeout=400,
+    ),
+    Case("serve-decides-per-request", "security", (), 0, run=_serve_per_request, creates=(*SITE, "site"), timeout=60),
+]

@@ -118,19 +118,48 @@ def _limit_memory() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+# Capabilities that let root pass the file permission checks, dropped from the bounding set of a case's process
+# run as an unprivileged user: exec then grants uid 0 none of them (linux/capability.h, linux/prctl.h).
+_PERMISSION_CAPABILITIES = {"CAP_DAC_OVERRIDE": 1, "CAP_DAC_READ_SEARCH": 2, "CAP_FOWNER": 3}
+_PR_CAPBSET_DROP = 24
+
+
+def _unprivileged() -> None:
+    """In a case's process run as an unprivileged user: as _limit_memory, and where the tests run as root, root
+    without the capabilities that pass permission checks. It keeps its uid (the case's files are its own, this
+    interpreter under /root stays reachable where a new account could not reach it) and gets every EACCES an
+    unprivileged user gets: read-only files and folders, another user's private folder, a home it cannot write."""
+    _limit_memory()
+    if os.geteuid() == 0:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        for name, number in _PERMISSION_CAPABILITIES.items():
+            if libc.prctl(_PR_CAPBSET_DROP, number, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), f"cannot drop {name}")
+
+
 def make_cli(env: dict[str, str], timeout: float):
-    def cli(argv, ctx: Ctx, *, wait: bool = True):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpt2onnx", *argv],
-            cwd=ctx.dir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-            preexec_fn=_limit_memory,
-        )
+    def cli(argv, ctx: Ctx, *, wait: bool = True, unprivileged: bool = False, env_changes: dict | None = None):
+        """``unprivileged``: run as a user without root's permission bypass (skipped where that cannot be
+        arranged). ``env_changes``: variables set, or removed where the value is None."""
+        run_env = {**env, **{k: v for k, v in (env_changes or {}).items() if v is not None}}
+        for name in [k for k, v in (env_changes or {}).items() if v is None]:
+            run_env.pop(name, None)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpt2onnx", *argv],
+                cwd=ctx.dir,
+                env=run_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+                preexec_fn=_unprivileged if unprivileged else _limit_memory,
+            )
+        except subprocess.SubprocessError as err:
+            pytest.skip(f"cannot run a process without root's permission capabilities here ({err})")
         return finish(proc, timeout) if wait else proc
 
     return cli

@@ -1,17 +1,18 @@
 """A seeded configuration fuzz: random combinations of the GPT-2 config fields this tool represents, on tiny
-models, each exported in every fusion profile (none, ort, ort-shared-kv, portable, tensorrt) and compared with
-transformers' GPT2LMHeadModel through plain onnxruntime (a left-padded batch: prompt and decode steps; greedy
-tokens); ort-shared-kv where GroupQueryAttention takes the head size (a multiple of 8), and its one-line refusal
-where it does not; invalid combinations give the one-line refusal naming the field.
+models, each exported in every fusion profile (none, ort, ort-shared-kv, portable, tensorrt, onnx, onnx-static-kv)
+and compared with transformers' GPT2LMHeadModel through plain onnxruntime (a left-padded batch: prompt and decode
+steps; greedy tokens); ort-shared-kv where GroupQueryAttention takes the head size (a multiple of 8), and its
+one-line refusal where it does not; invalid combinations give the one-line refusal naming the field.
 
-The trade-off: every profile of a config costs an export and a comparison, so a run draws 7 configs × 5 profiles
-(35 cases) where it drew 20 configs × 1 drawn profile: fewer combinations of fields per run (the seed's 7 still
-hold every flag, untied heads, 2048 positions, both GELUs and head sizes that GroupQueryAttention takes and
-refuses), but no config that passes in one profile and fails in another goes unseen. The time stays about what it
-was: the exports skip their own validation (the comparison below is that check, on this batch) and transformers'
-greedy tokens are computed once per config (measured on 2 loaded cores: 20 × 1 took 90 s wall and 47 s of CPU,
-8 × 5 took 89 s and 61 s, 7 × 5 takes 60 s and 42 s). The seed is fixed, so a failure names a combination that
-can be rerun; GPT2ONNX_FUZZ_SEED and GPT2ONNX_FUZZ_CONFIGS draw others, or more, by hand."""
+The trade-off: every profile of a config costs an export and a comparison, so a run draws 7 configs × 7 profiles
+(49 cases; 35 before the two onnx profiles) where it drew 20 configs × 1 drawn profile: fewer combinations of
+fields per run (the seed's 7 still hold every flag, untied heads, 2048 positions, both GELUs and head sizes that
+GroupQueryAttention takes and refuses), but no config that passes in one profile and fails in another goes
+unseen. The exports skip their own validation (the comparison below is that check, on this batch) and
+transformers' greedy tokens are computed once per config (measured on 2 loaded cores: 20 × 1 took 90 s wall and
+47 s of CPU, 8 × 5 took 89 s and 61 s, 7 × 5 took 60 s and 42 s; 7 × 7 was not timed on its own). The seed is
+fixed, so a failure names a combination that can be rerun; GPT2ONNX_FUZZ_SEED and GPT2ONNX_FUZZ_CONFIGS draw
+others, or more, by hand."""
 
 import json
 import os
@@ -34,7 +35,7 @@ from gpt2onnx.verify.lockstep import compare_decoder, greedy, left_padded_batch,
 SEED = int(os.environ.get("GPT2ONNX_FUZZ_SEED", "36"))
 CONFIGS = int(os.environ.get("GPT2ONNX_FUZZ_CONFIGS", "7"))
 FP32_TOL = 1e-4  # fp32 against fp32 through other kernels: measured below 3e-5 on these shapes
-PROFILES = ("none", "ort", "ort-shared-kv", "portable", "tensorrt")
+PROFILES = ("none", "ort", "ort-shared-kv", "portable", "tensorrt", "onnx", "onnx-static-kv")
 runner = CliRunner()
 
 

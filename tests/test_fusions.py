@@ -22,7 +22,7 @@ from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.passes.fusions import fuse, golden_counts, profiles
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
-from gpt2onnx.runtimes.decoder import SharedCacheDecoder, cpu_decoder
+from gpt2onnx.runtimes.decoder import SharedCacheDecoder, StaticCacheDecoder, cpu_decoder
 from gpt2onnx.verify.lockstep import compare_decoder, greedy, left_padded_batch, reference_greedy
 
 FP32_TOL = 1e-4
@@ -203,6 +203,28 @@ def test_attention_rule_on_a_tiny_export(tmp_path):
         np.testing.assert_allclose(ours[1], theirs[1], atol=1e-5)
 
 
+def test_onnx_attention_rule_on_a_tiny_export(tmp_path):
+    """The same subgraph as the attention rule, written as the standard Attention (opset 23): no Softmax left, the
+    same outputs."""
+    folder = export("tiny", tmp_path / "tiny", random_init=True, options=ExportOptions(validate=False)).folder
+    model = onnx.version_converter.convert_version(onnx.load(str(folder / "model.onnx")), 23)
+    model.ir_version = 10  # onnxruntime 1.31 reads IR 13 at most
+    fused, count = _apply(model, profiles.ONNX_ATTENTION)
+    assert count == 2 and _ops(fused)[("", "Attention")] == 2 and ("", "Softmax") not in _ops(fused)
+    node = next(n for n in fused.graph.node if n.op_type == "Attention")
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attributes["q_num_heads"] == attributes["kv_num_heads"] == 4 and math.isclose(attributes["scale"], 0.25)
+    assert len(node.input) == 6 and len(node.output) == 3
+    ids = np.array([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]], np.int64)
+    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], np.int64)
+    past = [np.zeros((2, 4, 0, 16), np.float32)] * 4
+    names = [i.name for i in model.graph.input]
+    feeds = dict(zip(names, [ids, mask, np.maximum(np.cumsum(mask, 1) - 1, 0), *past]))
+    for ours, theirs in zip(_run(fused, feeds), _run(model, feeds)):
+        np.testing.assert_allclose(ours[0, 2:], theirs[0, 2:], atol=1e-5)  # row 0's real positions
+        np.testing.assert_allclose(ours[1], theirs[1], atol=1e-5)
+
+
 # -- profiles end to end on tiny GPT-2 shapes ----------------------------------------------------------------
 PROFILE_OPS = {
     "ort": {
@@ -212,6 +234,8 @@ PROFILE_OPS = {
     },
     "portable": {("", "LayerNormalization"), ("", "Gelu")},
     "tensorrt": {("", "LayerNormalization")},
+    "onnx": {("", "Attention"), ("", "LayerNormalization"), ("", "Gelu")},
+    "onnx-static-kv": {("", "Attention"), ("", "TensorScatter"), ("", "LayerNormalization"), ("", "Gelu")},
 }
 
 
@@ -221,7 +245,7 @@ def checkpoint(hf_folder):
     return hf_folder, ckpt, reference_model(ckpt)
 
 
-@pytest.mark.parametrize("profile", ["ort", "ort-shared-kv", "portable", "tensorrt"])
+@pytest.mark.parametrize("profile", ["ort", "ort-shared-kv", "portable", "tensorrt", "onnx", "onnx-static-kv"])
 def test_profile_end_to_end(checkpoint, tmp_path, profile):
     folder, ckpt, reference = checkpoint
     if profile == "ort-shared-kv" and ckpt.spec.head_dim % 8:
@@ -243,12 +267,18 @@ def test_profile_end_to_end(checkpoint, tmp_path, profile):
     else:
         assert not any(domain for domain, _ in ops), f"{profile} must stay in the standard domain"
         assert ops[("", "LayerNormalization")] == 2 * L + 1
+        opset = {i.domain: i.version for i in model.opset_import}[""]
         if profile == "portable":
-            assert ops[("", "Gelu")] == L and {i.domain: i.version for i in model.opset_import}[""] == 20
+            assert ops[("", "Gelu")] == L and opset == 20
+        if profile.startswith("onnx"):
+            assert ops[("", "Attention")] == L and ops[("", "Gelu")] == L and ("", "Softmax") not in ops
+            assert ops[("", "TensorScatter")] == (2 * L if profile == "onnx-static-kv" else 0)
+            assert opset == (24 if profile == "onnx-static-kv" else 23)
     manifest = json.loads((result.folder / "gpt2onnx.json").read_text())
     assert manifest["fusion"]["profile"] == profile and not manifest["fusion"]["partial"]
     decoder = cpu_decoder(result.folder / "model.onnx", n_positions=ckpt.spec.n_positions)
     assert isinstance(decoder, SharedCacheDecoder) == (profile == "ort-shared-kv")
+    assert isinstance(decoder, StaticCacheDecoder) == (profile == "onnx-static-kv")
     ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=4, length=9, seed=6)
     parity = compare_decoder(decoder, reference, ids, mask, decode_steps=4, tolerance=FP32_TOL)
     assert parity.passed, parity
@@ -273,7 +303,7 @@ def optimum_export(tmp_path_factory, tiny_folder):
     return out
 
 
-@pytest.mark.parametrize("profile", ["ort", "ort-shared-kv", "portable", "tensorrt"])
+@pytest.mark.parametrize("profile", ["ort", "ort-shared-kv", "portable", "tensorrt", "onnx", "onnx-static-kv"])
 def test_optimize_an_optimum_export_reaches_the_same_counts(optimum_export, tiny_folder, tmp_path, profile):
     ours = export(str(tiny_folder), tmp_path / "ours", options=ExportOptions(fusion=profile)).manifest.fusion
     theirs = optimize(optimum_export, tmp_path / "optimized", fusion=profile)

@@ -15,7 +15,7 @@ from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.passes.fusions.profiles import fused_with
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
-PROFILES = ("none", "ort", "ort-shared-kv", "portable", "tensorrt")
+PROFILES = ("none", "ort", "ort-shared-kv", "portable", "tensorrt", "onnx", "onnx-static-kv")
 PRECISIONS = {
     "int8": dict(quantization=QuantizeOptions(method="int8")),
     "int4": dict(quantization=QuantizeOptions(method="int4")),

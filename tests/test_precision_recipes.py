@@ -40,7 +40,12 @@ def _layers(folder):
 @pytest.mark.parametrize(
     "options, head, embedding",
     [
-        (QuantizeOptions("int4"), ("MatMulNBits", 4, "UINT8"), ("GatherBlockQuantized", 4, "INT4")),
+        (QuantizeOptions("int4"), ("MatMulNBits", 8, "UINT8"), ("GatherBlockQuantized", 8, "UINT8")),
+        (
+            QuantizeOptions("int4", 32, lm_head="int4", embeddings="int4"),
+            ("MatMulNBits", 4, "UINT8"),
+            ("GatherBlockQuantized", 4, "INT4"),
+        ),
         (
             QuantizeOptions("int4", 128, 0, lm_head="int8", embeddings="int8"),
             ("MatMulNBits", 8, "UINT8"),
@@ -53,7 +58,7 @@ def _layers(folder):
             ("GatherBlockQuantized", 8, "UINT8"),
         ),
     ],
-    ids=["int4-recipe", "int4-head8-emb8-bs128-acc0", "int4-head32-emb32", "int8-head32-emb8"],
+    ids=["int4-recipe", "int4-all4-bs32", "int4-head8-emb8-bs128-acc0", "int4-head32-emb32", "int8-head32-emb8"],
 )
 def test_layers_kept_and_gates_pass(gpt2_init_export, tmp_path, options, head, embedding):
     result = optimize(gpt2_init_export, tmp_path / "q", fusion="none", quantization=options)
@@ -67,7 +72,8 @@ def test_layers_kept_and_gates_pass(gpt2_init_export, tmp_path, options, head, e
     shared = recorded.shared_embedding is not None
     width = json.loads((gpt2_init_export / "config.json").read_text())["n_embd"]
     same_width = options.method == "int4" and resolved.lm_head == resolved.embeddings != "fp32"
-    assert shared == (same_width and width % resolved.block_size == 0)  # a padded last block is not shared
+    assert recorded.block_size == (options.block_size or min(resolved.block_size, width))  # the recipe's, fitted
+    assert shared == (same_width and width % recorded.block_size == 0)  # a padded last block is not shared
     token = (embedding[0], embedding[1], head[2]) if shared else embedding
     assert got_head == head and got_embeddings == sorted([token, embedding])
     model = onnx.load(str(tmp_path / "q" / "model.onnx"))

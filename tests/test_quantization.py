@@ -7,7 +7,7 @@ import onnx
 import pytest
 from test_cli import assert_one_line_error, run
 
-from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.errors import BadInput, Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
@@ -62,7 +62,26 @@ def test_optimize_fuses_then_quantizes(tmp_path):
     assert result.manifest.fusion.golden["attention"].found == 2
     ops = _ops(tmp_path / "o")
     assert ops["MultiHeadAttention"] == 2 and ops["MatMulNBits"] > 0
-    assert onnx.load(str(tmp_path / "o" / "model.onnx")).ir_version >= 10  # opset 21 needs IR 10
+    model = onnx.load(str(tmp_path / "o" / "model.onnx"))
+    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
+    assert model.ir_version >= (10 if opset >= 21 else 8)  # the quantizer's opset 21 needs IR 10
+
+
+def test_the_recipe_s_int4_blocks_fit_the_model(tmp_path):
+    """The recipe's blocks of 128 fitted to a 64-wide model: blocks of 64 (one stored tied table, and k-quant,
+    which cannot pad a short block, applies); a block size the user gives is kept, or refused in one line where
+    the algorithm cannot split the widths into an even number of blocks."""
+    source = export("tiny", tmp_path / "src", random_init=True).folder
+    width = json.loads((source / "config.json").read_text())["n_embd"]
+    result = optimize(source, tmp_path / "o", fusion="none", quantization=QuantizeOptions("int4"))
+    record = result.manifest.quantization
+    assert QuantizeOptions("int4").recipe.block_size == 128 and width == 64
+    assert record.block_size == 64 and record.shared_embedding == "wte.weight" and result.check.passed
+    kept = optimize(source, tmp_path / "k", fusion="none", quantization=QuantizeOptions("int4", 128))
+    assert kept.manifest.quantization.block_size == 128 and kept.check.passed
+    with pytest.raises(BadInput, match=r"--block-size 64 does not split .* k-quant needs .*: choose --block-size 32"):
+        optimize(source, tmp_path / "r", fusion="none", quantization=QuantizeOptions("int4", 64, algorithm="k-quant"))
+    assert not (tmp_path / "r").exists()
 
 
 def test_the_gate_can_fail(tiny_folder, tmp_path, monkeypatch):

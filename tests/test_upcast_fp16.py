@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.precisions.fp16 import ATTENTION_SCORES, to_fp16, written_out_attention_scores
@@ -191,6 +192,52 @@ def test_fused_attention_computes_fp16_scores_in_fp32_on_the_cpu(op, q, k_past, 
     fp16 = _attention_probe(op, TensorProto.FLOAT16, q + pad, k_past + pad, k_new + pad)
     np.testing.assert_allclose(fp16, expected, atol=1e-3)  # fp16's output rounding
     np.testing.assert_allclose(_attention_probe(op, TensorProto.FLOAT, q + pad, k_past + pad, k_new + pad), expected)
+
+
+def _standard_attention_probe(dtype, q, k_past, k_new) -> np.ndarray:
+    """The probe above on ai.onnx Attention (opset 23, the onnx profile's op)."""
+    D = len(q)
+    np_type = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}[dtype]
+    feeds = {
+        "q": np.array([[q]], np_type),
+        "k": np.array([[k_new]], np_type),
+        "v": np.array([[[0, 1] + [0] * (D - 2)]], np_type),
+        "bias": np.zeros((1, 1, 1, 2), np_type),
+        "past_key": np.array([[[k_past]]], np_type),
+        "past_value": np.array([[[[1, 0] + [0] * (D - 2)]]], np_type),
+    }
+    shapes = {"q": [1, 1, D], "k": [1, 1, D], "v": [1, 1, D], "bias": [1, 1, 1, 2]}
+    shapes.update(past_key=[1, 1, 1, D], past_value=[1, 1, 1, D])
+    inputs = [helper.make_tensor_value_info(n, dtype, s) for n, s in shapes.items()]
+    outputs = [helper.make_tensor_value_info(n, dtype, None) for n in ("y", "present_key", "present_value")]
+    node = helper.make_node(
+        "Attention", list(shapes), [o.name for o in outputs], q_num_heads=1, kv_num_heads=1, scale=1.0
+    )
+    graph = helper.make_graph([node], "probe", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(["y"], feeds)[0].ravel()[:2].astype(np.float64)
+
+
+def test_the_standard_attention_computes_fp16_scores_in_fp16_on_the_cpu():
+    """Why an upcast architecture is refused in fp16 with the onnx profiles: onnxruntime 1.31's CPU Attention keeps
+    fp16 scores (2049 and 2048 both round to 2048: equal weights), unlike MultiHeadAttention above."""
+    pad = [0] * 6
+    fp16 = _standard_attention_probe(TensorProto.FLOAT16, [1, 1] + pad, [2048, 1] + pad, [2048, 0] + pad)
+    np.testing.assert_allclose(fp16, [0.5, 0.5])
+    fp32 = _standard_attention_probe(TensorProto.FLOAT, [1, 1] + pad, [2048, 1] + pad, [2048, 0] + pad)
+    np.testing.assert_allclose(fp32, np.array([np.e, 1.0]) / (1 + np.e), rtol=1e-6)
+
+
+@pytest.mark.parametrize("profile", ["onnx", "onnx-static-kv"])
+def test_fp16_of_an_upcast_config_is_refused_with_the_onnx_profiles(upcast_folder, tmp_path, profile):
+    options = ExportOptions(fusion=profile, dtype="fp16", validate=False)
+    with pytest.raises(Gpt2OnnxError, match="standard Attention of the onnx profiles computes them in fp16"):
+        export(str(upcast_folder), tmp_path / profile, options=options)
+    assert not (tmp_path / profile).exists()
 
 
 def test_fused_fp16_export_of_an_upcast_config_says_where_the_scores_are(upcast_folder, tmp_path, caplog):

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import platform
+import secrets
 import shutil
 import stat
 import tempfile
@@ -176,7 +177,7 @@ def _claims(manifest: Manifest, facts: GraphFacts) -> list[str]:
     claims = {
         "dtype": (manifest.dtype, facts.dtype),
         "quantized ops": (_recorded_ops(manifest), sorted(facts.quantized_ops)),
-        "kv_cache": (manifest.kv_cache, "shared" if facts.shared_kv else "concat"),
+        "kv_cache": (manifest.kv_cache, facts.kv_cache),
         "kv_cache_quantization.dtype": (
             manifest.kv_cache_quantization.dtype if manifest.kv_cache_quantization else None,
             facts.kv_dtype,
@@ -392,8 +393,9 @@ def check_output(target: Path, *, force: bool, protect: tuple[Path, ...] = ()) -
 
 # -- one writer per output, and what a killed run left -------------------------------------------------------
 # The lock file .NAME.lock beside an output is this tool's record: its first line is _LOCK_HEADER, then one line
-# per staging or backup folder the run made ("staging .NAME.tmp-…", "backup .NAME.old-…"). Only folders a
-# record names, and only records no run holds, are ever cleaned up; anything else in the parent is left alone.
+# per staging folder or old folder the run made ("staging .NAME.tmp-…"; "aside .NAME.old-…": the old folder itself,
+# renamed beside it; "backup .NAME.old-…": a folder holding the old one, as earlier versions wrote it). Only folders
+# a record names, and only records no run holds, are ever cleaned up; anything else in the parent is left alone.
 _LOCK_SUFFIX = ".lock"
 _LOCK_HEADER = "gpt2onnx output lock 1"
 
@@ -420,14 +422,14 @@ def _record(handle) -> list[tuple[str, str]] | None:
     entries = []
     for line in lines[1:]:
         kind, _, name = line.partition(" ")
-        if kind in ("staging", "backup") and name and "/" not in name and name not in (".", ".."):
+        if kind in ("staging", "aside", "backup") and name and "/" not in name and name not in (".", ".."):
             entries.append((kind, name))
     return entries
 
 
 def _recover(parent: Path, name: str, entries: list[tuple[str, str]]) -> None:
-    """Undo what a killed run into ``parent/name`` left: its staging folders are removed; a backup of the old
-    folder is moved back when the output is missing (killed between the two renames of a replace), else
+    """Undo what a killed run into ``parent/name`` left: its staging folders are removed; the old folder it had
+    moved aside is moved back when the output is missing (killed between the two renames of a replace), else
     removed. Only folders named in its record, with this output's prefixes, are touched."""
     target = parent / name
     for kind, entry in entries:
@@ -435,11 +437,14 @@ def _recover(parent: Path, name: str, entries: list[tuple[str, str]]) -> None:
         prefix = f".{name}{_STAGING if kind == 'staging' else _BACKUP}"
         if not entry.startswith(prefix) or path.is_symlink() or not path.is_dir():
             continue
-        if kind == "backup" and (path / name).is_dir() and not target.exists() and not target.is_symlink():
+        old = {"aside": path, "backup": path / name}.get(kind)
+        if old is not None and old.is_dir() and not target.exists() and not target.is_symlink():
             log.info("restoring '%s' from '%s', left by an interrupted replace", target, path)
-            os.replace(path / name, target)
+            os.replace(old, target)
+            if kind == "aside":
+                continue
         log.info("removing '%s', left by an interrupted run", path)
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
 
 
 def _remove_stale_staging(parent: Path, keep: Path | None = None) -> None:
@@ -528,6 +533,53 @@ def _output_lock(target: Path):
                 lock_path.unlink()  # while still holding the lock
 
 
+def remove_tree(path: Path) -> bool:
+    """Remove a folder this tool wrote or moved aside, whole, also where it holds read-only sub-folders of the user
+    running it (an old folder made read-only with chmod -R a-w): each folder of theirs is made writable before it
+    is listed and emptied. Returns whether it is gone."""
+
+    def open_up(folder: str) -> None:
+        with contextlib.suppress(OSError):
+            info = os.lstat(folder)
+            if (
+                stat.S_ISDIR(info.st_mode)
+                and info.st_uid == os.geteuid()
+                and info.st_mode & stat.S_IRWXU != stat.S_IRWXU
+            ):
+                os.chmod(folder, stat.S_IMODE(info.st_mode) | stat.S_IRWXU)
+
+    open_up(str(path))
+    for dirpath, dirnames, _ in os.walk(path):  # top-down: each sub-folder opened up before the walk lists it
+        for name in dirnames:
+            open_up(os.path.join(dirpath, name))
+    shutil.rmtree(path, ignore_errors=True)
+    return not path.exists() and not path.is_symlink()
+
+
+def removable(folder: Path) -> Path | None:
+    """The first folder in ``folder`` (itself included) whose entries the user running this could not remove: one
+    neither writable nor theirs to make writable (another user's read-only or private sub-folder). None: the
+    whole folder can be removed once it is replaced."""
+    effective = os.access in os.supports_effective_ids
+
+    def stuck(path: str) -> bool:
+        try:
+            info = os.lstat(path)
+        except OSError:
+            return True
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid == os.geteuid():
+            return False
+        return not os.access(path, os.R_OK | os.W_OK | os.X_OK, effective_ids=effective)
+
+    if stuck(str(folder)):
+        return folder
+    for dirpath, dirnames, _ in os.walk(folder):  # links are not followed
+        for name in dirnames:
+            if stuck(os.path.join(dirpath, name)):
+                return Path(dirpath) / name
+    return None
+
+
 def _note(handle, kind: str, folder: Path) -> None:
     """Record a folder this run made, before anything is moved into it (so a kill leaves it recoverable)."""
     handle.write(f"{kind} {folder.name}\n")
@@ -547,8 +599,10 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
 
     ``protect``: paths (the source checkpoint) that the output must not be, nor contain. ``check=False``: the
     caller checked the output itself (deploy in place, which carries what it does not own). The replace can be
-    recovered at every instant: the old folder is moved into a recorded backup folder first, and a run killed
-    between the two renames gets it back at the next run."""
+    recovered at every instant: the old folder is renamed aside first (beside it, under a recorded name: a
+    folder renamed within its parent needs no write permission of its own, so a read-only old folder is
+    replaced too), and a run killed between the two renames gets it back at the next run. An old folder that
+    could not be removed once replaced (another user's read-only sub-folder in it) is refused before any work."""
     given, target = Path(target), real_location(target)  # '.' has no name for a lock or a staging folder
     if check:
         check_output(given, force=force, protect=protect)
@@ -562,6 +616,12 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
         if check:
             check_output(given, force=force, protect=protect)  # again, now that no other run can write it
         _remove_stale_staging(target.parent, keep=target.parent / f".{target.name}{_LOCK_SUFFIX}")
+        stuck = removable(target) if target.is_dir() and not target.is_symlink() else None
+        if stuck is not None:
+            raise OutputError(
+                f"cannot replace '{given}': '{stuck}' cannot be removed by this user (another user's, or not"
+                " writable); ask its owner to remove it, or write elsewhere (-o)"
+            )
         try:
             staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{_STAGING}{os.getpid()}-", dir=target.parent))
             _note(lock, "staging", staging)
@@ -585,21 +645,17 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
             _apply_umask(staging)
             try:
                 if target.exists():
-                    # Move the old folder aside first, so that a failure here still leaves one complete folder.
-                    backup = Path(tempfile.mkdtemp(prefix=f".{target.name}{_BACKUP}{os.getpid()}-", dir=target.parent))
-                    _note(lock, "backup", backup)
-                    try:
-                        os.replace(target, backup / target.name)
-                    except BaseException:  # nothing was moved (a mount point, a read-only parent): no backup left
-                        shutil.rmtree(backup, ignore_errors=True)
-                        raise
+                    # Rename the old folder aside first, so that a failure here still leaves one complete folder.
+                    aside = _aside_name(target)
+                    _note(lock, "aside", aside)
+                    os.rename(target, aside)  # nothing moved on failure (a mount point, a read-only parent)
                     try:
                         os.replace(staging, target)
                     except BaseException:
-                        os.replace(backup / target.name, target)  # put the old folder back
-                        shutil.rmtree(backup, ignore_errors=True)
+                        os.rename(aside, target)  # put the old folder back
                         raise
-                    shutil.rmtree(backup, ignore_errors=True)
+                    if not remove_tree(aside):
+                        log.warning("the old '%s' could not be removed whole: remove '%s' yourself", given, aside)
                 else:
                     os.replace(staging, target)
             except OSError as err:
@@ -610,6 +666,14 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+
+
+def _aside_name(target: Path) -> Path:
+    """A new name beside ``target`` for its old folder while it is replaced (.NAME.old-PID-RANDOM)."""
+    while True:
+        aside = target.parent / f".{target.name}{_BACKUP}{os.getpid()}-{secrets.token_hex(4)}"
+        if not aside.exists() and not aside.is_symlink():
+            return aside
 
 
 def _apply_umask(folder: Path) -> None:

@@ -98,6 +98,7 @@ def external_data_files(model: onnx.ModelProto) -> list[str]:
 
 
 SHARED_CACHE_OP = "GroupQueryAttention"
+STATIC_CACHE_OP = "TensorScatter"  # the onnx-static-kv profile: a fixed-size buffer updated in place
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,9 @@ class GraphFacts:
     fp16 export, whose logits may stay float32); ``quantization``: int4 (4-bit MatMulNBits), int8
     (MatMulInteger) or none; ``logits_last``: the logits output has one position (exported with --logits
     last); ``shared_kv``: past and present share one buffer (GroupQueryAttention); ``vocab_size``: the logits'
-    last dimension, when fixed; ``data_files``: the external data files its weights are read from; ``kv_dtype``:
-    the cache's element type (``dtype``, or int8 for a quantized cache: --kv-cache)."""
+    last dimension, when fixed; ``static_kv``: one fixed-size K/V buffer updated in place (TensorScatter);
+    ``data_files``: the external data files its weights are read from; ``kv_dtype``: the cache's element type
+    (``dtype``, or int8/uint8 for a quantized cache: --kv-cache)."""
 
     dtype: str = "float32"
     quantized_ops: frozenset[str] = frozenset()
@@ -117,7 +119,13 @@ class GraphFacts:
     vocab_size: int | None = None
     data_files: tuple[str, ...] = ()
     position_rows: int | None = None
+    static_kv: bool = False
     kv_dtype: str = "float32"
+
+    @property
+    def kv_cache(self) -> str:
+        """The manifest's word for the graph's cache: shared, static or concat."""
+        return "shared" if self.shared_kv else "static" if self.static_kv else "concat"
 
 
 def quantized_op_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -152,6 +160,7 @@ def graph_facts(model: onnx.ModelProto) -> GraphFacts:
         vocab_size=dims[-1] if dims and isinstance(dims[-1], int) else None,
         data_files=tuple(external_data_files(model)),
         position_rows=position_table_rows(model),
+        static_kv=STATIC_CACHE_OP in ops,
         kv_dtype=kv_dtype,
     )
 

@@ -390,7 +390,7 @@ class Manifest:
     fusion: FusionReport | None = None
     fp16: Fp16Record | None = None
     quantization: QuantizationRecord | None = None
-    kv_cache: str | None = None  # "shared" (one buffer for past and present) or "concat"; None: not recorded
+    kv_cache: str | None = None  # "shared" (one buffer, GroupQueryAttention), "static" (TensorScatter) or "concat"
     kv_cache_quantization: KvCacheRecord | None = None  # a quantized cache (--kv-cache); None: the float cache
     # special token ids the configs give outside the vocabulary ({"eos_token_id": [50256]}): as in transformers
     # they never come; the readers of generation_config.json accept exactly these (artifact.generation)

@@ -101,6 +101,11 @@ def check_output_path(
     parent = path.parent if str(path.parent) else Path(".")
     if kind == "file" and not parent.is_dir():
         raise BadInput(f"{option} '{path}': its folder '{parent}' does not exist; create it or choose another path")
+    if kind == "file" and not os.access(
+        parent, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids
+    ):
+        # the file is written beside itself, then renamed: its folder must take a new file (before minutes of work)
+        raise OutputError(f"cannot write {option} '{path}': its folder '{parent}' is not writable; choose another path")
     try:
         real = real_location(path)
         read_folders = [(Path(f), Path(f).resolve()) for f in folders]

@@ -8,7 +8,9 @@ import errno
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import typing
 from typing import Annotated, Optional
 
@@ -17,7 +19,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from gpt2onnx import __version__
-from gpt2onnx.errors import BadInput, Gpt2OnnxError
+from gpt2onnx.errors import BadInput, Gpt2OnnxError, shown
+from gpt2onnx.files import write_json_atomic
 
 INTERNAL_ERROR = 70  # a bug of ours, not the user's: still one line, and the traceback with --verbose
 
@@ -65,6 +68,7 @@ class OneLineErrors(typer.core.TyperGroup):
         if not standalone_mode:  # callers who handle errors themselves
             _refuse_underscored_numbers(args[0] if args else kwargs.get("args"))
             return super().main(*args, standalone_mode=False, **kwargs)
+        interrupts = signal.getsignal(signal.SIGINT) if _in_main_thread() else None
         try:
             _refuse_underscored_numbers(args[0] if args else kwargs.get("args"))
             rv = super().main(*args, standalone_mode=False, **kwargs)
@@ -78,6 +82,8 @@ class OneLineErrors(typer.core.TyperGroup):
         except KeyboardInterrupt:
             _fail("interrupted", 130, prefix="")
         except OSError as err:
+            if err.errno in _NOT_PERMITTED and err.filename is not None:  # a path this user may not use
+                _fail(_not_permitted(err), 4 if err.errno == errno.EROFS else BadInput.exit_code)
             if err.errno not in (errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT):
                 _internal_error(err)
             with contextlib.suppress(OSError):  # what is still buffered goes nowhere, quietly, at exit
@@ -89,7 +95,65 @@ class OneLineErrors(typer.core.TyperGroup):
             _fail("out of memory: use a smaller model, batch or length", 4)
         except Exception as err:  # a bug: one line for the user, the traceback in the log with --verbose
             _internal_error(err)
+        finally:
+            if interrupts is not None and not _as_process and signal.getsignal(signal.SIGINT) is not interrupts:
+                signal.signal(signal.SIGINT, interrupts)  # a caller's own (the test runner's), as it was
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+_written = False  # a command of this process wrote its --json file: Ctrl-C stays ignored until it exits
+_as_process = False  # the app runs as the gpt2onnx process (_Process), not inside a caller's
+
+
+def ignore_interrupts() -> None:
+    """A command starts writing its --json (and --plot) file, its last work: from here on Ctrl-C is ignored until
+    the process exits, so that an interrupted command (exit code 130) has written nothing and a finished one the
+    whole file (atomically)."""
+    global _written
+    if _in_main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _written = True
+
+
+def write_json_output(path, data) -> None:
+    """A command's --json file, written as its last work (see ignore_interrupts)."""
+    ignore_interrupts()
+    write_json_atomic(path, data)
+
+
+class _Process(typer.Typer):
+    """The app as the gpt2onnx process runs it (python -m gpt2onnx, the console script; Typer's test runner calls
+    the command group instead): once the command has ended, a Ctrl-C while the interpreter shuts down (a second
+    or so, unloading onnxruntime and torch) ends the process at once, as the signal, instead of printing Python's
+    'Exception ignored ... KeyboardInterrupt' traceback after the one line; ignored where a --json file was
+    written."""
+
+    def __call__(self, *args, **kwargs):
+        global _as_process
+        _as_process = True
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            if _in_main_thread():
+                if not _written:
+                    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+_NOT_PERMITTED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _not_permitted(err: OSError) -> str:
+    """One line for a path the user running gpt2onnx may not read, search or write (a folder of another user's,
+    a read-only file system), wherever the library first touched it: a model folder under a private folder is
+    refused like any input, not as an internal error."""
+    return (
+        f"cannot use {shown(err.filename)} ({os.strerror(err.errno)}): check the permissions of it and of the"
+        " folders above it, or give a path this user may use"
+    )
 
 
 def _fail(message: str, code: int, *, prefix: str = "error: ") -> None:
@@ -135,7 +199,7 @@ def _refuse_underscored_numbers(args) -> None:
             raise BadInput(f"{flag} '{value}' is not a number as written: give it without underscores")
 
 
-app = typer.Typer(
+app = _Process(
     cls=OneLineErrors,
     help="GPT-2 from a PyTorch checkpoint to a verified, fast ONNX decoder with past key/values.",
     no_args_is_help=True,

@@ -13,7 +13,7 @@ import typer
 
 from gpt2onnx.artifact.inspect import inspect as run_inspect
 from gpt2onnx.cli import render
-from gpt2onnx.cli.app import app, console, err_console
+from gpt2onnx.cli.app import app, console, err_console, ignore_interrupts, write_json_output
 from gpt2onnx.cli.options import (
     OUTPUT_FILE,
     OUTPUT_FOLDER,
@@ -41,7 +41,6 @@ from gpt2onnx.cli.options import (
     uses,
 )
 from gpt2onnx.errors import CheckFailed
-from gpt2onnx.files import write_json_atomic
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.runtimes.base import parse_runtimes, runtime_options
 from gpt2onnx.runtimes.generate import generate as run_generate
@@ -118,7 +117,7 @@ def optimize(
     out: Annotated[Path, typer.Option("--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="Output folder.")],
     fusion: Annotated[
         str | None,
-        typer.Option(help="ort, ort-shared-kv, portable, tensorrt, none. Default: the source's, else ort."),
+        typer.Option(help="As export's --fusion, or none; default: the source's profile, else ort."),
     ] = None,
     allow_partial_fusion: PartialOpt = False,
     validate: Annotated[bool, typer.Option(help="Check against the source before writing.")] = True,
@@ -218,7 +217,7 @@ def generate(
         speculation=speculation,
     )
     if json_path is not None:
-        write_json_atomic(json_path, result.as_dict())
+        write_json_output(json_path, result.as_dict())
     render.generated(result)
 
 
@@ -263,7 +262,7 @@ def parity(
         )
     render.parity_report(report)
     if json_path:
-        write_json_atomic(json_path, report.as_dict())
+        write_json_output(json_path, report.as_dict())
     if not report.passed:
         raise typer.Exit(1)
 
@@ -314,6 +313,7 @@ def bench(
             verify_files=options.verify_files,
             progress=step,
             speculation=speculation,
+            before_writing=ignore_interrupts,
         )
     render.benched(report, plot)
 
@@ -357,7 +357,7 @@ def eval_command(
         )
     render.evaluated(report)
     if json_path:
-        write_json_atomic(json_path, report.as_dict())
+        write_json_output(json_path, report.as_dict())
     if not report.passed:
         failing = next(r.check for r in report.rows if r.check and r.check.failures)
         raise CheckFailed("eval gate failed: " + "; ".join(report.failures), failing)

@@ -73,7 +73,8 @@ def json_output(path: Path | None, *, reads: tuple = (), files: tuple = ()) -> N
 
 # -- the options of one command, declared once ---------------------------------------------------------------------
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")]
-FusionOpt = Annotated[str, typer.Option(help="none, ort, ort-shared-kv, portable, tensorrt.")]
+# the profiles besides none (the default, shown): four lines at most in an 80-column --help
+FusionOpt = Annotated[str, typer.Option(help="ort[-shared-kv], onnx[-static-kv], portable, tensorrt.")]
 PartialOpt = Annotated[bool, typer.Option("--allow-partial-fusion", help="Keep a graph short of its golden counts.")]
 KvCacheOpt = Annotated[
     str,

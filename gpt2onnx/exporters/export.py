@@ -311,9 +311,9 @@ def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
     if passes.dtype == "float16":
         logits_dtype = "float32" if "logits" in passes.keep_fp32 else "float16"
         io = decoder_io(spec, last_logits_only=last, dtype=passes.dtype, logits_dtype=logits_dtype)
-    if passed.kv_cache == "shared":
+    if passed.kv_cache in ("shared", "static"):
         io = shared_cache_io(io, cache_dtype=passes.cache_format.dtype if passes.cache_format else None)
-    if passes.dtype == "float16" or passed.kv_cache == "shared":
+    if passes.dtype == "float16" or passed.kv_cache in ("shared", "static"):
         check_graph_io(passed.model, io)
     return passed, io, kind
 

@@ -70,7 +70,8 @@ def optimize(
     Args:
         source: an exported folder or an .onnx file.
         out: the new folder (never the source's); replaced only with ``force``, and only if gpt2onnx wrote it.
-        fusion: the profile: ort, ort-shared-kv, portable or tensorrt ('none' with a precision change only);
+        fusion: the profile: ort, ort-shared-kv, portable, tensorrt, onnx or onnx-static-kv ('none' with a precision
+            change only);
             None: the source's own profile when it is fused (read from its ops), else ort (ort-shared-kv with a
             quantized ``kv_cache``). Fusing a graph with the
             profile it holds is a no-op; another profile over a fused graph is refused (BadInput).
@@ -248,7 +249,7 @@ def _manifest(model_path: Path, previous, passes: GraphPasses, passed, facts: di
         dtype=passes.dtype if passes.dtype == "float16" or not previous else previous.dtype,
         # the source's IO record, with the shared cache's dim names when the new graph shares its cache
         io=shared_cache_io(io, cache_dtype=_cache_dtype(passes))
-        if io is not None and passed.kv_cache == "shared"
+        if io is not None and passed.kv_cache in ("shared", "static")
         else io,
         **facts,
         options={

@@ -28,7 +28,8 @@ class PassResult:
     fp16: Fp16Record | None = None
     quantization: QuantizationRecord | None = None
     # "shared": past and present may be one preallocated buffer (GroupQueryAttention, the ort-shared-kv
-    # profile); deployment targets read it (genai: past_present_share_buffer). "concat": present = past + new.
+    # profile); deployment targets read it (genai: past_present_share_buffer). "static": one fixed-size buffer
+    # updated in place by TensorScatter (onnx-static-kv). "concat": present = past + new.
     kv_cache: str = "concat"
     kv_cache_quantization: KvCacheRecord | None = None  # a quantized cache (--kv-cache)
 
@@ -127,8 +128,8 @@ class GraphPasses:
                 result.model, result.kv_cache_quantization = quantize_kv_cache(
                     result.model, self.cache_format, kv_calibration.sequences, kv_calibration.source
                 )
-        shared = any(n.op_type == "GroupQueryAttention" for n in result.model.graph.node)
-        result.kv_cache = "shared" if shared else "concat"
+        ops = {n.op_type for n in result.model.graph.node}
+        result.kv_cache = "shared" if "GroupQueryAttention" in ops else "static" if "TensorScatter" in ops else "concat"
         return result
 
 

@@ -33,7 +33,9 @@ FP16_KEEP_OPS = {"layernorm": ("LayerNormalization", "SkipLayerNormalization"), 
 # onnxruntime 1.31's CPU kernels compute them and the softmax in fp32 from fp16 inputs (measured:
 # tests/test_upcast_fp16.py), its CUDA kernels in fp32 when they run flash or memory-efficient attention, but
 # its unfused CUDA kernel (onnxruntime's attention_impl.cu, read, not run here) stores Q·Kᵀ in fp16 before the
-# softmax.
+# softmax. The standard Attention of the onnx profiles does not: onnxruntime 1.31's CPU kernel computes the scores
+# of fp16 inputs in fp16 (two scores 1 apart near 2048 get 0.5 and 0.5, past 65504 NaN; softmax_precision = 1
+# changes nothing: tests/test_upcast_fp16.py), so to_fp16 refuses an upcast architecture there.
 ATTENTION_SCORES = "attention_scores"
 FUSED_ATTENTION = ("MultiHeadAttention", "GroupQueryAttention")
 
@@ -156,6 +158,12 @@ def to_fp16(
     if "layernorm" in keep_fp32:
         kept_nodes = [node for nodes in written_out_layer_norms(model.graph) for node in nodes]
     groups = list(keep_fp32)
+    if upcast_attention and any(n.op_type == "Attention" and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        raise BadInput(
+            "this architecture computes its attention scores in fp32 (reorder_and_upcast_attn), but the standard"
+            " Attention of the onnx profiles computes them in fp16 from fp16 inputs (onnxruntime 1.31's CPU kernel;"
+            " softmax_precision changes nothing): use --fusion none or portable with --dtype fp16, or stay fp32"
+        )
     if upcast_attention:
         scores = written_out_attention_scores(model.graph)
         kept_nodes += [node for nodes in scores for node in nodes if node not in kept_nodes]

@@ -11,6 +11,7 @@ copy ends up 4 or 8 bits wide; the Gather keeps reading the embedding, or its ow
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from onnx import numpy_helper
 
 from gpt2onnx.artifact.graph import quantized_op_counts
 from gpt2onnx.artifact.manifest import QuantizationRecord
+from gpt2onnx.errors import BadInput
 from gpt2onnx.precisions.algorithms.algorithm import Calibration, Int4Algorithm
 from gpt2onnx.precisions.precision import EIGHT_BIT_TABLES, FLOAT_LAYER
 
@@ -279,6 +281,53 @@ def share_tied_embedding(model: onnx.ModelProto) -> str | None:
     return source
 
 
+def _block_widths(model: onnx.ModelProto) -> set[int]:
+    """The widths that blocks run along: each MatMul weight's input width (rows of a [K, N] weight; a Gemm's
+    transposed tied head reads the embedding's width) and each embedding table's row width."""
+    shapes = {init.name: list(init.dims) for init in model.graph.initializer if len(init.dims) == 2}
+    widths = set()
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in shapes:
+            widths.add(shapes[node.input[1]][0])
+        elif node.op_type in ("Gather", "Gemm") and len(node.input) > 1:
+            weight = node.input[0] if node.op_type == "Gather" else node.input[1]
+            if weight in shapes:
+                widths.add(shapes[weight][1])
+    return widths
+
+
+def fitted_block_size(model: onnx.ModelProto, recipe, allowed, *, given: int | None, algorithm=None) -> int:
+    """The block size: the recipe's (``given`` None) fitted to the model, the largest allowed size up to it that
+    divides every width blocks run along (the tied table can then be stored once), into an even number of blocks
+    where ``algorithm`` needs it (Int4Algorithm.even_blocks), else the largest that fits in the narrowest width.
+    A size the user gave is kept (round to nearest pads a short last block), or refused in one line where the
+    algorithm cannot take it."""
+    widths = _block_widths(model)
+    even = algorithm is not None and algorithm.even_blocks
+
+    def fits(size: int) -> bool:
+        return all(width % (2 * size if even else size) == 0 for width in widths)
+
+    if given is not None:
+        if even and not fits(given):
+            smaller = [b for b in allowed if fits(b)]
+            advice = f"choose --block-size {max(smaller)} or less" if smaller else "choose another --algorithm"
+            raise BadInput(
+                f"--block-size {given} does not split this model's widths {sorted(widths)} into an even number of"
+                f" blocks, which {algorithm.name} needs (onnxruntime packs its zero points two a byte): {advice}"
+            )
+        return given
+    if not widths:
+        return recipe
+    candidates = sorted((b for b in allowed if b <= recipe), reverse=True)
+    size = next((b for b in candidates if fits(b)), None)
+    if size is None:
+        size = next((b for b in candidates if b <= min(widths)), candidates[-1])
+    if size != recipe:
+        log.info("blocks of %d (the recipe's %d, fitted to widths %s)", size, recipe, sorted(widths))
+    return size
+
+
 @dataclass
 class QuantizeContext:
     """What a precision's weight pass works on (Precision.quantize): the model with its nodes named and a
@@ -312,6 +361,16 @@ def quantize(
     recipe = options.recipe
     ir_version = model.ir_version
     graph = model.graph
+    if options.block_wise:
+        block_size = fitted_block_size(
+            model,
+            recipe.block_size,
+            precision.block_sizes,
+            given=options.block_size,
+            algorithm=options.weight_algorithm,
+        )
+        recipe = dataclasses.replace(recipe, block_size=block_size)
+        record["block_size"] = block_size
     name_nodes(graph)
     head = logits_projection(graph)
     if head is None and recipe.lm_head != recipe.method:

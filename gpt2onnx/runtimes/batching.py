@@ -10,7 +10,9 @@ presents of a step are bound as the next step's past as they are; a join pads th
 stacks the rows, a leave picks the remaining rows, and both drop the leading columns no row uses any more. The
 shared-cache graph (ort-shared-kv) is run the same way (its GroupQueryAttention also concatenates a growing
 past): its preallocated buffer has one length for every row (``seqlens_k`` comes from the mask's width), which a
-batch whose rows come and go does not have.
+batch whose rows come and go does not have. The static-cache graph (onnx-static-kv) keeps its own stepper
+(:class:`~gpt2onnx.runtimes.decoder.StaticCacheDecoder`): its buffers, of the model's context, hold the padded
+cache; a join, leave or trim hands it a new past, which it copies in, and the steps in between write in place.
 
 Each request is decoded as :func:`gpt2onnx.runtimes.generate.decode` decodes a batch of one: the same logits
 processors (:func:`~gpt2onnx.runtimes.decoding.process_scores`) on its own sequence, its own random generator

@@ -5,11 +5,14 @@ optimum's. Steps run through IO binding: the presents stay where the provider pu
 and tensorrt) and are bound as the next step's past without a copy; only the last position's logits come
 back to the host.
 
-Two steppers, chosen from the graph by :func:`open_decoder`:
-- :class:`OnnxDecoder`: present = past + the new K/V, a new tensor every step (every profile but ort-shared-kv);
+Three steppers, chosen from the graph by :func:`open_decoder`:
+- :class:`OnnxDecoder`: present = past + the new K/V, a new tensor every step (every profile but the two below);
 - :class:`SharedCacheDecoder`: a graph with GroupQueryAttention (profile ort-shared-kv): one K/V buffer per
   layer, allocated once for the whole sequence (prompt + new tokens) and bound as both past and present, so
-  the kernel writes each step's K/V in place and nothing is copied between steps.
+  the kernel writes each step's K/V in place and nothing is copied between steps;
+- :class:`StaticCacheDecoder`: a graph with TensorScatter (profile onnx-static-kv): one fixed-size K/V buffer
+  per layer, bound as past and present, updated in place; outward it keeps the concat contract (its presents
+  are views of the buffers' first T columns), so any loop that feeds the presents back runs it unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import onnxruntime as ort
 
 from gpt2onnx.artifact.contract import ORT_DTYPES, DecoderShape, TensorSpec, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.artifact.graph import SHARED_CACHE_OP, cache_scales, load_graph
+from gpt2onnx.artifact.graph import SHARED_CACHE_OP, STATIC_CACHE_OP, cache_scales, load_graph
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
 from gpt2onnx.precisions.kv_cache import cache_format_of, steps_of
@@ -66,6 +69,26 @@ def shares_cache(graph) -> bool:
     return any(node.op_type == SHARED_CACHE_OP for node in graph.graph.node)
 
 
+def static_cache(graph) -> bool:
+    """Whether the graph updates a fixed-size K/V buffer in place (TensorScatter: profile onnx-static-kv), read
+    from the graph itself."""
+    return any(node.op_type == STATIC_CACHE_OP for node in graph.graph.node)
+
+
+def check_static_cache_provider(provider: str) -> None:
+    if provider != "cpu":
+        raise RuntimeUnavailable(
+            f"this model keeps a fixed-size K/V cache (TensorScatter, fusion onnx-static-kv), whose stepper binds"
+            f" host buffers: it runs on the cpu provider only, not {provider}; use --provider cpu, or a model"
+            " exported with --fusion onnx"
+        )
+
+
+def _stepper_for(graph) -> type:
+    """The stepper class a graph needs (the graph's own ops decide, never a manifest)."""
+    return StaticCacheDecoder if static_cache(graph) else SharedCacheDecoder if shares_cache(graph) else OnnxDecoder
+
+
 def check_shared_cache_provider(provider: str) -> None:
     if provider != "cpu":
         raise RuntimeUnavailable(
@@ -84,15 +107,18 @@ def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     shared = shares_cache(graph)  # the graph, not the manifest (open_folder checked the position table)
     if shared:
         check_shared_cache_provider(provider.name)
+    kind = _stepper_for(graph)
+    if kind is StaticCacheDecoder:
+        check_static_cache_provider(provider.name)
     check_kernels(graph, provider)  # ops the provider has no kernel for: refused before any session is made
     shape = decoder_shape(*graph_io(graph), model.n_positions)
     host_side = host_side_nodes(graph) if provider.name != "cpu" else None
     scales = cache_scales(graph, model.model_path.parent) if shared else None
     del graph
     session = create_session(model.model_path, provider, shape=shape, host_side=host_side)
-    if shared:
+    if kind is SharedCacheDecoder:  # a quantized cache's scales, read from the graph
         return SharedCacheDecoder(session, n_positions=model.n_positions, cache_scales=scales)
-    return OnnxDecoder(session, n_positions=model.n_positions, device_id=provider.device_id)
+    return kind(session, n_positions=model.n_positions, device_id=provider.device_id)
 
 
 def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDecoder":
@@ -100,10 +126,11 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDec
     from gpt2onnx.runtimes.providers import cpu_session
 
     graph = load_graph(Path(model_path))
-    if shares_cache(graph):
+    kind = _stepper_for(graph)
+    if kind is SharedCacheDecoder:
         scales = cache_scales(graph, Path(model_path).parent)
         return SharedCacheDecoder(cpu_session(model_path), n_positions=n_positions, cache_scales=scales)
-    return OnnxDecoder(cpu_session(model_path), n_positions=n_positions)
+    return kind(cpu_session(model_path), n_positions=n_positions)
 
 
 def gather_session(count: int, kv_dtype, device: str, device_id: int = 0) -> ort.InferenceSession:
@@ -404,3 +431,127 @@ class SharedCacheDecoder(OnnxDecoder):
             fmt = self.cache_format
             return logits, [steps_of(b[:, :, :total], fmt) * s for b, s in zip(self._buffers, self.scales)]
         return logits, [buffer[:, :, :total].copy() for buffer in self._buffers]
+
+
+class StaticCacheDecoder(OnnxDecoder):
+    """The stepper of a TensorScatter graph (fusion onnx-static-kv): one fixed-size K/V buffer per layer.
+
+    ``empty_past(batch, capacity)`` allocates one zeroed [rows, n_head, capacity, head_dim] buffer per layer K and
+    V (capacity: prompt + new tokens; the model's context when not given) and binds the first ``batch`` rows as
+    both past_key_values.{i}.* and present.{i}.*: TensorScatter writes each step's S new K/V at columns
+    [T − S, T) (T: the mask's width) in place, and Attention reads all ``capacity`` columns under the mask
+    padded to that length. Buffer column j holds mask column j, as in the contract.
+
+    Outward it keeps the concat contract: run() returns as presents numpy views of the buffers' first T columns
+    (what a concat graph's presents hold). Fed back as the next past, they are recognised (same memory, same
+    layout, T − S columns) and nothing is copied; any other past (a join or leave of the batching engine, a beam
+    reorder, a past from elsewhere) is copied into the buffers first. Buffers are reallocated only when a step
+    needs more rows or columns than they have.
+    """
+
+    capabilities = Capabilities(past_of_length=True, memory_check=True)
+
+    def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
+        super().__init__(session, n_positions=n_positions, device_id=device_id)
+        check_static_cache_provider(self.provider)
+        self.capacity = 0
+        self.rows = 0  # rows allocated (the bound batch may use fewer)
+        self.batch = 0  # rows bound
+        self._buffers: list[np.ndarray] = []
+        self._binding = None
+
+    def _allocate(self, rows: int, capacity: int) -> None:
+        self._buffers = []  # free the old buffers before allocating the new ones
+        shape = (rows, self.n_head, capacity, self.head_dim)
+        self._buffers = [np.zeros(shape, self.kv_dtype) for _ in self.past_names]
+        self.rows, self.capacity, self.batch = rows, capacity, 0
+
+    def _bind(self, batch: int) -> None:
+        """Bind the first ``batch`` rows of every buffer (contiguous: rows are the outer axis) as past and present."""
+        binding = self.session.io_binding()
+        binding.bind_output("logits", "cpu")  # bound first: get_outputs()[0]
+        for past, present, buffer in zip(self.past_names, self.present_names, self._buffers):
+            value = ort.OrtValue.ortvalue_from_numpy(buffer[:batch])
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)
+        self._binding, self.batch = binding, batch
+
+    def empty_past(self, batch: int, capacity: int | None = None) -> list[np.ndarray]:
+        """Buffers for ``batch`` rows of ``capacity`` tokens, bound; returns the empty past (views of 0 columns).
+        Old contents need no clearing: a step writes the columns its mask adds, and no step reads past its mask."""
+        capacity = capacity or self.n_positions
+        if not capacity:
+            raise BadInput("a static K/V cache needs its length: give the total tokens (prompt + new tokens)")
+        if batch > self.rows or capacity != self.capacity:
+            self._allocate(batch, capacity)
+        if batch != self.batch or self._binding is None:
+            self._bind(batch)
+        return self._views(0)
+
+    def past_of_length(self, batch: int, length: int, *, capacity: int | None = None) -> list[np.ndarray]:
+        """The buffers' first ``length`` columns as a past (zeros, or what the last sequence left)."""
+        self.empty_past(batch, capacity or length + 1)
+        return self._views(length)
+
+    def _views(self, length: int) -> list[np.ndarray]:
+        return [buffer[: self.batch, :, :length] for buffer in self._buffers]
+
+    def _in_place(self, past, length: int) -> bool:
+        """Whether ``past`` is this decoder's own views of ``length`` columns (what run() returned, or a crop)."""
+        first = past[0] if past else None
+        return (
+            isinstance(first, np.ndarray)
+            and bool(self._buffers)
+            and first.shape == (self.batch, self.n_head, length, self.head_dim)
+            and first.strides == self._buffers[0].strides
+            and first.ctypes.data == self._buffers[0].ctypes.data
+        )
+
+    def _adopt(self, past, batch: int, length: int, total: int) -> None:
+        """Copy a past that is not already in the buffers into them (rows and columns [0, length))."""
+        arrays = [p if isinstance(p, np.ndarray) else p.numpy() for p in past]
+        if batch > self.rows or total > self.capacity:
+            self._allocate(batch, max(total, self.capacity, self.n_positions or 0))
+        if batch != self.batch or self._binding is None:
+            self._bind(batch)
+        for buffer, array in zip(self._buffers, arrays):
+            buffer[:batch, :, :length] = array
+
+    def run(self, input_ids, attention_mask, position_ids, past, *, last_logits_only: bool = True):
+        """One step on the bound buffers. Returns (logits as numpy: last position only unless asked otherwise,
+        the presents: views of the buffers' first T columns)."""
+        batch, total = attention_mask.shape
+        length = total - input_ids.shape[1]
+        if past is None or len(past) != len(self.past_names):
+            raise BadInput("start each sequence with empty_past(batch, capacity): no K/V buffer was given")
+        if past[0].shape[2] != length:
+            raise BadInput(f"the past holds {past[0].shape[2]} tokens, but the mask says {length}")
+        if not self._in_place(past, length):
+            self._adopt(past, batch, length, total)
+        if total > self.capacity:
+            raise BadInput(
+                f"{total} tokens do not fit the K/V buffer of {self.capacity}: give the total length to empty_past"
+            )
+        binding = self._binding
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=np.int64))
+        if self.uses_position_ids:
+            binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64))
+        binding.bind_output("logits", "cpu")  # re-bound every step: after a run the binding holds the last array
+        self.session.run_with_iobinding(binding)
+        logits = binding.get_outputs()[0].numpy()
+        return (logits[:, -1:] if last_logits_only else logits), self._views(total)
+
+    def reorder_past(self, past, rows: np.ndarray) -> list[np.ndarray]:
+        """Beam search's reorder: the rows picked on the host (copies; the next step copies them in)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return [np.ascontiguousarray(p[rows]) for p in past]
+
+    def crop_past(self, past, length: int) -> list[np.ndarray]:
+        """The first ``length`` columns: views of the buffers, so the next step writes over the rest in place."""
+        return [p[:, :, :length] for p in past]
+
+    def step(self, input_ids, attention_mask, position_ids, past):
+        """One step with everything on the host: (all logits, copies of the presents)."""
+        logits, presents = self.run(input_ids, attention_mask, position_ids, past, last_logits_only=False)
+        return logits, [p.copy() for p in presents]

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -78,13 +79,41 @@ def open_runtime(model: ModelFolder, settings: OpenVinoSettings) -> "OpenVinoDec
     try:
         compiled = core.compile_model(core.read_model(str(model.model_path)), settings.device, config)
     except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        unconverted = re.search(r"No conversion rule found for operations: (.+)", str(exc))
+        if unconverted:  # the frontend cannot read an op: its own words, not the C++ location it starts with
+            ops = unconverted.group(1).strip()
+            hint = (
+                " (the onnx-static-kv profile's fixed-size cache): use --runtime onnxruntime, or a model exported"
+                " with --fusion onnx"
+                if model.facts.static_kv
+                else ": use --runtime onnxruntime"
+            )
+            version = ov.__version__.split("-")[0]
+            raise RuntimeUnavailable(
+                f"OpenVINO {version}'s ONNX frontend cannot read '{model.model_path}': it has no conversion rule for"
+                f" {ops}{hint}"
+            ) from None
         raise RuntimeUnavailable(
-            f"OpenVINO cannot compile '{model.model_path}' for {settings.device}: {first}"
+            f"OpenVINO cannot compile '{model.model_path}' for {settings.device}: {_reason(exc)}"
         ) from None
     return OpenVinoDecoder(
         compiled, model, device=settings.device, precision=settings.precision, version=ov.__version__
     )
+
+
+# the frames of OpenVINO's error text around the reason (where it was raised, which check, which node)
+_FRAME = re.compile(
+    r"^(Exception from |Check '.*' failed at |FrontEnd API failed|Model wasn't fully converted|Failed operations"
+    r"|While validating |Summary:|-- )"
+)
+
+
+def _reason(exc: Exception) -> str:
+    """The line of an OpenVINO error that says what is wrong (its text opens with where it was raised:
+    "Exception from src/inference/src/cpp/core.cpp:84:"), else its first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reasons = [line for line in lines if not _FRAME.match(line)]
+    return (reasons or lines or [type(exc).__name__])[0]
 
 
 class OpenVinoDecoder(StepRuntime):

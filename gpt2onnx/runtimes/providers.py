@@ -128,9 +128,13 @@ def check_provider(name: str) -> None:
 #   has a CUDA kernel for our types: MatMulNBits (T1 float, float16, bfloat16), GatherBlockQuantized (int4, uint4,
 #   uint8 data), MultiHeadAttention, SkipLayerNormalization, FastGelu, LayerNormalization (float, float16).
 #   GroupQueryAttention (float16, bfloat16 only, no attention_bias) is refused by decoder.check_shared_cache_provider.
+#   The standard Attention (opsets 23 and 24, past/present) and TensorScatter (24) of the onnx profiles: the CUDA
+#   library of onnxruntime 1.31.1 has kernels for both (listed in its wheel, not run). onnx-static-kv's stepper
+#   binds host buffers: decoder.check_static_cache_provider refuses it on a GPU provider.
 # - TensorRT: onnx-tensorrt's docs/operators.md (the ONNX parser of TensorRT 10) lists MatMulInteger and
 #   DynamicQuantizeLinear as unsupported and no com.microsoft op at all; onnxruntime gives such nodes to CUDA,
-#   where the facts above apply.
+#   where the facts above apply. TensorRT 10.16 rejects an opset-23 Attention that outputs present K/V (the reason the
+#   tensorrt profile stays at opset 17): TENSORRT_KERNEL_FACTS.
 MS_DOMAIN = "com.microsoft"
 
 
@@ -149,6 +153,10 @@ CUDA_KERNEL_FACTS = {
     ("", "MatMulInteger"): KernelFact("CUDA's takes int8 activations only", 0, ("int8",)),
 }
 TENSORRT_UNSUPPORTED = {("", "DynamicQuantizeLinear"), ("", "MatMulInteger")}
+# Ops CUDA runs but TensorRT's parser does not take (the onnx profile's Attention has present K/V outputs).
+TENSORRT_KERNEL_FACTS = {
+    ("", "Attention"): "TensorRT 10.16 rejects an opset-23 Attention with present K/V outputs",
+}
 
 
 def cuda_precisions() -> list[str]:
@@ -186,6 +194,8 @@ def unsupported_nodes(graph, provider: str) -> dict[str, tuple[int, str]]:
         reason = None
         if provider == "tensorrt" and key[0] == MS_DOMAIN:
             reason = "TensorRT takes no com.microsoft op"
+        elif provider == "tensorrt" and key in TENSORRT_KERNEL_FACTS:
+            reason = TENSORRT_KERNEL_FACTS[key]
         elif key in CUDA_KERNEL_FACTS and (provider == "cuda" or key in TENSORRT_UNSUPPORTED):
             fact = CUDA_KERNEL_FACTS[key]
             given = types.get(node.input[fact.input_index]) if len(node.input) > fact.input_index else None
@@ -207,7 +217,10 @@ def check_kernels(graph, config: ProviderConfig) -> None:
     if not missing:
         return
     ops = "; ".join(f"{op} ×{n} ({reason})" for op, (n, reason) in missing.items())
-    contrib = config.name == "tensorrt" and any("com.microsoft" in reason for _, reason in missing.values())
+    standard_only = {op for _, op in TENSORRT_KERNEL_FACTS}  # CUDA runs them: the same advice as contrib ops
+    contrib = config.name == "tensorrt" and (
+        any("com.microsoft" in reason for _, reason in missing.values()) or bool(standard_only & set(missing))
+    )
     if contrib:
         advice = (
             "export it with --fusion tensorrt or --fusion portable (standard ops only, no int8/int4 weights), or use"

@@ -24,6 +24,7 @@ import os
 import platform
 import re
 import resource
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,7 +36,8 @@ import onnxruntime
 
 from gpt2onnx.artifact.folder import open_folder, versions
 from gpt2onnx.artifact.report import Placement
-from gpt2onnx.errors import BadInput
+from gpt2onnx.errors import BadInput, OutputError
+from gpt2onnx.files import new_file_mode
 from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoding import Decoding, Sampling
@@ -235,15 +237,18 @@ def parse_batches(value: str, *, what: str = "batch sizes (--batch)") -> tuple[i
         raise BadInput(f"{what} '{value}' are not a comma-separated list of integers (e.g. 1,8)") from None
 
 
-def decode_step_at_past(decoder, batch: int, past: int, *, vocab_size: int, seed: int = 0) -> float:
+def decode_step_at_past(
+    decoder, batch: int, past: int, *, vocab_size: int, seed: int = 0, capacity: int | None = None
+) -> float:
     """Seconds of one decode step at ``past`` tokens of cache (zeros, no prompt step): a fresh cache of
-    past - 1, one untimed step (so both steppers start from their own outputs), then the timed step."""
+    past - 1, one untimed step (so both steppers start from their own outputs), then the timed step.
+    ``capacity``: the buffer length of a stepper that preallocates one (default: past + 1, what the run needs)."""
     rng = np.random.default_rng(seed)
 
     def ids():
         return rng.integers(0, vocab_size, size=(batch, 1), dtype=np.int64)
 
-    cache = decoder.past_of_length(batch, past - 1, capacity=past + 1)
+    cache = decoder.past_of_length(batch, past - 1, capacity=capacity or past + 1)
     mask = np.ones((batch, past), np.int64)
     _, cache = decoder.run(ids(), mask, np.full((batch, 1), past - 1, np.int64), cache)
     mask = np.ones((batch, past + 1), np.int64)
@@ -440,8 +445,23 @@ def plot_decode_latency(runs: list[RunStats], path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    path = Path(path)
+    try:  # beside it, then renamed: a reader sees the old plot or the new one, never half a PNG
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent if str(path.parent) else ".")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fig.savefig(fh, dpi=120, format="png")
+            os.chmod(tmp, new_file_mode())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as err:
+        raise OutputError(
+            f"cannot write --plot '{path}' ({err.strerror or err}); free space or choose another path"
+        ) from None
+    finally:
+        plt.close(fig)
 
 
 @dataclass

@@ -97,6 +97,7 @@ def deploy(
             f"'{opened.folder}' has no {MANIFEST_NAME}: deploy a folder written by gpt2onnx export or optimize"
             " (an optimum folder: export the checkpoint with gpt2onnx)"
         )
+    _refuse_static_cache(opened, chosen)
     target, in_place = _target_folder(Path(folder), opened.folder, out)
     foreign = _foreign(opened.folder, opened.manifest, chosen)
     with staged_folder(target, force=force, protect=(opened.folder,), check=not in_place) as staging:
@@ -117,6 +118,24 @@ def deploy(
         log.info("deployed %s to %s: %s", opened.folder, target, ", ".join(written))
         manifest = write_manifest(staging, manifest, exclude=tuple(f for f in foreign if "/" not in f))
     return DeployResult(target, manifest)
+
+
+# Targets whose runtime runs its own decode loop on a growing past (present = past + new, fed back): a static cache
+# (onnx-static-kv: TensorScatter writes into the past it is given, of the length it is given) fails there at the
+# first step. Measured on the tiny model: transformers.js 4.3 ("TensorScatter: update sequence_length (3) exceeds
+# max_sequence_length (0)"), and ort-generate's GreedySearch node the same. genai (its shared buffer) and Triton
+# (its generate models run our own stepper) take it.
+GROWING_PAST_TARGETS = ("transformers-js", "web", "ort-generate")
+
+
+def _refuse_static_cache(opened, chosen) -> None:
+    refused = [t.name for t in chosen if t.name in GROWING_PAST_TARGETS]
+    if opened.facts.static_kv and refused:
+        raise BadInput(
+            f"the {', '.join(refused)} target{'s' if len(refused) > 1 else ''} run{'' if len(refused) > 1 else 's'}"
+            " a decode loop that feeds a growing past, which this folder's fixed-size K/V cache (TensorScatter,"
+            " fusion onnx-static-kv) does not take: deploy a folder exported with --fusion onnx or ort to it"
+        )
 
 
 def _target_folder(given: Path, source: Path, out: str | Path | None) -> tuple[Path, bool]:

@@ -149,6 +149,7 @@ def bench(
     verify_files: bool = True,
     progress: Callable[[], None] | None = None,
     speculation: Speculation | None = None,
+    before_writing: Callable[[], None] | None = None,
 ) -> BenchReport:
     """Measure exported folders side by side on one or several runtimes and one workload, and optionally
     PyTorch eager.
@@ -169,6 +170,8 @@ def bench(
             several at a time, right after its plain run (greedy, rows one at a time), with its acceptance and its
             tokens/s over the plain run's. onnxruntime only, on folders that return every position's logits;
             checked for every folder (and the draft's vocabulary) before anything is measured.
+        before_writing: called once everything is measured, right before ``plot`` and ``json_path`` are written
+            (the CLI ignores Ctrl-C from there: an interrupted run writes nothing).
 
     Returns:
         BenchReport: ``models``, per folder and runtime (runtime, provider, node placement, machine, versions,
@@ -223,10 +226,12 @@ def bench(
     ran = [r.provider for r in results] + [run.extra.get("device") or "" for run in runs]
     on_gpu = any(str(where).lower() in ("cuda", "tensorrt") or str(where).startswith("cuda:") for where in ran)
     report = BenchReport(results, runs, describe_machine(provider.name if on_gpu else "cpu", provider.device_id))
+    if before_writing is not None and (json_path is not None or plot is not None):
+        before_writing()
+    if plot is not None:  # first: the one more likely to fail, and then nothing is written
+        plot_decode_latency(runs, plot)
     if json_path is not None:
         write_json_atomic(json_path, report.as_dict())
-    if plot is not None:
-        plot_decode_latency(runs, plot)
     return report
 
 

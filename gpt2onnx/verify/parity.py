@@ -1,5 +1,10 @@
 """Parity checks, each ending in one :class:`CheckReport`: an exported folder against PyTorch on randomized
-cases (``gpt2onnx parity``), an export before it is written, and a rewritten graph against its source."""
+cases (``gpt2onnx parity``), an export before it is written, and a rewritten graph against its source.
+
+Each chooses its reference (PyTorch from the checkpoint or the manifest's source, or the source graph), its
+cases and, for a quantized file, the reference with the file's own rounded weights, into a :class:`CheckPlan`;
+:func:`run_plan` runs every plan the same way. An fp32 export keeps its own tighter check (one left-padded batch
+with decode steps against a logits tolerance, or a single block against its PyTorch block)."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from gpt2onnx.precisions import all_precisions as precisions
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.runtimes.decoder import OnnxDecoder, cpu_decoder, file_shape
+from gpt2onnx.runtimes.decoder import cpu_decoder, file_shape
 from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session, session_placement
 from gpt2onnx.verify.gates import (
     FLAT_NATS,
@@ -90,25 +95,87 @@ def gate_report(
     )
 
 
-def gate_check(
-    decoder: OnnxDecoder,
-    reference,
-    *,
-    precision: str,
-    vocab_size: int,
-    n_positions: int,
-    cases: int = 4,
-    tolerances: dict,
-    against: str = PYTORCH,
-) -> CheckReport:
-    """``tolerances`` on a few seeded randomized cases (what export and optimize check before writing)."""
-    results = [
-        run_case(decoder, reference, case, vocab_size=vocab_size)
-        for case in random_cases(cases, seed=0, n_positions=n_positions, max_batch=4)
-    ]
-    return gate_report(
-        results, precision, tolerances, against=against, provider=decoder.provider, placement=decoder.placement
+@dataclasses.dataclass(frozen=True)
+class CheckPlan:
+    """One check, planned before it runs (export, optimize and parity each choose their reference and cases,
+    then :func:`run_plan` runs any plan the same way).
+
+    precision: the gates' family (a precision's name; tf32 for fp32 with TF32 matmuls).
+    reference: what the file is held to: PyTorch (GPT2LMHeadModel) or the source graph (OnnxReference).
+    against: the reference's name in the report.
+    cases: the lockstep cases (gpt2onnx.verify.lockstep.random_cases).
+    gates: the user's overrides of the precision's gates (None: its own).
+    rounded: a quantized file's reference with its own rounded weights (the file check, and whether the quality
+        gates apply); None for a float file.
+    emulate_fp16: also run the cases with fp16 arithmetic emulated as a GPU computes it (the precision's
+        ``emulate_fp16``; export and optimize) on ``model_path``.
+    kv_path_seed: run the K/V-path checks of the model against itself with this seed (parity); None: not run.
+    text_ids: the prompts' token source (parity --text); None: random ids.
+    keep_cases: keep every case in the report (parity).
+    provider: the provider's label in the report (None: the decoder's).
+    """
+
+    precision: str
+    reference: object
+    against: str
+    cases: tuple
+    vocab_size: int
+    n_positions: int
+    gates: dict | None = None
+    rounded: "RoundedReference | None" = None
+    emulate_fp16: bool = False
+    model_path: Path | None = None
+    kv_path_seed: int | None = None
+    text_ids: np.ndarray | None = None
+    keep_cases: bool = False
+    provider: str | None = None
+
+
+def run_plan(decoder, plan: CheckPlan, *, runtime: str = "onnxruntime", on_case=None) -> CheckReport:
+    """Run ``plan`` on ``decoder``: its cases against its reference under the precision's gates (the quality
+    gates only where a quantized file's weights were trained), the K/V-path checks where planned, the file
+    judged by itself against its own rounded weights, fp16 arithmetic emulated where planned. One frozen
+    report, its failures computed from its gates and figures."""
+    # a quantized K/V cache (read from the stepper's graph) has its own gates in place of an exact precision's
+    kv_dtype = getattr(getattr(decoder, "shape", None), "kv_dtype", "float32")
+    tolerances = cache_tolerances(plan.precision, kv_dtype, plan.gates) or tolerances_for(plan.precision, plan.gates)
+    quality = tolerances if plan.rounded is None or plan.rounded.trained else {}
+    run = run_loop_case if decoder.capabilities.owns_loop else run_case
+    results = []
+    for case in plan.cases:
+        results.append(run(decoder, plan.reference, case, vocab_size=plan.vocab_size, text_ids=plan.text_ids))
+        if on_case is not None:
+            on_case(results[-1])
+    kv_path = None
+    if plan.kv_path_seed is not None:
+        kv_path = check_kv_path(
+            decoder, vocab_size=plan.vocab_size, tolerances=tolerances, seed=plan.kv_path_seed, text_ids=plan.text_ids
+        )
+    judged = plan.rounded and file_check(decoder, plan.rounded, plan)
+    report = gate_report(
+        results,
+        plan.precision,
+        quality,
+        against=plan.against,
+        provider=plan.provider or decoder.provider,
+        keep_cases=plan.keep_cases,
+        runtime=runtime,
+        placement=decoder.placement,
     )
+    if kv_path is not None:
+        report = dataclasses.replace(report, kv_path=kv_path)
+    if plan.rounded is not None:
+        report, rounded = judge_quality(report, plan.rounded)
+        return with_file_check(report, judged, rounded)
+    if not (plan.emulate_fp16 and precisions.precision(plan.precision).emulate_fp16):
+        return report
+    from gpt2onnx.verify.fp16_emulation import write_emulated_fp16
+
+    with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
+        emulated_path = write_emulated_fp16(Path(plan.model_path), Path(tmp) / "emulated.onnx")
+        emulated_plan = dataclasses.replace(plan, emulate_fp16=False, provider=None)
+        emulated = run_plan(cpu_decoder(emulated_path), emulated_plan)
+    return dataclasses.replace(report, fp16_emulated=emulated)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,42 +204,25 @@ def precision_gates(
     against: str = PYTORCH,
     rounded: RoundedReference | None = None,
 ) -> CheckReport:
-    """What export and optimize check before writing a reduced-precision model, on the CPU provider: the
-    precision's gates against ``reference``; for fp16 also with fp16 arithmetic emulated as a GPU does it
-    (:mod:`gpt2onnx.verify.fp16_emulation`: the CPU provider computes most fp16 nodes in fp32, which hides an
-    overflow the graph has on fp16 hardware); for int8 and int4 the file judged by itself against ``rounded``
-    (:mod:`gpt2onnx.verify.rounding`), with the quality gates only where the weights were trained.
-    ``decoder``: a CPU decoder already open on ``model_path``."""
-    decoder = decoder or cpu_decoder(model_path)
-
-    def check(decoder: OnnxDecoder, reference, tolerances: dict, against: str) -> CheckReport:
-        return gate_check(
-            decoder,
-            reference,
-            precision=precision,
-            vocab_size=vocab_size,
-            n_positions=n_positions,
-            tolerances=tolerances,
-            against=against,
-        )
-
-    quality = tolerances_for(precision, gates)
-    if rounded is not None:
-        checked = check(decoder, reference, quality if rounded.trained else {}, against)
-        checked, rounded = judge_quality(checked, rounded)
-        judged = file_check(
-            decoder, rounded, precision=precision, vocab_size=vocab_size, n_positions=n_positions, gates=gates
-        )
-        return with_file_check(checked, judged, rounded)
-    checked = check(decoder, reference, quality, against)
-    if not precisions.precision(precision).emulate_fp16:
-        return checked
-    from gpt2onnx.verify.fp16_emulation import write_emulated_fp16
-
-    with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
-        emulated_path = write_emulated_fp16(Path(model_path), Path(tmp) / "emulated.onnx")
-        emulated = check(cpu_decoder(emulated_path), reference, quality, against)
-    return dataclasses.replace(checked, fp16_emulated=emulated)
+    """What export and optimize check before writing a reduced-precision model, on the CPU provider: the plan of
+    four seeded randomized cases (batches up to 4) against ``reference`` under the precision's gates; for fp16
+    also with fp16 arithmetic emulated as a GPU does it (:mod:`gpt2onnx.verify.fp16_emulation`: the CPU
+    provider computes most fp16 nodes in fp32, which hides an overflow the graph has on fp16 hardware); for int8
+    and int4 the file judged by itself against ``rounded`` (:mod:`gpt2onnx.verify.rounding`), with the quality
+    gates only where the weights were trained. ``decoder``: a CPU decoder already open on ``model_path``."""
+    plan = CheckPlan(
+        precision,
+        reference,
+        against,
+        tuple(random_cases(4, seed=0, n_positions=n_positions, max_batch=4)),
+        vocab_size,
+        n_positions,
+        gates=gates,
+        rounded=rounded,
+        emulate_fp16=True,
+        model_path=Path(model_path),
+    )
+    return run_plan(decoder or cpu_decoder(model_path), plan)
 
 
 def with_file_check(report: CheckReport, file_report: CheckReport, rounded: RoundedReference) -> CheckReport:
@@ -189,16 +239,17 @@ def rounded_pytorch(model_path: Path, ckpt: Checkpoint, quantization: Quantizati
     return RoundedReference(rounded_model, against, figures, trained, why, quantization.algorithm)
 
 
-def file_check(decoder, rounded: RoundedReference, *, precision: str, vocab_size: int, n_positions: int, gates=None):
-    """The quantized file judged by itself: its cases against the reference with its own rounded weights, and
-    its weights' figures, under the file gates (FILE_GATES, with the --gate overrides that name them)."""
+def file_check(decoder, rounded: RoundedReference, plan: CheckPlan) -> CheckReport:
+    """The quantized file judged by itself: four seeded cases against the reference with its own rounded
+    weights, and its weights' figures, under the file gates (FILE_GATES, with the plan's --gate overrides that
+    name them)."""
     run = run_loop_case if decoder.capabilities.owns_loop else run_case
     results = [
-        run(decoder, rounded.reference, case, vocab_size=vocab_size)
-        for case in random_cases(4, seed=0, n_positions=n_positions, max_batch=4)
+        run(decoder, rounded.reference, case, vocab_size=plan.vocab_size)
+        for case in random_cases(4, seed=0, n_positions=plan.n_positions, max_batch=4)
     ]
-    file_gates = file_gates_for(precision, gates, algorithm=rounded.algorithm)
-    return gate_report(results, precision, file_gates, against=rounded.against, weights=rounded.weights)
+    file_gates = file_gates_for(plan.precision, plan.gates, algorithm=rounded.algorithm)
+    return gate_report(results, plan.precision, file_gates, against=rounded.against, weights=rounded.weights)
 
 
 def judge_quality(report: CheckReport, rounded: RoundedReference) -> tuple[CheckReport, RoundedReference]:
@@ -253,18 +304,7 @@ def validate_export(
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
     reference = reference_model(ckpt)
     cache = file_shape(path, ckpt.spec.n_positions).kv_dtype if block is None else "float32"  # a block has none
-    quantized_cache = cache_tolerances(precision, cache, gates)
-    if quantized_cache is not None:
-        log.info("checking the quantized K/V cache's gates against transformers' GPT2LMHeadModel")
-        return gate_check(
-            cpu_decoder(path),
-            reference,
-            precision=precision,
-            vocab_size=ckpt.spec.vocab_size,
-            n_positions=ckpt.spec.n_positions,
-            tolerances=quantized_cache,
-        )
-    if not precisions.precision(precision).exact:
+    if not precisions.precision(precision).exact or cache_tolerances(precision, cache, gates) is not None:
         log.info("checking the %s gates against transformers' GPT2LMHeadModel", precision)
         rounded = rounded_pytorch(path, ckpt, quantization) if quantization is not None else None
         return precision_gates(
@@ -310,15 +350,15 @@ def validate_against_source(
     fused = cpu_decoder(rewritten, n_positions=n_positions)
     reference = OnnxReference(cpu_decoder(source, n_positions=n_positions))
     vocab = fused.vocab_size or 1000
-    quantized_cache = cache_tolerances(precision, fused.shape.kv_dtype, gates)
-    if quantized_cache is not None:
-        return gate_check(
-            fused,
+    if cache_tolerances(precision, fused.shape.kv_dtype, gates) is not None:  # a quantized cache: its own gates
+        return precision_gates(
+            rewritten,
             reference,
             precision=precision,
             vocab_size=vocab,
             n_positions=n_positions,
-            tolerances=quantized_cache,
+            gates=gates,
+            decoder=fused,
             against=SOURCE_ONNX,
         )
     if not precisions.precision(precision).exact:
@@ -483,7 +523,7 @@ def parity(
     # fp32 with TF32 matmuls (--tf32) has its own gates; every other precision keeps its own
     written = precisions.precision_of(model.facts)
     family = precisions.TF32.name if onnxruntime and onnxruntime.tf32 and written.exact else written.name
-    tolerances = cache_tolerances(family, model.facts.kv_dtype, gates) or tolerances_for(family, gates)
+    tolerances_for(family, gates)  # each gate in its range, checked before the runtime opens
     if emulate_fp16:
         _check_emulation(model, runtime, folder)
     with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
@@ -502,40 +542,30 @@ def parity(
                 f" {ckpt.spec.vocab_size}: the tokenizer files do not belong to this model"
             )
         torch.set_num_threads(1)  # leave the cores to onnxruntime between reference steps
-        ref = reference_model(ckpt)
         quantization = model.manifest.quantization if model.manifest else None
         rounded = None
         if precisions.precision(family).quantized and quantization is not None:
             rounded = rounded_pytorch(model.model_path, ckpt, quantization)
-        quality = tolerances if rounded is None or rounded.trained else {}
+        plan = CheckPlan(
+            family,
+            reference_model(ckpt),
+            PYTORCH,
+            tuple(random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch)),
+            ckpt.spec.vocab_size,
+            model.n_positions,
+            gates=gates,
+            rounded=rounded,
+            kv_path_seed=seed,
+            text_ids=text_ids,
+            keep_cases=True,
+            provider=decoder.provider + (" (fp16 emulated)" if emulate_fp16 else ""),
+        )
         try:
-            cases_run = random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch)
-            results, kv_path = _run_cases(decoder, ref, cases_run, ckpt, tolerances, seed, text_ids, on_case)
-            vocab, positions = ckpt.spec.vocab_size, model.n_positions
-            judged = rounded and file_check(
-                decoder, rounded, precision=family, vocab_size=vocab, n_positions=positions, gates=gates
-            )
+            report = run_plan(decoder, plan, runtime=runtime.name, on_case=on_case)
         finally:
             decoder.close()
-    label = decoder.provider + (" (fp16 emulated)" if emulate_fp16 else "")
     prompts = "random token ids" if text is None else f"text '{text}' ({len(text_ids):,} tokens)"
-    report = gate_report(
-        results,
-        family,
-        quality,
-        against=PYTORCH,
-        provider=label,
-        keep_cases=True,
-        runtime=runtime.name,
-        placement=decoder.placement,
-    )
-    report = dataclasses.replace(
-        report, kv_path=kv_path, measured=dataclasses.replace(report.measured, prompts=prompts)
-    )
-    if rounded is not None:
-        report, rounded = judge_quality(report, rounded)
-        report = with_file_check(report, judged, rounded)
-    return report
+    return dataclasses.replace(report, measured=dataclasses.replace(report.measured, prompts=prompts))
 
 
 def _check_emulation(model: ModelFolder, runtime: RuntimeOptions, folder) -> None:
@@ -546,21 +576,6 @@ def _check_emulation(model: ModelFolder, runtime: RuntimeOptions, folder) -> Non
         raise BadInput(f"fp16 emulation needs an fp16 model: '{folder}' is {model.dtype}; drop --emulate-fp16")
     if runtime.settings.name != "cpu":
         raise BadInput("fp16 emulation runs on the cpu provider (a GPU computes fp16 itself): drop one of them")
-
-
-def _run_cases(decoder, ref, cases, ckpt: Checkpoint, tolerances, seed: int, text_ids, on_case):
-    """Every case against the reference, then the K/V-path checks of the model against itself; returns (the
-    cases' results, the K/V-path report)."""
-    run = run_loop_case if decoder.capabilities.owns_loop else run_case
-    results = []
-    for case in cases:
-        results.append(run(decoder, ref, case, vocab_size=ckpt.spec.vocab_size, text_ids=text_ids))
-        if on_case is not None:
-            on_case(results[-1])
-    kv_path = check_kv_path(
-        decoder, vocab_size=ckpt.spec.vocab_size, tolerances=tolerances, seed=seed, text_ids=text_ids
-    )
-    return results, kv_path
 
 
 MAX_TEXT_TOKENS = 1 << 20  # parity's prompts come from at most this many tokens of the text's start
@@ -589,4 +604,12 @@ def prompt_text_ids(model: ModelFolder, text: str | Path) -> np.ndarray:
     return ids
 
 
-__all__ = ["TOLERANCES", "parity", "gate_check", "precision_gates", "validate_against_source", "validate_export"]
+__all__ = [
+    "TOLERANCES",
+    "CheckPlan",
+    "parity",
+    "precision_gates",
+    "run_plan",
+    "validate_against_source",
+    "validate_export",
+]

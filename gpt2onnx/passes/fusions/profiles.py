@@ -8,6 +8,11 @@
 - portable: layer_norm, gelu (standard Gelu, opset 20) → LayerNormalization, Gelu; golden: 2L + 1
   LayerNormalization, L Gelu.
 - tensorrt: layer_norm → LayerNormalization (opset 17); golden: 2L + 1 LayerNormalization.
+- onnx: layer_norm, attention (the standard Attention, opset 23), gelu (standard Gelu) → LayerNormalization,
+  Attention, Gelu, no com.microsoft op; golden: L Attention, 2L + 1 LayerNormalization, L Gelu.
+- onnx-static-kv: onnx's at opset 24, then static_kv → each Attention reads one fixed-size K/V buffer per layer
+  that two TensorScatter nodes update in place; golden: L Attention, 2L TensorScatter, 2L + 1
+  LayerNormalization, L Gelu.
 
 The tensorrt profile stays in the standard domain (TensorRT's parser takes no com.microsoft op) and below
 opset 20; TensorRT fuses GELU and attention itself, and 10.16 rejects an opset-23 Attention with present K/V.
@@ -15,6 +20,10 @@ opset 20; TensorRT fuses GELU and attention itself, and 10.16 rejects an opset-2
 ort-shared-kv is ort with its MultiHeadAttention nodes rewritten into GroupQueryAttention (shared_kv.py), whose
 past and present can be one preallocated buffer per layer, written in place (the runtime's SharedCacheDecoder).
 onnxruntime runs it on the CPU provider only (CUDA's GroupQueryAttention has no fp32 kernel and no attention_bias).
+
+onnx-static-kv is the same idea in standard ONNX (static_kv.py): TensorScatter writes each step's K/V into the
+buffer at the mask's write column, Attention reads the whole buffer under the mask padded to its length (the
+runtime's StaticCacheDecoder binds the buffer as past and present).
 """
 
 from __future__ import annotations
@@ -42,6 +51,11 @@ from gpt2onnx.passes.fusions.gelu import (
     standard_gelu_rule,
 )
 from gpt2onnx.passes.fusions.layer_norm import layer_norm_rule
+from gpt2onnx.passes.fusions.onnx_attention import (
+    ATTENTION_OPSET,
+    onnx_attention_div_rule,
+    onnx_attention_split_scale_rule,
+)
 from gpt2onnx.passes.fusions.shape_anchoring import anchor_shapes
 from gpt2onnx.passes.fusions.shared_kv import share_kv_cache
 from gpt2onnx.passes.fusions.skip_layer_norm import (
@@ -49,10 +63,11 @@ from gpt2onnx.passes.fusions.skip_layer_norm import (
     skip_layer_norm_rule,
     skip_layer_norm_with_bias_rule,
 )
+from gpt2onnx.passes.fusions.static_kv import STATIC_KV_OPSET, static_kv_cache
 
 log = logging.getLogger(__name__)
 
-PROFILES = ("none", "ort", "ort-shared-kv", "portable", "tensorrt")
+PROFILES = ("none", "ort", "ort-shared-kv", "portable", "tensorrt", "onnx", "onnx-static-kv")
 MS = "com.microsoft"
 
 
@@ -65,6 +80,7 @@ class Fusion:
 
 LAYER_NORM = Fusion("layer_norm", (layer_norm_rule,), (("", "LayerNormalization"),))
 ATTENTION = Fusion("attention", (attention_div_rule, attention_split_scale_rule), ((MS, "MultiHeadAttention"),))
+ONNX_ATTENTION = Fusion("attention", (onnx_attention_div_rule, onnx_attention_split_scale_rule), (("", "Attention"),))
 # The activation's fused op: tanh GELU → FastGelu, exact GELU → Gelu, quick GELU → QuickGelu (com.microsoft); the
 # portable profile: both GELUs → the standard Gelu. relu, silu and tanh have none (no golden check).
 FAST_GELU = Fusion(
@@ -79,6 +95,7 @@ GELU_OPS = {
     "portable": {"gelu_new": ("", "Gelu"), "gelu": ("", "Gelu")},
 }
 GELU_OPS["ort-shared-kv"] = GELU_OPS["ort"]
+GELU_OPS["onnx"] = GELU_OPS["onnx-static-kv"] = GELU_OPS["portable"]
 SKIP_LAYER_NORM = Fusion(
     "skip_layer_norm",
     (layer_norm_before_reshape_rule, skip_layer_norm_with_bias_rule, skip_layer_norm_rule),
@@ -86,6 +103,8 @@ SKIP_LAYER_NORM = Fusion(
 )
 # Not a pattern rule: a rewrite of every MultiHeadAttention node at once, after the rules (fuse() runs it).
 SHARED_KV = Fusion("shared_kv", (), ((MS, "GroupQueryAttention"),))
+# Not a pattern rule either: every standard Attention rewritten to read a fixed-size buffer (static_kv.py).
+STATIC_KV = Fusion("static_kv", (), (("", "TensorScatter"),))
 
 PROFILE_FUSIONS: dict[str, tuple[Fusion, ...]] = {
     "none": (),
@@ -93,8 +112,18 @@ PROFILE_FUSIONS: dict[str, tuple[Fusion, ...]] = {
     "ort-shared-kv": (LAYER_NORM, ATTENTION, FAST_GELU, SKIP_LAYER_NORM, SHARED_KV),
     "portable": (LAYER_NORM, STANDARD_GELU),
     "tensorrt": (LAYER_NORM,),
+    "onnx": (LAYER_NORM, ONNX_ATTENTION, STANDARD_GELU),
+    "onnx-static-kv": (LAYER_NORM, ONNX_ATTENTION, STANDARD_GELU, STATIC_KV),
 }
-MIN_OPSET = {"none": 0, "ort": 17, "ort-shared-kv": 17, "portable": 20, "tensorrt": 17}
+MIN_OPSET = {
+    "none": 0,
+    "ort": 17,
+    "ort-shared-kv": 17,
+    "portable": 20,
+    "tensorrt": 17,
+    "onnx": ATTENTION_OPSET,
+    "onnx-static-kv": STATIC_KV_OPSET,
+}
 
 
 def golden_counts(
@@ -130,6 +159,17 @@ def _golden_counts(profile: str, n_layer: int) -> dict[str, tuple[tuple[tuple[st
         },
         "portable": {"layer_norm": ((("", "LayerNormalization"),), 2 * L + 1), "gelu": ((("", "Gelu"),), L)},
         "tensorrt": {"layer_norm": ((("", "LayerNormalization"),), 2 * L + 1)},
+        "onnx": {
+            "attention": ((("", "Attention"),), L),
+            "gelu": ((("", "Gelu"),), L),
+            "layer_norm": ((("", "LayerNormalization"),), 2 * L + 1),
+        },
+        "onnx-static-kv": {
+            "attention": ((("", "Attention"),), L),
+            "static_kv": ((("", "TensorScatter"),), 2 * L),
+            "gelu": ((("", "Gelu"),), L),
+            "layer_norm": ((("", "LayerNormalization"),), 2 * L + 1),
+        },
     }[profile]
 
 
@@ -180,13 +220,18 @@ def _where_it_stopped(model: ir.Model, fusion: Fusion) -> str:
 
 def fused_with(model: onnx.ModelProto) -> str | None:
     """The profile whose fused ops the graph holds, read from its own ops: ort-shared-kv (GroupQueryAttention),
-    ort (MultiHeadAttention, FastGelu, SkipLayerNormalization), portable (the standard Gelu); None for a graph
-    with none of them (an unfused export, and the tensorrt profile's, whose LayerNormalization torch writes too)."""
+    ort (MultiHeadAttention, FastGelu, SkipLayerNormalization), onnx-static-kv (TensorScatter), onnx (the
+    standard Attention), portable (the standard Gelu); None for a graph with none of them (an unfused export,
+    and the tensorrt profile's, whose LayerNormalization torch writes too)."""
     ops = {(n.domain or "", n.op_type) for n in model.graph.node}
     if (MS, "GroupQueryAttention") in ops:
         return "ort-shared-kv"
     if any(op in ops for op in ((MS, "MultiHeadAttention"), (MS, "SkipLayerNormalization"), *FAST_GELU.produces)):
         return "ort"
+    if ("", "TensorScatter") in ops:
+        return "onnx-static-kv"
+    if ("", "Attention") in ops:
+        return "onnx"
     if ("", "Gelu") in ops:
         return "portable"
     return None
@@ -196,7 +241,7 @@ def fused_with(model: onnx.ModelProto) -> str | None:
 # holds the other's ops (ort-shared-kv rewrites ort's MultiHeadAttention). The same profile is a no-op; any other
 # pair is refused in one line.
 _REFUSABLE = "start from the unfused export (--fusion none), or keep the folder's own profile (--fusion {held})"
-_FUSES_OVER = {("ort", "ort-shared-kv")}
+_FUSES_OVER = {("ort", "ort-shared-kv"), ("onnx", "onnx-static-kv")}
 
 
 def _check_fused(held: str | None, profile: str) -> None:
@@ -207,6 +252,8 @@ def _check_fused(held: str | None, profile: str) -> None:
         "ort-shared-kv": "a shared K/V cache (GroupQueryAttention)",
         "ort": "com.microsoft ops from the ort profile",
         "portable": "the portable profile's standard Gelu",
+        "onnx": "the standard Attention op from the onnx profile",
+        "onnx-static-kv": "a fixed-size K/V cache (TensorScatter)",
     }[held]
     raise BadInput(
         f"the model already has {what}, which the {profile} profile cannot be made from: "
@@ -245,7 +292,7 @@ def fuse(
         return model, _already_fused(model, profile, n_layer, activation)
     model = _upgrade_opset(model, MIN_OPSET[profile])
     ir_version = model.ir_version
-    if any(f is ATTENTION for f in PROFILE_FUSIONS[profile]):
+    if any(f is ATTENTION or f is ONNX_ATTENTION for f in PROFILE_FUSIONS[profile]):
         model, anchored = anchor_shapes(model)
         log.info("re-anchored %d intermediate shape reads on the graph inputs", anchored)
     known = list(model.graph.value_info)  # a fused graph's contrib ops are typed by the pass that fused them only
@@ -257,7 +304,7 @@ def fuse(
     onnxscript.optimizer.fold_constants(graph, input_size_limit=1024, output_size_limit=1024)
     applied = {}
     for fusion in PROFILE_FUSIONS[profile]:
-        if fusion is SHARED_KV:
+        if fusion is SHARED_KV or fusion is STATIC_KV:
             continue  # on the proto, after the rules
         count = pattern.RewriteRuleSet(list(fusion.rules), commute=True).apply_to_model(graph)
         applied[fusion.name] = applied.get(fusion.name, 0) + count
@@ -268,6 +315,11 @@ def fuse(
         proto, applied[SHARED_KV.name] = share_kv_cache(proto)
         log.info("fusion %s: %d rewrites", SHARED_KV.name, applied[SHARED_KV.name])
         graph = ir.from_proto(proto)
+    if STATIC_KV in PROFILE_FUSIONS[profile]:
+        proto = ir.to_proto(graph)
+        proto, applied[STATIC_KV.name] = static_kv_cache(proto)
+        log.info("fusion %s: %d rewrites", STATIC_KV.name, applied[STATIC_KV.name])
+        graph = ir.from_proto(proto)
     histogram = _op_histogram(graph)
     golden, partial = {}, []
     for check, (ops, expected) in golden_counts(profile, n_layer, activation).items():
@@ -275,8 +327,10 @@ def fuse(
         golden[check] = GoldenCount(expected, found, ["::".join(filter(None, op)) for op in ops])
         if found < expected:
             fusion = next(f for f in PROFILE_FUSIONS[profile] if f.name == check)
-            # shared_kv rewrites the attention fusion's nodes: where that one stopped is the reason
-            where = _where_it_stopped(graph, ATTENTION if fusion is SHARED_KV else fusion)
+            # shared_kv and static_kv rewrite the attention fusion's nodes: where that one stopped is the reason
+            where = _where_it_stopped(
+                graph, ATTENTION if fusion is SHARED_KV else ONNX_ATTENTION if fusion is STATIC_KV else fusion
+            )
             partial.append(
                 f"fusion '{check}' reached {found} of {expected} {'/'.join(op for _, op in ops)} ops: {where}"
             )
@@ -290,5 +344,8 @@ def fuse(
         if key in {op for f in PROFILE_FUSIONS[profile] for op in f.produces}
     }
     fused = ir.to_proto(graph)
-    fused.ir_version = ir_version
+    # the source's IR version, or the first that has the profile's opset (11 for 23, 12 for 24): onnx-ir writes a
+    # newer one than onnxruntime 1.31 reads, and the opset converter leaves the old one
+    needed = onnx.helper.find_min_ir_version_for(list(fused.opset_import), ignore_unknown=True)
+    fused.ir_version = max(ir_version, needed)
     return fused, FusionReport(profile, applied, op_counts, golden, partial)

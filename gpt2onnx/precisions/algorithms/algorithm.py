@@ -51,6 +51,9 @@ class Int4Algorithm:
         block size (the ``weight_error`` gate): 2-bit weights declared 4 (about 4.5 times) and wrong scales (far
         more) stay out.
     calibrated: whether it needs calibration text (``Calibration``).
+    even_blocks: whether each weight's rows need an even number of blocks: onnxruntime 1.31's vendored
+        neural-compressor path (k-quant, GPTQ) packs two 4-bit zero points a byte and reshapes them per column
+        (``cannot reshape array of size 96 into shape (192, -1)`` on a 64-wide layer in one block).
     build: the onnxruntime quantizer configuration for ``bits``, ``block_size``, the node names to quantize and the
         calibration (None for the quantizer's own default, round to nearest).
     """
@@ -60,6 +63,7 @@ class Int4Algorithm:
     weight_error: float | None
     build: Callable[..., object | None]
     calibrated: bool = False
+    even_blocks: bool = False
 
     def config(
         self, *, bits: int, block_size: int, nodes: Sequence[str], calibration: Calibration | None, model

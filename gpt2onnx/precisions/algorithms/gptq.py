@@ -41,5 +41,6 @@ ALGORITHM = Int4Algorithm(
     summary="GPTQ: each column's rounding error compensated in the others, calibrated on text (--calibration)",
     weight_error=2.0,
     build=_build,
+    even_blocks=True,
     calibrated=True,
 )

@@ -17,4 +17,5 @@ ALGORITHM = Int4Algorithm(
     summary="k-quant: asymmetric blocks, each scale and minimum found by a least-squares search, no calibration",
     weight_error=1.25,
     build=_build,
+    even_blocks=True,
 )
