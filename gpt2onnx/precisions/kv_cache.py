@@ -1,20 +1,21 @@
-"""The K/V cache's precision (``--kv-cache``), apart from the weights': float (the model's own dtype, the default)
-or int8, per channel, which onnxruntime's CPU GroupQueryAttention (the ort-shared-kv profile) stores and reads.
+"""The K/V cache's precision (``--kv-cache``), apart from the weights': float (the model's own dtype, the default),
+int8 or int4, per channel, which onnxruntime's CPU GroupQueryAttention (the ort-shared-kv profile) stores and reads.
 
 What onnxruntime 1.31.1's CPU kernel does, measured on a one-node graph against numpy (``tests/test_kv_cache.py``):
 with ``kv_cache_bit_width`` 8, ``k_quant_type``/``v_quant_type`` PER_CHANNEL and float ``k_scale``/``v_scale`` of
-[1, kv_heads, 1, head_dim], past and present are int8 and each new K/V value is stored as
-clip(round(x / scale), -128, 127); attention then reads scale × the stored value (the prompt step too), within
-1e-6 of that computation in numpy. An int8 buffer bound as both past and present is written in place, as a float
-one is. uint8 with bit width 8 is refused ("Tensor type mismatch"); bit width 4 packs two values per uint8
-(head_dim / 2 bytes); float8e4m3fn has no CPU kernel ("Could not find an implementation"). The CUDA kernel takes
-fp16/bf16 activations only (NOTES.md), so a quantized cache runs where the ort-shared-kv profile runs: on the CPU.
+[1, kv_heads, 1, head_dim], past and present are int8 and each new K/V value is stored as clip(round(x / scale),
+-128, 127); attention then reads scale × the stored value (the prompt step too), within 1e-6 of that computation in
+numpy. An int8 buffer bound as both past and present is written in place, as a float one is. uint8 with bit width 8
+is refused ("Tensor type mismatch"); bit width 4 stores uint8, two values a byte (head_dim / 2 bytes a row), each
+clip(round(x / scale), -8, 7) + 8, low nibble first; float8e4m3fn has no CPU kernel ("Could not find an
+implementation"). The CUDA kernel takes fp16/bf16 activations only (NOTES.md), so a quantized cache runs where the
+ort-shared-kv profile runs: on the CPU.
 
 The scales are calibrated: per layer, K and V, one per channel (head × head_dim), the largest |x| the fp32 graph
 writes to its cache over the calibration text (full-context sequences, so every position's embedding is seen),
-divided by 127, so that nothing seen in calibration is clipped. (onnxruntime-genai's calibration divides a 99.99th
-percentile by 128 and clips what lies beyond; GPT-2 has no rotary embedding, so its K/V at a position far from the
-calibrated ones are not a rotation away from them.) A value beyond the calibrated range is clipped to ±127 steps.
+divided by 127 (int4: 7), so that nothing seen in calibration is clipped. (onnxruntime-genai's calibration divides a
+99.99th percentile by 128 and clips what lies beyond; GPT-2 has no rotary embedding, so its K/V at a position far
+from the calibrated ones are not a rotation away from them.) A value beyond the calibrated range is clipped.
 """
 
 from __future__ import annotations
