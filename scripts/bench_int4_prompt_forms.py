@@ -19,6 +19,9 @@ round so that another process's load falls on all of them alike:
 
 It also reports, per form, the session's creation time and the process's resident memory growth, and whether
 constant folding really ran (the optimized model written by ``optimized_model_filepath`` holds no BitShift left).
+``--memory``: each form's session created in its own process, its peak and resident memory (also after glibc's
+``malloc_trim``). ``--config KEY=VALUE``: onnxruntime session config entries for every session (mlas.* keys).
+Figures and what they say: docs/benchmarks.md, "int4's prompt step on int8 kernels".
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from gpt2onnx.precisions.prompt_path import int8_matmul_nodes, int8_weight_nodes
 
 OPSET = 21
 IR_VERSION = 10
@@ -87,76 +92,14 @@ def _const(name: str, array) -> onnx.NodeProto:
 
 
 def unpack_nodes(node: onnx.NodeProto, prefix: str) -> tuple[list[onnx.NodeProto], str, str]:
-    """Standard ops that compute, from a MatMulNBits node's (4-bit, symmetric, no zero points) packed weight and
-    scales, an int8 [K, N] weight at 7 bits per output column ([-64, 64]) and its column scales [N].
-
-    Each column's scale is its largest block scale × 8 / 64: round to nearest puts a -8 in every block (the block's
-    largest |w|), so that is the column's largest |w| / 64, as int8's 7-bit per-column rounding would choose. Then
-    w8 = round((q - 8) × 8 × block scale / largest block scale), within [-64, 56] without a Clip. Few float
-    tensors of the weight's size: constant folding keeps every intermediate until the pass ends."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    k, n, block = attrs["K"], attrs["N"], attrs["block_size"]
-    blocks = -(-k // block)
-    packed, scales = node.input[1], node.input[2]
-    p = prefix
-    nodes = [
-        _const(f"{p}_mask", np.uint8(15)),
-        _const(f"{p}_four", np.uint8(4)),
-        helper.make_node("BitwiseAnd", [packed, f"{p}_mask"], [f"{p}_lo"]),
-        helper.make_node("BitShift", [packed, f"{p}_four"], [f"{p}_hi"], direction="RIGHT"),
-        _const(f"{p}_last", np.array([-1], np.int64)),
-        helper.make_node("Unsqueeze", [f"{p}_lo", f"{p}_last"], [f"{p}_lo1"]),
-        helper.make_node("Unsqueeze", [f"{p}_hi", f"{p}_last"], [f"{p}_hi1"]),
-        helper.make_node("Concat", [f"{p}_lo1", f"{p}_hi1"], [f"{p}_pairs"], axis=-1),  # low nibble first
-        _const(f"{p}_blocked", np.array([n, blocks, block], np.int64)),
-        helper.make_node("Reshape", [f"{p}_pairs", f"{p}_blocked"], [f"{p}_q"]),
-        helper.make_node("Cast", [f"{p}_q"], [f"{p}_qs"], to=TensorProto.INT8),  # 0..15
-        _const(f"{p}_eight", np.int8(8)),
-        helper.make_node("Sub", [f"{p}_qs", f"{p}_eight"], [f"{p}_centred"]),  # -8..7
-        helper.make_node("Cast", [f"{p}_centred"], [f"{p}_cf"], to=TensorProto.FLOAT),
-        _const(f"{p}_scale_shape", np.array([n, blocks, 1], np.int64)),
-        helper.make_node("Reshape", [scales, f"{p}_scale_shape"], [f"{p}_bscales"]),
-        helper.make_node("Abs", [f"{p}_bscales"], [f"{p}_babs"]),
-        _const(f"{p}_axis1", np.array([1], np.int64)),
-        helper.make_node("ReduceMax", [f"{p}_babs", f"{p}_axis1"], [f"{p}_bmax"], keepdims=1),  # [N, 1, 1]
-        _const(f"{p}_tiny", np.float32(1e-30)),
-        helper.make_node("Max", [f"{p}_bmax", f"{p}_tiny"], [f"{p}_bmax1"]),
-        _const(f"{p}_eightf", np.float32(8)),
-        helper.make_node("Mul", [f"{p}_bscales", f"{p}_eightf"], [f"{p}_b8"]),
-        helper.make_node("Div", [f"{p}_b8", f"{p}_bmax1"], [f"{p}_ratio"]),  # [N, blocks, 1]
-        helper.make_node("Mul", [f"{p}_cf", f"{p}_ratio"], [f"{p}_wf"]),
-        helper.make_node("Round", [f"{p}_wf"], [f"{p}_wr"]),
-        helper.make_node("Cast", [f"{p}_wr"], [f"{p}_wi"], to=TensorProto.INT8),
-        _const(f"{p}_rows", np.array([n, blocks * block], np.int64)),
-        helper.make_node("Reshape", [f"{p}_wi", f"{p}_rows"], [f"{p}_wnk"]),
-        _const(f"{p}_steps", np.float32(64)),
-        _const(f"{p}_flat", np.array([n], np.int64)),
-        helper.make_node("Reshape", [f"{p}_bmax1", f"{p}_flat"], [f"{p}_bmaxn"]),
-        helper.make_node("Div", [f"{p}_bmaxn", f"{p}_steps"], [f"{p}_colscale0"]),
-        helper.make_node("Mul", [f"{p}_colscale0", f"{p}_eightf"], [f"{p}_colscale"]),  # max block scale × 8 / 64
-    ]
-    w = f"{p}_wnk"
-    if blocks * block != k:  # the last block padded: keep K columns
-        nodes += [
-            _const(f"{p}_s0", np.array([0], np.int64)),
-            _const(f"{p}_sk", np.array([k], np.int64)),
-            _const(f"{p}_s1", np.array([1], np.int64)),
-            helper.make_node("Slice", [w, f"{p}_s0", f"{p}_sk", f"{p}_s1"], [f"{p}_wk"]),
-        ]
-        w = f"{p}_wk"
-    nodes.append(helper.make_node("Transpose", [w], [f"{p}_w8"], perm=[1, 0]))  # [K, N]
-    return nodes, f"{p}_w8", f"{p}_colscale"
+    """gpt2onnx's fold (gpt2onnx.precisions.prompt_path): an int8 [K, N] weight, 7 bits per output column, and its
+    column scales, computed by standard ops from a 4-bit MatMulNBits' initializers."""
+    return int8_weight_nodes(node, prefix, opset=OPSET)
 
 
 def integer_nodes(x: str, w8: str, colscale: str, y: str, p: str) -> list[onnx.NodeProto]:
     """int8.py's form: DynamicQuantizeLinear (uint8, per tensor), MatMulInteger, Cast, times both scales."""
-    return [
-        helper.make_node("DynamicQuantizeLinear", [x], [f"{p}_xq", f"{p}_xs", f"{p}_xz"]),
-        helper.make_node("MatMulInteger", [f"{p}_xq", w8, f"{p}_xz"], [f"{p}_i32"]),
-        helper.make_node("Cast", [f"{p}_i32"], [f"{p}_f32"], to=TensorProto.FLOAT),
-        helper.make_node("Mul", [f"{p}_xs", colscale], [f"{p}_scale"]),
-        helper.make_node("Mul", [f"{p}_f32", f"{p}_scale"], [y]),
-    ]
+    return int8_matmul_nodes(x, w8, colscale, y, p)
 
 
 def _rows_above(x: str, threshold: int, p: str) -> list[onnx.NodeProto]:
@@ -238,10 +181,13 @@ def folded_model(nbits: onnx.ModelProto, *, form: str, threshold: int, fold_insi
     return model
 
 
-def session(model: onnx.ModelProto, threads: int, optimized: Path | None = None):
+def session(model: onnx.ModelProto, threads: int, optimized: Path | None = None, config: tuple[str, ...] = ()):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    for pair in config:
+        key, _, value = pair.partition("=")
+        options.add_session_config_entry(key, value)
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     if optimized is not None:
@@ -261,6 +207,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--forms", nargs="+", default=["fp32", "nbits", "integer", "folded", "if-matmul", "if-stack"])
     parser.add_argument("--fold-outside", action="store_true", help="the unpacking subgraph outside the Ifs")
+    parser.add_argument(
+        "--config",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="onnxruntime session config entries for every session (e.g. mlas.use_lut_gemm=1)",
+    )
     parser.add_argument("--memory", action="store_true", help="each form's peak memory, its own process")
     parser.add_argument("--created-only", action="store_true", help=argparse.SUPPRESS)  # one form, --memory's
     args = parser.parse_args()
@@ -272,6 +225,7 @@ def main() -> None:
             command = [sys.executable, "-m", "scripts.bench_int4_prompt_forms", "--created-only", "--forms", name]
             command += ["--layers", str(args.layers), "--block-size", str(args.block_size)]
             command += ["--fold-outside"] if args.fold_outside else []
+            command += ["--config", *args.config] if args.config else []
             done = subprocess.run(command, capture_output=True, text=True, check=True)
             print(done.stdout.strip().splitlines()[-1], flush=True)
         return
@@ -304,7 +258,7 @@ def main() -> None:
 
                 before, started = rss_mb(), time.perf_counter()
                 peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-                sess = session(model, args.threads)
+                sess = session(model, args.threads, config=tuple(args.config))
                 elapsed = time.perf_counter() - started
                 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
                 after = rss_mb()
@@ -318,7 +272,7 @@ def main() -> None:
                 return
             before, started = rss_mb(), time.perf_counter()
             optimized = Path(tmp) / f"{name}.onnx"
-            sessions[name] = session(model, args.threads, optimized)
+            sessions[name] = session(model, args.threads, optimized, tuple(args.config))
             elapsed = time.perf_counter() - started
             opt = onnx.load(str(optimized), load_external_data=False)
             ops: dict[str, int] = {}

@@ -157,3 +157,16 @@ def test_parity_and_the_kv_path_across_both_bodies(written):
 def test_bad_prompt_kernel_options_are_refused_in_one_line(options, message):
     with pytest.raises(BadInput, match=re.escape(message)):
         QuantizeOptions(**options)
+
+
+def test_the_cli_refuses_a_prompt_kernel_in_one_line(tiny_export, tmp_path):
+    from typer.testing import CliRunner
+
+    from gpt2onnx.cli import app
+
+    args = ["optimize", str(tiny_export), "-o", str(tmp_path / "out"), "--quantize", "int8", "--prompt-kernel", "int8"]
+    result = CliRunner().invoke(app, args)
+    text = result.output.strip()
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit), text
+    assert len(text.splitlines()) == 1 and text.startswith("error: "), text
+    assert "--prompt-kernel applies to int4: drop it" in text and not (tmp_path / "out").exists()
