@@ -67,6 +67,12 @@ def test_one_if_two_bodies_and_the_same_weights(written):
     assert four_bit == prompt["MatMulInteger"] == prompt["DynamicQuantizeLinear"] > 0
     assert decode["MatMulNBits"] - prompt.get("MatMulNBits", 0) == four_bit  # the 8-bit head stays in both
     assert "MatMulInteger" not in decode and "BitShift" in prompt
+    # CUDA's kernel table sees the prompt body: int8's ops there have no CUDA kernel (as --quantize int8's)
+    from gpt2onnx.runtimes.providers import unsupported_nodes
+
+    refused = unsupported_nodes(load_graph(fast.folder / "model.onnx"), "cuda")
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= set(refused)
+    assert "MatMulInteger" not in unsupported_nodes(load_graph(plain.folder / "model.onnx"), "cuda")
     # no weight added: the same initializers, byte for byte (the file grows by its node protos only)
     stored = {i.name: i.raw_data for i in load_graph_with_weights(fast.folder).graph.initializer}
     assert stored == {i.name: i.raw_data for i in load_graph_with_weights(plain.folder).graph.initializer}
