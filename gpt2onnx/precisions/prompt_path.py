@@ -71,10 +71,15 @@ def int8_weight_nodes(node: onnx.NodeProto, p: str, *, opset: int) -> tuple[list
         return helper.make_node(op_type, inputs, [f"{p}/{suffix}"], name=f"{p}/{suffix}", **kwargs)
 
     nodes = [
-        _const(f"{p}/four", np.uint8(4)),
-        op("BitShift", [packed, f"{p}/four"], "high", direction="RIGHT"),
-        op("BitShift", [f"{p}/high", f"{p}/four"], "high_back", direction="LEFT"),
-        op("Sub", [packed, f"{p}/high_back"], "low"),  # BitwiseAnd needs opset 18
+        # int32 Div and Mul, not uint8 BitShift or Div: OpenVINO 2026.4 rounds both on uint8 (143 >> 4 and 143 / 16
+        # gave 9), and BitwiseAnd needs opset 18
+        op("Cast", [packed], "packed32", to=TensorProto.INT32),
+        _const(f"{p}/sixteen", np.int32(16)),
+        op("Div", [f"{p}/packed32", f"{p}/sixteen"], "high32"),
+        op("Mul", [f"{p}/high32", f"{p}/sixteen"], "high_back"),
+        op("Sub", [f"{p}/packed32", f"{p}/high_back"], "low32"),
+        op("Cast", [f"{p}/high32"], "high", to=TensorProto.UINT8),
+        op("Cast", [f"{p}/low32"], "low", to=TensorProto.UINT8),
         _const(f"{p}/last", np.array([-1], np.int64)),
         op("Unsqueeze", [f"{p}/low", f"{p}/last"], "low1"),
         op("Unsqueeze", [f"{p}/high", f"{p}/last"], "high1"),
