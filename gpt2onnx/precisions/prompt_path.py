@@ -16,7 +16,7 @@ Both bodies read the same initializers (outer scope) and write the graph's outpu
 on a 4-bit weight (embeddings, the attention mask's bias, the first layer norm) stay outside, computed once.
 
 Costs, measured in docs/benchmarks.md: the session's creation folds the weights (seconds on the 124M model, and a
-transient peak of about 20 bytes per folded weight, since constant folding keeps each intermediate until its pass
+transient peak of about 28 bytes per folded weight, since constant folding keeps each intermediate until its pass
 ends); the int8 copy stays in memory beside the 4-bit one (1 byte per weight). The prompt's logits carry int8's
 7-bit re-rounding of the 4-bit weights on top of int4's rounding.
 """
