@@ -9,8 +9,10 @@
 # int8, int4 (the recipe: the tied head and embeddings at 8 bits, blocks of 128), int4 with everything at 4 bits in
 # blocks of 32 (the recipe before) and of 128, int8-weights (its recipe: fp32 head
 # and embeddings) and
-# int8-weights with an 8-bit head and embeddings.
-# ENGINE_ROWS: a substring filter of the engines' rows (default: all); SKIP_ENGINES=1 times ours only.
+# int8-weights with an 8-bit head and embeddings; int4's recipe and all-4-bit blocks of 128 with
+# --prompt-kernel int8 (a prompt step of many rows on int8 kernels folded from the 4-bit weights at load).
+# ENGINE_ROWS: a substring filter of the engines' rows (default: all); SKIP_ENGINES=1 times ours only;
+# OURS: our variants to time, by name (default: all of them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONWARNINGS=ignore
@@ -31,8 +33,14 @@ declare -A RECIPES=(
   [int4-all4-b128]="--quantize int4 --block-size 128 --lm-head int4 --embeddings int4"
   [int8-weights]="--quantize int8-weights"
   [int8-weights-8bit-head]="--quantize int8-weights --lm-head int8 --embeddings int8"
+  [int4-prompt-int8]="--quantize int4 --prompt-kernel int8"
+  [int4-all4-b128-prompt-int8]="--quantize int4 --block-size 128 --lm-head int4 --embeddings int4 --prompt-kernel int8"
 )
-for name in fp16 int8 int4 int4-all4-b32 int4-all4-b128 int8-weights int8-weights-8bit-head; do
+ALL="fp32 fp16 int8 int4 int4-prompt-int8 int4-all4-b32 int4-all4-b128 int4-all4-b128-prompt-int8 int8-weights"
+ALL="$ALL int8-weights-8bit-head"
+OURS=${OURS:-$ALL}
+for name in $OURS; do
+  [ "$name" = fp32 ] && continue
   # shellcheck disable=SC2086
   [ -f "$W/$name/model.onnx" ] || $G optimize "$W/fp32" -o "$W/$name" --fusion none ${RECIPES[$name]} --force
 done
@@ -51,7 +59,7 @@ if [ "${SKIP_ENGINES:-0}" != 1 ]; then
   machine
 fi
 variants=()
-for name in fp32 fp16 int8 int4 int4-all4-b32 int4-all4-b128 int8-weights int8-weights-8bit-head; do
+for name in $OURS; do
   variants+=(--variant "gpt2onnx $name=$W/$name/model.onnx")
 done
 $PY "$PEERS/bench_decode.py" --torch-model "$E/gpt2-small" --threads 2 --reps 20 --gen-reps 10 --no-hf-generate \

@@ -19,6 +19,7 @@ from gpt2onnx.files import require_regular
 
 log = logging.getLogger(__name__)
 
+PROMPT_IF = "int4_prompt_path"  # the If of int4's prompt path on int8 kernels (gpt2onnx.precisions.prompt_path)
 PROTOBUF_LIMIT = 2**31  # a single ONNX protobuf file cannot exceed 2 GB
 DATA_FILE_SUFFIX = "_data"
 
@@ -128,12 +129,28 @@ class GraphFacts:
         return "shared" if self.shared_kv else "static" if self.static_kv else "concat"
 
 
+def all_nodes(graph: onnx.GraphProto, *, prompt_body: bool = False):
+    """The graph's nodes and those of its subgraphs (If, Loop, Scan bodies), depth first. int4's prompt path
+    (PROMPT_IF) holds its nodes twice: only the decode body's (MatMulNBits) unless ``prompt_body``."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if node.op_type == "If" and node.name == PROMPT_IF and attr.name == "then_branch" and not prompt_body:
+                continue
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from all_nodes(attr.g, prompt_body=prompt_body)
+            for g in attr.graphs:
+                yield from all_nodes(g, prompt_body=prompt_body)
+
+
 def quantized_op_counts(model: onnx.ModelProto) -> dict[str, int]:
     """The quantized ops of a graph by kind, with their width where it is not 4 bits ('MatMulNBits (8-bit)'): the
     manifest's record, and what tells a graph's precision (gpt2onnx.precisions.all_precisions.precision_of)."""
     ops: dict[str, int] = {}
-    for node in model.graph.node:
-        if node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
+    for node in all_nodes(model.graph):
+        if node.op_type == "If" and node.name == PROMPT_IF:
+            ops["If (int8 prompt path)"] = ops.get("If (int8 prompt path)", 0) + 1
+        elif node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
             bits = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits"), 4)
             key = f"{node.op_type}" if bits == 4 else f"{node.op_type} ({bits}-bit)"
             ops[key] = ops.get(key, 0) + 1
@@ -150,7 +167,7 @@ def graph_facts(model: onnx.ModelProto) -> GraphFacts:
     kv_dtype = presents[0].dtype if presents else (logits.dtype if logits is not None else "float32")
     # a quantized cache (integer presents) is written on fp32 graphs only (gpt2onnx.precisions.kv_cache)
     dtype = kv_dtype if kv_dtype.startswith(("float", "bfloat")) else "float32"
-    ops = {node.op_type for node in model.graph.node}
+    ops = {node.op_type for node in all_nodes(model.graph)}
     dims = logits.dims if logits is not None else ()
     return GraphFacts(
         dtype=dtype,

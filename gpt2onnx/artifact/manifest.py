@@ -226,6 +226,8 @@ class QuantizationRecord:
     int8_share: float | None = None
     # the tied embedding stored once: the token Gather reads the head's MatMulNBits weights (its source name)
     shared_embedding: str | None = None
+    # int4 --prompt-kernel int8: a step of many rows runs on int8 kernels (gpt2onnx.precisions.prompt_path)
+    prompt_kernel: str | None = None
 
     def as_dict(self) -> dict:
         data = {"method": self.method, "block_size": self.block_size, "ops": self.ops}
@@ -241,6 +243,8 @@ class QuantizationRecord:
             data.update(int8_layers=self.int8_layers, sensitivity=self.sensitivity, int8_share=self.int8_share)
         if self.shared_embedding is not None:
             data["shared_embedding"] = self.shared_embedding
+        if self.prompt_kernel is not None:
+            data["prompt_kernel"] = self.prompt_kernel
         return data
 
     def summary(self) -> str:
@@ -254,6 +258,8 @@ class QuantizationRecord:
             text += f"; lm_head {self.lm_head}, embeddings {self.embeddings}"
         if self.shared_embedding is not None:
             text += "; one copy of the tied embedding"
+        if self.prompt_kernel is not None:
+            text += f"; prompt steps on {self.prompt_kernel} kernels"
         if self.int8_layers is not None:
             share = 100 * (self.int8_share or 0)
             text += f"; {len(self.int8_layers)} layers at 8 bits by measured sensitivity ({share:.0f} % of weights)"
@@ -276,6 +282,7 @@ class QuantizationRecord:
             {str(k): float(v) for k, v in data["sensitivity"].items()} if data.get("sensitivity") is not None else None,
             float(data["int8_share"]) if data.get("int8_share") is not None else None,
             str(data["shared_embedding"]) if data.get("shared_embedding") is not None else None,
+            str(data["prompt_kernel"]) if data.get("prompt_kernel") is not None else None,
         )
 
 

@@ -179,6 +179,15 @@ def precision(
             show_default=False,
         ),
     ] = None,
+    prompt_kernel: Annotated[
+        Optional[str],
+        typer.Option(
+            "--prompt-kernel",
+            metavar="KERNEL",
+            help="int4: a prompt step's matmuls: nbits or int8 (folded at load) [default: nbits].",
+            show_default=False,
+        ),
+    ] = None,
     gate: GateOpt = None,
     eval_text: Annotated[Optional[Path], typer.Option(help="Evaluate on this text before writing (see eval).")] = None,
     max_ppl_increase: MaxPplOpt = None,
@@ -188,7 +197,15 @@ def precision(
         dtype,
         keep_fp32,
         QuantizeOptions(
-            quantize, block_size, accuracy_level, lm_head, embeddings, weight_algorithm, calibration_text, mixed_int8
+            quantize,
+            block_size,
+            accuracy_level,
+            lm_head,
+            embeddings,
+            weight_algorithm,
+            calibration_text,
+            mixed_int8,
+            prompt_kernel,
         ),
         parse_gates(gate) or None,
         str(eval_text) if eval_text is not None else None,

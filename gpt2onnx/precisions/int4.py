@@ -14,6 +14,7 @@ from gpt2onnx.precisions.weights import QuantizeContext
 BITS = 4
 LAYER = "int4"  # --lm-head / --embeddings at this precision's width
 EIGHT_BIT_LAYER = "int8"  # --lm-head at 8 bits (MatMulNBits with 8 bits)
+PROMPT_NBITS, PROMPT_INT8 = "nbits", "int8"  # --prompt-kernel's choices
 
 
 def _quantize(context: QuantizeContext) -> tuple[onnx.ModelProto, dict]:
@@ -150,7 +151,16 @@ PRECISION = Precision(
     transformers_js=("q4", "_q4"),
     transformers_js_derived=(("q4f16", "_q4f16", to_q4f16),),
     options=frozenset(
-        {"block_size", "accuracy_level", "lm_head", "embeddings", "algorithm", "calibration_text", "mixed_int8"}
+        {
+            "block_size",
+            "accuracy_level",
+            "lm_head",
+            "embeddings",
+            "algorithm",
+            "calibration_text",
+            "mixed_int8",
+            "prompt_kernel",
+        }
     ),
     # chosen on the GPT-2-shaped reference's held-out text (docs/precision.md, "int4 recipes"): the tied head and
     # embeddings at 8 bits (stored once) with blocks of 128 give mean KL 2.5e-4 at the file size of everything at
@@ -161,6 +171,10 @@ PRECISION = Precision(
     layer_choices=(LAYER, EIGHT_BIT_LAYER, FLOAT_LAYER),
     accuracy_levels=(0, 4),  # MatMulNBits: 0 = fp32 activations, 4 = activations quantized to int8 (VNNI/AVX2/AMX)
     block_sizes=(16, 32, 64, 128, 256),
+    # the prompt step's matmuls: nbits, MatMulNBits as decode; int8, the 4-bit weights folded to int8 at session
+    # creation for steps of many rows (gpt2onnx.precisions.prompt_path; docs/benchmarks.md, "As fast as the
+    # engines": onnxruntime 1.31's MatMulNBits takes about 3× MatMulInteger's time on 128 rows)
+    prompt_kernels=(PROMPT_NBITS, PROMPT_INT8),
     block_wise=True,
     algorithms=ALGORITHMS,
     quantize=_quantize,

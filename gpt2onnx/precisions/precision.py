@@ -17,6 +17,7 @@ OPTION_FLAGS = MappingProxyType(
         "algorithm": "--algorithm",
         "calibration_text": "--calibration",
         "mixed_int8": "--mixed-int8",
+        "prompt_kernel": "--prompt-kernel",
     }
 )
 
@@ -59,6 +60,8 @@ class Precision:
     layer_choices: what ``--lm-head`` and ``--embeddings`` may be under it (names of precisions).
     accuracy_levels: MatMulNBits' arithmetic it allows (0: fp32, 4: int8 activations).
     block_sizes: the block sizes it allows.
+    prompt_kernels: what ``--prompt-kernel`` may be under it (the kernels a step of many rows runs on), the
+        recipe's first.
     block_wise: its weights are quantized block by block (so that --block-size matters for them).
     algorithms: the weight algorithms it may use (by ``--algorithm``), with the default first; their own bounds
         replace ``weight_steps`` in the file check (gpt2onnx.precisions.algorithms).
@@ -85,6 +88,7 @@ class Precision:
     layer_choices: tuple[str, ...] = ()
     accuracy_levels: tuple[int, ...] = ()
     block_sizes: tuple[int, ...] = ()
+    prompt_kernels: tuple[str, ...] = ()
     block_wise: bool = False
     algorithms: Mapping[str, object] = field(default_factory=dict)
     quantize: Callable | None = None

@@ -42,6 +42,8 @@ class QuantizeOptions:
         'dataset:NAME[:CONFIG][:SPLIT]' (the datasets library); None: the standard library's docstrings.
     mixed_int8: the share (percent, above 0 and at most 100) of the block weights' parameters that may be stored
         at 8 bits, given to the weights measured most sensitive (gpt2onnx.precisions.mixed_int8).
+    prompt_kernel: the kernels of a step of many rows (the precision's prompt_kernels; int4's int8: the 4-bit
+        weights folded to int8 when a session is created, gpt2onnx.precisions.prompt_path).
     None: the precision's recipe (Precision.recipe).
     """
 
@@ -53,6 +55,7 @@ class QuantizeOptions:
     algorithm: str | None = None
     calibration_text: str | None = None
     mixed_int8: float | None = None
+    prompt_kernel: str | None = None
 
     def __post_init__(self) -> None:  # an invalid one cannot be built: checked here, and only here
         if self.method != NO_QUANTIZATION and self.method not in QUANTIZED:
@@ -92,6 +95,17 @@ class QuantizeOptions:
                 f"--calibration applies to a calibrated {self.method} algorithm ({', '.join(calibrated)}) or to"
                 f" --mixed-int8: add --algorithm {calibrated[0]} or --mixed-int8 PERCENT, or drop it"
             )
+        if self.prompt_kernel is not None:
+            if self.prompt_kernel not in precision.prompt_kernels:
+                raise BadInput(
+                    f"unknown --prompt-kernel '{self.prompt_kernel}': choose {' or '.join(precision.prompt_kernels)}"
+                )
+            algorithm = self.weight_algorithm
+            if self.prompt_kernel != precision.prompt_kernels[0] and algorithm.name != precision.default_algorithm:
+                raise BadInput(
+                    f"--prompt-kernel {self.prompt_kernel} reads round-to-nearest weights (no zero points): drop"
+                    f" --algorithm {algorithm.name}, or --prompt-kernel"
+                )
         for flag, value in (("--lm-head", self.lm_head), ("--embeddings", self.embeddings)):
             if value is not None and value not in precision.layer_choices:
                 raise BadInput(
@@ -132,6 +146,7 @@ class QuantizeOptions:
             self.embeddings or recipe.get("embeddings"),
             algorithm.name if algorithm is not None else None,
             self.mixed_int8,
+            self.prompt_kernel or (precision.prompt_kernels[0] if precision and precision.prompt_kernels else None),
         )
 
     @property
@@ -153,6 +168,7 @@ class QuantizeOptions:
             **({"algorithm": recipe.algorithm} if recipe.algorithm else {}),
             **({"calibration_text": self.calibration_text} if self.calibration_text else {}),
             **({"mixed_int8": self.mixed_int8} if self.mixed_int8 is not None else {}),
+            **({"prompt_kernel": self.prompt_kernel} if self.prompt_kernel is not None else {}),
         }
 
 
@@ -167,3 +183,4 @@ class QuantizeRecipe:
     embeddings: str | None
     algorithm: str | None = None  # the weight algorithm's name (Precision.algorithms)
     mixed_int8: float | None = None  # the percent of block weights' parameters that may get 8 bits
+    prompt_kernel: str | None = None  # the kernels of a step of many rows (Precision.prompt_kernels)

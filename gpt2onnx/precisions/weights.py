@@ -24,6 +24,7 @@ from gpt2onnx.artifact.manifest import QuantizationRecord
 from gpt2onnx.errors import BadInput
 from gpt2onnx.precisions.algorithms.algorithm import Calibration, Int4Algorithm
 from gpt2onnx.precisions.precision import EIGHT_BIT_TABLES, FLOAT_LAYER
+from gpt2onnx.precisions.prompt_path import int8_prompt_path
 
 log = logging.getLogger(__name__)
 
@@ -385,6 +386,10 @@ def quantize(
     if recipe.embeddings == EIGHT_BIT_TABLES:
         gathers_to_8bit(quantized, gathers, recipe.block_size)
     shared = share_tied_embedding(quantized) if head is not None else None
+    prompt_kernel = None
+    if precision.prompt_kernels and recipe.prompt_kernel != precision.prompt_kernels[0]:
+        int8_prompt_path(quantized)
+        prompt_kernel = recipe.prompt_kernel
     opset = next((i.version for i in quantized.opset_import if i.domain in ("", "ai.onnx")), 0)
     # the quantizers may raise the opset (GatherBlockQuantized); keep the IR version in step with it
     quantized.ir_version = max(ir_version, 10 if opset >= 21 else ir_version)
@@ -398,5 +403,6 @@ def quantize(
         record["lm_head"],
         record["embeddings"],
         shared_embedding=shared,
+        prompt_kernel=prompt_kernel,
         **extra,
     )

@@ -29,6 +29,7 @@ from typing import ClassVar
 import onnxruntime as ort
 
 from gpt2onnx.artifact.contract import DecoderShape
+from gpt2onnx.artifact.graph import all_nodes
 from gpt2onnx.artifact.paths import check_output_path
 from gpt2onnx.artifact.report import Placement
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
@@ -176,7 +177,7 @@ def _elem_types(graph) -> dict[str, str]:
     for info in (*g.input, *g.value_info, *g.output):
         if info.type.tensor_type.elem_type:
             types[info.name] = name_of.get(info.type.tensor_type.elem_type, "?")
-    for node in g.node:
+    for node in all_nodes(g, prompt_body=True):
         if node.op_type == "DynamicQuantizeLinear" and node.domain in ("", "ai.onnx") and node.output:
             types[node.output[0]] = "uint8"
     return types
@@ -189,7 +190,7 @@ def unsupported_nodes(graph, provider: str) -> dict[str, tuple[int, str]]:
         return {}
     types = _elem_types(graph)
     found: dict[str, list] = {}
-    for node in graph.graph.node:
+    for node in all_nodes(graph.graph, prompt_body=True):  # subgraphs too: int4's int8 prompt body
         key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
         reason = None
         if provider == "tensorrt" and key[0] == MS_DOMAIN:

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from gpt2onnx.artifact.graph import all_nodes
 from gpt2onnx.artifact.manifest import QuantizationRecord
 from gpt2onnx.artifact.report import WeightRounding
 from gpt2onnx.errors import ContractError
@@ -119,8 +120,13 @@ def _matmul_integer(node: onnx.NodeProto, graph: onnx.GraphProto, weights: dict[
 def dequantized_weights(model: onnx.ModelProto) -> list[QuantizedWeight]:
     """Every weight the graph stores quantized, dequantized (see :class:`QuantizedWeight`)."""
     weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
-    found = []
-    for node in model.graph.node:
+    found, seen = [], set()
+    nodes = list(all_nodes(model.graph))  # int4's prompt path: the decode body's MatMulNBits, once
+    for node in nodes:
+        key = (node.op_type, tuple(node.input[:1] if node.op_type == "GatherBlockQuantized" else node.input[1:2]))
+        if key in seen:
+            continue
+        seen.add(key)
         if node.op_type == "MatMulInteger" and node.input[1] in weights:
             name = node.input[1].removesuffix("_quantized")
             found.append(QuantizedWeight(name, node.op_type, 8, _matmul_integer(node, model.graph, weights)))
@@ -129,9 +135,7 @@ def dequantized_weights(model: onnx.ModelProto) -> list[QuantizedWeight]:
             found.append(QuantizedWeight(name, node.op_type, _attrs(node).get("bits", 4), _matmul_nbits(node, weights)))
         elif node.op_type == "GatherBlockQuantized" and _attrs(node).get("quantize_axis", 1) == 2:
             # the tied embedding stored once: the head's MatMulNBits weights, read as the table (its name's)
-            head = next(
-                (n for n in model.graph.node if n.op_type == "MatMulNBits" and n.input[1] == node.input[0]), None
-            )
+            head = next((n for n in nodes if n.op_type == "MatMulNBits" and n.input[1] == node.input[0]), None)
             if head is None:
                 raise ContractError(f"{node.name}: a GatherBlockQuantized on 3-D blocks reads no MatMulNBits weight")
             name = _NBITS_SUFFIX.sub("", node.input[0]).removesuffix(HEAD_SUFFIX)
