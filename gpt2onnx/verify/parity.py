@@ -350,21 +350,12 @@ def validate_against_source(
     fused = cpu_decoder(rewritten, n_positions=n_positions)
     reference = OnnxReference(cpu_decoder(source, n_positions=n_positions))
     vocab = fused.vocab_size or 1000
-    if cache_tolerances(precision, fused.shape.kv_dtype, gates) is not None:  # a quantized cache: its own gates
-        return precision_gates(
-            rewritten,
-            reference,
-            precision=precision,
-            vocab_size=vocab,
-            n_positions=n_positions,
-            gates=gates,
-            decoder=fused,
-            against=SOURCE_ONNX,
-        )
-    if not precisions.precision(precision).exact:
+    # a quantized cache is held to its own gates (run_plan chooses them from the stepper's cache dtype)
+    quantized_cache = cache_tolerances(precision, fused.shape.kv_dtype, gates) is not None
+    if quantized_cache or not precisions.precision(precision).exact:
         with tempfile.TemporaryDirectory(prefix="gpt2onnx-rounded-") as tmp:
             rounded = None
-            if quantization is not None:
+            if quantization is not None and not quantized_cache:
                 source_model = onnx.load(str(source))
                 initializers = {i.name: i for i in source_model.graph.initializer}
 
