@@ -246,3 +246,32 @@ def test_deploy_refuses_the_targets_that_feed_a_growing_past(static_export, tmp_
         assert result.exit_code == 2, result.output
         assert_one_line_error(result, "fixed-size K/V cache (TensorScatter")
         assert not (tmp_path / target).exists()
+
+
+def test_the_browsers_wasm_kernels_run_the_onnx_profile(onnx_export):
+    """onnxruntime-web's wasm build (the browser's kernels, tests/js/wasm_greedy.mjs in Node) has the standard
+    Attention: the onnx profile's graph (what the web target copies for fp32) writes the greedy tokens gpt2onnx's
+    own loop writes on onnxruntime."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from gpt2onnx.runtimes.generate import generate
+
+    script = Path(__file__).parent / "js" / "wasm_greedy.mjs"
+    node = shutil.which("node")
+    if node is None or not (script.parent / "node_modules" / "onnxruntime-web").is_dir():
+        message = "Node.js or tests/js/node_modules is missing: run scripts/setup.sh"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    prompt = "1,2,3,4,5,6"
+    expected = generate(onnx_export, ids=[prompt], max_new_tokens=8).tokens[0]
+    run = subprocess.run(
+        [node, str(script), str(onnx_export / "model.onnx"), prompt, "8"],
+        cwd=script.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["ids"] == expected
