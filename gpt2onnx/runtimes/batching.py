@@ -223,6 +223,7 @@ class BatchingEngine:
         self._mask: np.ndarray | None = None  # [rows, P]
         self.steps = 0  # decode steps run (each over the whole batch)
         self.rows_stepped = 0  # the sum of their batch sizes: rows_stepped / steps is the mean batch
+        self.rows_joined = 0  # requests that joined a batch already decoding (continuous batching at work)
         self._thread = threading.Thread(target=self._loop, name="gpt2onnx-batching", daemon=True)
         self._beam_thread = threading.Thread(target=self._beam_loop, name="gpt2onnx-beams", daemon=True)
         self._thread.start()
@@ -511,6 +512,7 @@ class BatchingEngine:
             self._past, self._mask, self._rows = past, mask, list(requests)
             self._trim()
             return
+        self.rows_joined += len(requests)
         old = [_host(p) for p in self._past]
         width = max(self._mask.shape[1], mask.shape[1])
         self._past = [np.concatenate([_pad_left(a, width), _pad_left(b, width)], axis=0) for a, b in zip(old, past)]
