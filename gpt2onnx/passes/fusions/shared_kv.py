@@ -81,7 +81,7 @@ def _past_shape_nodes(node: onnx.NodeProto, heads: int, head_dim: int, index: in
         helper.make_node("Sub", ["shared_kv/width", p + "sequence"], [p + "past"]),
         helper.make_node("Concat", [p + "batch", p + "heads", p + "past", p + "head_dim"], [p + "shape"], axis=0),
     ]
-    start, end = _attribute(node, "start", 0), _attribute(node, "end")
+    start, end = attribute(node, "start", 0), attribute(node, "end")
     if start == 0 and end is None:
         return nodes + [helper.make_node("Identity", [p + "shape"], list(node.output), name=node.name or None)]
     nodes += [const("start", start), const("end", end if end is not None else 4)]
@@ -90,7 +90,8 @@ def _past_shape_nodes(node: onnx.NodeProto, heads: int, head_dim: int, index: in
     ]
 
 
-def _attribute(node: onnx.NodeProto, name: str, default=None):
+def attribute(node: onnx.NodeProto, name: str, default=None):
+    """A node's attribute value by name, else ``default``."""
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
@@ -98,6 +99,23 @@ def _rename_dim(value: onnx.ValueInfoProto, axis: int, name: str) -> None:
     dim = value.type.tensor_type.shape.dim[axis]
     dim.Clear()
     dim.dim_param = name
+
+
+def name_buffer_io(graph: onnx.GraphProto, rewritten: set[str]) -> None:
+    """The IO of a graph whose pasts and presents are preallocated buffers (the shared and static caches): their
+    length dims and the mask's width take the contract's names (contract.shared_cache_io), and the value infos of
+    the rewritten attention outputs (``rewritten``), typed for the op they replaced, are dropped."""
+    for value in graph.input:
+        if value.name.startswith("past_key_values."):
+            _rename_dim(value, 2, PAST_BUFFER)
+        elif value.name == MASK:
+            _rename_dim(value, 1, MASK_WIDTH)
+    for value in graph.output:
+        if value.name.startswith("present."):
+            _rename_dim(value, 2, PRESENT_BUFFER)
+    kept = [v for v in graph.value_info if v.name not in rewritten]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
 
 
 def _as_group_query_attention(node: onnx.NodeProto) -> onnx.NodeProto:
@@ -108,12 +126,12 @@ def _as_group_query_attention(node: onnx.NodeProto) -> onnx.NodeProto:
         )
     if len(node.output) != 3 or not all(node.output):
         raise BadInput(f"MultiHeadAttention '{node.name}' has no present K/V outputs: it cannot share its cache")
-    if _attribute(node, "unidirectional", 0):
+    if attribute(node, "unidirectional", 0):
         raise BadInput(f"MultiHeadAttention '{node.name}' is unidirectional (its own causal mask): not handled")
-    heads = _attribute(node, "num_heads")
+    heads = attribute(node, "num_heads")
     attributes = {"num_heads": heads, "kv_num_heads": heads, "do_rotary": 0}
-    if _attribute(node, "scale") is not None:
-        attributes["scale"] = _attribute(node, "scale")
+    if attribute(node, "scale") is not None:
+        attributes["scale"] = attribute(node, "scale")
     return helper.make_node(
         "GroupQueryAttention",
         [ins[_Q], ins[_K], ins[_V], ins[_PAST_K], ins[_PAST_V], SEQLENS_K, TOTAL_LEN, "", "", "", ins[_ATTN_BIAS]],
@@ -156,18 +174,7 @@ def share_kv_cache(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         )
     del graph.node[:]
     graph.node.extend(_length_nodes() + nodes)  # the length nodes read only a graph input
-    for value in graph.input:
-        if value.name.startswith("past_key_values."):
-            _rename_dim(value, 2, PAST_BUFFER)
-        elif value.name == MASK:
-            _rename_dim(value, 1, MASK_WIDTH)
-    for value in graph.output:
-        if value.name.startswith("present."):
-            _rename_dim(value, 2, PRESENT_BUFFER)
-    outputs = {o for n in nodes if n.op_type == "GroupQueryAttention" for o in n.output}
-    kept = [v for v in graph.value_info if v.name not in outputs]
-    del graph.value_info[:]
-    graph.value_info.extend(kept)
+    name_buffer_io(graph, {o for n in nodes if n.op_type == "GroupQueryAttention" for o in n.output})
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
     return model, replaced

@@ -31,8 +31,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gpt2onnx.artifact.contract import MASK_WIDTH, PAST_BUFFER, PRESENT_BUFFER
 from gpt2onnx.errors import BadInput
+from gpt2onnx.passes.fusions.shared_kv import attribute, name_buffer_io
 
 STATIC_KV_OPSET = 24  # TensorScatter's first opset
 MASK, IDS = "attention_mask", "input_ids"
@@ -60,16 +60,6 @@ def _shared_nodes(first_past: str) -> list[onnx.NodeProto]:
         _const(P + "no_pads", np.zeros(7, np.int64)),
         helper.make_node("Concat", [P + "no_pads", P + "unwritten"], [P + "pads"], axis=0, name=P + "pads"),
     ]
-
-
-def _attribute(node: onnx.NodeProto, name: str, default=None):
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
-
-
-def _rename_dim(value: onnx.ValueInfoProto, axis: int, name: str) -> None:
-    dim = value.type.tensor_type.shape.dim[axis]
-    dim.Clear()
-    dim.dim_param = name
 
 
 class _Rewriter:
@@ -102,14 +92,14 @@ class _Rewriter:
             raise BadInput(
                 f"Attention '{node.name}' is not q, k, v + mask + past K/V → present K/V: it cannot use a static cache"
             )
-        if _attribute(node, "is_causal", 0) or _attribute(node, "softcap", 0.0):
+        if attribute(node, "is_causal", 0) or attribute(node, "softcap", 0.0):
             raise BadInput(f"Attention '{node.name}' is causal or soft-capped on its own: not handled")
         tag = f"{P}layer{index}"
         present_key, present_value = node.output[1], node.output[2]
         q = self._heads(ins[_Q], tag + "/q")
         k = self._heads(ins[_K], tag + "/k")
         v = self._heads(ins[_V], tag + "/v")
-        scale = _attribute(node, "scale")
+        scale = attribute(node, "scale")
         self.nodes += [
             helper.make_node(
                 "TensorScatter", [ins[_PAST_K], k, WRITE_INDICES], [present_key], axis=2, name=f"{tag}/write_key"
@@ -140,7 +130,7 @@ def _past_shape(node: onnx.NodeProto, rewriter: _Rewriter, index: int) -> list[o
         _const(p + "head_dim", np.array([rewriter.head_dim], np.int64)),
         helper.make_node("Concat", [P + "batch", p + "heads", P + "write", p + "head_dim"], [p + "shape"], axis=0),
     ]
-    start, end = _attribute(node, "start", 0), _attribute(node, "end")
+    start, end = attribute(node, "start", 0), attribute(node, "end")
     if start == 0 and end is None:
         return nodes + [helper.make_node("Identity", [p + "shape"], list(node.output), name=node.name or None)]
     nodes += [
@@ -187,16 +177,5 @@ def static_kv_cache(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         )
     del graph.node[:]
     graph.node.extend(_shared_nodes(first.name) + nodes)  # the shared nodes read only graph inputs
-    for value in graph.input:
-        if value.name in pasts:
-            _rename_dim(value, 2, PAST_BUFFER)
-        elif value.name == MASK:
-            _rename_dim(value, 1, MASK_WIDTH)
-    for value in graph.output:
-        if value.name.startswith("present."):
-            _rename_dim(value, 2, PRESENT_BUFFER)
-    rewritten = {o for n in kept if n.op_type == "Attention" for o in n.output}
-    values = [v for v in graph.value_info if v.name not in rewritten]
-    del graph.value_info[:]
-    graph.value_info.extend(values)
+    name_buffer_io(graph, {o for n in kept if n.op_type == "Attention" for o in n.output})
     return model, replaced
