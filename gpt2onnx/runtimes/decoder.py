@@ -294,6 +294,19 @@ class OnnxDecoder(StepRuntime):
         return logits, [p.numpy() for p in presents]
 
 
+def _run_bound(decoder: OnnxDecoder, input_ids, attention_mask, position_ids) -> np.ndarray:
+    """One run of a buffer decoder (shared or static cache) on its binding, whose past and present buffers are
+    bound already: the step's ids, mask and positions bound from the host, the logits returned as numpy."""
+    binding = decoder._binding
+    binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+    binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=np.int64))
+    if decoder.uses_position_ids:
+        binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64))
+    binding.bind_output("logits", "cpu")  # re-bound every step: after a run the binding holds the last array
+    decoder.session.run_with_iobinding(binding)
+    return binding.get_outputs()[0].numpy()
+
+
 class SharedCacheDecoder(OnnxDecoder):
     """The stepper of a GroupQueryAttention graph (fusion ort-shared-kv): past and present share one buffer.
 
@@ -373,16 +386,6 @@ class SharedCacheDecoder(OnnxDecoder):
         """Buffers whose first ``length`` columns stand for a past (zeros, or what the last sequence left)."""
         return self.empty_past(batch, capacity or length + 1)
 
-    def _run_once(self, input_ids, attention_mask, position_ids) -> np.ndarray:
-        binding = self._binding
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
-        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=np.int64))
-        if self.uses_position_ids:
-            binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64))
-        binding.bind_output("logits", "cpu")  # re-bound every step: after a run the binding holds the last array
-        self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()
-
     def run(self, input_ids, attention_mask, position_ids, past=None, *, last_logits_only: bool = True):
         """One step on the bound buffers (``past`` must be what empty_past returned). Returns (logits as numpy:
         last position only unless asked otherwise, the buffers' token)."""
@@ -396,14 +399,17 @@ class SharedCacheDecoder(OnnxDecoder):
             )
         if length > 1 and total > length and batch > 1:  # the kernel's limit: chunk on a past at batch 1 only
             steps = [
-                self._run_once(
-                    input_ids[:, i : i + 1], attention_mask[:, : total - length + i + 1], position_ids[:, i : i + 1]
+                _run_bound(
+                    self,
+                    input_ids[:, i : i + 1],
+                    attention_mask[:, : total - length + i + 1],
+                    position_ids[:, i : i + 1],
                 )
                 for i in range(length)
             ]
             logits = steps[-1] if self.last_logits_graph else np.concatenate(steps, axis=1)
         else:
-            logits = self._run_once(input_ids, attention_mask, position_ids)
+            logits = _run_bound(self, input_ids, attention_mask, position_ids)
         return (logits[:, -1:] if last_logits_only else logits), self._values
 
     def reorder_past(self, past, rows: np.ndarray) -> list[ort.OrtValue]:
@@ -532,14 +538,7 @@ class StaticCacheDecoder(OnnxDecoder):
             raise BadInput(
                 f"{total} tokens do not fit the K/V buffer of {self.capacity}: give the total length to empty_past"
             )
-        binding = self._binding
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
-        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=np.int64))
-        if self.uses_position_ids:
-            binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64))
-        binding.bind_output("logits", "cpu")  # re-bound every step: after a run the binding holds the last array
-        self.session.run_with_iobinding(binding)
-        logits = binding.get_outputs()[0].numpy()
+        logits = _run_bound(self, input_ids, attention_mask, position_ids)
         return (logits[:, -1:] if last_logits_only else logits), self._views(total)
 
     def reorder_past(self, past, rows: np.ndarray) -> list[np.ndarray]:
