@@ -38,7 +38,7 @@ def main() -> int:
     from gpt2onnx.artifact.folder import MODEL_FILE
     from gpt2onnx.artifact.generation import read_generation_config
     from gpt2onnx.machine import describe_cpu
-    from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, shares_cache
+    from gpt2onnx.runtimes.decoder import stepper_for
     from gpt2onnx.runtimes.generate import decode
     from gpt2onnx.runtimes.providers import cpu_session
 
@@ -46,10 +46,10 @@ def main() -> int:
     prompts = json.loads(args.prompts.read_text())
     out: dict[str, np.ndarray] = {"cpu": np.array(json.dumps(describe_cpu().as_dict()))}
     for index, folder in enumerate(args.folders):
-        from gpt2onnx.artifact.graph import load_graph
+        from gpt2onnx.artifact.graph import graph_facts, load_graph
 
         path = folder / MODEL_FILE
-        kind = SharedCacheDecoder if shares_cache(load_graph(path)) else OnnxDecoder
+        kind = stepper_for(graph_facts(load_graph(path)).layout)
         decoder = kind(cpu_session(path, threads=1))
         windows = []
         for begin in range(0, max(1, len(ids) - args.context + 1), args.stride):

@@ -19,7 +19,9 @@ from gpt2onnx.artifact.manifest import GoldenCount
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.passes.fusions import fuse, golden_counts, profiles
+from gpt2onnx.passes.fusions.fuse import fuse, rule_set
+from gpt2onnx.profiles import profile as profiles
+from gpt2onnx.profiles.all_profiles import PROFILES
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import SharedCacheDecoder, StaticCacheDecoder, cpu_decoder
@@ -35,7 +37,7 @@ def _ops(model) -> Counter:
 
 def _apply(model: onnx.ModelProto, fusion) -> tuple[onnx.ModelProto, int]:
     graph = ir.from_proto(onnx.shape_inference.infer_shapes(model))
-    count = pattern.RewriteRuleSet(list(fusion.rules), commute=True).apply_to_model(graph)
+    count = pattern.RewriteRuleSet(list(rule_set(fusion)), commute=True).apply_to_model(graph)
     out = ir.to_proto(graph)
     out.ir_version = model.ir_version
     return out, count
@@ -256,7 +258,7 @@ def test_profile_end_to_end(checkpoint, tmp_path, profile):
     L = ckpt.spec.n_layer
     model = onnx.load(str(result.folder / "model.onnx"))
     ops = _ops(model)
-    for check, (op_keys, expected) in golden_counts(profile, L).items():
+    for check, (op_keys, expected) in PROFILES[profile].golden_counts(L).items():
         assert sum(ops[k] for k in op_keys) == expected, (check, ops)
     if profile == "ort":
         assert ops[("com.microsoft", "MultiHeadAttention")] == L and ops[("com.microsoft", "FastGelu")] == L
@@ -379,7 +381,7 @@ def test_we_fuse_at_least_what_onnxruntimes_optimizer_fuses(tiny_export, optimum
                 )
         except Exception:  # it fails on graphs from current exporters (an IndexError on our Gemm without bias)
             continue
-        ours, _ = fuse(onnx.load(str(source)), "ort")
+        ours, _ = fuse(onnx.load(str(source)), PROFILES["ort"])
         theirs_counts, ours_counts = by_category(theirs.model), by_category(ours)
         for category, count in theirs_counts.items():
             assert ours_counts[category] >= count, (source, category, ours_counts, theirs_counts)

@@ -181,7 +181,7 @@ def test_optimize_quantizes_the_cache_of_a_float_folder(float_cache, tmp_path):
     refused = runner.invoke(
         app, ["optimize", str(tmp_path / "int8"), "--out", str(tmp_path / "again"), "--dtype", "fp16"]
     )
-    assert_one_line_error(refused, "stores its K/V cache as int8 already")
+    assert_one_line_error(refused, "stores the K/V cache as int8: optimize the float-cache folder it was made from")
 
 
 def test_bench_at_a_past_on_the_int8_cache(int8_cache, tmp_path):
@@ -196,8 +196,8 @@ def test_bench_at_a_past_on_the_int8_cache(int8_cache, tmp_path):
 @pytest.mark.parametrize(
     "options, message",
     [
-        (["--fusion", "ort"], "the ort profile's attention op has no quantized cache; use --fusion ort-shared-kv"),
-        (["--fusion", "none"], "the none profile's attention op has no quantized cache"),
+        (["--fusion", "ort"], "but profile ort (--fusion ort) writes a new float cache each step (concatenated, which"),
+        (["--fusion", "none"], "quantizes it, but profile none (--fusion none) writes a new float cache each step"),
         (["--fusion", "ort-shared-kv", "--dtype", "fp16"], "takes fp32 activations"),
         (["--fusion", "ort-shared-kv", "--tolerance", "1e-3"], "is checked by its gates"),
     ],
@@ -212,7 +212,7 @@ def test_refused_in_one_line(options, message, tmp_path):
 def test_an_unknown_cache_type_is_refused():
     with pytest.raises(BadInput, match="unknown --kv-cache 'int3': choose float, int8"):
         ExportOptions(fusion="ort-shared-kv", kv_cache="int3")
-    with pytest.raises(BadInput, match="quantized cache"):
+    with pytest.raises(BadInput, match="which no attention op quantizes"):
         optimize("nowhere", "elsewhere", fusion="ort", quantization=QuantizeOptions(), kv_cache="int8")
 
 

@@ -51,7 +51,8 @@ _NOT_A_PRECISION = {
     ("cli/render.py", '"tf32"'): "a record's key",
     ("verify/bench.py", '"tf32"'): "a record's key",
     ("passes/pipeline.py", '"fp16": self.fp16'): "the manifest record's key",
-    ("passes/pipeline.py", 'timed(timings, "fp16")'): "a timing's key",
+    ("passes/pipeline.py", 'record: ClassVar[str] = "fp16"'): "the manifest record's key",
+    ("passes/pipeline.py", 'timing: ClassVar[str] = "fp16"'): "a timing's key",
     ("artifact/manifest.py", '"fp16"'): "the manifest record's key",
     ("artifact/inspect.py", '"fp16"'): "the manifest record's key",
 }

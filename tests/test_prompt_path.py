@@ -156,7 +156,8 @@ def test_parity_and_the_kv_path_across_both_bodies(written):
         ({"method": "int4", "prompt_kernel": "fast"}, "unknown --prompt-kernel 'fast': choose nbits or int8"),
         (
             {"method": "int4", "prompt_kernel": "int8", "algorithm": "hqq"},
-            "--prompt-kernel int8 reads round-to-nearest weights (no zero points): drop --algorithm hqq",
+            "prompt kernel int8 (--prompt-kernel int8) folds symmetric round-to-nearest weights (no zero points), but"
+            " algorithm hqq (--algorithm hqq) writes zero points (weights that are not symmetric): use --algorithm rtn",
         ),
     ],
 )

@@ -18,7 +18,7 @@ from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
-from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, check_shared_cache_provider, open_decoder
+from gpt2onnx.runtimes.decoder import SHARED_LAYOUT, OnnxDecoder, SharedCacheDecoder, check_host_provider, open_decoder
 from gpt2onnx.runtimes.generate import Decoding, decode
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
@@ -123,7 +123,7 @@ def test_precisions_on_the_shared_cache(gpt2_init_export, tmp_path, dtype, quant
 def test_refuses_gpu_providers_with_the_reason(shared_export):
     for provider in ("cuda", "tensorrt"):
         with pytest.raises(RuntimeUnavailable, match="GroupQueryAttention.*cpu provider only"):
-            check_shared_cache_provider(provider)
+            check_host_provider(SHARED_LAYOUT, provider)
     result = runner.invoke(app, ["generate", str(shared_export), "--ids", "1,2", "--provider", "cuda"])
     assert result.exit_code == 3
     assert_one_line_error(result, "cpu provider only")
@@ -132,7 +132,7 @@ def test_refuses_gpu_providers_with_the_reason(shared_export):
 def test_refuses_a_second_shared_rewrite(shared_export, tmp_path):
     result = runner.invoke(app, ["optimize", str(shared_export), "--out", str(tmp_path / "x"), "--fusion", "ort"])
     assert result.exit_code == 2
-    assert_one_line_error(result, "already has a shared K/V cache")
+    assert_one_line_error(result, "is fused with the ort-shared-kv profile")
 
 
 def test_bench_at_past_lengths(shared_export, tiny_export, tmp_path):

@@ -20,7 +20,7 @@ from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.batching import BatchingEngine
-from gpt2onnx.runtimes.decoder import OnnxDecoder, StaticCacheDecoder, check_static_cache_provider, open_decoder
+from gpt2onnx.runtimes.decoder import STATIC_LAYOUT, OnnxDecoder, StaticCacheDecoder, check_host_provider, open_decoder
 from gpt2onnx.runtimes.generate import Decoding, decode
 from gpt2onnx.runtimes.providers import ProviderConfig, unsupported_nodes
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
@@ -194,13 +194,13 @@ def test_bench_at_past_lengths(static_export, tmp_path):
 def test_refusals_in_one_line(static_export, tmp_path):
     for provider in ("cuda", "tensorrt"):
         with pytest.raises(RuntimeUnavailable, match="TensorScatter.*cpu provider only"):
-            check_static_cache_provider(provider)
+            check_host_provider(STATIC_LAYOUT, provider)
     result = runner.invoke(app, ["generate", str(static_export), "--ids", "1,2", "--provider", "cuda"])
     assert result.exit_code == 3
     assert_one_line_error(result, "cpu provider only")
     result = runner.invoke(app, ["optimize", str(static_export), "--out", str(tmp_path / "x"), "--fusion", "ort"])
     assert result.exit_code == 2
-    assert_one_line_error(result, "already has a fixed-size K/V cache (TensorScatter)")
+    assert_one_line_error(result, "is fused with the onnx-static-kv profile")
 
 
 def test_onnx_then_static_and_optimize_from_the_plain_export(onnx_export, tiny_export, tmp_path):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpt2onnx.errors import ContractError
+from gpt2onnx.layouts.layout import MASK_WIDTH, PAST_BUFFER, PRESENT_BUFFER
 
 
 class DecoderDims(Protocol):
@@ -29,21 +30,8 @@ BATCH = "batch_size"
 SEQUENCE = "sequence_length"
 PAST = "past_sequence_length"
 TOTAL = "past_sequence_length + sequence_length"
-# A shared K/V cache (fusion profile ort-shared-kv) or a static one (onnx-static-kv): past and present are one
-# preallocated buffer per layer, longer than the mask, so the cache length is no longer past + sequence: the buffer
-# dims get names of their own. The caller's side of both (runtimes/decoder.py: SharedCacheDecoder,
-# StaticCacheDecoder):
-# - buffer: [batch, n_head, M, head_dim] per layer K and V, M = past_buffer_length ≥ the mask's width T for every
-#   step of the sequence (prompt + new tokens, or the whole context); the same array bound as
-#   past_key_values.{i}.* and present.{i}.* (IO binding), so the graph writes it in place;
-# - attention_mask: [batch, T] (total_sequence_length), left-padded as everywhere: buffer column j holds the K/V of
-#   mask column j in every row; columns T..M - 1 are never read (the graph masks them), whatever they hold;
-# - write positions: no input. A step of S tokens writes columns [T - S, T) of every row, computed in the graph
-#   from the mask's and input_ids' widths (onnx-static-kv: TensorScatter's write_indices = T - S per row;
-#   ort-shared-kv: GroupQueryAttention's seqlens_k = T - 1), so the caller passes what it passes to any profile.
-PAST_BUFFER = "past_buffer_length"
-PRESENT_BUFFER = "present_buffer_length"
-MASK_WIDTH = "total_sequence_length"
+# A buffer layout's cache (gpt2onnx.layouts: shared, static): past and present are one preallocated buffer per
+# layer, longer than the mask, so its dims get names of their own (the buffer contract: gpt2onnx.layouts.layout).
 
 # ONNX element types by number, and ONNX Runtime's type strings, as numpy dtype names.
 ONNX_DTYPES = {
@@ -133,10 +121,11 @@ def decoder_io(
     return IOSpec(inputs, outputs)
 
 
-def shared_cache_io(io: IOSpec, *, cache_dtype: str | None = None) -> IOSpec:
-    """The contract of a shared- or static-cache graph: the same names, the cache and mask dims renamed (the
-    caller's side: the comment at PAST_BUFFER); past and present of ``cache_dtype`` where the cache is quantized
-    (None: their dtype as it is), their last dim the bytes of a row where it packs values (PACKED_VALUES)."""
+def buffer_cache_io(io: IOSpec, *, cache_dtype: str | None = None) -> IOSpec:
+    """The contract of a graph whose cache is one buffer per layer (a buffer layout): the same names, the cache and
+    mask dims renamed (the caller's side: gpt2onnx.layouts.layout); past and present of ``cache_dtype`` where the
+    cache is quantized (None: their dtype as it is), their last dim the bytes of a row where it packs values
+    (PACKED_VALUES)."""
     per_byte = PACKED_VALUES.get(cache_dtype or "", 1)
 
     def rename(t: TensorSpec, axis: int, dim: str) -> TensorSpec:

@@ -150,11 +150,6 @@ class ModelFolder:
             self.facts = graph_facts(load_graph(self.model_path))
 
     @property
-    def shared_kv(self) -> bool:
-        """The graph has GroupQueryAttention (ort-shared-kv): past and present share a buffer."""
-        return self.facts.shared_kv
-
-    @property
     def data_files(self) -> tuple[str, ...]:
         """The external data files the graph names, checked to lie inside the folder."""
         return self.facts.data_files
@@ -177,7 +172,7 @@ def _claims(manifest: Manifest, facts: GraphFacts) -> list[str]:
     claims = {
         "dtype": (manifest.dtype, facts.dtype),
         "quantized ops": (_recorded_ops(manifest), sorted(facts.quantized_ops)),
-        "kv_cache": (manifest.kv_cache, facts.kv_cache),
+        "kv_cache": (manifest.kv_cache, facts.layout.name),
         "kv_cache_quantization.dtype": (
             manifest.kv_cache_quantization.dtype if manifest.kv_cache_quantization else None,
             facts.kv_dtype,

@@ -16,7 +16,7 @@ from pathlib import Path
 from gpt2onnx.artifact.contract import decoder_shape, graph_io
 from gpt2onnx.artifact.folder import MODEL_FILE, read_n_positions
 from gpt2onnx.artifact.generation import GenerationConfig, read_generation_config, refuse_eos_outside
-from gpt2onnx.artifact.graph import SHARED_CACHE_OP, STATIC_CACHE_OP, load_graph
+from gpt2onnx.artifact.graph import graph_facts, load_graph
 from gpt2onnx.errors import ContractError
 
 CONFIG_NAME = "genai_config.json"
@@ -47,8 +47,8 @@ def _search(generation: GenerationConfig, n_positions: int, shared_kv: bool) -> 
         "early_stopping": True,
         "min_length": 0,
         "max_length": max_length or n_positions,
-        # one buffer for past and present needs a graph that writes into it (GroupQueryAttention's shared
-        # cache); our Concat graph grows present from past, which fails with a shared buffer
+        # one buffer for past and present needs a graph that writes into it (a buffer layout: gpt2onnx.layouts);
+        # a Concat graph grows present from past, which fails with a shared buffer
         "past_present_share_buffer": shared_kv,
     }
 
@@ -68,11 +68,11 @@ def genai_config(folder: str | Path, *, filename: str = MODEL_FILE, outside_voca
             f"'{folder / filename}' stores its K/V cache as {shape.kv_dtype} (--kv-cache): gpt2onnx has not checked"
             " onnxruntime-genai on it; deploy the float-cache folder"
         )
-    # the graph says whether it shares its cache, not a manifest (a staging folder has none yet). A static cache
-    # (TensorScatter, onnx-static-kv) is one too for genai: it binds one buffer of the context as past and present
-    # and passes the mask of the tokens so far, whose width is where the graph writes (measured: genai 0.18 on
-    # tiny exports, parity 3e-7, tokens of onnxruntime's; without the flag it passes a growing past, refused)
-    shared_kv = any(node.op_type in (SHARED_CACHE_OP, STATIC_CACHE_OP) for node in graph.graph.node)
+    # the graph says whether it shares its cache, not a manifest (a staging folder has none yet). Every buffer
+    # layout is one for genai (the static one too: genai binds one buffer of the context as past and present and
+    # passes the mask of the tokens so far, whose width is where the graph writes; measured: genai 0.18 on tiny
+    # exports, parity 3e-7, tokens of onnxruntime's; without the flag it passes a growing past, refused)
+    shared_kv = graph_facts(graph).layout.in_place
     del graph
     generation = read_generation_config(folder, vocab_size=shape.vocab_size, outside_vocabulary=outside_vocabulary)
     refuse_eos_outside(generation, shape.vocab_size, needs="onnxruntime-genai")

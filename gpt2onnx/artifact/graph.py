@@ -16,10 +16,13 @@ from google.protobuf.message import DecodeError
 from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import require_regular
+from gpt2onnx.layouts.all_layouts import layout_of
+from gpt2onnx.layouts.layout import CacheLayout
 
 log = logging.getLogger(__name__)
 
 PROMPT_IF = "int4_prompt_path"  # the If of int4's prompt path on int8 kernels (gpt2onnx.precisions.prompt_path)
+PROMPT_PATH_MARK = "If (int8 prompt path)"  # its name among a graph's quantized ops
 PROTOBUF_LIMIT = 2**31  # a single ONNX protobuf file cannot exceed 2 GB
 DATA_FILE_SUFFIX = "_data"
 
@@ -98,8 +101,7 @@ def external_data_files(model: onnx.ModelProto) -> list[str]:
     )
 
 
-SHARED_CACHE_OP = "GroupQueryAttention"
-STATIC_CACHE_OP = "TensorScatter"  # the onnx-static-kv profile: a fixed-size buffer updated in place
+QUANTIZED_CACHE_OP = "GroupQueryAttention"  # the attention op whose k_scale and v_scale a quantized cache has
 
 
 @dataclass(frozen=True)
@@ -108,25 +110,24 @@ class GraphFacts:
     claim about the graph: a hand-edited one could say anything). ``dtype``: the K/V cache's (float16 for an
     fp16 export, whose logits may stay float32); ``quantization``: int4 (4-bit MatMulNBits), int8
     (MatMulInteger) or none; ``logits_last``: the logits output has one position (exported with --logits
-    last); ``shared_kv``: past and present share one buffer (GroupQueryAttention); ``vocab_size``: the logits'
-    last dimension, when fixed; ``static_kv``: one fixed-size K/V buffer updated in place (TensorScatter);
-    ``data_files``: the external data files its weights are read from; ``kv_dtype``: the cache's element type
-    (``dtype``, or int8/uint8 for a quantized cache: --kv-cache)."""
+    last); ``vocab_size``: the logits' last dimension, when fixed; ``data_files``: the external data files its
+    weights are read from; ``kv_dtype``: the cache's element type (``dtype``, or int8/uint8 for a quantized
+    cache: --kv-cache); ``ops``: (domain, op type) of every node, subgraphs included (ai.onnx's domain is "");
+    ``layout``: its K/V cache layout (gpt2onnx.layouts), told by its ops."""
 
     dtype: str = "float32"
     quantized_ops: frozenset[str] = frozenset()
     logits_last: bool = False
-    shared_kv: bool = False
     vocab_size: int | None = None
     data_files: tuple[str, ...] = ()
     position_rows: int | None = None
-    static_kv: bool = False
     kv_dtype: str = "float32"
+    ops: frozenset[tuple[str, str]] = frozenset()
 
     @property
-    def kv_cache(self) -> str:
-        """The manifest's word for the graph's cache: shared, static or concat."""
-        return "shared" if self.shared_kv else "static" if self.static_kv else "concat"
+    def layout(self) -> CacheLayout:
+        """The graph's K/V cache layout, told by its ops (a manifest's kv_cache is the layout's name)."""
+        return layout_of(op for _, op in self.ops)
 
 
 def all_nodes(graph: onnx.GraphProto, *, prompt_body: bool = False):
@@ -149,7 +150,7 @@ def quantized_op_counts(model: onnx.ModelProto) -> dict[str, int]:
     ops: dict[str, int] = {}
     for node in all_nodes(model.graph):
         if node.op_type == "If" and node.name == PROMPT_IF:
-            ops["If (int8 prompt path)"] = ops.get("If (int8 prompt path)", 0) + 1
+            ops[PROMPT_PATH_MARK] = ops.get(PROMPT_PATH_MARK, 0) + 1
         elif node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
             bits = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits"), 4)
             key = f"{node.op_type}" if bits == 4 else f"{node.op_type} ({bits}-bit)"
@@ -167,18 +168,20 @@ def graph_facts(model: onnx.ModelProto) -> GraphFacts:
     kv_dtype = presents[0].dtype if presents else (logits.dtype if logits is not None else "float32")
     # a quantized cache (integer presents) is written on fp32 graphs only (gpt2onnx.precisions.kv_cache)
     dtype = kv_dtype if kv_dtype.startswith(("float", "bfloat")) else "float32"
-    ops = {node.op_type for node in all_nodes(model.graph)}
+    ops = {
+        ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+        for node in all_nodes(model.graph, prompt_body=True)
+    }
     dims = logits.dims if logits is not None else ()
     return GraphFacts(
         dtype=dtype,
         quantized_ops=frozenset(quantized_op_counts(model)),
         logits_last=len(dims) == 3 and dims[1] == 1,
-        shared_kv=SHARED_CACHE_OP in ops,
         vocab_size=dims[-1] if dims and isinstance(dims[-1], int) else None,
         data_files=tuple(external_data_files(model)),
         position_rows=position_table_rows(model),
-        static_kv=STATIC_CACHE_OP in ops,
         kv_dtype=kv_dtype,
+        ops=frozenset(ops),
     )
 
 
@@ -258,8 +261,8 @@ def cache_scales(model: onnx.ModelProto, base_dir: Path) -> dict | None:
 
     initializers = {init.name: init for init in model.graph.initializer}
     by_past = {}
-    for node in model.graph.node:
-        if node.op_type != SHARED_CACHE_OP or len(node.input) < 14 or not node.input[12]:
+    for node in all_nodes(model.graph, prompt_body=True):  # int4's prompt path holds them in its If
+        if node.op_type != QUANTIZED_CACHE_OP or len(node.input) < 14 or not node.input[12]:
             continue
         for past, scale in ((node.input[3], node.input[12]), (node.input[4], node.input[13])):
             tensor = onnx.TensorProto()

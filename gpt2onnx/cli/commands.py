@@ -25,6 +25,7 @@ from gpt2onnx.cli.options import (
     KvCacheOpt,
     MaxKlOpt,
     MaxPplOpt,
+    OptimizeFusionOpt,
     PartialOpt,
     Precision,
     ReferenceOpt,
@@ -42,6 +43,7 @@ from gpt2onnx.cli.options import (
 )
 from gpt2onnx.errors import CheckFailed
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
+from gpt2onnx.profiles.all_profiles import UNFUSED
 from gpt2onnx.runtimes.base import parse_runtimes, runtime_options
 from gpt2onnx.runtimes.generate import generate as run_generate
 from gpt2onnx.runtimes.speculative import Speculation
@@ -81,7 +83,7 @@ def export(
     validate: Annotated[bool, typer.Option(help="Check against PyTorch before writing.")] = True,
     tolerance: Annotated[Optional[float], typer.Option(help="fp32: max |Δlogits| \\[default: 1e-4].")] = None,
     force: ForceOpt = False,
-    fusion: FusionOpt = "none",
+    fusion: FusionOpt = UNFUSED.name,
     allow_partial_fusion: PartialOpt = False,
     kv_cache: KvCacheOpt = FLOAT_CACHE,
     precision: Precision = None,
@@ -115,10 +117,7 @@ def export(
 def optimize(
     source: Annotated[Path, typer.Argument(help="Exported folder or .onnx file (gpt2onnx or optimum).")],
     out: Annotated[Path, typer.Option("--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="Output folder.")],
-    fusion: Annotated[
-        str | None,
-        typer.Option(help="As export's --fusion, or none; default: the source's profile, else ort."),
-    ] = None,
+    fusion: OptimizeFusionOpt = None,
     allow_partial_fusion: PartialOpt = False,
     validate: Annotated[bool, typer.Option(help="Check against the source before writing.")] = True,
     force: ForceOpt = False,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from gpt2onnx.artifact.contract import block_io, check_graph_io, decoder_io, shared_cache_io
+from gpt2onnx.artifact.contract import block_io, buffer_cache_io, check_graph_io, decoder_io
 from gpt2onnx.artifact.folder import (
     CONFIG_FILE,
     GENERATION_CONFIG_FILE,
@@ -26,13 +26,16 @@ from gpt2onnx.artifact.generation import special_tokens_outside
 from gpt2onnx.artifact.graph import graph_summary, save_onnx
 from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.artifact.report import CheckReport
+from gpt2onnx.capabilities import Declared
 from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.exporters.torch_export import DEFAULT_OPSET, check_opset, export_module
+from gpt2onnx.layouts.all_layouts import layout
 from gpt2onnx.passes.pipeline import GraphPasses, timed
 from gpt2onnx.precisions.all_precisions import FP32
 from gpt2onnx.precisions.fp16 import FP16_KEEP_GROUPS
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
+from gpt2onnx.profiles.all_profiles import UNFUSED
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.model import BlockForExport, GPT2ForExport
 from gpt2onnx.verify.calibration import calibration_for, kv_cache_calibration
@@ -60,7 +63,7 @@ class ExportOptions:
     validate: bool = True
     tolerance: float | None = None  # fp32: max |Δlogits| and |Δpresent|; None: the gate's default (1e-4)
     force: bool = False  # replace an existing output folder (one gpt2onnx wrote, or an empty one)
-    fusion: str = "none"  # fusion profile: none, ort, portable, tensorrt (see gpt2onnx.passes.fusions)
+    fusion: str = UNFUSED.name  # the fusion profile (gpt2onnx.profiles)
     allow_partial_fusion: bool = False  # keep a graph whose fusions fall short of the golden counts
     dtype: str = FP32.short  # fp32, or fp16 (weights, activations and K/V cache; LayerNorm, softmax, logits in fp32)
     quantization: QuantizeOptions = QuantizeOptions()  # weights: a quantizing precision and its options
@@ -68,7 +71,7 @@ class ExportOptions:
     keep_fp32: tuple[str, ...] | str = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precisions.fp16.FP16_KEEP_GROUPS)
     eval_text: str | None = None  # a text file: perplexity, KL against PyTorch before writing (verify.evaluate)
     eval_gates: EvalGates = EvalGates()  # with eval_text: the most ΔPPL (percent) and mean KL accepted
-    kv_cache: str = FLOAT_CACHE  # the K/V cache's precision: float, or int8 (fusion ort-shared-kv)
+    kv_cache: str = FLOAT_CACHE  # the K/V cache's type: float, or a quantized one (gpt2onnx.precisions.kv_cache)
     passes: GraphPasses = field(init=False, repr=False, compare=False)
     eval_source: TextSource | None = field(init=False, repr=False, compare=False)
 
@@ -79,6 +82,7 @@ class ExportOptions:
         passes = GraphPasses(
             self.fusion, self.allow_partial_fusion, self.dtype, self.quantization, self.keep_fp32, self.kv_cache
         )
+        passes.verdict(self.logits_declared).check()
         object.__setattr__(self, "passes", passes)
         object.__setattr__(self, "keep_fp32", passes.keep_fp32)
         if self.block is not None:
@@ -88,7 +92,7 @@ class ExportOptions:
                 ("logits", self.logits != "all"),
                 ("dtype", passes.dtype != FP32.dtype),
                 ("quantize", self.quantization.method != "none"),
-                ("fusion", self.fusion != "none"),
+                ("fusion", bool(passes.profile.fusions)),
             ):
                 if whole:
                     raise BadInput(f"{name} applies to the whole decoder, not to a single block: drop one of them")
@@ -117,6 +121,10 @@ class ExportOptions:
     @property
     def precision(self) -> str:
         return self.passes.precision.name
+
+    @property
+    def logits_declared(self) -> Declared:
+        return Declared("logits", self.logits, f"--logits {self.logits}", ensures={"logits": self.logits})
 
     def as_dict(self) -> dict:
         """The manifest's record of the options: the keys every release has written, in their order."""
@@ -161,7 +169,7 @@ def default_output(ckpt_name: str, options: ExportOptions) -> Path:
     if options.block is not None:
         return DEFAULT_OUTPUT_ROOT / f"{ckpt_name}-block{options.block}"
     suffix = ("-last-logits" if options.logits == "last" else "") + (
-        f"-{options.fusion}" if options.fusion != "none" else ""
+        f"-{options.fusion}" if options.passes.profile is not UNFUSED else ""
     )
     return DEFAULT_OUTPUT_ROOT / f"{ckpt_name}{suffix}"
 
@@ -207,6 +215,7 @@ def export(
     timings: dict[str, float] = {}
     with timed(timings, "load"):
         ckpt = load_checkpoint(model, random_init=random_init, seed=seed, revision=revision, outliers=outliers)
+    options.passes.verdict(options.logits_declared, architecture_declared(ckpt.spec)).check()
     if options.block is not None and not 0 <= options.block < ckpt.spec.n_layer:
         raise BadInput(f"block {options.block} is out of range: this model has blocks 0 to {ckpt.spec.n_layer - 1}")
     if options.eval_text is not None and not set(ckpt.companion_files) & set(TOKENIZER_FILES):
@@ -311,11 +320,23 @@ def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
     if passes.dtype == "float16":
         logits_dtype = "float32" if "logits" in passes.keep_fp32 else "float16"
         io = decoder_io(spec, last_logits_only=last, dtype=passes.dtype, logits_dtype=logits_dtype)
-    if passed.kv_cache in ("shared", "static"):
-        io = shared_cache_io(io, cache_dtype=passes.cache_format.dtype if passes.cache_format else None)
-    if passes.dtype == "float16" or passed.kv_cache in ("shared", "static"):
+    buffers = layout(passed.kv_cache).in_place if kind == "decoder" else False
+    if buffers:
+        io = buffer_cache_io(io, cache_dtype=passes.cache_format.dtype if passes.cache_format else None)
+    if passes.dtype == "float16" or buffers:
         check_graph_io(passed.model, io)
     return passed, io, kind
+
+
+def architecture_declared(spec) -> Declared:
+    """What an architecture declares of the graphs made from it (gpt2onnx.capabilities)."""
+    return Declared(
+        "architecture",
+        "checkpoint",
+        ensures={"upcast_attention": bool(spec.reorder_and_upcast_attn)},
+        says={"upcast_attention": "computes its attention scores in fp32 (reorder_and_upcast_attn)"},
+        label="the checkpoint's architecture",
+    )
 
 
 def passed_or_refused(check: CheckReport) -> CheckReport:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnx
 
-from gpt2onnx.artifact.contract import shared_cache_io
+from gpt2onnx.artifact.contract import buffer_cache_io
 from gpt2onnx.artifact.folder import (
     COMPANION_FILES,
     CONFIG_FILE,
@@ -25,15 +25,19 @@ from gpt2onnx.artifact.folder import (
     staged_folder,
     write_manifest,
 )
-from gpt2onnx.artifact.graph import graph_summary, resolve_model_path, save_onnx
+from gpt2onnx.artifact.graph import graph_facts, graph_summary, load_graph, resolve_model_path, save_onnx
 from gpt2onnx.artifact.manifest import Manifest
+from gpt2onnx.capabilities import Declared, Need, Unsupported, as_source
+from gpt2onnx.choices.of_folder import folder_choices
 from gpt2onnx.errors import BadInput
 from gpt2onnx.exporters.export import ExportResult, passed_or_refused
+from gpt2onnx.layouts.all_layouts import layout
 from gpt2onnx.passes.pipeline import GraphPasses, timed
 from gpt2onnx.precisions.all_precisions import FP32
 from gpt2onnx.precisions.fp16 import FP16_KEEP_GROUPS
-from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, SHARED_CACHE_PROFILE
+from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
+from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, PROFILES, fused_with
 from gpt2onnx.verify.calibration import calibration_for, kv_cache_calibration
 from gpt2onnx.verify.evaluate import eval_source, evaluate_written
 from gpt2onnx.verify.gates import EvalGates, tolerances_for
@@ -70,19 +74,18 @@ def optimize(
     Args:
         source: an exported folder or an .onnx file.
         out: the new folder (never the source's); replaced only with ``force``, and only if gpt2onnx wrote it.
-        fusion: the profile: ort, ort-shared-kv, portable, tensorrt, onnx or onnx-static-kv ('none' with a precision
-            change only);
-            None: the source's own profile when it is fused (read from its ops), else ort (ort-shared-kv with a
-            quantized ``kv_cache``). Fusing a graph with the
-            profile it holds is a no-op; another profile over a fused graph is refused (BadInput).
+        fusion: the profile (gpt2onnx.profiles; 'none' with a precision change only). None: the source's own
+            profile when it is fused (read from its ops), else ort, or the first registered profile that works
+            with the other choices (a quantized ``kv_cache`` needs a layout that quantizes it). Fusing a graph with
+            the profile it holds is a no-op; another profile over a fused graph is refused (BadInput).
         allow_partial: keep a graph whose fusions fall short of the golden counts.
         validate: compare with the source (fp32: max |Δlogits| within ``tolerance``; otherwise the gates).
         quantization, dtype, keep_fp32: weight quantization, fp16 and what fp16 keeps in fp32.
         gates: overrides of the precision's default gates.
         eval_text: a text file: the new graph's perplexity, KL and top-1 against the source graph on it
             (:mod:`gpt2onnx.verify.evaluate`), gated by ``eval_gates`` (ΔPPL percent, mean KL) before writing.
-        kv_cache: the K/V cache's precision: float, or int8 (fusion ort-shared-kv only; scales calibrated on the
-            standard library's docstrings through the source's graph; :mod:`gpt2onnx.precisions.kv_cache`).
+        kv_cache: the K/V cache's type: float, or a quantized one (scales calibrated on the standard library's
+            docstrings through the source's graph; :mod:`gpt2onnx.precisions.kv_cache`).
 
     Returns:
         OptimizeResult: the new folder, its manifest, the CheckReport of the check against the source, timings.
@@ -91,13 +94,11 @@ def optimize(
         BadInput, ContractError (not an ONNX decoder, missing external data), CheckFailed (fusion short of its
         golden counts, or the rewritten graph differs from its source), OutputError.
     """
-    # a quantized cache needs the shared-cache profile: the default profile when it is asked for
-    default_fusion = SHARED_CACHE_PROFILE if kv_cache != FLOAT_CACHE else "ort"
-    passes = GraphPasses(fusion or default_fusion, allow_partial, dtype, quantization, keep_fp32, kv_cache)
+    passes = _passes(fusion, allow_partial, dtype, quantization, keep_fp32, kv_cache)
     if passes.changes_nothing:
         raise BadInput(
-            "nothing to do: fusion 'none' with fp32 weights leaves the model as it is; choose a fusion profile or a"
-            " precision"
+            f"nothing to do: fusion '{passes.fusion}' with fp32 weights leaves the model as it is; choose a fusion"
+            " profile or a precision"
         )
     tolerances_for(passes.precision.name, {"logits": tolerance} if passes.precision.exact else gates)
     text = eval_source(eval_text, eval_gates)
@@ -114,12 +115,13 @@ def optimize(
     if out.resolve() == model_path.parent.resolve():
         raise BadInput("the output folder is the input folder: write the optimized model to another folder")
     check_output(out, force=force, protect=(model_path.parent,))
+    facts = graph_facts(load_graph(model_path))  # the source's graph, without its weights
+    if fusion is None:
+        passes = _own_profile(facts, passes)
+    passes.verdict(OPTIMIZE, *(as_source(c) for c in folder_choices(facts, str(model_path.parent)))).check()
+    _refuse_a_fused_copy(facts, passes, model_path)
     timings = {}
     model = onnx.load(str(model_path))
-    if fusion is None:
-        passes = _own_profile(model, passes)
-    _refuse_a_fused_copy(model, passes, model_path)
-    _refuse_a_quantized_cache(model, model_path)
     previous = read_manifest(model_path.parent)
     architecture = previous.architecture if previous else None  # None: a folder this tool did not write
     passed = passes.apply(
@@ -139,40 +141,60 @@ def optimize(
     return OptimizeResult(out, manifest, check, timings, quality)
 
 
-def _own_profile(model: onnx.ModelProto, passes: GraphPasses) -> GraphPasses:
-    """The passes with the profile the graph is fused with already, if any (no --fusion given)."""
-    from gpt2onnx.passes.fusions.profiles import fused_with  # lazy: the profiles import onnxscript
+# What optimize itself needs of its source: the new graph is checked against it, which a quantized cache is not a
+# reference for (its float-cache folder is)
+OPTIMIZE = Declared(
+    "command",
+    "optimize",
+    requires=(
+        Need(
+            "source_kv_dtype",
+            allowed={FLOAT_CACHE},
+            why="checks the new graph against its source",
+            fix="optimize the float-cache folder it was made from",
+        ),
+    ),
+    label="optimize",
+)
 
-    held = fused_with(model)
-    if held is None or held == passes.fusion or passes.cache_format is not None:
+
+def _passes(fusion, allow_partial, dtype, quantization, keep_fp32, kv_cache) -> GraphPasses:
+    """The passes asked for. Without a profile: the default one, else the first registered profile that builds on
+    it and works with the other choices (a quantized cache needs a layout that quantizes it)."""
+    if fusion is not None:
+        return GraphPasses(fusion, allow_partial, dtype, quantization, keep_fp32, kv_cache)
+    candidates = [OPTIMIZE_DEFAULT, *(p for p in PROFILES.values() if p.base is OPTIMIZE_DEFAULT)]
+    first = None
+    for candidate in candidates:
+        try:
+            return GraphPasses(candidate.name, allow_partial, dtype, quantization, keep_fp32, kv_cache)
+        except Unsupported as refused:
+            first = first or refused
+    raise first
+
+
+def _own_profile(facts, passes: GraphPasses) -> GraphPasses:
+    """The passes with the profile the graph is fused with already, if any (no --fusion given), where the other
+    choices work with it."""
+    held = fused_with(facts.ops)
+    if held is None or held is passes.profile:
         return passes
-    log.info("the source is fused with the %s profile: keeping it", held)
-    return dataclasses.replace(passes, fusion=held)
+    try:
+        kept = dataclasses.replace(passes, fusion=held.name)
+    except Unsupported:
+        return passes
+    log.info("the source is fused with the %s profile: keeping it", held.name)
+    return kept
 
 
-def _refuse_a_fused_copy(model: onnx.ModelProto, passes: GraphPasses, model_path: Path) -> None:
+def _refuse_a_fused_copy(facts, passes: GraphPasses, model_path: Path) -> None:
     """Refuse options that would write the source again: its own fusion profile (a no-op) with fp32 weights."""
-    if passes.fusion == "none" or not passes.precision.exact or passes.cache_format is not None:
+    if not passes.profile.fusions or not passes.precision.exact or passes.cache_format is not None:
         return
-    from gpt2onnx.passes.fusions.profiles import fused_with  # lazy: the profiles import onnxscript
-
-    if fused_with(model) == passes.fusion:
+    if fused_with(facts.ops) is passes.profile:
         raise BadInput(
             f"nothing to do: '{model_path.parent}' is already fused with the {passes.fusion} profile (fusing it again"
             " changes nothing): choose a precision (--dtype fp16, --quantize int8 or int4)"
-        )
-
-
-def _refuse_a_quantized_cache(model: onnx.ModelProto, model_path: Path) -> None:
-    """A source whose K/V cache is quantized already is no reference for another pass: its float-cache source is."""
-    from gpt2onnx.artifact.contract import graph_io
-    from gpt2onnx.precisions.kv_cache import cache_format_of
-
-    past = next((t for t in graph_io(model)[0] if t.name.startswith("past_key_values.")), None)
-    if past is not None and cache_format_of(past.dtype) is not None:
-        raise BadInput(
-            f"'{model_path.parent}' stores its K/V cache as {past.dtype} already: optimize the float-cache folder it"
-            " was made from"
         )
 
 
@@ -248,8 +270,8 @@ def _manifest(model_path: Path, previous, passes: GraphPasses, passed, facts: di
         architecture=previous.architecture if previous else None,
         dtype=passes.dtype if passes.dtype == "float16" or not previous else previous.dtype,
         # the source's IO record, with the shared cache's dim names when the new graph shares its cache
-        io=shared_cache_io(io, cache_dtype=_cache_dtype(passes))
-        if io is not None and passed.kv_cache in ("shared", "static")
+        io=buffer_cache_io(io, cache_dtype=_cache_dtype(passes))
+        if io is not None and layout(passed.kv_cache).in_place
         else io,
         **facts,
         options={

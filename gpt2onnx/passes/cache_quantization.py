@@ -1,5 +1,6 @@
-"""A quantized K/V cache (``--kv-cache int8``) on a shared-cache graph (profile ort-shared-kv): scales calibrated
-on text through the graph itself, then every GroupQueryAttention told to store its cache quantized.
+"""A quantized K/V cache (``--kv-cache int8``) on a graph whose cache layout's attention op quantizes it
+(GroupQueryAttention: gpt2onnx.layouts.shared): scales calibrated on text through the graph itself, then every
+GroupQueryAttention (those in int4's prompt-path If too) told to store its cache quantized.
 
     GroupQueryAttention(q, k, v, past_key, past_value, seqlens_k, total_len, -, -, -, bias)
  ⇒ GroupQueryAttention(q, k, v, past_key, past_value, seqlens_k, total_len, -, -, -, bias, -, k_scale, v_scale)
@@ -22,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gpt2onnx.artifact.graph import PROTOBUF_LIMIT, SHARED_CACHE_OP, save_onnx
+from gpt2onnx.artifact.graph import PROTOBUF_LIMIT, QUANTIZED_CACHE_OP, all_nodes, save_onnx
 from gpt2onnx.artifact.manifest import KvCacheRecord
 from gpt2onnx.errors import BadInput
 from gpt2onnx.precisions.kv_cache import KvCacheFormat
@@ -98,9 +99,12 @@ def quantize_kv_cache(
 ) -> tuple[onnx.ModelProto, KvCacheRecord]:
     """``model`` (a shared-cache graph, changed in place) with its cache stored as ``fmt``, the scales calibrated on
     ``sequences`` (described by ``described``); and the manifest's record."""
-    attention = [n for n in model.graph.node if n.op_type == SHARED_CACHE_OP]
+    attention = [n for n in all_nodes(model.graph, prompt_body=True) if n.op_type == QUANTIZED_CACHE_OP]
     if not attention:
-        raise BadInput(f"--kv-cache {fmt.name} needs GroupQueryAttention: use --fusion ort-shared-kv")
+        raise BadInput(
+            f"--kv-cache {fmt.name} needs {QUANTIZED_CACHE_OP}, which this graph does not hold: choose a fusion"
+            " profile whose cache layout quantizes its cache"
+        )
     ranges = cache_ranges(model, sequences, described)
     for node in attention:
         layer = int(_PAST.match(node.input[3]).group(1))
@@ -122,8 +126,12 @@ def quantize_kv_cache(
                 helper.make_attribute("v_quant_type", fmt.quant_type),
             ]
         )
-    for value in (*model.graph.input, *model.graph.output):
-        if _PAST.match(value.name) or value.name.startswith("present."):
+    # an If's branches (int4's prompt path) output the presents under their own prefix ("prompt/present.0.key")
+    branches = [
+        o for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH for o in a.g.output
+    ]
+    for value in (*model.graph.input, *model.graph.output, *branches):
+        if _PAST.match(value.name) or value.name.split("/")[-1].startswith("present."):
             _set_elem_type(value, fmt.onnx_type)
             if fmt.values_per_byte > 1:  # a row of head_dim values in head_dim / values_per_byte bytes
                 row = value.type.tensor_type.shape.dim[3]

@@ -9,12 +9,12 @@ import onnx
 from gpt2onnx.precisions import weights  # by module: tests swap matmul_nbits to damage a file
 from gpt2onnx.precisions.algorithms.all_algorithms import ALGORITHMS
 from gpt2onnx.precisions.precision import FLOAT_LAYER, Precision
+from gpt2onnx.precisions.prompt_path import PROMPT_KERNELS
 from gpt2onnx.precisions.weights import QuantizeContext
 
 BITS = 4
 LAYER = "int4"  # --lm-head / --embeddings at this precision's width
 EIGHT_BIT_LAYER = "int8"  # --lm-head at 8 bits (MatMulNBits with 8 bits)
-PROMPT_NBITS, PROMPT_INT8 = "nbits", "int8"  # --prompt-kernel's choices
 
 
 def _quantize(context: QuantizeContext) -> tuple[onnx.ModelProto, dict]:
@@ -148,6 +148,7 @@ PRECISION = Precision(
     method="int4",
     weight_bits=BITS,
     marks=frozenset({"MatMulNBits", "GatherBlockQuantized"}),
+    writes=frozenset({("com.microsoft", "MatMulNBits")}),
     transformers_js=("q4", "_q4"),
     transformers_js_derived=(("q4f16", "_q4f16", to_q4f16),),
     options=frozenset(
@@ -174,7 +175,7 @@ PRECISION = Precision(
     # the prompt step's matmuls: nbits, MatMulNBits as decode; int8, the 4-bit weights folded to int8 at session
     # creation for steps of many rows (gpt2onnx.precisions.prompt_path; docs/benchmarks.md, "As fast as the
     # engines": onnxruntime 1.31's MatMulNBits takes about 3× MatMulInteger's time on 128 rows)
-    prompt_kernels=(PROMPT_NBITS, PROMPT_INT8),
+    prompt_kernels=tuple(PROMPT_KERNELS),
     block_wise=True,
     algorithms=ALGORITHMS,
     quantize=_quantize,

@@ -118,6 +118,7 @@ PRECISION = Precision(
     method="int8",
     weight_bits=8,
     marks=frozenset({"MatMulInteger"}),
+    writes=frozenset({("", "DynamicQuantizeLinear"), ("", "MatMulInteger")}),
     transformers_js=("q8", "_quantized"),
     options=frozenset({"block_size", "lm_head", "embeddings"}),
     # the 8-bit embeddings halve the file at the same quality and speed

@@ -36,6 +36,7 @@ PRECISION = Precision(
     method="int8-weights",
     weight_bits=BITS,
     marks=frozenset({"MatMulNBits (8-bit)"}),
+    writes=frozenset({("com.microsoft", "MatMulNBits")}),
     options=frozenset({"block_size", "accuracy_level", "lm_head", "embeddings"}),
     # measured on the reference (held-out text, mean KL against PyTorch fp32): the head and embeddings at 8 bits
     # 1.8e-5 (8.7e-6 at accuracy level 0, too slow on the CPU), in fp32 5.3e-6 for 1.5x the file (still under half

@@ -1,5 +1,6 @@
-"""The K/V cache's precision (``--kv-cache``), apart from the weights': float (the model's own dtype, the default),
-int8 or int4, per channel, which onnxruntime's CPU GroupQueryAttention (the ort-shared-kv profile) stores and reads.
+"""The K/V cache's precision (``--kv-cache``), its own axis apart from the weights' and from the cache's layout: float
+(the model's own dtype, the default), int8 or int4, per channel, which onnxruntime's CPU GroupQueryAttention stores
+and reads (a layout whose attention op quantizes its cache: gpt2onnx.layouts.shared).
 
 What onnxruntime 1.31.1's CPU kernel does, measured on a one-node graph against numpy (``tests/test_kv_cache.py``):
 with ``kv_cache_bit_width`` 8, ``k_quant_type``/``v_quant_type`` PER_CHANNEL and float ``k_scale``/``v_scale`` of
@@ -23,10 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gpt2onnx.capabilities import Declared, Need
 from gpt2onnx.errors import BadInput
 
 FLOAT_CACHE = "float"  # --kv-cache's default: the cache in the model's own dtype
-SHARED_CACHE_PROFILE = "ort-shared-kv"  # the fusion profile whose attention op (GroupQueryAttention) quantizes it
+FLOAT_DECLARED = Declared("K/V cache", FLOAT_CACHE, f"--kv-cache {FLOAT_CACHE}", ensures={"kv_dtype": FLOAT_CACHE})
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,22 @@ class KvCacheFormat:
     qmax: int  # a channel's calibrated |x| max is stored as this many steps
     gates: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     values_per_byte: int = 1  # 2: two 4-bit values a byte (head_dim / 2 bytes a row), low nibble first
+
+    @property
+    def declared(self) -> Declared:
+        """What it needs: a layout whose attention op quantizes the cache, fp32 activations (fp16 ones are not
+        checked with a quantized cache)."""
+        return Declared(
+            "K/V cache",
+            self.name,
+            f"--kv-cache {self.name}",
+            ensures={"kv_dtype": self.name},
+            requires=(
+                Need("quantizable_cache", allowed={True}, why="is stored by an attention op that quantizes it"),
+                Need("activations", allowed={"float32"}, why="takes fp32 activations"),
+            ),
+            says={"kv_dtype": f"stores the K/V cache as {self.name}"},
+        )
 
 
 INT8 = KvCacheFormat(
@@ -89,20 +107,10 @@ def kv_cache_format(name: str) -> KvCacheFormat | None:
     return KV_CACHES[name]
 
 
-def check_kv_cache(name: str, *, fusion: str, dtype: str) -> KvCacheFormat | None:
-    """``--kv-cache`` checked against the other passes: a quantized cache needs the shared-cache profile, whose
-    GroupQueryAttention quantizes it, and fp32 activations (fp16 ones with an int8 cache are not checked here).
-    Quantized weights take it: their own gates and file check judge the graph, cache included."""
+def cache_declared(name: str) -> Declared:
+    """The declaration of what --kv-cache names (checked)."""
     fmt = kv_cache_format(name)
-    if fmt is None:
-        return None
-    if fusion != SHARED_CACHE_PROFILE:
-        raise BadInput(
-            f"the {fusion} profile's attention op has no quantized cache; use --fusion {SHARED_CACHE_PROFILE}"
-        )
-    if dtype != "float32":
-        raise BadInput(f"--kv-cache {fmt.name} takes fp32 activations: drop --dtype, or keep the float cache")
-    return fmt
+    return FLOAT_DECLARED if fmt is None else fmt.declared
 
 
 def steps_of(stored, fmt: KvCacheFormat):

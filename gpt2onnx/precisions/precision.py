@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gpt2onnx.capabilities import Declared
+
 # The options of QuantizeOptions a precision may take beyond --quantize itself, by field name, with their flags
 OPTION_FLAGS = MappingProxyType(
     {
@@ -48,6 +50,7 @@ class Precision:
     weight_bits: the declared width of its quantized weights (the file check's steps); None for float weights.
     marks: the quantized ops that identify a graph of this precision (gpt2onnx.artifact.graph.quantized_op_counts'
         spellings); a float precision has none and is told by ``dtype``.
+    writes: the ops its weight pass writes for the block matmuls, (domain, op type): what it ensures of a graph.
     exact: compared value by value with the reference (max |Δlogits| within a tolerance, greedy tokens equal)
         instead of by quality gates.
     emulate_fp16: also checked with fp16 arithmetic as a GPU computes it (the CPU provider computes most fp16
@@ -79,6 +82,7 @@ class Precision:
     method: str | None = None
     weight_bits: int | None = None
     marks: frozenset[str] = frozenset()
+    writes: frozenset[tuple[str, str]] = frozenset()
     exact: bool = False
     emulate_fp16: bool = False
     transformers_js: tuple[str, str] | None = None
@@ -105,6 +109,23 @@ class Precision:
     def quantized(self) -> bool:
         """Its weights are stored quantized (and judged as a file by verify.rounding)."""
         return self.method is not None
+
+    @property
+    def declared(self) -> Declared:
+        """Its capabilities: the activations' type, the weights' width, the ops it writes, its transformers.js
+        dtype (gpt2onnx.capabilities)."""
+        how = f"--quantize {self.method}" if self.method else f"--dtype {self.short}"
+        return Declared(
+            "precision",
+            self.short,
+            how,
+            ensures={
+                "activations": self.dtype,
+                "weight_bits": self.weight_bits,
+                "ops": self.writes,
+                "transformers_js_dtype": self.transformers_js[0] if self.transformers_js else None,
+            },
+        )
 
     @property
     def default_algorithm(self) -> str | None:

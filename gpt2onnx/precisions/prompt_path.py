@@ -24,18 +24,63 @@ ends); the int8 copy stays in memory beside the 4-bit one (1 byte per weight). T
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from gpt2onnx.artifact.graph import PROMPT_IF
+from gpt2onnx.artifact.graph import PROMPT_IF, PROMPT_PATH_MARK
+from gpt2onnx.capabilities import Declared, Need
 
 log = logging.getLogger(__name__)
 
 PROMPT_ROWS = 16  # a step of more rows (batch × new tokens) takes the prompt body: int8 kernels
 INT8_STEPS = 64  # int8's 7-bit weights ([-64, 64], gpt2onnx.precisions.int8.INT8_SCHEME)
 BITS = 4
+
+
+@dataclass(frozen=True)
+class PromptKernel:
+    """What --prompt-kernel takes: the kernels a step of many rows runs on, and what that declares."""
+
+    name: str
+    summary: str
+    declared: Declared
+
+
+NBITS = PromptKernel(
+    "nbits", "MatMulNBits, as a decode step", Declared("prompt kernel", "nbits", "--prompt-kernel nbits")
+)
+INT8 = PromptKernel(
+    "int8",
+    f"int8 kernels above {PROMPT_ROWS} rows, folded from the 4-bit weights at session creation",
+    Declared(
+        "prompt kernel",
+        "int8",
+        "--prompt-kernel int8",
+        ensures={
+            "body_in_if": True,
+            "exact_step_rows": PROMPT_ROWS,
+            "ops": {("", "If"), ("", "DynamicQuantizeLinear"), ("", "MatMulInteger")},
+        },
+        requires=(
+            Need("weight_bits", allowed={BITS}, why="folds 4-bit weights to int8"),
+            Need("zero_points", allowed={False}, why="folds symmetric round-to-nearest weights (no zero points)"),
+        ),
+        says={
+            "body_in_if": f"holds the block stack in an If (int8 kernels above {PROMPT_ROWS} rows)",
+            "exact_step_rows": f"computes a step of more than {PROMPT_ROWS} rows on int8 kernels",
+        },
+    ),
+)
+PROMPT_KERNELS = {kernel.name: kernel for kernel in (NBITS, INT8)}
+
+
+def kernel_of(quantized_ops) -> PromptKernel:
+    """The prompt kernel of a graph, from its quantized ops (gpt2onnx.artifact.graph.quantized_op_counts' names):
+    INT8 where it holds int4's prompt path, else NBITS."""
+    return INT8 if PROMPT_PATH_MARK in set(quantized_ops) else NBITS
 
 
 def _attrs(node: onnx.NodeProto) -> dict:

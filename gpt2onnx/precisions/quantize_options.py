@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpt2onnx.capabilities import Declared, resolve
 from gpt2onnx.errors import BadInput
 from gpt2onnx.precisions.all_precisions import FP32, NO_QUANTIZATION, QUANTIZED, by_dtype, quantized_names
 from gpt2onnx.precisions.precision import FLOAT_LAYER, OPTION_FLAGS, Precision
+from gpt2onnx.precisions.prompt_path import PROMPT_KERNELS
+
+TABLES = ("com.microsoft", "GatherBlockQuantized")  # quantized embedding tables
 
 DEFAULT_BLOCK_SIZE = 32
 ACCURACY_WORDS = {0: "fp32 arithmetic", 4: "int8 arithmetic"}
@@ -100,18 +104,31 @@ class QuantizeOptions:
                 raise BadInput(
                     f"unknown --prompt-kernel '{self.prompt_kernel}': choose {' or '.join(precision.prompt_kernels)}"
                 )
-            algorithm = self.weight_algorithm
-            if self.prompt_kernel != precision.prompt_kernels[0] and algorithm.name != precision.default_algorithm:
-                raise BadInput(
-                    f"--prompt-kernel {self.prompt_kernel} reads round-to-nearest weights (no zero points): drop"
-                    f" --algorithm {algorithm.name}, or --prompt-kernel"
-                )
         for flag, value in (("--lm-head", self.lm_head), ("--embeddings", self.embeddings)):
             if value is not None and value not in precision.layer_choices:
                 raise BadInput(
                     f"{flag} '{value}' is not valid with --quantize {self.method}: choose"
                     f" {' or '.join(precision.layer_choices)}"
                 )
+        alternatives = {"algorithm": [a.declared for a in precision.algorithms.values()]}
+        resolve(self.choices(), alternatives=alternatives).check()  # the choices' declared needs of each other
+
+    def choices(self) -> list[Declared]:
+        """What the options declare (gpt2onnx.capabilities): the precision (with the embedding tables it writes),
+        its weight algorithm, its prompt kernel; none for float weights (the dtype's precision declares those)."""
+        precision = self.precision
+        if precision is None:
+            return []
+        recipe = self.recipe
+        declared = precision.declared
+        if recipe.embeddings not in (None, FLOAT_LAYER):
+            declared = declared.with_(ensures={"ops": {TABLES}})
+        chosen = [declared]
+        if self.weight_algorithm is not None:
+            chosen.append(self.weight_algorithm.declared)
+        if recipe.prompt_kernel is not None:
+            chosen.append(PROMPT_KERNELS[recipe.prompt_kernel].declared)
+        return chosen
 
     @property
     def precision(self) -> Precision | None:

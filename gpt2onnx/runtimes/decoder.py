@@ -24,9 +24,11 @@ import onnxruntime as ort
 
 from gpt2onnx.artifact.contract import ORT_DTYPES, DecoderShape, TensorSpec, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.artifact.graph import SHARED_CACHE_OP, STATIC_CACHE_OP, cache_scales, load_graph
+from gpt2onnx.artifact.graph import cache_scales, graph_facts, load_graph
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
+from gpt2onnx.layouts import shared, static
+from gpt2onnx.layouts.layout import GROWING, SHARED_BUFFER, STATIC_BUFFER, CacheLayout
 from gpt2onnx.precisions.kv_cache import cache_format_of, steps_of
 from gpt2onnx.runtimes.base import Capabilities, StepRuntime
 from gpt2onnx.runtimes.providers import (
@@ -63,40 +65,19 @@ def file_shape(model_path: Path, n_positions: int) -> DecoderShape:
     return decoder_shape(*graph_io(load_graph(model_path)), n_positions)
 
 
-def shares_cache(graph) -> bool:
-    """Whether the graph's past and present can share one buffer (GroupQueryAttention), read from the graph
-    itself (a ModelProto, read without its weights), never from a manifest."""
-    return any(node.op_type == SHARED_CACHE_OP for node in graph.graph.node)
-
-
-def static_cache(graph) -> bool:
-    """Whether the graph updates a fixed-size K/V buffer in place (TensorScatter: profile onnx-static-kv), read
-    from the graph itself."""
-    return any(node.op_type == STATIC_CACHE_OP for node in graph.graph.node)
-
-
-def check_static_cache_provider(provider: str) -> None:
-    if provider != "cpu":
+def check_host_provider(layout: CacheLayout, provider: str) -> None:
+    """A buffer layout's stepper binds host buffers: the cpu provider only (the resolver refuses it first; this
+    guards a caller that opens a session itself)."""
+    if layout.in_place and provider != "cpu":
         raise RuntimeUnavailable(
-            f"this model keeps a fixed-size K/V cache (TensorScatter, fusion onnx-static-kv), whose stepper binds"
-            f" host buffers: it runs on the cpu provider only, not {provider}; use --provider cpu, or a model"
-            " exported with --fusion onnx"
+            f"this model keeps its K/V cache in the {layout.name} layout ({layout.summary}), whose stepper binds host"
+            f" buffers: it runs on the cpu provider only, not {provider}; use --provider cpu"
         )
 
 
-def _stepper_for(graph) -> type:
-    """The stepper class a graph needs (the graph's own ops decide, never a manifest)."""
-    return StaticCacheDecoder if static_cache(graph) else SharedCacheDecoder if shares_cache(graph) else OnnxDecoder
-
-
-def check_shared_cache_provider(provider: str) -> None:
-    if provider != "cpu":
-        raise RuntimeUnavailable(
-            "this model shares its K/V cache (GroupQueryAttention, fusion ort-shared-kv), which runs on the cpu"
-            " provider"
-            f" only: onnxruntime's {provider} GroupQueryAttention has no fp32 kernel and no attention_bias input;"
-            " use --provider cpu, or a model exported with --fusion ort"
-        )
+def stepper_for(layout: CacheLayout) -> type:
+    """The stepper class that binds a layout's cache (its declared binding)."""
+    return STEPPERS[layout.binding]
 
 
 def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
@@ -104,12 +85,10 @@ def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     wrapped as the decoder its graph needs."""
     # The contract comes from the file first (read once): the TensorRT profile is built from its names and dims.
     graph = load_graph(model.model_path)
-    shared = shares_cache(graph)  # the graph, not the manifest (open_folder checked the position table)
-    if shared:
-        check_shared_cache_provider(provider.name)
-    kind = _stepper_for(graph)
-    if kind is StaticCacheDecoder:
-        check_static_cache_provider(provider.name)
+    layout = model.facts.layout  # the graph's ops, not the manifest (open_folder checked the position table)
+    check_host_provider(layout, provider.name)
+    kind = stepper_for(layout)
+    shared = kind is SharedCacheDecoder
     check_kernels(graph, provider)  # ops the provider has no kernel for: refused before any session is made
     shape = decoder_shape(*graph_io(graph), model.n_positions)
     host_side = host_side_nodes(graph) if provider.name != "cpu" else None
@@ -126,7 +105,7 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDec
     from gpt2onnx.runtimes.providers import cpu_session
 
     graph = load_graph(Path(model_path))
-    kind = _stepper_for(graph)
+    kind = stepper_for(graph_facts(graph).layout)
     if kind is SharedCacheDecoder:
         scales = cache_scales(graph, Path(model_path).parent)
         return SharedCacheDecoder(cpu_session(model_path), n_positions=n_positions, cache_scales=scales)
@@ -336,7 +315,7 @@ class SharedCacheDecoder(OnnxDecoder):
         cache_scales: dict[str, np.ndarray] | None = None,
     ):
         super().__init__(session, n_positions=n_positions, device_id=device_id)
-        check_shared_cache_provider(self.provider)
+        check_host_provider(SHARED_LAYOUT, self.provider)
         self.kv_dtype = np.dtype(self.shape.kv_dtype)  # float32, float16, or int8/uint8 (a quantized cache)
         self.cache_format = cache_format_of(self.shape.kv_dtype)  # None: a float cache
         self.row_bytes = self.head_dim // (self.cache_format.values_per_byte if self.cache_format else 1)
@@ -459,7 +438,7 @@ class StaticCacheDecoder(OnnxDecoder):
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         super().__init__(session, n_positions=n_positions, device_id=device_id)
-        check_static_cache_provider(self.provider)
+        check_host_provider(STATIC_LAYOUT, self.provider)
         self.capacity = 0
         self.rows = 0  # rows allocated (the bound batch may use fewer)
         self.batch = 0  # rows bound
@@ -554,3 +533,8 @@ class StaticCacheDecoder(OnnxDecoder):
         """One step with everything on the host: (all logits, copies of the presents)."""
         logits, presents = self.run(input_ids, attention_mask, position_ids, past, last_logits_only=False)
         return logits, [p.copy() for p in presents]
+
+
+SHARED_LAYOUT, STATIC_LAYOUT = shared.LAYOUT, static.LAYOUT
+# a layout's binding (gpt2onnx.layouts.layout.BINDINGS) → the stepper that binds it
+STEPPERS = {GROWING: OnnxDecoder, SHARED_BUFFER: SharedCacheDecoder, STATIC_BUFFER: StaticCacheDecoder}

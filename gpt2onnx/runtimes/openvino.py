@@ -27,6 +27,7 @@ from gpt2onnx.runtimes.decoder import file_shape
 INSTALL = "pip install openvino (or: bash scripts/setup.sh)"
 PRECISIONS = ("f32", "bf16", "f16")
 _SPELLINGS = {"fp16": "f16", "fp32": "f32"}
+GROUPED_ATTENTION = ("com.microsoft", "GroupQueryAttention")  # OpenVINO runs it at batch 1 only
 
 
 @dataclass(frozen=True)
@@ -82,12 +83,7 @@ def open_runtime(model: ModelFolder, settings: OpenVinoSettings) -> "OpenVinoDec
         unconverted = re.search(r"No conversion rule found for operations: (.+)", str(exc))
         if unconverted:  # the frontend cannot read an op: its own words, not the C++ location it starts with
             ops = unconverted.group(1).strip()
-            hint = (
-                " (the onnx-static-kv profile's fixed-size cache): use --runtime onnxruntime, or a model exported"
-                " with --fusion onnx"
-                if model.facts.static_kv
-                else ": use --runtime onnxruntime"
-            )
+            hint = ": use --runtime onnxruntime"
             version = ov.__version__.split("-")[0]
             raise RuntimeUnavailable(
                 f"OpenVINO {version}'s ONNX frontend cannot read '{model.model_path}': it has no conversion rule for"
@@ -136,7 +132,7 @@ class OpenVinoDecoder(StepRuntime):
         self.device, self.device_id = "cpu" if device == "CPU" else device.lower(), 0
         self.dummy_past = 0
         self.precision, self.version = precision, version
-        self.shared_kv = model.shared_kv
+        self.grouped_attention = GROUPED_ATTENTION in model.facts.ops
         names = {n for output in compiled.outputs for n in output.get_names()}
         missing = [n for n in ["logits", *self.present_names] if n not in names]
         if missing:
@@ -150,8 +146,8 @@ class OpenVinoDecoder(StepRuntime):
 
     def run(self, input_ids, attention_mask, position_ids, past, *, last_logits_only: bool = True):
         """One step; returns (logits: last position only unless asked otherwise, presents as numpy arrays)."""
-        if self.shared_kv and len(input_ids) > 1:
-            # OpenVINO's GroupQueryAttention (ort-shared-kv) breaks at batch > 1 ("the shape of input data (2)
+        if self.grouped_attention and len(input_ids) > 1:
+            # OpenVINO's GroupQueryAttention breaks at batch > 1 ("the shape of input data (2)
             # conflicts with the reshape pattern (1)"): the rows are independent, so run them one at a time.
             rows = [
                 self._run(

@@ -130,7 +130,7 @@ GROWING_PAST_TARGETS = ("transformers-js", "web", "ort-generate")
 
 def _refuse_static_cache(opened, chosen) -> None:
     refused = [t.name for t in chosen if t.name in GROWING_PAST_TARGETS]
-    if opened.facts.static_kv and refused:
+    if not opened.facts.layout.ensures.get("cache_grows", True) and refused:
         raise BadInput(
             f"the {', '.join(refused)} target{'s' if len(refused) > 1 else ''} run{'' if len(refused) > 1 else 's'}"
             " a decode loop that feeds a growing past, which this folder's fixed-size K/V cache (TensorScatter,"

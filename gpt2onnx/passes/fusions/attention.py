@@ -112,3 +112,6 @@ class AttentionWithPastSplitScale(_AttentionBase):
 
 attention_div_rule = AttentionWithPastDivScale.rule()
 attention_split_scale_rule = AttentionWithPastSplitScale.rule()
+
+
+RULES = (attention_div_rule, attention_split_scale_rule)

@@ -131,3 +131,7 @@ class QuickGelu(pattern.RewriteRuleClassBase):
 erf_gelu_rule = ErfGelu.rule()
 standard_erf_gelu_rule = StandardErfGelu.rule()
 quick_gelu_rule = QuickGelu.rule()
+
+
+FAST_GELU_RULES = (fast_gelu_with_bias_rule, fast_gelu_rule, erf_gelu_rule, quick_gelu_rule)
+STANDARD_GELU_RULES = (standard_gelu_rule, standard_erf_gelu_rule)

@@ -51,3 +51,6 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
 
 
 layer_norm_rule = LayerNormFusion.rule()
+
+
+RULES = (layer_norm_rule,)

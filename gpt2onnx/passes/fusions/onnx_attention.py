@@ -18,8 +18,6 @@ from __future__ import annotations
 from gpt2onnx.artifact.graph_tools import static_dim
 from gpt2onnx.passes.fusions.attention import AttentionWithPastDivScale, AttentionWithPastSplitScale
 
-ATTENTION_OPSET = 23  # the first opset with Attention; onnxruntime 1.31's CPU provider has kernels for 23 and 24
-
 
 class _StandardAttention:
     """The rewrite of an attention rule into ai.onnx Attention (mixed into the rules of attention.py, which keep
@@ -51,3 +49,6 @@ class OnnxAttentionSplitScale(_StandardAttention, AttentionWithPastSplitScale):
 
 onnx_attention_div_rule = OnnxAttentionDivScale.rule()
 onnx_attention_split_scale_rule = OnnxAttentionSplitScale.rule()
+
+
+RULES = (onnx_attention_div_rule, onnx_attention_split_scale_rule)

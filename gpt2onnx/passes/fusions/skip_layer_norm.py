@@ -99,3 +99,6 @@ class LayerNormBeforeReshape(pattern.RewriteRuleClassBase):
 layer_norm_before_reshape_rule = LayerNormBeforeReshape.rule()
 skip_layer_norm_with_bias_rule = SkipLayerNormWithBias.rule()
 skip_layer_norm_rule = SkipLayerNorm.rule()
+
+
+RULES = (layer_norm_before_reshape_rule, skip_layer_norm_with_bias_rule, skip_layer_norm_rule)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from gpt2onnx.capabilities import Declared
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -51,6 +53,7 @@ class Int4Algorithm:
         block size (the ``weight_error`` gate): 2-bit weights declared 4 (about 4.5 times) and wrong scales (far
         more) stay out.
     calibrated: whether it needs calibration text (``Calibration``).
+    zero_points: whether its weights have zero points (not symmetric): what the int8 prompt path cannot fold.
     even_blocks: whether each weight's rows need an even number of blocks: onnxruntime 1.31's vendored
         neural-compressor path (k-quant, GPTQ) packs two 4-bit zero points a byte and reshapes them per column
         (``cannot reshape array of size 96 into shape (192, -1)`` on a 64-wide layer in one block).
@@ -64,6 +67,17 @@ class Int4Algorithm:
     build: Callable[..., object | None]
     calibrated: bool = False
     even_blocks: bool = False
+    zero_points: bool = True
+
+    @property
+    def declared(self) -> Declared:
+        return Declared(
+            "algorithm",
+            self.name,
+            f"--algorithm {self.name}",
+            ensures={"zero_points": self.zero_points},
+            says={"zero_points": "writes zero points (weights that are not symmetric)"},
+        )
 
     def config(
         self, *, bits: int, block_size: int, nodes: Sequence[str], calibration: Calibration | None, model

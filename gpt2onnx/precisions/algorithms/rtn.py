@@ -8,4 +8,5 @@ ALGORITHM = Int4Algorithm(
     summary="round to nearest, symmetric, one scale per block (onnxruntime's default quantizer)",
     weight_error=None,
     build=lambda **_: None,
+    zero_points=False,
 )

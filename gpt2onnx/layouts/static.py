@@ -1,5 +1,5 @@
 """ai.onnx Attention with past → the same attention over one fixed-size K/V buffer per layer, updated in place by
-``TensorScatter`` (opset 24): the onnx-static-kv profile (runs after the onnx profile's rules).
+``TensorScatter`` (opset 24): the static layout (its rewrite runs after a profile's standard Attention fusion).
 
     Attention(q, k, v, bias, past_key, past_value)                          → (y, present_key, present_value)
  ⇒ present_key   = TensorScatter(past_key,   heads(k), write_indices, axis=2)
@@ -32,10 +32,10 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gpt2onnx.errors import BadInput
-from gpt2onnx.passes.fusions.shared_kv import attribute, name_buffer_io
+from gpt2onnx.layouts.layout import HOST_MEMORY, STATIC_BUFFER, CacheLayout, attribute, name_buffer_io
 
 STATIC_KV_OPSET = 24  # TensorScatter's first opset
-MASK, IDS = "attention_mask", "input_ids"
+MASK, IDS = "attention_mask", "input_ids"  # layout.MASK
 WRITE_INDICES = "static_kv/write_indices"
 P = "static_kv/"
 # ai.onnx Attention's input slots (opset 23)
@@ -144,8 +144,8 @@ def _past_shape(node: onnx.NodeProto, rewriter: _Rewriter, index: int) -> list[o
 
 def static_kv_cache(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """``model`` (changed in place) with every ai.onnx Attention reading a fixed-size K/V buffer that TensorScatter
-    updates, and the number rewritten. The cache and mask dims get the shared cache's names
-    (contract.shared_cache_io); the model's ai.onnx opset must be 24 or more."""
+    updates, and the number rewritten. The cache and mask dims get the buffer contract's names
+    (gpt2onnx.layouts.layout); the model's ai.onnx opset must be 24 or more."""
     graph = model.graph
     names = {i.name for i in graph.input}
     if MASK not in names or IDS not in names:
@@ -179,3 +179,22 @@ def static_kv_cache(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     graph.node.extend(_shared_nodes(first.name) + nodes)  # the shared nodes read only graph inputs
     name_buffer_io(graph, {o for n in kept if n.op_type == "Attention" for o in n.output})
     return model, replaced
+
+
+LAYOUT = CacheLayout(
+    name="static",
+    summary="one fixed-size buffer per layer, written in place by TensorScatter (standard ONNX, opset 24)",
+    binding=STATIC_BUFFER,
+    marks=frozenset({"TensorScatter"}),
+    rewrite=static_kv_cache,
+    reads=("", "Attention"),
+    check="static_kv",
+    makes=(("", "TensorScatter"), 2),
+    opset=STATIC_KV_OPSET,
+    ensures={"cache_grows": False, "cache_in_place": True, "host_buffers": True},
+    requires=(HOST_MEMORY,),
+    says={
+        "cache_grows": "keeps one fixed-size K/V buffer per layer (TensorScatter), which a growing past does not fit",
+        "quantizable_cache": "keeps a float buffer (TensorScatter and Attention store no quantized cache)",
+    },
+)

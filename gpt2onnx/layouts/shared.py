@@ -1,5 +1,5 @@
-"""MultiHeadAttention with past → com.microsoft.GroupQueryAttention, whose past and present can share one
-preallocated buffer per layer (the ort-shared-kv profile; runs after the ort fusions).
+"""The shared layout: MultiHeadAttention with past → com.microsoft.GroupQueryAttention, whose past and present can
+share one preallocated buffer per layer (the rewrite runs after the com.microsoft fusions of a profile).
 
     MultiHeadAttention(q, k, v, -, -, bias, past_key, past_value)               → (y, present_key, present_value)
  ⇒ GroupQueryAttention(q, k, v, past_key, past_value, seqlens_k, total_len, -, -, -, bias) → the same outputs
@@ -31,11 +31,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from gpt2onnx.artifact.contract import MASK_WIDTH, PAST_BUFFER, PRESENT_BUFFER
+from gpt2onnx.capabilities import Need
 from gpt2onnx.errors import BadInput
+from gpt2onnx.layouts.layout import SHARED_BUFFER, CacheLayout, attribute, name_buffer_io
 
 MS = "com.microsoft"
-MASK = "attention_mask"
+MASK = "attention_mask"  # layout.MASK
 SEQLENS_K = "shared_kv/seqlens_k"
 TOTAL_LEN = "shared_kv/total_sequence_length"
 HEAD_DIM_MULTIPLE = 8  # onnxruntime's GroupQueryAttention: "head_size must be a multiple of 8"
@@ -90,34 +91,6 @@ def _past_shape_nodes(node: onnx.NodeProto, heads: int, head_dim: int, index: in
     ]
 
 
-def attribute(node: onnx.NodeProto, name: str, default=None):
-    """A node's attribute value by name, else ``default``."""
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
-
-
-def _rename_dim(value: onnx.ValueInfoProto, axis: int, name: str) -> None:
-    dim = value.type.tensor_type.shape.dim[axis]
-    dim.Clear()
-    dim.dim_param = name
-
-
-def name_buffer_io(graph: onnx.GraphProto, rewritten: set[str]) -> None:
-    """The IO of a graph whose pasts and presents are preallocated buffers (the shared and static caches): their
-    length dims and the mask's width take the contract's names (contract.shared_cache_io), and the value infos of
-    the rewritten attention outputs (``rewritten``), typed for the op they replaced, are dropped."""
-    for value in graph.input:
-        if value.name.startswith("past_key_values."):
-            _rename_dim(value, 2, PAST_BUFFER)
-        elif value.name == MASK:
-            _rename_dim(value, 1, MASK_WIDTH)
-    for value in graph.output:
-        if value.name.startswith("present."):
-            _rename_dim(value, 2, PRESENT_BUFFER)
-    kept = [v for v in graph.value_info if v.name not in rewritten]
-    del graph.value_info[:]
-    graph.value_info.extend(kept)
-
-
 def _as_group_query_attention(node: onnx.NodeProto) -> onnx.NodeProto:
     ins = list(node.input) + [""] * (8 - len(node.input))
     if ins[_BIAS] or ins[_KEY_PADDING_MASK] or not ins[_ATTN_BIAS] or not ins[_PAST_K] or not ins[_PAST_V]:
@@ -144,7 +117,7 @@ def _as_group_query_attention(node: onnx.NodeProto) -> onnx.NodeProto:
 
 def share_kv_cache(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """``model`` (changed in place) with every MultiHeadAttention replaced by GroupQueryAttention, and the
-    number replaced. The cache and mask dims get their own names (contract.shared_cache_io)."""
+    number replaced. The cache and mask dims get the buffer contract's names (gpt2onnx.layouts.layout)."""
     graph = model.graph
     if MASK not in {i.name for i in graph.input}:
         raise BadInput(f"the graph has no '{MASK}' input: a shared cache needs the mask")
@@ -170,7 +143,7 @@ def share_kv_cache(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     if head_dim % HEAD_DIM_MULTIPLE:
         raise BadInput(
             f"a shared K/V cache needs a head size that is a multiple of {HEAD_DIM_MULTIPLE} (onnxruntime's"
-            f" GroupQueryAttention), this model's is {head_dim}: use --fusion ort"
+            f" GroupQueryAttention), this model's is {head_dim}: choose a profile with the concatenating cache"
         )
     del graph.node[:]
     graph.node.extend(_length_nodes() + nodes)  # the length nodes read only a graph input
@@ -178,3 +151,26 @@ def share_kv_cache(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
     return model, replaced
+
+
+LAYOUT = CacheLayout(
+    name="shared",
+    summary="one buffer per layer for the whole sequence, written in place by GroupQueryAttention (cpu provider)",
+    binding=SHARED_BUFFER,
+    marks=frozenset({"GroupQueryAttention"}),
+    rewrite=share_kv_cache,
+    reads=(MS, "MultiHeadAttention"),
+    keeps_reads=False,
+    check="shared_kv",
+    makes=((MS, "GroupQueryAttention"), 1),
+    ensures={"cache_in_place": True, "host_buffers": True, "quantizable_cache": True},
+    requires=(
+        Need(
+            "device_memory",
+            allowed={False},
+            why="runs on the cpu provider only (onnxruntime's CUDA GroupQueryAttention has no fp32 kernel and no"
+            " attention_bias; the stepper binds host buffers)",
+        ),
+    ),
+    says={"quantizable_cache": "stores the cache as GroupQueryAttention's int8 or int4"},
+)

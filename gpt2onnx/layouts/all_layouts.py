@@ -1,0 +1,29 @@
+"""Every K/V cache layout, by name: a new one is a module beside this one and a line here. The rest of the package
+asks this table (which layout a graph has, what it needs, the stepper binding that runs it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpt2onnx.errors import BadInput
+from gpt2onnx.layouts import concat, shared, static
+from gpt2onnx.layouts.layout import CacheLayout
+
+LAYOUTS: dict[str, CacheLayout] = {layout.name: layout for layout in (concat.LAYOUT, shared.LAYOUT, static.LAYOUT)}
+PLAIN = concat.LAYOUT  # what a graph is without a layout's marks
+
+
+def layout(name: str) -> CacheLayout:
+    if name not in LAYOUTS:
+        raise BadInput(f"unknown K/V cache layout '{name}': the layouts are {', '.join(LAYOUTS)}")
+    return LAYOUTS[name]
+
+
+def layout_of(op_types: Iterable[str]) -> CacheLayout:
+    """The layout of a graph from its op types (subgraphs included), never from a manifest: the one whose marks it
+    holds, else the plain layout."""
+    ops = set(op_types)
+    found = [layout for layout in LAYOUTS.values() if layout.marks & ops]
+    if len(found) > 1:
+        raise BadInput(f"the graph holds the ops of two K/V cache layouts ({', '.join(f.name for f in found)})")
+    return found[0] if found else PLAIN

@@ -1,0 +1,1 @@
+"""Fusion profiles as plug-ins: one module each, registered in all_profiles (profile: what a profile declares)."""

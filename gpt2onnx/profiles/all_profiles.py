@@ -1,0 +1,46 @@
+"""Every fusion profile, by name: a new one is a module beside this one and a line here, after any profile it builds
+on. The rest of the package asks this table (what --fusion takes, which profile a graph holds, what a profile
+needs and ensures) instead of naming a profile."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpt2onnx.errors import BadInput
+from gpt2onnx.profiles import none, onnx_ops, onnx_static_kv, ort, ort_shared_kv, portable, tensorrt
+from gpt2onnx.profiles.profile import Profile
+
+PROFILES: dict[str, Profile] = {
+    profile.name: profile
+    for profile in (
+        none.PROFILE,
+        ort.PROFILE,
+        ort_shared_kv.PROFILE,
+        portable.PROFILE,
+        tensorrt.PROFILE,
+        onnx_ops.PROFILE,
+        onnx_static_kv.PROFILE,
+    )
+}
+UNFUSED = none.PROFILE  # export's default
+OPTIMIZE_DEFAULT = ort.PROFILE  # optimize's, where the source holds no profile
+
+
+def profile(name: str) -> Profile:
+    """A profile by what --fusion takes; BadInput naming the choices for another name."""
+    if name not in PROFILES:
+        raise BadInput(f"unknown fusion profile '{name}': choose one of {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+def fused_with(ops: Iterable[tuple[str, str]]) -> Profile | None:
+    """The profile a graph holds, told by its ops ((domain, op type), subgraphs included): the last registered
+    whose marks it has (a profile that builds on another is registered after it); None for a graph with none
+    (an unfused export, or the tensorrt profile's, whose LayerNormalization torch writes too)."""
+    found = set(ops)
+    return next((p for p in reversed(PROFILES.values()) if p.marks & found), None)
+
+
+def help_line() -> str:
+    """--fusion's choices, for the help."""
+    return ", ".join(PROFILES)
