@@ -35,6 +35,7 @@ class Fact:
     default: object
     noun: str
     is_set: bool = False
+    verb: str = "writes"  # a set fact: what its maker does with an item ("a precision writes MatMulNBits")
     derive: Callable[[Mapping[str, object]], object] | None = None
     detail: Callable[[Mapping[str, object]], list[str]] | None = None  # a derived fact's cause, in a choice's facts
 
@@ -81,7 +82,7 @@ FACTS: dict[str, Fact] = {
         Fact("batches_rows", False, "batch that rows join and leave"),
         Fact("transformers_js_dtype", None, "transformers.js dtype"),
         Fact("data_files", 0, "external data files"),
-        Fact("features", frozenset(), "decoding features", is_set=True),  # what a request uses
+        Fact("features", frozenset(), "decoding features", is_set=True, verb="uses"),  # what a request uses
     )
 }
 
@@ -98,8 +99,9 @@ def fact(key: str) -> Fact:
 @dataclass(frozen=True)
 class Need:
     """A requirement on one fact: its value must be one of ``allowed`` (or none of ``refused``), wherever the facts in
-    ``when`` hold. ``why``: what the requiring choice does that needs it, as a clause ("runs a loop that feeds a
-    growing past"); ``fix``: advice that replaces the computed one."""
+    ``when`` hold (each its value, or one of a set of values). ``why``: what the requiring choice does that needs
+    it, as a clause ("runs a loop that feeds a growing past"); ``fix``: advice that replaces the computed one
+    ("{value}": the value it refuses)."""
 
     fact: str
     allowed: frozenset = frozenset()
@@ -327,6 +329,14 @@ def _advice(
             meeting.sort(key=lambda alt: _distance(alt, maker))
             named = " or ".join(dict.fromkeys(alt.choose for alt in meeting[:2]))
             return f"use a folder exported with {named}" if maker.origin == "folder" else f"use {named}"
+    instead = [  # another choice in the needer's place with which the combination works
+        alt
+        for alt in alternatives.get(needer.axis, ())
+        if alt.name != needer.name and alt.choose and resolve([alt if c is needer else c for c in chosen]).ok
+    ]
+    if instead and needer.origin == "option":
+        instead.sort(key=lambda alt: _distance(alt, needer))
+        return f"use {' or '.join(dict.fromkeys(alt.choose for alt in instead[:2]))}"
     if needer.choose:
         return f"drop {needer.choose}" if needer.origin == "option" else f"use another {needer.axis}"
     return f"choose another {maker.axis if maker else needer.axis}"
@@ -364,27 +374,31 @@ def resolve(chosen: Sequence[Declared], *, alternatives: Mapping[str, Sequence[D
                     maker = makers.get((need.fact, item))
                     what = _item(item)
                     reason = need.items[item] or need.why
-                    made = f", which {maker.shown} writes" if maker is not None and maker is not needer else ""
+                    verb = FACTS[need.fact].verb
+                    made = f", which {maker.shown} {verb}" if maker is not None and maker is not needer else ""
                     line = f"{needer.shown} {reason or 'cannot take'} {what}{made}: " + _advice(
                         need, needer, maker, alternatives, values, chosen
                     )
                     conflicts.append(Conflict(needer.shown, need.fact, maker.shown if maker else None, line))
                 continue
-            if any(values[key] != value for key, value in need.when.items()):
+            if not all(_holds(values[key], value) for key, value in need.when.items()):
                 continue
             value = values[need.fact]
             if need.met_by(value):
                 continue
             maker = makers.get(need.fact)
-            has = (
-                _says(maker, need.fact, value) if maker is not None else f"has {FACTS[need.fact].noun} {_value(value)}"
-            )
-            who = maker.shown if maker is not None else "the choices"
-            line = f"{needer.shown} {need.why or 'needs ' + FACTS[need.fact].noun}, but {who} {has}: " + _advice(
-                need, needer, maker, alternatives, values, chosen
-            )
+            advice = _advice(need, needer, maker, alternatives, values, chosen)
+            reason = need.why or "needs " + FACTS[need.fact].noun
+            if maker is None:  # nothing chosen says otherwise: the fact's default
+                line = f"{needer.shown} {reason}, but nothing chosen gives {FACTS[need.fact].noun}: {advice}"
+            else:
+                line = f"{needer.shown} {reason}, but {maker.shown} {_says(maker, need.fact, value)}: {advice}"
             conflicts.append(Conflict(needer.shown, need.fact, maker.shown if maker else None, line))
     return Verdict(tuple(c.shown for c in chosen), MappingProxyType(values), tuple(conflicts))
+
+
+def _holds(value, condition) -> bool:
+    return value in condition if isinstance(condition, (set, frozenset)) else value == condition
 
 
 def _item(item) -> str:

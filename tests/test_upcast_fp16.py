@@ -235,7 +235,7 @@ def test_the_standard_attention_computes_fp16_scores_in_fp16_on_the_cpu():
 @pytest.mark.parametrize("profile", ["onnx", "onnx-static-kv"])
 def test_fp16_of_an_upcast_config_is_refused_with_the_onnx_profiles(upcast_folder, tmp_path, profile):
     options = ExportOptions(fusion=profile, dtype="fp16", validate=False)
-    with pytest.raises(Gpt2OnnxError, match="standard Attention of the onnx profiles computes them in fp16"):
+    with pytest.raises(Gpt2OnnxError, match="computes fp16 attention scores in fp16"):
         export(str(upcast_folder), tmp_path / profile, options=options)
     assert not (tmp_path / profile).exists()
 

@@ -18,7 +18,8 @@ from gpt2onnx.artifact.paths import check_output_path
 from gpt2onnx.precisions.all_precisions import FLOAT, FP32, QUANTIZED, quantized_names
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, KV_CACHES
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
-from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, PROFILES, UNFUSED
+from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT
+from gpt2onnx.profiles.all_profiles import help_line as fusion_help
 from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, runtime_options
 from gpt2onnx.runtimes.decoding import Decoding, Sampling
 from gpt2onnx.runtimes.speculative import Speculation, speculation_from
@@ -75,7 +76,7 @@ def json_output(path: Path | None, *, reads: tuple = (), files: tuple = ()) -> N
 # -- the options of one command, declared once ---------------------------------------------------------------------
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")]
 # the registered profiles besides the default (shown): four lines at most in an 80-column --help
-FusionOpt = Annotated[str, typer.Option(help=f"{', '.join(p for p in PROFILES if p != UNFUSED.name)}.")]
+FusionOpt = Annotated[str, typer.Option(help=f"{fusion_help()}.")]
 OptimizeFusionOpt = Annotated[
     Optional[str],
     typer.Option("--fusion", help=f"As export's; default: the source's profile, else {OPTIMIZE_DEFAULT.name}."),

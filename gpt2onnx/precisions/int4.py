@@ -9,7 +9,7 @@ import onnx
 from gpt2onnx.precisions import weights  # by module: tests swap matmul_nbits to damage a file
 from gpt2onnx.precisions.algorithms.all_algorithms import ALGORITHMS
 from gpt2onnx.precisions.precision import FLOAT_LAYER, Precision
-from gpt2onnx.precisions.prompt_path import PROMPT_KERNELS
+from gpt2onnx.precisions.prompt_path import PROMPT_KERNELS, without_prompt_path
 from gpt2onnx.precisions.weights import QuantizeContext
 
 BITS = 4
@@ -125,15 +125,19 @@ def _declare_types(model: onnx.ModelProto) -> None:
     model.graph.value_info.extend(added)
 
 
-def to_q4f16(model: onnx.ModelProto) -> onnx.ModelProto:
+def to_q4f16(model: onnx.ModelProto, *, upcast_attention: bool = False) -> onnx.ModelProto:
     """An int4 graph with its float parts in fp16 (the fp16 precision's converter and its default groups kept in
     fp32: every LayerNorm, the softmax, the logits output): transformers.js's q4f16, 4-bit MatMulNBits and
     GatherBlockQuantized with fp16 scales and activations, the K/V cache in fp16. onnxruntime's CPU kernels run it
-    (MatMulNBits and GatherBlockQuantized take fp16); measured in docs/precision.md ("q4f16")."""
+    (MatMulNBits and GatherBlockQuantized take fp16); measured in docs/precision.md ("q4f16"). Made from the
+    decode body where the graph has int4's prompt path (its int8 body takes float32 only).
+    ``upcast_attention``: the architecture's reorder_and_upcast_attn (the scores stay fp32, or BadInput where the
+    attention op cannot keep them so)."""
     from gpt2onnx.precisions.fp16 import to_fp16
 
+    without_prompt_path(model)
     _declare_types(model)
-    return to_fp16(model)[0]
+    return to_fp16(model, upcast_attention=upcast_attention)[0]
 
 
 PRECISION = Precision(

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpt2onnx.capabilities import Declared
+from gpt2onnx.capabilities import Declared, Need
 
 # The options of QuantizeOptions a precision may take beyond --quantize itself, by field name, with their flags
 OPTION_FLAGS = MappingProxyType(
@@ -28,6 +28,9 @@ OPTION_FLAGS = MappingProxyType(
 # ones only)
 FLOAT_LAYER = "fp32"
 EIGHT_BIT_TABLES = "int8"
+
+
+FROM_FP32 = "optimize the fp32 folder it was made from"
 
 
 def _frozen(mapping: Mapping | None) -> Mapping:
@@ -115,10 +118,21 @@ class Precision:
         """Its capabilities: the activations' type, the weights' width, the ops it writes, its transformers.js
         dtype (gpt2onnx.capabilities)."""
         how = f"--quantize {self.method}" if self.method else f"--dtype {self.short}"
+        requires = ()
+        if not self.exact:  # optimize: a new precision is made from fp32 weights (its source's)
+            requires = (
+                Need("source_weight_bits", allowed={None}, why="is made from fp32 weights", fix=FROM_FP32),
+                Need("source_activations", allowed={"float32"}, why="is made from fp32 weights", fix=FROM_FP32),
+            )
         return Declared(
             "precision",
             self.short,
             how,
+            requires=requires,
+            says={
+                "weight_bits": f"stores {self.weight_bits}-bit weights" if self.weight_bits else "stores float weights",
+                "activations": f"computes in {self.dtype}",
+            },
             ensures={
                 "activations": self.dtype,
                 "weight_bits": self.weight_bits,

@@ -281,3 +281,37 @@ def int8_prompt_path(model: onnx.ModelProto, *, rows: int = PROMPT_ROWS) -> onnx
     graph.value_info.extend(kept)
     log.info("int8 prompt path: %d MatMulNBits also on int8 kernels above %d rows", len(matmuls), rows)
     return model
+
+
+def without_prompt_path(model: onnx.ModelProto) -> bool:
+    """``model`` (changed in place) with int4's prompt path taken out: the If replaced by its decode body, every
+    step on the 4-bit MatMulNBits, as the graph was before the pass; returns whether it held one. The files made
+    for runtimes whose kernels the prompt body does not suit are made so: fp16's (DynamicQuantizeLinear takes
+    float32 only) and the browser's (its MatMulNBits is what it runs well)."""
+    graph = model.graph
+    node = next((n for n in graph.node if n.op_type == "If" and n.name == PROMPT_IF), None)
+    if node is None:
+        return False
+    body = next(a.g for a in node.attribute if a.name == "else_branch")
+    prefix = "decode/"
+
+    def plain(name: str) -> str:
+        return name[len(prefix) :] if name.startswith(prefix) else name
+
+    inlined = []
+    for inner in body.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(inner)
+        for i, name in enumerate(copy.input):
+            copy.input[i] = plain(name)
+        for i, name in enumerate(copy.output):
+            copy.output[i] = plain(name)
+        copy.name = plain(copy.name)
+        inlined.append(copy)
+    if [plain(o.name) for o in body.output] != list(node.output):
+        raise ValueError(f"the {PROMPT_IF} If's decode body does not write its outputs: the graph is damaged")
+    kept = [n for n in graph.node if n is not node and not n.name.startswith(f"{PROMPT_IF}/")]
+    del graph.node[:]
+    graph.node.extend(kept + inlined)
+    log.info("int4 prompt path taken out: the decode body's %d nodes inlined", len(inlined))
+    return True

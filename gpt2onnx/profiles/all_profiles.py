@@ -42,5 +42,12 @@ def fused_with(ops: Iterable[tuple[str, str]]) -> Profile | None:
 
 
 def help_line() -> str:
-    """--fusion's choices, for the help."""
-    return ", ".join(PROFILES)
+    """--fusion's choices besides the default, for the help, a profile that builds on another written with it:
+    "ort[-shared-kv], portable, ..."."""
+    shown = []
+    for p in PROFILES.values():
+        if p is UNFUSED or (p.base is not None and p.name.startswith(p.base.name)):
+            continue
+        extensions = [q.name[len(p.name) :] for q in PROFILES.values() if q.base is p and q.name.startswith(p.name)]
+        shown.append(p.name + "".join(f"[{e}]" for e in extensions))
+    return ", ".join(shown)

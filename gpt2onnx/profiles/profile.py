@@ -130,6 +130,23 @@ class Profile:
         requires = [*self.layout.requires, *self.requires]
         if fused:  # optimize: made from an unfused graph, its own, or its base's (fuse() refuses the others too)
             made_from = {None, self.name, *([self.base.name] if self.base else [])}
+            rewrites = frozenset(made_from - {self.name})  # the sources it rewrites (its own: a no-op)
+            requires += [
+                Need(
+                    "source_activations",
+                    allowed={"float32"},
+                    when={"source_profile": rewrites},
+                    why="matches the patterns of fp32 graphs (fp16's casts break them)",
+                    fix="optimize the fp32 folder it was made from",
+                ),
+                Need(
+                    "source_body_in_if",
+                    allowed={False},
+                    when={"source_profile": rewrites},
+                    why="rewrites the top-level graph",
+                    fix="optimize the fp32 folder it was made from, with its --quantize and --prompt-kernel",
+                ),
+            ]
             requires.append(
                 Need(
                     "source_profile",

@@ -31,6 +31,9 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from gpt2onnx.artifact.folder import ModelFolder
+from gpt2onnx.capabilities import Declared, Verdict, resolve
+from gpt2onnx.choices.axes import graph_alternatives
+from gpt2onnx.choices.of_folder import folder_choices
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.runtimes.decoding import Decoding, Generation, Sampling, loop_generation
 
@@ -52,8 +55,9 @@ class Capabilities:
     presents: bool = True  # the presents come back (parity compares them)
     steps: bool = True  # each forward pass's logits and time, tokens forced (parity, eval, bench)
     past_of_length: bool = False  # a step can be timed at any past length on a zero-filled cache (bench --past)
-    shared_cache: bool = False  # past and present are one preallocated buffer (GroupQueryAttention)
     memory_check: bool = False  # check_memory refuses, before allocating, a run this machine cannot hold
+    proposals: bool = False  # runs a step of several new tokens on a past and crops its cache (speculative decoding)
+    batches: bool = False  # its steppers take rows that join and leave a running batch (the batching engine)
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,31 @@ class RuntimeSpec:
     settings: type  # its settings: a frozen dataclass, validated when built, with FLAGS (field → option)
     open: Callable[[ModelFolder, Any], Runtime]  # opens a folder with its settings
     capabilities: Capabilities
+    requires: tuple = ()  # what it needs of a folder and a request (gpt2onnx.capabilities: Need, Lacks)
+    declare_settings: Callable[[Any], list[Declared]] | None = None  # what its settings declare (a provider)
+
+    @property
+    def declared(self) -> Declared:
+        """What it ensures (its capabilities) and needs (gpt2onnx.capabilities)."""
+        caps = self.capabilities
+        return Declared(
+            "runtime",
+            self.name,
+            f"--runtime {self.name}",
+            ensures={
+                "owns_loop": caps.owns_loop,
+                "step_logits": caps.steps,
+                "checks_proposals": caps.proposals,
+                "batches_rows": caps.batches,
+            },
+            requires=self.requires,
+            says={
+                "owns_loop": "runs a generation loop of its own" if caps.owns_loop else "runs one step at a time",
+                "checks_proposals": "runs no step of several proposals on its cache",
+                "batches_rows": "keeps no batch that rows join and leave",
+                "step_logits": "gives no per-step logits",
+            },
+        )
 
 
 def runtime_spec(name: str) -> RuntimeSpec:
@@ -121,6 +150,12 @@ class RuntimeOptions:
     def threads(self) -> int | None:
         return getattr(self.settings, "threads", None)
 
+    @property
+    def declared(self) -> list[Declared]:
+        """What the runtime and its settings declare (the onnxruntime runtime: its provider's too)."""
+        spec = self.spec
+        return [spec.declared, *(spec.declare_settings(self.settings) if spec.declare_settings else [])]
+
     def requires(self, capability: str, what: str) -> None:
         """Refuse, before anything is opened, a use the runtime cannot serve (``what``: the use, for the message)."""
         if not getattr(self.spec.capabilities, capability):
@@ -157,8 +192,28 @@ def runtime_options(names: list[str], flags: dict[str, Any]) -> list[RuntimeOpti
     return options
 
 
-def open_runtime(model: ModelFolder, options: RuntimeOptions) -> Runtime:
-    """Open ``model`` (an opened :class:`~gpt2onnx.artifact.folder.ModelFolder`) on the runtime ``options`` names."""
+def runtime_alternatives() -> dict[str, list[Declared]]:
+    """By axis, what a refusal's advice may name: the graph's axes, the runtimes, the providers."""
+    from gpt2onnx.runtimes.providers import provider_alternatives
+
+    return {
+        **graph_alternatives(),
+        "runtime": [runtime_spec(name).declared for name in RUNTIMES],
+        "provider": provider_alternatives(),
+    }
+
+
+def check_combination(model: ModelFolder, options: RuntimeOptions, *others: Declared) -> Verdict:
+    """Whether the folder runs on the runtime and its settings, with ``others`` (a request, a strategy, the engine):
+    Unsupported (one line) where it does not, before anything is opened."""
+    chosen = [*folder_choices(model.facts, str(model.folder)), *options.declared, *others]
+    return resolve(chosen, alternatives=runtime_alternatives()).check()
+
+
+def open_runtime(model: ModelFolder, options: RuntimeOptions, *others: Declared) -> Runtime:
+    """Open ``model`` (an opened :class:`~gpt2onnx.artifact.folder.ModelFolder`) on the runtime ``options`` names,
+    once the combination is resolved (with ``others``: what the caller's use of it declares)."""
+    check_combination(model, options, *others)
     return options.spec.open(model, options.settings)
 
 
@@ -183,6 +238,7 @@ class Runtime(ABC):
     device: str = "cpu"  # "cpu" or "cuda" for device-memory readings
     device_id: int = 0
     dummy_past: int = 0  # masked past slots in front of the prompt step (TensorRT); 0 elsewhere
+    exact_step_rows: int | None = None  # a step of more rows computes on other weights (int4's prompt path)
     capabilities: Capabilities = Capabilities()
     placement = None  # onnxruntime: which provider got each node (an artifact.report.Placement); None elsewhere
     tf32: bool | None = None  # onnxruntime on a GPU: whether fp32 matmuls may use TF32; None elsewhere

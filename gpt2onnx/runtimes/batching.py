@@ -39,10 +39,12 @@ import numpy as np
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import read_generation_config
+from gpt2onnx.capabilities import Declared, Lacks, Need, resolve
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
-from gpt2onnx.runtimes.base import RuntimeOptions, StepRuntime, open_runtime
+from gpt2onnx.runtimes.base import RuntimeOptions, StepRuntime, open_runtime, runtime_spec
 from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, position_ids_for
 from gpt2onnx.runtimes.decoding import (
+    SEVERAL_SEQUENCES,
     Decoding,
     Sampling,
     check_new_tokens,
@@ -50,6 +52,7 @@ from gpt2onnx.runtimes.decoding import (
     check_request_size,
     draw,
     process_scores,
+    request_declared,
 )
 from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.runtimes.logits import StopStrings
@@ -59,8 +62,19 @@ from gpt2onnx.runtimes.requests import NOT_SPECULATIVE, PromptReader, whole_numb
 from gpt2onnx.runtimes.speculative import Speculation
 
 log = logging.getLogger(__name__)
+ONE_SEQUENCE = "send one request per sequence (with seeds)"
 
 MAX_ROWS = 256  # the most requests decoded together
+# What the engine needs: a stepper whose rows can join and leave a running batch; one sequence per request
+ENGINE = Declared(
+    "engine",
+    "batching",
+    requires=(
+        Need("batches_rows", allowed={True}, why="decodes rows that join and leave a running batch"),
+        Lacks("features", {SEVERAL_SEQUENCES: "serves one sequence per request, not"}, fix=ONE_SEQUENCE),
+    ),
+    label="the batching engine",
+)
 FINISH_REASONS = ("eos", "stop", "length", "cancelled", "error")
 
 
@@ -201,8 +215,11 @@ class BatchingEngine:
             raise BadInput(f"the {decoder.runtime} runtime runs its own loop: continuous batching needs onnxruntime")
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or not 1 <= max_batch <= MAX_ROWS:
             raise BadInput(f"max_batch must be 1 to {MAX_ROWS}, got {max_batch}")
-        self.decoder = decoder
-        # the batch runs the concat way on every graph (module docstring); beams keep the folder's own stepper
+        self._runtime = runtime_spec(decoder.runtime).declared
+        resolve([self._runtime, ENGINE]).check()
+        # the batch runs the concat way on every graph (module docstring), beams on a stepper of their own: two
+        # threads never share a stepper's buffers (a static cache's are rebound by every step)
+        self.decoder = decoder.twin() if isinstance(decoder, OnnxDecoder) else decoder
         self.stepper = (
             OnnxDecoder(decoder.session, n_positions=decoder.n_positions, device_id=decoder.device_id)
             if isinstance(decoder, SharedCacheDecoder)
@@ -250,7 +267,7 @@ class BatchingEngine:
             tokenizer = load_gpt2_tokenizer(model.folder) if has_tokenizer(model.folder) else None
         generation = read_generation_config(model.folder, vocab_size=model.facts.vocab_size)
         eos_ids, pad = generation.eos_token_ids, generation.pad_token_id
-        decoder = open_runtime(model, RuntimeOptions(settings=provider))
+        decoder = open_runtime(model, RuntimeOptions(settings=provider), ENGINE)
         return cls(decoder, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_token_id=pad, max_batch=max_batch)
 
     def __enter__(self) -> "BatchingEngine":
@@ -289,8 +306,7 @@ class BatchingEngine:
         if not isinstance(sampling, Sampling) or not isinstance(decoding, Decoding):
             raise BadInput("sampling and decoding must be gpt2onnx's Sampling and Decoding")
         check_pair(sampling, decoding)
-        if decoding.num_return_sequences > 1:
-            raise BadInput("num_return_sequences above 1 is not served: send one request per sequence (with seeds)")
+        resolve([self._runtime, request_declared(sampling, decoding), ENGINE]).check()  # what the engine serves
         if decoding.stop and self.tokenizer is None:
             raise BadInput("stop strings need the model's tokenizer files, and this model has none: drop them")
         self.reader.check_length(len(ids), max_new_tokens)

@@ -30,6 +30,7 @@ from gpt2onnx.files import available_memory
 from gpt2onnx.layouts import shared, static
 from gpt2onnx.layouts.layout import GROWING, SHARED_BUFFER, STATIC_BUFFER, CacheLayout
 from gpt2onnx.precisions.kv_cache import cache_format_of, steps_of
+from gpt2onnx.precisions.prompt_path import kernel_of
 from gpt2onnx.runtimes.base import Capabilities, StepRuntime
 from gpt2onnx.runtimes.providers import (
     DEVICE_TYPES,
@@ -96,8 +97,16 @@ def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     del graph
     session = create_session(model.model_path, provider, shape=shape, host_side=host_side)
     if kind is SharedCacheDecoder:  # a quantized cache's scales, read from the graph
-        return SharedCacheDecoder(session, n_positions=model.n_positions, cache_scales=scales)
-    return kind(session, n_positions=model.n_positions, device_id=provider.device_id)
+        decoder = SharedCacheDecoder(session, n_positions=model.n_positions, cache_scales=scales)
+    else:
+        decoder = kind(session, n_positions=model.n_positions, device_id=provider.device_id)
+    decoder.exact_step_rows = exact_rows(model.facts)
+    return decoder
+
+
+def exact_rows(facts) -> int | None:
+    """The most rows a step of this graph computes on its own weights (None: any), as its prompt kernel declares."""
+    return kernel_of(facts.quantized_ops).declared.ensures.get("exact_step_rows")
 
 
 def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDecoder":
@@ -105,11 +114,15 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDec
     from gpt2onnx.runtimes.providers import cpu_session
 
     graph = load_graph(Path(model_path))
-    kind = stepper_for(graph_facts(graph).layout)
+    facts = graph_facts(graph)
+    kind = stepper_for(facts.layout)
     if kind is SharedCacheDecoder:
         scales = cache_scales(graph, Path(model_path).parent)
-        return SharedCacheDecoder(cpu_session(model_path), n_positions=n_positions, cache_scales=scales)
-    return kind(cpu_session(model_path), n_positions=n_positions)
+        decoder = SharedCacheDecoder(cpu_session(model_path), n_positions=n_positions, cache_scales=scales)
+    else:
+        decoder = kind(cpu_session(model_path), n_positions=n_positions)
+    decoder.exact_step_rows = exact_rows(facts)
+    return decoder
 
 
 def gather_session(count: int, kv_dtype, device: str, device_id: int = 0) -> ort.InferenceSession:
@@ -145,7 +158,7 @@ class OnnxDecoder(StepRuntime):
 
     runtime = "onnxruntime"
     version = ort.__version__
-    capabilities = Capabilities(past_of_length=True, memory_check=True)
+    capabilities = Capabilities(past_of_length=True, memory_check=True, proposals=True, batches=True)
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         self.session = session
@@ -156,7 +169,11 @@ class OnnxDecoder(StepRuntime):
         self.n_head, self.head_dim = self.shape.n_head, self.shape.head_dim
         self.n_positions = n_positions
         self.vocab_size = self.shape.vocab_size
-        self.kv_dtype = np.float16 if self.shape.kv_dtype == "float16" else np.float32
+        # the graph's cache type: float32, float16, or a quantized cache's int8/uint8 (a GroupQueryAttention graph
+        # run the concat way by the batching engine), whose rows may pack several values a byte
+        self.kv_dtype = np.dtype(self.shape.kv_dtype)
+        fmt = cache_format_of(self.shape.kv_dtype)
+        self.row_bytes = self.head_dim // (fmt.values_per_byte if fmt else 1)
         self.uses_position_ids = self.shape.uses_position_ids
         self.provider = session_provider(session)
         self.device, self.device_id = DEVICE_TYPES.get(self.provider, "cpu"), device_id
@@ -169,10 +186,17 @@ class OnnxDecoder(StepRuntime):
     def session_providers(self) -> list[str]:
         return self.session.get_providers()
 
+    def twin(self) -> "OnnxDecoder":
+        """A second stepper on the same session, with buffers of its own (another thread's: the batching engine's
+        beam requests beside its batch)."""
+        twin = type(self)(self.session, n_positions=self.n_positions, device_id=self.device_id)
+        twin.exact_step_rows = self.exact_step_rows
+        return twin
+
     # -- inputs -------------------------------------------------------------------------------------------
     def cache_bytes(self, batch: int, total_len: int) -> int:
         """The key/value cache of ``batch`` rows at ``total_len`` tokens, K and V of every layer, once."""
-        return 2 * self.n_layer * batch * self.n_head * total_len * self.head_dim * np.dtype(self.kv_dtype).itemsize
+        return 2 * self.n_layer * batch * self.n_head * total_len * self.row_bytes * self.kv_dtype.itemsize
 
     def run_bytes(self, batch: int, prompt_len: int, total_len: int) -> int:
         """Host memory a run grows by at its peak, an upper bound: the prompt step's logits (float32, every
@@ -199,11 +223,11 @@ class OnnxDecoder(StepRuntime):
 
     def empty_past(self, batch: int, capacity: int | None = None) -> list[np.ndarray]:
         """The prompt step's past. ``capacity`` (prompt + new tokens) matters to SharedCacheDecoder only."""
-        return [np.zeros((batch, self.n_head, self.dummy_past, self.head_dim), self.kv_dtype) for _ in self.past_names]
+        return [np.zeros((batch, self.n_head, self.dummy_past, self.row_bytes), self.kv_dtype) for _ in self.past_names]
 
     def past_of_length(self, batch: int, length: int, *, capacity: int | None = None) -> list[np.ndarray]:
         """A zero-filled past of ``length`` tokens (for timing a step at that past without a prompt)."""
-        return [np.zeros((batch, self.n_head, length, self.head_dim), self.kv_dtype) for _ in self.past_names]
+        return [np.zeros((batch, self.n_head, length, self.row_bytes), self.kv_dtype) for _ in self.past_names]
 
     def prompt_mask(self, attention_mask: np.ndarray) -> np.ndarray:
         """The prompt's mask, with the dummy past slots (masked out) in front where the provider needs them."""
@@ -304,7 +328,7 @@ class SharedCacheDecoder(OnnxDecoder):
     the cache back dequantized, as the float values attention reads.
     """
 
-    capabilities = Capabilities(past_of_length=True, shared_cache=True, memory_check=True)
+    capabilities = Capabilities(past_of_length=True, memory_check=True, proposals=True, batches=True)
 
     def __init__(
         self,
@@ -316,9 +340,7 @@ class SharedCacheDecoder(OnnxDecoder):
     ):
         super().__init__(session, n_positions=n_positions, device_id=device_id)
         check_host_provider(SHARED_LAYOUT, self.provider)
-        self.kv_dtype = np.dtype(self.shape.kv_dtype)  # float32, float16, or int8/uint8 (a quantized cache)
         self.cache_format = cache_format_of(self.shape.kv_dtype)  # None: a float cache
-        self.row_bytes = self.head_dim // (self.cache_format.values_per_byte if self.cache_format else 1)
         self.scales = None
         if self.cache_format is not None:
             if cache_scales is None or set(cache_scales) != set(self.past_names):
@@ -335,10 +357,11 @@ class SharedCacheDecoder(OnnxDecoder):
         self._values: list[ort.OrtValue] = []
         self._binding = None
 
-    def cache_bytes(self, batch: int, total_len: int) -> int:
-        """The buffers of ``batch`` rows at ``total_len`` tokens, K and V of every layer (a 4-bit cache: half a
-        byte a value)."""
-        return 2 * self.n_layer * batch * self.n_head * total_len * self.row_bytes * self.kv_dtype.itemsize
+    def twin(self) -> "SharedCacheDecoder":
+        scales = dict(zip(self.past_names, self.scales)) if self.scales is not None else None
+        twin = SharedCacheDecoder(self.session, n_positions=self.n_positions, cache_scales=scales)
+        twin.exact_step_rows = self.exact_step_rows
+        return twin
 
     def empty_past(self, batch: int, capacity: int | None = None) -> list[ort.OrtValue]:
         """(Re)allocate the buffers for ``batch`` rows of ``capacity`` tokens and bind them as past and present.
@@ -434,7 +457,7 @@ class StaticCacheDecoder(OnnxDecoder):
     needs more rows or columns than they have.
     """
 
-    capabilities = Capabilities(past_of_length=True, memory_check=True)
+    capabilities = Capabilities(past_of_length=True, memory_check=True, proposals=True, batches=True)
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         super().__init__(session, n_positions=n_positions, device_id=device_id)

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.artifact.generation import MIN_TEMPERATURE, check_option  # noqa: F401 - MIN_TEMPERATURE re-exported
+from gpt2onnx.capabilities import Declared
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import logits
 
@@ -108,6 +109,38 @@ class Decoding:
     def rows_per_prompt(self) -> int:
         """The rows a prompt takes in the decode loop: its beams, or its returned sequences."""
         return max(self.num_beams, self.num_return_sequences)
+
+
+# What a request uses, as the decoding features a runtime may lack (gpt2onnx.capabilities' fact "features"); the
+# pairs are features of their own where a loop can do each alone but not both (genai's beams with stop strings)
+SAMPLING, BEAMS, TOP_K = "sampling", "beam search", "top-k"
+NO_REPEAT_NGRAM, MIN_NEW_TOKENS, EARLY_STOPPING_NEVER = "no-repeat n-grams", "min_new_tokens", "early_stopping never"
+BEAMS_WITH_STOP, BEAMS_WITH_PENALTY = "stop strings with beam search", "repetition_penalty with beam search"
+SAMPLED_SEQUENCES, SEVERAL_SEQUENCES = "several sampled sequences per prompt", "several sequences per prompt"
+STOP_STRINGS = "stop strings"
+
+
+def features_of(sampling: Sampling, decoding: Decoding) -> frozenset[str]:
+    """The decoding features a request with these options uses."""
+    used = {
+        SAMPLING: sampling.sample,
+        TOP_K: sampling.sample and sampling.top_k != 0,
+        BEAMS: decoding.beams,
+        NO_REPEAT_NGRAM: decoding.no_repeat_ngram_size > 0,
+        MIN_NEW_TOKENS: decoding.min_new_tokens > 0,
+        EARLY_STOPPING_NEVER: decoding.early_stopping == "never",
+        STOP_STRINGS: bool(decoding.stop),
+        BEAMS_WITH_STOP: decoding.beams and bool(decoding.stop),
+        BEAMS_WITH_PENALTY: decoding.beams and decoding.repetition_penalty != 1.0,
+        SEVERAL_SEQUENCES: decoding.num_return_sequences > 1,
+        SAMPLED_SEQUENCES: sampling.sample and decoding.num_return_sequences > 1,
+    }
+    return frozenset(name for name, on in used.items() if on)
+
+
+def request_declared(sampling: Sampling, decoding: Decoding) -> Declared:
+    """What a request's options declare: the features it uses (gpt2onnx.capabilities)."""
+    return Declared("request", "options", ensures={"features": features_of(sampling, decoding)}, label="the request")
 
 
 def check_pair(sampling: Sampling, decoding: Decoding) -> None:

@@ -27,10 +27,22 @@ import numpy as np
 
 from gpt2onnx.artifact import genai_config as config_writer
 from gpt2onnx.artifact.folder import ModelFolder
+from gpt2onnx.capabilities import Lacks, Need, resolve
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.runtimes.base import Continuations, LoopResult, LoopRuntime, RuntimeSpec, ThreadSettings
 from gpt2onnx.runtimes.decoder import file_shape
-from gpt2onnx.runtimes.decoding import Decoding, Sampling
+from gpt2onnx.runtimes.decoding import (
+    BEAMS_WITH_PENALTY,
+    BEAMS_WITH_STOP,
+    EARLY_STOPPING_NEVER,
+    MIN_NEW_TOKENS,
+    NO_REPEAT_NGRAM,
+    SAMPLED_SEQUENCES,
+    Decoding,
+    Sampling,
+    request_declared,
+)
 
 CONFIG_FILE = config_writer.CONFIG_NAME
 PYTHON_ENV = "GPT2ONNX_GENAI_PYTHON"
@@ -259,22 +271,26 @@ GENAI_SEARCH = {
 }
 
 
+# What genai's loop cannot do as transformers does (its declared need of a request's features). Its beam search
+# penalises the logits before the beam scores' log-softmax, where transformers penalises the log-probabilities.
+CANNOT = Lacks(
+    "features",
+    {
+        NO_REPEAT_NGRAM: "",
+        MIN_NEW_TOKENS: "",
+        EARLY_STOPPING_NEVER: "",
+        BEAMS_WITH_STOP: "",
+        BEAMS_WITH_PENALTY: "",
+        SAMPLED_SEQUENCES: "",
+    },
+    why="cannot do as transformers does:",
+    fix="use --runtime onnxruntime, or drop it",
+)
+
+
 def genai_search(sampling: Sampling, decoding: Decoding, vocab_size: int | None) -> dict:
     """genai's search options for our settings, refusing (one line) what its loop cannot do as transformers."""
-    refused = [
-        (decoding.no_repeat_ngram_size > 0, "--no-repeat-ngram-size"),
-        (decoding.min_new_tokens > 0, "--min-new-tokens"),
-        (decoding.early_stopping == "never", "--early-stopping never"),
-        (decoding.beams and bool(decoding.stop), "--stop with beam search"),
-        # genai penalises the logits before its beam scores' log-softmax; transformers the log-probabilities
-        (decoding.beams and decoding.repetition_penalty != 1.0, "--repetition-penalty with beam search"),
-        (sampling.sample and decoding.num_return_sequences > 1, "--num-return-sequences with sampling"),
-    ]
-    for bad, option in refused:
-        if bad:
-            raise BadInput(
-                f"the genai runtime cannot do {option} as transformers does: use --runtime onnxruntime, or drop it"
-            )
+    resolve([SPEC.declared, request_declared(sampling, decoding)]).check()
     search = {}
     if sampling.sample:
         search = {
@@ -299,6 +315,10 @@ SPEC = RuntimeSpec(
     settings=GenaiSettings,
     open=open_runtime,
     capabilities=GenaiRunner.capabilities,
+    requires=(
+        Need("kv_dtype", allowed={FLOAT_CACHE}, why="has not been checked on a quantized K/V cache"),
+        CANNOT,
+    ),
 )
 
 __all__ = ["GenaiRunner", "GenaiSettings", "config_folder", "genai_config", "genai_python", "genai_search"]

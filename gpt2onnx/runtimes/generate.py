@@ -19,7 +19,7 @@ from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import logits
-from gpt2onnx.runtimes.base import LoopRuntime, RuntimeOptions, StepRuntime, open_runtime
+from gpt2onnx.runtimes.base import LoopRuntime, RuntimeOptions, StepRuntime, check_combination, open_runtime
 from gpt2onnx.runtimes.beam import beam_search, beam_search_bytes
 from gpt2onnx.runtimes.decoder import position_ids_for
 from gpt2onnx.runtimes.decoding import (  # noqa: F401 - re-exported: the public names live here too
@@ -34,6 +34,7 @@ from gpt2onnx.runtimes.decoding import (  # noqa: F401 - re-exported: the public
     draw,
     next_tokens,
     process_scores,
+    request_declared,
     warp,
 )
 from gpt2onnx.runtimes.logits import StopStrings
@@ -46,7 +47,7 @@ from gpt2onnx.runtimes.prompts import (
     parse_id_prompts,
 )
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.runtimes.speculative import Acceptance, Speculation, check_speculative, speculative_decode
+from gpt2onnx.runtimes.speculative import Acceptance, Speculation, speculative_decode
 
 
 def _checked(decoder, input_ids, attention_mask, max_new_tokens: int, decoding: Decoding, eos_token_ids):
@@ -301,7 +302,8 @@ def generate(
     request = _request(model, prompts, ids, decoding)
     options = runtime or RuntimeOptions(settings=provider)
     draft_model = speculation_draft(model, speculation, sampling, decoding, options, verify_files)
-    decoder = open_runtime(model, options)
+    strategy = [speculation.declared] if speculation is not None else []
+    decoder = open_runtime(model, options, request_declared(sampling, decoding), *strategy)
     draft = None
     stream = TextStream(request.tokenizer if prompts else None)
 
@@ -355,14 +357,7 @@ def speculation_draft(model, speculation, sampling, decoding, options, verify_fi
     opened folder (None for prompt lookup or plain decoding)."""
     if speculation is None:
         return None
-    check_speculative(sampling, decoding, speculation)
-    if options.name != "onnxruntime":
-        raise BadInput(f"speculative decoding runs on the onnxruntime runtime, not {options.name}: drop --runtime")
-    if model.facts.logits_last:
-        raise BadInput(
-            f"'{model.folder}' returns the last position's logits only (exported with --logits last), and checking"
-            " proposals needs every position's: export it with --logits all"
-        )
+    check_combination(model, options, request_declared(sampling, decoding), speculation.declared)
     if speculation.kind != "draft":
         return None
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gpt2onnx.runtimes.base import RuntimeSpec
 from gpt2onnx.runtimes.decoder import OnnxDecoder, open_decoder
-from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.runtimes.providers import ProviderConfig, provider_declared
 
 SPEC = RuntimeSpec(
     name="onnxruntime",
@@ -15,4 +15,5 @@ SPEC = RuntimeSpec(
     settings=ProviderConfig,
     open=open_decoder,
     capabilities=OnnxDecoder.capabilities,
+    declare_settings=lambda settings: [provider_declared(settings)],
 )

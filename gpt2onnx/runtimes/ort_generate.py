@@ -31,11 +31,13 @@ from gpt2onnx.artifact.folder import (
 )
 from gpt2onnx.artifact.generation import COUNT_MAX
 from gpt2onnx.artifact.search_ops import FILES, SUBFOLDER, FixedSettings, deployed_settings
+from gpt2onnx.capabilities import Lacks, Need
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 from gpt2onnx.files import kind_of
+from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.runtimes.base import Capabilities, Continuations, LoopRuntime, RuntimeSpec, ThreadSettings
 from gpt2onnx.runtimes.decoder import file_shape
-from gpt2onnx.runtimes.decoding import Decoding, Sampling, check_pair
+from gpt2onnx.runtimes.decoding import BEAMS_WITH_STOP, EARLY_STOPPING_NEVER, TOP_K, Decoding, Sampling, check_pair
 
 
 @dataclass(frozen=True)
@@ -264,4 +266,16 @@ SPEC = RuntimeSpec(
     settings=OrtGenerateSettings,
     open=open_generator,
     capabilities=OrtGenerator.capabilities,
+    requires=(
+        Need("kv_dtype", allowed={FLOAT_CACHE}, why="runs generation ops that take a float K/V cache"),
+        Lacks(
+            "features",
+            {
+                TOP_K: "has no top-k in any of its ops (Sampling has top_p only):",
+                EARLY_STOPPING_NEVER: "has only true or false in BeamSearch's attribute, not",
+                BEAMS_WITH_STOP: "runs every beam to its end in the op, which cannot stop at",
+            },
+            fix="use --runtime onnxruntime, or drop it",
+        ),
+    ),
 )

@@ -32,6 +32,7 @@ from gpt2onnx.artifact.contract import DecoderShape
 from gpt2onnx.artifact.graph import all_nodes
 from gpt2onnx.artifact.paths import check_output_path
 from gpt2onnx.artifact.report import Placement
+from gpt2onnx.capabilities import Declared, Lacks, Need
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 from gpt2onnx.precisions.all_precisions import PRECISIONS
 from gpt2onnx.runtimes.base import check_threads
@@ -128,10 +129,10 @@ def check_provider(name: str) -> None:
 #   T1 = tensor(int8) only, while our int8 graphs feed it DynamicQuantizeLinear's uint8. Every other op we write
 #   has a CUDA kernel for our types: MatMulNBits (T1 float, float16, bfloat16), GatherBlockQuantized (int4, uint4,
 #   uint8 data), MultiHeadAttention, SkipLayerNormalization, FastGelu, LayerNormalization (float, float16).
-#   GroupQueryAttention (float16, bfloat16 only, no attention_bias) is refused by decoder.check_shared_cache_provider.
-#   The standard Attention (opsets 23 and 24, past/present) and TensorScatter (24) of the onnx profiles: the CUDA
-#   library of onnxruntime 1.31.1 has kernels for both (listed in its wheel, not run). onnx-static-kv's stepper
-#   binds host buffers: decoder.check_static_cache_provider refuses it on a GPU provider.
+#   GroupQueryAttention (float16, bfloat16 only, no attention_bias): its layout declares that it runs on the host
+#   (gpt2onnx.layouts.shared). The standard Attention (opsets 23 and 24, past/present) and TensorScatter (24): the
+#   CUDA library of onnxruntime 1.31.1 has kernels for both (listed in its wheel, not run); the static layout's
+#   stepper binds host buffers (its declared need).
 # - TensorRT: onnx-tensorrt's docs/operators.md (the ONNX parser of TensorRT 10) lists MatMulInteger and
 #   DynamicQuantizeLinear as unsupported and no com.microsoft op at all; onnxruntime gives such nodes to CUDA,
 #   where the facts above apply. TensorRT 10.16 rejects an opset-23 Attention that outputs present K/V (the reason the
@@ -158,6 +159,36 @@ TENSORRT_UNSUPPORTED = {("", "DynamicQuantizeLinear"), ("", "MatMulInteger")}
 TENSORRT_KERNEL_FACTS = {
     ("", "Attention"): "TensorRT 10.16 rejects an opset-23 Attention with present K/V outputs",
 }
+
+
+def provider_declared(config: "ProviderConfig") -> Declared:
+    """What a provider ensures (where tensors live) and needs of a graph's ops, from the kernel facts above (the
+    graph's element types are checked at session creation: check_kernels); --allow-fallback lets CUDA run the ops
+    TensorRT's parser does not take, and the CPU what CUDA has no kernel for."""
+    name = config.name
+    requires = []
+    if name != "cpu" and not config.allow_fallback:
+        lacks = {op: f"has no {name} kernel for" for op, fact in CUDA_KERNEL_FACTS.items() if not fact.types}
+        if name == "tensorrt":
+            lacks.update({op: "takes no" for op in TENSORRT_UNSUPPORTED})
+            lacks.update({op: f"takes no ({reason})" for op, reason in TENSORRT_KERNEL_FACTS.items()})
+            requires.append(Need("contrib_ops", allowed={False}, why="takes no com.microsoft op (TensorRT's parser)"))
+        requires.append(
+            Lacks("ops", lacks, fix="use --provider cpu, or let another provider run them (--allow-fallback)")
+        )
+    return Declared(
+        "provider",
+        name,
+        f"--provider {name}",
+        ensures={"device_memory": DEVICE_TYPES[name] != "cpu"},
+        requires=tuple(requires),
+        says={"device_memory": "keeps tensors in GPU memory" if name != "cpu" else "keeps tensors in host memory"},
+    )
+
+
+def provider_alternatives() -> list[Declared]:
+    """Every provider's declaration, with its defaults (what a refusal's advice may name)."""
+    return [provider_declared(ProviderConfig(name)) for name in PROVIDERS]
 
 
 def cuda_precisions() -> list[str]:

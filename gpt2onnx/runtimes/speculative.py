@@ -41,10 +41,11 @@ from typing import Callable
 
 import numpy as np
 
+from gpt2onnx.capabilities import Declared, Lacks, Need, resolve
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import logits
-from gpt2onnx.runtimes.base import StepRuntime
-from gpt2onnx.runtimes.decoding import Decoding, Generation, Sampling, process_scores
+from gpt2onnx.runtimes.base import StepRuntime, runtime_spec
+from gpt2onnx.runtimes.decoding import BEAMS, Decoding, Generation, Sampling, process_scores, request_declared
 
 ADAPTIVE = "adaptive"
 ASSISTANT_TOKENS = 20  # transformers' num_assistant_tokens: where the adaptive schedule starts
@@ -108,6 +109,28 @@ class Speculation:
         if self.kind == "prompt-lookup":
             return f"prompt-lookup {self.prompt_lookup}"
         return f"draft {Path(self.draft).name or self.draft} {self.draft_tokens}"
+
+    @property
+    def declared(self) -> Declared:
+        """What speculative decoding needs: a stepper that runs a step of several new tokens on its cache and crops
+        it, every position's logits, no beam search (gpt2onnx.capabilities)."""
+        flag = f"--prompt-lookup {self.prompt_lookup}" if self.kind == "prompt-lookup" else "--draft"
+        return Declared(
+            "strategy",
+            f"speculative ({self.kind})",
+            flag,
+            requires=(
+                Need("checks_proposals", allowed={True}, why="checks proposals in one step of several tokens"),
+                Need(
+                    "logits",
+                    allowed={"all"},
+                    why="checks each proposal against its position's logits",
+                    fix="export it with --logits all",
+                ),
+                Lacks("features", {BEAMS: "does not take"}, fix="drop --num-beams"),
+            ),
+            label=f"speculative decoding ({flag})",
+        )
 
     def as_dict(self) -> dict:
         if self.kind == "prompt-lookup":
@@ -302,8 +325,7 @@ def speculative_decode(
     row at a time (``num_return_sequences`` rows per prompt when sampling). ``draft``: the opened draft folder
     (with ``speculation.draft``). Greedy: the plain loop's tokens. Sampling: the plain loop's distribution; with
     prompt lookup on a single row, also its tokens for a seed (one draw per token from the same distributions)."""
-    check_speculative(sampling, decoding, speculation)
-    _check_runtimes(decoder, draft, speculation)
+    check_speculative(decoder, draft, sampling, decoding, speculation)
     rng = np.random.default_rng(sampling.seed)
     if speculation.kind == "prompt-lookup":
         proposer = PromptLookup(speculation.prompt_lookup, speculation.max_ngram, eos_token_ids)
@@ -355,20 +377,12 @@ def speculative_decode(
     )
 
 
-def check_speculative(sampling: Sampling, decoding: Decoding, speculation: Speculation) -> None:
-    """The decoding options speculative decoding cannot take, refused in one line."""
-    flag = "--prompt-lookup" if speculation.kind == "prompt-lookup" else "--draft"
-    if decoding.beams:
-        raise BadInput(f"{flag} does not take beam search: drop --num-beams")
-
-
-def _check_runtimes(decoder, draft, speculation: Speculation) -> None:
-    for who, runtime in (("the model", decoder), ("the draft", draft)):
-        if runtime is not None and (runtime.capabilities.owns_loop or runtime.runtime != "onnxruntime"):
-            raise BadInput(
-                f"speculative decoding runs on the onnxruntime runtime, and {who} is on {runtime.runtime}:"
-                " use --runtime onnxruntime"
-            )
+def check_speculative(decoder, draft, sampling: Sampling, decoding: Decoding, speculation: Speculation) -> None:
+    """The opened runtimes and the request against what speculative decoding declares it needs, in one line."""
+    request = request_declared(sampling, decoding)
+    for runtime in (decoder, draft):
+        if runtime is not None:
+            resolve([runtime_spec(runtime.runtime).declared, request, speculation.declared]).check()
     if (speculation.kind == "draft") != (draft is not None):
         raise BadInput("a draft folder (--draft) goes with an opened draft runtime, and only then")
 
@@ -459,8 +473,13 @@ def _row(decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos
         # the cache holds every token but the last: cut what the target saw past that
         cached = len(sequence) - 1
         past = decoder.crop_past(past, dummy + cached)
-        # at most what keeps the round within prompt + max_new_tokens (transformers: max_length - length - 1)
-        proposed = proposer.propose(sequence, total - len(sequence) - 1)
+        # at most what keeps the round within prompt + max_new_tokens (transformers: max_length - length - 1), and
+        # within the rows a step computes on the model's own weights (int4's prompt path: more run int8 kernels,
+        # whose other logits would change the tokens)
+        limit = total - len(sequence) - 1
+        if decoder.exact_step_rows is not None:
+            limit = min(limit, decoder.exact_step_rows - 1)
+        proposed = proposer.propose(sequence, limit)
         step_ids = [sequence[-1], *proposed]
         mask = np.ones((1, dummy + cached + len(step_ids)), np.int64)
         if dummy:

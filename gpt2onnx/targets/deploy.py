@@ -46,6 +46,9 @@ from gpt2onnx.artifact.folder import (
 from gpt2onnx.artifact.manifest import DeployRecord, Manifest
 from gpt2onnx.artifact.paths import check_output_path, real_location
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
+from gpt2onnx.capabilities import resolve
+from gpt2onnx.choices.axes import graph_alternatives
+from gpt2onnx.choices.of_folder import folder_choices
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 from gpt2onnx.precisions.all_precisions import precision_of
@@ -97,7 +100,7 @@ def deploy(
             f"'{opened.folder}' has no {MANIFEST_NAME}: deploy a folder written by gpt2onnx export or optimize"
             " (an optimum folder: export the checkpoint with gpt2onnx)"
         )
-    _refuse_static_cache(opened, chosen)
+    check_targets(opened, chosen)
     target, in_place = _target_folder(Path(folder), opened.folder, out)
     foreign = _foreign(opened.folder, opened.manifest, chosen)
     with staged_folder(target, force=force, protect=(opened.folder,), check=not in_place) as staging:
@@ -120,22 +123,12 @@ def deploy(
     return DeployResult(target, manifest)
 
 
-# Targets whose runtime runs its own decode loop on a growing past (present = past + new, fed back): a static cache
-# (onnx-static-kv: TensorScatter writes into the past it is given, of the length it is given) fails there at the
-# first step. Measured on the tiny model: transformers.js 4.3 ("TensorScatter: update sequence_length (3) exceeds
-# max_sequence_length (0)"), and ort-generate's GreedySearch node the same. genai (its shared buffer) and Triton
-# (its generate models run our own stepper) take it.
-GROWING_PAST_TARGETS = ("transformers-js", "web", "ort-generate")
-
-
-def _refuse_static_cache(opened, chosen) -> None:
-    refused = [t.name for t in chosen if t.name in GROWING_PAST_TARGETS]
-    if not opened.facts.layout.ensures.get("cache_grows", True) and refused:
-        raise BadInput(
-            f"the {', '.join(refused)} target{'s' if len(refused) > 1 else ''} run{'' if len(refused) > 1 else 's'}"
-            " a decode loop that feeds a growing past, which this folder's fixed-size K/V cache (TensorScatter,"
-            " fusion onnx-static-kv) does not take: deploy a folder exported with --fusion onnx or ort to it"
-        )
+def check_targets(opened, chosen) -> None:
+    """Whether the folder can be deployed to every target asked for (and those they need): Unsupported, in one
+    line, before anything is written."""
+    folder = folder_choices(opened.facts, str(opened.folder))
+    alternatives = {**graph_alternatives(), "target": [spec.declared for spec in target_specs()]}
+    resolve([*folder, *(spec.declared for spec in chosen)], alternatives=alternatives).check()
 
 
 def _target_folder(given: Path, source: Path, out: str | Path | None) -> tuple[Path, bool]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpt2onnx.artifact.genai_config import CONFIG_NAME, genai_config
+from gpt2onnx.capabilities import Need
+from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.targets.formats import json_text
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
@@ -34,4 +36,5 @@ SPEC = TargetSpec(
     write=_write,
     paths=(CONFIG_NAME,),
     tokenizer_json=True,
+    requires=(Need("kv_dtype", allowed={FLOAT_CACHE}, why="has not been checked on a quantized K/V cache"),),
 )

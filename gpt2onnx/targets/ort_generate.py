@@ -34,7 +34,9 @@ from gpt2onnx.artifact.contract import DecoderShape, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import GENERATION_CONFIG_FILE, MODEL_FILE, read_n_positions
 from gpt2onnx.artifact.generation import read_generation_config, refuse_eos_outside
 from gpt2onnx.artifact.search_ops import DATA_NAME, FILES, MS_DOMAIN, SEARCHES, SUBFOLDER, FixedSettings
+from gpt2onnx.capabilities import Need
 from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
 log = logging.getLogger(__name__)
@@ -313,4 +315,9 @@ SPEC = TargetSpec(
     write=_write,
     paths=(SUBFOLDER,),
     record="ort_generate",
+    # onnxruntime's GreedySearch feeds a growing past and stacks it in float (measured on the tiny model)
+    requires=(
+        Need("cache_grows", allowed={True}, why="runs generation ops that feed a growing past"),
+        Need("kv_dtype", allowed={FLOAT_CACHE}, why="runs generation ops that take a float K/V cache"),
+    ),
 )

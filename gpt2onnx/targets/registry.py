@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpt2onnx.artifact.folder import ModelFolder
+from gpt2onnx.capabilities import Declared
 from gpt2onnx.errors import BadInput
 
 # name → the module that defines its SPEC, in the order they are written (a target after those it needs)
@@ -61,6 +62,11 @@ class TargetSpec:
     record: str | None = None  # the key of its record in the manifest's deploy record
     aliases: tuple[str, ...] = ()  # other spellings accepted by --target
     undo: Callable[[Path], None] | None = None  # removes what an earlier deploy of it wrote into shared files
+    requires: tuple = ()  # what it needs of a folder (gpt2onnx.capabilities: Need, Lacks), before anything is written
+
+    @property
+    def declared(self) -> Declared:
+        return Declared("target", self.name, f"--target {self.name}", requires=self.requires)
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,11 @@ import onnx
 from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.artifact.folder import CONFIG_FILE, MODEL_FILE, read_json_file
 from gpt2onnx.artifact.graph import DATA_FILE_SUFFIX, external_data_files, load_graph, save_onnx
-from gpt2onnx.errors import ContractError
+from gpt2onnx.capabilities import Need
+from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 from gpt2onnx.precisions.all_precisions import PRECISIONS, precision_of
-from gpt2onnx.precisions.kv_cache import cache_format_of
+from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, cache_format_of
 from gpt2onnx.targets.formats import json_text
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
 
@@ -55,7 +56,7 @@ def refuse_a_quantized_cache(graph: onnx.ModelProto, who: str) -> None:
         )
 
 
-def write_transformers_js(folder: Path, out: Path, precision: str) -> list[str]:
+def write_transformers_js(folder: Path, out: Path, precision: str, *, upcast_attention: bool = False) -> list[str]:
     """Write the onnx/ layout into ``out`` (a staging copy of ``folder`` that already holds its config files);
     returns the files written, relative to ``out``."""
     dtype, name = dtype_for(precision)
@@ -84,7 +85,7 @@ def write_transformers_js(folder: Path, out: Path, precision: str) -> list[str]:
             link_or_copy(folder / data, target / data)
             written.append(f"{SUBFOLDER}/{data}")
     external = {name: 1} if data_files else {}
-    for derived, files in write_derived(folder, target, precision):
+    for derived, files in write_derived(folder, target, precision, upcast_attention=upcast_attention):
         written += [f"{SUBFOLDER}/{f}" for f in files]
         external.update({derived: 1} if len(files) > 1 else {})
     config = read_json_file(out / CONFIG_FILE, "config")
@@ -102,14 +103,22 @@ def derived_dtypes(precision: str) -> dict[str, str]:
     return {dtype: f"model{suffix}.onnx" for dtype, suffix, _ in derived}
 
 
-def write_derived(folder: Path, target: Path, precision: str) -> list[tuple[str, list[str]]]:
+def write_derived(
+    folder: Path, target: Path, precision: str, *, upcast_attention: bool = False
+) -> list[tuple[str, list[str]]]:
     """Each derived dtype's graph made from the folder's model (weights and all) and written into ``target``:
-    [(file name, the files written: the graph, and its external data where it passes protobuf's limit)]."""
+    [(file name, the files written: the graph, and its external data where it passes protobuf's limit)]. A dtype
+    the folder cannot be made into faithfully (fp16 attention scores of an architecture that computes them in
+    fp32, in a graph whose attention op keeps them in its own dtype) is left out, saying why."""
     declared = PRECISIONS.get(precision)
     written = []
     for dtype, suffix, make in declared.transformers_js_derived if declared is not None else ():
         name = f"model{suffix}.onnx"
-        model = make(onnx.load(str(folder / MODEL_FILE)))  # external data is read from beside the file
+        try:  # external data is read from beside the file
+            model = make(onnx.load(str(folder / MODEL_FILE)), upcast_attention=upcast_attention)
+        except BadInput as err:
+            log.warning("transformers.js %s not written: %s", dtype, err)
+            continue
         written.append((name, save_onnx(model, target / name, external_data=None)))
         log.info("transformers.js %s: %s", dtype, name)
     return written
@@ -126,9 +135,16 @@ def drop_config_key(staging: Path) -> None:
         path.write_text(json_text(config))
 
 
+def upcast_of(deployment: Deployment) -> bool:
+    """Whether the deployed folder's architecture computes its attention scores in fp32 (its manifest says)."""
+    architecture = deployment.source.manifest.architecture if deployment.source.manifest else None
+    return bool(architecture and architecture.reorder_and_upcast_attn)
+
+
 def _write(deployment: Deployment, options) -> Written:
+    precision = precision_of(deployment.source.facts).name
     return Written(
-        write_transformers_js(deployment.staging, deployment.staging, precision_of(deployment.source.facts).name)
+        write_transformers_js(deployment.staging, deployment.staging, precision, upcast_attention=upcast_of(deployment))
     )
 
 
@@ -140,4 +156,12 @@ SPEC = TargetSpec(
     tokenizer_json=True,
     aliases=("transformers.js", "transformersjs", "tjs"),
     undo=drop_config_key,
+    # measured on the tiny model: transformers.js 4.3 feeds a growing past ("TensorScatter: update sequence_length
+    # (3) exceeds max_sequence_length (0)" on a fixed-size buffer) and allocates a float cache itself
+    requires=(
+        Need("cache_grows", allowed={True}, why="runs a decode loop that feeds a growing past"),
+        Need("kv_dtype", allowed={FLOAT_CACHE}, why="allocates a float K/V cache itself"),
+        Need("transformers_js_dtype", refused={None}, why="loads fp32, fp16, q8 and q4 files (its dtypes)"),
+        Need("data_files", allowed={0, 1}, why="loads one external data file"),
+    ),
 )

@@ -48,6 +48,7 @@ from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy, read_regular_text
 from gpt2onnx.precisions.all_precisions import precision_of
+from gpt2onnx.precisions.prompt_path import without_prompt_path
 from gpt2onnx.targets import transformers_js
 from gpt2onnx.targets.formats import html_text, script_json
 from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
@@ -298,6 +299,7 @@ def _rewrite_for_the_browser(graph_file: Path) -> dict[str, int]:
     weights stay where they were); returns what was rewritten, by kind."""
     graph = load_graph(graph_file)
     rewritten = {
+        "int4 prompt path → its decode body": int(without_prompt_path(graph)),
         "GatherBlockQuantized → DequantizeLinear + Gather": without_gather_block_quantized(graph),
         "MatMulNBits accuracy_level → 1 (fp32)": with_fp32_matmul_nbits(graph),
     }
@@ -314,7 +316,12 @@ def settings(folder: Path, precision: str, library: WebLibrary, *, name: str) ->
     config = read_json_file(folder / CONFIG_FILE, "config")
     dtype, model_file = transformers_js.dtype_for(precision)
     tjs = config.get(transformers_js.CONFIG_KEY, {})
-    files = {dtype: model_file, **transformers_js.derived_dtypes(precision)}
+    written = {
+        d: f
+        for d, f in transformers_js.derived_dtypes(precision).items()
+        if (folder / transformers_js.SUBFOLDER / f).is_file()
+    }
+    files = {dtype: model_file, **written}
     dtypes = {}
     for choice, file in files.items():  # what the page may load (?dtype=): the file, and whether it computes in fp16
         past = next(t for t in graph_io(load_graph(folder / transformers_js.SUBFOLDER / file))[0] if _is_past(t.name))
