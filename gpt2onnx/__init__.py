@@ -32,7 +32,7 @@ _HOMES = {
     "export": ("gpt2onnx.exporters.export", "export"),
     "optimize": ("gpt2onnx.exporters.optimize", "optimize"),
     "inspect": ("gpt2onnx.artifact.inspect", "inspect"),
-    "generate": ("gpt2onnx.runtimes.generate", "generate"),
+    "generate": ("gpt2onnx.decoding.generate", "generate"),
     "parity": ("gpt2onnx.verify.parity", "parity"),
     "bench": ("gpt2onnx.verify.bench", "bench"),
     "deploy": ("gpt2onnx.targets.deploy", "deploy"),
@@ -48,12 +48,12 @@ _HOMES = {
     "QuantizeOptions": ("gpt2onnx.precisions.quantize_options", "QuantizeOptions"),
     "ProviderConfig": ("gpt2onnx.runtimes.providers", "ProviderConfig"),
     "RuntimeOptions": ("gpt2onnx.runtimes.base", "RuntimeOptions"),
-    "Sampling": ("gpt2onnx.runtimes.generate", "Sampling"),
-    "Decoding": ("gpt2onnx.runtimes.generate", "Decoding"),
-    "TextGeneration": ("gpt2onnx.runtimes.generate", "TextGeneration"),
-    "Speculation": ("gpt2onnx.runtimes.speculative", "Speculation"),  # generate(speculation=): prompt lookup, a draft
-    "Acceptance": ("gpt2onnx.runtimes.speculative", "Acceptance"),
-    "BenchConfig": ("gpt2onnx.runtimes.timing", "BenchConfig"),
+    "Sampling": ("gpt2onnx.artifact.generation", "Sampling"),
+    "Decoding": ("gpt2onnx.artifact.generation", "Decoding"),
+    "TextGeneration": ("gpt2onnx.decoding.generate", "TextGeneration"),
+    "Speculation": ("gpt2onnx.decoding.speculative", "Speculation"),  # generate(speculation=): prompt lookup, a draft
+    "Acceptance": ("gpt2onnx.decoding.speculative", "Acceptance"),
+    "BenchConfig": ("gpt2onnx.verify.timing", "BenchConfig"),
     "CheckReport": ("gpt2onnx.artifact.report", "CheckReport"),
     "EvalGates": ("gpt2onnx.verify.gates", "EvalGates"),
     "EvalReport": ("gpt2onnx.verify.evaluate", "EvalReport"),
@@ -61,8 +61,8 @@ _HOMES = {
     "open_folder": ("gpt2onnx.artifact.folder", "open_folder"),
     "open_decoder": ("gpt2onnx.runtimes.decoder", "open_decoder"),
     "open_runtime": ("gpt2onnx.runtimes.base", "open_runtime"),
-    "decode": ("gpt2onnx.runtimes.generate", "decode"),
-    "BatchingEngine": ("gpt2onnx.runtimes.batching", "BatchingEngine"),  # continuous batching, in-process
+    "decode": ("gpt2onnx.decoding.generate", "decode"),
+    "BatchingEngine": ("gpt2onnx.serving.engine", "BatchingEngine"),  # continuous batching, in-process
     "load_checkpoint": ("gpt2onnx.pytorch.checkpoint", "load_checkpoint"),
     # errors
     "Gpt2OnnxError": ("gpt2onnx.errors", "Gpt2OnnxError"),

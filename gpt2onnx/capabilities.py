@@ -218,12 +218,14 @@ def as_source(declared: Declared) -> Declared:
 
 @dataclass(frozen=True)
 class Conflict:
-    """One reason a combination does not work: who needs it, which fact, who makes it otherwise, the line."""
+    """One reason a combination does not work: who needs it, which fact, who makes it otherwise, the line, and the
+    axes of the two choices."""
 
     needer: str
     fact: str
     maker: str | None
     line: str
+    axes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,8 @@ class Verdict:
         return "supported" if self.ok else self.conflicts[0].line
 
     def check(self) -> "Verdict":
-        """Raise :class:`Unsupported` (one line, exit code 2) where a conflict was found; else return itself."""
+        """Raise :class:`Unsupported` (one line, exit code 2: the choices, not the machine, are what cannot work)
+        where a conflict was found; else return itself."""
         if not self.ok:
             raise Unsupported(self)
         return self
@@ -276,7 +279,7 @@ def _facts(chosen: Sequence[Declared]) -> tuple[dict, dict, list[Conflict]]:
             if earlier is not None and values[key] != value:
                 said = _says(earlier, key, values[key])
                 line = f"{choice.shown} {_says(choice, key, value)}, but {earlier.shown} {said}: choose one of them"
-                conflicts.append(Conflict(choice.shown, key, earlier.shown, line))
+                conflicts.append(Conflict(choice.shown, key, earlier.shown, line, (choice.axis, earlier.axis)))
                 continue
             values[key], makers[key] = value, choice
     for key, f in FACTS.items():
@@ -379,7 +382,9 @@ def resolve(chosen: Sequence[Declared], *, alternatives: Mapping[str, Sequence[D
                     line = f"{needer.shown} {reason or 'cannot take'} {what}{made}: " + _advice(
                         need, needer, maker, alternatives, values, chosen
                     )
-                    conflicts.append(Conflict(needer.shown, need.fact, maker.shown if maker else None, line))
+                    conflicts.append(
+                        Conflict(needer.shown, need.fact, maker.shown if maker else None, line, _axes(needer, maker))
+                    )
                 continue
             if not all(_holds(values[key], value) for key, value in need.when.items()):
                 continue
@@ -393,8 +398,14 @@ def resolve(chosen: Sequence[Declared], *, alternatives: Mapping[str, Sequence[D
                 line = f"{needer.shown} {reason}, but nothing chosen gives {FACTS[need.fact].noun}: {advice}"
             else:
                 line = f"{needer.shown} {reason}, but {maker.shown} {_says(maker, need.fact, value)}: {advice}"
-            conflicts.append(Conflict(needer.shown, need.fact, maker.shown if maker else None, line))
+            conflicts.append(
+                Conflict(needer.shown, need.fact, maker.shown if maker else None, line, _axes(needer, maker))
+            )
     return Verdict(tuple(c.shown for c in chosen), MappingProxyType(values), tuple(conflicts))
+
+
+def _axes(needer: Declared, maker: Declared | None) -> tuple[str, ...]:
+    return (needer.axis, maker.axis) if maker is not None else (needer.axis,)
 
 
 def _holds(value, condition) -> bool:

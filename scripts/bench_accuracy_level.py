@@ -276,7 +276,7 @@ def main() -> None:
     def log(message: str) -> None:
         print(f"[{time.time() - started:6.0f} s, load {os.getloadavg()[0]:.1f}] {message}", flush=True)
 
-    from gpt2onnx.runtimes.timing import machine_info
+    from gpt2onnx.verify.timing import machine_info
 
     args.work.mkdir(parents=True, exist_ok=True)
     result = {

@@ -21,13 +21,13 @@ import onnxruntime as ort
 import torch
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import read_generation_config
+from gpt2onnx.artifact.generation import Decoding, read_generation_config
+from gpt2onnx.decoding.generate import decode
 from gpt2onnx.runtimes.decoder import open_decoder
-from gpt2onnx.runtimes.generate import Decoding, decode
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.runtimes.timing import machine_info
 from gpt2onnx.verify.lockstep import left_padded_batch
 from gpt2onnx.verify.parity import reference_checkpoint
+from gpt2onnx.verify.timing import machine_info
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ rounds: a change of load during the run then weighs on every column and every pa
 
 (run from the repository root, so that this checkout of gpt2onnx is the one imported)
 
-Each point is gpt2onnx.runtimes.timing.decode_step_at_past: one decode step at that past on a zero-filled cache
+Each point is gpt2onnx.verify.timing.decode_step_at_past: one decode step at that past on a zero-filled cache
 (no prompt run). Prints a Markdown table: ms per step, the ratio of each folder to the first, and the growth
 from the first past length to the last, then the K/V cache each folder's stepper holds at each point (a quantized
 cache, --kv-cache int8|int4, is a quarter or an eighth of the fp32 one), and the load average before and after.
@@ -29,7 +29,7 @@ import numpy as np
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.runtimes.decoder import OnnxDecoder, open_decoder
-from gpt2onnx.runtimes.timing import decode_step_at_past, machine_info, parse_batches
+from gpt2onnx.verify.timing import decode_step_at_past, machine_info, parse_batches
 
 
 def prompt_step(decoder, length: int, *, vocab_size: int, seed: int) -> float:

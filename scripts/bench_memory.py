@@ -30,8 +30,8 @@ def measure(folder: str, rows: int, prompt: int, new: int, threads: int | None =
     import numpy as np
 
     from gpt2onnx.artifact.folder import open_folder
+    from gpt2onnx.decoding.generate import decode
     from gpt2onnx.runtimes.decoder import open_decoder
-    from gpt2onnx.runtimes.generate import decode
     from gpt2onnx.runtimes.providers import ProviderConfig
 
     decoder = open_decoder(open_folder(folder), ProviderConfig(threads=threads))
@@ -73,7 +73,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure(*parse_run(args.runs[0]), threads=args.threads)))
         return
-    from gpt2onnx.runtimes.timing import machine_info
+    from gpt2onnx.verify.timing import machine_info
 
     figures = []
     for run in args.runs:

@@ -38,11 +38,11 @@ def main() -> None:
     import torch
 
     from gpt2onnx.artifact.folder import open_folder
+    from gpt2onnx.artifact.generation import Decoding
     from gpt2onnx.pytorch.reference import reference_model
     from gpt2onnx.runtimes import ort_generate as og
-    from gpt2onnx.runtimes.decoding import Decoding
-    from gpt2onnx.runtimes.timing import machine_info
     from gpt2onnx.verify.parity import reference_checkpoint
+    from gpt2onnx.verify.timing import machine_info
 
     if args.threads:
         torch.set_num_threads(args.threads)

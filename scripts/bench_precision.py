@@ -21,7 +21,7 @@ Per variant:
 - the model files' size;
 - time on onnxruntime's cpu provider (``--threads``), interleaved over rounds (each round times every folder
   once, in alternating order) so that a loaded machine slows all of them alike: the decode step at batch 1
-  with ``--past`` tokens of cache (gpt2onnx.runtimes.timing.decode_step_at_past), and the prompt step at
+  with ``--past`` tokens of cache (gpt2onnx.verify.timing.decode_step_at_past), and the prompt step at
   batch 1 × ``--prompt`` tokens with an empty past (all positions' logits); medians over ``--rounds``.
 ``--json`` writes every figure; the machine and its load (os.getloadavg) are printed beside the table.
 """
@@ -220,7 +220,7 @@ def time_folders(folders: dict[str, Path], *, threads: int, past: int, prompt: i
     from gpt2onnx.artifact.folder import open_folder
     from gpt2onnx.runtimes.decoder import open_decoder
     from gpt2onnx.runtimes.providers import ProviderConfig
-    from gpt2onnx.runtimes.timing import decode_step_at_past
+    from gpt2onnx.verify.timing import decode_step_at_past
 
     provider = ProviderConfig(threads=threads)
     decoders = {name: open_decoder(open_folder(folder), provider) for name, folder in folders.items()}
@@ -363,8 +363,8 @@ def main() -> None:
 
     from gpt2onnx.runtimes.base import RuntimeOptions
     from gpt2onnx.runtimes.providers import ProviderConfig
-    from gpt2onnx.runtimes.timing import machine_info
     from gpt2onnx.verify.evaluate import evaluate
+    from gpt2onnx.verify.timing import machine_info
 
     variants = VARIANTS
     if args.only:

@@ -29,13 +29,13 @@ import torch
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import read_generation_config
+from gpt2onnx.decoding.generate import decode
+from gpt2onnx.decoding.prompts import load_tokenizer
+from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.runtimes.decoder import open_decoder
-from gpt2onnx.runtimes.generate import decode
-from gpt2onnx.runtimes.prompts import load_tokenizer
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.runtimes.speculative import Speculation
-from gpt2onnx.runtimes.timing import machine_info
 from gpt2onnx.verify.parity import reference_checkpoint
+from gpt2onnx.verify.timing import machine_info
 
 FREE_TEXT = [
     "The village stood at the edge of the forest, and every winter the river froze so hard that the children"

@@ -37,15 +37,15 @@ from pathlib import Path
 import numpy as np
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import read_generation_config
+from gpt2onnx.artifact.generation import Decoding, read_generation_config
+from gpt2onnx.decoding.generate import decode
+from gpt2onnx.decoding.gpt2_tokenizer import load_gpt2_tokenizer
 from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.runtimes.generate import Decoding, decode
-from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.runtimes.timing import machine_info
 from gpt2onnx.targets.deploy import deploy
 from gpt2onnx.targets.triton_server import TritonServer
+from gpt2onnx.verify.timing import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FOLDER = ROOT / "models" / "gpt2-bench-triton"

@@ -37,9 +37,9 @@ def main() -> int:
 
     from gpt2onnx.artifact.folder import MODEL_FILE
     from gpt2onnx.artifact.generation import read_generation_config
+    from gpt2onnx.decoding.generate import decode
     from gpt2onnx.machine import describe_cpu
     from gpt2onnx.runtimes.decoder import stepper_for
-    from gpt2onnx.runtimes.generate import decode
     from gpt2onnx.runtimes.providers import cpu_session
 
     ids = np.load(args.ids).astype(np.int64)

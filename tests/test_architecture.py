@@ -248,6 +248,7 @@ def test_the_registries_of_runtimes_and_targets():
     from typer.testing import CliRunner
 
     from gpt2onnx.cli import app
+    from gpt2onnx.params import flags_of
     from gpt2onnx.runtimes.base import RUNTIMES, LoopRuntime, RuntimeSpec, StepRuntime, runtime_spec
     from gpt2onnx.targets.registry import TARGETS, TargetSpec, target_spec
 
@@ -270,7 +271,7 @@ def test_the_registries_of_runtimes_and_targets():
     for name in RUNTIMES:
         spec = runtime_spec(name)
         settings = spec.settings()  # each runtime's settings: a frozen dataclass, valid at its defaults
-        assert dataclasses.is_dataclass(settings) and set(spec.settings.FLAGS) <= {
+        assert dataclasses.is_dataclass(settings) and set(flags_of(spec.settings)) <= {
             f.name for f in dataclasses.fields(settings)
         }
     # the interface each runtime's class implements is the one its declared capabilities promise

@@ -1,4 +1,4 @@
-"""Continuous batching in-process (gpt2onnx.runtimes.batching), without a server: requests that join and leave
+"""Continuous batching in-process (gpt2onnx.serving.engine), without a server: requests that join and leave
 the running batch get the tokens decode() gives each alone; the torch-free tokenizer the server uses equals
 transformers'. About 10 s beyond the shared fixtures (tiny_export, trained_export)."""
 
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import read_generation_config
+from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_config
+from gpt2onnx.decoding.generate import decode, generate
+from gpt2onnx.decoding.gpt2_tokenizer import load_gpt2_tokenizer
+from gpt2onnx.decoding.prompts import load_tokenizer
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.runtimes.batching import BatchingEngine
-from gpt2onnx.runtimes.generate import Decoding, Sampling, decode, generate
-from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
-from gpt2onnx.runtimes.prompts import load_tokenizer
+from gpt2onnx.serving.engine import BatchingEngine
 
 PROMPTS = [
     "Return the",
@@ -282,8 +282,8 @@ def test_the_request_reader_refuses_speculative_parameters_by_name(parameters):
     NAME-infer forwards): a 400 naming the parameter, not 'unknown parameter' and not ignored."""
     import json
 
-    from gpt2onnx.runtimes.requests import SPECULATIVE_PARAMETERS, parse_request
-    from gpt2onnx.runtimes.triton_python import FORWARDED, request_parameters
+    from gpt2onnx.serving.requests import SPECULATIVE_PARAMETERS, parse_request
+    from gpt2onnx.serving.triton_models import FORWARDED, request_parameters
 
     class Request:  # what Triton's Python backend hands the model: parameters() as JSON text
         def __init__(self, sent: dict):
@@ -304,7 +304,7 @@ def test_the_request_reader_refuses_speculative_parameters_by_name(parameters):
 
 
 def test_submit_refuses_speculation_and_the_engine_keeps_serving(tiny_export, tiny_engine):
-    from gpt2onnx.runtimes.speculative import Speculation
+    from gpt2onnx.decoding.speculative import Speculation
 
     with pytest.raises(BadInput, match="speculative decoding runs in `gpt2onnx generate`, not in the batching engine"):
         tiny_engine.submit([1, 2, 3], max_new_tokens=5, speculation=Speculation(prompt_lookup=10))

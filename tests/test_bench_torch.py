@@ -7,9 +7,9 @@ import torch
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import model_device, reference_model, reference_step
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.runtimes.timing import BenchConfig
 from gpt2onnx.verify.bench import bench_torch, synchronizer, torch_device
 from gpt2onnx.verify.lockstep import OnnxReference
+from gpt2onnx.verify.timing import BenchConfig
 
 
 def test_the_baseline_goes_to_the_gpu_the_provider_uses_when_torch_sees_it(monkeypatch):

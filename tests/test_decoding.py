@@ -18,13 +18,14 @@ import transformers
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import read_generation_config
+from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_config
 from gpt2onnx.cli import app
+from gpt2onnx.decoding import processors
+from gpt2onnx.decoding.generate import decode, generate
+from gpt2onnx.decoding.processors import warp
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes import logits as processors
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import open_decoder
-from gpt2onnx.runtimes.generate import Decoding, Sampling, decode, generate, warp
 from gpt2onnx.runtimes.providers import ProviderConfig
 
 # three prompts of different lengths, left-padded with the pad id (= eos) as a transformers user pads them
@@ -337,7 +338,7 @@ def test_genai_beam_search_equals_transformers_where_comparable(eos_export, refe
             (dict(no_repeat_ngram_size=2), "--no-repeat-ngram-size"),
             (dict(num_beams=2, repetition_penalty=1.2), "--repetition-penalty with beam search"),
         ):
-            with pytest.raises(BadInput, match=f"the genai runtime cannot do {option} as transformers"):
+            with pytest.raises(BadInput, match=f"runtime genai .*cannot do as transformers does: {option}"):
                 decode(runner, ids, mask, max_new_tokens=4, decoding=Decoding(**refused))
     finally:
         runner.close()

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 
 from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import Sampling
+from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import open_decoder
-from gpt2onnx.runtimes.generate import Sampling, decode
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 
@@ -54,7 +55,7 @@ def test_low_temperature_is_greedy_and_top_k_limits_choices(decoder):
     np.testing.assert_array_equal(cold, greedy)
     logits, _ = decoder.run(ids, np.ones_like(ids), np.arange(4)[None], decoder.empty_past(1))
     top3 = set(np.argsort(-logits[0, -1])[:3])
-    from gpt2onnx.runtimes.generate import next_tokens
+    from gpt2onnx.decoding.processors import next_tokens
 
     rng = np.random.default_rng(0)
     draws = {

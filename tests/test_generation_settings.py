@@ -16,11 +16,11 @@ from conftest import write_tokenizer
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.genai_config import genai_config
-from gpt2onnx.artifact.generation import read_generation_config
+from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_config
+from gpt2onnx.decoding.beam import beam_search_bytes
+from gpt2onnx.decoding.generate import decode, generate
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.runtimes.beam import beam_search_bytes
-from gpt2onnx.runtimes.generate import Decoding, Sampling, decode, generate
 from gpt2onnx.targets.ort_generate import fixed_settings
 from gpt2onnx.verify import text as text_module
 

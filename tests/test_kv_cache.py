@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.cli import app
+from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import BadInput
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.precisions.kv_cache import INT4, INT8, steps_of
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.runtimes.decoder import SharedCacheDecoder, open_decoder
-from gpt2onnx.runtimes.generate import decode
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch
 from gpt2onnx.verify.parity import parity

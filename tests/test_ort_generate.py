@@ -18,10 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact import search_ops
+from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.cli import app
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import ort_generate as og
-from gpt2onnx.runtimes.decoding import Decoding, Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "tests" / "js"
@@ -196,9 +196,9 @@ def test_deployed_attributes_equal_transformers(tiny_export, torch_model, eos, t
 def test_equal_to_the_python_loop_on_the_same_file(tiny_folder, eos, tmp_path, variant):
     """fp16 (the K/V cache cast to the logits' fp32 in the wrapper) and a GroupQueryAttention graph: greedy
     tokens equal to gpt2onnx's own onnxruntime loop on the same model.onnx; beams equal to the fp32 file's."""
+    from gpt2onnx.decoding.generate import decode
     from gpt2onnx.exporters.export import ExportOptions, export
     from gpt2onnx.runtimes.decoder import cpu_decoder
-    from gpt2onnx.runtimes.generate import decode
     from gpt2onnx.targets.deploy import deploy
 
     # validate=False: this test compares the file with itself run by two loops, not with PyTorch

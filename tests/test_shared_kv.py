@@ -11,7 +11,9 @@ from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import Decoding
 from gpt2onnx.cli import app
+from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
@@ -19,7 +21,6 @@ from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import SHARED_LAYOUT, OnnxDecoder, SharedCacheDecoder, check_host_provider, open_decoder
-from gpt2onnx.runtimes.generate import Decoding, decode
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 from gpt2onnx.verify.parity import parity
@@ -125,7 +126,7 @@ def test_refuses_gpu_providers_with_the_reason(shared_export):
         with pytest.raises(RuntimeUnavailable, match="GroupQueryAttention.*cpu provider only"):
             check_host_provider(SHARED_LAYOUT, provider)
     result = runner.invoke(app, ["generate", str(shared_export), "--ids", "1,2", "--provider", "cuda"])
-    assert result.exit_code == 3
+    assert result.exit_code == 2  # refused by what the layout declares, before any session
     assert_one_line_error(result, "cpu provider only")
 
 

@@ -11,15 +11,17 @@ import pytest
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.cli import app
+from gpt2onnx.decoding.generate import decode, generate
+from gpt2onnx.decoding.processors import softmax, warp
+from gpt2onnx.decoding.proposers.draft import ASSISTANT_TOKENS, Draft
+from gpt2onnx.decoding.proposers.prompt_lookup import lookup
+from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.runtimes.decoder import open_decoder
-from gpt2onnx.runtimes.decoding import Decoding, Sampling, warp
-from gpt2onnx.runtimes.generate import decode, generate
-from gpt2onnx.runtimes.logits import softmax
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.runtimes.speculative import ASSISTANT_TOKENS, Draft, Speculation, lookup
 
 # Short enough for the trained model's 128 positions with 48 new tokens: code, docstrings, free text.
 PROMPTS = [
@@ -115,7 +117,9 @@ def test_processors_and_stops_apply_per_position(target, plain):
         ).tokens == (base.tokens)
     stop = Decoding(stop=(plain.texts[0][8:11],))  # text met a few tokens in
     stopped = generate(target, prompts=PROMPTS[:1], max_new_tokens=NEW, decoding=stop)
-    ours = generate(target, prompts=PROMPTS[:1], max_new_tokens=NEW, decoding=stop, speculation=Speculation(10))
+    ours = generate(
+        target, prompts=PROMPTS[:1], max_new_tokens=NEW, decoding=stop, speculation=Speculation(prompt_lookup=10)
+    )
     assert ours.tokens == stopped.tokens and ours.finished == stopped.finished == [True]
 
 
@@ -214,9 +218,10 @@ def test_cli_refusals(trained_export, bad_draft, other_vocabulary):
     one_line_error(run(folder, *prompt, "--draft-tokens", 2), "--draft-tokens applies to a draft")
     one_line_error(run(folder, *prompt, "--draft", folder, "--draft-tokens", "lots"), "'adaptive'")
     one_line_error(run(folder, *prompt, "--draft", folder, "--prompt-lookup", 3), "not both")
-    one_line_error(run(folder, *prompt, "--draft", folder, "--num-beams", 2), "beam search: drop --num-beams")
-    one_line_error(run(folder, *prompt, "--prompt-lookup", 3, "--num-beams", 2), "beam search: drop --num-beams")
-    one_line_error(run(folder, *prompt, "--prompt-lookup", 3, "--runtime", "openvino"), "onnxruntime runtime")
+    beams = "beam search (--num-beams), which the request uses: drop --num-beams"
+    one_line_error(run(folder, *prompt, "--draft", folder, "--num-beams", 2), beams)
+    one_line_error(run(folder, *prompt, "--prompt-lookup", 3, "--num-beams", 2), beams)
+    one_line_error(run(folder, *prompt, "--prompt-lookup", 3, "--runtime", "openvino"), "use --runtime onnxruntime")
     one_line_error(run(folder, *prompt, "--draft", folder.parent / "missing"), "missing")
 
 
@@ -224,7 +229,7 @@ def test_the_acceptance_rule_samples_the_models_distribution():
     """transformers' _speculative_sampling on one position: a proposal drawn from q, kept with probability
     min(1, p/q), else a draw from max(p - q, 0): the token follows p (total variation 0.02 at most over 20,000
     draws, where q's own distribution is 0.4 away)."""
-    from gpt2onnx.runtimes.speculative import _choose
+    from gpt2onnx.decoding.speculative import _choose
 
     p = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
     q = np.array([0.1, 0.1, 0.2, 0.3, 0.3])

@@ -138,7 +138,7 @@ def test_tokenizer_files_load_as_transformers_builds_them(gpt2_vocab, tmp_path):
 def test_ids_equal_gpt2_tokenizer_fast_on_hard_strings(gpt2_vocab, gpt2_deployed):
     from tokenizers import Tokenizer
 
-    from gpt2onnx.runtimes.prompts import load_tokenizer
+    from gpt2onnx.decoding.prompts import load_tokenizer
 
     reference = reference_tokenizer(gpt2_vocab)
     folder = gpt2_deployed["folder"]
@@ -220,8 +220,8 @@ def test_transformers_js_tokenizer_text_in_text_out(gpt2_deployed, gpt2_vocab, r
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino", "genai"])
 def test_generate_text_in_text_out_in_every_runtime(gpt2_deployed, reference_text, runtime):
+    from gpt2onnx.decoding.generate import generate
     from gpt2onnx.runtimes.base import RuntimeOptions
-    from gpt2onnx.runtimes.generate import generate
 
     if runtime == "openvino":
         pytest.importorskip("openvino", reason="OpenVINO is not installed: run scripts/setup.sh")
@@ -246,7 +246,7 @@ def test_generate_prompt_on_a_standard_folder_prints_no_tokenizer_warning(traine
     logger back to warnings."""
     from transformers import GPT2LMHeadModel, GPT2TokenizerFast
 
-    from gpt2onnx.runtimes.generate import generate
+    from gpt2onnx.decoding.generate import generate
 
     prompt = "Return the"
     tokenizer = GPT2TokenizerFast.from_pretrained(trained_export)

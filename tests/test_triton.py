@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import torch
 
+from gpt2onnx.artifact.generation import Decoding, Sampling
+from gpt2onnx.decoding.generate import generate
 from gpt2onnx.errors import RuntimeUnavailable
-from gpt2onnx.runtimes.generate import Decoding, Sampling, generate
 from gpt2onnx.targets.deploy import deploy
 from gpt2onnx.targets.triton_server import TritonServer, triton_python
 
@@ -74,7 +75,7 @@ def expected(trained_checkpoint):
     """transformers' greedy generate() for every prompt: (new token ids, up to and including eos; new text)."""
     from transformers import GPT2LMHeadModel
 
-    from gpt2onnx.runtimes.prompts import load_tokenizer
+    from gpt2onnx.decoding.prompts import load_tokenizer
 
     model = GPT2LMHeadModel.from_pretrained(str(trained_checkpoint)).eval()
     tokenizer = load_tokenizer(trained_checkpoint)

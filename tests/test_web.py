@@ -157,7 +157,7 @@ def python_greedy(folder: Path, new: int = NEW, *, dtype: str | None = None) -> 
     the folder's model.onnx, hard-linked, except for int4, whose web graph is rewritten (gpt2onnx.targets.web):
     then `generate` runs on a copy of the folder with that graph as its model.onnx."""
     import gpt2onnx
-    from gpt2onnx.runtimes.prompts import load_tokenizer
+    from gpt2onnx.decoding.prompts import load_tokenizer
 
     settings = page_settings(folder)
     web_graph = folder / settings["dtypes"][dtype or settings["dtype"]]["file"]

@@ -1,5 +1,5 @@
 """Generation settings, typed: one reader for generation_config.json and one rule per setting, shared by the
-decoding options of ``generate`` (gpt2onnx.runtimes.decoding), ``deploy`` (genai, ort-generate) and every
+decoding options of ``generate`` (gpt2onnx.decoding.results), ``deploy`` (genai, ort-generate) and every
 runtime, so that the same value is refused with the same words wherever it comes from.
 
 Each setting has transformers' name and one rule: an integer in a range (a token id: inside the vocabulary), a
@@ -10,112 +10,43 @@ field"), one from the command line naming the option. JSON's NaN and Infinity (P
 
 from __future__ import annotations
 
-import json
-import math
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from gpt2onnx.artifact.folder import CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_NAME, read_json_file
 from gpt2onnx.artifact.paths import file_in_folder
+from gpt2onnx.capabilities import Declared
 from gpt2onnx.errors import BadInput
+from gpt2onnx.params import COUNT_MAX, SEED_MAX, Option, Param, Rule, _shown, options_of, param
 
-COUNT_MAX = 2**31 - 1  # counts and sizes: what an int32 attribute or config field holds
-SEED_MAX = 2**63 - 1
 MIN_TEMPERATURE = 1e-6  # below this, logits / temperature overflow float64
 MAX_FACTOR = 1e6  # temperature and repetition penalty: beyond, scores overflow float32 or all become equal
 MAX_LENGTH_PENALTY = 10.0  # new_length ** length_penalty stays finite in float32 for any length a model holds
 
 
-@dataclass(frozen=True)
-class Rule:
-    """One setting's rule: ``kind`` int, float or bool; the closed range [low, high] (``open_low``: low itself
-    excluded); ``token``: a token id (the high end is the vocabulary's last id)."""
-
-    kind: str
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    token: bool = False
-
-    def wanted(self, vocab_size: int | None = None) -> str:
-        """The rule in words (the same in every message that applies it)."""
-        if self.kind == "bool":
-            return "true or false"
-        if self.token:
-            top = COUNT_MAX if vocab_size is None else vocab_size - 1
-            return f"a token id: an integer from 0 to {top}" + (" (the vocabulary)" if vocab_size else "")
-        if self.kind == "int":
-            return f"an integer from {self.low:,} to {self.high:,}"
-        if self.open_low:
-            return f"a finite number above {self.low:g} and at most {self.high:g}"
-        return f"a finite number from {self.low:g} to {self.high:g}"
-
-    def _within(self, value: float, *, narrow=float) -> bool:
-        low, high = narrow(self.low), narrow(self.high)  # the bounds in the same type as the value
-        return (value > low if self.open_low else value >= low) and value <= high
-
-    def check(self, value, *, name: str, source: str, vocab_size: int | None = None):
-        """``value`` typed (int, float or bool) if it meets the rule, else BadInput: '{name} {value} {source}
-        is not {rule}: {what to do}'. ``source``: '(--top-k)' for an option, "in 'FILE'" for a file."""
-        if self.kind == "bool":
-            ok = isinstance(value, bool)
-        elif self.kind == "int":
-            low, high = (0, vocab_size - 1 if vocab_size else COUNT_MAX) if self.token else (self.low, self.high)
-            ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-        else:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            ok = ok and self._within(value)
-            # and as the runtimes store it (ONNX attributes, float32 scores)
-            if ok and not self._within(as_float32(value), narrow=as_float32):
-                raise BadInput(
-                    f"{name} {_shown(value)} {source} is {as_float32(value):g} as a float32, the type the runtimes"
-                    f" store it in, which is not {self.wanted(vocab_size)}: give a value float32 can hold"
-                )
-        if not ok:
-            hint = "fix or delete the field" if source.startswith("in ") else "give another value"
-            raise BadInput(f"{name} {_shown(value)} {source} is not {self.wanted(vocab_size)}: {hint}")
-        return float(value) if self.kind == "float" else value
-
-
-def as_float32(value: float) -> float:
-    """``value`` rounded to float32, as a runtime that stores it in that type holds it (1e-46 is 0.0)."""
-    return struct.unpack("<f", struct.pack("<f", value))[0]
-
-
-def _shown(value) -> str:
-    try:
-        text = json.dumps(value)  # as the file has it: NaN, Infinity, "50256", true
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-# transformers' names; the rules every entry point applies
-RULES = {
-    "do_sample": Rule("bool"),
-    "temperature": Rule("float", MIN_TEMPERATURE, MAX_FACTOR),
-    "top_k": Rule("int", 0, COUNT_MAX),
-    "top_p": Rule("float", 0.0, 1.0, open_low=True),
-    "repetition_penalty": Rule("float", 1 / MAX_FACTOR, MAX_FACTOR),
-    "no_repeat_ngram_size": Rule("int", 0, COUNT_MAX),
-    "num_beams": Rule("int", 1, COUNT_MAX),
-    "num_return_sequences": Rule("int", 1, COUNT_MAX),
-    "length_penalty": Rule("float", -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY),
-    "min_new_tokens": Rule("int", 0, COUNT_MAX),
-    "max_new_tokens": Rule("int", 1, COUNT_MAX),
+# every entry point applies these rules, by transformers' names: the declared options of a request (Sampling,
+# Decoding below; MAX_NEW_TOKENS) and what generation_config.json and config.json also give
+COUNTS = Rule("int", 0, COUNT_MAX)
+TOKEN = Rule("int", token=True)
+MORE_RULES = {
     "max_length": Rule("int", 1, COUNT_MAX),
-    "min_length": Rule("int", 0, COUNT_MAX),
-    "seed": Rule("int", 0, SEED_MAX),
-    "eos_token_id": Rule("int", token=True),
-    "pad_token_id": Rule("int", token=True),
-    "bos_token_id": Rule("int", token=True),
+    "min_length": COUNTS,
+    "eos_token_id": TOKEN,
+    "pad_token_id": TOKEN,
+    "bos_token_id": TOKEN,
 }
 
 
 def check_option(name: str, value, *, vocab_size: int | None = None):
     """A decoding option from the command line or the Python API (``name``: transformers' name), by its rule."""
-    return RULES[name].check(value, name=name, source=f"(--{name.replace('_', '-')})", vocab_size=vocab_size)
+    return rules()[name].check(value, name=name, source=f"(--{name.replace('_', '-')})", vocab_size=vocab_size)
+
+
+def rules() -> dict[str, Rule]:
+    """Every setting's rule by transformers' name: the declared options' and MORE_RULES."""
+    declared = [*options_of(Sampling), *options_of(Decoding), MAX_NEW_TOKENS]
+    return {**{o.key: o.param.rule for o in declared if o.param.rule is not None}, **MORE_RULES}
 
 
 @dataclass(frozen=True)
@@ -145,18 +76,10 @@ class GenerationConfig:
     outside_vocabulary: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False)
 
 
-_SEARCH = (
-    "do_sample",
-    "temperature",
-    "top_k",
-    "top_p",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "num_beams",
-    "length_penalty",
-    "max_length",
-    "min_length",
-)
+def _search() -> tuple[str, ...]:
+    """The search settings generation_config.json gives: the declared options it holds, and the lengths."""
+    options = [o.key for o in (*options_of(Sampling), *options_of(Decoding)) if o.param.config]
+    return (*options, "max_length", "min_length")
 
 
 SPECIAL_TOKENS = ("eos_token_id", "pad_token_id", "bos_token_id")
@@ -249,15 +172,15 @@ def read_generation_config(
             items = [v for v in items if v not in never]
             if not items:
                 continue
-        ids = tuple(RULES[key].check(v, name=key, source=f"in '{path}'", vocab_size=vocab_size) for v in items)
+        ids = tuple(rules()[key].check(v, name=key, source=f"in '{path}'", vocab_size=vocab_size) for v in items)
         values["eos_token_ids" if key == "eos_token_id" else key] = ids if key == "eos_token_id" else ids[0]
         where[key] = str(path)
     generation = sources[0] if sources and sources[0][0].name == GENERATION_CONFIG_FILE else None
     if generation is not None:
         path, data = generation
-        for key in _SEARCH:
+        for key in _search():
             if data.get(key) is not None:
-                values[key] = RULES[key].check(data[key], name=key, source=f"in '{path}'")
+                values[key] = rules()[key].check(data[key], name=key, source=f"in '{path}'")
                 where[key] = str(path)
         early = data.get("early_stopping")
         if early is not None:
@@ -269,3 +192,170 @@ def read_generation_config(
             values["early_stopping"] = early
             where["early_stopping"] = str(path)
     return GenerationConfig(**values, where=where, outside_vocabulary=outside)
+
+
+# -- the options of a generation request: transformers' generate() names and semantics ----------------------------
+def _set(**options) -> list[str]:
+    """The names of the options given (True, or a value that is not None): those a mode would ignore."""
+    return [name for name, value in options.items() if value is not None and value is not False]
+
+
+SEED_RULE = Rule("int", 0, SEED_MAX)
+MAX_NEW_TOKENS = Option(
+    "max_new_tokens",
+    int,
+    32,
+    Param("Most new tokens per row.", rule=Rule("int", 1, COUNT_MAX), served=True),
+)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy unless ``sample`` is set. Checked when built (the rules between it and a Decoding: check_pair); each
+    option declared once, here (gpt2onnx.params)."""
+
+    sample: bool = param(
+        False, "Sample instead of greedy.", name="do_sample", rule=Rule("bool"), served=True, config=True
+    )
+    temperature: float = param(
+        1.0, "Sampling temperature.", rule=Rule("float", MIN_TEMPERATURE, MAX_FACTOR), served=True, config=True
+    )
+    top_k: int = param(0, "Sample from the top k (0: all).", rule=COUNTS, served=True, config=True)
+    top_p: float = param(
+        1.0, "Sample from the top-p mass.", rule=Rule("float", 0.0, 1.0, open_low=True), served=True, config=True
+    )
+    seed: int | None = param(None, "Sampling seed.", rule=SEED_RULE, served=True)
+
+    def __post_init__(self) -> None:  # an invalid one cannot be built
+        if not self.sample:
+            ignored = _set(
+                temperature=self.temperature != 1.0, top_k=self.top_k != 0, top_p=self.top_p != 1.0, seed=self.seed
+            )
+            if ignored:
+                raise BadInput(
+                    f"{', '.join(ignored)} only apply when sampling: turn sampling on (--sample), or drop them"
+                )
+        # each by its declared rule, the one generation_config.json is read by: the same words for both
+        for option in options_of(Sampling)[1:]:
+            if getattr(self, option.field) is not None:
+                check_option(option.key, getattr(self, option.field))
+
+
+EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """transformers' generate() options beyond sampling, with its names, defaults and semantics; checked when built.
+
+    ``num_beams`` > 1 is beam search (:mod:`gpt2onnx.decoding.beam`); ``early_stopping`` is True, False or
+    "never" (also as the words true, false, never); ``stop``: strings that end a row (needs the folder's
+    tokenizer)."""
+
+    num_beams: int = param(
+        1, "Beams (1: greedy or sampling).", rule=Rule("int", 1, COUNT_MAX), served=True, config=True
+    )
+    length_penalty: float = param(
+        1.0,
+        "Beams: score / new_length ** this.",
+        rule=Rule("float", -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY),
+        served=True,
+        config=True,
+    )
+    early_stopping: bool | str = param(False, "Beams: true, false or never.", served=True, cli=(str, "false"))
+    num_return_sequences: int = param(1, "Sequences per prompt (≤ beams).", rule=Rule("int", 1, COUNT_MAX))
+    repetition_penalty: float = param(
+        1.0,
+        "Penalise tokens already in the row.",
+        rule=Rule("float", 1 / MAX_FACTOR, MAX_FACTOR),
+        served=True,
+        config=True,
+    )
+    no_repeat_ngram_size: int = param(
+        0, "No n-gram of this size twice (0: off).", rule=COUNTS, served=True, config=True
+    )
+    min_new_tokens: int = param(0, "No end-of-sequence before this many.", rule=COUNTS, served=True)
+    stop: tuple[str, ...] = param((), "Stop a row at this text (repeatable).", cli=(Optional[list[str]], None))
+
+    def __post_init__(self) -> None:  # an invalid one cannot be built
+        for option in options_of(Decoding):
+            if option.param.rule is not None:
+                check_option(option.key, getattr(self, option.field))
+        early = self.early_stopping
+        if isinstance(early, str) and not isinstance(early, bool):
+            early = EARLY_STOPPING.get(early.lower(), early)
+        if early not in (True, False, "never"):
+            raise BadInput(
+                f"--early-stopping must be true, false or never (early_stopping), got {self.early_stopping!r}"
+            )
+        object.__setattr__(self, "early_stopping", early)
+        object.__setattr__(self, "stop", tuple(self.stop))
+        if not self.beams:
+            ignored = _set(length_penalty=self.length_penalty != 1.0, early_stopping=self.early_stopping is not False)
+            ignored = [f"{name} (--{name.replace('_', '-')})" for name in ignored]
+            if ignored:
+                raise BadInput(
+                    f"{' and '.join(ignored)} only {'apply' if len(ignored) > 1 else 'applies'} to beam search:"
+                    " give --num-beams 2 or more"
+                )
+        if any(not s for s in self.stop):
+            raise BadInput("a stop string (--stop) is empty: give some text")
+
+    @property
+    def beams(self) -> bool:
+        return self.num_beams > 1
+
+    def processors_on(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or self.min_new_tokens > 0
+
+    @property
+    def rows_per_prompt(self) -> int:
+        """The rows a prompt takes in the decode loop: its beams, or its returned sequences."""
+        return max(self.num_beams, self.num_return_sequences)
+
+
+# What a request uses, as the decoding features a runtime may lack (gpt2onnx.capabilities' fact "features"); the
+# pairs are features of their own where a loop can do each alone but not both (genai's beams with stop strings)
+SAMPLING, BEAMS, TOP_K = "--sample", "beam search (--num-beams)", "--top-k"
+NO_REPEAT_NGRAM, MIN_NEW_TOKENS, EARLY_STOPPING_NEVER = (
+    "--no-repeat-ngram-size",
+    "--min-new-tokens",
+    "--early-stopping never",
+)
+BEAMS_WITH_STOP, BEAMS_WITH_PENALTY = "--stop with beam search", "--repetition-penalty with beam search"
+SAMPLED_SEQUENCES, SEVERAL_SEQUENCES = "--num-return-sequences with sampling", "--num-return-sequences above 1"
+STOP_STRINGS = "--stop"
+
+
+def features_of(sampling: Sampling, decoding: Decoding) -> frozenset[str]:
+    """The decoding features a request with these options uses."""
+    used = {
+        SAMPLING: sampling.sample,
+        TOP_K: sampling.sample and sampling.top_k != 0,
+        BEAMS: decoding.beams,
+        NO_REPEAT_NGRAM: decoding.no_repeat_ngram_size > 0,
+        MIN_NEW_TOKENS: decoding.min_new_tokens > 0,
+        EARLY_STOPPING_NEVER: decoding.early_stopping == "never",
+        STOP_STRINGS: bool(decoding.stop),
+        BEAMS_WITH_STOP: decoding.beams and bool(decoding.stop),
+        BEAMS_WITH_PENALTY: decoding.beams and decoding.repetition_penalty != 1.0,
+        SEVERAL_SEQUENCES: decoding.num_return_sequences > 1,
+        SAMPLED_SEQUENCES: sampling.sample and decoding.num_return_sequences > 1,
+    }
+    return frozenset(name for name, on in used.items() if on)
+
+
+def request_declared(sampling: Sampling, decoding: Decoding) -> Declared:
+    """What a request's options declare: the features it uses (gpt2onnx.capabilities)."""
+    return Declared("request", "options", ensures={"features": features_of(sampling, decoding)}, label="the request")
+
+
+def check_pair(sampling: Sampling, decoding: Decoding) -> None:
+    """The rules between sampling and decoding, applied where the two meet (generate, decode, a served request)."""
+    if decoding.num_return_sequences > max(decoding.num_beams, 2**31 if sampling.sample else 1):
+        raise BadInput(
+            f"num_return_sequences (--num-return-sequences) {decoding.num_return_sequences} must be 1 to num_beams"
+            f" ({decoding.num_beams}) with beam search, 1 with greedy decoding: raise --num-beams, or sample"
+        )
+    if decoding.beams and sampling.sample:
+        raise BadInput("beam sampling (--num-beams with --sample) is not offered: drop one of them")

@@ -28,6 +28,12 @@ def folder_choices(facts: GraphFacts, folder: str) -> list[Declared]:
             "logits": "last" if facts.logits_last else "all",
             "data_files": len(facts.data_files),
         },
+        says={
+            "logits": "returns the last position's logits only (exported with --logits last)"
+            if facts.logits_last
+            else "returns every position's logits",
+            "data_files": f"keeps its weights in {len(facts.data_files)} external data files",
+        },
         label=f"'{folder}'",
     )
     return [

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.inspect import inspect as run_inspect
 from gpt2onnx.cli import render
 from gpt2onnx.cli.app import app, console, err_console, ignore_interrupts, write_json_output
@@ -37,22 +38,22 @@ from gpt2onnx.cli.options import (
     json_output,
     precision,
     run_options,
-    search,
     speculate,
     uses,
+    uses_declared,
 )
+from gpt2onnx.decoding.generate import generate as run_generate
+from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import CheckFailed
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.profiles.all_profiles import UNFUSED
 from gpt2onnx.runtimes.base import parse_runtimes, runtime_options
-from gpt2onnx.runtimes.generate import generate as run_generate
-from gpt2onnx.runtimes.speculative import Speculation
-from gpt2onnx.runtimes.timing import BenchConfig, parse_batches
 from gpt2onnx.targets.deploy import deploy as run_deploy
 from gpt2onnx.targets.registry import TARGETS
 from gpt2onnx.targets.web_server import open_server
 from gpt2onnx.verify.bench import bench as run_bench
 from gpt2onnx.verify.gates import EvalGates, parse_gates
+from gpt2onnx.verify.timing import BenchConfig, parse_batches
 
 
 @app.command()
@@ -181,7 +182,7 @@ def inspect_command(
 
 @app.command()
 @uses(run_options, into="options")
-@uses(search, into="search")
+@uses_declared(Sampling, Decoding, into="search", make=Search)
 @uses(speculate, into="speculation")
 def generate(
     folder: FolderArg = Path("models/gpt2"),

@@ -14,15 +14,17 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
+from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.paths import check_output_path
-from gpt2onnx.precisions.all_precisions import FLOAT, FP32, QUANTIZED, quantized_names
+from gpt2onnx.decoding.proposers.all_proposers import PROPOSERS
+from gpt2onnx.decoding.speculative import Speculation, speculation_from
+from gpt2onnx.params import Option, options_of
+from gpt2onnx.precisions.all_precisions import FLOAT, FP32
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, KV_CACHES
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT
 from gpt2onnx.profiles.all_profiles import help_line as fusion_help
-from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, runtime_options
-from gpt2onnx.runtimes.decoding import Decoding, Sampling
-from gpt2onnx.runtimes.speculative import Speculation, speculation_from
+from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, runtime_options, runtime_spec
 from gpt2onnx.verify.gates import EvalGates, parse_gates
 
 
@@ -57,6 +59,68 @@ def uses(builder: Callable, *, into: str):
         def with_options(**kwargs):
             built = builder(**{p.name: kwargs.pop(p.name) for p in declared})
             return command(**kwargs, **{into: built})
+
+        with_options.__signature__ = signature.replace(parameters=own + declared)
+        with_options.__annotations__ = {p.name: p.annotation for p in own + declared}
+        return with_options
+
+    return decorate
+
+
+def _cli_name(option: Option) -> str:
+    """A declared option's parameter name in a command: its flag's (--ov-precision → ov_precision)."""
+    return option.flag.lstrip("-").replace("-", "_")
+
+
+def _cli_parameter(option: Option) -> inspect.Parameter:
+    """A declared option (gpt2onnx.params) as a command's parameter: its flag, help, metavar and default."""
+    kind, default = option.param.cli or (option.type, option.default)
+    extra = {}
+    if option.param.writes:  # a path the command writes: every such option has the one parser
+        kind, extra = Optional[Path], {"parser": OUTPUT_FOLDER if option.param.writes == "folder" else OUTPUT_FILE}
+    typer_option = typer.Option(
+        *option.names,
+        help=option.param.help,
+        metavar=option.param.metavar,
+        show_default=option.param.show_default,
+        **extra,
+    )
+    return inspect.Parameter(
+        _cli_name(option),
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        default=default,
+        annotation=Annotated[kind, typer_option],
+    )
+
+
+def uses_declared(*classes, into: str, make: Callable | None = None):
+    """A decorator giving a command the declared options of ``classes`` (gpt2onnx.params: one declaration each, with
+    its flag and help) and passing it, as the argument ``into``, ``make`` of each class built from its options (a
+    value the command line leaves at None takes the field's default); ``make`` defaults to the one class's object."""
+    options = [(cls, option) for cls in classes for option in options_of(cls) if option.flag]
+
+    def build(**values):
+        built = []
+        for cls in classes:
+            fields = {}
+            for option in options_of(cls):
+                if option.flag and _cli_name(option) in values:
+                    value = values[_cli_name(option)]
+                    fields[option.field] = option.default if value is None and option.param.cli else value
+                    if isinstance(option.default, tuple):
+                        fields[option.field] = tuple(fields[option.field] or ())
+            built.append(cls(**fields))
+        return make(*built) if make is not None else built[0]
+
+    def decorate(command):
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != into]
+        declared = [_cli_parameter(option) for _, option in options]
+
+        @functools.wraps(command)
+        def with_options(**kwargs):
+            values = {p.name: kwargs.pop(p.name) for p in declared}
+            return command(**kwargs, **{into: build(**values)})
 
         with_options.__signature__ = signature.replace(parameters=own + declared)
         with_options.__annotations__ = {p.name: p.annotation for p in own + declared}
@@ -126,95 +190,52 @@ class Precision:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-_ALGORITHMS_HELP = "; ".join(
-    f"{p.short}: {', '.join(p.algorithms)} \\[default: {p.default_algorithm}]"
-    for p in QUANTIZED.values()
-    if p.algorithms
-)
-
-
-def precision(
-    dtype: Annotated[str, typer.Option(help=f"{', or '.join(FLOAT)} (see --keep-fp32).")] = FP32.short,
-    keep_fp32: Annotated[
-        str,
-        typer.Option(
-            "--keep-fp32",
-            metavar="LIST",
-            show_default=False,
-            help="fp16: kept fp32, of layernorm, softmax, logits \\[default: all]; or none.",
-        ),
-    ] = "layernorm,softmax,logits",
-    quantize: Annotated[str, typer.Option("--quantize", help=f"Weights: {quantized_names()}.")] = "none",
-    block_size: Annotated[
-        Optional[int], typer.Option(help="Block-wise tensors: weights per scale, 16 to 256 \\[default: recipe].")
-    ] = None,
-    accuracy_level: Annotated[
-        Optional[int],
-        typer.Option(help="int4 arithmetic: 0 (fp32) or 4 (int8) [default: recipe].", show_default=False),
-    ] = None,
-    lm_head: Annotated[
-        Optional[str], typer.Option("--lm-head", help="Logits projection: int4, int8, fp32 [default: recipe].")
-    ] = None,
-    embeddings: Annotated[Optional[str], typer.Option(help="Embeddings: int4, int8, fp32 [default: recipe].")] = None,
-    weight_algorithm: Annotated[
-        Optional[str],
-        typer.Option(
-            "--algorithm",
-            metavar="NAME",
-            help=_ALGORITHMS_HELP,
-            show_default=False,
-        ),
-    ] = None,
-    calibration_text: Annotated[
-        Optional[str],
-        typer.Option(
-            "--calibration",
-            metavar="FILE",
-            help="Calibrate gptq, --mixed-int8 on it (or dataset:NAME).",
-            show_default=False,
-        ),
-    ] = None,
-    mixed_int8: Annotated[
-        Optional[float],
-        typer.Option(
-            "--mixed-int8",
-            metavar="PCT",
-            help="int4: % of weights at 8 bits, by sensitivity.",
-            show_default=False,
-        ),
-    ] = None,
-    prompt_kernel: Annotated[
-        Optional[str],
-        typer.Option(
-            "--prompt-kernel",
-            metavar="KERNEL",
-            help="int4: a prompt step's matmuls: nbits or int8 (folded at load) [default: nbits].",
-            show_default=False,
-        ),
-    ] = None,
-    gate: GateOpt = None,
-    eval_text: Annotated[Optional[Path], typer.Option(help="Evaluate on this text before writing (see eval).")] = None,
-    max_ppl_increase: MaxPplOpt = None,
-    max_kl: MaxKlOpt = None,
-) -> Precision:
+def precision(**values) -> Precision:
+    """export's and optimize's precision options: --dtype and --keep-fp32, the weight quantization's declared
+    options (gpt2onnx.precisions.quantize_options), the gates and the text to check on (the signature below)."""
+    quantization = QuantizeOptions(**{o.field: values.pop(_cli_name(o)) for o in options_of(QuantizeOptions)})
+    eval_text = values["eval_text"]
     return Precision(
-        dtype,
-        keep_fp32,
-        QuantizeOptions(
-            quantize,
-            block_size,
-            accuracy_level,
-            lm_head,
-            embeddings,
-            weight_algorithm,
-            calibration_text,
-            mixed_int8,
-            prompt_kernel,
-        ),
-        parse_gates(gate) or None,
+        values["dtype"],
+        values["keep_fp32"],
+        quantization,
+        parse_gates(values["gate"]) or None,
         str(eval_text) if eval_text is not None else None,
-        EvalGates(max_ppl_increase, max_kl),
+        EvalGates(values["max_ppl_increase"], values["max_kl"]),
     )
+
+
+def _keyword(name: str, annotation, default) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=annotation)
+
+
+precision.__signature__ = inspect.Signature(
+    [
+        _keyword("dtype", Annotated[str, typer.Option(help=f"{', or '.join(FLOAT)} (see --keep-fp32).")], FP32.short),
+        _keyword(
+            "keep_fp32",
+            Annotated[
+                str,
+                typer.Option(
+                    "--keep-fp32",
+                    metavar="LIST",
+                    show_default=False,
+                    help="fp16: kept fp32, of layernorm, softmax, logits \\[default: all]; or none.",
+                ),
+            ],
+            "layernorm,softmax,logits",
+        ),
+        *(_cli_parameter(option) for option in options_of(QuantizeOptions)),
+        _keyword("gate", GateOpt, None),
+        _keyword(
+            "eval_text",
+            Annotated[Optional[Path], typer.Option(help="Evaluate on this text before writing (see eval).")],
+            None,
+        ),
+        _keyword("max_ppl_increase", MaxPplOpt, None),
+        _keyword("max_kl", MaxKlOpt, None),
+    ]
+)
 
 
 # -- what generate, parity, bench and eval share: the runtime's settings -------------------------------------------
@@ -230,57 +251,50 @@ class RunOptions:
         return runtime_options([name], self.flags)[0]
 
 
-def run_options(
-    device: Annotated[str, typer.Option("--device", help="openvino: CPU, GPU, …")] = "CPU",
-    ov_precision: Annotated[str, typer.Option("--ov-precision", help="openvino: f32, bf16 or fp16.")] = "f32",
-    provider: Annotated[str, typer.Option("--provider", "-p", help="cpu, cuda or tensorrt.")] = "cpu",
-    threads: Annotated[Optional[int], typer.Option(help="cpu: threads \\[default: all cores].")] = None,
-    spin: Annotated[bool, typer.Option("--spin/--no-spin", help="cpu: let idle threads spin.")] = True,
-    device_id: Annotated[int, typer.Option(help="cuda/tensorrt: GPU index.")] = 0,
-    trt_fp16: Annotated[bool, typer.Option("--trt-fp16", help="tensorrt: allow fp16 kernels.")] = False,
-    trt_cache_dir: Annotated[
-        Optional[Path],
-        typer.Option(parser=OUTPUT_FOLDER, metavar="DIR", help="tensorrt: cache \\[default: DIR/trt_cache]."),
-    ] = None,
-    max_batch: Annotated[int, typer.Option(help="tensorrt: largest batch.")] = 8,
-    allow_fallback: Annotated[
-        bool, typer.Option("--allow-fallback", help="Run on if nodes leave the provider.")
-    ] = False,
-    tf32: Annotated[bool, typer.Option("--tf32", help="cuda/tensorrt: fp32 matmuls in TF32.")] = False,
-    verify_files: VerifyFilesOpt = True,
-) -> RunOptions:
-    flags = {
-        "--device": device,
-        "--ov-precision": ov_precision,
-        "--provider": provider,
-        "--threads": threads,
-        "--spin": spin,
-        "--device-id": device_id,
-        "--trt-fp16": trt_fp16,
-        "--trt-cache-dir": str(trt_cache_dir) if trt_cache_dir is not None else None,
-        "--max-batch": max_batch,
-        "--allow-fallback": allow_fallback,
-        "--tf32": tf32,
-    }
+def _runtime_options() -> list[Option]:
+    """Every registered runtime's declared options, each flag once (--threads is one declaration all take)."""
+    found: dict[str, Option] = {}
+    for name in RUNTIMES:
+        for option in options_of(runtime_spec(name).settings):
+            if option.flag and option.flag not in found:
+                found[option.flag] = option
+    return list(found.values())
+
+
+RUNTIME_OPTIONS = _runtime_options()
+
+
+def run_options(**values) -> RunOptions:
+    """The runtimes' options as given (by flag), and --verify-files: its parameters are the runtimes' declared
+    options (the signature below), each once."""
+    verify_files = values.pop("verify_files")
+    flags = {}
+    for option in RUNTIME_OPTIONS:
+        value = values[_cli_name(option)]
+        flags[option.flag] = str(value) if option.param.writes and value is not None else value
     return RunOptions(flags, verify_files)
 
 
+run_options.__signature__ = inspect.Signature(
+    [
+        *(_cli_parameter(option) for option in RUNTIME_OPTIONS),
+        inspect.Parameter(
+            "verify_files", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=True, annotation=VerifyFilesOpt
+        ),
+    ]
+)
+
+
 # -- generate's speculative decoding: prompt lookup or a draft folder --------------------------------------------
-def speculate(
-    prompt_lookup: Annotated[
-        Optional[int], typer.Option("--prompt-lookup", metavar="N", help="Propose N tokens from n-grams.")
-    ] = None,
-    max_ngram: Annotated[
-        Optional[int], typer.Option("--max-ngram", metavar="M", help="Prompt lookup: longest n-gram \\[2].")
-    ] = None,
-    draft: Annotated[
-        Optional[Path], typer.Option("--draft", metavar="DIR", help="A draft folder proposes tokens.")
-    ] = None,
-    draft_tokens: Annotated[
-        Optional[str], typer.Option("--draft-tokens", metavar="N", help="Draft: N or adaptive \\[adaptive].")
-    ] = None,
-) -> Speculation | None:
-    return speculation_from(prompt_lookup, max_ngram, draft, draft_tokens)
+def speculate(**values) -> Speculation | None:
+    """Speculative decoding's options: every registered proposer's declared options (the signature below)."""
+    given = {o.field: values[_cli_name(o)] for spec in PROPOSERS.values() for o in options_of(spec.options)}
+    return speculation_from(**given)
+
+
+speculate.__signature__ = inspect.Signature(
+    [_cli_parameter(o) for spec in PROPOSERS.values() for o in options_of(spec.options)]
+)
 
 
 # -- generate's search: transformers' generate() options ----------------------------------------------------------
@@ -288,32 +302,3 @@ def speculate(
 class Search:
     sampling: Sampling
     decoding: Decoding
-
-
-def search(
-    sample: Annotated[bool, typer.Option("--sample", help="Sample instead of greedy.")] = False,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
-    top_k: Annotated[int, typer.Option(help="Sample from the top k (0: all).")] = 0,
-    top_p: Annotated[float, typer.Option(help="Sample from the top-p mass.")] = 1.0,
-    seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
-    num_beams: Annotated[int, typer.Option(help="Beams (1: greedy or sampling).")] = 1,
-    length_penalty: Annotated[float, typer.Option(help="Beams: score / new_length ** this.")] = 1.0,
-    early_stopping: Annotated[str, typer.Option(help="Beams: true, false or never.")] = "false",
-    num_return_sequences: Annotated[int, typer.Option(help="Sequences per prompt (≤ beams).")] = 1,
-    repetition_penalty: Annotated[float, typer.Option(help="Penalise tokens already in the row.")] = 1.0,
-    no_repeat_ngram_size: Annotated[int, typer.Option(help="No n-gram of this size twice (0: off).")] = 0,
-    min_new_tokens: Annotated[int, typer.Option(help="No end-of-sequence before this many.")] = 0,
-    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop a row at this text (repeatable).")] = None,
-) -> Search:
-    sampling = Sampling(sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    decoding = Decoding(
-        num_beams=num_beams,
-        length_penalty=length_penalty,
-        early_stopping=early_stopping,
-        num_return_sequences=num_return_sequences,
-        repetition_penalty=repetition_penalty,
-        no_repeat_ngram_size=no_repeat_ngram_size,
-        min_new_tokens=min_new_tokens,
-        stop=tuple(stop or ()),
-    )
-    return Search(sampling, decoding)

@@ -9,20 +9,6 @@ from types import MappingProxyType
 
 from gpt2onnx.capabilities import Declared, Need
 
-# The options of QuantizeOptions a precision may take beyond --quantize itself, by field name, with their flags
-OPTION_FLAGS = MappingProxyType(
-    {
-        "block_size": "--block-size",
-        "accuracy_level": "--accuracy-level",
-        "lm_head": "--lm-head",
-        "embeddings": "--embeddings",
-        "algorithm": "--algorithm",
-        "calibration_text": "--calibration",
-        "mixed_int8": "--mixed-int8",
-        "prompt_kernel": "--prompt-kernel",
-    }
-)
-
 # --lm-head and --embeddings' values every quantizing precision shares: a layer left in fp32 (the exported Gemm or
 # Gather), and 8-bit GatherBlockQuantized tables (written by precisions.weights: onnxruntime's quantizer writes 4-bit
 # ones only)
@@ -61,7 +47,8 @@ class Precision:
     transformers_js: its transformers.js dtype and the file name suffix that dtype loads; None: no such dtype.
     transformers_js_derived: more transformers.js dtypes made from its file, each (dtype, file name suffix, the
         graph pass that makes it from the folder's model: ModelProto → ModelProto); the target writes them too.
-    options: the QuantizeOptions fields it takes (OPTION_FLAGS), each refused in one line elsewhere.
+    options: the QuantizeOptions fields it takes (their declarations: quantize_options.option_flags), each refused
+        in one line elsewhere.
     recipe: the defaults of those options (lm_head, embeddings, accuracy_level, block_size).
     layer_choices: what ``--lm-head`` and ``--embeddings`` may be under it (names of precisions).
     accuracy_levels: MatMulNBits' arithmetic it allows (0: fp32, 4: int8 activations).
@@ -104,9 +91,6 @@ class Precision:
     def __post_init__(self) -> None:
         for name in ("gates", "file_gates", "recipe", "algorithms"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
-        unknown = set(self.options) - set(OPTION_FLAGS)
-        if unknown:
-            raise ValueError(f"precision {self.name}: unknown options {sorted(unknown)}")
 
     @property
     def quantized(self) -> bool:

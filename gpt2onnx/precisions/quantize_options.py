@@ -1,5 +1,5 @@
 """The options of a precision, typed and checked once: ``--dtype`` (a float precision) and ``--quantize`` with the
-options a quantizing precision declares it takes (gpt2onnx.precisions.precision.OPTION_FLAGS). An option the chosen
+options a quantizing precision declares it takes (its ``options``, declared here: option_flags). An option the chosen
 precision does not take, or a value outside what it declares, is refused in one line when the options are built."""
 
 from __future__ import annotations
@@ -8,13 +8,19 @@ from dataclasses import dataclass
 
 from gpt2onnx.capabilities import Declared, resolve
 from gpt2onnx.errors import BadInput
+from gpt2onnx.params import flags_of, param
 from gpt2onnx.precisions.all_precisions import FP32, NO_QUANTIZATION, QUANTIZED, by_dtype, quantized_names
-from gpt2onnx.precisions.precision import FLOAT_LAYER, OPTION_FLAGS, Precision
+from gpt2onnx.precisions.precision import FLOAT_LAYER, Precision
 from gpt2onnx.precisions.prompt_path import PROMPT_KERNELS
 
 TABLES = ("com.microsoft", "GatherBlockQuantized")  # quantized embedding tables
 
 DEFAULT_BLOCK_SIZE = 32
+ALGORITHMS_HELP = "; ".join(
+    f"{p.short}: {', '.join(p.algorithms)} \\[default: {p.default_algorithm}]"
+    for p in QUANTIZED.values()
+    if p.algorithms
+)
 ACCURACY_WORDS = {0: "fp32 arithmetic", 4: "int8 arithmetic"}
 
 
@@ -24,6 +30,11 @@ def check_dtype(dtype: str, method: str = NO_QUANTIZATION) -> str:
     if chosen is not FP32 and method != NO_QUANTIZATION:
         raise BadInput(f"--dtype {chosen.short} and --quantize {method} do not combine: choose one of them")
     return chosen.dtype
+
+
+def option_flags() -> dict[str, str]:
+    """The options a quantizing precision may take beyond --quantize, by field, with their flags."""
+    return {field: flag for field, flag in flags_of(QuantizeOptions).items() if field != "method"}
 
 
 def _takers(field: str) -> list[str]:
@@ -51,24 +62,40 @@ class QuantizeOptions:
     None: the precision's recipe (Precision.recipe).
     """
 
-    method: str = NO_QUANTIZATION
-    block_size: int | None = None
-    accuracy_level: int | None = None
-    lm_head: str | None = None
-    embeddings: str | None = None
-    algorithm: str | None = None
-    calibration_text: str | None = None
-    mixed_int8: float | None = None
-    prompt_kernel: str | None = None
+    method: str = param(NO_QUANTIZATION, f"Weights: {quantized_names()}.", flag="--quantize")
+    block_size: int | None = param(None, "Block-wise tensors: weights per scale, 16 to 256 \\[default: recipe].")
+    accuracy_level: int | None = param(
+        None, "int4 arithmetic: 0 (fp32) or 4 (int8) [default: recipe].", show_default=False
+    )
+    lm_head: str | None = param(None, "Logits projection: int4, int8, fp32 [default: recipe].")
+    embeddings: str | None = param(None, "Embeddings: int4, int8, fp32 [default: recipe].")
+    algorithm: str | None = param(None, ALGORITHMS_HELP, metavar="NAME", show_default=False)
+    calibration_text: str | None = param(
+        None,
+        "Calibrate gptq, --mixed-int8 on it (or dataset:NAME).",
+        flag="--calibration",
+        metavar="FILE",
+        show_default=False,
+    )
+    mixed_int8: float | None = param(
+        None, "int4: % of weights at 8 bits, by sensitivity.", metavar="PCT", show_default=False
+    )
+    prompt_kernel: str | None = param(
+        None,
+        "int4: a prompt step's matmuls: nbits or int8 (folded at load) [default: nbits].",
+        metavar="KERNEL",
+        show_default=False,
+    )
 
     def __post_init__(self) -> None:  # an invalid one cannot be built: checked here, and only here
         if self.method != NO_QUANTIZATION and self.method not in QUANTIZED:
             raise BadInput(f"unknown --quantize '{self.method}': choose one of {quantized_names()}")
-        given = {field: getattr(self, field) for field in OPTION_FLAGS if getattr(self, field) is not None}
+        flags = option_flags()
+        given = {field: getattr(self, field) for field in flags if getattr(self, field) is not None}
         if self.method == NO_QUANTIZATION:
             for field in given:
                 raise BadInput(
-                    f"{OPTION_FLAGS[field]} applies to quantized weights: add --quantize"
+                    f"{flags[field]} applies to quantized weights: add --quantize"
                     f" {' or '.join(_takers(field))}, or drop it"
                 )
             return
@@ -77,7 +104,7 @@ class QuantizeOptions:
             if field not in precision.options:
                 takers = _takers(field)
                 raise BadInput(
-                    f"{OPTION_FLAGS[field]} applies to {' or '.join(takers)}: drop it, or use --quantize {takers[0]}"
+                    f"{flags[field]} applies to {' or '.join(takers)}: drop it, or use --quantize {takers[0]}"
                 )
         if self.block_size is not None and self.block_size not in precision.block_sizes:
             raise BadInput(

@@ -9,7 +9,7 @@ two interfaces, every method a caller uses declared on it:
 - a :class:`StepRuntime`: the decoder as one forward pass at a time (prompt with an empty past, then one token per
   step with its cache); the decode loop, parity's lockstep comparison and bench drive it (onnxruntime, OpenVINO);
 - a :class:`LoopRuntime`: the runtime owns the whole generation loop and its cache; it generates with the same
-  :class:`~gpt2onnx.runtimes.decoding.Sampling` and :class:`~gpt2onnx.runtimes.decoding.Decoding` as the decode
+  :class:`~gpt2onnx.decoding.results.Sampling` and :class:`~gpt2onnx.decoding.results.Decoding` as the decode
   loop, refusing in one line what it cannot do as transformers does (onnxruntime-genai, onnxruntime's generation
   ops). It exposes no presents; where it can force tokens it also gives each forward pass's logits and time
   (``run_loop``), so parity compares logits, KL, top-k and tokens.
@@ -26,16 +26,17 @@ import importlib
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 import numpy as np
 
 from gpt2onnx.artifact.folder import ModelFolder
+from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.capabilities import Declared, Verdict, resolve
 from gpt2onnx.choices.axes import graph_alternatives
 from gpt2onnx.choices.of_folder import folder_choices
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
-from gpt2onnx.runtimes.decoding import Decoding, Generation, Sampling, loop_generation
+from gpt2onnx.params import flags_of, options_of, param
 
 # name → the module that defines its SPEC
 RUNTIMES = {
@@ -66,11 +67,13 @@ class RuntimeSpec:
 
     name: str
     summary: str  # one line: what it is
-    settings: type  # its settings: a frozen dataclass, validated when built, with FLAGS (field → option)
+    settings: type  # its settings: a frozen dataclass, validated when built, its options declared (gpt2onnx.params)
     open: Callable[[ModelFolder, Any], Runtime]  # opens a folder with its settings
     capabilities: Capabilities
     requires: tuple = ()  # what it needs of a folder and a request (gpt2onnx.capabilities: Need, Lacks)
     declare_settings: Callable[[Any], list[Declared]] | None = None  # what its settings declare (a provider)
+    # by axis, every choice its settings may take, declared (the providers): what a refusal's advice may name
+    setting_alternatives: Callable[[], dict[str, list[Declared]]] | None = None
 
     @property
     def declared(self) -> Declared:
@@ -108,12 +111,17 @@ def check_threads(threads: int | None) -> None:
         raise BadInput(f"threads must be 1 to {MAX_THREADS} (this machine has {os.cpu_count()} cores), got {threads}")
 
 
+def threads_param():
+    """The one declaration of --threads, which every runtime's settings take (intra-op threads; None: the
+    runtime's default, all cores)."""
+    return param(None, "cpu: threads \\[default: all cores].")
+
+
 @dataclass(frozen=True)
 class ThreadSettings:
     """The settings of a runtime whose only option is its thread count (genai, ort-generate)."""
 
-    threads: int | None = None  # intra-op threads; None: the runtime's default
-    FLAGS: ClassVar[dict[str, str]] = {"threads": "--threads"}
+    threads: int | None = threads_param()
 
     def __post_init__(self) -> None:
         check_threads(self.threads)  # an invalid one cannot be built
@@ -172,12 +180,10 @@ def runtime_options(names: list[str], flags: dict[str, Any]) -> list[RuntimeOpti
     given that none of the runtimes takes is refused, naming the runtime that does."""
     specs = [runtime_spec(name) for name in names]
     every = [runtime_spec(name) for name in RUNTIMES]
-    defaults = {
-        flag: f.default for s in every for f in dataclasses.fields(s.settings) if (flag := s.settings.FLAGS.get(f.name))
-    }
+    defaults = {o.flag: o.default for s in every for o in options_of(s.settings) if o.flag}
     given = {flag: value for flag, value in flags.items() if flag not in defaults or value != defaults[flag]}
     for flag in given:
-        owners = [s.name for s in every if flag in s.settings.FLAGS.values()]
+        owners = [s.name for s in every if flag in flags_of(s.settings).values()]
         if not owners:
             raise BadInput(f"{flag} is not an option of any runtime")
         if not any(s.name in owners for s in specs):
@@ -187,20 +193,18 @@ def runtime_options(names: list[str], flags: dict[str, Any]) -> list[RuntimeOpti
             )
     options = []
     for spec in specs:
-        fields = {name: given[flag] for name, flag in spec.settings.FLAGS.items() if flag in given}
+        fields = {name: given[flag] for name, flag in flags_of(spec.settings).items() if flag in given}
         options.append(RuntimeOptions(spec.name, spec.settings(**fields)))
     return options
 
 
 def runtime_alternatives() -> dict[str, list[Declared]]:
-    """By axis, what a refusal's advice may name: the graph's axes, the runtimes, the providers."""
-    from gpt2onnx.runtimes.providers import provider_alternatives
-
-    return {
-        **graph_alternatives(),
-        "runtime": [runtime_spec(name).declared for name in RUNTIMES],
-        "provider": provider_alternatives(),
-    }
+    """By axis, what a refusal's advice may name: the graph's axes, the runtimes, their settings' (providers)."""
+    specs = [runtime_spec(name) for name in RUNTIMES]
+    found = {**graph_alternatives(), "runtime": [spec.declared for spec in specs]}
+    for spec in specs:
+        found.update(spec.setting_alternatives() if spec.setting_alternatives else {})
+    return found
 
 
 def check_combination(model: ModelFolder, options: RuntimeOptions, *others: Declared) -> Verdict:
@@ -348,38 +352,6 @@ class LoopRuntime(Runtime):
     ) -> Continuations:
         """Continue the prompts (their real tokens, checked by the caller) as transformers' generate() would,
         refusing in one line (BadInput) a setting the runtime cannot apply as transformers does."""
-
-    def generate(
-        self,
-        input_ids: np.ndarray,
-        mask: np.ndarray,
-        *,
-        max_new_tokens: int,
-        sampling: Sampling,
-        decoding: Decoding,
-        eos_token_ids: tuple[int, ...],
-        pad_token_id: int | None,
-        stop: Callable[[list[int]], bool] | None = None,
-        on_step: Callable[[int, np.ndarray], None] | None = None,
-    ) -> Generation:
-        """A left-padded batch (checked by the caller) through the runtime's loop, as the decode loop returns it:
-        rows cut at their end-of-sequence or stop string, ``on_step`` called once the loop has finished."""
-        prompts = [row[m > 0].tolist() for row, m in zip(input_ids, mask)]
-        found = self.continue_prompts(
-            prompts, max_new_tokens=max_new_tokens, sampling=sampling, decoding=decoding, eos_token_ids=eos_token_ids
-        )
-        generation = loop_generation(
-            prompts,
-            found.sequences,
-            eos_token_ids=eos_token_ids,
-            pad_token_id=pad_token_id,
-            stop=stop,
-            decoding=decoding,
-            step_seconds=found.step_seconds,
-            on_step=on_step,
-        )
-        generation.scores = found.scores
-        return generation
 
     def run_loop(
         self, prompt: list[int], *, max_new_tokens: int, forced: list[int] | None = None, return_logits: bool = False

@@ -27,12 +27,7 @@ import numpy as np
 
 from gpt2onnx.artifact import genai_config as config_writer
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.capabilities import Lacks, Need, resolve
-from gpt2onnx.errors import BadInput, RuntimeUnavailable
-from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
-from gpt2onnx.runtimes.base import Continuations, LoopResult, LoopRuntime, RuntimeSpec, ThreadSettings
-from gpt2onnx.runtimes.decoder import file_shape
-from gpt2onnx.runtimes.decoding import (
+from gpt2onnx.artifact.generation import (
     BEAMS_WITH_PENALTY,
     BEAMS_WITH_STOP,
     EARLY_STOPPING_NEVER,
@@ -43,6 +38,11 @@ from gpt2onnx.runtimes.decoding import (
     Sampling,
     request_declared,
 )
+from gpt2onnx.capabilities import Lacks, Need, resolve
+from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
+from gpt2onnx.runtimes.base import Continuations, LoopResult, LoopRuntime, RuntimeSpec, ThreadSettings
+from gpt2onnx.runtimes.decoder import file_shape
 
 CONFIG_FILE = config_writer.CONFIG_NAME
 PYTHON_ENV = "GPT2ONNX_GENAI_PYTHON"

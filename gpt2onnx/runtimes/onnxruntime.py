@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gpt2onnx.runtimes.base import RuntimeSpec
 from gpt2onnx.runtimes.decoder import OnnxDecoder, open_decoder
-from gpt2onnx.runtimes.providers import ProviderConfig, provider_declared
+from gpt2onnx.runtimes.providers import ProviderConfig, provider_alternatives, provider_declared
 
 SPEC = RuntimeSpec(
     name="onnxruntime",
@@ -16,4 +16,5 @@ SPEC = RuntimeSpec(
     open=open_decoder,
     capabilities=OnnxDecoder.capabilities,
     declare_settings=lambda settings: [provider_declared(settings)],
+    setting_alternatives=lambda: {"provider": provider_alternatives()},
 )

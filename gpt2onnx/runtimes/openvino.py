@@ -15,15 +15,15 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
 from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.capabilities import Lacks, Need
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.params import param
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
-from gpt2onnx.runtimes.base import Capabilities, RuntimeSpec, StepRuntime, check_threads
+from gpt2onnx.runtimes.base import Capabilities, RuntimeSpec, StepRuntime, check_threads, threads_param
 from gpt2onnx.runtimes.decoder import file_shape
 
 INSTALL = "pip install openvino (or: bash scripts/setup.sh)"
@@ -37,10 +37,9 @@ class OpenVinoSettings:
     """The device to compile for, the precision it may compute in (INFERENCE_PRECISION_HINT: f32 unless asked),
     and its thread count (None: OpenVINO's default)."""
 
-    device: str = "CPU"  # a device core.available_devices lists
-    precision: str = "f32"  # f32, bf16 or f16 (fp16, fp32 accepted)
-    threads: int | None = None
-    FLAGS: ClassVar[dict[str, str]] = {"device": "--device", "precision": "--ov-precision", "threads": "--threads"}
+    device: str = param("CPU", "openvino: CPU, GPU, …")  # a device core.available_devices lists
+    precision: str = param("f32", "openvino: f32, bf16 or fp16.", flag="--ov-precision")  # fp16, fp32 accepted
+    threads: int | None = threads_param()
 
     def __post_init__(self) -> None:  # an invalid one cannot be built
         precision = _SPELLINGS.get(self.precision, self.precision)

@@ -1,8 +1,8 @@
 """The ort-generate runtime: a folder deployed with ``--target ort-generate`` run by onnxruntime's generation ops
 (GreedySearch, BeamSearch, Sampling), the whole decoding loop in one ``session.run``.
 
-It takes the decode loop's :class:`~gpt2onnx.runtimes.decoding.Sampling` and
-:class:`~gpt2onnx.runtimes.decoding.Decoding` and refuses, in one line, a setting the op cannot express as
+It takes the decode loop's :class:`~gpt2onnx.decoding.results.Sampling` and
+:class:`~gpt2onnx.decoding.results.Decoding` and refuses, in one line, a setting the op cannot express as
 transformers means it: top-k (no op has it), ``early_stopping='never'``, a setting the op takes as an attribute
 (no_repeat_ngram_size; early_stopping with beams; temperature and top_p when sampling) other than the deployed one,
 a length_penalty other than 0 with beams (BeamSearch divides by the whole length, prompt and padding included,
@@ -29,7 +29,15 @@ from gpt2onnx.artifact.folder import (
     graph_data_files,
     open_folder,
 )
-from gpt2onnx.artifact.generation import COUNT_MAX
+from gpt2onnx.artifact.generation import (
+    BEAMS_WITH_STOP,
+    COUNT_MAX,
+    EARLY_STOPPING_NEVER,
+    TOP_K,
+    Decoding,
+    Sampling,
+    check_pair,
+)
 from gpt2onnx.artifact.search_ops import FILES, SUBFOLDER, FixedSettings, deployed_settings
 from gpt2onnx.capabilities import Lacks, Need
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
@@ -37,7 +45,6 @@ from gpt2onnx.files import kind_of
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.runtimes.base import Capabilities, Continuations, LoopRuntime, RuntimeSpec, ThreadSettings
 from gpt2onnx.runtimes.decoder import file_shape
-from gpt2onnx.runtimes.decoding import BEAMS_WITH_STOP, EARLY_STOPPING_NEVER, TOP_K, Decoding, Sampling, check_pair
 
 
 @dataclass(frozen=True)

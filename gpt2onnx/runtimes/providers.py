@@ -24,7 +24,6 @@ import weakref
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import onnxruntime as ort
 
@@ -34,8 +33,9 @@ from gpt2onnx.artifact.paths import check_output_path
 from gpt2onnx.artifact.report import Placement
 from gpt2onnx.capabilities import Declared, Lacks, Need
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
+from gpt2onnx.params import param
 from gpt2onnx.precisions.all_precisions import PRECISIONS
-from gpt2onnx.runtimes.base import check_threads
+from gpt2onnx.runtimes.base import check_threads, threads_param
 
 log = logging.getLogger(__name__)
 
@@ -52,27 +52,21 @@ TRT_DUMMY_PAST = 1
 class ProviderConfig:
     """The onnxruntime runtime's settings: the execution provider and its options, checked when built."""
 
-    name: str = "cpu"
-    threads: int | None = None  # cpu: intra-op threads; None = all cores
-    spinning: bool = True  # cpu: idle worker threads spin (lower latency, busier cores)
-    device_id: int = 0  # cuda / tensorrt
-    trt_fp16: bool = False  # tensorrt: allow fp16 kernels
-    trt_cache_dir: str | None = None  # tensorrt: engine and timing caches; None = <model folder>/trt_cache
-    max_batch: int = 8  # tensorrt: largest batch the optimization profile covers
-    allow_fallback: bool = False  # accept a session that fell back to another provider, or nodes on the CPU
-    tf32: bool = False  # cuda / tensorrt: fp32 matmuls in TF32 (10-bit mantissa): faster, not fp32 parity
-    # the command-line option of each field (gpt2onnx.runtimes.base.runtime_options)
-    FLAGS: ClassVar[dict[str, str]] = {
-        "name": "--provider",
-        "threads": "--threads",
-        "spinning": "--spin",
-        "device_id": "--device-id",
-        "trt_fp16": "--trt-fp16",
-        "trt_cache_dir": "--trt-cache-dir",
-        "max_batch": "--max-batch",
-        "allow_fallback": "--allow-fallback",
-        "tf32": "--tf32",
-    }
+    name: str = param("cpu", "cpu, cuda or tensorrt.", flag="--provider", short="-p")
+    threads: int | None = threads_param()  # cpu: intra-op threads; None = all cores
+    # cpu: idle worker threads spin (lower latency, busier cores)
+    spinning: bool = param(True, "cpu: let idle threads spin.", flag="--spin/--no-spin")
+    device_id: int = param(0, "cuda/tensorrt: GPU index.")
+    trt_fp16: bool = param(False, "tensorrt: allow fp16 kernels.")
+    # tensorrt: engine and timing caches; None = <model folder>/trt_cache
+    trt_cache_dir: str | None = param(
+        None, "tensorrt: cache \\[default: DIR/trt_cache].", metavar="DIR", writes="folder"
+    )
+    max_batch: int = param(8, "tensorrt: largest batch.")  # the optimization profile's
+    # accept a session that fell back to another provider, or nodes on the CPU
+    allow_fallback: bool = param(False, "Run on if nodes leave the provider.")
+    # cuda / tensorrt: fp32 matmuls in TF32 (10-bit mantissa): faster, not fp32 parity
+    tf32: bool = param(False, "cuda/tensorrt: fp32 matmuls in TF32.")
 
     def __post_init__(self) -> None:
         self.check()  # an invalid one cannot be built

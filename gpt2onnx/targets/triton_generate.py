@@ -1,13 +1,13 @@
 """Triton Inference Server: the generation models beside the ONNX Runtime backend's decoder (gpt2onnx.targets.triton).
 
     triton/NAME-generate/config.pbtxt   Python backend, decoupled: text in, tokens and text streamed out
-    triton/NAME-generate/1/model.py     one import of gpt2onnx.runtimes.triton_python.GenerateModel
+    triton/NAME-generate/1/model.py     one import of gpt2onnx.serving.triton_models.GenerateModel
     triton/NAME-generate/1/...          the decoder folder's files (hard-linked): model.onnx, config.json,
                                         generation_config.json, the tokenizer files, gpt2onnx.json
     triton/NAME-infer/config.pbtxt      Python backend, not decoupled: the unary infer of HTTP and gRPC,
     triton/NAME-infer/1/model.py        forwarded to NAME-generate (one engine for both)
 
-The models run gpt2onnx's continuous-batching engine inside the server (:mod:`gpt2onnx.runtimes.batching`), so
+The models run gpt2onnx's continuous-batching engine inside the server (:mod:`gpt2onnx.serving.engine`), so
 the server's Python needs gpt2onnx (``pip install --no-deps gpt2onnx``) with onnxruntime, onnx, numpy and
 tokenizers; ``model.py`` imports it and runs nothing else from the folder. A folder without tokenizer files gets
 no generation models (they take text), only the decoder.
@@ -39,7 +39,7 @@ import sys
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) not in (_here, os.path.dirname(_here))]
 
-from gpt2onnx.runtimes.triton_python import {cls} as TritonPythonModel  # noqa: E402,F401
+from gpt2onnx.serving.triton_models import {cls} as TritonPythonModel  # noqa: E402,F401
 '''
 
 

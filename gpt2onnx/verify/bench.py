@@ -1,5 +1,5 @@
 """Benchmarks side by side: exported folders on an onnxruntime provider, and PyTorch eager (the reference) on the
-same workload in the same run. Measurement itself is :mod:`gpt2onnx.runtimes.timing`; without a torch baseline
+same workload in the same run. Measurement itself is :mod:`gpt2onnx.verify.timing`; without a torch baseline
 nothing here imports torch."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import Callable
 
 from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.paths import check_output_file
+from gpt2onnx.decoding.generate import speculation_draft
+from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic
 from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.precisions.all_precisions import PRECISIONS
 from gpt2onnx.runtimes.base import RuntimeOptions
-from gpt2onnx.runtimes.decoding import Decoding, Sampling
-from gpt2onnx.runtimes.generate import speculation_draft
 from gpt2onnx.runtimes.providers import TF32_OVERRIDE, ProviderConfig
-from gpt2onnx.runtimes.speculative import Speculation
-from gpt2onnx.runtimes.timing import (
+from gpt2onnx.verify.timing import (
     TORCH_DEVICE_MEMORY,
     BenchConfig,
     ModelBench,
@@ -236,19 +236,13 @@ def bench(
 
 
 def _check_speculation(folders, runtimes: list[RuntimeOptions], speculation: Speculation) -> None:
-    """Before minutes of measuring: speculative decoding runs on the onnxruntime runtime (genai and OpenVINO own
-    or shape their loop), on folders with every position's logits, with a draft of the same vocabulary."""
-    flag = "--prompt-lookup" if speculation.kind == "prompt-lookup" else "--draft"
-    others = [r.name for r in runtimes if r.name != "onnxruntime"]
-    if others:
-        raise BadInput(
-            f"{flag} times speculative decoding, which runs on the onnxruntime runtime only, not {others[0]}:"
-            f" bench {others[0]} without {flag}, or drop --runtime {others[0]}"
-        )
+    """Before minutes of measuring: each folder on each runtime with what speculative decoding declares it needs
+    (a runtime that checks proposals, every position's logits), and a draft of the same vocabulary."""
     for folder in folders:
-        speculation_draft(
-            open_folder(folder, verify_files=False), speculation, Sampling(), Decoding(), runtimes[0], False
-        )
+        for runtime in runtimes:
+            speculation_draft(
+                open_folder(folder, verify_files=False), speculation, Sampling(), Decoding(), runtime, False
+            )
 
 
 def _torch_baseline(

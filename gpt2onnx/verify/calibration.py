@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2onnx.decoding.prompts import has_tokenizer, load_tokenizer
 from gpt2onnx.errors import BadInput
 from gpt2onnx.precisions.algorithms.algorithm import Calibration
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
-from gpt2onnx.runtimes.prompts import has_tokenizer, load_tokenizer
 from gpt2onnx.verify.text import TextSource, text_pieces
 
 log = logging.getLogger(__name__)

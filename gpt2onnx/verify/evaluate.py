@@ -41,6 +41,8 @@ from gpt2onnx.artifact.report import (
     GreedyComparison,
     KlStats,
 )
+from gpt2onnx.decoding.generate import decode
+from gpt2onnx.decoding.prompts import load_tokenizer
 from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.files import sha256_file
 from gpt2onnx.machine import describe_machine
@@ -49,8 +51,6 @@ from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model, reference_step
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import file_shape, position_ids_for
-from gpt2onnx.runtimes.generate import decode
-from gpt2onnx.runtimes.prompts import load_tokenizer
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.gates import EvalGates
 from gpt2onnx.verify.lockstep import reference_greedy

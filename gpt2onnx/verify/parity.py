@@ -575,7 +575,7 @@ PARITY_TEXT_TOKENS = 96  # the longest prefix + prompt of a case (random_cases' 
 
 def prompt_text_ids(model: ModelFolder, text: str | Path) -> np.ndarray:
     """The first tokens of a text file through the folder's tokenizer, for parity's prompts."""
-    from gpt2onnx.runtimes.prompts import load_tokenizer
+    from gpt2onnx.decoding.prompts import load_tokenizer
     from gpt2onnx.verify.text import TextSource, token_pieces
 
     source = TextSource(Path(text))

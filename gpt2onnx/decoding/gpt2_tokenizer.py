@@ -1,8 +1,8 @@
 """GPT-2's tokenizer through the ``tokenizers`` library alone (no transformers, no torch): what a server process
 needs to turn text into ids and back, with the subset of transformers' tokenizer methods that the decode loop,
-:class:`~gpt2onnx.runtimes.prompts.TextStream` and :class:`~gpt2onnx.runtimes.logits.StopStrings` call.
+:class:`~gpt2onnx.decoding.prompts.TextStream` and :class:`~gpt2onnx.decoding.processors.StopStrings` call.
 
-It loads the same files as :func:`gpt2onnx.runtimes.prompts.load_tokenizer` and gives the same ids and text as
+It loads the same files as :func:`gpt2onnx.decoding.prompts.load_tokenizer` and gives the same ids and text as
 transformers' ``GPT2TokenizerFast`` on them (tests/test_batching.py compares both): ``tokenizer.json`` when the
 folder has one, else the byte-level BPE built from ``vocab.json`` + ``merges.txt``. Each file is a regular file
 inside the folder (:func:`~gpt2onnx.artifact.paths.file_in_folder`); ``tokenizer_config.json`` is read as data,

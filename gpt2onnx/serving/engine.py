@@ -14,13 +14,13 @@ batch whose rows come and go does not have. The static-cache graph (onnx-static-
 (:class:`~gpt2onnx.runtimes.decoder.StaticCacheDecoder`): its buffers, of the model's context, hold the padded
 cache; a join, leave or trim hands it a new past, which it copies in, and the steps in between write in place.
 
-Each request is decoded as :func:`gpt2onnx.runtimes.generate.decode` decodes a batch of one: the same logits
-processors (:func:`~gpt2onnx.runtimes.decoding.process_scores`) on its own sequence, its own random generator
+Each request is decoded as :func:`gpt2onnx.decoding.generate.decode` decodes a batch of one: the same logits
+processors (:func:`~gpt2onnx.decoding.results.process_scores`) on its own sequence, its own random generator
 seeded as ``Sampling.seed`` says, the same stop conditions. Its greedy tokens are therefore those that
 ``gpt2onnx generate`` writes for it alone, up to the float rounding of a padded batch (the same as between
 ``generate`` with one prompt and with several; tests/test_batching.py checks the tokens). Beam search
 (``num_beams`` > 1) is not batched: each beam request runs alone through
-:func:`~gpt2onnx.runtimes.beam.beam_search` on a second thread, one at a time, beside the batch, and returns
+:func:`~gpt2onnx.decoding.beam.beam_search` on a second thread, one at a time, beside the batch, and returns
 its best beam in one event. ``num_return_sequences`` > 1 is refused: send one request per sequence.
 """
 
@@ -38,28 +38,25 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import read_generation_config
-from gpt2onnx.capabilities import Declared, Lacks, Need, resolve
-from gpt2onnx.errors import BadInput, Gpt2OnnxError
-from gpt2onnx.runtimes.base import RuntimeOptions, StepRuntime, open_runtime, runtime_spec
-from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, position_ids_for
-from gpt2onnx.runtimes.decoding import (
+from gpt2onnx.artifact.generation import (
     SEVERAL_SEQUENCES,
     Decoding,
     Sampling,
-    check_new_tokens,
     check_pair,
-    check_request_size,
-    draw,
-    process_scores,
+    read_generation_config,
     request_declared,
 )
-from gpt2onnx.runtimes.generate import decode
-from gpt2onnx.runtimes.logits import StopStrings
-from gpt2onnx.runtimes.prompts import TextStream, has_tokenizer, left_pad
+from gpt2onnx.capabilities import Declared, Lacks, Need, resolve
+from gpt2onnx.decoding.generate import decode
+from gpt2onnx.decoding.processors import StopStrings, draw, process_scores
+from gpt2onnx.decoding.prompts import TextStream, has_tokenizer, left_pad
+from gpt2onnx.decoding.results import check_new_tokens, check_request_size
+from gpt2onnx.decoding.speculative import Speculation
+from gpt2onnx.errors import BadInput, Gpt2OnnxError
+from gpt2onnx.runtimes.base import RuntimeOptions, StepRuntime, open_runtime, runtime_spec
+from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, position_ids_for
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.runtimes.requests import NOT_SPECULATIVE, PromptReader, whole_number
-from gpt2onnx.runtimes.speculative import Speculation
+from gpt2onnx.serving.requests import NOT_SPECULATIVE, PromptReader, whole_number
 
 log = logging.getLogger(__name__)
 ONE_SEQUENCE = "send one request per sequence (with seeds)"
@@ -258,11 +255,11 @@ class BatchingEngine:
     ) -> "BatchingEngine":
         """An engine on an exported folder (onnxruntime on ``provider``): its end-of-sequence and padding ids as
         generate reads them, its tokenizer loaded without transformers
-        (:func:`~gpt2onnx.runtimes.gpt2_tokenizer.load_gpt2_tokenizer`) where it has one (``tokenizer``: another one,
+        (:func:`~gpt2onnx.decoding.gpt2_tokenizer.load_gpt2_tokenizer`) where it has one (``tokenizer``: another one,
         or None for token ids only)."""
         model = open_folder(folder, verify_files=verify_files)
         if tokenizer == "auto":
-            from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
+            from gpt2onnx.decoding.gpt2_tokenizer import load_gpt2_tokenizer
 
             tokenizer = load_gpt2_tokenizer(model.folder) if has_tokenizer(model.folder) else None
         generation = read_generation_config(model.folder, vocab_size=model.facts.vocab_size)
@@ -278,7 +275,7 @@ class BatchingEngine:
 
     # -- the caller's side --------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        """A text prompt's token ids, read as every prompt is (:class:`~gpt2onnx.runtimes.requests.PromptReader`)."""
+        """A text prompt's token ids, read as every prompt is (:class:`~gpt2onnx.serving.requests.PromptReader`)."""
         if not isinstance(text, str):
             raise BadInput(f"the prompt must be text, got {type(text).__name__}")
         return self.reader.ids(text)
@@ -296,7 +293,7 @@ class BatchingEngine:
         """Queue one request: ``prompt`` as text (needs the tokenizer) or token ids; the decoding options of
         generate. Checked here, in the caller's thread (BadInput, one line), before it is queued. ``on_event``:
         called on the engine's thread with each event (it must be quick: the batch waits for it); without it,
-        iterate the returned stream. ``speculation`` (generate's :class:`~gpt2onnx.runtimes.speculative.Speculation`)
+        iterate the returned stream. ``speculation`` (generate's :class:`~gpt2onnx.decoding.speculative.Speculation`)
         is refused: the batch checks one token per row per step."""
         if speculation is not None:
             raise BadInput(f"{NOT_SPECULATIVE}: drop speculation")

@@ -4,7 +4,7 @@ tokens per second, peak memory; optionally the same workload on PyTorch eager in
 Every run is: a prompt of ``prompt_len`` random tokens per row (no padding), then ``new_tokens - 1`` decode
 steps fed with greedy tokens. Figures are medians (and p90/p99) over ``repeat`` runs after ``warmup`` runs.
 
-With a :class:`~gpt2onnx.runtimes.speculative.Speculation` (``bench --prompt-lookup N`` or ``--draft DIR``), each
+With a :class:`~gpt2onnx.decoding.speculative.Speculation` (``bench --prompt-lookup N`` or ``--draft DIR``), each
 batch is also run with proposals checked several at a time, on the same prompt, right after its plain run: the rows
 one after another at batch 1 (as speculative decoding runs them), greedy, so the same tokens as the plain run
 (checked once per batch, untimed). A round's time covers the cut of the caches (the model's, and the draft's), its
@@ -35,15 +35,16 @@ import numpy as np
 import onnxruntime
 
 from gpt2onnx.artifact.folder import open_folder, versions
+from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.report import Placement
+from gpt2onnx.decoding.generate import decode, speculation_draft
+from gpt2onnx.decoding.results import MAX_BATCH_TOKENS
+from gpt2onnx.decoding.speculative import Acceptance, Speculation
 from gpt2onnx.errors import BadInput, OutputError
 from gpt2onnx.files import new_file_mode
 from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.runtimes.decoding import Decoding, Sampling
-from gpt2onnx.runtimes.generate import MAX_BATCH_TOKENS, decode, speculation_draft
 from gpt2onnx.runtimes.providers import gpu_library_versions
-from gpt2onnx.runtimes.speculative import Acceptance, Speculation
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,14 @@
 class here, so what runs inside the server is gpt2onnx's own code (installed in the server's Python), never
 code from the model folder.
 
-- :class:`GenerateModel` (``NAME-generate``, decoupled): owns a :class:`~gpt2onnx.runtimes.batching.BatchingEngine`
+- :class:`GenerateModel` (``NAME-generate``, decoupled): owns a :class:`~gpt2onnx.serving.engine.BatchingEngine`
   on the decoder files of its version folder, the shape of Triton's vLLM backend: ``execute`` hands each request
   to the engine and returns at once; the engine thread decodes every request together (continuous batching);
   a sender thread sends each request's responses and watches for clients that went away (their rows are
   dropped at the next step). Inputs ``text_input`` (one string), optional ``stream`` (bool: one response per
   token, else one response with the whole text) and ``stop`` (stop strings, a list); the decoding options of
   ``gpt2onnx generate`` as request parameters (:data:`PARAMETERS`; its speculative ones, by transformers'
-  names, are refused: :data:`~gpt2onnx.runtimes.requests.SPECULATIVE_PARAMETERS`). Outputs ``text_output``
+  names, are refused: :data:`~gpt2onnx.serving.requests.SPECULATIVE_PARAMETERS`). Outputs ``text_output``
   (the text this response adds), ``output_ids`` (its token ids) and, in the last response, ``finish_reason`` (eos,
   stop, length).
   It answers ``/v2/models/NAME-generate/generate`` and ``generate_stream`` over HTTP, and gRPC's streaming infer.
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
-from gpt2onnx.runtimes.requests import (  # noqa: F401 (PARAMETERS, GenerationRequest: this module's API too)
+from gpt2onnx.serving.requests import (  # noqa: F401 (PARAMETERS, GenerationRequest: this module's API too)
     PARAMETERS,
     GenerationRequest,
     PromptReader,
@@ -111,8 +111,8 @@ class GenerateModel:
     def initialize(self, args: dict) -> None:
         import triton_python_backend_utils as pb_utils
 
-        from gpt2onnx.runtimes.batching import BatchingEngine
         from gpt2onnx.runtimes.providers import ProviderConfig
+        from gpt2onnx.serving.engine import BatchingEngine
 
         self.pb = pb_utils
         config = json.loads(args["model_config"])
@@ -345,7 +345,7 @@ def _reader(folder: Path) -> PromptReader:
     """NAME-infer's reader of prompts: the generation model's tokenizer and context (that model checks the files
     against its manifest when it loads)."""
     from gpt2onnx.artifact.folder import CONFIG_FILE, read_json_file, read_n_positions
-    from gpt2onnx.runtimes.gpt2_tokenizer import load_gpt2_tokenizer
+    from gpt2onnx.decoding.gpt2_tokenizer import load_gpt2_tokenizer
 
     # the configs only, never the graph: two instances of this model would each hold the weights otherwise
     vocab_size = read_json_file(folder / CONFIG_FILE, "config").get("vocab_size")

@@ -1,14 +1,13 @@
 """The decode loop: prompt step with empty past, then one token per step with presents fed back as past.
 
-Greedy, sampling (temperature, top-k, top-p, a seed) or beam search (:mod:`gpt2onnx.runtimes.beam`), with
+Greedy, sampling (temperature, top-k, top-p, a seed) or beam search (:mod:`gpt2onnx.decoding.beam`), with
 transformers' logits processors (repetition penalty, no-repeat n-grams, minimum new tokens:
-:mod:`gpt2onnx.runtimes.logits`) and stop conditions (end-of-sequence ids, stop strings, max_new_tokens), each
+:mod:`gpt2onnx.decoding.processors`) and stop conditions (end-of-sequence ids, stop strings, max_new_tokens), each
 as ``GPT2LMHeadModel.generate`` does it; refuses a total length beyond the model's context.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -16,29 +15,17 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import read_generation_config
-from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes import logits
-from gpt2onnx.runtimes.base import LoopRuntime, RuntimeOptions, StepRuntime, check_combination, open_runtime
-from gpt2onnx.runtimes.beam import beam_search, beam_search_bytes
-from gpt2onnx.runtimes.decoder import position_ids_for
-from gpt2onnx.runtimes.decoding import (  # noqa: F401 - re-exported: the public names live here too
-    EARLY_STOPPING,
-    MAX_BATCH_TOKENS,
+from gpt2onnx.artifact.generation import (
     Decoding,
-    Generation,
     Sampling,
-    check_new_tokens,
     check_pair,
-    check_request_size,
-    draw,
-    next_tokens,
-    process_scores,
+    read_generation_config,
     request_declared,
-    warp,
 )
-from gpt2onnx.runtimes.logits import StopStrings
-from gpt2onnx.runtimes.prompts import (
+from gpt2onnx.decoding.all_strategies import strategy_for
+from gpt2onnx.decoding.beam import beam_search_bytes
+from gpt2onnx.decoding.processors import StopStrings
+from gpt2onnx.decoding.prompts import (
     TextStream,
     check_prompt_text,
     encode_prompts,
@@ -46,8 +33,12 @@ from gpt2onnx.runtimes.prompts import (
     load_tokenizer,
     parse_id_prompts,
 )
+from gpt2onnx.decoding.results import Generation, check_new_tokens, check_request_size
+from gpt2onnx.decoding.speculative import Acceptance, Speculation
+from gpt2onnx.decoding.strategy import Request
+from gpt2onnx.errors import BadInput
+from gpt2onnx.runtimes.base import LoopRuntime, RuntimeOptions, StepRuntime, check_combination, open_runtime
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.runtimes.speculative import Acceptance, Speculation, speculative_decode
 
 
 def _checked(decoder, input_ids, attention_mask, max_new_tokens: int, decoding: Decoding, eos_token_ids):
@@ -94,7 +85,7 @@ def decode(
     ``eos_token_id``: one id or several; ``pad_token_id`` fills rows that stopped (default: the first eos id, as
     transformers does); ``stop(tokens)``: True where a row's real tokens so far end it (stop strings).
     ``on_step(step, ids)`` is called with each step's new ids, for streaming (not with beam search).
-    ``speculation``: proposals checked in one step (:mod:`gpt2onnx.runtimes.speculative`; greedy: the same
+    ``speculation``: proposals checked in one step (:mod:`gpt2onnx.decoding.speculative`; greedy: the same
     tokens; sampling: the same distribution), with ``draft`` the opened draft folder where it names one."""
     check_pair(sampling, decoding)
     check_new_tokens(max_new_tokens)
@@ -129,84 +120,16 @@ def _decode(
     speculation=None,
     draft=None,
 ) -> Generation:
-    """decode() with its options already checked (the pair, max_new_tokens): greedy or sampled steps, beam search,
-    speculative decoding, or the runtime's own loop."""
+    """decode() with its options already checked (the pair, max_new_tokens), run by the strategy that applies
+    (gpt2onnx.decoding.all_strategies: speculative decoding, the runtime's own loop, beam search, greedy or
+    sampled steps)."""
     eos_ids = as_ids(eos_token_id)
     input_ids, mask = _checked(decoder, input_ids, attention_mask, max_new_tokens, decoding, eos_ids)
     pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else None)
-    common = dict(max_new_tokens=max_new_tokens, decoding=decoding, eos_token_ids=eos_ids, pad_token_id=pad, stop=stop)
-    if speculation is not None:
-        if draft is not None:
-            draft.check_length(input_ids.shape[1] + max_new_tokens)
-        return speculative_decode(
-            decoder, input_ids, mask, speculation=speculation, draft=draft, sampling=sampling, on_step=on_step, **common
-        )
-    if decoder.capabilities.owns_loop:
-        return decoder.generate(input_ids, mask, sampling=sampling, on_step=on_step, **common)
-    if decoding.beams:
-        return beam_search(decoder, input_ids, mask, **common)
-    return _steps(decoder, input_ids, mask, sampling=sampling, on_step=on_step, **common)
-
-
-def _steps(decoder, input_ids, mask, *, max_new_tokens, sampling, decoding, eos_token_ids, pad_token_id, stop, on_step):
-    """Greedy or sampled decoding on a stepper, one token per row per step, the logits processors applied."""
-    eos_ids, pad = eos_token_ids, pad_token_id
-    copies = decoding.num_return_sequences
-    if copies > 1:  # transformers expands the inputs: each prompt once per returned sequence
-        input_ids, mask = np.repeat(input_ids, copies, axis=0), np.repeat(mask, copies, axis=0)
-    rng = np.random.default_rng(sampling.seed)
-    batch, prompt_length = input_ids.shape
-    full_mask = decoder.prompt_mask(mask)
-    positions = position_ids_for(mask)
-    sequences = input_ids.copy()
-    real = [row[m > 0].tolist() for row, m in zip(input_ids, mask)]  # for stop strings
-    finished = np.zeros(batch, dtype=bool)
-    scores = np.zeros(batch, dtype=np.float64)
-    lengths = np.zeros(batch, dtype=np.int64)
-    tokens, seconds = [], []
-    start = time.perf_counter()
-    past = decoder.empty_past(batch, capacity=full_mask.shape[1] + max_new_tokens)
-    out, past = decoder.run(input_ids, full_mask, positions, past)
-    seconds.append(time.perf_counter() - start)
-    processed = sampling.sample or decoding.processors_on()
-    padding = (mask == 0).sum(axis=1)  # left padding: transformers 5's (mask != 0).argmax(1)
-    for step in range(max_new_tokens):
-        last = out[:, -1].astype(np.float32)
-        if processed:
-            last = process_scores(
-                last,
-                sequences,
-                prompt_length=prompt_length,
-                decoding=decoding,
-                sampling=sampling,
-                eos_token_ids=eos_ids,
-                padding=padding,
-            )
-        ids = draw(last, rng) if sampling.sample else last.argmax(-1)
-        chosen = np.take_along_axis(logits.log_softmax(last), ids[:, None], axis=1)[:, 0]
-        scores += np.where(finished, 0.0, chosen)
-        lengths += ~finished
-        if pad is not None:
-            ids = np.where(finished, pad, ids)
-        sequences = np.concatenate([sequences, ids[:, None]], axis=1)
-        ended = np.isin(ids, eos_ids) if eos_ids else np.zeros(batch, dtype=bool)
-        if stop is not None:
-            for row in np.flatnonzero(~finished):
-                real[row].append(int(ids[row]))
-                ended[row] |= stop(real[row])
-        finished |= ended
-        tokens.append(ids)
-        if on_step is not None:
-            on_step(step, ids)
-        if step == max_new_tokens - 1 or finished.all():
-            break
-        next_ids = ids[:, None].astype(np.int64)
-        full_mask = np.concatenate([full_mask, np.ones((batch, 1), np.int64)], axis=1)
-        positions = positions[:, -1:] + 1
-        start = time.perf_counter()
-        out, past = decoder.run(next_ids, full_mask, positions, past)
-        seconds.append(time.perf_counter() - start)
-    return Generation(np.stack(tokens, axis=1), finished, seconds, scores, copies, lengths)
+    request = Request(
+        input_ids, mask, max_new_tokens, sampling, decoding, eos_ids, pad, stop, on_step, speculation, draft
+    )
+    return strategy_for(decoder, request).run(decoder, request)
 
 
 @dataclass
@@ -283,7 +206,7 @@ def generate(
         verify_files: check the model files against the manifest's sha256 first.
         on_text: streaming, for a single row without beams: called with ("prompt", text) once every check has
             passed, then ("token", new text) per step.
-        speculation: prompt lookup or a draft folder (:class:`~gpt2onnx.runtimes.speculative.Speculation`):
+        speculation: prompt lookup or a draft folder (:class:`~gpt2onnx.decoding.speculative.Speculation`):
             proposals checked several at a time; greedy gives the same tokens as without, sampling the same
             distribution. The draft is opened on the same runtime and provider, and needs the model's vocabulary
             size. Rows run one at a time. The result's ``speculation`` says how many proposals were kept.
@@ -352,18 +275,18 @@ def generate(
 
 
 def speculation_draft(model, speculation, sampling, decoding, options, verify_files):
-    """What speculative decoding needs of the folders, refused in one line before any session is made: every
-    position's logits from the model, and a draft folder with the model's vocabulary size. Returns the draft's
-    opened folder (None for prompt lookup or plain decoding)."""
+    """What speculative decoding needs of the folders, refused in one line before any session is made: what it
+    declares (every position's logits, a runtime that checks proposals), and a folder its proposer names (a draft)
+    with the model's vocabulary size. Returns that folder, opened (None where the proposer has none)."""
     if speculation is None:
         return None
     check_combination(model, options, request_declared(sampling, decoding), speculation.declared)
-    if speculation.kind != "draft":
+    if speculation.folder is None:
         return None
     try:
-        draft = open_folder(speculation.draft, verify_files=verify_files)
+        draft = open_folder(speculation.folder, verify_files=verify_files)
     except BadInput as err:  # its subclasses (ContractError, IntegrityError) take one message too
-        raise type(err)(f"the draft (--draft): {err}") from None
+        raise type(err)(f"the {speculation.proposer.name} ({speculation.proposer.switch.flag}): {err}") from None
     ours, theirs = model.facts.vocab_size, draft.facts.vocab_size
     if ours != theirs:
         raise BadInput(

@@ -1,6 +1,6 @@
 """One reader for generation requests: what the served models (``NAME-generate``, ``NAME-infer``:
-:mod:`gpt2onnx.runtimes.triton_python`) and :meth:`BatchingEngine.submit
-<gpt2onnx.runtimes.batching.BatchingEngine.submit>` take from a client, checked before anything is converted or
+:mod:`gpt2onnx.serving.triton_models`) and :meth:`BatchingEngine.submit
+<gpt2onnx.serving.engine.BatchingEngine.submit>` take from a client, checked before anything is converted or
 tokenized. Every refusal is a :class:`~gpt2onnx.errors.BadInput` naming the input.
 
 - token ids are whole numbers: Python ints or numpy integers, never floats (78.9 is not an id), bools or bytes;
@@ -13,42 +13,37 @@ from __future__ import annotations
 
 import math
 import numbers
+import typing
 from dataclasses import dataclass
 
 import numpy as np
 
+from gpt2onnx.artifact.generation import EARLY_STOPPING, MAX_NEW_TOKENS, Decoding, Sampling, check_pair
+from gpt2onnx.decoding.prompts import MAX_TOKEN_ID
+from gpt2onnx.decoding.proposers.all_proposers import PROPOSERS
+from gpt2onnx.decoding.results import check_new_tokens
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes.decoding import EARLY_STOPPING, Decoding, Sampling, check_new_tokens, check_pair
-from gpt2onnx.runtimes.prompts import MAX_TOKEN_ID
+from gpt2onnx.params import options_of
 
-DEFAULT_MAX_NEW_TOKENS = 32  # as gpt2onnx generate
 BYTES_PER_POSITION = 64  # a byte-level BPE token is a few bytes; no prompt that fits the context needs more
 MIN_PROMPT_BYTES = 1 << 16
-# request parameter → (the type a client sends, where it goes): the names of generate's Python API
+
+
+def _kind(option) -> type | tuple:
+    """The type a client sends for a declared option (an int or None is an int; early_stopping: a bool or a word)."""
+    kinds = {k for k in typing.get_args(option.type) if k is not type(None)} or {option.type}
+    return tuple(sorted(kinds, key=lambda k: k.__name__)) if len(kinds) > 1 else kinds.pop()
+
+
+# request parameter → the type a client sends: the options declared served (gpt2onnx.params), by generate's names
 PARAMETERS = {
-    "max_new_tokens": int,
-    "sample": bool,
-    "temperature": float,
-    "top_k": int,
-    "top_p": float,
-    "seed": int,
-    "num_beams": int,
-    "length_penalty": float,
-    "early_stopping": (bool, str),
-    "repetition_penalty": float,
-    "no_repeat_ngram_size": int,
-    "min_new_tokens": int,
+    o.field: _kind(o) for o in (MAX_NEW_TOKENS, *options_of(Sampling), *options_of(Decoding)) if o.param.served
 }
-SAMPLING_FIELDS = ("sample", "temperature", "top_k", "top_p", "seed")
+SAMPLING_FIELDS = tuple(o.field for o in options_of(Sampling))
+DEFAULT_MAX_NEW_TOKENS = MAX_NEW_TOKENS.default  # as gpt2onnx generate
 # transformers' generate() names of speculative decoding: known, and refused (continuous batching checks one token
-# per row per step); `gpt2onnx generate` runs them (gpt2onnx.runtimes.speculative)
-SPECULATIVE_PARAMETERS = (
-    "prompt_lookup_num_tokens",
-    "max_matching_ngram_size",
-    "assistant_model",
-    "num_assistant_tokens",
-    "num_assistant_tokens_schedule",
-)
+# per row per step); `gpt2onnx generate` runs them (gpt2onnx.decoding.speculative)
+SPECULATIVE_PARAMETERS = tuple(name for spec in PROPOSERS.values() for name in spec.transformers_names)
 NOT_SPECULATIVE = (
     "speculative decoding runs in `gpt2onnx generate`, not in the batching engine (it checks one token per row per"
     " step)"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpt2onnx.artifact.generation import Decoding, Sampling
+
 
 def repetition_penalty(
     scores: np.ndarray, sequences: np.ndarray, penalty: float, *, skip: np.ndarray | None = None
@@ -131,3 +133,45 @@ class StopStrings:
             tail = self.token_text(tokens[i]) + tail
         before = len(tail) - len(last)
         return any(s in tail[max(0, before - len(s) + 1) :] for s in self.strings)
+
+
+def process_scores(
+    scores: np.ndarray,
+    sequences: np.ndarray,
+    *,
+    prompt_length: int,
+    decoding: Decoding,
+    sampling: Sampling,
+    eos_token_ids: tuple[int, ...],
+    padding: np.ndarray | None = None,
+    min_tokens_to_keep: int = 1,
+) -> np.ndarray:
+    """The logits processors of transformers' generate() in its order, on [rows, vocab] float32 scores and the
+    rows' sequences so far (left-padded prompt included; ``padding``: each row's count of left padding, which the
+    repetition penalty leaves out); the warpers only when sampling."""
+    scores = repetition_penalty(scores, sequences, decoding.repetition_penalty, skip=padding)
+    scores = no_repeat_ngram(scores, sequences, decoding.no_repeat_ngram_size)
+    scores = min_new_tokens(scores, sequences.shape[1] - prompt_length, decoding.min_new_tokens, eos_token_ids)
+    if sampling.sample:
+        scores = warp(scores, sampling, min_tokens_to_keep=min_tokens_to_keep)
+    return scores
+
+
+def warp(scores: np.ndarray, sampling: Sampling, *, min_tokens_to_keep: int = 1) -> np.ndarray:
+    """Temperature, top-k and top-p as transformers' warpers: filtered float32 scores (-inf where dropped)."""
+    scores = temperature(scores.astype(np.float32), sampling.temperature)
+    scores = top_k(scores, sampling.top_k, min_tokens_to_keep=min_tokens_to_keep)
+    return top_p(scores, sampling.top_p, min_tokens_to_keep=min_tokens_to_keep)
+
+
+def draw(scores: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per row from softmax(scores) (float64, so the probabilities sum to 1 for numpy)."""
+    probs = softmax(scores.astype(np.float64))
+    return np.array([rng.choice(probs.shape[-1], p=row / row.sum()) for row in probs])
+
+
+def next_tokens(logits_last: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
+    """[batch, vocab] logits of the last position → [batch] token ids (no processors)."""
+    if not sampling.sample:
+        return logits_last.argmax(-1)
+    return draw(warp(logits_last, sampling), rng)

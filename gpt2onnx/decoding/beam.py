@@ -20,9 +20,12 @@ from typing import Callable
 
 import numpy as np
 
-from gpt2onnx.runtimes import logits
+from gpt2onnx.artifact.generation import Sampling
+from gpt2onnx.decoding import processors as logits
+from gpt2onnx.decoding.processors import process_scores
+from gpt2onnx.decoding.results import Generation
+from gpt2onnx.decoding.strategy import Request, Strategy
 from gpt2onnx.runtimes.decoder import position_ids_for
-from gpt2onnx.runtimes.decoding import Generation, Sampling, process_scores
 
 NEG = np.float32(-1.0e9)  # transformers' "impossible" score
 
@@ -213,3 +216,24 @@ def beam_search(
             stop is not None and stop(real[row // count] + tokens[row, :length].tolist())
         )
     return Generation(tokens, finished, seconds, scores.astype(np.float64), count, lengths)
+
+
+def _run(decoder, request: Request):
+    return beam_search(
+        decoder,
+        request.input_ids,
+        request.mask,
+        max_new_tokens=request.max_new_tokens,
+        decoding=request.decoding,
+        eos_token_ids=request.eos_token_ids,
+        pad_token_id=request.pad_token_id,
+        stop=request.stop,
+    )
+
+
+STRATEGY = Strategy(
+    name="beam search",
+    summary="transformers' beam search on a stepper: num_beams rows per prompt, the cache reordered each step",
+    applies=lambda runtime, request: request.decoding.beams,
+    run=_run,
+)

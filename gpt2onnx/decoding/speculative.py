@@ -41,110 +41,112 @@ from typing import Callable
 
 import numpy as np
 
+from gpt2onnx.artifact.generation import BEAMS, Decoding, Sampling, request_declared
 from gpt2onnx.capabilities import Declared, Lacks, Need, resolve
+from gpt2onnx.decoding import processors as logits
+from gpt2onnx.decoding.processors import process_scores
+from gpt2onnx.decoding.proposers.all_proposers import PROPOSERS
+from gpt2onnx.decoding.proposers.proposer import Context, fields
+from gpt2onnx.decoding.results import Generation
+from gpt2onnx.decoding.strategy import Request, Strategy
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes import logits
+from gpt2onnx.params import options_of
 from gpt2onnx.runtimes.base import StepRuntime, runtime_spec
-from gpt2onnx.runtimes.decoding import BEAMS, Decoding, Generation, Sampling, process_scores, request_declared
 
-ADAPTIVE = "adaptive"
-ASSISTANT_TOKENS = 20  # transformers' num_assistant_tokens: where the adaptive schedule starts
-PROMPT_LOOKUP_NGRAM = 2  # transformers' max_matching_ngram_size default
-MAX_PROPOSED = 64  # proposals per round: more only lengthens the step that checks them
+# what speculative decoding needs of the runtime, the folder and the request
+NEEDS = (
+    Need("checks_proposals", allowed={True}, why="checks proposals in one step of several tokens"),
+    Need(
+        "logits",
+        allowed={"all"},
+        why="checks each proposal against its position's logits",
+        fix="export it with --logits all",
+    ),
+    Lacks("features", {BEAMS: "does not take"}, fix="drop --num-beams"),
+)
 
 
-def _count(name: str, flag: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PROPOSED:
-        raise BadInput(f"{name} ({flag}) must be a whole number from 1 to {MAX_PROPOSED}, got {value!r}")
-    return value
-
-
-@dataclass(frozen=True)
 class Speculation:
-    """How tokens are proposed: prompt lookup (``prompt_lookup`` tokens per round from n-grams of the sequence, up
-    to ``max_ngram`` long) or a draft folder (``draft``, ``draft_tokens`` per round: a number, or "adaptive").
-    Checked when built: exactly one proposer, and only its own options."""
+    """How tokens are proposed: one registered proposer (gpt2onnx.decoding.proposers.all_proposers) and its options,
+    given by their names (``Speculation(prompt_lookup=10)``, ``Speculation(draft="d", draft_tokens=4)``). Checked
+    when built: exactly one proposer, and only its own options; immutable."""
 
-    prompt_lookup: int | None = None
-    max_ngram: int | None = None  # default PROMPT_LOOKUP_NGRAM
-    draft: str | Path | None = None
-    draft_tokens: int | str | None = None  # default "adaptive"
+    __slots__ = ("proposer", "options")
 
-    def __post_init__(self) -> None:  # an invalid one cannot be built
-        if self.prompt_lookup is not None and self.draft is not None:
-            raise BadInput("speculative decoding takes one proposer: --prompt-lookup N or --draft FOLDER, not both")
-        if self.max_ngram is not None and self.prompt_lookup is None:
-            raise BadInput("--max-ngram applies to prompt lookup: give --prompt-lookup N, or drop it")
-        if self.draft_tokens is not None and self.draft is None:
-            raise BadInput("--draft-tokens applies to a draft folder: give --draft FOLDER, or drop it")
-        if self.prompt_lookup is None and self.draft is None:
-            raise BadInput("speculative decoding takes one proposer: --prompt-lookup N or --draft FOLDER")
-        if self.prompt_lookup is not None:
-            _count("prompt_lookup_num_tokens", "--prompt-lookup", self.prompt_lookup)
-            ngram = PROMPT_LOOKUP_NGRAM if self.max_ngram is None else self.max_ngram
-            object.__setattr__(self, "max_ngram", _count("max_matching_ngram_size", "--max-ngram", ngram))
-            return
-        if not str(self.draft).strip():
-            raise BadInput("the draft folder (--draft) is empty: give an exported folder")
-        tokens = ADAPTIVE if self.draft_tokens is None else self.draft_tokens
-        if isinstance(tokens, str):
-            text = tokens.strip().lower()
-            if text != ADAPTIVE and not text.isdigit():
+    def __init__(self, **given):
+        given = {name: value for name, value in given.items() if value is not None}
+        specs = list(PROPOSERS.values())
+        turned_on = [spec for spec in specs if spec.switch.field in given]
+        choices = " or ".join(f"{spec.switch.flag} {spec.switch.param.metavar}" for spec in specs)
+        if len(turned_on) > 1:
+            raise BadInput(f"speculative decoding takes one proposer: {choices}, not both")
+        for name in given:
+            owner = next((spec for spec in specs if name in fields(spec)), None)
+            if owner is None:
+                raise BadInput(f"speculative decoding has no option '{name}': the proposers take {choices}")
+            if owner not in turned_on:
+                flag = next(o.flag for o in options_of(owner.options) if o.field == name)
                 raise BadInput(
-                    f"--draft-tokens must be a number from 1 to {MAX_PROPOSED} or 'adaptive', got {tokens!r}"
+                    f"{flag} applies to {owner.says}: give {owner.switch.flag} {owner.switch.param.metavar}, or drop it"
                 )
-            tokens = ADAPTIVE if text == ADAPTIVE else int(text)
-        if tokens != ADAPTIVE:
-            _count("num_assistant_tokens", "--draft-tokens", tokens)
-        object.__setattr__(self, "draft_tokens", tokens)
-        object.__setattr__(self, "draft", Path(self.draft))
+        if not turned_on:
+            raise BadInput(f"speculative decoding takes one proposer: {choices}")
+        object.__setattr__(self, "proposer", turned_on[0])
+        object.__setattr__(self, "options", turned_on[0].options(**given))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a Speculation is immutable")
+
+    def __getattr__(self, name: str):
+        """Its options by name (``draft_tokens``); None for another proposer's."""
+        for spec in PROPOSERS.values():
+            if name in fields(spec):
+                return getattr(self.options, name) if spec is self.proposer else None
+        raise AttributeError(name)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Speculation) and (self.proposer, self.options) == (other.proposer, other.options)
+
+    def __hash__(self) -> int:
+        return hash((self.proposer.name, self.options))
+
+    def __repr__(self) -> str:
+        return f"Speculation({self.options!r})"
 
     @property
     def kind(self) -> str:
-        return "prompt-lookup" if self.prompt_lookup is not None else "draft"
+        return self.proposer.name
+
+    @property
+    def folder(self):
+        """The folder its proposer opens as its model (a draft's), None where it has none."""
+        return getattr(self.options, self.proposer.folder) if self.proposer.folder else None
 
     @property
     def label(self) -> str:
         """Short, for a table row: "prompt-lookup 10", "draft NAME 4", "draft NAME adaptive"."""
-        if self.kind == "prompt-lookup":
-            return f"prompt-lookup {self.prompt_lookup}"
-        return f"draft {Path(self.draft).name or self.draft} {self.draft_tokens}"
+        return self.proposer.label(self.options)
 
     @property
     def declared(self) -> Declared:
         """What speculative decoding needs: a stepper that runs a step of several new tokens on its cache and crops
         it, every position's logits, no beam search (gpt2onnx.capabilities)."""
-        flag = f"--prompt-lookup {self.prompt_lookup}" if self.kind == "prompt-lookup" else "--draft"
+        flag = self.proposer.switch.flag
         return Declared(
-            "strategy",
-            f"speculative ({self.kind})",
-            flag,
-            requires=(
-                Need("checks_proposals", allowed={True}, why="checks proposals in one step of several tokens"),
-                Need(
-                    "logits",
-                    allowed={"all"},
-                    why="checks each proposal against its position's logits",
-                    fix="export it with --logits all",
-                ),
-                Lacks("features", {BEAMS: "does not take"}, fix="drop --num-beams"),
-            ),
-            label=f"speculative decoding ({flag})",
+            "strategy", f"speculative ({self.kind})", flag, requires=NEEDS, label=f"speculative decoding ({flag})"
         )
 
     def as_dict(self) -> dict:
-        if self.kind == "prompt-lookup":
-            return {"kind": self.kind, "prompt_lookup_num_tokens": self.prompt_lookup, "max_ngram": self.max_ngram}
-        return {"kind": self.kind, "draft": str(self.draft), "draft_tokens": self.draft_tokens}
+        """For --json: its proposer, and each option by transformers' name."""
+        options = {o.key: getattr(self.options, o.field) for o in options_of(self.proposer.options)}
+        return {"kind": self.kind, **{k: str(v) if isinstance(v, Path) else v for k, v in options.items()}}
 
 
-def speculation_from(
-    prompt_lookup: int | None, max_ngram: int | None, draft: str | Path | None, draft_tokens: str | None
-) -> Speculation | None:
-    """The options as given: None where no proposer and none of its options is given (plain decoding)."""
-    if all(v is None for v in (prompt_lookup, max_ngram, draft, draft_tokens)):
+def speculation_from(**given) -> Speculation | None:
+    """The options as given (by name): None where no proposer and none of its options is given (plain decoding)."""
+    if all(value is None for value in given.values()):
         return None
-    return Speculation(prompt_lookup=prompt_lookup, max_ngram=max_ngram, draft=draft, draft_tokens=draft_tokens)
+    return Speculation(**given)
 
 
 @dataclass(frozen=True)
@@ -189,122 +191,6 @@ class Acceptance:
         )
 
 
-# -- proposers ---------------------------------------------------------------------------------------------------
-def lookup(sequence: list[int], num_tokens: int, max_ngram: int, eos_token_ids: tuple[int, ...] = ()) -> list[int]:
-    """transformers' PromptLookupCandidateGenerator.get_candidates on one row: the sequence's last n-gram (longest
-    first) found earlier in it, left to right; the first match followed by any token proposes up to ``num_tokens``
-    of what followed, cut before an end-of-sequence id. [] where nothing matches."""
-    length = len(sequence)
-    for size in range(min(max_ngram, length - 1), 0, -1):
-        tail = sequence[-size:]
-        for start in range(length - size + 1):
-            if sequence[start : start + size] != tail:
-                continue
-            begin = start + size
-            end = min(begin + num_tokens, length)
-            if begin < end:
-                chosen = sequence[begin:end]
-                for i, token in enumerate(chosen):
-                    if token in eos_token_ids:
-                        return chosen[:i]
-                return chosen
-    return []
-
-
-class PromptLookup:
-    """Proposals copied from the sequence itself; no distribution of its own (``probs`` stays None)."""
-
-    probs = None
-
-    def __init__(self, num_tokens: int, max_ngram: int, eos_token_ids: tuple[int, ...]):
-        self.num_tokens, self.max_ngram, self.eos_token_ids = num_tokens, max_ngram, eos_token_ids
-        self.steps = 0
-
-    def start(self, prompt: list[int], capacity: int) -> None:
-        """A new row."""
-
-    def propose(self, sequence: list[int], limit: int) -> list[int]:
-        return lookup(sequence, min(self.num_tokens, limit), self.max_ngram, self.eos_token_ids)[:limit]
-
-    def update(self, sequence: list[int], proposed: int, accepted: int) -> None:
-        """After a round: ``sequence`` with its kept tokens."""
-
-
-class Draft:
-    """A draft model on its own stepper: k tokens a round, greedy or sampled from its own processed distribution
-    (kept in ``probs`` for the acceptance rule), its cache cut back to what the target kept."""
-
-    def __init__(
-        self,
-        decoder: StepRuntime,
-        tokens: int | str,
-        decoding: Decoding,
-        eos_token_ids: tuple[int, ...],
-        sampling: Sampling = Sampling(),
-        rng: np.random.Generator | None = None,
-    ):
-        self.decoder, self.decoding, self.eos_token_ids = decoder, decoding, eos_token_ids
-        self.sampling, self.rng = sampling, rng
-        self.adaptive = tokens == ADAPTIVE
-        self.k = ASSISTANT_TOKENS if self.adaptive else int(tokens)
-        self.steps = 0
-        self.probs: list[np.ndarray] | None = None  # sampling: each proposal's distribution (float64)
-
-    def start(self, prompt: list[int], capacity: int) -> None:
-        self.prompt_length = len(prompt)
-        self.seen: list[int] = []  # the tokens in the draft's cache, in order
-        self.past = self.decoder.empty_past(1, capacity=capacity)
-
-    def propose(self, sequence: list[int], limit: int) -> list[int]:
-        k = min(int(self.k), limit)
-        if k < 1:
-            return []
-        new = sequence[len(self.seen) :]  # what the draft has not seen: at least the last token
-        proposed: list[int] = []
-        self.probs = [] if self.sampling.sample else None
-        while True:
-            width = len(self.seen) + len(new)
-            mask = self.decoder.prompt_mask(np.ones((1, width), np.int64))
-            positions = np.arange(len(self.seen), width, dtype=np.int64)[None]
-            out, self.past = self.decoder.run(np.array([new], np.int64), mask, positions, self.past)
-            self.steps += 1
-            self.seen += new
-            scores = out[:, -1].astype(np.float32)
-            if self.sampling.sample or self.decoding.processors_on():
-                scores = process_scores(
-                    scores,
-                    np.array([sequence + proposed]),
-                    prompt_length=self.prompt_length,
-                    decoding=self.decoding,
-                    sampling=self.sampling,
-                    eos_token_ids=self.eos_token_ids,
-                )
-            if self.sampling.sample:
-                probs = logits.softmax(scores[0].astype(np.float64))
-                token = int(self.rng.choice(len(probs), p=probs / probs.sum()))
-                self.probs.append(probs)
-            else:
-                token = int(scores[0].argmax())
-            proposed.append(token)
-            if len(proposed) == k or token in self.eos_token_ids:
-                return proposed
-            new = [token]
-
-    def update(self, sequence: list[int], proposed: int, accepted: int) -> None:
-        """The draft's cache keeps the longest prefix it shares with ``sequence``, as transformers crops it."""
-        keep = 0
-        for mine, theirs in zip(self.seen, sequence):
-            if mine != theirs:
-                break
-            keep += 1
-        keep = min(keep, len(sequence) - 1)  # the last token is always run again: its logits propose the next
-        if keep < len(self.seen):
-            self.past = self.decoder.crop_past(self.past, self.decoder.dummy_past + keep)
-            self.seen = self.seen[:keep]
-        if self.adaptive and proposed:
-            self.k = self.k + 2 if accepted == proposed else max(1, self.k - 1)
-
-
 # -- the loop ------------------------------------------------------------------------------------------------------
 def speculative_decode(
     decoder: StepRuntime,
@@ -327,10 +213,9 @@ def speculative_decode(
     prompt lookup on a single row, also its tokens for a seed (one draw per token from the same distributions)."""
     check_speculative(decoder, draft, sampling, decoding, speculation)
     rng = np.random.default_rng(sampling.seed)
-    if speculation.kind == "prompt-lookup":
-        proposer = PromptLookup(speculation.prompt_lookup, speculation.max_ngram, eos_token_ids)
-    else:
-        proposer = Draft(draft, speculation.draft_tokens, decoding, eos_token_ids, sampling, rng)
+    proposer = speculation.proposer.make(
+        speculation.options, Context(decoding, eos_token_ids, sampling, rng, runtime=draft)
+    )
     copies = decoding.num_return_sequences
     rows = [row[m > 0].tolist() for row, m in zip(input_ids, mask) for _ in range(copies)]
     single = len(rows) == 1
@@ -383,7 +268,7 @@ def check_speculative(decoder, draft, sampling: Sampling, decoding: Decoding, sp
     for runtime in (decoder, draft):
         if runtime is not None:
             resolve([runtime_spec(runtime.runtime).declared, request, speculation.declared]).check()
-    if (speculation.kind == "draft") != (draft is not None):
+    if (speculation.proposer.folder is not None) != (draft is not None):
         raise BadInput("a draft folder (--draft) goes with an opened draft runtime, and only then")
 
 
@@ -490,3 +375,31 @@ def _row(decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos
         row.rounds += 1
         row.proposed += len(proposed)
         pending = out[0]
+
+
+def _run(decoder, request: Request) -> Generation:
+    if request.draft is not None:
+        request.draft.check_length(request.input_ids.shape[1] + request.max_new_tokens)
+    return speculative_decode(
+        decoder,
+        request.input_ids,
+        request.mask,
+        speculation=request.speculation,
+        draft=request.draft,
+        sampling=request.sampling,
+        on_step=request.on_step,
+        max_new_tokens=request.max_new_tokens,
+        decoding=request.decoding,
+        eos_token_ids=request.eos_token_ids,
+        pad_token_id=request.pad_token_id,
+        stop=request.stop,
+    )
+
+
+STRATEGY = Strategy(
+    name="speculative",
+    summary="proposals (prompt lookup, a draft folder) checked by the model in one step, kept where it agrees",
+    applies=lambda runtime, request: request.speculation is not None,
+    run=_run,
+    requires=NEEDS,
+)

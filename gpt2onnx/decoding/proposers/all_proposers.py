@@ -1,0 +1,9 @@
+"""Every proposer of speculative decoding, by name: a new one is a module beside this one and a line here (its
+options become generate's and bench's command-line options, and requests naming them are refused by the engine)."""
+
+from __future__ import annotations
+
+from gpt2onnx.decoding.proposers import draft, prompt_lookup
+from gpt2onnx.decoding.proposers.proposer import ProposerSpec
+
+PROPOSERS: dict[str, ProposerSpec] = {spec.name: spec for spec in (prompt_lookup.PROPOSER, draft.PROPOSER)}
