@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpt2onnx.errors import BadInput
+from gpt2onnx.errors import BadInput, RuntimeUnavailable
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,8 @@ class Need:
 @dataclass(frozen=True)
 class Lacks:
     """A requirement on a set fact: none of ``items`` (ops, features) may be in it. ``why``: the reason, as a clause
-    ("has no CUDA kernel"); ``items`` may map each item to its own reason."""
+    ("has no CUDA kernel for"); ``items`` may map each item to its own reason, which may place the item itself
+    ("{item}")."""
 
     fact: str
     items: Mapping[object, str]
@@ -227,6 +228,12 @@ class Conflict:
     line: str
     axes: tuple[str, ...] = ()
 
+    @property
+    def on_runtime(self) -> bool:
+        """A provider is in it, or a runtime cannot run what the graph's choices made (not a request's option)."""
+        needer, *maker = self.axes
+        return "provider" in self.axes or (needer == "runtime" and bool(maker) and maker[0] in GRAPH_AXES)
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -246,16 +253,31 @@ class Verdict:
         return "supported" if self.ok else self.conflicts[0].line
 
     def check(self) -> "Verdict":
-        """Raise :class:`Unsupported` (one line, exit code 2: the choices, not the machine, are what cannot work)
-        where a conflict was found; else return itself."""
+        """Raise where a conflict was found, in one line: :class:`UnsupportedRuntime` (exit code 3, as every
+        RuntimeUnavailable) where a provider, or a runtime that cannot run the model, is in it; else
+        :class:`Unsupported` (exit code 2: the options ask what the combination cannot do). Else return itself."""
         if not self.ok:
-            raise Unsupported(self)
+            raise (UnsupportedRuntime if self.conflicts[0].on_runtime else Unsupported)(self)
         return self
+
+
+GRAPH_AXES = frozenset(
+    {"graph", "profile", "layout", "precision", "algorithm", "prompt kernel", "K/V cache", "architecture", "logits"}
+)
 
 
 class Unsupported(BadInput):
     """A combination of choices that does not work together, refused before any work (exit code 2);
     ``verdict``: every conflict found."""
+
+    def __init__(self, verdict: Verdict):
+        super().__init__(verdict.line)
+        self.verdict = verdict
+
+
+class UnsupportedRuntime(RuntimeUnavailable):
+    """A provider, or a runtime, that cannot run the model the rest of the choices make, refused before any session
+    (exit code 3); ``verdict``: every conflict found."""
 
     def __init__(self, verdict: Verdict):
         super().__init__(verdict.line)
@@ -376,12 +398,12 @@ def resolve(chosen: Sequence[Declared], *, alternatives: Mapping[str, Sequence[D
                     item = found[0]
                     maker = makers.get((need.fact, item))
                     what = _item(item)
-                    reason = need.items[item] or need.why
+                    reason = need.items[item] or need.why or "cannot take"
+                    # a reason may place the item itself: "rejects an opset-23 {item} with present K/V outputs"
+                    said = reason.format(item=what) if "{item}" in reason else f"{reason} {what}"
                     verb = FACTS[need.fact].verb
                     made = f", which {maker.shown} {verb}" if maker is not None and maker is not needer else ""
-                    line = f"{needer.shown} {reason or 'cannot take'} {what}{made}: " + _advice(
-                        need, needer, maker, alternatives, values, chosen
-                    )
+                    line = f"{needer.shown} {said}{made}: " + _advice(need, needer, maker, alternatives, values, chosen)
                     conflicts.append(
                         Conflict(needer.shown, need.fact, maker.shown if maker else None, line, _axes(needer, maker))
                     )

@@ -34,12 +34,14 @@ def folder_choices(facts: GraphFacts, folder: str) -> list[Declared]:
             else "returns every position's logits",
             "data_files": f"keeps its weights in {len(facts.data_files)} external data files",
         },
-        label=f"'{folder}'",
+        label=f"'{folder}' (its graph)",
     )
+    # the graph's own facts last: an op is said to come from the choice that writes it (a message names the
+    # profile or precision, and advice can name another), the graph only for ops no declared choice writes
     return [
-        graph,
         profile.from_folder(folder),
         precision_of(facts).declared.from_folder(folder),
         kernel_of(facts.quantized_ops).declared.from_folder(folder),
         (FLOAT_DECLARED if cache is None else cache.declared).from_folder(folder),
+        graph,
     ]

@@ -36,8 +36,10 @@ from gpt2onnx.cli.options import (
     Search,
     VerifyFilesOpt,
     json_output,
+    plan,
     precision,
     run_options,
+    run_options_defaults,
     speculate,
     uses,
     uses_declared,
@@ -47,7 +49,7 @@ from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import CheckFailed
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.profiles.all_profiles import UNFUSED
-from gpt2onnx.runtimes.base import parse_runtimes, runtime_options
+from gpt2onnx.runtimes.base import RuntimeOptions, parse_runtimes, runtime_options
 from gpt2onnx.targets.deploy import deploy as run_deploy
 from gpt2onnx.targets.registry import TARGETS
 from gpt2onnx.targets.web_server import open_server
@@ -376,3 +378,64 @@ def serve(
         server.serve_forever()
     except KeyboardInterrupt:  # the way to stop it: not an error
         pass
+
+
+@app.command()
+@uses(plan, into="planned")
+@uses(run_options, into="options")
+@uses_declared(Sampling, Decoding, into="search", make=Search)
+@uses(speculate, into="speculation")
+def check(
+    folder: Annotated[Optional[Path], typer.Argument(help="An exported folder \\[or a planned export].")] = None,
+    model: Annotated[
+        Optional[str], typer.Option("--model", "-m", help="A planned export's checkpoint (its config only).")
+    ] = None,
+    fusion: FusionOpt = UNFUSED.name,
+    kv_cache: KvCacheOpt = FLOAT_CACHE,
+    logits: Annotated[str, typer.Option(help="A planned export's: 'all' or 'last'.")] = "all",
+    runtime: Annotated[
+        Optional[str], typer.Option("--runtime", "-r", help="Where it runs \\[default: not asked].")
+    ] = None,
+    target: Annotated[Optional[str], typer.Option("--target", "-t", metavar="LIST", help="Deploy targets.")] = None,
+    engine: Annotated[bool, typer.Option("--engine", help="Served by the batching engine.")] = False,
+    matrix: Annotated[bool, typer.Option("--matrix", help="Print every combination (Markdown).")] = False,
+    json_path: JsonOpt = None,
+    planned: tuple = None,
+    options: RunOptions = None,
+    search: Search = None,
+    speculation: Speculation = None,
+) -> None:
+    """Say whether a folder (or a planned export) works with a runtime, provider, targets, decoding and the engine."""
+    if matrix:
+        from gpt2onnx.preflight.matrix import markdown
+
+        console.print(markdown(), end="", markup=False, highlight=False, soft_wrap=True)
+        return
+    from gpt2onnx.preflight.check import preflight
+
+    json_output(json_path, reads=(folder,) if folder else ())
+    dtype, quantization = planned
+    passes = None
+    if folder is None:
+        passes = {"fusion": fusion, "dtype": dtype, "quantization": quantization, "kv_cache": kv_cache}
+    asked = runtime is not None or options.flags != run_options_defaults()  # a runtime, or one of its options
+    chosen = options.runtime(runtime or RuntimeOptions().name) if asked else None
+    decoding_asked = search.sampling != Sampling() or search.decoding != Decoding()
+    result = preflight(
+        folder,
+        plan=passes,
+        logits=logits,
+        model=model,
+        runtime=chosen,
+        targets=target,
+        sampling=search.sampling if decoding_asked else None,
+        decoding=search.decoding if decoding_asked else None,
+        speculation=speculation,
+        engine=engine,
+        verify_files=options.verify_files,
+    )
+    render.preflighted(result)
+    if json_path is not None:
+        write_json_output(json_path, result.as_dict())
+    if not result.ok:
+        raise typer.Exit(1)

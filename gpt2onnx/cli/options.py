@@ -238,6 +238,20 @@ precision.__signature__ = inspect.Signature(
 )
 
 
+def plan(**values) -> tuple[str, QuantizeOptions]:
+    """check's planned precision: --dtype and the weight quantization's declared options (the signature below)."""
+    quantization = QuantizeOptions(**{o.field: values.pop(_cli_name(o)) for o in options_of(QuantizeOptions)})
+    return values["dtype"], quantization
+
+
+plan.__signature__ = inspect.Signature(
+    [
+        _keyword("dtype", Annotated[str, typer.Option(help=f"{', or '.join(FLOAT)}.")], FP32.short),
+        *(_cli_parameter(option) for option in options_of(QuantizeOptions)),
+    ]
+)
+
+
 # -- what generate, parity, bench and eval share: the runtime's settings -------------------------------------------
 @dataclass(frozen=True)
 class RunOptions:
@@ -262,6 +276,11 @@ def _runtime_options() -> list[Option]:
 
 
 RUNTIME_OPTIONS = _runtime_options()
+
+
+def run_options_defaults() -> dict:
+    """The runtimes' options at their defaults, by flag (what RunOptions.flags holds when none is given)."""
+    return {option.flag: option.default for option in RUNTIME_OPTIONS}
 
 
 def run_options(**values) -> RunOptions:

@@ -331,3 +331,15 @@ _EVAL_FIGURES = (
     ("greedy", _none, _greedy),
     ("verdict", _none, lambda r: "-" if r.check is None else "[green]pass[/]" if r.check.passed else "[red]FAIL[/]"),
 )
+
+
+def preflighted(result) -> None:
+    """check's answer: the choices asked about, the verdict, each conflict in one line, a GPU provider's kernels."""
+    table = _table("preflight", ("", ""), left=("", ""))
+    table.add_row("asked", "\n".join(result.question))
+    table.add_row("verdict", "supported" if result.ok else f"not supported ({len(result.conflicts)})")
+    for line_ in result.conflicts:
+        table.add_row("conflict", line_)
+    for kernel in result.kernels:
+        table.add_row("kernels", kernel)
+    console.print(table)

@@ -116,6 +116,9 @@ class Precision:
             says={
                 "weight_bits": f"stores {self.weight_bits}-bit weights" if self.weight_bits else "stores float weights",
                 "activations": f"computes in {self.dtype}",
+                "transformers_js_dtype": f"is {self.transformers_js[0]} in transformers.js"
+                if self.transformers_js
+                else "has no transformers.js dtype",
             },
             ensures={
                 "activations": self.dtype,

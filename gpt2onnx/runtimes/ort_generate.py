@@ -275,6 +275,7 @@ SPEC = RuntimeSpec(
     capabilities=OrtGenerator.capabilities,
     requires=(
         Need("kv_dtype", allowed={FLOAT_CACHE}, why="runs generation ops that take a float K/V cache"),
+        Need("cache_grows", allowed={True}, why="runs generation ops that feed a growing past"),
         Lacks(
             "features",
             {

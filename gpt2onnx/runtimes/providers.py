@@ -153,6 +153,8 @@ TENSORRT_UNSUPPORTED = {("", "DynamicQuantizeLinear"), ("", "MatMulInteger")}
 TENSORRT_KERNEL_FACTS = {
     ("", "Attention"): "TensorRT 10.16 rejects an opset-23 Attention with present K/V outputs",
 }
+# the same facts, as a provider's declared need says them (gpt2onnx.capabilities.Lacks: "{item}" is the op)
+TENSORRT_LACKS = {("", "Attention"): "rejects an opset-23 {item} with present K/V outputs (TensorRT 10.16)"}
 
 
 def provider_declared(config: "ProviderConfig") -> Declared:
@@ -165,7 +167,7 @@ def provider_declared(config: "ProviderConfig") -> Declared:
         lacks = {op: f"has no {name} kernel for" for op, fact in CUDA_KERNEL_FACTS.items() if not fact.types}
         if name == "tensorrt":
             lacks.update({op: "takes no" for op in TENSORRT_UNSUPPORTED})
-            lacks.update({op: f"takes no ({reason})" for op, reason in TENSORRT_KERNEL_FACTS.items()})
+            lacks.update(TENSORRT_LACKS)
             requires.append(Need("contrib_ops", allowed={False}, why="takes no com.microsoft op (TensorRT's parser)"))
         requires.append(
             Lacks("ops", lacks, fix="use --provider cpu, or let another provider run them (--allow-fallback)")

@@ -39,6 +39,8 @@ TRITON_DTYPES = {
     "bfloat16": "TYPE_BF16",
     "int64": "TYPE_INT64",
     "int32": "TYPE_INT32",
+    "int8": "TYPE_INT8",  # a quantized K/V cache's (--kv-cache int8)
+    "uint8": "TYPE_UINT8",  # a 4-bit K/V cache's, two values a byte (--kv-cache int4)
     "bool": "TYPE_BOOL",
 }
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -56,7 +58,10 @@ def model_name(name: str) -> str:
 
 def _tensor(t: TensorSpec) -> str:
     if t.dtype not in TRITON_DTYPES:
-        raise ContractError(f"{shown(t.name)} is {t.dtype}, which Triton's ONNX Runtime backend has no type for")
+        raise ContractError(
+            f"{shown(t.name)} is {t.dtype}, which gpt2onnx has no Triton type for: deploy a folder whose inputs and"
+            f" outputs are {', '.join(TRITON_DTYPES)}"
+        )
     dims = ", ".join(str(d) if isinstance(d, int) and d > 0 else "-1" for d in t.dims)
     return f"  {{ name: {pbtxt_string(t.name)} data_type: {TRITON_DTYPES[t.dtype]} dims: [ {dims} ] }}"
 

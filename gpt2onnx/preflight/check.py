@@ -1,0 +1,149 @@
+"""The preflight: will this folder (or this planned export) run on that runtime and provider, deploy to those
+targets, decode with that strategy, be served by the batching engine? Answered from the declarations alone
+(gpt2onnx.capabilities), with the folder's own read from its graph, and for a GPU provider from the graph's ops
+against the provider's kernel table; no session is made, no weights are read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.generation import Decoding, Sampling, request_declared
+from gpt2onnx.artifact.graph import load_graph
+from gpt2onnx.capabilities import Declared, Unsupported, resolve
+from gpt2onnx.choices.of_folder import folder_choices
+from gpt2onnx.decoding.speculative import Speculation
+from gpt2onnx.errors import BadInput
+from gpt2onnx.passes.pipeline import GraphPasses
+from gpt2onnx.runtimes.base import RuntimeOptions, runtime_alternatives
+from gpt2onnx.serving.engine import ENGINE
+from gpt2onnx.targets.registry import parse_targets, target_specs
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """The answer: the choices asked about (as the resolver names them), whether they work together, each conflict
+    in one line, and what a GPU provider's kernel table says of the folder's ops."""
+
+    question: tuple[str, ...]
+    ok: bool
+    conflicts: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()  # ops a GPU provider has no kernel for (op ×count: reason)
+    facts: dict = field(default_factory=dict)  # what the choices make (the resolver's facts, as text)
+
+    @property
+    def line(self) -> str:
+        return "supported" if self.ok else self.conflicts[0]
+
+    def as_dict(self) -> dict:
+        return {
+            "question": list(self.question),
+            "supported": self.ok,
+            "conflicts": list(self.conflicts),
+            "kernels": list(self.kernels),
+            "facts": self.facts,
+        }
+
+
+def architecture_of(model: str | None) -> Declared | None:
+    """What a planned export's checkpoint declares (its attention scores' precision), read from its config.json
+    without weights: a local folder or file; None where it has no local config (a Hub id, a preset name)."""
+    if model is None:
+        return None
+    path = Path(model)
+    config = path / "config.json" if path.is_dir() else path
+    if not config.is_file():
+        return None
+    try:
+        upcast = bool(json.loads(config.read_text()).get("reorder_and_upcast_attn", False))
+    except (OSError, ValueError, AttributeError):
+        raise BadInput(f"'{config}' is not a readable config.json: give a checkpoint folder") from None
+    return Declared(
+        "architecture",
+        "checkpoint",
+        ensures={"upcast_attention": upcast},
+        says={"upcast_attention": "computes its attention scores in fp32 (reorder_and_upcast_attn)"},
+        label="the checkpoint's architecture",
+    )
+
+
+def preflight(
+    folder: str | Path | None = None,
+    *,
+    plan: GraphPasses | dict | None = None,
+    logits: str = "all",
+    model: str | None = None,
+    runtime: RuntimeOptions | None = None,
+    targets: str | list[str] | None = None,
+    sampling: Sampling | None = None,
+    decoding: Decoding | None = None,
+    speculation: Speculation | None = None,
+    engine: bool = False,
+    verify_files: bool = False,
+) -> Preflight:
+    """Whether the choices work together, answered from their declarations before any work.
+
+    Args:
+        folder: an exported folder (its own declarations are read from its graph); or
+        plan: an export's planned passes (``GraphPasses``, or its keywords: a combination they refuse is the
+            answer) with ``logits`` and, optionally, the checkpoint ``model`` whose config.json says what its
+            architecture needs. Give exactly one of the two.
+        runtime: the runtime and its settings (the onnxruntime runtime's: the provider) it would run on; None: the
+            question is about the folder or export alone.
+        targets: deployment targets (with those they need).
+        sampling, decoding, speculation: a request's decoding options and speculative proposer.
+        engine: served by the batching engine (the Triton generation models run it).
+
+    Returns: Preflight. Raises: BadInput (a choice that does not exist, a folder that is not one)."""
+    if (folder is None) == (plan is None):
+        raise BadInput("give a folder to check, or an export's planned options (--model/--fusion/...), one of them")
+    chosen: list[Declared] = []
+    kernels: tuple[str, ...] = ()
+    if isinstance(plan, dict):
+        try:
+            plan = GraphPasses(**plan)
+        except Unsupported as refused:  # the passes alone do not work together: that is the answer
+            conflicts = tuple(c.line for c in refused.verdict.conflicts)
+            return Preflight(refused.verdict.choices, False, conflicts)
+    if folder is not None:
+        opened = open_folder(folder, verify_files=verify_files)
+        chosen += folder_choices(opened.facts, str(opened.folder))
+    else:
+        chosen += [*plan.choices(), Declared("logits", logits, f"--logits {logits}", ensures={"logits": logits})]
+        architecture = architecture_of(model)
+        chosen += [architecture] if architecture is not None else []
+    if runtime is not None:
+        chosen += runtime.declared
+        if folder is not None and runtime.name == "onnxruntime":
+            kernels = _kernels(opened, runtime)
+    if targets:
+        chosen += [spec.declared for spec in parse_targets(targets)]
+    if sampling is not None or decoding is not None:
+        chosen.append(request_declared(sampling or Sampling(), decoding or Decoding()))
+    if speculation is not None:
+        chosen.append(speculation.declared)
+    if engine:
+        chosen.append(ENGINE)
+    alternatives = {**runtime_alternatives(), "target": [spec.declared for spec in target_specs()]}
+    verdict = resolve(chosen, alternatives=alternatives)
+    conflicts = tuple(c.line for c in verdict.conflicts)
+    if kernels and not runtime.settings.allow_fallback:
+        conflicts += (f"provider '{runtime.settings.name}' has no kernel for {'; '.join(kernels)}",)
+    facts = {k: _shown(v) for k, v in verdict.facts.items()}
+    return Preflight(tuple(c.shown for c in chosen), not conflicts, conflicts, kernels, facts)
+
+
+def _kernels(opened, runtime: RuntimeOptions) -> tuple[str, ...]:
+    """The folder's ops its GPU provider has no kernel for, from the kernel table (the graph, no weights)."""
+    from gpt2onnx.runtimes.providers import unsupported_nodes
+
+    missing = unsupported_nodes(load_graph(opened.model_path), runtime.settings.name)
+    return tuple(f"{op} ×{n} ({reason})" for op, (n, reason) in missing.items())
+
+
+def _shown(value) -> str | bool | int | None:
+    if isinstance(value, frozenset):
+        return ", ".join(sorted("::".join(filter(None, v)) if isinstance(v, tuple) else str(v) for v in value))
+    return value
