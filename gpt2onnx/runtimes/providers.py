@@ -251,8 +251,8 @@ def check_kernels(graph, config: ProviderConfig) -> None:
     )
     if contrib:
         advice = (
-            "export it with --fusion tensorrt or --fusion portable (standard ops only, no int8/int4 weights), or use"
-            " --provider cuda (or let CUDA run them: --allow-fallback)"
+            "export it with a profile of standard ops only and no int8/int4 weights (gpt2onnx check --matrix lists"
+            " them), or use --provider cuda (or let CUDA run them: --allow-fallback)"
         )
     else:
         advice = (
