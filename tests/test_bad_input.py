@@ -314,7 +314,18 @@ def test_bad_input(case: Case, outcomes):
 
 def test_the_corpus_covers_every_command_and_class():
     commands = {c.argv[0] for c in CASES if c.argv} | {"export"}  # the fault-injection rows run export
-    assert commands == {"export", "optimize", "inspect", "generate", "parity", "bench", "deploy", "eval", "serve"}
+    assert commands == {
+        "export",
+        "optimize",
+        "inspect",
+        "generate",
+        "parity",
+        "bench",
+        "deploy",
+        "eval",
+        "serve",
+        "check",
+    }
     assert {c.cls for c in CASES} == {"security", "data-loss", "hang", "silent", "traceback", "message", "options"}
     assert len(CASES) >= 160
 
@@ -323,6 +334,8 @@ def test_the_corpus_covers_every_command_and_class():
 INPUT_PATHS = {
     ("bench", "draft"),
     ("bench", "folders"),
+    ("check", "draft"),
+    ("check", "folder"),
     ("deploy", "folder"),
     ("deploy", "web_lib"),
     ("eval", "folders"),

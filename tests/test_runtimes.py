@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.capabilities import Unsupported
+from gpt2onnx.capabilities import UnsupportedRuntime
 from gpt2onnx.cli import app
 from gpt2onnx.decoding.generate import generate
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
@@ -279,7 +279,7 @@ def test_each_runtime_runs_each_profile_at_batch_1_and_2(profile_exports, name):
     for profile, folder in profile_exports.items():
         for batch, ids in prompts.items():
             if profile == "onnx-static-kv" and name == "openvino":  # its frontend has no TensorScatter-24 rule
-                with pytest.raises(Unsupported, match="no conversion rule .* for TensorScatter"):
+                with pytest.raises(UnsupportedRuntime, match="no conversion rule .* for TensorScatter"):
                     generate(folder, ids=ids, max_new_tokens=4, runtime=RuntimeOptions(name=name))
                 continue
             result = generate(folder, ids=ids, max_new_tokens=4, runtime=RuntimeOptions(name=name))

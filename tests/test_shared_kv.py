@@ -126,7 +126,7 @@ def test_refuses_gpu_providers_with_the_reason(shared_export):
         with pytest.raises(RuntimeUnavailable, match="GroupQueryAttention.*cpu provider only"):
             check_host_provider(SHARED_LAYOUT, provider)
     result = runner.invoke(app, ["generate", str(shared_export), "--ids", "1,2", "--provider", "cuda"])
-    assert result.exit_code == 2  # refused by what the layout declares, before any session
+    assert result.exit_code == 3  # refused by what the layout declares, before any session (a provider: exit 3)
     assert_one_line_error(result, "cpu provider only")
 
 

@@ -197,7 +197,7 @@ def test_refusals_in_one_line(static_export, tmp_path):
         with pytest.raises(RuntimeUnavailable, match="TensorScatter.*cpu provider only"):
             check_host_provider(STATIC_LAYOUT, provider)
     result = runner.invoke(app, ["generate", str(static_export), "--ids", "1,2", "--provider", "cuda"])
-    assert result.exit_code == 2  # refused by what the layout declares, before any session
+    assert result.exit_code == 3  # refused by what the layout declares, before any session (a provider: exit 3)
     assert_one_line_error(result, "runs on the host only")
     result = runner.invoke(app, ["optimize", str(static_export), "--out", str(tmp_path / "x"), "--fusion", "ort"])
     assert result.exit_code == 2
@@ -228,7 +228,7 @@ def test_openvino_runs_onnx_and_refuses_the_static_cache_in_one_line(static_expo
         assert result.exit_code == 0, result.output
         assert "parity on openvino/CPU" in result.output
     else:
-        assert result.exit_code == 2  # refused by what OpenVINO declares, before it reads the file
+        assert result.exit_code == 3  # refused by what OpenVINO declares, before it reads the file (exit 3)
         assert_one_line_error(result, "has no conversion rule (its ONNX frontend, 2026.4) for TensorScatter")
 
 

@@ -37,6 +37,7 @@ from gpt2onnx.cli.options import (
     VerifyFilesOpt,
     json_output,
     plan,
+    planned_defaults,
     precision,
     run_options,
     run_options_defaults,
@@ -46,7 +47,7 @@ from gpt2onnx.cli.options import (
 )
 from gpt2onnx.decoding.generate import generate as run_generate
 from gpt2onnx.decoding.speculative import Speculation
-from gpt2onnx.errors import CheckFailed
+from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.profiles.all_profiles import UNFUSED
 from gpt2onnx.runtimes.base import RuntimeOptions, parse_runtimes, runtime_options
@@ -415,9 +416,11 @@ def check(
 
     json_output(json_path, reads=(folder,) if folder else ())
     dtype, quantization = planned
-    passes = None
-    if folder is None:
-        passes = {"fusion": fusion, "dtype": dtype, "quantization": quantization, "kv_cache": kv_cache}
+    passes = {"fusion": fusion, "dtype": dtype, "quantization": quantization, "kv_cache": kv_cache}
+    if folder is not None:
+        if passes != planned_defaults() or model is not None or logits != "all":
+            raise BadInput(f"'{folder}' is an exported folder with its own choices: drop the planned export's options")
+        passes = None
     asked = runtime is not None or options.flags != run_options_defaults()  # a runtime, or one of its options
     chosen = options.runtime(runtime or RuntimeOptions().name) if asked else None
     decoding_asked = search.sampling != Sampling() or search.decoding != Decoding()

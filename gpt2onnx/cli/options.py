@@ -22,7 +22,7 @@ from gpt2onnx.params import Option, options_of
 from gpt2onnx.precisions.all_precisions import FLOAT, FP32
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, KV_CACHES
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
-from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT
+from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, UNFUSED
 from gpt2onnx.profiles.all_profiles import help_line as fusion_help
 from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, runtime_options, runtime_spec
 from gpt2onnx.verify.gates import EvalGates, parse_gates
@@ -250,6 +250,13 @@ plan.__signature__ = inspect.Signature(
         *(_cli_parameter(option) for option in options_of(QuantizeOptions)),
     ]
 )
+
+
+def planned_defaults() -> dict:
+    """check's planned export when no option is given (every option at its default)."""
+    values = {name: p.default for name, p in plan.__signature__.parameters.items()}
+    dtype, quantization = plan(**values)
+    return {"fusion": UNFUSED.name, "dtype": dtype, "quantization": quantization, "kv_cache": FLOAT_CACHE}
 
 
 # -- what generate, parity, bench and eval share: the runtime's settings -------------------------------------------

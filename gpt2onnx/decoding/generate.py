@@ -281,14 +281,20 @@ def speculation_draft(model, speculation, sampling, decoding, options, verify_fi
     if speculation is None:
         return None
     check_combination(model, options, request_declared(sampling, decoding), speculation.declared)
+    return open_draft(speculation, model, verify_files)
+
+
+def open_draft(speculation, model=None, verify_files: bool = False):
+    """The folder the proposer names (a draft's), opened and refused in one line where it is not one, or where its
+    vocabulary size is not the model's (an opened folder; None: no model to compare with). None: no such folder."""
     if speculation.folder is None:
         return None
     try:
         draft = open_folder(speculation.folder, verify_files=verify_files)
     except BadInput as err:  # its subclasses (ContractError, IntegrityError) take one message too
         raise type(err)(f"the {speculation.proposer.name} ({speculation.proposer.switch.flag}): {err}") from None
-    ours, theirs = model.facts.vocab_size, draft.facts.vocab_size
-    if ours != theirs:
+    ours, theirs = model.facts.vocab_size if model is not None else None, draft.facts.vocab_size
+    if ours not in (None, theirs):
         raise BadInput(
             f"the draft '{draft.folder}' has a vocabulary of {theirs} tokens and the model '{model.folder}' one of"
             f" {ours}: a draft must share the model's tokenizer"

@@ -5,7 +5,6 @@ against the provider's kernel table; no session is made, no weights are read."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from gpt2onnx.artifact.generation import Decoding, Sampling, request_declared
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.capabilities import Declared, Unsupported, resolve
 from gpt2onnx.choices.of_folder import folder_choices
+from gpt2onnx.decoding.generate import open_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.passes.pipeline import GraphPasses
@@ -48,18 +48,15 @@ class Preflight:
 
 
 def architecture_of(model: str | None) -> Declared | None:
-    """What a planned export's checkpoint declares (its attention scores' precision), read from its config.json
-    without weights: a local folder or file; None where it has no local config (a Hub id, a preset name)."""
-    if model is None:
+    """What a planned export's checkpoint declares (its attention scores' precision), read from its config alone
+    (a local folder or file, or a named architecture; checked as export checks it, no weights); None for a Hub id
+    (not fetched) or no checkpoint."""
+    from gpt2onnx.pytorch.checkpoint import local_config
+
+    config = local_config(model) if model is not None else None
+    if config is None:
         return None
-    path = Path(model)
-    config = path / "config.json" if path.is_dir() else path
-    if not config.is_file():
-        return None
-    try:
-        upcast = bool(json.loads(config.read_text()).get("reorder_and_upcast_attn", False))
-    except (OSError, ValueError, AttributeError):
-        raise BadInput(f"'{config}' is not a readable config.json: give a checkpoint folder") from None
+    upcast = bool(getattr(config, "reorder_and_upcast_attn", False))
     return Declared(
         "architecture",
         "checkpoint",
@@ -90,14 +87,15 @@ def preflight(
         plan: an export's planned passes (``GraphPasses``, or its keywords: a combination they refuse is the
             answer) with ``logits`` and, optionally, the checkpoint ``model`` whose config.json says what its
             architecture needs. Give exactly one of the two.
-        runtime: the runtime and its settings (the onnxruntime runtime's: the provider) it would run on; None: the
-            question is about the folder or export alone.
+        runtime: the runtime and its settings (the onnxruntime runtime's: the provider) it would run on; None:
+            onnxruntime's defaults where decoding or the engine is asked, else the folder or export alone.
         targets: deployment targets (with those they need).
-        sampling, decoding, speculation: a request's decoding options and speculative proposer.
+        sampling, decoding, speculation: a request's decoding options and speculative proposer (a draft folder is
+            opened and its vocabulary compared with the folder's).
         engine: served by the batching engine (the Triton generation models run it).
 
-    Returns: Preflight. Raises: BadInput (a choice that does not exist, a folder that is not one)."""
-    if (folder is None) == (plan is None):
+    Returns: Preflight. Raises: BadInput (a choice that does not exist, a folder or a draft that is not one)."""
+    if (folder is None) == (plan is None) or (folder is not None and (model is not None or logits != "all")):
         raise BadInput("give a folder to check, or an export's planned options (--model/--fusion/...), one of them")
     chosen: list[Declared] = []
     kernels: tuple[str, ...] = ()
@@ -114,6 +112,9 @@ def preflight(
         chosen += [*plan.choices(), Declared("logits", logits, f"--logits {logits}", ensures={"logits": logits})]
         architecture = architecture_of(model)
         chosen += [architecture] if architecture is not None else []
+    asks_a_run = engine or speculation is not None or sampling is not None or decoding is not None
+    if asks_a_run and runtime is None:
+        runtime = RuntimeOptions()  # what generate and the engine run on unless told
     if runtime is not None:
         chosen += runtime.declared
         if folder is not None and runtime.name == "onnxruntime":
@@ -124,6 +125,7 @@ def preflight(
         chosen.append(request_declared(sampling or Sampling(), decoding or Decoding()))
     if speculation is not None:
         chosen.append(speculation.declared)
+        open_draft(speculation, opened if folder is not None else None, verify_files)
     if engine:
         chosen.append(ENGINE)
     alternatives = {**runtime_alternatives(), "target": [spec.declared for spec in target_specs()]}

@@ -11,7 +11,7 @@ from gpt2onnx.capabilities import Unsupported
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.passes.pipeline import GraphPasses
-from gpt2onnx.precisions.all_precisions import FLOAT, QUANTIZED
+from gpt2onnx.precisions.all_precisions import FLOAT, FP32, QUANTIZED
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, KV_CACHES
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.preflight.check import preflight
@@ -28,7 +28,7 @@ class Precision:
     """A precision column: its label and the passes' keywords."""
 
     label: str
-    dtype: str = "fp32"
+    dtype: str = FP32.short
     quantization: QuantizeOptions = QuantizeOptions()
 
 

@@ -101,6 +101,23 @@ def load_checkpoint(
     )
 
 
+def local_config(model: str, option: str = "--model"):
+    """A planned export's checkpoint read for its config alone (no weights, nothing run): a local folder's or
+    file's checked GPT2Config, the named architecture's, or None for a Hub id (not fetched); a mistyped path is
+    refused as :func:`load_checkpoint` refuses it."""
+    what = f"model '{model}' ({option})"
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return _read_config(path / "config.json", what, root=path)
+    if path.exists():  # a file: read only if it is a regular one (never a FIFO)
+        return _read_config(path, what)
+    if path.is_symlink():
+        raise CheckpointError(f"{what} is a symbolic link to '{os.readlink(path)}', which does not exist")
+    if _looks_like_path(model):
+        raise CheckpointError(f"{what}: no such file or folder")
+    return preset_config(model) if model in PRESETS else None
+
+
 def _looks_like_path(model: str) -> bool:
     # Hub ids are 'name' or 'org/name'; anything else that is not on disk is a mistyped path.
     return model.startswith((".", "/", "~")) or model.endswith((".json", "/")) or model.count("/") > 1 or "\\" in model
@@ -121,7 +138,7 @@ def _read_config(config_file: Path, what: str, root: Path | None = None):
     """config.json as data, never as code: checked, then given to GPT2Config.from_dict (an auto_map is ignored)."""
     from transformers import GPT2Config
 
-    if not config_file.is_file():
+    if not config_file.exists() and not config_file.is_symlink():  # a FIFO or a folder: read_regular_text says
         raise CheckpointError(
             f"{what}: '{config_file.parent}' has no config.json: point it at a Hugging Face model folder,"
             " or use --random-init with a named architecture"
