@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 
@@ -46,6 +47,8 @@ class QuantizedWeight:
     op: str  # the op that reads it: MatMulInteger, MatMulNBits, GatherBlockQuantized
     bits: int  # as the op declares it
     values: np.ndarray
+    block: int | None = None  # MatMulNBits', GatherBlockQuantized's block_size attribute
+    scheme: str | None = None  # MatMulInteger's storage as its tensors show it (precisions.int8's scheme names)
 
     @property
     def source_name(self) -> str:
@@ -117,6 +120,19 @@ def _matmul_integer(node: onnx.NodeProto, graph: onnx.GraphProto, weights: dict[
     return ((q - zero.reshape(1, -1)) * scale.reshape(1, -1)).astype(np.float32)
 
 
+def _int8_scheme(node: onnx.NodeProto, weights: dict[str, np.ndarray]) -> str:
+    """How MatMulInteger's weight is stored, read from its tensors: signed (u8s8) or not (u8u8), a scale per
+    column or one, and 7-bit where its integers span 7 bits (precisions.int8's scheme names)."""
+    q = weights[node.input[1]]
+    zero = weights[node.input[3]].astype(np.int32) if len(node.input) > 3 and node.input[3] else np.zeros(1, np.int32)
+    scale = weights[node.input[1].removesuffix("_quantized") + "_scale"]
+    signed = q.dtype == np.int8
+    centred = q.astype(np.int32) - zero.reshape(1, -1)
+    seven_bits = int(np.abs(centred).max(initial=0)) <= 64 if signed else int(np.ptp(q, initial=0)) <= 127
+    per_channel = "per-channel" if scale.size > 1 else "per-tensor"
+    return f"{'u8s8' if signed else 'u8u8'} {per_channel}{' 7-bit' if seven_bits else ''}"
+
+
 def dequantized_weights(model: onnx.ModelProto) -> list[QuantizedWeight]:
     """Every weight the graph stores quantized, dequantized (see :class:`QuantizedWeight`)."""
     weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
@@ -129,45 +145,63 @@ def dequantized_weights(model: onnx.ModelProto) -> list[QuantizedWeight]:
         seen.add(key)
         if node.op_type == "MatMulInteger" and node.input[1] in weights:
             name = node.input[1].removesuffix("_quantized")
-            found.append(QuantizedWeight(name, node.op_type, 8, _matmul_integer(node, model.graph, weights)))
+            values = _matmul_integer(node, model.graph, weights)
+            found.append(QuantizedWeight(name, node.op_type, 8, values, scheme=_int8_scheme(node, weights)))
         elif node.op_type == "MatMulNBits":
             name = _NBITS_SUFFIX.sub("", node.input[1])
-            found.append(QuantizedWeight(name, node.op_type, _attrs(node).get("bits", 4), _matmul_nbits(node, weights)))
+            bits, block = _attrs(node).get("bits", 4), _attrs(node)["block_size"]
+            found.append(QuantizedWeight(name, node.op_type, bits, _matmul_nbits(node, weights), block=block))
         elif node.op_type == "GatherBlockQuantized" and _attrs(node).get("quantize_axis", 1) == 2:
             # the tied embedding stored once: the head's MatMulNBits weights, read as the table (its name's)
             head = next((n for n in nodes if n.op_type == "MatMulNBits" and n.input[1] == node.input[0]), None)
             if head is None:
                 raise ContractError(f"{node.name}: a GatherBlockQuantized on 3-D blocks reads no MatMulNBits weight")
             name = _NBITS_SUFFIX.sub("", node.input[0]).removesuffix(HEAD_SUFFIX)
-            bits = _attrs(node).get("bits", 4)
-            found.append(QuantizedWeight(name, node.op_type, bits, _matmul_nbits(head, weights).T.copy()))
+            bits, block = _attrs(node).get("bits", 4), _attrs(head)["block_size"]
+            values = _matmul_nbits(head, weights).T.copy()
+            found.append(QuantizedWeight(name, node.op_type, bits, values, block=block))
         elif node.op_type == "GatherBlockQuantized":
             name = _NBITS_SUFFIX.sub("", node.input[0])
-            bits = _attrs(node).get("bits", 4)
-            found.append(QuantizedWeight(name, node.op_type, bits, _gather_block_quantized(node, weights)))
+            bits, block = _attrs(node).get("bits", 4), _attrs(node)["block_size"]
+            found.append(QuantizedWeight(name, node.op_type, bits, _gather_block_quantized(node, weights), block=block))
     return found
 
 
-# -- what the recipe declares, from the source weights -------------------------------------------------------------
+# -- what the file and its recipe declare, from the source weights -----------------------------------------------
 def declared_step(source: np.ndarray, weight: QuantizedWeight, record: QuantizationRecord) -> np.ndarray:
-    """The quantization step the recipe declares for each value of ``source`` (the weight in the file's layout):
-    its group's largest magnitude over the declared width's largest level. Groups: a block of ``block_size``
-    values along the input (MatMulNBits) or the width (tables); int8's MatMulInteger: a column or the tensor."""
+    """The quantization step declared for each value of ``source`` (the weight in the file's layout): its group's
+    largest magnitude over the declared width's largest level. Groups: a block of ``block_size`` values along the
+    input (MatMulNBits) or the width (tables); int8's MatMulInteger: a column or the tensor.
+
+    Declared by the graph (each op's bits and block size, MatMulInteger's tensors) and by the manifest's recipe;
+    where they differ the finer step is the one judged: the manifest can make the check stricter, never looser,
+    so a manifest whose entries were deleted or falsified cannot pass a file that has fewer bits than it runs."""
     if weight.op == "MatMulInteger":
-        scheme = record.int8_weights or "u8s8 per-tensor"
-        levels = (
-            (64 if "7-bit" in scheme else 127) if scheme.startswith("u8s8") else (127 if "7-bit" in scheme else 255)
-        )
-        per_channel = "per-channel" in scheme
-        if scheme.startswith("u8u8"):  # asymmetric: the range, including 0, over the levels
-            axis = 0 if per_channel else None
-            low = np.minimum(source.min(axis=axis, keepdims=True), 0)
-            high = np.maximum(source.max(axis=axis, keepdims=True), 0)
-            return np.broadcast_to((high - low) / levels, source.shape)
-        amax = np.abs(source).max(axis=0 if per_channel else None, keepdims=True)
-        return np.broadcast_to(amax / levels, source.shape)
-    bits = _declared_bits(weight, record)
-    block = record.block_size or 32
+        schemes = (weight.scheme, record.int8_weights)
+        return _finest(_int8_step(source, scheme) for scheme in schemes if scheme is not None)
+    steps = [_block_step(source, weight, weight.bits, weight.block or record.block_size or 32)]
+    steps.append(_block_step(source, weight, _recipe_bits(weight, record), record.block_size or weight.block or 32))
+    return _finest(steps)
+
+
+def _finest(steps) -> np.ndarray:
+    steps = list(steps)
+    return functools.reduce(np.minimum, steps[1:], steps[0])
+
+
+def _int8_step(source: np.ndarray, scheme: str) -> np.ndarray:
+    levels = (64 if "7-bit" in scheme else 127) if scheme.startswith("u8s8") else (127 if "7-bit" in scheme else 255)
+    per_channel = "per-channel" in scheme
+    if scheme.startswith("u8u8"):  # asymmetric: the range, including 0, over the levels
+        axis = 0 if per_channel else None
+        low = np.minimum(source.min(axis=axis, keepdims=True), 0)
+        high = np.maximum(source.max(axis=axis, keepdims=True), 0)
+        return np.broadcast_to((high - low) / levels, source.shape)
+    amax = np.abs(source).max(axis=0 if per_channel else None, keepdims=True)
+    return np.broadcast_to(amax / levels, source.shape)
+
+
+def _block_step(source: np.ndarray, weight: QuantizedWeight, bits: int, block: int) -> np.ndarray:
     # blocks run along the input of a MatMul ([in, out]: axis 0) and along the width of a table (axis 1)
     matrix = source.T if weight.op == "MatMulNBits" else source
     rows, width = matrix.shape
@@ -181,7 +215,13 @@ def declared_step(source: np.ndarray, weight: QuantizedWeight, record: Quantizat
 
 
 def _declared_bits(weight: QuantizedWeight, record: QuantizationRecord) -> int:
-    """The width the recipe declares for this weight: the head's and the embeddings' own, else the method's."""
+    """The width a weight is judged at: its op's, or the recipe's where that says more."""
+    return max(weight.bits, _recipe_bits(weight, record))
+
+
+def _recipe_bits(weight: QuantizedWeight, record: QuantizationRecord) -> int:
+    """The width the manifest's recipe declares for this weight: the head's and the embeddings' own, else the
+    method's."""
     if weight.op != "GatherBlockQuantized" and weight.name in (record.int8_layers or ()):
         return 8  # measured 8-bit layers (--mixed-int8)
     if weight.op == "GatherBlockQuantized":
