@@ -357,7 +357,8 @@ def test_cli_beam_search_writes_json(eos_export, tmp_path):
     sequences = data["prompts"][0]["sequences"]
     assert len(sequences) == 2 and sequences[0]["score"] >= sequences[1]["score"]
     assert sequences[0]["text"] == ",".join(map(str, sequences[0]["token_ids"]))
-    assert "0.1 (score" in result.output
+    assert result.stdout.startswith("0.0: ") and "\n1.1: " in result.stdout and "score" not in result.stdout
+    assert "score of 0.1: " in result.stderr  # figures on stderr and in --json; stdout is the text alone
 
 
 @pytest.mark.parametrize(

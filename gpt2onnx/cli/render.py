@@ -6,9 +6,9 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from gpt2onnx.cli.app import console, err_console
 from gpt2onnx.precisions.all_precisions import PRECISIONS
@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # the results' types only: rendering imports no library modul
     from gpt2onnx.exporters.export import ExportResult
     from gpt2onnx.targets.deploy import DeployResult
     from gpt2onnx.verify.bench import BenchReport
+
+
+PASS, FAIL = Text("pass", "green"), Text("FAIL", "red")  # the consoles take no markup: user text prints as it is
 
 
 def line(text: str) -> None:
@@ -41,7 +44,7 @@ def size(n: int | None) -> str:
 def progress(description: str, total: int | None = None) -> Iterator[Callable[..., None]]:
     """A transient progress bar on stderr, on a terminal only (a bar on a pipe would leave a blank line before a
     one-line error); yields ``step(done=None, total=None)``: one step more, or ``done`` of ``total``."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
         task = bar.add_task(description, total=total)
 
@@ -113,12 +116,14 @@ def deployed(result: DeployResult, folder: Path) -> None:
 
 
 def inspected(info: ModelDescription) -> None:
-    console.print(f"[bold]{escape(info.path)}[/]  IR {info.ir_version}, {info.producer or 'unknown producer'}")
+    console.print(
+        Text.assemble((str(info.path), "bold"), f"  IR {info.ir_version}, {info.producer or 'unknown producer'}")
+    )
     console.print("opsets: " + ", ".join(f"{d} {v}" for d, v in info.opset_imports.items()))
     io = _table("inputs and outputs", ("", "name", "dtype", "dims"), left=("", "name", "dtype", "dims"))
     for kind, tensors in (("input", info.inputs), ("output", info.outputs)):
         for t in tensors:
-            io.add_row(kind, t.name, t.dtype, escape("[" + ", ".join(map(str, t.dims)) + "]"))
+            io.add_row(kind, t.name, t.dtype, "[" + ", ".join(map(str, t.dims)) + "]")
     console.print(io)
     ops = _table(f"ops ({info.node_count} nodes)", ("domain", "op", "count"), left=("domain", "op"))
     for row in info.op_histogram:
@@ -130,7 +135,7 @@ def inspected(info: ModelDescription) -> None:
         acc.add_row(c.component, f"{c.params_per_instance:,}", str(c.instances), f"{c.total:,}")
     for u in params.unnamed:
         acc.add_row(f"{u.name} (unnamed)", f"{u.params:,}", "1", f"{u.params:,}")
-    acc.add_row("[bold]total[/]", "", "", f"[bold]{params.total:,}[/]")
+    acc.add_row(Text("total", "bold"), "", "", Text(f"{params.total:,}", "bold"))
     console.print(acc)
     console.print("files: " + ", ".join(f"{name} {size(n)}" for name, n in info.files.items()))
     if info.manifest and info.manifest.fusion:
@@ -145,24 +150,28 @@ def streamed(kind: str, text: str) -> None:
 
 
 def generated(result: TextGeneration) -> None:
-    """After the stream: a line break; or, for several sequences, each labelled (prompt.sequence) with its score."""
+    """stdout: the text alone. One sequence: its prompt and continuation (a line break after the stream); several:
+    each continuation labelled (prompt.sequence). stderr: the beams' scores and how many proposals were kept."""
     beams, per_prompt = result.settings["num_beams"], result.settings["num_return_sequences"]
-    if len(result.texts) == 1 and beams == 1:
+    notes = []
+    if len(result.texts) == 1:
+        if beams > 1:  # not streamed: beam search chooses its sequence at the end
+            streamed("prompt", result.prompts[0])
+            console.print(result.texts[0], end="", markup=False, highlight=False)
         console.print()
-        _speculation(result)
-        return
-    for row, text in enumerate(result.texts):
-        label = f"{result.prompt_index[row]}.{row % per_prompt}" if per_prompt > 1 else f"{row}"
-        score = f" [dim](score {result.scores[row]:.4f})[/]" if result.scores[row] is not None and beams > 1 else ""
-        console.print(f"[bold]{label}[/]{score}: ", end="")
+    labels = [
+        f"{result.prompt_index[row]}.{row % per_prompt}" if per_prompt > 1 else f"{row}"
+        for row in range(len(result.texts))
+    ]
+    for label, text in zip(labels, result.texts) if len(result.texts) > 1 else ():
+        console.print(f"{label}: ", end="", markup=False, highlight=False)
         console.print(text, markup=False, highlight=False)
-    _speculation(result)
-
-
-def _speculation(result: TextGeneration) -> None:
-    """With --prompt-lookup or --draft: how many proposals the model kept."""
-    if result.speculation is not None:
-        console.print(result.speculation.summary(), style="dim", markup=False, highlight=False)
+    if beams > 1:
+        notes += [f"score of {label}: {score:.4f}" for label, score in zip(labels, result.scores) if score is not None]
+    if result.speculation is not None:  # with --prompt-lookup or --draft
+        notes.append(result.speculation.summary())
+    for note in notes:
+        err_console.print(note, style="dim", markup=False, highlight=False, soft_wrap=True)
 
 
 def parity_report(report: CheckReport) -> None:
@@ -180,7 +189,7 @@ def parity_report(report: CheckReport) -> None:
             f"{case.logits.p99:.1e}",
             f"{case.present.max:.1e}" if case.present else "-",
             f"{100 * case.top1_agreement:.1f}%",
-            "equal" if case.tokens_equal else "[red]differ[/]",
+            "equal" if case.tokens_equal else Text("differ", "red"),
         )
     console.print(table)
     console.print(_parity_totals(report))
@@ -206,15 +215,15 @@ def _parity_totals(report: CheckReport) -> Table:
     summary.add_row("NaN/Inf", str(t.nonfinite))
     summary.add_row("prompts", t.prompts or "random token ids")
     if report.placement is not None:
-        summary.add_row("node placement", escape(report.placement.summary()))
+        summary.add_row("node placement", report.placement.summary())
     summary.add_row("greedy tokens equal", f"{t.tokens_equal_cases} of {t.cases} cases")
     if report.kv_path is not None and report.kv_path.skipped:
         summary.add_row("K/V path", f"not checked: {report.kv_path.skipped}")
     for check in report.kv_path.checks if report.kv_path is not None else []:
-        summary.add_row(f"K/V path: {check.description}", check.figures() + ("" if check.passed else " [red]FAIL[/]"))
-    summary.add_row(
-        "verdict", "[green]pass[/]" if report.passed else "[red]FAIL[/]: " + escape("; ".join(report.failures))
-    )
+        summary.add_row(
+            f"K/V path: {check.description}", Text.assemble(check.figures(), ("" if check.passed else (" FAIL", "red")))
+        )
+    summary.add_row("verdict", PASS if report.passed else Text.assemble(FAIL, ": " + "; ".join(report.failures)))
     return summary
 
 
@@ -291,7 +300,7 @@ def evaluated(report: EvalReport) -> None:
     table.add_column("")
     table.add_column("reference", justify="right")
     for r in rows:
-        table.add_column(escape(Path(r.label).name), justify="right")
+        table.add_column(Path(r.label).name, justify="right")
     for name, ref_value, value in _EVAL_FIGURES:
         table.add_row(name, ref_value(ref), *(value(r) for r in rows))
     console.print(table)
@@ -329,7 +338,7 @@ _EVAL_FIGURES = (
     ("same top-1", _none, lambda r: f"{100 * r.same_top1:.2f} %"),
     ("RMS Δp", _none, lambda r: f"{r.rms_dp:.3g}"),
     ("greedy", _none, _greedy),
-    ("verdict", _none, lambda r: "-" if r.check is None else "[green]pass[/]" if r.check.passed else "[red]FAIL[/]"),
+    ("verdict", _none, lambda r: "-" if r.check is None else PASS if r.check.passed else FAIL),
 )
 
 
