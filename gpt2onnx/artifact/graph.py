@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import re
@@ -14,8 +15,9 @@ from google.protobuf.json_format import ParseError
 from google.protobuf.message import DecodeError
 
 from gpt2onnx.artifact.contract import graph_io
+from gpt2onnx.artifact.paths import file_in_folder
 from gpt2onnx.errors import BadInput, ContractError
-from gpt2onnx.files import require_regular
+from gpt2onnx.files import open_regular, require_regular
 from gpt2onnx.layouts.all_layouts import layout_of
 from gpt2onnx.layouts.layout import CacheLayout
 
@@ -67,6 +69,62 @@ def load_graph(path: Path) -> onnx.ModelProto:
             f"'{path}' is not an ONNX model (it holds no graph); give a .onnx file or an exported folder"
         )
     return model
+
+
+def load_model(path: Path) -> onnx.ModelProto:
+    """The graph with its weights. gpt2onnx reads the external data itself: each file a plain name inside the
+    model's folder and a regular file, each tensor's bytes inside it. (onnx's loader refuses a data file with more
+    than one hard link, which is how deploy keeps one copy of the weights for every target.)"""
+    model = load_graph(Path(path))
+    with _ExternalData(path) as data:
+        for tensor in _tensors(model.graph):
+            data.fill(tensor)
+    return model
+
+
+class _ExternalData(contextlib.ExitStack):
+    """The external data files beside the model file ``path``, each opened once, when a tensor first names it."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = Path(path)
+        self.opened: dict[str, object] = {}
+
+    def fill(self, tensor: onnx.TensorProto) -> None:
+        """Move the tensor's external bytes (if it has any) into it."""
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            return
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        name = info.get("location", "")
+        if name not in self.opened:
+            file = file_in_folder(self.path.parent, name, what="external data file", where=self.path)
+            self.opened[name] = self.enter_context(open_regular(file, "external data file"))
+        handle, offset = self.opened[name], int(info.get("offset") or 0)
+        length = int(info["length"]) if info.get("length") else -1
+        handle.seek(offset)
+        data = handle.read(length)
+        if length >= 0 and len(data) != length:
+            raise ContractError(
+                f"'{self.path}': the weight '{tensor.name}' is bytes {offset:,} to {offset + length:,} of '{name}',"
+                " which ends before them: export the folder again"
+            )
+        tensor.raw_data = data
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
+
+
+def _tensors(graph: onnx.GraphProto):
+    """Every tensor a graph holds: its initializers and its nodes' tensor attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            yield from attr.tensors
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _tensors(attr.g)
+            for g in attr.graphs:
+                yield from _tensors(g)
 
 
 _POSITION_TABLE = re.compile(r"^(?:transformer\.)?wpe(?:\.weight)?$")
@@ -251,23 +309,22 @@ def sort_topologically(graph: onnx.GraphProto) -> bool:
     return True
 
 
-def cache_scales(model: onnx.ModelProto, base_dir: Path) -> dict | None:
+def cache_scales(model: onnx.ModelProto, model_path: Path) -> dict | None:
     """A quantized K/V cache's scales (GroupQueryAttention's k_scale and v_scale inputs, each [1, heads, 1,
     head_dim] float32) by the name of the past input each scales; None for a float cache.
-    ``model``: the graph, loaded with or without its weights (external ones are read from ``base_dir``)."""
+    ``model``: the graph of ``model_path``, loaded with or without its weights (external ones are read beside it)."""
     import numpy as np
     from onnx import numpy_helper
-    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
     initializers = {init.name: init for init in model.graph.initializer}
     by_past = {}
-    for node in all_nodes(model.graph, prompt_body=True):  # int4's prompt path holds them in its If
-        if node.op_type != QUANTIZED_CACHE_OP or len(node.input) < 14 or not node.input[12]:
-            continue
-        for past, scale in ((node.input[3], node.input[12]), (node.input[4], node.input[13])):
-            tensor = onnx.TensorProto()
-            tensor.CopyFrom(initializers[scale])
-            if uses_external_data(tensor):
-                load_external_data_for_tensor(tensor, str(base_dir))
-            by_past[past] = np.asarray(numpy_helper.to_array(tensor), np.float32)
+    with _ExternalData(model_path) as data:
+        for node in all_nodes(model.graph, prompt_body=True):  # int4's prompt path holds them in its If
+            if node.op_type != QUANTIZED_CACHE_OP or len(node.input) < 14 or not node.input[12]:
+                continue
+            for past, scale in ((node.input[3], node.input[12]), (node.input[4], node.input[13])):
+                tensor = onnx.TensorProto()
+                tensor.CopyFrom(initializers[scale])
+                data.fill(tensor)
+                by_past[past] = np.asarray(numpy_helper.to_array(tensor), np.float32)
     return by_past or None

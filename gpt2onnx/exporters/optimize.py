@@ -25,7 +25,7 @@ from gpt2onnx.artifact.folder import (
     staged_folder,
     write_manifest,
 )
-from gpt2onnx.artifact.graph import graph_facts, graph_summary, load_graph, resolve_model_path, save_onnx
+from gpt2onnx.artifact.graph import graph_facts, graph_summary, load_graph, load_model, resolve_model_path, save_onnx
 from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.capabilities import Declared, Need, Unsupported, as_source
 from gpt2onnx.choices.of_folder import folder_choices
@@ -121,7 +121,7 @@ def optimize(
     passes.verdict(OPTIMIZE, *(as_source(c) for c in folder_choices(facts, str(model_path.parent)))).check()
     _refuse_a_fused_copy(facts, passes, model_path)
     timings = {}
-    model = onnx.load(str(model_path))
+    model = load_model(model_path)
     previous = read_manifest(model_path.parent)
     architecture = previous.architecture if previous else None  # None: a folder this tool did not write
     passed = passes.apply(

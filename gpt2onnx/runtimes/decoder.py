@@ -93,7 +93,7 @@ def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     check_kernels(graph, provider)  # ops the provider has no kernel for: refused before any session is made
     shape = decoder_shape(*graph_io(graph), model.n_positions)
     host_side = host_side_nodes(graph) if provider.name != "cpu" else None
-    scales = cache_scales(graph, model.model_path.parent) if shared else None
+    scales = cache_scales(graph, model.model_path) if shared else None
     del graph
     session = create_session(model.model_path, provider, shape=shape, host_side=host_side)
     if kind is SharedCacheDecoder:  # a quantized cache's scales, read from the graph
@@ -117,7 +117,7 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDec
     facts = graph_facts(graph)
     kind = stepper_for(facts.layout)
     if kind is SharedCacheDecoder:
-        scales = cache_scales(graph, Path(model_path).parent)
+        scales = cache_scales(graph, Path(model_path))
         decoder = SharedCacheDecoder(cpu_session(model_path), n_positions=n_positions, cache_scales=scales)
     else:
         decoder = kind(cpu_session(model_path), n_positions=n_positions)

@@ -33,6 +33,7 @@ from onnx import TensorProto, helper
 from gpt2onnx.artifact.contract import DecoderShape, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import GENERATION_CONFIG_FILE, MODEL_FILE, read_n_positions
 from gpt2onnx.artifact.generation import read_generation_config, refuse_eos_outside
+from gpt2onnx.artifact.graph import load_model
 from gpt2onnx.artifact.search_ops import DATA_NAME, FILES, MS_DOMAIN, SEARCHES, SUBFOLDER, FixedSettings
 from gpt2onnx.capabilities import Need
 from gpt2onnx.errors import BadInput, ContractError
@@ -268,7 +269,7 @@ def write_ort_generate(
     # a shared-K/V-cache folder (GroupQueryAttention) runs too: the ops feed it a growing past, which
     # GroupQueryAttention concatenates (their past_present_share_buffer mode needs a past_sequence_length
     # input and, for beams, DecoderMaskedMultiHeadAttention, which this graph does not have)
-    model = onnx.load(str(folder / MODEL_FILE))  # with its weights: they move into the outer graphs
+    model = load_model(folder / MODEL_FILE)  # with its weights: they move into the outer graphs
     shape = decoder_shape(*graph_io(model), read_n_positions(folder))
     if shape.vocab_size is None:
         raise ContractError(f"'{folder / MODEL_FILE}' has no fixed vocabulary size on its logits: the ops need it")

@@ -21,7 +21,7 @@ import onnx
 
 from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.artifact.folder import CONFIG_FILE, MODEL_FILE, read_json_file
-from gpt2onnx.artifact.graph import DATA_FILE_SUFFIX, external_data_files, load_graph, save_onnx
+from gpt2onnx.artifact.graph import DATA_FILE_SUFFIX, external_data_files, load_graph, load_model, save_onnx
 from gpt2onnx.capabilities import Need
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
@@ -115,7 +115,7 @@ def write_derived(
     for dtype, suffix, make in declared.transformers_js_derived if declared is not None else ():
         name = f"model{suffix}.onnx"
         try:  # external data is read from beside the file
-            model = make(onnx.load(str(folder / MODEL_FILE)), upcast_attention=upcast_attention)
+            model = make(load_model(folder / MODEL_FILE), upcast_attention=upcast_attention)
         except BadInput as err:
             log.warning("transformers.js %s not written: %s", dtype, err)
             continue

@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from gpt2onnx.artifact.graph import load_model
+
 log = logging.getLogger(__name__)
 
 _ORT_TYPES = {"tensor(float16)": TensorProto.FLOAT16, "tensor(float)": TensorProto.FLOAT}
@@ -78,6 +80,6 @@ def emulate_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def write_emulated_fp16(model_path: Path, out_path: Path) -> Path:
     """:func:`emulate_fp16` of the model at ``model_path``, saved (weights as external data) at ``out_path``."""
-    model = emulate_fp16(onnx.load(str(model_path)))
+    model = emulate_fp16(load_model(model_path))
     onnx.save_model(model, str(out_path), save_as_external_data=True, location=out_path.name + "_data")
     return out_path

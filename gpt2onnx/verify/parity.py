@@ -20,7 +20,7 @@ import torch
 from onnx import numpy_helper
 
 from gpt2onnx.artifact.folder import ModelFolder, open_folder, read_n_positions
-from gpt2onnx.artifact.graph import save_onnx
+from gpt2onnx.artifact.graph import load_model, save_onnx
 from gpt2onnx.artifact.manifest import QuantizationRecord
 from gpt2onnx.artifact.report import CheckReport, WeightRounding
 from gpt2onnx.errors import BadInput
@@ -232,7 +232,7 @@ def with_file_check(report: CheckReport, file_report: CheckReport, rounded: Roun
 
 def rounded_pytorch(model_path: Path, ckpt: Checkpoint, quantization: QuantizationRecord) -> RoundedReference:
     """PyTorch with the quantized file's own dequantized weights, and how far those are from ``ckpt``'s."""
-    figures, weights = weight_rounding(onnx.load(str(model_path)), lambda name: _tensor(ckpt, name), quantization)
+    figures, weights = weight_rounding(load_model(model_path), lambda name: _tensor(ckpt, name), quantization)
     trained, why = quality_gates_apply(ckpt.source)
     rounded_model = reference_model(rounded_checkpoint(ckpt, weights))
     against = f"{PYTORCH} with the file's rounded weights"
@@ -356,7 +356,7 @@ def validate_against_source(
         with tempfile.TemporaryDirectory(prefix="gpt2onnx-rounded-") as tmp:
             rounded = None
             if quantization is not None and not quantized_cache:
-                source_model = onnx.load(str(source))
+                source_model = load_model(source)
                 initializers = {i.name: i for i in source_model.graph.initializer}
 
                 def source_weight(name: str):
