@@ -24,8 +24,9 @@ from gpt2onnx.files import write_json_atomic
 
 INTERNAL_ERROR = 70  # a bug of ours, not the user's: still one line, and the traceback with --verbose
 
-console = Console()
-err_console = Console(stderr=True)
+# no markup, no emoji codes: names and messages from the user print as they are (a file 'x:b:y.txt' stays that)
+console = Console(markup=False, emoji=False)
+err_console = Console(stderr=True, markup=False, emoji=False)
 
 
 # --help at 80 columns: a short metavar per value type (typer shows "<list[str]>", "<int>"), none for flags
@@ -51,6 +52,20 @@ def _short_metavars(command, ctx) -> None:
             param.metavar = _METAVARS.get(element, "TEXT")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so that it unwinds as Ctrl-C does (staging folders removed, locks
+    released, nothing half-written); exit code 143."""
+
+
+_terminated = False  # SIGTERM arrived (typer turns the exception into exit code 130, as for Ctrl-C: told apart here)
+
+
+def _terminate(signum, frame) -> None:
+    global _terminated
+    _terminated = True
+    raise Terminated()
+
+
 class OneLineErrors(typer.core.TyperGroup):
     """Every failure the user can cause ends as one line on stderr and a non-zero exit, never a traceback."""
 
@@ -69,9 +84,14 @@ class OneLineErrors(typer.core.TyperGroup):
             _refuse_underscored_numbers(args[0] if args else kwargs.get("args"))
             return super().main(*args, standalone_mode=False, **kwargs)
         interrupts = signal.getsignal(signal.SIGINT) if _in_main_thread() else None
+        terminations = signal.signal(signal.SIGTERM, _terminate) if _in_main_thread() else None
         try:
             _refuse_underscored_numbers(args[0] if args else kwargs.get("args"))
             rv = super().main(*args, standalone_mode=False, **kwargs)
+            if _terminated:
+                raise Terminated()
+            if rv == 130:  # typer ends a KeyboardInterrupt as exit code 130, silently: say it as the rest do
+                raise KeyboardInterrupt()
             sys.stdout.flush()  # a full or closed stdout fails here, not at exit
         except typer.TyperException as err:  # usage errors: bad option values, missing options
             _fail(f"{err.format_message()} (see --help)", err.exit_code)
@@ -79,6 +99,8 @@ class OneLineErrors(typer.core.TyperGroup):
             _fail("aborted", 1, prefix="")
         except Gpt2OnnxError as err:
             _fail(str(err), err.exit_code)
+        except Terminated:
+            _fail("terminated", 143, prefix="")
         except KeyboardInterrupt:
             _fail("interrupted", 130, prefix="")
         except OSError as err:
@@ -98,6 +120,8 @@ class OneLineErrors(typer.core.TyperGroup):
         finally:
             if interrupts is not None and not _as_process and signal.getsignal(signal.SIGINT) is not interrupts:
                 signal.signal(signal.SIGINT, interrupts)  # a caller's own (the test runner's), as it was
+            if terminations is not None and not _as_process:
+                signal.signal(signal.SIGTERM, terminations)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
@@ -110,12 +134,13 @@ _as_process = False  # the app runs as the gpt2onnx process (_Process), not insi
 
 
 def ignore_interrupts() -> None:
-    """A command starts writing its --json (and --plot) file, its last work: from here on Ctrl-C is ignored until
-    the process exits, so that an interrupted command (exit code 130) has written nothing and a finished one the
-    whole file (atomically)."""
+    """A command starts writing its --json (and --plot) file, its last work: from here on Ctrl-C and SIGTERM are
+    ignored until the process exits, so that an interrupted command (exit code 130, 143) has written nothing and a
+    finished one the whole file (atomically)."""
     global _written
     if _in_main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _written = True
 
 
@@ -141,6 +166,7 @@ class _Process(typer.Typer):
             if _in_main_thread():
                 if not _written:
                     signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 _NOT_PERMITTED = (errno.EACCES, errno.EPERM, errno.EROFS)
