@@ -43,7 +43,7 @@ def target(request, trained_checkpoint, trained_export, tmp_path_factory):
     return export(str(trained_checkpoint), out, options=ExportOptions(fusion=request.param)).folder
 
 
-def _random(tmp_path_factory, name: str, vocab: int, *, logits: str = "all"):
+def _random(tmp_path_factory, name: str, vocab: int, *, logits: str = "all", positions: int = 128, fusion="none"):
     config = tmp_path_factory.mktemp(name) / "config.json"
     config.write_text(
         json.dumps(
@@ -53,13 +53,13 @@ def _random(tmp_path_factory, name: str, vocab: int, *, logits: str = "all"):
                 "n_head": 2,
                 "n_embd": 32,
                 "vocab_size": vocab,
-                "n_positions": 128,
+                "n_positions": positions,
                 "eos_token_id": vocab - 1,
                 "bos_token_id": vocab - 1,
             }
         )
     )
-    options = ExportOptions(validate=False, logits=logits)
+    options = ExportOptions(validate=False, logits=logits, fusion=fusion)
     return export(str(config), config.parent / "model", random_init=True, options=options).folder
 
 
@@ -73,6 +73,19 @@ def bad_draft(tmp_path_factory):
 @pytest.fixture(scope="module")
 def other_vocabulary(tmp_path_factory):
     return _random(tmp_path_factory, "vocab-1000", 1000)
+
+
+@pytest.mark.parametrize("fusion", ["none", "ort-shared-kv"])
+def test_a_draft_with_a_shorter_context_proposes_within_it(trained_export, tmp_path_factory, fusion):
+    """A draft of 32 positions on a model of 128: it proposes while the sequence fits its context, then the model
+    decodes alone; greedy stays plain greedy (once: refused as 'beyond the model's context of 32', the draft's)."""
+    draft = _random(tmp_path_factory, f"short-{fusion}", 512, positions=32, fusion=fusion)
+    prompt = PROMPTS[2]
+    plain = generate(trained_export, prompts=[prompt], max_new_tokens=NEW)
+    assert len(plain.prompt_ids[0]) < 32 < len(plain.prompt_ids[0]) + NEW
+    drafted = generate(trained_export, prompts=[prompt], max_new_tokens=NEW, speculation=Speculation(draft=draft))
+    assert drafted.tokens == plain.tokens
+    assert drafted.speculation.proposed > 0 and drafted.speculation.draft_steps > 0
 
 
 @pytest.fixture(scope="module")
@@ -202,9 +215,43 @@ def test_cli_reports_acceptance(trained_export, tmp_path):
     out = tmp_path / "out.json"
     result = run(trained_export, "--prompt", PROMPTS[2], "--max-new-tokens", 20, "--prompt-lookup", 5, "--json", out)
     assert result.exit_code == 0, result.output
-    assert "prompt-lookup: accepted" in result.output and "tokens per target step" in result.output
+    assert "prompt-lookup: accepted" in result.stderr and "tokens per target step" in result.stderr
     report = json.loads(out.read_text())
     assert report["speculation"]["tokens"] == 20 and report["settings"]["speculation"]["prompt_lookup_num_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ("--prompt-lookup", 5),
+        ("--draft", "{self}"),
+        ("--draft", "{self}", "--draft-tokens", "adaptive"),
+        ("--prompt-lookup", 5, "--json", "{json}"),
+        ("--json", "{json}"),
+        ("--num-beams", 1),
+    ],
+)
+def test_cli_stdout_is_the_text_alone(trained_export, tmp_path, mode):
+    """Greedy's stdout is the prompt and its continuation, the same bytes in every mode (speculative decoding's
+    figures go to stderr and --json): a pipe or a redirect gets the text alone."""
+    args = ("--prompt", PROMPTS[2], "--max-new-tokens", 12)
+    plain = run(trained_export, *args)
+    assert plain.exit_code == 0, plain.output
+    given = [str(a).replace("{self}", str(trained_export)).replace("{json}", str(tmp_path / "g.json")) for a in mode]
+    result = run(trained_export, *args, *given)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == plain.stdout and result.stdout.startswith(PROMPTS[2]) and result.stdout.endswith("\n")
+    assert ("accepted" in result.stderr) == ("--prompt-lookup" in given or "--draft" in given)
+
+
+def test_cli_stdout_of_beams_is_the_text_alone(trained_export):
+    """One beam sequence: its prompt and text (the score on stderr); several: each labelled, one a line."""
+    args = ("--prompt", PROMPTS[2], "--max-new-tokens", 6, "--num-beams", 3)
+    one = run(trained_export, *args)
+    assert one.exit_code == 0, one.output
+    assert one.stdout.startswith(PROMPTS[2]) and "score" not in one.stdout and "score of 0: " in one.stderr
+    several = run(trained_export, *args, "--num-return-sequences", 2)
+    assert several.stdout.startswith("0.0: ") and "\n0.1: " in several.stdout and "score" not in several.stdout
 
 
 def test_cli_refusals(trained_export, bad_draft, other_vocabulary):

@@ -378,8 +378,7 @@ def _row(decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos
 
 
 def _run(decoder, request: Request) -> Generation:
-    if request.draft is not None:
-        request.draft.check_length(request.input_ids.shape[1] + request.max_new_tokens)
+    # a draft with a shorter context than the model's proposes while the sequence fits it, then stops proposing
     return speculative_decode(
         decoder,
         request.input_ids,

@@ -6,6 +6,7 @@ a confidence it tunes with scikit-learn (``assistant_confidence_threshold``); th
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -20,6 +21,7 @@ from gpt2onnx.errors import BadInput
 from gpt2onnx.params import param
 from gpt2onnx.runtimes.base import StepRuntime
 
+log = logging.getLogger(__name__)
 ADAPTIVE = "adaptive"
 ASSISTANT_TOKENS = 20  # transformers' num_assistant_tokens: where the adaptive schedule starts
 
@@ -81,10 +83,17 @@ class Draft(Proposer):
     def start(self, prompt: list[int], capacity: int) -> None:
         self.prompt_length = len(prompt)
         self.seen: list[int] = []  # the tokens in the draft's cache, in order
-        self.past = self.decoder.empty_past(1, capacity=capacity)
+        self.context = self.decoder.n_positions or capacity  # a draft with a shorter context proposes within it
+        self.full = False
+        self.past = self.decoder.empty_past(1, capacity=min(capacity, self.context))
 
     def propose(self, sequence: list[int], limit: int) -> list[int]:
-        k = min(int(self.k), limit)
+        # the i-th proposal runs the sequence and i - 1 proposals: all within the draft's context
+        room = self.context - len(sequence) + 1
+        if room < 1 and not self.full:
+            log.info("the draft's context of %d tokens is full: the model decodes alone from here", self.context)
+            self.full = True
+        k = min(int(self.k), limit, room)
         if k < 1:
             return []
         new = sequence[len(self.seen) :]  # what the draft has not seen: at least the last token
