@@ -904,6 +904,13 @@ CASES: list[Case] = [
     Case("provider-bogus", "options", ("generate", "{exp}", "--ids", "1", "--provider", "tpu"), B, match="tpu"),
     Case("prompt-lookup-zero", "options", ("generate", "{exp}", "--ids", "1", "--prompt-lookup", "0"), B, match="1 to"),
     Case("draft-tokens-bogus", "options", ("generate", "{exp}", "--ids", "1", "--draft-tokens", "x"), B, match="draft"),
+    Case(
+        "draft-tokens-superscript",  # '²'.isdigit() is true, int('²') raises: once exit 70
+        "traceback",
+        ("generate", "{exp}", "--ids", "1", "--draft", "{exp}", "--draft-tokens", "²"),
+        B,
+        match="--draft-tokens must be a number from 1 to 64",
+    ),
     Case("max-ngram-alone", "options", ("generate", "{exp}", "--ids", "1", "--max-ngram", "3"), B, match="--max-ngram"),
     Case("parity-cases-zero", "options", ("parity", "{exp}", "--cases", "0"), B, match="cases"),
     Case("bench-folder-without-model", "options", ("bench", "{src}"), B, match="model.onnx"),
@@ -3424,4 +3431,92 @@ CASES += [
         timeout=400,
     ),
     Case("serve-decides-per-request", "security", (), 0, run=_serve_per_request, creates=(*SITE, "site"), timeout=60),
+]
+
+
+# -- round five (issue 47) -----------------------------------------------------------------------------------------
+def _int4_external(c: Ctx) -> None:
+    """An int4 export whose weights are in an external data file (deploy hard-links that file into its targets)."""
+    from gpt2onnx.exporters.export import ExportOptions, export
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
+
+    options = ExportOptions(quantization=QuantizeOptions("int4"), external_data=True, validate=False)
+    export(str(c.src), c.dir / "q", options=options)
+
+
+def _deployed_files_load(c: Ctx, out: Outcome) -> None:
+    import onnxruntime as ort
+
+    for name in ("model_q4.onnx", "model_q4f16.onnx"):
+        ort.InferenceSession(str(c.dir / "out" / "onnx" / name), providers=["CPUExecutionProvider"])
+
+
+def _deployed_with_links(c: Ctx) -> None:
+    from gpt2onnx.targets.deploy import deploy
+
+    _int4_external(c)
+    deploy(c.dir / "q", "triton", out=c.dir / "d")  # the data file now has three hard links
+    assert (c.dir / "d" / "model.onnx_data").stat().st_nlink > 1
+
+
+def terminated_export(c: Ctx, cli) -> Outcome:
+    """SIGTERM an export while its staging folder exists: it unwinds as Ctrl-C does (exit code 143, one line, no
+    staging folder, no lock); then the next export into that parent runs."""
+    (c.dir / "out").mkdir()
+    proc = _spawn(cli, ["export", "--model", "tiny", "--random-init", "-o", "out/a"], c)
+    deadline = time.monotonic() + 90
+    while not list((c.dir / "out").glob(".a.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list((c.dir / "out").glob(".a.tmp-*")), "the export ended before its staging folder was seen"
+    proc.send_signal(signal.SIGTERM)
+    first = finish(proc, 60)
+    assert first.code == 143 and first.stderr.strip() == "terminated", (first.code, first.stderr[-500:])
+    assert not list((c.dir / "out").iterdir()), f"left after SIGTERM: {list((c.dir / 'out').iterdir())}"
+    return cli(["export", "--model", "tiny", "--random-init", "--no-validate", "-o", "out/b"], c)
+
+
+CASES += [
+    Case(
+        "deploy-tjs-int4-external-data",  # once exit 70: onnx refused the data file's hard links
+        "traceback",
+        ("deploy", "q", "--target", "transformers-js", "-o", "out"),
+        0,
+        _int4_external,
+        creates=("out",),
+        check=_deployed_files_load,
+        timeout=240,
+    ),
+    Case(
+        "parity-of-a-deployed-folder",  # its data file hard-linked into triton/ and onnx/: once exit 70
+        "traceback",
+        # random weights in a local folder: the quality gates are loosened, the file check (which loads the data) not
+        ("parity", "d", "--cases", "1", "--gate", "kl_mean=10", "--gate", "top1=0.01", "--gate", "top5=0.01"),
+        0,
+        _deployed_with_links,
+        timeout=240,
+    ),
+    Case(
+        "optimize-int4-into-int8",  # once: "the quantized weight 'wpe.weight' has no source weight"
+        "message",
+        ("optimize", "{q4}", "-o", "o", "--quantize", "int8"),
+        B,
+        match="optimize the fp32 folder it was made from",
+    ),
+    Case(
+        "optimize-int4-into-gptq",
+        "message",
+        ("optimize", "{q4}", "-o", "o", "--quantize", "int4", "--algorithm", "gptq"),
+        B,
+        match="optimize the fp32 folder it was made from",
+        absent="lm-head",
+    ),
+    Case(
+        "calibration-emoji-code-name",  # rich once showed 'x:b:y.txt' as 'x🅱y.txt'
+        "message",
+        ("optimize", "{exp}", "-o", "o", "--quantize", "int4", "--algorithm", "gptq", "--calibration", "x:b:y.txt"),
+        B,
+        match=r"'x:b:y\.txt'",
+    ),
+    Case("markup-in-a-folder-name", "message", ("inspect", "[red]nope[/]"), B, match=r"'\[red\]nope\[/\]'"),
+    Case("export-sigterm", "data-loss", (), 0, run=terminated_export, creates=("out",), timeout=200),
 ]

@@ -328,6 +328,28 @@ def test_triton_config_escapes_hostile_tensor_names(tmp_path):
     assert config["instance_kinds"] == ["KIND_CPU"]
 
 
+@pytest.mark.parametrize("cache", ["int8", "int4"])
+def test_triton_config_of_a_quantized_cache(tiny_folder, tmp_path, cache):
+    """A quantized K/V cache's int8 and packed uint8 tensors are TYPE_INT8 and TYPE_UINT8 in config.pbtxt, read back
+    by Triton's own schema (once refused: "Triton's ONNX Runtime backend has no type for" int8)."""
+    from gpt2onnx.exporters.export import ExportOptions, export
+
+    need(GENAI_PYTHON, "tritonclient (.venv-genai)")
+    options = ExportOptions(fusion="ort-shared-kv", kv_cache=cache, validate=False)
+    folder = export(str(tiny_folder), tmp_path / "m", options=options).folder
+    deploy(folder, "triton")
+    config_file = next((folder / "triton").glob("*/config.pbtxt"))
+    proc = subprocess.run(
+        [str(GENAI_PYTHON), str(RUNTIMES / "triton_config.py"), str(config_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pasts = [t for t in json.loads(proc.stdout)["inputs"] if t["name"].startswith("past_key_values.")]
+    assert pasts and {t["data_type"] for t in pasts} == {"TYPE_INT8" if cache == "int8" else "TYPE_UINT8"}
+
+
 def test_formats_escape_for_their_readers():
     """One escaping rule per written format, each read back by that format's own reader."""
     import yaml

@@ -238,6 +238,19 @@ def unsupported_nodes(graph, provider: str) -> dict[str, tuple[int, str]]:
     return {op: (n, reason) for op, (n, reason) in found.items()}
 
 
+def _tensorrt_profiles() -> str:
+    """The fusion profiles whose ops TensorRT's parser takes, from what each declares it writes."""
+    from gpt2onnx.profiles.all_profiles import PROFILES
+
+    blocked = set(TENSORRT_KERNEL_FACTS) | TENSORRT_UNSUPPORTED
+    names = [
+        name
+        for name, profile in reversed(PROFILES.items())  # the most fused first
+        if not any(domain == MS_DOMAIN or (domain, op) in blocked for domain, op in profile.declared.ensures["ops"])
+    ]
+    return " or ".join(f"--fusion {name}" for name in names)
+
+
 def check_kernels(graph, config: ProviderConfig) -> None:
     """Refuse, before any session is made, a graph with ops the provider cannot run on its device (they would run
     on the CPU, with copies from the GPU and back at every layer); with --allow-fallback, a warning."""
@@ -251,8 +264,8 @@ def check_kernels(graph, config: ProviderConfig) -> None:
     )
     if contrib:
         advice = (
-            "export it with a profile of standard ops only and no int8/int4 weights (gpt2onnx check --matrix lists"
-            " them), or use --provider cuda (or let CUDA run them: --allow-fallback)"
+            f"export it with {_tensorrt_profiles()} (standard ops only, no int8/int4 weights), or use --provider cuda"
+            " (or let CUDA run them: --allow-fallback)"
         )
     else:
         advice = (
