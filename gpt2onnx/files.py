@@ -89,11 +89,23 @@ def read_regular_text(path: str | Path, what: str, *, limit: int) -> str:
 
 
 def sha256_file(path: Path) -> str:
+    return sha256_and_stamp(path)[0]
+
+
+def sha256_and_stamp(path: Path) -> tuple[str, tuple[int, ...]]:
+    """The file's sha256 and the stamp of what was hashed (:func:`stamp` of the opened descriptor)."""
     digest = hashlib.sha256()
     with open_regular(path, "file") as fh:
+        before = stamp(os.fstat(fh.fileno()))
         for chunk in iter(lambda: fh.read(1 << 24), b""):
             digest.update(chunk)
-    return digest.hexdigest()
+    return digest.hexdigest(), before
+
+
+def stamp(info: os.stat_result) -> tuple[int, ...]:
+    """Which file this is and whether it was written since: device, inode, size, modification and change times (a
+    file replaced by a rename has another inode; one written to, or renamed away and back, a later change time)."""
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def write_json_atomic(path: str | Path, data) -> Path:

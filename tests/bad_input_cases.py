@@ -3520,3 +3520,89 @@ CASES += [
     Case("markup-in-a-folder-name", "message", ("inspect", "[red]nope[/]"), B, match=r"'\[red\]nope\[/\]'"),
     Case("export-sigterm", "data-loss", (), 0, run=terminated_export, creates=("out",), timeout=200),
 ]
+
+
+def _genai_worker_run(python: str, timeout: str | None = None) -> Callable[[Ctx, Callable], Outcome]:
+    """generate on the genai runtime with its worker's Python set to ``python`` (the script 'hang.sh' in the case
+    folder: one that never answers), and its answer time limit to ``timeout`` seconds."""
+
+    def run(c: Ctx, cli) -> Outcome:
+        script = c.dir / "hang.sh"
+        script.write_text("#!/bin/sh\nsleep 600\n")
+        script.chmod(0o755)
+        changes = {"GPT2ONNX_GENAI_PYTHON": str(script) if python == "hang.sh" else python}
+        if timeout is not None:
+            changes["GPT2ONNX_GENAI_TIMEOUT"] = timeout
+        argv = ["generate", str(c.exp), "--ids", "1,2", "--max-new-tokens", "2", "--runtime", "genai"]
+        return cli(argv, c, env_changes=changes)
+
+    return run
+
+
+CASES += [
+    Case(
+        "genai-python-not-python",  # once exit 70: JSONDecodeError on echo's answer
+        "traceback",
+        (),
+        EXIT_RUNTIME,
+        run=_genai_worker_run("echo"),
+        creates=("hang.sh",),
+        match="GPT2ONNX_GENAI_PYTHON must name a Python that has onnxruntime_genai",
+    ),
+    Case(
+        "genai-worker-never-answers",  # once a hang with no time limit
+        "hang",
+        (),
+        EXIT_RUNTIME,
+        run=_genai_worker_run("hang.sh", timeout="3"),
+        creates=("hang.sh",),
+        match="gave no answer within 3 s",
+        timeout=60,
+    ),
+]
+
+
+def _two_named_m(c: Ctx) -> None:
+    (c.dir / "a").mkdir()
+    (c.dir / "b").mkdir()
+    shutil.copytree(c.exp, c.dir / "a" / "m", symlinks=True)
+    shutil.copytree(c.q4, c.dir / "b" / "m", symlinks=True)
+
+
+def _both_kept(c: Ctx, out: Outcome) -> None:
+    report = json.loads((c.dir / "b.json").read_text())
+    assert [run["label"] for run in report["runs"]] == ["a/m", "b/m"], report["runs"]
+    assert "a/m:" in out.stdout and "b/m:" in out.stdout, out.stdout
+
+
+CASES += [
+    Case(
+        "bench-two-folders-named-alike",  # once one label for both: the ratios kept one of them
+        "silent",
+        ("bench", "a/m", "b/m", *BENCH_QUICK, "--json", "b.json"),
+        0,
+        _two_named_m,
+        creates=("b.json",),
+        check=_both_kept,
+    ),
+    Case("bench-one-folder-twice", "options", ("bench", "{exp}", "{exp}/", *BENCH_QUICK), B, match="given twice"),
+]
+
+
+def _named_by_its_graph(c: Ctx, out: Outcome) -> None:
+    files = sorted(p.name for p in (c.dir / "m" / "onnx").iterdir())
+    assert "model.onnx" in files and "model_quantized.onnx" not in files, files  # the manifest's int8 is not obeyed
+    assert json.loads((c.dir / "m" / "config.json").read_text())["transformers.js_config"]["dtype"] == "fp32"
+
+
+CASES += [
+    Case(
+        "tjs-manifest-says-int8",  # the graph is fp32: its files are named as fp32's, whatever the manifest says
+        "silent",
+        ("deploy", "m", "--target", "transformers-js"),
+        0,
+        export_copy(manifest_edit(precision="int8")),
+        creates=("m",),
+        check=_named_by_its_graph,
+    ),
+]

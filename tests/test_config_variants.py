@@ -225,3 +225,29 @@ def test_genai_refuses_a_variant_it_cannot_represent_in_one_line(tmp_path):
     assert result.exit_code == 2, result.output
     line = result.output.strip()
     assert "\n" not in line and line.startswith("error: eos_token_id 50256 is outside the model's vocabulary"), line
+
+
+@pytest.mark.parametrize("changes", [dict(scale_attn_by_inverse_layer_idx=True), dict(scale_attn_weights=False), {}])
+def test_export_says_once_which_attention_path_is_the_reference(changes, tmp_path, caplog):
+    """transformers 4.x's default attention (sdpa) drops these two settings and its eager path applies them
+    (measured here: the two paths' logits differ on such a config); the export follows eager, and says so once
+    where the installed transformers disagrees with itself. transformers 5 applies them on both: no warning."""
+    import torch
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(**{**BASE, **changes})
+    logits = {}
+    for path in ("eager", "sdpa"):
+        config._attn_implementation = path
+        torch.manual_seed(0)
+        with torch.no_grad():
+            logits[path] = GPT2LMHeadModel(config).eval()(torch.arange(12)[None]).logits
+    # the two paths' own fp32 rounding: 4e-6 measured (logits up to 10); a dropped setting moves them by 1 to 4
+    disagrees = not torch.allclose(logits["eager"], logits["sdpa"], atol=1e-2, rtol=0)
+    assert disagrees == (bool(changes) and int(transformers.__version__.split(".")[0]) < 5)
+    folder = write_hf_folder(tmp_path / "checkpoint", GPT2Config(**{**BASE, **changes}), seed=3)
+    with caplog.at_level("WARNING", logger="gpt2onnx"):
+        export(str(folder), tmp_path / "out", options=ExportOptions(validate=False))
+    said = [r.getMessage() for r in caplog.records if "sdpa" in r.getMessage()]
+    assert len(said) == (1 if disagrees else 0), said

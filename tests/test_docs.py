@@ -303,3 +303,22 @@ def test_the_commands_of_each_page_run_in_order(page, base_folders, tmp_path, mo
             assert proc.returncode == 0, f"{where}\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
     if lacking:
         missing("; ".join(lacking))
+
+
+MACHINE_FOLDERS = re.compile(r"(?<![\w.$])/(?:tmp|work|root|home)/")
+
+
+def test_no_page_names_a_folder_of_the_machine_it_was_written_on():
+    """A command or path a user can follow: the repository's own, or $WORK (made by a command the page shows);
+    never a folder of the machine a record was taken on. A Dockerfile's paths are inside its image."""
+    found = []
+    for page in PAGES:
+        dockerfile = False
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if line.startswith("```"):
+                dockerfile = line.strip() == "```dockerfile"
+            if MACHINE_FOLDERS.search(line) and not dockerfile:
+                found.append(f"{page.name}:{number}: {line.strip()[:100]}")
+        if "$WORK" in page.read_text():
+            assert "export WORK=" in page.read_text(), f"{page.name} uses $WORK without the command that makes it"
+    assert found == []

@@ -153,3 +153,36 @@ def test_the_checks_figures_are_typed_and_read_back_as_written(tmp_path):
         read = Manifest.from_dict({**manifest, "parity": damaged})
         assert read.check is None and read.check_summary == "unreadable"
         assert read.as_dict()["parity"] == damaged
+
+
+@pytest.mark.parametrize("change", ["swapped", "written"])
+def test_a_file_changed_between_its_check_and_the_load_is_refused(tiny_export, tmp_path, monkeypatch, change):
+    """The bytes checked are the bytes loaded: a model.onnx replaced (another folder's, renamed into place) or
+    written to after its sha256 was checked, while the session is being made, is refused once the runtime has
+    loaded it (once it ran the other model, 1 run in 10 in a race)."""
+    import shutil
+
+    import gpt2onnx.runtimes.decoder as decoder
+    from gpt2onnx.errors import IntegrityError
+    from gpt2onnx.runtimes.decoder import open_decoder
+    from gpt2onnx.runtimes.providers import ProviderConfig
+
+    folder = Path(shutil.copytree(tiny_export, tmp_path / "m"))
+    other = tmp_path / "other.onnx"
+    shutil.copyfile(folder / "model.onnx", other)
+    real = decoder.create_session
+
+    def racing(model_path, *args, **kwargs):
+        if change == "swapped":
+            other.replace(model_path)  # a rename: another file, the same bytes here
+        else:
+            with open(model_path, "r+b") as fh:  # the same file, written to
+                fh.write(fh.read(1))
+        return real(model_path, *args, **kwargs)
+
+    opened = open_folder(folder)  # checked against the manifest
+    monkeypatch.setattr(decoder, "create_session", racing)
+    with pytest.raises(IntegrityError, match="was replaced or written to after its sha256 was checked"):
+        open_decoder(opened, ProviderConfig())
+    monkeypatch.setattr(decoder, "create_session", real)
+    open_decoder(open_folder(folder), ProviderConfig())  # untouched since this check: it loads

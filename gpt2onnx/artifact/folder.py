@@ -20,7 +20,7 @@ import secrets
 import shutil
 import stat
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -29,7 +29,7 @@ from gpt2onnx.artifact.graph import GraphFacts, external_data_files, graph_facts
 from gpt2onnx.artifact.manifest import MANIFEST_FORMAT_VERSION, MODEL_FILE, FileRecord, Manifest
 from gpt2onnx.artifact.paths import check_output_path, file_in_folder, real_location
 from gpt2onnx.errors import BadInput, ContractError, Gpt2OnnxError, IntegrityError, OutputError
-from gpt2onnx.files import kind_of, read_regular_text, sha256_file
+from gpt2onnx.files import kind_of, read_regular_text, sha256_and_stamp, sha256_file, stamp
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +84,13 @@ def read_n_positions(folder: str | Path) -> int:
     return value
 
 
-def check_integrity(folder: Path, manifest: Manifest, *, data_files: tuple[str, ...] | None = None) -> None:
+def check_integrity(
+    folder: Path, manifest: Manifest, *, data_files: tuple[str, ...] | None = None
+) -> dict[Path, tuple[int, ...]]:
     """Each model file must have the size and sha256 the manifest records (about 1 s for the 124M model), and
     every external data file the graph names (``data_files``, read from the graph when not given) must be one
-    of them: the check covers every file onnxruntime will load."""
+    of them: the check covers every file onnxruntime will load. Returns each file's stamp as it was hashed
+    (:meth:`ModelFolder.check_unchanged` compares them once a runtime has loaded the files)."""
     folder = Path(folder)
     where = folder / MANIFEST_NAME
     if data_files is None:
@@ -105,13 +108,15 @@ def check_integrity(folder: Path, manifest: Manifest, *, data_files: tuple[str, 
                 " export the folder again, or skip the check (--no-verify-files) if you changed it on purpose"
             )
     listed = {**listed, **{name: manifest.files[name] for name in data_files}}
+    stamps = {}
     for name, info in listed.items():
         path = file_in_folder(folder, name, what="model file", where=where, must_exist=False)
         if not path.exists():
             raise IntegrityError(f"'{path}' is missing but the manifest lists it: export the folder again")
         path = file_in_folder(folder, name, what="model file", where=where)
         try:
-            matches = path.stat().st_size == info.bytes and sha256_file(path) == info.sha256
+            digest, stamps[path] = sha256_and_stamp(path)
+            matches = stamps[path][2] == info.bytes and digest == info.sha256
         except PermissionError as err:
             raise BadInput(
                 f"'{path}' cannot be read ({err.strerror}): give read permission to the folder's files"
@@ -122,6 +127,7 @@ def check_integrity(folder: Path, manifest: Manifest, *, data_files: tuple[str, 
                 " export the folder again, or skip the check (--no-verify-files, verify_files=False) if you changed it"
                 " on purpose"
             )
+    return stamps
 
 
 def graph_data_files(model_path: Path) -> tuple[str, ...]:
@@ -144,10 +150,25 @@ class ModelFolder:
     n_positions: int
     facts: GraphFacts | None = None  # read from model_path when not given
     verified: bool = False  # its model files were checked against the manifest (a runtime checks its own too)
+    stamps: dict = field(default_factory=dict)  # each checked file's stamp as it was hashed (check_unchanged)
 
     def __post_init__(self) -> None:
         if self.facts is None:
             self.facts = graph_facts(load_graph(self.model_path))
+
+    def check_unchanged(self) -> None:
+        """After a runtime has loaded the files: each checked file is still the one hashed, unwritten (a folder
+        whose files were swapped between the check and the load ran another model). IntegrityError otherwise."""
+        for path, hashed in self.stamps.items():
+            try:
+                now = stamp(os.stat(path))
+            except OSError:
+                now = None
+            if now != hashed:
+                raise IntegrityError(
+                    f"'{path}' was replaced or written to after its sha256 was checked, while it was being loaded:"
+                    " make sure nothing changes the folder while gpt2onnx reads it, then run the command again"
+                )
 
     @property
     def data_files(self) -> tuple[str, ...]:
@@ -211,11 +232,13 @@ def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder
             f"'{folder / CONFIG_FILE}' gives n_positions {n_positions}, but the graph's position table has"
             f" {rows} rows: set n_positions to {rows} or less in config.json, or export the folder again"
         )
+    stamps = {}
     if manifest is not None and verify_files:
-        check_integrity(folder, manifest, data_files=facts.data_files)
+        stamps = check_integrity(folder, manifest, data_files=facts.data_files)
     if manifest is not None and _claims(manifest, facts):
         log.warning("'%s' says %s: the graph's are used", folder / MANIFEST_NAME, "; ".join(_claims(manifest, facts)))
-    return ModelFolder(folder, model_path, manifest, n_positions, facts, verified=manifest is not None and verify_files)
+    verified = manifest is not None and verify_files
+    return ModelFolder(folder, model_path, manifest, n_positions, facts, verified=verified, stamps=stamps)
 
 
 def check_deployed_files(folder: Path, manifest: Manifest, names: list[str]) -> None:

@@ -138,3 +138,18 @@ def check_output_file(path: Path | str, *, option: str, inputs: tuple[Path, ...]
     """A file we are asked to write, next to the model folders ``inputs`` being read (see check_output_path)."""
     folders = [Path(p).parent if Path(p).is_file() else Path(p) for p in inputs]  # a model file: its folder
     return check_output_path(path, option=option, kind="file", folders=folders)
+
+
+def folder_labels(folders) -> list[str]:
+    """Each folder's label: its name, or as many of its last path parts as tell it from the others (two folders
+    named 'model' are 'a/model' and 'b/model': the ratios and tables keep both). A folder given twice is refused."""
+    paths = [Path(f).resolve() for f in folders]
+    for index, path in enumerate(paths):
+        if path in paths[:index]:
+            raise BadInput(f"'{folders[index]}' is given twice (as '{path}'): give each folder once")
+    depth = 1
+    while True:
+        labels = ["/".join(path.parts[-depth:]) for path in paths]
+        if len(set(labels)) == len(labels):
+            return labels
+        depth += 1

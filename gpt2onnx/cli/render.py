@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from gpt2onnx.artifact.paths import folder_labels
 from gpt2onnx.cli.app import console, err_console
 from gpt2onnx.precisions.all_precisions import PRECISIONS
 
@@ -259,8 +260,9 @@ def benched(report: BenchReport, plot: Path | None) -> None:
 
 def _bench_notes(report: BenchReport, runtimes: int, plot: Path | None) -> None:
     """Below the table: each folder's precision and size, TF32, the speed-ups over PyTorch, the plot."""
-    for model in report.models[::runtimes]:
-        text = f"{Path(model.model).parent.name}: {model.precision}, {size(model.model_bytes)}"
+    models = report.models[::runtimes]
+    for model, name in zip(models, folder_labels([Path(model.model).parent for model in models])):
+        text = f"{name}: {model.precision}, {size(model.model_bytes)}"
         line(text + (f"; {model.placement.summary()}" if model.placement is not None else ""))
     tf32 = {run.runtime or run.engine: run.extra["tf32"] for run in report.runs if "tf32" in run.extra}
     if tf32:

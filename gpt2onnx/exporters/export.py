@@ -38,6 +38,7 @@ from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.profiles.all_profiles import UNFUSED
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.model import BlockForExport, GPT2ForExport
+from gpt2onnx.pytorch.reference import sdpa_disagreement
 from gpt2onnx.verify.calibration import calibration_for, kv_cache_calibration
 from gpt2onnx.verify.evaluate import EvalReport, eval_source, evaluate_written
 from gpt2onnx.verify.gates import EvalGates, tolerances_for
@@ -216,6 +217,9 @@ def export(
     with timed(timings, "load"):
         ckpt = load_checkpoint(model, random_init=random_init, seed=seed, revision=revision, outliers=outliers)
     options.passes.verdict(options.logits_declared, architecture_declared(ckpt.spec)).check()
+    disagreement = sdpa_disagreement(ckpt.config)
+    if disagreement is not None:
+        log.warning("%s", disagreement)
     if options.block is not None and not 0 <= options.block < ckpt.spec.n_layer:
         raise BadInput(f"block {options.block} is out of range: this model has blocks 0 to {ckpt.spec.n_layer - 1}")
     if options.eval_text is not None and not set(ckpt.companion_files) & set(TOKENIZER_FILES):

@@ -96,6 +96,7 @@ def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     scales = cache_scales(graph, model.model_path) if shared else None
     del graph
     session = create_session(model.model_path, provider, shape=shape, host_side=host_side)
+    model.check_unchanged()  # the bytes checked are the bytes loaded
     if kind is SharedCacheDecoder:  # a quantized cache's scales, read from the graph
         decoder = SharedCacheDecoder(session, n_positions=model.n_positions, cache_scales=scales)
     else:

@@ -15,10 +15,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -51,6 +54,22 @@ INSTALL = (
     f" or set {PYTHON_ENV} to a Python that has onnxruntime_genai"
 )
 WORKER = Path(__file__).with_name("genai_worker.py")
+TIMEOUT_ENV = "GPT2ONNX_GENAI_TIMEOUT"
+WORKER_TIMEOUT = 900.0  # seconds a worker may take to answer one request (opening the model, or one generation)
+
+
+def worker_timeout() -> float:
+    """How long to wait for the worker's answer: $GPT2ONNX_GENAI_TIMEOUT seconds, else WORKER_TIMEOUT."""
+    given = os.environ.get(TIMEOUT_ENV)
+    if not given:
+        return WORKER_TIMEOUT
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise BadInput(f"{TIMEOUT_ENV} '{given}' is not a number of seconds above 0: set it to one, or unset it")
+    return seconds
 
 
 class GenaiSettings(ThreadSettings):
@@ -111,6 +130,12 @@ def open_runtime(model: ModelFolder, settings: GenaiSettings) -> "GenaiRunner":
         folder, overlay = config_folder(model, tmp, threads=settings.threads)
         backend = _InProcess(folder) if in_process() else _Worker(folder)
     except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        model.check_unchanged()  # the bytes checked are the bytes genai loaded
+    except BaseException:
+        backend.close()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return GenaiRunner(backend, shape, model, tmp=tmp, overlay=overlay)
@@ -213,14 +238,17 @@ class _Worker:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stopped whole where it hangs
             )
         except OSError as exc:
             raise RuntimeUnavailable(f"the genai Python '{python}' cannot start ({exc.strerror}): {INSTALL}") from None
-        self.mode = f"worker ({python})"
+        self.mode, self.python = f"worker ({python})", python
         try:
             answer = self._ask({"op": "open", "folder": str(folder)})
         except RuntimeUnavailable as exc:
             self.close()
+            if str(exc).startswith(f"'{python}' answered") or "gave no answer" in str(exc):
+                raise
             if "ModuleNotFoundError" in str(exc):
                 raise RuntimeUnavailable(f"onnxruntime-genai is not installed in '{python}': {INSTALL}") from None
             raise RuntimeUnavailable(f"onnxruntime-genai cannot open '{folder}': {exc}") from None
@@ -231,10 +259,28 @@ class _Worker:
             raise RuntimeUnavailable(f"the genai worker exited (code {self.process.returncode})")
         self.process.stdin.write(json.dumps(request).encode() + b"\n")
         self.process.stdin.flush()
+        timeout = worker_timeout()
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:  # a worker that never answers: stopped, not waited on forever
+            with contextlib.suppress(OSError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            raise RuntimeUnavailable(
+                f"the genai worker ({self.python}) gave no answer within {timeout:g} s: it was stopped (set"
+                f" {TIMEOUT_ENV} to wait longer)"
+            )
         line = self.process.stdout.readline()
         if not line:
             raise RuntimeUnavailable(f"the genai worker exited (code {self.process.wait()})")
-        answer = json.loads(line)
+        try:
+            answer = json.loads(line)
+            if not isinstance(answer, dict):
+                raise ValueError
+        except (ValueError, RecursionError):
+            raise RuntimeUnavailable(
+                f"'{self.python}' answered {line[:60].decode(errors='replace').strip()!r}, not as gpt2onnx's genai"
+                f" worker does: {PYTHON_ENV} must name a Python that has onnxruntime_genai"
+            ) from None
         if "npz" in answer:
             blob = self.process.stdout.read(answer.pop("npz"))
             arrays = np.load(io.BytesIO(blob))

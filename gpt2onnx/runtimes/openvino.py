@@ -93,6 +93,7 @@ def open_runtime(model: ModelFolder, settings: OpenVinoSettings) -> "OpenVinoDec
         raise RuntimeUnavailable(
             f"OpenVINO cannot compile '{model.model_path}' for {settings.device}: {_reason(exc)}"
         ) from None
+    model.check_unchanged()  # the bytes checked are the bytes compiled
     return OpenVinoDecoder(
         compiled, model, device=settings.device, precision=settings.precision, version=ov.__version__
     )

@@ -13,7 +13,7 @@ from typing import Callable
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding, Sampling
-from gpt2onnx.artifact.paths import check_output_file
+from gpt2onnx.artifact.paths import check_output_file, folder_labels
 from gpt2onnx.decoding.generate import speculation_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
@@ -203,9 +203,9 @@ def bench(
     if speculation is not None:
         _check_speculation(folders, runtimes, speculation)
     results = []
-    for folder in folders:
+    for folder, name in zip(folders, folder_labels(folders)):
         for runtime in runtimes:
-            label = Path(folder).name + (f" {runtime.name}" if len(runtimes) > 1 else "")
+            label = name + (f" {runtime.name}" if len(runtimes) > 1 else "")
             results.append(
                 measure_folder(
                     folder,
