@@ -206,7 +206,7 @@ def test_a_brand_new_machine_prints_nothing_but_the_tool_output(tiny_export, tmp
 
     bad = cli("bench", tiny_export, *quick, "--json", "a.png", "--plot", "a.png")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    assert bad.stderr.startswith("error: ") and "two files" in bad.stderr
+    assert bad.stderr.startswith("error: ") and "give each its own file" in bad.stderr
     good = cli("bench", tiny_export, *quick, "--plot", "p.png")
     assert good.returncode == 0, good.stderr
     assert good.stderr.strip() == "" and (tmp_path / "p.png").is_file()

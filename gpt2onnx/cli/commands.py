@@ -283,19 +283,26 @@ def bench(
     past: Annotated[
         Optional[str], typer.Option(metavar="LIST", help="Also time one step at these past lengths.")
     ] = None,
-    warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 2,
-    repeat: Annotated[int, typer.Option(help="Timed runs.")] = 5,
+    warmup: Annotated[int, typer.Option(help="Untimed runs first, each folder's.")] = 2,
+    repeat: Annotated[int, typer.Option(help="Timed rounds: every folder once a round, rotating.")] = 5,
     baseline: Annotated[Optional[str], typer.Option(help="'torch': PyTorch eager too.")] = None,
     json_path: JsonOpt = None,
     plot: Annotated[
         Optional[Path], typer.Option(parser=OUTPUT_FILE, metavar="FILE", help="PNG: decode latency by past.")
+    ] = None,
+    csv_path: Annotated[
+        Optional[Path], typer.Option("--csv", parser=OUTPUT_FILE, metavar="FILE", help="The table as CSV.")
+    ] = None,
+    markdown_path: Annotated[
+        Optional[Path],
+        typer.Option("--md", parser=OUTPUT_FILE, metavar="FILE", help="The table as Markdown, with machine and load."),
     ] = None,
     reference: ReferenceOpt = None,
     runtime: RuntimesOpt = "onnxruntime",
     options: RunOptions = None,
     speculation: Optional[Speculation] = None,
 ) -> None:
-    """Measure first-token and decode latency, tokens/s and memory (medians).
+    """Measure first-token and decode latency, tokens/s and memory (medians over interleaved rounds).
 
     --prompt-lookup or --draft: each batch also with proposals, its acceptance and tok/s beside plain decoding."""
     folders = folders or [Path("models/gpt2")]
@@ -317,6 +324,8 @@ def bench(
             progress=step,
             speculation=speculation,
             before_writing=ignore_interrupts,
+            csv_path=csv_path,
+            markdown_path=markdown_path,
         )
     render.benched(report, plot)
 

@@ -258,12 +258,40 @@ def benched(report: BenchReport, plot: Path | None) -> None:
     _bench_notes(report, runtimes, plot)
 
 
+def _bench_rounds(report: BenchReport) -> None:
+    """Several folders: each one's ratios to the first, taken round by round (median and quartiles); the load."""
+    shown = {"decode_ms": "decode", "prompt_ms": "prompt", "tokens_per_s": "tokens/s"}
+    interleaved = [run for run in report.runs if "rounds" in run.extra]
+    if interleaved:
+        first = interleaved[0].extra["rounds"]
+        line(
+            f"{first['rounds']} rounds in rotating order; each folder against {first['baseline']}, round by round"
+            " (median, quartiles):"
+        )
+    for run in interleaved:
+        if run.label == run.extra["rounds"]["baseline"]:
+            continue
+        ratios = run.extra["rounds"]["ratio_to_baseline"]
+        parts = [
+            f"{name} ×{r['median']:.3g} ({r['low']:.3g}–{r['high']:.3g})"
+            for key, name in shown.items()
+            if (r := ratios.get(key)) is not None
+        ]
+        line(f"  {run.label} batch {run.batch}: " + ", ".join(parts))
+    loads = [run.extra["load"] for run in report.runs if "load" in run.extra]
+    if loads:
+        others = [x["other_processes_cpu"] for x in loads if x["other_processes_cpu"] is not None]
+        busy = f", other processes up to {100 * max(others):.0f} % of the CPUs" if others else ""
+        line(f"load {loads[0]['load_before']:.2f} → {loads[-1]['load_after']:.2f}{busy}")
+
+
 def _bench_notes(report: BenchReport, runtimes: int, plot: Path | None) -> None:
     """Below the table: each folder's precision and size, TF32, the speed-ups over PyTorch, the plot."""
     models = report.models[::runtimes]
     for model, name in zip(models, folder_labels([Path(model.model).parent for model in models])):
         text = f"{name}: {model.precision}, {size(model.model_bytes)}"
         line(text + (f"; {model.placement.summary()}" if model.placement is not None else ""))
+    _bench_rounds(report)
     tf32 = {run.runtime or run.engine: run.extra["tf32"] for run in report.runs if "tf32" in run.extra}
     if tf32:
         console.print("TF32 in fp32 matmuls: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in tf32.items()))

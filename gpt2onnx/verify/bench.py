@@ -17,7 +17,7 @@ from gpt2onnx.artifact.paths import check_output_file, folder_labels
 from gpt2onnx.decoding.generate import speculation_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
-from gpt2onnx.files import write_json_atomic
+from gpt2onnx.files import write_json_atomic, write_text_atomic
 from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.precisions.all_precisions import PRECISIONS
 from gpt2onnx.runtimes.base import RuntimeOptions
@@ -30,7 +30,8 @@ from gpt2onnx.verify.timing import (
     RunStats,
     Speedup,
     check_plot_path,
-    measure_folder,
+    measure_folders,
+    open_subject,
     plot_decode_latency,
     random_prompt,
     summarize_runs,
@@ -54,6 +55,68 @@ class BenchReport:
         if self.machine is not None:
             data["machine"] = self.machine.as_dict()
         return data
+
+    def rows(self) -> list[dict]:
+        """A row per run: its figures (ms medians, tokens/s, peak MB) and, measured with others, its ratios to the
+        first folder taken round by round (median and quartiles)."""
+        rows = []
+        for run in self.runs:
+            row = {
+                "label": run.label,
+                "runtime": run.runtime or run.engine,
+                "batch": run.batch,
+                "prompt_ms": round(run.prompt_ms.p50, 4),
+                "decode_ms_p50": round(run.decode_ms.p50, 4) if run.decode_ms else None,
+                "decode_ms_p90": round(run.decode_ms.p90, 4) if run.decode_ms else None,
+                "tokens_per_s": round(run.tokens_per_s, 2),
+                "peak_mb": round(run.peak_host_bytes / 1e6, 1),
+            }
+            for figure, ratio in run.extra.get("rounds", {}).get("ratio_to_baseline", {}).items():
+                row.update({f"{figure}_ratio": ratio["median"], f"{figure}_ratio_low": ratio["low"]})
+                row[f"{figure}_ratio_high"] = ratio["high"]
+            rows.append(row)
+        return rows
+
+    def csv(self) -> str:
+        import csv
+        import io
+
+        rows = self.rows()
+        out = io.StringIO()
+        fields = list(dict.fromkeys(key for row in rows for key in row))
+        writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue()
+
+    def markdown(self) -> str:
+        """The table of ``bench --md``: a run a row (ratios to the first folder, round by round, where several were
+        measured), then the workload, the machine and the load it ran under."""
+        ratios = any("rounds" in run.extra for run in self.runs)
+        head = ["model", "runtime", "batch", "prompt ms", "decode ms p50", "tok/s", "peak MB"]
+        head += ["decode ×first (quartiles)", "tok/s ×first (quartiles)"] if ratios else []
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for run in self.runs:
+            cells = [run.label, run.runtime or run.engine, str(run.batch), f"{run.prompt_ms.p50:.2f}"]
+            cells += [f"{run.decode_ms.p50:.3f}" if run.decode_ms else "-", f"{run.tokens_per_s:.1f}"]
+            cells.append(f"{run.peak_host_bytes / 1e6:.0f}")
+            if ratios:
+                found = run.extra.get("rounds", {}).get("ratio_to_baseline", {})
+                for key in ("decode_ms", "tokens_per_s"):
+                    r = found.get(key)
+                    cells.append(f"{r['median']:.3g} ({r['low']:.3g}–{r['high']:.3g})" if r else "-")
+            lines.append("| " + " | ".join(cells) + " |")
+        config = self.models[0].config if self.models else None
+        where = self.machine.summary() if self.machine is not None else "an unrecorded machine"
+        loads = [run.extra["load"] for run in self.runs if "load" in run.extra]
+        load = f"; load {loads[0]['load_before']:.2f} → {loads[-1]['load_after']:.2f}" if loads else ""
+        if config is not None:
+            lines += [
+                "",
+                f"Prompt {config.prompt_len}, {config.new_tokens} new tokens; {config.warmup} warm-ups, then"
+                f" {config.repeat} rounds in rotating order; {where}{load}; {time.strftime('%Y-%m-%d %H:%M %Z')}.",
+            ]
+        return "\n".join(lines) + "\n"
 
 
 def torch_device(provider: ProviderConfig) -> str:
@@ -150,20 +213,25 @@ def bench(
     progress: Callable[[], None] | None = None,
     speculation: Speculation | None = None,
     before_writing: Callable[[], None] | None = None,
+    csv_path: str | Path | None = None,
+    markdown_path: str | Path | None = None,
 ) -> BenchReport:
     """Measure exported folders side by side on one or several runtimes and one workload, and optionally
     PyTorch eager.
 
     Args:
-        folders: one exported folder or several (measured one after the other, same workload).
+        folders: one exported folder or several, all opened, then measured batch by batch in the harness's
+            interleaved rounds (:mod:`gpt2onnx.verify.harness`: ``config.warmup`` warm-ups each, then
+            ``config.repeat`` rounds of one run each in rotating order; ratios to the first, round by round).
         provider: the onnxruntime provider and its options (default: cpu, all cores).
         runtimes: the runtimes, each with its options (default: onnxruntime on ``provider``); every folder is
-            measured on each, one after the other. A run's label is the folder's name, with the runtime after
-            it when there are several.
+            measured on each, in the same rounds. A run's label is the folder's name (with as much of its path as
+            tells two folders named alike apart), with the runtime after it when there are several.
         config: batches, prompt length, new tokens, warm-up and timed runs.
         baseline: 'torch' also runs transformers' GPT2LMHeadModel (the first folder's reference) on the same workload.
         reference: the checkpoint for the baseline (default: the source the first folder's manifest records).
         json_path: also write the result there (atomically). plot: draw decode latency against past length (PNG).
+        csv_path, markdown_path: the table of runs as CSV and as Markdown (with the workload, machine and load).
         verify_files: check each folder's model files against its manifest's sha256 first.
         progress: called after each warm-up or timed run.
         speculation: prompt lookup or a draft folder: each folder's every batch is also run with proposals checked
@@ -193,30 +261,39 @@ def bench(
     if reference is not None and baseline != "torch":
         raise BadInput("--reference applies to the torch baseline: add --baseline torch, or drop --reference")
     inputs = tuple(Path(f) for f in folders) + ((Path(reference),) if reference and Path(reference).exists() else ())
-    if json_path is not None:
-        check_output_file(json_path, option="--json", inputs=inputs)
+    outputs = {"--json": json_path, "--csv": csv_path, "--md": markdown_path}
+    for option, path in outputs.items():
+        if path is not None:
+            check_output_file(path, option=option, inputs=inputs)
+    given = [Path(p) for p in (*outputs.values(), plot) if p is not None]
+    same = next((p for i, p in enumerate(given) if p.resolve() in [q.resolve() for q in given[:i]]), None)
+    if same is not None:
+        raise BadInput(f"two of --json, --csv, --md and --plot name '{same}': give each its own file")
     if plot is not None:
         check_output_file(plot, option="--plot", inputs=inputs)
         check_plot_path(plot)  # before minutes of measuring, not after
-        if json_path is not None and Path(plot).resolve() == Path(json_path).resolve():
-            raise BadInput(f"--plot and --json both name '{plot}': give two files")
     if speculation is not None:
         _check_speculation(folders, runtimes, speculation)
-    results = []
-    for folder, name in zip(folders, folder_labels(folders)):
-        for runtime in runtimes:
-            label = name + (f" {runtime.name}" if len(runtimes) > 1 else "")
-            results.append(
-                measure_folder(
-                    folder,
-                    runtime=runtime,
-                    config=config,
-                    verify_files=verify_files,
-                    progress=progress,
-                    label=label,
-                    speculation=speculation,
+    base = PeakMemory.current()  # before any model: each folder's memory is told from here
+    subjects = []
+    try:
+        for folder, name in zip(folders, folder_labels(folders)):
+            for runtime in runtimes:
+                label = name + (f" {runtime.name}" if len(runtimes) > 1 else "")
+                subjects.append(
+                    open_subject(
+                        folder,
+                        runtime,
+                        config,
+                        label=label,
+                        speculation=speculation,
+                        verify_files=verify_files,
+                    )
                 )
-            )
+        results = measure_folders(subjects, config, base_bytes=base, progress=progress, speculation=speculation)
+    finally:
+        for subject in subjects:
+            subject.close()
     runs = [run for result in results for run in result.runs]
     first = runtimes[0]  # the baseline runs where it ran: its provider, or its thread count
     provider = first.settings if first.name == "onnxruntime" else ProviderConfig(threads=first.threads)
@@ -226,12 +303,16 @@ def bench(
     ran = [r.provider for r in results] + [run.extra.get("device") or "" for run in runs]
     on_gpu = any(str(where).lower() in ("cuda", "tensorrt") or str(where).startswith("cuda:") for where in ran)
     report = BenchReport(results, runs, describe_machine(provider.name if on_gpu else "cpu", provider.device_id))
-    if before_writing is not None and (json_path is not None or plot is not None):
+    if before_writing is not None and (plot is not None or any(p is not None for p in outputs.values())):
         before_writing()
     if plot is not None:  # first: the one more likely to fail, and then nothing is written
         plot_decode_latency(runs, plot)
     if json_path is not None:
         write_json_atomic(json_path, report.as_dict())
+    if csv_path is not None:
+        write_text_atomic(csv_path, report.csv())
+    if markdown_path is not None:
+        write_text_atomic(markdown_path, report.markdown())
     return report
 
 

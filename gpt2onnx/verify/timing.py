@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 import onnxruntime
 
-from gpt2onnx.artifact.folder import open_folder, versions
+from gpt2onnx.artifact.folder import ModelFolder, open_folder, versions
 from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.report import Placement
 from gpt2onnx.decoding.generate import decode, speculation_draft
@@ -42,9 +42,11 @@ from gpt2onnx.decoding.results import MAX_BATCH_TOKENS
 from gpt2onnx.decoding.speculative import Acceptance, Speculation
 from gpt2onnx.errors import BadInput, OutputError
 from gpt2onnx.files import new_file_mode
+from gpt2onnx.machine import describe_machine
 from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.providers import gpu_library_versions
+from gpt2onnx.verify.harness import Rounds, interleave
 
 
 @dataclass(frozen=True)
@@ -258,72 +260,127 @@ def decode_step_at_past(
     return time.perf_counter() - start
 
 
-def measure_loop(
-    runner, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None
-) -> RunStats:
-    """A runtime that owns its loop (genai): the rows one after the other, each step's time summed over rows.
-    Peak memory is the worker's own where genai runs in one (it holds the model), else this process's."""
-    ids = random_prompt(batch, config.prompt_len, vocab_size, config.seed)
-    runs, worker_peak = [], 0
-    with PeakMemory() as memory:
-        for i in range(config.warmup + config.repeat):
-            seconds = [0.0] * config.new_tokens
-            for row in ids:
-                result = runner.run_loop(row.tolist(), max_new_tokens=config.new_tokens)
-                worker_peak = max(worker_peak, result.peak_bytes or 0)
-                if len(result.step_seconds) != config.new_tokens:
-                    raise BadInput(
-                        f"genai stopped after {len(result.step_seconds)} of {config.new_tokens} tokens"
-                        " (end-of-sequence):"
-                        " use fewer new tokens or another --seed"
-                    )
-                seconds = [a + b for a, b in zip(seconds, result.step_seconds)]
-            if i >= config.warmup:
-                runs.append(seconds)
-            if progress:
-                progress()
-    stats = summarize_runs(runner.runtime, batch, config.prompt_len, runs, worker_peak or memory.peak_bytes)
-    stats.extra["rows"] = "one at a time" if batch > 1 else "single"
-    stats.extra["peak_memory_of"] = "genai worker process" if worker_peak else "this process"
-    return stats
+def _loop_run(runner, ids: np.ndarray, config: BenchConfig) -> tuple[list[float], int]:
+    """One run on a runtime that owns its loop (genai): the rows one after the other, each step's time summed over
+    the rows; and the peak memory of the worker it runs in (0: it runs in this process)."""
+    seconds, worker_peak = [0.0] * config.new_tokens, 0
+    for row in ids:
+        result = runner.run_loop(row.tolist(), max_new_tokens=config.new_tokens)
+        worker_peak = max(worker_peak, result.peak_bytes or 0)
+        if len(result.step_seconds) != config.new_tokens:
+            raise BadInput(
+                f"genai stopped after {len(result.step_seconds)} of {config.new_tokens} tokens (end-of-sequence):"
+                " use fewer new tokens or another --seed"
+            )
+        seconds = [a + b for a, b in zip(seconds, result.step_seconds)]
+    return seconds, worker_peak
 
 
-def measure_batch(
-    decoder, config: BenchConfig, batch: int, *, vocab_size: int, progress: Callable[[], None] | None = None
-) -> RunStats:
-    """A stepper runtime (onnxruntime, OpenVINO): the batch at once through the decode loop."""
-    if config.pasts and not decoder.capabilities.past_of_length:
-        raise BadInput(
-            f"decode steps at a given past (--past) are timed on the onnxruntime runtime only, not {decoder.runtime}:"
-            " drop --past"
+@dataclass
+class _Record:
+    """What one folder's runs of one batch left: every run's step times (warm-ups first), the most memory a run
+    added, a loop runtime's worker peak, and the device memory in use before its first run and at its peak."""
+
+    steps: list = field(default_factory=list)
+    growth: int = 0
+    worker_peak: int = 0
+    device_before: int | None = None
+    device_peak: int | None = None
+
+
+def _timed_run(subject: "Subject", ids: np.ndarray, config: BenchConfig, record: _Record):
+    """The harness's variant for one folder: one generation of the batch, timed step by step; its figures."""
+    decoder = subject.decoder
+
+    def run() -> dict[str, float]:
+        if record.device_before is None:
+            record.device_before = _device_used(decoder.device, decoder.device_id)
+        with PeakMemory() as memory:
+            start = memory.peak_bytes
+            if decoder.capabilities.owns_loop:
+                steps, worker = _loop_run(decoder, ids, config)
+                record.worker_peak = max(record.worker_peak, worker)
+            else:
+                steps = decode(decoder, ids, max_new_tokens=config.new_tokens).step_seconds
+        record.growth = max(record.growth, memory.peak_bytes - start)
+        if record.device_before is not None:
+            used = _device_used(decoder.device, decoder.device_id) or 0
+            record.device_peak = max(record.device_peak or 0, used - record.device_before)
+        record.steps.append(steps)
+        figures = {"prompt_ms": steps[0] * 1e3, "tokens_per_s": len(ids) * len(steps) / sum(steps)}
+        if len(steps) > 1:
+            figures["decode_ms"] = float(np.median(steps[1:])) * 1e3
+        return figures
+
+    return run
+
+
+def measure_batches(
+    subjects: list["Subject"],
+    config: BenchConfig,
+    batch: int,
+    *,
+    base_bytes: int,
+    progress: Callable[[], None] | None = None,
+) -> tuple[list[RunStats], Rounds]:
+    """Every folder at one batch size, in the harness's interleaved rounds (:func:`gpt2onnx.verify.harness.
+    interleave`: each folder's warm-ups, then ``config.repeat`` rounds of one run each in rotating order, the
+    ratios to the first folder round by round), then each one's steps at ``config.pasts`` the same way. A run's
+    peak memory is what a process running that folder alone would reach: ``base_bytes`` (this process before any
+    model was opened), what opening the folder's session added, and the most one of its runs added."""
+    for subject in subjects:
+        if config.pasts and not subject.decoder.capabilities.past_of_length:
+            raise BadInput(
+                "decode steps at a given past (--past) are timed on the onnxruntime runtime only, not"
+                f" {subject.decoder.runtime}: drop --past"
+            )
+    # one prompt for every folder: ids every one of their vocabularies holds
+    ids = random_prompt(batch, config.prompt_len, min(s.vocab_size for s in subjects), config.seed)
+    records = {s.label: _Record() for s in subjects}
+    variants = {s.label: _timed_run(s, ids, config, records[s.label]) for s in subjects}
+    rounds = interleave(
+        variants, rounds=config.repeat, warmup=config.warmup, baseline=subjects[0].label, on_run=progress
+    )
+    found = []
+    for subject in subjects:
+        decoder, record = subject.decoder, records[subject.label]
+        peak = record.worker_peak or base_bytes + subject.load_bytes + record.growth
+        stats = summarize_runs(
+            decoder.runtime, batch, config.prompt_len, record.steps[config.warmup :], peak, record.device_peak
         )
-    if decoder.capabilities.owns_loop:
-        return measure_loop(decoder, config, batch, vocab_size=vocab_size, progress=progress)
-    ids = random_prompt(batch, config.prompt_len, vocab_size, config.seed)
-    runs = []
-    device_before = _device_used(decoder.device, decoder.device_id)
-    with PeakMemory() as memory:
-        for i in range(config.warmup + config.repeat):
-            result = decode(decoder, ids, max_new_tokens=config.new_tokens)
-            if i >= config.warmup:
-                runs.append(result.step_seconds)
-            if progress:
-                progress()
-    device_peak = None
-    if device_before is not None:
-        device_peak = max(0, (_device_used(decoder.device, decoder.device_id) or 0) - device_before)
-    stats = summarize_runs(decoder.runtime, batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
-    if device_peak is not None:
-        stats.extra["device_memory"] = ONNX_DEVICE_MEMORY
-    if decoder.tf32 is not None:
-        stats.extra["tf32"] = decoder.tf32
+        if decoder.capabilities.owns_loop:
+            stats.extra["rows"] = "one at a time" if batch > 1 else "single"
+            stats.extra["peak_memory_of"] = "genai worker process" if record.worker_peak else "this process"
+        if record.device_peak is not None:
+            stats.extra["device_memory"] = ONNX_DEVICE_MEMORY
+        if getattr(decoder, "tf32", None) is not None:
+            stats.extra["tf32"] = decoder.tf32
+        if len(subjects) > 1:
+            stats.extra["rounds"] = {
+                "rounds": config.repeat,
+                "order": "rotating",
+                "baseline": rounds.baseline,
+                "ratio_to_baseline": {f: rounds.ratio(subject.label, f).as_dict() for f in rounds.figures},
+            }
+        stats.extra["load"] = rounds.load.as_dict()
+        found.append(stats)
     for past in config.pasts:
-        times = [
-            decode_step_at_past(decoder, batch, past, vocab_size=vocab_size, seed=config.seed + i)
-            for i in range(config.warmup + config.repeat)
-        ][config.warmup :]
-        stats.decode_ms_at_past.append((past, float(np.median(times)) * 1e3))
-    return stats
+        seeds = {s.label: iter(range(config.seed, config.seed + config.warmup + config.repeat)) for s in subjects}
+
+        def at_past(subject, past=past):
+            return lambda: {
+                "ms": 1e3
+                * decode_step_at_past(
+                    subject.decoder, batch, past, vocab_size=subject.vocab_size, seed=next(seeds[subject.label])
+                )
+            }
+
+        timed = interleave(
+            {s.label: at_past(s) for s in subjects}, rounds=config.repeat, warmup=config.warmup, machine=rounds.machine
+        )
+        for subject, stats in zip(subjects, found):
+            stats.decode_ms_at_past.append((past, timed.spread(subject.label, "ms").median))
+    return found, rounds
 
 
 def measure_speculative(
@@ -397,10 +454,15 @@ def _device_used(device: str, device_id: int) -> int | None:
 
 
 def machine_info() -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
+    """The machine a folder was measured on: gpt2onnx.machine's record (the CPU as the kernels see it, the GPU)
+    with the platform, Python, CPU count and memory."""
+    info = {
+        **describe_machine().as_dict(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
     try:
-        with open("/proc/cpuinfo") as fh:
-            info["cpu"] = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), None)
         with open("/proc/meminfo") as fh:
             info["memory_bytes"] = int(fh.readline().split()[1]) * 1024
     except (OSError, ValueError, IndexError):
@@ -490,6 +552,109 @@ class ModelBench:
         return {**asdict(self), "runs": [run.as_dict() for run in self.runs]}
 
 
+@dataclass
+class Subject:
+    """One folder on one runtime, opened for measuring (its draft too, with speculative decoding)."""
+
+    label: str
+    model: ModelFolder
+    runtime: RuntimeOptions
+    decoder: object
+    draft: object | None
+    vocab_size: int
+    load_bytes: int  # what opening its session added to this process's memory
+
+    def close(self) -> None:
+        self.decoder.close()
+        if self.draft is not None:
+            self.draft.close()
+
+
+def open_subject(
+    folder, runtime: RuntimeOptions, config: BenchConfig, *, label: str, speculation=None, verify_files=True
+) -> Subject:
+    """The folder opened on the runtime, checked for the workload (context, memory, speculative decoding)."""
+    runtime.requires("steps", "bench (it times each step)")
+    model = open_folder(folder, verify_files=verify_files)
+    config.check(model.n_positions)
+    draft_model = speculation_draft(model, speculation, Sampling(), Decoding(), runtime, verify_files)
+    before = PeakMemory.current()
+    decoder = open_runtime(model, runtime)
+    load = max(0, PeakMemory.current() - before)
+    draft = None
+    try:
+        decoder.check_memory(
+            max(config.batches), config.prompt_len, config.prompt_len + config.new_tokens, what="--batch"
+        )
+        if draft_model is not None:
+            draft = open_runtime(draft_model, runtime)
+    except BaseException:
+        decoder.close()
+        raise
+    return Subject(label, model, runtime, decoder, draft, decoder.vocab_size or 50257, load)
+
+
+def measure_folders(
+    subjects: list[Subject],
+    config: BenchConfig = BenchConfig(),
+    *,
+    base_bytes: int | None = None,
+    progress: Callable[[], None] | None = None,
+    speculation: Speculation | None = None,
+) -> list[ModelBench]:
+    """Measure opened folders side by side, batch by batch, in interleaved rounds (:func:`measure_batches`); with
+    ``speculation``, each folder's batch is then run with proposals checked several at a time
+    (:func:`measure_speculative`), after its plain runs. ``base_bytes``: this process's memory before the first
+    folder was opened (default: now)."""
+    base_bytes = PeakMemory.current() if base_bytes is None else base_bytes
+    runs: dict[str, list[RunStats]] = {s.label: [] for s in subjects}
+    for batch in config.batches:
+        plain, _ = measure_batches(subjects, config, batch, base_bytes=base_bytes, progress=progress)
+        for subject, stats in zip(subjects, plain):
+            stats.label = subject.label
+            runs[subject.label].append(stats)
+            if speculation is not None:
+                run = measure_speculative(
+                    subject.decoder,
+                    subject.draft,
+                    speculation,
+                    config,
+                    batch,
+                    vocab_size=subject.vocab_size,
+                    progress=progress,
+                )
+                run.label = f"{subject.label} {speculation.label}"
+                run.speedup_over_plain = run.tokens_per_s / stats.tokens_per_s
+                runs[subject.label].append(run)
+    machine = machine_info()
+    found = []
+    for subject in subjects:
+        decoder, runtime = subject.decoder, subject.runtime
+        for run in runs[subject.label]:
+            run.runtime = runtime.name
+        found.append(
+            ModelBench(
+                model=str(subject.model.model_path),
+                runtime=runtime.name,
+                runtime_options=runtime.as_dict(),
+                runtime_mode=decoder.mode,
+                provider=decoder.provider,
+                provider_options=runtime.settings.as_dict(),
+                session_providers=decoder.session_providers(),
+                config=config,
+                machine=machine,
+                versions={**versions(), **_runtime_versions(runtime.name, decoder)},
+                model_bytes=sum(p.stat().st_size for p in subject.model.folder.glob("model.onnx*")),
+                precision=precision_of(subject.model.facts).name,
+                n_positions=subject.model.n_positions,
+                vocab_size=subject.vocab_size,
+                runs=runs[subject.label],
+                placement=decoder.placement,
+            )
+        )
+    return found
+
+
 def measure_folder(
     folder,
     *,
@@ -501,60 +666,18 @@ def measure_folder(
     label: str | None = None,
     speculation: Speculation | None = None,
 ) -> ModelBench:
-    """Measure one exported folder on one runtime (default: onnxruntime on ``provider``): one run per batch
-    size, each labelled (``label``, default the folder's name) and with its runtime; with ``speculation``, each
-    followed by the same batch with proposals checked several at a time (:func:`measure_speculative`)."""
+    """One exported folder on one runtime (default: onnxruntime on ``provider``), measured as
+    :func:`measure_folders` measures several: one run per batch size, labelled ``label`` (default the folder's
+    name)."""
     runtime = runtime or RuntimeOptions(settings=provider)
-    runtime.requires("steps", "bench (it times each step)")
-    model = open_folder(folder, verify_files=verify_files)
-    config.check(model.n_positions)
-    draft_model = speculation_draft(model, speculation, Sampling(), Decoding(), runtime, verify_files)
-    decoder = open_runtime(model, runtime)
-    draft = None
-    label = label or Path(folder).name
-    runs = []
-    try:
-        decoder.check_memory(
-            max(config.batches), config.prompt_len, config.prompt_len + config.new_tokens, what="--batch"
-        )
-        vocab = decoder.vocab_size or 50257
-        if draft_model is not None:
-            draft = open_runtime(draft_model, runtime)
-        for batch in config.batches:
-            plain = measure_batch(decoder, config, batch, vocab_size=vocab, progress=progress)
-            plain.label = label
-            runs.append(plain)
-            if speculation is not None:
-                run = measure_speculative(
-                    decoder, draft, speculation, config, batch, vocab_size=vocab, progress=progress
-                )
-                run.label = f"{label} {speculation.label}"
-                run.speedup_over_plain = run.tokens_per_s / plain.tokens_per_s
-                runs.append(run)
-    finally:
-        decoder.close()
-        if draft is not None:
-            draft.close()
-    for run in runs:
-        run.runtime = runtime.name
-    return ModelBench(
-        model=str(model.model_path),
-        runtime=runtime.name,
-        runtime_options=runtime.as_dict(),
-        runtime_mode=decoder.mode,
-        provider=decoder.provider,
-        provider_options=runtime.settings.as_dict(),
-        session_providers=decoder.session_providers(),
-        config=config,
-        machine=machine_info(),
-        versions={**versions(), **_runtime_versions(runtime.name, decoder)},
-        model_bytes=sum(p.stat().st_size for p in model.folder.glob("model.onnx*")),
-        precision=precision_of(model.facts).name,
-        n_positions=model.n_positions,
-        vocab_size=vocab,
-        runs=runs,
-        placement=decoder.placement,
+    base = PeakMemory.current()
+    subject = open_subject(
+        folder, runtime, config, label=label or Path(folder).name, speculation=speculation, verify_files=verify_files
     )
+    try:
+        return measure_folders([subject], config, base_bytes=base, progress=progress, speculation=speculation)[0]
+    finally:
+        subject.close()
 
 
 def _runtime_versions(name: str, decoder) -> dict[str, str]:

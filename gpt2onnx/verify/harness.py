@@ -1,0 +1,245 @@
+"""The benchmark harness every measurement runs through: variants measured in interleaved rounds.
+
+Decode times on a shared machine move by tens of percent between windows minutes apart, so two variants measured
+one after the other compare their windows as much as themselves. Here every variant runs its warm-ups first (each
+variant's back to back, so that what a first run allocates is its own), then ``rounds`` rounds in which every
+variant runs once, in an order that rotates (A B C, B C A, C A B, ...): a slow window costs every variant alike.
+Each figure is reported as its median over the rounds with its quartiles, and each variant's ratio to a named
+baseline is computed round by round (the two runs of a round share their window) before its median is taken.
+The machine's load and the CPU time other processes took are recorded around the rounds, with the machine.
+(Modelled on llama-bench's repetitions and vLLM's benchmarks: one runner, many workloads.)"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpt2onnx.errors import BadInput
+from gpt2onnx.machine import MachineRecord, describe_machine
+
+Figures = Mapping[str, float]  # one run's figures by name ("decode_ms": 4.1, "tokens_per_s": 240.0)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A figure over the rounds: its median and quartiles (the 25th and 75th percentiles), and how many values."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, values) -> "Spread":
+        values = np.asarray(list(values), np.float64)
+        low, median, high = np.percentile(values, [25, 50, 75])
+        return cls(float(median), float(low), float(high), int(values.size))
+
+    def as_dict(self) -> dict:
+        return {"median": self.median, "low": self.low, "high": self.high, "n": self.n}
+
+    def shown(self, digits: int = 3) -> str:
+        """'4.13 (4.05–4.30)'."""
+        return f"{self.median:.{digits}g} ({self.low:.{digits}g}–{self.high:.{digits}g})"
+
+
+@dataclass(frozen=True)
+class Load:
+    """The machine around the rounds: the 1-minute load average before and after, and the share of all CPUs'
+    time that other processes used while the rounds ran (0: the machine was ours; 0.5 on 2 CPUs: one was busy)."""
+
+    before: float
+    after: float
+    others: float | None  # None where /proc/stat cannot be read
+
+    def as_dict(self) -> dict:
+        return {"load_before": self.before, "load_after": self.after, "other_processes_cpu": self.others}
+
+    def summary(self) -> str:
+        others = "" if self.others is None else f", other processes {100 * self.others:.0f} % of the CPUs"
+        return f"load {self.before:.2f} → {self.after:.2f}{others}"
+
+
+class _CpuTime:
+    """All CPUs' busy and total time (/proc/stat) and this process's own (children included), to tell what other
+    processes used between two readings."""
+
+    def __init__(self):
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat") as fh:
+                fields = [float(v) for v in fh.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        ticks = os.sysconf("SC_CLK_TCK")
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle and iowait
+        own = sum(os.times()[:4])  # user and system time, this process and its waited-for children (seconds)
+        return sum(fields) / ticks, (sum(fields) - idle) / ticks, own
+
+    def others(self) -> float | None:
+        end = self._read()
+        if self.start is None or end is None:
+            return None
+        total, busy, own = (b - a for a, b in zip(self.start, end))
+        return max(0.0, busy - own) / total if total > 0 else None
+
+
+@dataclass(frozen=True)
+class Series:
+    """One variant's values of one figure, a value per round (in round order)."""
+
+    variant: str
+    figure: str
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """What :func:`interleave` measured: every variant's figures round by round, the order each round ran the
+    variants in, the baseline of the ratios, the load around the rounds and the machine."""
+
+    variants: tuple[str, ...]
+    series: tuple[Series, ...]
+    orders: tuple[tuple[str, ...], ...]
+    warmup: int
+    baseline: str | None
+    load: Load
+    machine: MachineRecord
+
+    def values(self, variant: str, figure: str) -> tuple[float, ...]:
+        found = next((s.values for s in self.series if s.variant == variant and s.figure == figure), None)
+        if found is None:
+            raise KeyError(f"{variant}: no figure {figure}")
+        return found
+
+    @property
+    def figures(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.figure for s in self.series))
+
+    def spread(self, variant: str, figure: str) -> Spread:
+        return Spread.of(self.values(variant, figure))
+
+    def ratio(self, variant: str, figure: str) -> Spread | None:
+        """The variant's figure over the baseline's, round by round (each pair ran in the same round), as a
+        spread; None without a baseline."""
+        if self.baseline is None:
+            return None
+        ours, theirs = np.asarray(self.values(variant, figure)), np.asarray(self.values(self.baseline, figure))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return Spread.of(ours / theirs)
+
+    def rows(self) -> list[dict]:
+        """A row per variant and figure: the median, quartiles and, with a baseline, the ratio's."""
+        rows = []
+        for variant in self.variants:
+            for figure in self.figures:
+                spread, ratio = self.spread(variant, figure), self.ratio(variant, figure)
+                row = {"variant": variant, "figure": figure, **{k: v for k, v in spread.as_dict().items()}}
+                if ratio is not None:
+                    row.update(ratio=ratio.median, ratio_low=ratio.low, ratio_high=ratio.high)
+                rows.append(row)
+        return rows
+
+    def as_dict(self) -> dict:
+        return {
+            "variants": list(self.variants),
+            "baseline": self.baseline,
+            "rounds": len(self.orders),
+            "warmup": self.warmup,
+            "orders": [list(order) for order in self.orders],
+            "series": [{"variant": s.variant, "figure": s.figure, "values": list(s.values)} for s in self.series],
+            "summary": self.rows(),
+            "load": self.load.as_dict(),
+            "machine": self.machine.as_dict(),
+        }
+
+    def csv(self) -> str:
+        rows = self.rows()
+        out = io.StringIO()
+        writer = csv.DictWriter(
+            out, fieldnames=list(dict.fromkeys(k for row in rows for k in row)), lineterminator="\n"
+        )
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue()
+
+    def markdown(self) -> str:
+        """A table, a variant a row and a figure a column (median and quartiles; × the baseline's, round by round),
+        then where and under what load it ran."""
+        head = ["variant", *self.figures]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for variant in self.variants:
+            cells = []
+            for figure in self.figures:
+                cell = self.spread(variant, figure).shown()
+                ratio = self.ratio(variant, figure)
+                if ratio is not None and variant != self.baseline:
+                    cell += f", ×{ratio.median:.3g}"
+                cells.append(cell)
+            lines.append("| " + " | ".join([variant, *cells]) + " |")
+        lines.append("")
+        lines.append(
+            f"{len(self.orders)} rounds in rotating order after {self.warmup} warm-up runs each"
+            + (f"; ratios to {self.baseline}, round by round" if self.baseline else "")
+            + f"; {self.machine.summary()}; {self.load.summary()}."
+        )
+        return "\n".join(lines) + "\n"
+
+
+def rotated(names: tuple[str, ...], round_index: int) -> tuple[str, ...]:
+    """Round r's order: the names rotated left by r (A B C, B C A, C A B, A B C, ...)."""
+    shift = round_index % len(names) if names else 0
+    return names[shift:] + names[:shift]
+
+
+def interleave(
+    variants: Mapping[str, Callable[[], Figures]],
+    *,
+    rounds: int,
+    warmup: int = 1,
+    baseline: str | None = None,
+    machine: MachineRecord | None = None,
+    on_run: Callable[[], None] | None = None,
+) -> Rounds:
+    """Run each variant ``warmup`` times (its own back to back), then ``rounds`` rounds of one run each in rotating
+    order; every run returns its figures by name (the same names each time). ``baseline``: the variant the ratios
+    are taken to. ``on_run``: called after every run (progress)."""
+    names = tuple(variants)
+    if not names:
+        raise BadInput("nothing to measure: give at least one variant")
+    if rounds < 1 or warmup < 0:
+        raise BadInput(f"rounds must be 1 or more and warm-ups 0 or more, got {rounds} and {warmup}")
+    if baseline is not None and baseline not in variants:
+        raise BadInput(f"the baseline '{baseline}' is not one of the variants: {', '.join(names)}")
+    for name in names:
+        for _ in range(warmup):
+            variants[name]()
+            if on_run:
+                on_run()
+    machine = machine or describe_machine()
+    before, cpu = os.getloadavg()[0], _CpuTime()
+    measured: dict[str, list[Figures]] = {name: [] for name in names}
+    orders = []
+    for index in range(rounds):
+        order = rotated(names, index)
+        orders.append(order)
+        for name in order:
+            measured[name].append(dict(variants[name]()))
+            if on_run:
+                on_run()
+    load = Load(before, os.getloadavg()[0], cpu.others())
+    series = []
+    for name in names:
+        keys = list(measured[name][0])
+        if any(list(figures) != keys for figures in measured[name]):
+            raise ValueError(f"{name}: its runs gave different figures")
+        series += [Series(name, key, tuple(float(f[key]) for f in measured[name])) for key in keys]
+    return Rounds(names, tuple(series), tuple(orders), warmup, baseline, load, machine)
