@@ -17,10 +17,11 @@ from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
+from gpt2onnx.layouts.shared import LAYOUT as SHARED_LAYOUT
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
-from gpt2onnx.runtimes.decoder import SHARED_LAYOUT, OnnxDecoder, SharedCacheDecoder, check_host_provider, open_decoder
+from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, check_host_provider, open_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 from gpt2onnx.verify.parity import parity

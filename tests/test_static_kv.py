@@ -19,9 +19,10 @@ from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
+from gpt2onnx.layouts.static import LAYOUT as STATIC_LAYOUT
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
-from gpt2onnx.runtimes.decoder import STATIC_LAYOUT, OnnxDecoder, StaticCacheDecoder, check_host_provider, open_decoder
+from gpt2onnx.runtimes.decoder import OnnxDecoder, StaticCacheDecoder, check_host_provider, open_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig, unsupported_nodes
 from gpt2onnx.serving.engine import BatchingEngine
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy

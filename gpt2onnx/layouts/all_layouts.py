@@ -27,3 +27,8 @@ def layout_of(op_types: Iterable[str]) -> CacheLayout:
     if len(found) > 1:
         raise BadInput(f"the graph holds the ops of two K/V cache layouts ({', '.join(f.name for f in found)})")
     return found[0] if found else PLAIN
+
+
+def bound_by(binding: str) -> CacheLayout | None:
+    """The registered layout a stepper binding runs (None: no layout registered with it)."""
+    return next((layout for layout in LAYOUTS.values() if layout.binding == binding), None)

@@ -27,7 +27,7 @@ from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.artifact.graph import cache_scales, graph_facts, load_graph
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
-from gpt2onnx.layouts import shared, static
+from gpt2onnx.layouts.all_layouts import bound_by
 from gpt2onnx.layouts.layout import GROWING, SHARED_BUFFER, STATIC_BUFFER, CacheLayout
 from gpt2onnx.precisions.kv_cache import cache_format_of, steps_of
 from gpt2onnx.precisions.prompt_path import kernel_of
@@ -66,10 +66,10 @@ def file_shape(model_path: Path, n_positions: int) -> DecoderShape:
     return decoder_shape(*graph_io(load_graph(model_path)), n_positions)
 
 
-def check_host_provider(layout: CacheLayout, provider: str) -> None:
+def check_host_provider(layout: CacheLayout | None, provider: str) -> None:
     """A buffer layout's stepper binds host buffers: the cpu provider only (the resolver refuses it first; this
     guards a caller that opens a session itself)."""
-    if layout.in_place and provider != "cpu":
+    if layout is not None and layout.in_place and provider != "cpu":
         raise RuntimeUnavailable(
             f"this model keeps its K/V cache in the {layout.name} layout ({layout.summary}), whose stepper binds host"
             f" buffers: it runs on the cpu provider only, not {provider}; use --provider cpu"
@@ -340,7 +340,7 @@ class SharedCacheDecoder(OnnxDecoder):
         cache_scales: dict[str, np.ndarray] | None = None,
     ):
         super().__init__(session, n_positions=n_positions, device_id=device_id)
-        check_host_provider(SHARED_LAYOUT, self.provider)
+        check_host_provider(bound_by(SHARED_BUFFER), self.provider)
         self.cache_format = cache_format_of(self.shape.kv_dtype)  # None: a float cache
         self.scales = None
         if self.cache_format is not None:
@@ -462,7 +462,7 @@ class StaticCacheDecoder(OnnxDecoder):
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         super().__init__(session, n_positions=n_positions, device_id=device_id)
-        check_host_provider(STATIC_LAYOUT, self.provider)
+        check_host_provider(bound_by(STATIC_BUFFER), self.provider)
         self.capacity = 0
         self.rows = 0  # rows allocated (the bound batch may use fewer)
         self.batch = 0  # rows bound
@@ -559,6 +559,5 @@ class StaticCacheDecoder(OnnxDecoder):
         return logits, [p.copy() for p in presents]
 
 
-SHARED_LAYOUT, STATIC_LAYOUT = shared.LAYOUT, static.LAYOUT
 # a layout's binding (gpt2onnx.layouts.layout.BINDINGS) → the stepper that binds it
 STEPPERS = {GROWING: OnnxDecoder, SHARED_BUFFER: SharedCacheDecoder, STATIC_BUFFER: StaticCacheDecoder}
