@@ -138,7 +138,7 @@ def test_each_export_works_or_is_refused_before_any_work(plan, exports, tmp_path
 def _kind(label: str) -> str:
     if label.startswith("→"):
         return "target"
-    return label if label in ("speculative", "batching engine") else "runtime"
+    return "speculative" if label.startswith("speculative") else label if label == "batching engine" else "runtime"
 
 
 # -- the run checks: a supported question is run, a refused one refused in one line -------------------------------

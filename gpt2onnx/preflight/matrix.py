@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpt2onnx.capabilities import Unsupported
+from gpt2onnx.decoding.proposers.all_proposers import PROPOSERS
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.passes.pipeline import GraphPasses
@@ -71,7 +72,10 @@ def run_columns() -> list[tuple[str, dict]]:
         else:
             columns.append((name, {"runtime": RuntimeOptions(name)}))
     cpu = RuntimeOptions()
-    columns.append(("speculative", {"runtime": cpu, "speculation": Speculation(prompt_lookup=8)}))
+    for spec in PROPOSERS.values():  # each proposer that opens no model of its own (a draft needs a folder)
+        if spec.folder is None:
+            speculation = Speculation(**{spec.switch.field: 8})
+            columns.append((f"speculative ({spec.name})", {"runtime": cpu, "speculation": speculation}))
     columns.append(("batching engine", {"runtime": cpu, "engine": True}))
     columns += [(f"→ {target}", {"targets": target}) for target in TARGETS]
     return columns
