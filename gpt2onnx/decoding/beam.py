@@ -219,16 +219,7 @@ def beam_search(
 
 
 def _run(decoder, request: Request):
-    return beam_search(
-        decoder,
-        request.input_ids,
-        request.mask,
-        max_new_tokens=request.max_new_tokens,
-        decoding=request.decoding,
-        eos_token_ids=request.eos_token_ids,
-        pad_token_id=request.pad_token_id,
-        stop=request.stop,
-    )
+    return beam_search(decoder, request.input_ids, request.mask, **request.stopping())
 
 
 STRATEGY = Strategy(

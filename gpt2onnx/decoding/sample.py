@@ -19,13 +19,9 @@ def _run(decoder, request: Request) -> Generation:
         decoder,
         request.input_ids,
         request.mask,
-        max_new_tokens=request.max_new_tokens,
         sampling=request.sampling,
-        decoding=request.decoding,
-        eos_token_ids=request.eos_token_ids,
-        pad_token_id=request.pad_token_id,
-        stop=request.stop,
         on_step=request.on_step,
+        **request.stopping(),
     )
 
 

@@ -387,11 +387,7 @@ def _run(decoder, request: Request) -> Generation:
         draft=request.draft,
         sampling=request.sampling,
         on_step=request.on_step,
-        max_new_tokens=request.max_new_tokens,
-        decoding=request.decoding,
-        eos_token_ids=request.eos_token_ids,
-        pad_token_id=request.pad_token_id,
-        stop=request.stop,
+        **request.stopping(),
     )
 
 

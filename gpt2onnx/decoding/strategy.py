@@ -33,6 +33,16 @@ class Request:
     speculation: Any = None  # gpt2onnx.decoding.speculative.Speculation
     draft: Any = None  # the draft's opened runtime (a StepRuntime)
 
+    def stopping(self) -> dict:
+        """What every loop takes besides its batch: how many tokens, the options, the ids and the stop strings."""
+        return dict(
+            max_new_tokens=self.max_new_tokens,
+            decoding=self.decoding,
+            eos_token_ids=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            stop=self.stop,
+        )
+
 
 @dataclass(frozen=True)
 class Strategy:
