@@ -18,6 +18,7 @@ import os
 import platform
 import secrets
 import shutil
+import signal
 import stat
 import tempfile
 from dataclasses import dataclass, field
@@ -640,14 +641,18 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
                 f"cannot replace '{given}': '{stuck}' cannot be removed by this user (another user's, or not"
                 " writable); ask its owner to remove it, or write elsewhere (-o)"
             )
+        staging = None
         try:
-            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{_STAGING}{os.getpid()}-", dir=target.parent))
-            _note(lock, "staging", staging)
-        except OSError as err:
-            raise OutputError(
-                f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one"
-            ) from None
-        try:
+            with _signals_held():  # made and recorded at once: a Ctrl-C or SIGTERM lands after, then cleans it up
+                try:
+                    staging = Path(
+                        tempfile.mkdtemp(prefix=f".{target.name}{_STAGING}{os.getpid()}-", dir=target.parent)
+                    )
+                    _note(lock, "staging", staging)
+                except OSError as err:
+                    raise OutputError(
+                        f"cannot write to output folder '{target}' ({err.strerror or err}); choose a writable one"
+                    ) from None
             try:
                 yield staging
             except OSError as err:
@@ -682,8 +687,25 @@ def staged_folder(target: Path, *, force: bool, protect: tuple[Path, ...] = (), 
                     " check the permissions of its parent folder"
                 ) from None
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
             raise
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Ctrl-C and SIGTERM held back for the block (a folder made and its name recorded, never one without the
+    other), then delivered as they would have been; where signals cannot be held (another platform), nothing."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, OSError, ValueError):
+        before = None
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _aside_name(target: Path) -> Path:
