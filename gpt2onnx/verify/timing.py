@@ -353,7 +353,7 @@ def measure_batches(
             stats.extra["peak_memory_of"] = "genai worker process" if record.worker_peak else "this process"
         if record.device_peak is not None:
             stats.extra["device_memory"] = ONNX_DEVICE_MEMORY
-        if getattr(decoder, "tf32", None) is not None:
+        if decoder.tf32 is not None:
             stats.extra["tf32"] = decoder.tf32
         if len(subjects) > 1:
             stats.extra["rounds"] = {
