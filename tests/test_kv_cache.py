@@ -277,3 +277,17 @@ def test_a_4_bit_cache_packs_two_values_a_byte(float_cache, tmp_path):
     assert decoder._buffers[0].shape == (2, 4, 6, 8) and presents[0].shape == (2, 4, 6, 16)
     report = parity(tmp_path / "int4", cases=3, seed=1, max_batch=3)
     assert report.passed and report.gates == dict(INT4.gates), report.failures
+
+
+def test_quantized_weights_over_a_quantized_cache_add_the_two_budgets():
+    """int8-weights' gates over a 4-bit cache: each quality gate the weights' budget plus the cache's (the
+    near-lossless gates alone refused a sound int8-weights file over an int4 cache: KL 2.0e-4, top-1 97.5 %);
+    a --gate keeps its value; a float cache and an exact precision are left as they are."""
+    from gpt2onnx.verify.gates import tolerances_for, with_cache
+
+    weights = tolerances_for("int8-weights")
+    combined = with_cache("int8-weights", "uint8", weights)
+    assert combined["kl_mean"] == pytest.approx(1e-4 + 5e-3) and combined["top1"] == pytest.approx(0.98 + 0.9 - 1)
+    assert with_cache("int8-weights", "uint8", weights, {"kl_mean": 1e-4})["kl_mean"] == weights["kl_mean"]
+    assert with_cache("int8-weights", "float32", weights) == weights
+    assert with_cache("float32", "int8", tolerances_for("float32")) == tolerances_for("float32")

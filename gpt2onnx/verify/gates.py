@@ -167,6 +167,21 @@ def cache_tolerances(name: str, kv_dtype: str, overrides: dict[str, float] | Non
     return {**fmt.gates, **{k: v for k, v in checked.items() if k in (overrides or {})}}
 
 
+def with_cache(name: str, kv_dtype: str, tolerances: dict, overrides: dict[str, float] | None = None) -> dict:
+    """Quantized weights over a quantized K/V cache: the two errors add, so each quality gate the cache format
+    also sets is the sum of the two budgets (a KL bound plus the cache's; an agreement's shortfall plus the
+    cache's), where --gate did not set it. Unchanged for a float cache and for an exact precision (whose gates
+    the cache's replace: cache_tolerances)."""
+    fmt = cache_format_of(kv_dtype)
+    if fmt is None or precision(name).exact:
+        return tolerances
+    combined = dict(tolerances)
+    for gate, value in fmt.gates.items():
+        if gate in combined and gate not in (overrides or {}):
+            combined[gate] = combined[gate] + value if GATES[gate].upper else combined[gate] + value - 1
+    return combined
+
+
 def file_gates_for(name: str, overrides: dict[str, float] | None = None, *, algorithm: str | None = None) -> dict:
     """The gates of a quantized file judged by itself (FILE_GATES), with the --gate overrides that name them.
     ``algorithm``: the weight algorithm the manifest records (None: the precision's default, as every file before

@@ -39,6 +39,7 @@ from gpt2onnx.verify.gates import (
     cache_tolerances,
     file_gates_for,
     tolerances_for,
+    with_cache,
 )
 from gpt2onnx.verify.kv_path import check_kv_path
 from gpt2onnx.verify.lockstep import (
@@ -138,7 +139,9 @@ def run_plan(decoder, plan: CheckPlan, *, runtime: str = "onnxruntime", on_case=
     report, its failures computed from its gates and figures."""
     # a quantized K/V cache (read from the stepper's graph) has its own gates in place of an exact precision's
     kv_dtype = getattr(getattr(decoder, "shape", None), "kv_dtype", "float32")
-    tolerances = cache_tolerances(plan.precision, kv_dtype, plan.gates) or tolerances_for(plan.precision, plan.gates)
+    tolerances = cache_tolerances(plan.precision, kv_dtype, plan.gates) or with_cache(
+        plan.precision, kv_dtype, tolerances_for(plan.precision, plan.gates), plan.gates
+    )
     quality = tolerances if plan.rounded is None or plan.rounded.trained else {}
     run = run_loop_case if decoder.capabilities.owns_loop else run_case
     results = []
