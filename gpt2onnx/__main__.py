@@ -1,19 +1,51 @@
 """``python -m gpt2onnx`` and the ``gpt2onnx`` console script: the CLI as a process."""
 
+import os
+import signal
 import sys
+
+_INTERRUPTED = (130, 143)  # Ctrl-C, SIGTERM
 
 
 def main() -> None:
     """Import the CLI and build its commands (a few seconds: numpy, onnxruntime, typer), then run one. A Ctrl-C
     before the command starts ends as any interrupted command does, one line and exit code 130, never a traceback
     from inside an import."""
+    sys.unraisablehook = _unraisable
     try:
         from gpt2onnx.cli import app
 
         app(prog_name="gpt2onnx")
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        sys.exit(130)
+        _end(130)
+    except SystemExit as end:
+        if end.code in _INTERRUPTED:
+            _end(end.code)
+        raise
+
+
+def _unraisable(unraisable) -> None:
+    """A Ctrl-C or SIGTERM that landed where Python cannot raise it (a weakref callback of the import system, a
+    __del__) would be lost, printed as "Exception ignored" while the command goes on to write its files: it is
+    delivered again, to land at the next line that can raise it."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        signal.raise_signal(getattr(unraisable.exc_value, "signum", signal.SIGINT))
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def _end(code: int) -> None:
+    """An interrupted command has cleaned up and said its line: the process ends now, with its code. Through the
+    interpreter's shutdown CPython would end it by SIGINT instead, in about one Ctrl-C of ten, where the
+    KeyboardInterrupt had crossed a C extension's PyRun call (an import under way when the Ctrl-C landed) before it
+    was handled: the flag it sets then is never cleared."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or full stdout: nothing more can be said there
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

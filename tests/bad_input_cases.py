@@ -3484,6 +3484,55 @@ def terminated_export(c: Ctx, cli) -> Outcome:
     return cli(["export", "--model", "tiny", "--random-init", "--no-validate", "-o", "out/b"], c)
 
 
+_LATE_CTRL_C = {
+    # a Ctrl-C handled after it crossed a C extension's PyRun call (an import under way when it landed): CPython
+    # marks the process and, through -m, ends it by SIGINT instead of its exit code (once about one Ctrl-C in ten,
+    # 3 s into eval)
+    "crossed-pyrun": """
+def _ctrl_c():
+    sys.excepthook = lambda *exc: None  # PyRun_SimpleString prints the exception it ends with, through the hook
+    ctypes.pythonapi.PyRun_SimpleString(b"raise KeyboardInterrupt")  # marks the process; later PyRun calls unmark it
+    sys.excepthook = sys.__excepthook__
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Timer(1.5, _ctrl_c).start()
+""",
+    # a Ctrl-C that lands where Python cannot raise it (a weakref callback of the import system): printed as
+    # "Exception ignored" and lost, and the command went on to write its output
+    "unraisable": """
+class _Late:
+    def __del__(self):
+        raise KeyboardInterrupt
+
+threading.Timer(1.5, _Late).start()
+""",
+}
+
+
+def _late_ctrl_c(kind: str) -> Callable[[Ctx, Callable], Outcome]:
+    """An export with the Ctrl-C of ``kind`` injected at start-up (a sitecustomize of the case's folder): it ends
+    as every interrupted command does, exit code 130, "interrupted", no output; then the next export runs."""
+
+    def run(c: Ctx, cli) -> Outcome:
+        site = c.dir / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text("import ctypes, os, signal, sys, threading\n" + _LATE_CTRL_C[kind])
+        paths = os.pathsep.join((str(site), str(Path(__file__).resolve().parents[1])))
+        out = cli(["export", "--model", "tiny", "--random-init", "-o", "out"], c, env_changes={"PYTHONPATH": paths})
+        assert (out.code, out.stderr.strip()) == (130, "interrupted"), (out.code, out.stderr[-500:])
+        assert not (c.dir / "out").exists(), "an interrupted export wrote its folder"
+        shutil.rmtree(site)
+        return cli(["export", "--model", "tiny", "--random-init", "--no-validate", "-o", "out"], c)
+
+    return run
+
+
+CASES += [
+    Case("ctrl-c-crossed-pyrun", "data-loss", (), 0, run=_late_ctrl_c("crossed-pyrun"), creates=("out",), timeout=200),
+    Case("ctrl-c-unraisable", "data-loss", (), 0, run=_late_ctrl_c("unraisable"), creates=("out",), timeout=200),
+]
+
+
 CASES += [
     Case(
         "deploy-tjs-int4-external-data",  # once exit 70: onnx refused the data file's hard links

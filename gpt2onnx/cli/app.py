@@ -56,6 +56,8 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the command is, so that it unwinds as Ctrl-C does (staging folders removed, locks
     released, nothing half-written); exit code 143."""
 
+    signum = signal.SIGTERM
+
 
 _terminated = False  # SIGTERM arrived (typer turns the exception into exit code 130, as for Ctrl-C: told apart here)
 
