@@ -23,6 +23,7 @@ from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, check_host_provider, open_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.verify import timing
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 from gpt2onnx.verify.parity import parity
 
@@ -166,6 +167,60 @@ def test_bench_at_past_lengths(shared_export, tiny_export, tmp_path):
     refused = runner.invoke(app, ["bench", str(shared_export), "--past", "128"])
     assert refused.exit_code == 2
     assert_one_line_error(refused, "at most 127")
+
+
+def test_bench_capacity_is_the_buffer_of_a_preallocating_cache(shared_export, tiny_export, tmp_path):
+    """--capacity: the shared cache's steps at each past run on a buffer of that many columns (the K/V cache the
+    figures name), the concatenating one's on past + 1; the second folder's ratios to the first, round by round,
+    at every past, in the JSON, the CSV and the Markdown; a capacity that cannot hold a step, or without --past,
+    is refused in one line."""
+    out = {k: tmp_path / f"b.{k}" for k in ("json", "csv", "md")}
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            str(tiny_export),
+            str(shared_export),
+            "--batch",
+            "2",
+            "--prompt-len",
+            "4",
+            "--new-tokens",
+            "3",
+            "--warmup",
+            "0",
+            "--repeat",
+            "3",
+            "--past",
+            "8,60",
+            "--capacity",
+            "100",
+            *(a for k, path in out.items() for a in (f"--{k}", str(path))),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    concat, shared = json.loads(out["json"].read_text())["runs"]
+    decoder = open_decoder(open_folder(shared_export), ProviderConfig())
+    assert type(decoder) is SharedCacheDecoder and decoder.capabilities.preallocates
+    assert concat["kv_cache_bytes_at_past"] == [[p, decoder.cache_bytes(2, p + 1)] for p in (8, 60)]
+    assert shared["kv_cache_bytes_at_past"] == [[p, decoder.cache_bytes(2, 100)] for p in (8, 60)]
+    ratios = shared["extra"]["rounds"]["ratio_to_baseline"]
+    assert {"decode_ms_at_past_8", "decode_ms_at_past_60"} <= set(ratios)
+    assert ratios["decode_ms_at_past_60"]["low"] <= ratios["decode_ms_at_past_60"]["median"]
+    header = out["csv"].read_text().splitlines()[0].split(",")
+    assert {"decode_ms_at_past_60", "kv_cache_mb_at_past_60", "decode_ms_at_past_60_ratio"} <= set(header)
+    assert f"| {shared_export.name} | 2 | 60 |" in out["md"].read_text()
+
+    timing.decode_step_at_past(decoder, 1, 8, vocab_size=decoder.vocab_size, capacity=100)
+    assert decoder.capacity == 100  # the step ran on the buffer it was given
+    for args, says in (
+        (["--past", "60", "--capacity", "60"], "cannot hold past 60 and its new token: give at least 61"),
+        (["--capacity", "100"], "give --past too"),
+        (["--past", "60", "--capacity", "500"], "beyond the model's context of 128"),
+    ):
+        refused = runner.invoke(app, ["bench", str(shared_export), *args])
+        assert refused.exit_code == 2, refused.output
+        assert_one_line_error(refused, says)
 
 
 def test_beam_search_reorders_the_shared_buffers_in_place(shared_export, tiny_export):

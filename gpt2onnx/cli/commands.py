@@ -283,6 +283,14 @@ def bench(
     past: Annotated[
         Optional[str], typer.Option(metavar="LIST", help="Also time one step at these past lengths.")
     ] = None,
+    capacity: Annotated[
+        Optional[int],
+        typer.Option(
+            metavar="N",
+            help="The cache buffer at the --past steps of a preallocating layout (ort-shared-kv, onnx-static-kv)"
+            " \\[default: past + 1].",
+        ),
+    ] = None,
     warmup: Annotated[int, typer.Option(help="Untimed runs first, each folder's.")] = 2,
     repeat: Annotated[int, typer.Option(help="Timed rounds: every folder once a round, rotating.")] = 5,
     baseline: Annotated[Optional[str], typer.Option(help="'torch': PyTorch eager too.")] = None,
@@ -308,7 +316,7 @@ def bench(
     folders = folders or [Path("models/gpt2")]
     runtimes = runtime_options(parse_runtimes(runtime), options.flags)
     pasts = parse_batches(past, what="past lengths (--past)") if past else ()
-    config = BenchConfig(parse_batches(batch), prompt_len, new_tokens, warmup, repeat, pasts=pasts)
+    config = BenchConfig(parse_batches(batch), prompt_len, new_tokens, warmup, repeat, pasts=pasts, capacity=capacity)
     measured = len(folders) * len(runtimes) * (1 + (speculation is not None)) + (baseline == "torch")
     runs = measured * len(config.batches) * (warmup + repeat)
     with render.progress("benchmark", runs) as step:

@@ -249,11 +249,20 @@ def benched(report: BenchReport, plot: Path | None) -> None:
         )
     console.print(table)
     if config.pasts:
-        columns = ("model", "batch", *map(str, config.pasts))
-        by_past = _table(f"decode step (ms, median of {config.repeat}) at past length", columns, left=("model",))
+        columns = ("model", "batch", *map(str, config.pasts), "K/V cache MB at the last")
+        buffer = f", a buffer of {config.capacity} where it preallocates" if config.capacity else ""
+        title = f"decode step (ms, median of {config.repeat}{buffer}) at past length"
+        by_past = _table(title, columns, left=("model",))
         for run in report.runs:
             if run.decode_ms_at_past:
-                by_past.add_row(run.label, str(run.batch), *(f"{ms:.2f}" for _, ms in run.decode_ms_at_past))
+                ratios = run.extra.get("rounds", {}).get("ratio_to_baseline", {})
+                cells = []
+                for past, ms in run.decode_ms_at_past:
+                    ratio = ratios.get(f"decode_ms_at_past_{past}")
+                    shown = ratio is not None and run.label != run.extra["rounds"]["baseline"]
+                    cells.append(f"{ms:.2f}" + (f" (×{ratio['median']:.2f})" if shown else ""))
+                held = run.kv_cache_bytes_at_past[-1][1] / 1e6 if run.kv_cache_bytes_at_past else float("nan")
+                by_past.add_row(run.label, str(run.batch), *cells, f"{held:.3g}")
         console.print(by_past)
     _bench_notes(report, runtimes, plot)
 

@@ -59,6 +59,7 @@ class Capabilities:
     memory_check: bool = False  # check_memory refuses, before allocating, a run this machine cannot hold
     proposals: bool = False  # runs a step of several new tokens on a past and crops its cache (speculative decoding)
     batches: bool = False  # its steppers take rows that join and leave a running batch (the batching engine)
+    preallocates: bool = False  # its cache is one buffer per sequence, allocated once at a capacity (bench --capacity)
 
 
 @dataclass(frozen=True)

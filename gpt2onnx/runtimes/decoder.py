@@ -329,7 +329,7 @@ class SharedCacheDecoder(OnnxDecoder):
     the cache back dequantized, as the float values attention reads.
     """
 
-    capabilities = Capabilities(past_of_length=True, memory_check=True, proposals=True, batches=True)
+    capabilities = Capabilities(past_of_length=True, memory_check=True, proposals=True, batches=True, preallocates=True)
 
     def __init__(
         self,
@@ -458,7 +458,7 @@ class StaticCacheDecoder(OnnxDecoder):
     needs more rows or columns than they have.
     """
 
-    capabilities = Capabilities(past_of_length=True, memory_check=True, proposals=True, batches=True)
+    capabilities = Capabilities(past_of_length=True, memory_check=True, proposals=True, batches=True, preallocates=True)
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         super().__init__(session, n_positions=n_positions, device_id=device_id)

@@ -71,6 +71,10 @@ class BenchReport:
                 "tokens_per_s": round(run.tokens_per_s, 2),
                 "peak_mb": round(run.peak_host_bytes / 1e6, 1),
             }
+            for past, ms in run.decode_ms_at_past:
+                row[f"decode_ms_at_past_{past}"] = round(ms, 4)
+            for past, held in run.kv_cache_bytes_at_past:
+                row[f"kv_cache_mb_at_past_{past}"] = round(held / 1e6, 3)
             for figure, ratio in run.extra.get("rounds", {}).get("ratio_to_baseline", {}).items():
                 row.update({f"{figure}_ratio": ratio["median"], f"{figure}_ratio_low": ratio["low"]})
                 row[f"{figure}_ratio_high"] = ratio["high"]
@@ -107,6 +111,7 @@ class BenchReport:
                     cells.append(f"{r['median']:.3g} ({r['low']:.3g}–{r['high']:.3g})" if r else "-")
             lines.append("| " + " | ".join(cells) + " |")
         config = self.models[0].config if self.models else None
+        lines += self._markdown_at_past(ratios)
         where = self.machine.summary() if self.machine is not None else "an unrecorded machine"
         loads = [run.extra["load"] for run in self.runs if "load" in run.extra]
         load = f"; load {loads[0]['load_before']:.2f} → {loads[-1]['load_after']:.2f}" if loads else ""
@@ -117,6 +122,24 @@ class BenchReport:
                 f" {config.repeat} rounds in rotating order; {where}{load}; {time.strftime('%Y-%m-%d %H:%M %Z')}.",
             ]
         return "\n".join(lines) + "\n"
+
+    def _markdown_at_past(self, ratios: bool) -> list[str]:
+        """``--past``: one decode step at each past length, with the K/V cache it holds (and, several folders
+        measured, the ratio to the first, round by round)."""
+        runs = [run for run in self.runs if run.decode_ms_at_past]
+        if not runs:
+            return []
+        head = ["model", "batch", "past", "decode ms", "K/V cache MB", *(["×first (quartiles)"] if ratios else [])]
+        lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for run in runs:
+            found = run.extra.get("rounds", {}).get("ratio_to_baseline", {})
+            for (past, ms), (_, held) in zip(run.decode_ms_at_past, run.kv_cache_bytes_at_past):
+                cells = [run.label, str(run.batch), str(past), f"{ms:.3f}", f"{held / 1e6:.3g}"]
+                if ratios:
+                    r = found.get(f"decode_ms_at_past_{past}")
+                    cells.append(f"{r['median']:.3g} ({r['low']:.3g}–{r['high']:.3g})" if r else "-")
+                lines.append("| " + " | ".join(cells) + " |")
+        return lines
 
 
 def torch_device(provider: ProviderConfig) -> str:

@@ -58,6 +58,7 @@ class BenchConfig:
     repeat: int = 5
     seed: int = 0
     pasts: tuple[int, ...] = ()  # past lengths at which one decode step is also timed (decode_at_past)
+    capacity: int | None = None  # the buffer of a preallocating cache at those steps (default: past + 1)
 
     def __post_init__(self) -> None:
         self.check()  # an invalid one cannot be built; the model's context is checked against it once known
@@ -91,6 +92,17 @@ class BenchConfig:
             raise BadInput(
                 f"batch {max(self.batches)} × past {max(self.pasts)} is more than {MAX_BATCH_TOKENS:,} tokens: use a"
                 " shorter past"
+            )
+        if self.capacity is not None and not self.pasts:
+            raise BadInput("--capacity sets the cache buffer of the --past steps: give --past too, or drop --capacity")
+        if self.capacity is not None and self.capacity < max(self.pasts) + 1:
+            raise BadInput(
+                f"--capacity {self.capacity} cannot hold past {max(self.pasts)} and its new token: give at least"
+                f" {max(self.pasts) + 1}"
+            )
+        if n_positions and self.capacity is not None and self.capacity > n_positions:
+            raise BadInput(
+                f"--capacity {self.capacity} is beyond the model's context of {n_positions}: give at most {n_positions}"
             )
         if n_positions and self.pasts and max(self.pasts) >= n_positions:
             raise BadInput(
@@ -170,6 +182,7 @@ class RunStats:
     peak_host_bytes: int
     peak_device_bytes: int | None = None
     decode_ms_at_past: list[tuple[int, float]] = field(default_factory=list)  # (past, median ms): BenchConfig.pasts
+    kv_cache_bytes_at_past: list[tuple[int, int]] = field(default_factory=list)  # (past, the cache the step holds)
     extra: dict = field(default_factory=dict)  # labels of the run: device, dtype, rows, peak_memory_of
     label: str = ""  # the folder's name (with the runtime when several), or "torch eager"
     runtime: str = ""
@@ -258,6 +271,13 @@ def decode_step_at_past(
     start = time.perf_counter()
     decoder.run(ids(), mask, np.full((batch, 1), past, np.int64), cache)
     return time.perf_counter() - start
+
+
+def held_cache_bytes(decoder, batch: int, past: int, capacity: int | None = None) -> int:
+    """The key/value cache a decode step at ``past`` holds: past + 1 tokens, or the whole buffer a preallocating
+    stepper was given (``capacity``), in the folder's cache dtype (a quantized cache: its scales aside)."""
+    held = capacity if capacity and decoder.capabilities.preallocates else past + 1
+    return decoder.cache_bytes(batch, held)
 
 
 def _loop_run(runner, ids: np.ndarray, config: BenchConfig) -> tuple[list[float], int]:
@@ -371,15 +391,28 @@ def measure_batches(
             return lambda: {
                 "ms": 1e3
                 * decode_step_at_past(
-                    subject.decoder, batch, past, vocab_size=subject.vocab_size, seed=next(seeds[subject.label])
+                    subject.decoder,
+                    batch,
+                    past,
+                    vocab_size=subject.vocab_size,
+                    seed=next(seeds[subject.label]),
+                    capacity=config.capacity,
                 )
             }
 
         timed = interleave(
-            {s.label: at_past(s) for s in subjects}, rounds=config.repeat, warmup=config.warmup, machine=rounds.machine
+            {s.label: at_past(s) for s in subjects},
+            rounds=config.repeat,
+            warmup=config.warmup,
+            baseline=subjects[0].label,
+            machine=rounds.machine,
         )
         for subject, stats in zip(subjects, found):
             stats.decode_ms_at_past.append((past, timed.spread(subject.label, "ms").median))
+            stats.kv_cache_bytes_at_past.append((past, held_cache_bytes(subject.decoder, batch, past, config.capacity)))
+            ratio = timed.ratio(subject.label, "ms")
+            if ratio is not None and "rounds" in stats.extra:
+                stats.extra["rounds"]["ratio_to_baseline"][f"decode_ms_at_past_{past}"] = ratio.as_dict()
     return found, rounds
 
 
