@@ -1271,6 +1271,7 @@ def stdout_full(c: Ctx, cli) -> Outcome:
 
 
 BENCH_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2", "--warmup", "0", "--repeat", "1")
+MEMORY_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2")
 GEN = ("--ids", "1,2", "--max-new-tokens", "2")
 
 CASES += [
@@ -2178,9 +2179,14 @@ def _parameters():
     import typing
 
     from gpt2onnx.cli import app
+    from gpt2onnx.cli.app import DefaultedGroup
 
-    for command in app.registered_commands:
-        name = command.name or command.callback.__name__
+    commands = [(c.name or c.callback.__name__, c) for c in app.registered_commands]
+    for group in app.registered_groups:  # bench memory; bench run as bench, its default
+        for c in group.typer_instance.registered_commands:
+            sub = c.name or c.callback.__name__
+            commands.append((group.name if sub == DefaultedGroup.default else f"{group.name} {sub}", c))
+    for name, command in commands:
         for param in inspect.signature(command.callback, eval_str=True).parameters.values():
             args = typing.get_args(param.annotation)
             info = next((m for m in args[1:] if hasattr(m, "parser")), None)
@@ -2231,6 +2237,8 @@ OUTPUT_COMMANDS = {
     ("bench", "--plot"): (("bench", "{exp}", *BENCH_QUICK, "--plot", "{out}"), "{exp}"),
     ("bench", "--csv"): (("bench", "{exp}", *BENCH_QUICK, "--csv", "{out}"), "{exp}"),
     ("bench", "--md"): (("bench", "{exp}", *BENCH_QUICK, "--md", "{out}"), "{exp}"),
+    ("bench memory", "--json"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--json", "{out}"), "{exp}"),
+    ("bench memory", "--md"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--md", "{out}"), "{exp}"),
     ("check", "--json"): (("check", "{exp}", "--json", "{out}"), "{exp}"),
     ("export", "--out"): (("export", "--model", "{src}", "--no-validate", "-o", "{out}"), "{src}"),
     ("optimize", "--out"): (("optimize", "{exp}", "-o", "{out}"), "{exp}"),

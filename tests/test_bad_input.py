@@ -349,6 +349,7 @@ INPUT_PATHS = {
     ("parity", "folder"),
     ("parity", "text"),
     ("serve", "folder"),
+    ("bench memory", "folders"),
 }
 
 

@@ -172,9 +172,12 @@ def test_help_reads_at_80_columns():
     """Every command's --help fits an 80-column terminal, with short metavars (no <list[str]>, <bool>)."""
     from typer.main import get_command
 
-    commands = sorted(get_command(app).commands)
+    top = get_command(app)
+    commands = sorted(top.commands)
     assert {"export", "optimize", "deploy", "inspect", "generate", "parity", "bench"} <= set(commands)
-    for args in [[], *([c] for c in commands)]:
+    groups = [[c, sub] for c in commands for sub in getattr(top.commands[c], "commands", {})]
+    assert ["bench", "run"] in groups and ["bench", "memory"] in groups
+    for args in [[], *([c] for c in commands), *groups]:
         result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
         assert result.exit_code == 0, result.output
         lines = result.output.splitlines()

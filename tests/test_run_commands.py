@@ -2,7 +2,6 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -257,18 +256,20 @@ def test_runs_beyond_available_memory_are_refused_before_they_start(tiny_export,
     assert run("generate", tiny_export, "--ids", "1,2", "--max-new-tokens", 1).exit_code == 0
 
 
-def test_the_memory_estimate_is_above_what_a_real_run_grows_by(tiny_export):
+def test_the_memory_estimate_is_above_what_a_real_run_grows_by(tiny_export, tmp_path):
     """The estimate that refuses runs (run_bytes) bounds what a real greedy run grows by: 2,000 rows, where the
     key/value cache dominates (measured here 0.82 of the estimate; the earlier estimate was 0.41 of the growth).
-    Measured in a process of its own (scripts/bench_memory.py: peak resident size, reset after warm-up)."""
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-m", "scripts.bench_memory", "--one", f"{tiny_export}:2000x4+100"]
-    root = Path(__file__).parent.parent
-    figures = json.loads(subprocess.run(command, cwd=root, check=True, capture_output=True, text=True).stdout)
+    Measured in a process of its own (gpt2onnx bench memory: peak resident size, reset after warm-up)."""
+    out, table = tmp_path / "m.json", tmp_path / "m.md"
+    args = ("--batch", "2000", "--prompt-len", 4, "--new-tokens", 100, "--json", out, "--md", table)
+    result = run("bench", "memory", tiny_export, *args)
+    assert result.exit_code == 0, result.output
+    (figures,) = json.loads(out.read_text())["runs"]
+    assert (figures["rows"], figures["prompt"], figures["new"]) == (2000, 4, 100)
     # the growth is real (past and present of the last step at least) and under the estimate
     assert 2 * figures["cache_bytes"] < figures["grown_bytes"] < figures["estimate_bytes"], figures
+    assert f"| {tiny_export.name} | 2000 × 4 + 100 | {figures['grown_bytes'] / 1e6:,.1f} |" in table.read_text()
+    assert_one_line_error(run("bench", "memory", tiny_export, "--batch", "0"), "positive")
 
 
 def test_bench_plot(tiny_export, tmp_path):

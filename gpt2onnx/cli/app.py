@@ -68,8 +68,8 @@ def _terminate(signum, frame) -> None:
     raise Terminated()
 
 
-class OneLineErrors(typer.core.TyperGroup):
-    """Every failure the user can cause ends as one line on stderr and a non-zero exit, never a traceback."""
+class ShortHelp(typer.core.TyperGroup):
+    """A group whose --help, and its commands', reads at 80 columns (short metavars)."""
 
     def format_help(self, ctx, formatter):
         _short_metavars(self, ctx)
@@ -80,6 +80,23 @@ class OneLineErrors(typer.core.TyperGroup):
         if command is not None:
             _short_metavars(command, ctx)
         return command
+
+
+class DefaultedGroup(ShortHelp):
+    """A command with subcommands, one of them the default: ``gpt2onnx bench FOLDER`` runs ``bench run FOLDER``
+    (a first word that names no subcommand, or none, goes to the default; a folder named like a subcommand is
+    given as ./NAME)."""
+
+    default = "run"
+
+    def parse_args(self, ctx, args):
+        if not args or (args[0] not in self.commands and args[0] not in ctx.help_option_names):
+            args = [self.default, *args]
+        return super().parse_args(ctx, args)
+
+
+class OneLineErrors(ShortHelp):
+    """Every failure the user can cause ends as one line on stderr and a non-zero exit, never a traceback."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:  # callers who handle errors themselves

@@ -14,21 +14,25 @@ import typer
 from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.inspect import inspect as run_inspect
 from gpt2onnx.cli import render
-from gpt2onnx.cli.app import app, console, err_console, ignore_interrupts, write_json_output
+from gpt2onnx.cli.app import DefaultedGroup, app, console, err_console, ignore_interrupts, write_json_output
 from gpt2onnx.cli.options import (
     OUTPUT_FILE,
     OUTPUT_FOLDER,
+    BatchesOpt,
     FolderArg,
     ForceOpt,
     FusionOpt,
     GateOpt,
     JsonOpt,
     KvCacheOpt,
+    MarkdownOpt,
     MaxKlOpt,
     MaxPplOpt,
+    NewTokensOpt,
     OptimizeFusionOpt,
     PartialOpt,
     Precision,
+    PromptLenOpt,
     ReferenceOpt,
     RunOptions,
     RuntimeOpt,
@@ -270,16 +274,25 @@ def parity(
         raise typer.Exit(1)
 
 
-@app.command()
+bench_app = typer.Typer(
+    cls=DefaultedGroup,
+    help="Measure speed and memory. bench FOLDERS is bench run FOLDERS; the other measurements are below.",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("run")
 @uses(run_options, into="options")
 @uses(speculate, into="speculation")
 def bench(
     folders: Annotated[
         Optional[list[Path]], typer.Argument(help="Folders, side by side \\[default: models/gpt2].")
     ] = None,
-    batch: Annotated[str, typer.Option(metavar="LIST", help="Batch sizes, comma-separated.")] = "1,8",
-    prompt_len: Annotated[int, typer.Option(help="Prompt tokens per row.")] = 128,
-    new_tokens: Annotated[int, typer.Option(help="Tokens per run, the first included.")] = 64,
+    batch: BatchesOpt = "1,8",
+    prompt_len: PromptLenOpt = 128,
+    new_tokens: NewTokensOpt = 64,
     past: Annotated[
         Optional[str], typer.Option(metavar="LIST", help="Also time one step at these past lengths.")
     ] = None,
@@ -287,8 +300,7 @@ def bench(
         Optional[int],
         typer.Option(
             metavar="N",
-            help="The cache buffer at the --past steps of a preallocating layout (ort-shared-kv, onnx-static-kv)"
-            " \\[default: past + 1].",
+            help="A preallocated cache's buffer at the --past steps \\[default: past + 1].",
         ),
     ] = None,
     warmup: Annotated[int, typer.Option(help="Untimed runs first, each folder's.")] = 2,
@@ -301,10 +313,7 @@ def bench(
     csv_path: Annotated[
         Optional[Path], typer.Option("--csv", parser=OUTPUT_FILE, metavar="FILE", help="The table as CSV.")
     ] = None,
-    markdown_path: Annotated[
-        Optional[Path],
-        typer.Option("--md", parser=OUTPUT_FILE, metavar="FILE", help="The table as Markdown, with machine and load."),
-    ] = None,
+    markdown_path: MarkdownOpt = None,
     reference: ReferenceOpt = None,
     runtime: RuntimesOpt = "onnxruntime",
     options: RunOptions = None,
@@ -336,6 +345,35 @@ def bench(
             markdown_path=markdown_path,
         )
     render.benched(report, plot)
+
+
+@bench_app.command("memory")
+def bench_memory(
+    folders: Annotated[list[Path], typer.Argument(help="Exported folders.")],
+    batch: BatchesOpt = "1,8",
+    prompt_len: PromptLenOpt = 128,
+    new_tokens: NewTokensOpt = 64,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+) -> None:
+    """Host memory a greedy decode grows by, beside the estimate that guards runs.
+
+    Each folder at each batch size in its own process (Linux): the peak resident size less the size before."""
+    from gpt2onnx.verify.memory import measure_memory
+
+    batches = parse_batches(batch)
+    with render.progress("memory", len(folders) * len(batches)) as step:
+        report = measure_memory(
+            folders,
+            batches,
+            prompt_len,
+            new_tokens,
+            json_path=json_path,
+            markdown_path=markdown_path,
+            progress=step,
+            before_writing=ignore_interrupts,
+        )
+    render.memory(report)
 
 
 @app.command("eval")

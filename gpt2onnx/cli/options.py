@@ -162,6 +162,14 @@ RuntimesOpt = Annotated[
     str, typer.Option("--runtime", "-r", metavar="LIST", help=f"{', '.join(RUNTIMES)} (comma-separated).")
 ]
 ReferenceOpt = Annotated[Optional[str], typer.Option(help="Reference \\[default: the manifest's source].")]
+# the workload of bench's subcommands (each names its parameter batch, prompt_len, new_tokens)
+BatchesOpt = Annotated[str, typer.Option(metavar="LIST", help="Batch sizes, comma-separated.")]
+PromptLenOpt = Annotated[int, typer.Option(help="Prompt tokens per row.")]
+NewTokensOpt = Annotated[int, typer.Option(help="Tokens per run, the first included.")]
+MarkdownOpt = Annotated[
+    Optional[Path],
+    typer.Option("--md", parser=OUTPUT_FILE, metavar="FILE", help="The table as Markdown, with machine and load."),
+]
 JsonOpt = Annotated[
     Optional[Path], typer.Option("--json", parser=OUTPUT_FILE, metavar="FILE", help="Write every figure here.")
 ]

@@ -267,6 +267,22 @@ def benched(report: BenchReport, plot: Path | None) -> None:
     _bench_notes(report, runtimes, plot)
 
 
+def memory(report) -> None:
+    """bench memory: a run a row, its growth beside the estimate (a MemoryReport)."""
+    columns = ("folder", "rows × prompt + new", "grew MB", "estimate MB", "grown / estimate", "cache MB")
+    table = _table("host memory of a greedy decode, each run in its own process", columns, left=("folder",))
+    for r in report.runs:
+        table.add_row(
+            Path(r.folder).name,
+            f"{r.rows} × {r.prompt} + {r.new}",
+            f"{r.grown_bytes / 1e6:,.1f}",
+            f"{r.estimate_bytes / 1e6:,.1f}",
+            f"{r.of_estimate:.2f}",
+            f"{r.cache_bytes / 1e6:,.1f}",
+        )
+    console.print(table)
+
+
 def _bench_rounds(report: BenchReport) -> None:
     """Several folders: each one's ratios to the first, taken round by round (median and quartiles); the load."""
     shown = {"decode_ms": "decode", "prompt_ms": "prompt", "tokens_per_s": "tokens/s"}
