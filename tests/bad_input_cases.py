@@ -1272,6 +1272,20 @@ def stdout_full(c: Ctx, cli) -> Outcome:
 
 BENCH_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2", "--warmup", "0", "--repeat", "1")
 MEMORY_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2")
+BEAM_QUICK = (
+    "--batch",
+    "1",
+    "--beams",
+    "2",
+    "--prompt-len",
+    "4",
+    "--new-tokens",
+    "2",
+    "--warmup",
+    "0",
+    "--repeat",
+    "1",
+)
 GEN = ("--ids", "1,2", "--max-new-tokens", "2")
 
 CASES += [
@@ -2237,6 +2251,8 @@ OUTPUT_COMMANDS = {
     ("bench", "--plot"): (("bench", "{exp}", *BENCH_QUICK, "--plot", "{out}"), "{exp}"),
     ("bench", "--csv"): (("bench", "{exp}", *BENCH_QUICK, "--csv", "{out}"), "{exp}"),
     ("bench", "--md"): (("bench", "{exp}", *BENCH_QUICK, "--md", "{out}"), "{exp}"),
+    ("bench beam", "--json"): (("bench", "beam", "{exp}", *BEAM_QUICK, "--json", "{out}"), "{exp}"),
+    ("bench beam", "--md"): (("bench", "beam", "{exp}", *BEAM_QUICK, "--md", "{out}"), "{exp}"),
     ("bench memory", "--json"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--json", "{out}"), "{exp}"),
     ("bench memory", "--md"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--md", "{out}"), "{exp}"),
     ("check", "--json"): (("check", "{exp}", "--json", "{out}"), "{exp}"),
@@ -2249,6 +2265,7 @@ OUTPUT_COMMANDS = {
             ("generate", ("generate", "{exp}", "--ids", "1,2", "--max-new-tokens", "1")),
             ("parity", ("parity", "{exp}", "--cases", "1")),
             ("bench", ("bench", "{exp}", *BENCH_QUICK)),
+            ("bench beam", ("bench", "beam", "{exp}", *BEAM_QUICK)),
             ("eval", ("eval", "{exp}", "--text", "t.txt", "--greedy-tokens", "0")),
             ("check", ("check", "{exp}")),
         )

@@ -350,6 +350,7 @@ INPUT_PATHS = {
     ("parity", "text"),
     ("serve", "folder"),
     ("bench memory", "folders"),
+    ("bench beam", "folder"),
 }
 
 

@@ -140,6 +140,19 @@ def check_output_file(path: Path | str, *, option: str, inputs: tuple[Path, ...]
     return check_output_path(path, option=option, kind="file", folders=folders)
 
 
+def check_output_files(outputs: dict[str, Path | str | None], *, inputs: tuple[Path, ...] = ()) -> None:
+    """Each file a command will write (by option; None: not asked for), checked as check_output_file does, and
+    none of them named twice."""
+    seen: dict[Path, str] = {}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        check_output_file(path, option=option, inputs=inputs)
+        other = seen.setdefault(Path(path).resolve(), option)
+        if other != option:
+            raise BadInput(f"{other} and {option} both name '{path}': give each its own file")
+
+
 def folder_labels(folders) -> list[str]:
     """Each folder's label: its name, or as many of its last path parts as tell it from the others (two folders
     named 'model' are 'a/model' and 'b/model': the ratios and tables keep both). A folder given twice is refused."""

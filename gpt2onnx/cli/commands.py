@@ -34,11 +34,13 @@ from gpt2onnx.cli.options import (
     Precision,
     PromptLenOpt,
     ReferenceOpt,
+    RepeatOpt,
     RunOptions,
     RuntimeOpt,
     RuntimesOpt,
     Search,
     VerifyFilesOpt,
+    WarmupOpt,
     json_output,
     plan,
     planned_defaults,
@@ -303,8 +305,8 @@ def bench(
             help="A preallocated cache's buffer at the --past steps \\[default: past + 1].",
         ),
     ] = None,
-    warmup: Annotated[int, typer.Option(help="Untimed runs first, each folder's.")] = 2,
-    repeat: Annotated[int, typer.Option(help="Timed rounds: every folder once a round, rotating.")] = 5,
+    warmup: WarmupOpt = 2,
+    repeat: RepeatOpt = 5,
     baseline: Annotated[Optional[str], typer.Option(help="'torch': PyTorch eager too.")] = None,
     json_path: JsonOpt = None,
     plot: Annotated[
@@ -345,6 +347,43 @@ def bench(
             markdown_path=markdown_path,
         )
     render.benched(report, plot)
+
+
+@bench_app.command("beam")
+@uses(run_options, into="options")
+def bench_beam(
+    folder: FolderArg,
+    batch: Annotated[int, typer.Option(help="Prompts, left-padded.")] = 2,
+    beams: Annotated[int, typer.Option(help="Beams per prompt.")] = 4,
+    prompt_len: PromptLenOpt = 32,
+    new_tokens: Annotated[int, typer.Option(help="Tokens each side decodes, exactly.")] = 32,
+    warmup: WarmupOpt = 1,
+    repeat: RepeatOpt = 5,
+    reference: ReferenceOpt = None,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    options: RunOptions = None,
+) -> None:
+    """Beam search against transformers' generate(num_beams) on the same weights, in interleaved rounds."""
+    from gpt2onnx.verify.beams import bench_beams
+
+    with render.progress("beam search", 2 * (warmup + repeat)) as step:
+        report = bench_beams(
+            folder,
+            runtime=options.runtime("onnxruntime"),
+            batch=batch,
+            beams=beams,
+            prompt_len=prompt_len,
+            new_tokens=new_tokens,
+            warmup=warmup,
+            repeat=repeat,
+            reference=reference,
+            json_path=json_path,
+            markdown_path=markdown_path,
+            progress=step,
+            before_writing=ignore_interrupts,
+        )
+    render.beams(report)
 
 
 @bench_app.command("memory")

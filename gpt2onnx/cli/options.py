@@ -166,6 +166,8 @@ ReferenceOpt = Annotated[Optional[str], typer.Option(help="Reference \\[default:
 BatchesOpt = Annotated[str, typer.Option(metavar="LIST", help="Batch sizes, comma-separated.")]
 PromptLenOpt = Annotated[int, typer.Option(help="Prompt tokens per row.")]
 NewTokensOpt = Annotated[int, typer.Option(help="Tokens per run, the first included.")]
+WarmupOpt = Annotated[int, typer.Option(help="Untimed runs first, each variant's.")]
+RepeatOpt = Annotated[int, typer.Option(help="Timed rounds: every variant once a round, rotating.")]
 MarkdownOpt = Annotated[
     Optional[Path],
     typer.Option("--md", parser=OUTPUT_FILE, metavar="FILE", help="The table as Markdown, with machine and load."),

@@ -267,6 +267,27 @@ def benched(report: BenchReport, plot: Path | None) -> None:
     _bench_notes(report, runtimes, plot)
 
 
+def beams(report) -> None:
+    """bench beam: each side's seconds per run and beams × steps per second, gpt2onnx's ratio round by round."""
+    rounds = report.rounds
+    title = (
+        f"beam search, batch {report.batch} × {report.beams} beams, prompt {report.prompt_len},"
+        f" {report.new_tokens} new tokens (median of {len(rounds.orders)} rounds)"
+    )
+    table = _table(title, ("run", "s per run", "beams × steps / s", "× transformers"), left=("run",))
+    for variant in rounds.variants:
+        ratio = rounds.ratio(variant, "beam_steps_per_s")
+        table.add_row(
+            variant,
+            rounds.spread(variant, "seconds").shown(),
+            f"{rounds.spread(variant, 'beam_steps_per_s').median:.1f}",
+            f"{ratio.median:.2f} ({ratio.low:.2f}–{ratio.high:.2f})" if ratio is not None else "-",
+        )
+    console.print(table)
+    line(f"the same tokens as transformers: {'yes' if report.same_tokens else 'NO'}; torch on {report.torch_device}")
+    line(f"{rounds.machine.summary()}; {rounds.load.summary()}")
+
+
 def memory(report) -> None:
     """bench memory: a run a row, its growth beside the estimate (a MemoryReport)."""
     columns = ("folder", "rows × prompt + new", "grew MB", "estimate MB", "grown / estimate", "cache MB")

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from gpt2onnx.artifact.paths import check_output_file
+from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import write_json_atomic, write_text_atomic
 from gpt2onnx.machine import MachineRecord
@@ -121,15 +121,7 @@ def measure_memory(
     for folder in folders:
         open_folder(folder)  # a bad folder is refused here, in one line, before any process starts
     outputs = {"--json": json_path, "--md": markdown_path}
-    for option, path in outputs.items():
-        if path is not None:
-            check_output_file(path, option=option, inputs=tuple(Path(f) for f in folders))
-    if (
-        json_path is not None
-        and markdown_path is not None
-        and Path(json_path).resolve() == Path(markdown_path).resolve()
-    ):
-        raise BadInput(f"--json and --md both name '{json_path}': give each its own file")
+    check_output_files(outputs, inputs=tuple(Path(f) for f in folders))
     runs = []
     for folder in folders:
         for rows in batches:
