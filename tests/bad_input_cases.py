@@ -1272,20 +1272,7 @@ def stdout_full(c: Ctx, cli) -> Outcome:
 
 BENCH_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2", "--warmup", "0", "--repeat", "1")
 MEMORY_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2")
-BEAM_QUICK = (
-    "--batch",
-    "1",
-    "--beams",
-    "2",
-    "--prompt-len",
-    "4",
-    "--new-tokens",
-    "2",
-    "--warmup",
-    "0",
-    "--repeat",
-    "1",
-)
+BEAM_QUICK = (*BENCH_QUICK, "--beams", "2")
 GEN = ("--ids", "1,2", "--max-new-tokens", "2")
 
 CASES += [

@@ -24,9 +24,8 @@ from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_con
 from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import BadInput
-from gpt2onnx.files import write_json_atomic, write_text_atomic
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.verify.harness import Rounds, interleave
+from gpt2onnx.verify.harness import Rounds, interleave, write_outputs
 
 OURS, THEIRS = "gpt2onnx", "transformers"
 
@@ -140,10 +139,4 @@ def bench_beams(
         {OURS: timed(ours), THEIRS: timed(theirs)}, rounds=repeat, warmup=warmup, baseline=THEIRS, on_run=progress
     )
     report = BeamReport(str(folder), batch, beams, prompt_len, new_tokens, same, device, rounds)
-    if before_writing is not None and any(p is not None for p in outputs.values()):
-        before_writing()
-    if markdown_path is not None:
-        write_text_atomic(markdown_path, report.markdown())
-    if json_path is not None:
-        write_json_atomic(json_path, report.as_dict())
-    return report
+    return write_outputs(report, json_path=json_path, markdown_path=markdown_path, before_writing=before_writing)

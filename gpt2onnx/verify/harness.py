@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpt2onnx.errors import BadInput
+from gpt2onnx.files import write_json_atomic, write_text_atomic
 from gpt2onnx.machine import MachineRecord, describe_machine
 
 Figures = Mapping[str, float]  # one run's figures by name ("decode_ms": 4.1, "tokens_per_s": 240.0)
@@ -243,3 +244,15 @@ def interleave(
             raise ValueError(f"{name}: its runs gave different figures")
         series += [Series(name, key, tuple(float(f[key]) for f in measured[name])) for key in keys]
     return Rounds(names, tuple(series), tuple(orders), warmup, baseline, load, machine)
+
+
+def write_outputs(report, *, json_path=None, markdown_path=None, before_writing: Callable[[], None] | None = None):
+    """A measurement's files, its last work: ``before_writing`` first (the CLI stops heeding Ctrl-C there), then
+    ``report.markdown()`` and ``report.as_dict()``, each written atomically where asked for. Returns ``report``."""
+    if before_writing is not None and (json_path is not None or markdown_path is not None):
+        before_writing()
+    if markdown_path is not None:
+        write_text_atomic(markdown_path, report.markdown())
+    if json_path is not None:
+        write_json_atomic(json_path, report.as_dict())
+    return report

@@ -19,8 +19,8 @@ from typing import Callable
 
 from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
-from gpt2onnx.files import write_json_atomic, write_text_atomic
 from gpt2onnx.machine import MachineRecord
+from gpt2onnx.verify.harness import write_outputs
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -137,13 +137,7 @@ def measure_memory(
             if progress is not None:
                 progress()
     report = MemoryReport(tuple(runs), machine_info())
-    if before_writing is not None and any(p is not None for p in outputs.values()):
-        before_writing()
-    if markdown_path is not None:
-        write_text_atomic(markdown_path, report.markdown())
-    if json_path is not None:
-        write_json_atomic(json_path, report.as_dict())
-    return report
+    return write_outputs(report, json_path=json_path, markdown_path=markdown_path, before_writing=before_writing)
 
 
 def _main(argv: list[str]) -> None:
