@@ -1273,6 +1273,7 @@ def stdout_full(c: Ctx, cli) -> Outcome:
 BENCH_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2", "--warmup", "0", "--repeat", "1")
 MEMORY_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2")
 BEAM_QUICK = (*BENCH_QUICK, "--beams", "2")
+SPEC_QUICK = ("--prompt-lookup", "2", "--new-tokens", "2", "--warmup", "0", "--repeat", "1")
 GEN = ("--ids", "1,2", "--max-new-tokens", "2")
 
 CASES += [
@@ -2239,6 +2240,8 @@ OUTPUT_COMMANDS = {
     ("bench", "--csv"): (("bench", "{exp}", *BENCH_QUICK, "--csv", "{out}"), "{exp}"),
     ("bench", "--md"): (("bench", "{exp}", *BENCH_QUICK, "--md", "{out}"), "{exp}"),
     ("bench beam", "--json"): (("bench", "beam", "{exp}", *BEAM_QUICK, "--json", "{out}"), "{exp}"),
+    ("bench speculative", "--json"): (("bench", "speculative", "{exp}", *SPEC_QUICK, "--json", "{out}"), "{exp}"),
+    ("bench speculative", "--md"): (("bench", "speculative", "{exp}", *SPEC_QUICK, "--md", "{out}"), "{exp}"),
     ("bench beam", "--md"): (("bench", "beam", "{exp}", *BEAM_QUICK, "--md", "{out}"), "{exp}"),
     ("bench memory", "--json"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--json", "{out}"), "{exp}"),
     ("bench memory", "--md"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--md", "{out}"), "{exp}"),
@@ -2253,6 +2256,7 @@ OUTPUT_COMMANDS = {
             ("parity", ("parity", "{exp}", "--cases", "1")),
             ("bench", ("bench", "{exp}", *BENCH_QUICK)),
             ("bench beam", ("bench", "beam", "{exp}", *BEAM_QUICK)),
+            ("bench speculative", ("bench", "speculative", "{exp}", *SPEC_QUICK)),
             ("eval", ("eval", "{exp}", "--text", "t.txt", "--greedy-tokens", "0")),
             ("check", ("check", "{exp}")),
         )

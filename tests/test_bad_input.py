@@ -351,6 +351,8 @@ INPUT_PATHS = {
     ("serve", "folder"),
     ("bench memory", "folders"),
     ("bench beam", "folder"),
+    ("bench speculative", "folder"),
+    ("bench speculative", "draft"),
 }
 
 

@@ -334,3 +334,28 @@ def test_sampling_with_a_draft_keeps_the_distribution_and_prompt_lookup_keeps_th
             decoder, np.array([prompt]), max_new_tokens=30, sampling=seeded, speculation=Speculation(prompt_lookup=5)
         )
         np.testing.assert_array_equal(ours.tokens, plain.tokens)
+
+
+def test_bench_speculative_on_real_prompts(trained_export, tmp_path):
+    """bench speculative: per kind of real prompt, gpt2onnx's greedy and prompt lookup beside transformers' greedy
+    and prompt_lookup_num_tokens, in rotating rounds with the ratio to gpt2onnx's greedy; gpt2onnx's proposals keep
+    its greedy tokens; without a proposer, refused in one line."""
+    out, table = tmp_path / "s.json", tmp_path / "s.md"
+    args = ["--prompt-lookup", "6", "--new-tokens", "12", "--warmup", "0", "--repeat", "2", "--json", str(out)]
+    result = runner.invoke(app, ["bench", "speculative", str(trained_export), *args, "--md", str(table)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    names = ["gpt2onnx greedy", "gpt2onnx prompt-lookup 6", "transformers greedy", "transformers prompt-lookup 6"]
+    assert set(report["rounds"]) == {"stdlib code", "stdlib docstrings", "free text"}
+    for kind, rounds in report["rounds"].items():
+        assert rounds["variants"] == names and rounds["baseline"] == "gpt2onnx greedy" and len(rounds["orders"]) == 2
+        runs = {r["run"]: r for r in report["runs"] if r["kind"] == kind}
+        assert list(runs) == names
+        assert runs["gpt2onnx prompt-lookup 6"]["same_tokens"] and runs["gpt2onnx greedy"]["same_tokens"]
+        assert runs["gpt2onnx greedy"]["tokens_per_target_step"] == 1.0
+        assert runs["gpt2onnx greedy"]["acceptance"] is None
+        assert 0 <= runs["gpt2onnx prompt-lookup 6"]["acceptance"] <= 1
+        assert runs["gpt2onnx prompt-lookup 6"]["tokens_per_target_step"] >= 1.0
+    assert "| free text | gpt2onnx prompt-lookup 6 |" in table.read_text()
+    refused = runner.invoke(app, ["bench", "speculative", str(trained_export)])
+    assert refused.exit_code == 2 and "give --prompt-lookup N or --draft DIR" in refused.output

@@ -386,6 +386,42 @@ def bench_beam(
     render.beams(report)
 
 
+@bench_app.command("speculative")
+@uses(run_options, into="options")
+@uses(speculate, into="speculation")
+def bench_speculative(
+    folder: FolderArg,
+    prompt_tokens: Annotated[int, typer.Option(help="Each real prompt cut to this many tokens.")] = 64,
+    new_tokens: Annotated[int, typer.Option(help="New tokens at most (a row stops at end-of-sequence).")] = 48,
+    warmup: WarmupOpt = 1,
+    repeat: RepeatOpt = 3,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    options: RunOptions = None,
+    speculation: Optional[Speculation] = None,
+) -> None:
+    """Speculative decoding on real prompts against greedy, beside transformers' generate() with the same proposer."""
+    from gpt2onnx.verify.speculation import bench_speculation, real_prompts
+
+    if speculation is None:
+        raise BadInput("bench speculative times a proposer: give --prompt-lookup N or --draft DIR")
+    with render.progress("speculative decoding", 4 * len(real_prompts()) * (warmup + repeat)) as step:
+        report = bench_speculation(
+            folder,
+            speculation,
+            runtime=options.runtime("onnxruntime"),
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            warmup=warmup,
+            repeat=repeat,
+            json_path=json_path,
+            markdown_path=markdown_path,
+            progress=step,
+            before_writing=ignore_interrupts,
+        )
+    render.speculative(report)
+
+
 @bench_app.command("memory")
 def bench_memory(
     folders: Annotated[list[Path], typer.Argument(help="Exported folders.")],

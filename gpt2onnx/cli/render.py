@@ -288,6 +288,28 @@ def beams(report) -> None:
     line(f"{rounds.machine.summary()}; {rounds.load.summary()}")
 
 
+def speculative(report) -> None:
+    """bench speculative: each run's new tokens per second by kind of prompt, its ratio to gpt2onnx's greedy."""
+    columns = ("prompts", "run", "tok/s", "× greedy", "tokens/step", "kept", "same tokens")
+    table = _table(f"speculative decoding ({report.proposer}), batch 1", columns, left=("prompts", "run"))
+    by_kind = dict(report.rounds)
+    for run in report.runs:
+        rounds = by_kind[run.kind]
+        ratio = rounds.ratio(run.run, "tokens_per_s")
+        table.add_row(
+            run.kind,
+            run.run,
+            f"{rounds.spread(run.run, 'tokens_per_s').median:.0f}",
+            f"{ratio.median:.2f}",
+            f"{run.tokens_per_target_step:.2f}",
+            "-" if run.acceptance is None else f"{100 * run.acceptance:.0f} %",
+            "yes" if run.same_tokens else "NO",
+        )
+    console.print(table)
+    first = report.rounds[0][1]
+    line(f"{first.machine.summary()}; {first.load.summary()}")
+
+
 def memory(report) -> None:
     """bench memory: a run a row, its growth beside the estimate (a MemoryReport)."""
     columns = ("folder", "rows × prompt + new", "grew MB", "estimate MB", "grown / estimate", "cache MB")
