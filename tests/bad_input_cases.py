@@ -1272,7 +1272,7 @@ def stdout_full(c: Ctx, cli) -> Outcome:
 
 BENCH_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2", "--warmup", "0", "--repeat", "1")
 MEMORY_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2")
-BEAM_QUICK = (*BENCH_QUICK, "--beams", "2")
+GENERATE_QUICK = (*BENCH_QUICK, "--num-beams", "2")
 SPEC_QUICK = ("--prompt-lookup", "2", "--new-tokens", "2", "--warmup", "0", "--repeat", "1")
 GEN = ("--ids", "1,2", "--max-new-tokens", "2")
 
@@ -2239,10 +2239,10 @@ OUTPUT_COMMANDS = {
     ("bench", "--plot"): (("bench", "{exp}", *BENCH_QUICK, "--plot", "{out}"), "{exp}"),
     ("bench", "--csv"): (("bench", "{exp}", *BENCH_QUICK, "--csv", "{out}"), "{exp}"),
     ("bench", "--md"): (("bench", "{exp}", *BENCH_QUICK, "--md", "{out}"), "{exp}"),
-    ("bench beam", "--json"): (("bench", "beam", "{exp}", *BEAM_QUICK, "--json", "{out}"), "{exp}"),
+    ("bench generate", "--json"): (("bench", "generate", "{exp}", *GENERATE_QUICK, "--json", "{out}"), "{exp}"),
     ("bench speculative", "--json"): (("bench", "speculative", "{exp}", *SPEC_QUICK, "--json", "{out}"), "{exp}"),
     ("bench speculative", "--md"): (("bench", "speculative", "{exp}", *SPEC_QUICK, "--md", "{out}"), "{exp}"),
-    ("bench beam", "--md"): (("bench", "beam", "{exp}", *BEAM_QUICK, "--md", "{out}"), "{exp}"),
+    ("bench generate", "--md"): (("bench", "generate", "{exp}", *GENERATE_QUICK, "--md", "{out}"), "{exp}"),
     ("bench memory", "--json"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--json", "{out}"), "{exp}"),
     ("bench memory", "--md"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--md", "{out}"), "{exp}"),
     ("check", "--json"): (("check", "{exp}", "--json", "{out}"), "{exp}"),
@@ -2255,7 +2255,7 @@ OUTPUT_COMMANDS = {
             ("generate", ("generate", "{exp}", "--ids", "1,2", "--max-new-tokens", "1")),
             ("parity", ("parity", "{exp}", "--cases", "1")),
             ("bench", ("bench", "{exp}", *BENCH_QUICK)),
-            ("bench beam", ("bench", "beam", "{exp}", *BEAM_QUICK)),
+            ("bench generate", ("bench", "generate", "{exp}", *GENERATE_QUICK)),
             ("bench speculative", ("bench", "speculative", "{exp}", *SPEC_QUICK)),
             ("eval", ("eval", "{exp}", "--text", "t.txt", "--greedy-tokens", "0")),
             ("check", ("check", "{exp}")),

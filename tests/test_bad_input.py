@@ -350,7 +350,7 @@ INPUT_PATHS = {
     ("parity", "text"),
     ("serve", "folder"),
     ("bench memory", "folders"),
-    ("bench beam", "folder"),
+    ("bench generate", "folder"),
     ("bench speculative", "folder"),
     ("bench speculative", "draft"),
 }

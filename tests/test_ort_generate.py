@@ -284,3 +284,28 @@ def test_the_registered_runtime_generates_as_the_decode_loop(deployed, settings)
     assert theirs.tokens == ours.tokens and theirs.settings["runtime"] == "ort-generate"
     if settings:
         np.testing.assert_allclose(theirs.scores, ours.scores, atol=SCORE_TOLERANCE, rtol=0)
+
+
+def test_bench_generate_times_the_op_against_transformers(deployed, tmp_path):
+    """bench generate --runtime ort-generate: one session.run of the search op against transformers' generate()
+    with the same options (beams at length_penalty 0, where the op's beams are transformers'), the same tokens,
+    in rotating rounds."""
+    from typer.testing import CliRunner
+
+    from gpt2onnx.cli import app
+
+    args = ["--num-beams", "2", "--length-penalty", "0", "--batch", "2", "--prompt-len", "5", "--new-tokens", "4"]
+    out = tmp_path / "g.json"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "generate", str(deployed), "--runtime", "ort-generate", *args, "--repeat", "2", "--json", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["runtime"] == "ort-generate" and report["same_tokens"] is True
+    assert report["options"] == {"num_beams": 2, "length_penalty": 0.0}
+    assert report["rounds"]["variants"] == ["gpt2onnx (ort-generate)", "transformers"]
+    refused = CliRunner().invoke(
+        app, ["bench", "generate", str(deployed), "--runtime", "ort-generate", "--num-beams", "2"]
+    )
+    assert refused.exit_code == 2 and "length_penalty" in refused.output

@@ -272,28 +272,27 @@ def test_the_memory_estimate_is_above_what_a_real_run_grows_by(tiny_export, tmp_
     assert_one_line_error(run("bench", "memory", tiny_export, "--batch", "0"), "positive")
 
 
-def test_bench_beam_against_transformers(tiny_export, tmp_path):
-    """bench beam: gpt2onnx's beam search and transformers' on the folder's source weights, the same tokens, in
-    rotating rounds with gpt2onnx's ratio to transformers round by round; written as JSON and Markdown."""
+def test_bench_generate_against_transformers(tiny_export, tmp_path):
+    """bench generate: gpt2onnx's beam search and transformers' generate() with the same options on the folder's
+    source weights, the same tokens, in rotating rounds with gpt2onnx's ratio to transformers round by round;
+    written as JSON and Markdown."""
     out, table = tmp_path / "b.json", tmp_path / "b.md"
-    args = ("--batch", 2, "--beams", 3, "--prompt-len", 6, "--new-tokens", 5, "--warmup", 0, "--repeat", 3)
-    result = run("bench", "beam", tiny_export, *args, "--json", out, "--md", table)
+    args = ("--batch", 2, "--num-beams", 3, "--no-repeat-ngram-size", 2, "--prompt-len", 6, "--new-tokens", 5)
+    result = run("bench", "generate", tiny_export, *args, "--warmup", 0, "--repeat", 3, "--json", out, "--md", table)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["same_tokens"] is True and (report["batch"], report["beams"], report["new_tokens"]) == (2, 3, 5)
+    assert report["options"] == {"num_beams": 3, "no_repeat_ngram_size": 2} and report["runtime"] == "onnxruntime"
     rounds = report["rounds"]
-    assert rounds["variants"] == ["gpt2onnx", "transformers"] and rounds["baseline"] == "transformers"
-    assert rounds["orders"] == [
-        ["gpt2onnx", "transformers"],
-        ["transformers", "gpt2onnx"],
-        ["gpt2onnx", "transformers"],
-    ]
-    seconds = next(s["values"] for s in rounds["series"] if s["variant"] == "gpt2onnx" and s["figure"] == "seconds")
-    steps = next(s["values"] for s in rounds["series"] if s["variant"] == "gpt2onnx" and s["figure"] != "seconds")
+    ours = "gpt2onnx (onnxruntime)"
+    assert rounds["variants"] == [ours, "transformers"] and rounds["baseline"] == "transformers"
+    assert rounds["orders"] == [[ours, "transformers"], ["transformers", ours], [ours, "transformers"]]
+    seconds = next(s["values"] for s in rounds["series"] if s["variant"] == ours and s["figure"] == "seconds")
+    steps = next(s["values"] for s in rounds["series"] if s["variant"] == ours and s["figure"] != "seconds")
     assert len(seconds) == 3 and all(abs(n * s - 2 * 3 * 5) < 1e-6 for n, s in zip(steps, seconds))
     assert "the same tokens as transformers: yes" in table.read_text()
-    assert_one_line_error(run("bench", "beam", tiny_export, "--beams", 1), "beams must be at least 2")
-    same = run("bench", "beam", tiny_export, "--json", tmp_path / "x", "--md", tmp_path / "x")
+    assert_one_line_error(run("bench", "generate", tiny_export, "--stop", "x"), "takes no --stop")
+    same = run("bench", "generate", tiny_export, "--json", tmp_path / "x", "--md", tmp_path / "x")
     assert_one_line_error(same, "--json and --md both name")
 
 

@@ -349,12 +349,12 @@ def bench(
     render.benched(report, plot)
 
 
-@bench_app.command("beam")
+@bench_app.command("generate")
 @uses(run_options, into="options")
-def bench_beam(
+@uses_declared(Decoding, into="decoding")
+def bench_generate(
     folder: FolderArg,
     batch: Annotated[int, typer.Option(help="Prompts, left-padded.")] = 2,
-    beams: Annotated[int, typer.Option(help="Beams per prompt.")] = 4,
     prompt_len: PromptLenOpt = 32,
     new_tokens: Annotated[int, typer.Option(help="Tokens each side decodes, exactly.")] = 32,
     warmup: WarmupOpt = 1,
@@ -362,17 +362,19 @@ def bench_beam(
     reference: ReferenceOpt = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
+    runtime: RuntimeOpt = "onnxruntime",
     options: RunOptions = None,
+    decoding: Decoding = None,
 ) -> None:
-    """Beam search against transformers' generate(num_beams) on the same weights, in interleaved rounds."""
-    from gpt2onnx.verify.beams import bench_beams
+    """Generation (greedy, beams) against transformers' generate() with the same options, in interleaved rounds."""
+    from gpt2onnx.verify.generation_speed import bench_generation
 
-    with render.progress("beam search", 2 * (warmup + repeat)) as step:
-        report = bench_beams(
+    with render.progress("generation", 2 * (warmup + repeat)) as step:
+        report = bench_generation(
             folder,
-            runtime=options.runtime("onnxruntime"),
+            runtime=options.runtime(runtime),
+            decoding=decoding,
             batch=batch,
-            beams=beams,
             prompt_len=prompt_len,
             new_tokens=new_tokens,
             warmup=warmup,
@@ -383,7 +385,7 @@ def bench_beam(
             progress=step,
             before_writing=ignore_interrupts,
         )
-    render.beams(report)
+    render.generation(report)
 
 
 @bench_app.command("speculative")

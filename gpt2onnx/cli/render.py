@@ -267,11 +267,11 @@ def benched(report: BenchReport, plot: Path | None) -> None:
     _bench_notes(report, runtimes, plot)
 
 
-def beams(report) -> None:
-    """bench beam: each side's seconds per run and beams × steps per second, gpt2onnx's ratio round by round."""
+def generation(report) -> None:
+    """bench generate: each side's seconds per run and beams × steps per second, gpt2onnx's ratio round by round."""
     rounds = report.rounds
     title = (
-        f"beam search, batch {report.batch} × {report.beams} beams, prompt {report.prompt_len},"
+        f"generation, batch {report.batch} × {report.beams} beams, prompt {report.prompt_len},"
         f" {report.new_tokens} new tokens (median of {len(rounds.orders)} rounds)"
     )
     table = _table(title, ("run", "s per run", "beams × steps / s", "× transformers"), left=("run",))

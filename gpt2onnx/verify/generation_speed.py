@@ -1,17 +1,19 @@
-"""Beam search's speed (`gpt2onnx bench beam`): gpt2onnx's beam search (one K/V cache row per beam, reordered
-where the cache lives) against transformers' ``GPT2LMHeadModel.generate(num_beams=...)`` on the same weights, in
-the harness's rotating rounds.
+"""Generation's speed (`gpt2onnx bench generate`): gpt2onnx's decoding loop on a runtime (greedy, beam search with
+one K/V cache row per beam reordered where the cache lives, or the loop a runtime owns: ort-generate's search op,
+genai) against transformers' ``GPT2LMHeadModel.generate()`` with the same decoding options on the same weights,
+in the harness's rotating rounds.
 
-requires: a folder whose runtime runs beam search (the resolver says, before anything loads), its source
+requires: a folder whose runtime serves those options (the resolver says, before anything loads), its source
 checkpoint (the manifest's) or ``reference``, and torch. ensures: each side's seconds per run and beams × steps
-per second, medians with quartiles, gpt2onnx's ratio to transformers round by round, and whether the two searches
-gave the same tokens (checked once, untimed). Both sides decode exactly ``new_tokens`` tokens
-(``min_new_tokens`` = ``max_new_tokens``: an end-of-sequence cannot end one side's run early) from the same
-left-padded batch.
+per second, medians with quartiles, gpt2onnx's ratio to transformers round by round, and whether the two gave the
+same tokens (checked once, untimed). Both sides decode exactly ``new_tokens`` tokens (``min_new_tokens`` =
+``max_new_tokens``: an end-of-sequence cannot end one side's run early) from the same left-padded batch; each
+decoding option goes to generate() under its declared transformers name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,30 +26,35 @@ from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_con
 from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import BadInput
+from gpt2onnx.params import options_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.verify.harness import Rounds, interleave, write_outputs
 
-OURS, THEIRS = "gpt2onnx", "transformers"
+THEIRS = "transformers"
 
 
 @dataclass(frozen=True)
-class BeamReport:
+class GenerationReport:
     folder: str
+    runtime: str
     batch: int
     beams: int
     prompt_len: int
     new_tokens: int
-    same_tokens: bool  # gpt2onnx's beams gave transformers' tokens (one untimed run each)
+    options: dict  # the decoding options given, by transformers' names (raw: what generate() was passed)
+    same_tokens: bool  # gpt2onnx's loop gave transformers' tokens (one untimed run each)
     torch_device: str
     rounds: Rounds  # figures: seconds (per run), beam_steps_per_s (batch × beams × new tokens / seconds)
 
     def as_dict(self) -> dict:
         return {
             "folder": self.folder,
+            "runtime": self.runtime,
             "batch": self.batch,
             "beams": self.beams,
             "prompt_len": self.prompt_len,
             "new_tokens": self.new_tokens,
+            "options": self.options,
             "same_tokens": self.same_tokens,
             "torch_device": self.torch_device,
             "rounds": self.rounds.as_dict(),
@@ -55,18 +62,31 @@ class BeamReport:
 
     def markdown(self) -> str:
         return (
-            f"Beam search, batch {self.batch} × {self.beams} beams, prompt {self.prompt_len} (left-padded),"
-            f" {self.new_tokens} new tokens; torch on {self.torch_device}; the same tokens as transformers:"
+            f"Generation on {self.runtime}, batch {self.batch} × {self.beams} beams, prompt {self.prompt_len}"
+            f" (left-padded), {self.new_tokens} new tokens, {_shown(self.options)}; torch on {self.torch_device};"
+            " the same tokens as transformers:"
             f" {'yes' if self.same_tokens else 'NO'}.\n\n" + self.rounds.markdown()
         )
 
 
-def bench_beams(
+def _shown(options: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in options.items()) or "transformers' defaults"
+
+
+def generate_options(decoding: Decoding) -> dict:
+    """generate()'s arguments for ``decoding``: every option given (not at its default), under its declared
+    transformers name; stop strings are refused (generate() needs its tokenizer for them)."""
+    if decoding.stop:
+        raise BadInput("bench generate takes no --stop: stop strings end rows at different steps on each side")
+    return {o.key: getattr(decoding, o.field) for o in options_of(Decoding) if getattr(decoding, o.field) != o.default}
+
+
+def bench_generation(
     folder: str | Path,
     *,
     runtime: RuntimeOptions | None = None,
+    decoding: Decoding = Decoding(num_beams=4),
     batch: int = 2,
-    beams: int = 4,
     prompt_len: int = 32,
     new_tokens: int = 32,
     warmup: int = 1,
@@ -76,8 +96,9 @@ def bench_beams(
     markdown_path: str | Path | None = None,
     progress: Callable[[], None] | None = None,
     before_writing: Callable[[], None] | None = None,
-) -> BeamReport:
-    """Time ``folder``'s beam search against transformers' on its source weights, in interleaved rounds."""
+) -> GenerationReport:
+    """Time ``folder``'s decoding loop against transformers' generate() with the same ``decoding`` options on its
+    source weights, in interleaved rounds."""
     import torch
 
     from gpt2onnx.pytorch.reference import reference_model
@@ -85,15 +106,16 @@ def bench_beams(
     from gpt2onnx.verify.lockstep import left_padded_batch
     from gpt2onnx.verify.parity import reference_checkpoint
 
-    for name, value, least in (("batch", batch, 1), ("beams", beams, 2), ("prompt length", prompt_len, 1)):
+    for name, value, least in (("batch", batch, 1), ("prompt length", prompt_len, 1)):
         if value < least:
             raise BadInput(f"{name} must be at least {least}, got {value}")
     if new_tokens < 1:
         raise BadInput(f"new tokens must be a positive integer, got {new_tokens}")
     outputs = {"--json": json_path, "--md": markdown_path}
     check_output_files(outputs, inputs=(Path(folder),))
+    given = generate_options(decoding)
+    decoding = dataclasses.replace(decoding, min_new_tokens=new_tokens)
     model = open_folder(folder)
-    decoding = Decoding(num_beams=beams, min_new_tokens=new_tokens)
     options = runtime or RuntimeOptions()
     decoder = open_runtime(model, options, request_declared(Sampling(), decoding))
     checkpoint = reference_checkpoint(model, reference)
@@ -114,9 +136,7 @@ def bench_beams(
             out = theirs_model.generate(
                 torch.tensor(ids, device=device),
                 attention_mask=torch.tensor(mask, device=device),
-                num_beams=beams,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
+                **{**given, "max_new_tokens": new_tokens, "min_new_tokens": new_tokens},
                 do_sample=False,
                 pad_token_id=eos,
                 eos_token_id=eos,
@@ -124,7 +144,8 @@ def bench_beams(
         return out[:, ids.shape[1] :].cpu().numpy()
 
     same = bool(np.array_equal(ours(), theirs()))
-    work = batch * beams * new_tokens
+    work = batch * decoding.num_beams * new_tokens
+    ours_name = f"gpt2onnx ({options.name})"
 
     def timed(run: Callable[[], np.ndarray]) -> Callable[[], dict]:
         def figures() -> dict:
@@ -136,7 +157,9 @@ def bench_beams(
         return figures
 
     rounds = interleave(
-        {OURS: timed(ours), THEIRS: timed(theirs)}, rounds=repeat, warmup=warmup, baseline=THEIRS, on_run=progress
+        {ours_name: timed(ours), THEIRS: timed(theirs)}, rounds=repeat, warmup=warmup, baseline=THEIRS, on_run=progress
     )
-    report = BeamReport(str(folder), batch, beams, prompt_len, new_tokens, same, device, rounds)
+    report = GenerationReport(
+        str(folder), options.name, batch, decoding.num_beams, prompt_len, new_tokens, given, same, device, rounds
+    )
     return write_outputs(report, json_path=json_path, markdown_path=markdown_path, before_writing=before_writing)
