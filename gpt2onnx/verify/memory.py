@@ -129,7 +129,10 @@ def measure_memory(
             done = subprocess.run(
                 [*command, str(prompt_len), str(new_tokens)], capture_output=True, text=True, check=False
             )
-            answer = json.loads((done.stdout.strip().splitlines() or ["{}"])[-1] or "{}")
+            try:
+                answer = json.loads((done.stdout.strip().splitlines() or ["{}"])[-1])
+            except ValueError:  # not the worker's answer: what it said on stderr tells why
+                answer = {}
             if done.returncode != 0 or "error" in answer:
                 said = answer.get("error") or (done.stderr.strip().splitlines() or ["no output"])[-1]
                 raise BadInput(f"the run of '{folder}' at batch {rows} failed: {said}")
