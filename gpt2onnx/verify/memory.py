@@ -130,11 +130,12 @@ def measure_memory(
                 [*command, str(prompt_len), str(new_tokens)], capture_output=True, text=True, check=False
             )
             try:
-                answer = json.loads((done.stdout.strip().splitlines() or ["{}"])[-1])
+                answer = json.loads((done.stdout.strip().splitlines() or ["null"])[-1])
             except ValueError:  # not the worker's answer: what it said on stderr tells why
-                answer = {}
-            if done.returncode != 0 or "error" in answer:
-                said = answer.get("error") or (done.stderr.strip().splitlines() or ["no output"])[-1]
+                answer = None
+            if done.returncode != 0 or not isinstance(answer, dict) or "error" in answer:
+                said = answer.get("error") if isinstance(answer, dict) else None
+                said = said or (done.stderr.strip().splitlines() or ["no output"])[-1]
                 raise BadInput(f"the run of '{folder}' at batch {rows} failed: {said}")
             runs.append(MemoryRun(**answer))
             if progress is not None:
