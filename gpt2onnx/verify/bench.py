@@ -13,7 +13,7 @@ from typing import Callable
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding, Sampling
-from gpt2onnx.artifact.paths import check_output_file, folder_labels
+from gpt2onnx.artifact.paths import check_output_files, folder_labels
 from gpt2onnx.decoding.generate import speculation_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
@@ -22,6 +22,7 @@ from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.precisions.all_precisions import PRECISIONS
 from gpt2onnx.runtimes.base import RuntimeOptions
 from gpt2onnx.runtimes.providers import TF32_OVERRIDE, ProviderConfig
+from gpt2onnx.verify.harness import csv_of
 from gpt2onnx.verify.timing import (
     TORCH_DEVICE_MEMORY,
     BenchConfig,
@@ -82,16 +83,7 @@ class BenchReport:
         return rows
 
     def csv(self) -> str:
-        import csv
-        import io
-
-        rows = self.rows()
-        out = io.StringIO()
-        fields = list(dict.fromkeys(key for row in rows for key in row))
-        writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        return out.getvalue()
+        return csv_of(self.rows())
 
     def markdown(self) -> str:
         """The table of ``bench --md``: a run a row (ratios to the first folder, round by round, where several were
@@ -284,16 +276,9 @@ def bench(
     if reference is not None and baseline != "torch":
         raise BadInput("--reference applies to the torch baseline: add --baseline torch, or drop --reference")
     inputs = tuple(Path(f) for f in folders) + ((Path(reference),) if reference and Path(reference).exists() else ())
-    outputs = {"--json": json_path, "--csv": csv_path, "--md": markdown_path}
-    for option, path in outputs.items():
-        if path is not None:
-            check_output_file(path, option=option, inputs=inputs)
-    given = [Path(p) for p in (*outputs.values(), plot) if p is not None]
-    same = next((p for i, p in enumerate(given) if p.resolve() in [q.resolve() for q in given[:i]]), None)
-    if same is not None:
-        raise BadInput(f"two of --json, --csv, --md and --plot name '{same}': give each its own file")
+    outputs = {"--json": json_path, "--csv": csv_path, "--md": markdown_path, "--plot": plot}
+    check_output_files(outputs, inputs=inputs)
     if plot is not None:
-        check_output_file(plot, option="--plot", inputs=inputs)
         check_plot_path(plot)  # before minutes of measuring, not after
     if speculation is not None:
         _check_speculation(folders, runtimes, speculation)
@@ -326,7 +311,7 @@ def bench(
     ran = [r.provider for r in results] + [run.extra.get("device") or "" for run in runs]
     on_gpu = any(str(where).lower() in ("cuda", "tensorrt") or str(where).startswith("cuda:") for where in ran)
     report = BenchReport(results, runs, describe_machine(provider.name if on_gpu else "cpu", provider.device_id))
-    if before_writing is not None and (plot is not None or any(p is not None for p in outputs.values())):
+    if before_writing is not None and any(p is not None for p in outputs.values()):
         before_writing()
     if plot is not None:  # first: the one more likely to fail, and then nothing is written
         plot_decode_latency(runs, plot)

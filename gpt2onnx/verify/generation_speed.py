@@ -14,7 +14,6 @@ decoding option goes to generate() under its declared transformers name.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -28,7 +27,7 @@ from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import BadInput
 from gpt2onnx.params import options_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.verify.harness import Rounds, interleave, write_outputs
+from gpt2onnx.verify.harness import Rounds, interleave, timed, write_outputs
 
 THEIRS = "transformers"
 
@@ -147,17 +146,12 @@ def bench_generation(
     work = batch * decoding.num_beams * new_tokens
     ours_name = f"gpt2onnx ({options.name})"
 
-    def timed(run: Callable[[], np.ndarray]) -> Callable[[], dict]:
-        def figures() -> dict:
-            start = time.perf_counter()
-            run()
-            seconds = time.perf_counter() - start
-            return {"seconds": seconds, "beam_steps_per_s": work / seconds}
-
-        return figures
-
     rounds = interleave(
-        {ours_name: timed(ours), THEIRS: timed(theirs)}, rounds=repeat, warmup=warmup, baseline=THEIRS, on_run=progress
+        {ours_name: timed(ours, {"beam_steps_per_s": work}), THEIRS: timed(theirs, {"beam_steps_per_s": work})},
+        rounds=repeat,
+        warmup=warmup,
+        baseline=THEIRS,
+        on_run=progress,
     )
     report = GenerationReport(
         str(folder), options.name, batch, decoding.num_beams, prompt_len, new_tokens, given, same, device, rounds

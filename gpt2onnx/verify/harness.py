@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -163,14 +164,7 @@ class Rounds:
         }
 
     def csv(self) -> str:
-        rows = self.rows()
-        out = io.StringIO()
-        writer = csv.DictWriter(
-            out, fieldnames=list(dict.fromkeys(k for row in rows for k in row)), lineterminator="\n"
-        )
-        writer.writeheader()
-        writer.writerows(rows)
-        return out.getvalue()
+        return csv_of(self.rows())
 
     def markdown(self) -> str:
         """A table, a variant a row and a figure a column (median and quartiles; × the baseline's, round by round),
@@ -193,6 +187,28 @@ class Rounds:
             + f"; {self.machine.summary()}; {self.load.summary()}."
         )
         return "\n".join(lines) + "\n"
+
+
+def csv_of(rows: list[dict]) -> str:
+    """Rows as CSV: a column for every key any row has, in the order they first appear."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(dict.fromkeys(k for row in rows for k in row)), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def timed(run: Callable[[], object], per_second: Mapping[str, float]) -> Callable[[], Figures]:
+    """A variant for :func:`interleave`: ``run`` timed, its figures the seconds and, for each rate named in
+    ``per_second``, that amount of work over the seconds (``{"tokens_per_s": 96}``: 96 tokens a run)."""
+
+    def figures() -> Figures:
+        start = time.perf_counter()
+        run()
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds, **{name: amount / seconds for name, amount in per_second.items()}}
+
+    return figures
 
 
 def rotated(names: tuple[str, ...], round_index: int) -> tuple[str, ...]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import textwrap
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -29,7 +28,7 @@ from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.params import options_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.verify.harness import Rounds, interleave, write_outputs
+from gpt2onnx.verify.harness import Rounds, interleave, timed, write_outputs
 
 FREE_TEXT = (
     "The village stood at the edge of the forest, and every winter the river froze so hard that the children"
@@ -246,18 +245,10 @@ def bench_speculation(
                 )
             )
         made_by = {run.run: run.new_tokens for run in found if run.kind == kind}
-
-        def timed(name: str, rows=rows, made_by=made_by):
-            def figures() -> dict:
-                start = time.perf_counter()
-                for ids in rows:
-                    runs[name](ids)
-                seconds = time.perf_counter() - start
-                return {"seconds": seconds, "tokens_per_s": made_by[name] / seconds}
-
-            return figures
-
-        variants = {name: timed(name) for name in runs}
+        variants = {
+            name: timed(lambda run=run, rows=rows: [run(ids) for ids in rows], {"tokens_per_s": made_by[name]})
+            for name, run in runs.items()
+        }
         per_kind.append(
             (kind, interleave(variants, rounds=repeat, warmup=warmup, baseline=OURS_PLAIN, on_run=progress))
         )
