@@ -26,7 +26,6 @@ from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.decoding.generate import decode, open_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
-from gpt2onnx.params import options_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.verify.harness import Rounds, interleave, timed, write_outputs
 
@@ -107,29 +106,6 @@ class SpeculativeReport:
             f" prompt; {first.machine.summary()}; {first.load.summary()}.",
         ]
         return "\n".join(lines) + "\n"
-
-
-def _transformers_options(speculation: Speculation, load: Callable[[Path], object]) -> dict:
-    """generate()'s arguments for the same proposer: each option under transformers' name, the folder an option
-    names as its model (``load``). A draft's tokens per round are its assistant's generation config (a number:
-    constant; "adaptive": transformers' own heuristic schedule, where ours starts too)."""
-    spec, given = speculation.proposer, {}
-    for option in options_of(spec.options):
-        value = getattr(speculation.options, option.field)
-        if value is None:
-            continue
-        if option.field == spec.folder:
-            given[option.key] = load(Path(value))
-        elif option.key == "num_assistant_tokens":
-            if isinstance(value, int):
-                given["_assistant_tokens"] = value
-        else:
-            given[option.key] = value
-    tokens = given.pop("_assistant_tokens", None)
-    if tokens is not None and "assistant_model" in given:
-        config = given["assistant_model"].generation_config
-        config.num_assistant_tokens, config.num_assistant_tokens_schedule = tokens, "constant"
-    return given
 
 
 def bench_speculation(
@@ -219,7 +195,9 @@ def bench_speculation(
         return run
 
     label = speculation.proposer.label(speculation.options) or speculation.proposer.name
-    loaded = _transformers_options(speculation, lambda path: reference_model(reference_checkpoint(open_folder(path))))
+    loaded = speculation.proposer.generate_kwargs(
+        speculation.options, lambda path: reference_model(reference_checkpoint(open_folder(path)))
+    )
     runs = {
         OURS_PLAIN: ours(None),
         f"gpt2onnx {label}": ours(speculation),

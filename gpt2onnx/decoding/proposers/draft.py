@@ -142,6 +142,16 @@ class Draft(Proposer):
             self.k = self.k + 2 if accepted == proposed else max(1, self.k - 1)
 
 
+def _generate_kwargs(options: DraftOptions, load) -> dict:
+    """transformers' assisted generation with the draft's source: a number of tokens per round is read from the
+    assistant's generation config, at a constant schedule; "adaptive" is transformers' own heuristic one."""
+    assistant = load(options.draft)
+    if options.draft_tokens != ADAPTIVE:
+        config = assistant.generation_config
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = options.draft_tokens, "constant"
+    return {"assistant_model": assistant}
+
+
 PROPOSER = ProposerSpec(
     name="draft",
     says="a draft folder",
@@ -152,5 +162,6 @@ PROPOSER = ProposerSpec(
     ),
     folder="draft",
     also=("num_assistant_tokens_schedule",),
+    to_generate=_generate_kwargs,
     label=lambda options: f"draft {Path(options.draft).name or options.draft} {options.draft_tokens}",
 )

@@ -62,6 +62,18 @@ class ProposerSpec:
     folder: str | None = None
     label: Callable[[object], str] = lambda options: ""
     also: tuple[str, ...] = ()  # transformers' other generate() names of how it proposes (the engine refuses them)
+    # generate()'s arguments where its options are not passed one to one (a folder loaded as a model: ``load``)
+    to_generate: Callable[[object, Callable], dict] | None = None
+
+    def generate_kwargs(self, options, load: Callable) -> dict:
+        """transformers' generate() arguments for the same proposals: ``to_generate``'s, else each option given
+        under its transformers name. ``load(path)``: a folder's source as a transformers model."""
+        if self.to_generate is not None:
+            return self.to_generate(options, load)
+        from gpt2onnx.params import options_of
+
+        given = {o.key: getattr(options, o.field) for o in options_of(self.options)}
+        return {key: value for key, value in given.items() if value is not None}
 
     @property
     def transformers_names(self) -> tuple[str, ...]:
