@@ -3,6 +3,7 @@ an export, its ort optimization, and that deployed to genai and Triton) and the 
 carrying the previous release's manifest loads, inspects, runs and benches."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from gpt2onnx.artifact.folder import MANIFEST_NAME, open_folder, read_manifest
 from gpt2onnx.artifact.manifest import FileRecord, Manifest
 from gpt2onnx.errors import BadInput
+from gpt2onnx.files import stamp
 from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.targets.deploy import deploy
 
@@ -186,3 +188,28 @@ def test_a_file_changed_between_its_check_and_the_load_is_refused(tiny_export, t
         open_decoder(opened, ProviderConfig())
     monkeypatch.setattr(decoder, "create_session", real)
     open_decoder(open_folder(folder), ProviderConfig())  # untouched since this check: it loads
+
+
+def test_a_link_or_chmod_between_the_check_and_the_load_is_not_a_change(tiny_export, tmp_path, monkeypatch):
+    """A hard link made to a checked file while it is being loaded (deploy links a folder's files into its output)
+    or a chmod moves only its change time: the same bytes, hashed again, load; the bench corpus once refused a
+    shared folder that a concurrent deploy linked from."""
+    import shutil
+
+    import gpt2onnx.runtimes.decoder as decoder
+    from gpt2onnx.runtimes.decoder import open_decoder
+    from gpt2onnx.runtimes.providers import ProviderConfig
+
+    folder = Path(shutil.copytree(tiny_export, tmp_path / "m"))
+    real = decoder.create_session
+
+    def linking(model_path, *args, **kwargs):
+        os.link(model_path, tmp_path / "linked.onnx")
+        os.chmod(model_path, 0o640)
+        return real(model_path, *args, **kwargs)
+
+    opened = open_folder(folder)
+    monkeypatch.setattr(decoder, "create_session", linking)
+    open_decoder(opened, ProviderConfig())  # loads: the same bytes
+    checked, _ = opened.stamps[folder / "model.onnx"]
+    assert stamp(os.stat(folder / "model.onnx")) != checked  # its change time moved: the re-hash decided

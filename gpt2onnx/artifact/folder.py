@@ -116,8 +116,9 @@ def check_integrity(
             raise IntegrityError(f"'{path}' is missing but the manifest lists it: export the folder again")
         path = file_in_folder(folder, name, what="model file", where=where)
         try:
-            digest, stamps[path] = sha256_and_stamp(path)
-            matches = stamps[path][2] == info.bytes and digest == info.sha256
+            digest, hashed = sha256_and_stamp(path)
+            stamps[path] = (hashed, digest)
+            matches = hashed[2] == info.bytes and digest == info.sha256
         except PermissionError as err:
             raise BadInput(
                 f"'{path}' cannot be read ({err.strerror}): give read permission to the folder's files"
@@ -151,7 +152,7 @@ class ModelFolder:
     n_positions: int
     facts: GraphFacts | None = None  # read from model_path when not given
     verified: bool = False  # its model files were checked against the manifest (a runtime checks its own too)
-    stamps: dict = field(default_factory=dict)  # each checked file's stamp as it was hashed (check_unchanged)
+    stamps: dict = field(default_factory=dict)  # each checked file: (its stamp as it was hashed, its sha256)
 
     def __post_init__(self) -> None:
         if self.facts is None:
@@ -159,13 +160,17 @@ class ModelFolder:
 
     def check_unchanged(self) -> None:
         """After a runtime has loaded the files: each checked file is still the one hashed, unwritten (a folder
-        whose files were swapped between the check and the load ran another model). IntegrityError otherwise."""
-        for path, hashed in self.stamps.items():
+        whose files were swapped between the check and the load ran another model). IntegrityError otherwise. A
+        file whose change time alone moved (a hard link made to it, as deploy makes, or a chmod) is the same file,
+        unwritten by size and modification time: its bytes settle it, hashed again."""
+        for path, (hashed, digest) in self.stamps.items():
             try:
                 now = stamp(os.stat(path))
             except OSError:
                 now = None
-            if now != hashed:
+            if now == hashed:
+                continue
+            if now is None or now[:4] != hashed[:4] or sha256_and_stamp(path)[0] != digest:
                 raise IntegrityError(
                     f"'{path}' was replaced or written to after its sha256 was checked, while it was being loaded:"
                     " make sure nothing changes the folder while gpt2onnx reads it, then run the command again"
