@@ -15,18 +15,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
-import select
 import shutil
-import signal
-import subprocess
 import tempfile
 from pathlib import Path
-
-import numpy as np
 
 from gpt2onnx.artifact import genai_config as config_writer
 from gpt2onnx.artifact.folder import ModelFolder
@@ -46,6 +39,7 @@ from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.runtimes.base import Continuations, LoopResult, LoopRuntime, RuntimeSpec, ThreadSettings
 from gpt2onnx.runtimes.decoder import file_shape
+from gpt2onnx.runtimes.worker_process import WorkerProcess
 
 CONFIG_FILE = config_writer.CONFIG_NAME
 PYTHON_ENV = "GPT2ONNX_GENAI_PYTHON"
@@ -226,19 +220,18 @@ class _Worker:
     """genai in a child process under the genai Python, one JSON line per request (see genai_worker)."""
 
     def __init__(self, folder: Path):
-        self.process: subprocess.Popen | None = None
+        self.worker: WorkerProcess | None = None
         python = genai_python()
         if python is None:
             raise RuntimeUnavailable(f"onnxruntime-genai is not installed: {INSTALL}")
         try:
-            self.process = subprocess.Popen(
-                # -I: isolated, and without the script's folder on sys.path, where runtimes/onnxruntime.py would
-                # shadow the onnxruntime package that onnxruntime_genai imports
-                [python, "-I", str(WORKER)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: stopped whole where it hangs
+            self.worker = WorkerProcess(
+                python,
+                WORKER,
+                name="the genai worker",
+                timeout=worker_timeout(),
+                python_hint=f"{PYTHON_ENV} must name a Python that has onnxruntime_genai",
+                timeout_hint=f"set {TIMEOUT_ENV} to wait longer",
             )
         except OSError as exc:
             raise RuntimeUnavailable(f"the genai Python '{python}' cannot start ({exc.strerror}): {INSTALL}") from None
@@ -255,38 +248,10 @@ class _Worker:
         self.version = answer["version"]
 
     def _ask(self, request: dict) -> dict:
-        if self.process.poll() is not None:
-            raise RuntimeUnavailable(f"the genai worker exited (code {self.process.returncode})")
-        self.process.stdin.write(json.dumps(request).encode() + b"\n")
-        self.process.stdin.flush()
-        timeout = worker_timeout()
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if not ready:  # a worker that never answers: stopped, not waited on forever
-            with contextlib.suppress(OSError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-            raise RuntimeUnavailable(
-                f"the genai worker ({self.python}) gave no answer within {timeout:g} s: it was stopped (set"
-                f" {TIMEOUT_ENV} to wait longer)"
-            )
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeUnavailable(f"the genai worker exited (code {self.process.wait()})")
-        try:
-            answer = json.loads(line)
-            if not isinstance(answer, dict):
-                raise ValueError
-        except (ValueError, RecursionError):
-            raise RuntimeUnavailable(
-                f"'{self.python}' answered {line[:60].decode(errors='replace').strip()!r}, not as gpt2onnx's genai"
-                f" worker does: {PYTHON_ENV} must name a Python that has onnxruntime_genai"
-            ) from None
-        if "npz" in answer:
-            blob = self.process.stdout.read(answer.pop("npz"))
-            arrays = np.load(io.BytesIO(blob))
-            answer["logits"] = [arrays[f"logits_{i}"] for i in range(len(arrays.files))]
-        if "error" in answer:
-            raise RuntimeUnavailable(answer["error"])
+        answer = self.worker.ask(request)
+        arrays = answer.pop("arrays", {})
+        if arrays:
+            answer["logits"] = [arrays[f"logits_{i}"] for i in range(len(arrays))]
         return answer
 
     def run(self, request: dict) -> dict:
@@ -296,17 +261,9 @@ class _Worker:
             raise BadInput(f"onnxruntime-genai refused the run: {exc}") from None
 
     def close(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            try:
-                self.process.stdin.write(b'{"op": "close"}\n')
-                self.process.stdin.close()
-                self.process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
-                self.process.wait()
-        self.process = None
+        if self.worker is not None:
+            self.worker.close()
+        self.worker = None
 
 
 # what onnxruntime-genai's own loop takes from Decoding: our option → its search option
