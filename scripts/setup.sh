@@ -21,6 +21,10 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 # downloads (onnxruntime-node ships its CPU binary in the package). gpt2onnx --runtime genai finds .venv-genai
 # (or GPT2ONNX_GENAI_PYTHON) and runs genai in a worker process. SKIP_DEPLOY_RUNTIMES=1 skips this block.
 if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
+  # the engines gpt2onnx compare sets beside ours (.venv-engines: CTranslate2, OpenVINO GenAI, NNCF; llama.cpp with
+  # ENGINES_LLAMA=1, a 6-minute build): installed beside the rest, its output shown when it is done
+  bash scripts/setup-engines.sh > .venv-engines.log 2>&1 &
+  ENGINES_PID=$!
   GENAI_SPEC="${GENAI_SPEC:-onnxruntime-genai==0.18.0}"
   TRITONCLIENT_SPEC="${TRITONCLIENT_SPEC:-tritonclient[grpc]==2.73.0}"
   [ -x .venv-genai/bin/python ] || "$PYTHON" -m venv .venv-genai
@@ -79,5 +83,7 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   else
     echo "Chromium not found at $CHROMIUM: the browser tests will skip (as root: apt-get install chromium)"
   fi
+  wait "$ENGINES_PID" || { cat .venv-engines.log; echo "scripts/setup-engines.sh failed: the compare tests will skip (under CI=1 they fail)"; }
+  tail -1 .venv-engines.log
 fi
 # --- end of other runtimes ---------------------------------------------------------------------------------

@@ -2246,6 +2246,17 @@ OUTPUT_COMMANDS = {
     ("bench memory", "--json"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--json", "{out}"), "{exp}"),
     ("bench memory", "--md"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--md", "{out}"), "{exp}"),
     ("check", "--json"): (("check", "{exp}", "--json", "{out}"), "{exp}"),
+    **{
+        ("compare", option): (("compare", "{src}", "--only", "gpt2onnx:fp32", option, "{out}"), "{src}")
+        for option in ("--json", "--md", "--csv", "--plot", "--work")
+    },
+    **{
+        ("bench precision", option): (
+            ("bench", "precision", "{src}", "--text", "t.txt", "--only", "fp32", option, "{out}"),
+            "{src}",
+        )
+        for option in ("--json", "--md", "--csv", "--work")
+    },
     ("export", "--out"): (("export", "--model", "{src}", "--no-validate", "-o", "{out}"), "{src}"),
     ("optimize", "--out"): (("optimize", "{exp}", "-o", "{out}"), "{exp}"),
     ("deploy", "--out"): (("deploy", "{exp}", "--target", "genai", "-o", "{out}"), None),  # -o FOLDER itself: in place
@@ -2308,6 +2319,8 @@ def _output_cases() -> list[Case]:
                 continue
             if option == "--trt-cache-dir" and name in ("working-directory", "link-to-the-model-folder"):
                 continue  # a cache is written into, never replaced: these are allowed
+            if option == "--work" and name == "working-directory":
+                continue  # a work folder is written into, never replaced: the working directory may be one
             out = path.replace("{read}", read or "")
             cases.append(
                 Case(

@@ -353,6 +353,8 @@ INPUT_PATHS = {
     ("bench generate", "folder"),
     ("bench speculative", "folder"),
     ("bench speculative", "draft"),
+    ("bench precision", "text"),
+    ("compare", "text"),
 }
 
 

@@ -19,6 +19,7 @@ from gpt2onnx.cli.options import (
     OUTPUT_FILE,
     OUTPUT_FOLDER,
     BatchesOpt,
+    CsvOpt,
     FolderArg,
     ForceOpt,
     FusionOpt,
@@ -312,9 +313,7 @@ def bench(
     plot: Annotated[
         Optional[Path], typer.Option(parser=OUTPUT_FILE, metavar="FILE", help="PNG: decode latency by past.")
     ] = None,
-    csv_path: Annotated[
-        Optional[Path], typer.Option("--csv", parser=OUTPUT_FILE, metavar="FILE", help="The table as CSV.")
-    ] = None,
+    csv_path: CsvOpt = None,
     markdown_path: MarkdownOpt = None,
     reference: ReferenceOpt = None,
     runtime: RuntimesOpt = "onnxruntime",
@@ -424,6 +423,62 @@ def bench_speculative(
     render.speculative(report)
 
 
+@bench_app.command("precision")
+def bench_precision_command(
+    model: Annotated[str, typer.Argument(help="A checkpoint, or an architecture with --random-init.")],
+    text: Annotated[Path, typer.Option("--text", help="A UTF-8 text to score on.")],
+    work: Annotated[
+        Path, typer.Option(parser=OUTPUT_FOLDER, metavar="DIR", help="Where the variants are built and kept.")
+    ] = Path("models/precision"),
+    only: Annotated[
+        Optional[list[str]], typer.Option(metavar="NAMES", help="Grid rows, comma-separated; 'all' \\[default: 12].")
+    ] = None,
+    random_init: Annotated[bool, typer.Option("--random-init", help="Seeded random weights.")] = False,
+    seed: Annotated[int, typer.Option(help="The random weights' seed.")] = 0,
+    outliers: Annotated[float, typer.Option(help="Random weights: outlier channels of this size.")] = 0.0,
+    max_chars: Annotated[int, typer.Option(help="Score the text's first N characters.")] = 60_000,
+    calibration: Annotated[Optional[str], typer.Option(help="gptq's and --mixed-int8's text (a file).")] = None,
+    threads: Annotated[int, typer.Option(help="onnxruntime's threads.")] = 2,
+    past: Annotated[int, typer.Option(help="Cached tokens of the timed decode step.")] = 128,
+    prompt_len: PromptLenOpt = 128,
+    warmup: WarmupOpt = 3,
+    repeat: RepeatOpt = 20,
+    gate_cases: Annotated[int, typer.Option(help="Randomized cases of the gate figures.")] = 10,
+    greedy_tokens: Annotated[int, typer.Option(help="Greedy tokens compared.")] = 64,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    csv_path: CsvOpt = None,
+) -> None:
+    """What each precision costs: every variant built, scored on real text, held to the gates and timed."""
+    from gpt2onnx.verify.precision_grid import bench_precision
+
+    with render.progress("precision grid") as step:
+        report = bench_precision(
+            model,
+            text=text,
+            work=work,
+            only=only,
+            random_init=random_init,
+            seed=seed,
+            outliers=outliers,
+            max_chars=max_chars,
+            calibration=calibration,
+            threads=threads,
+            past=past,
+            prompt_len=prompt_len,
+            warmup=warmup,
+            repeat=repeat,
+            gate_cases=gate_cases,
+            greedy_tokens=greedy_tokens,
+            json_path=json_path,
+            markdown_path=markdown_path,
+            csv_path=csv_path,
+            progress=lambda what: step(),
+            before_writing=ignore_interrupts,
+        )
+    render.precision_grid(report)
+
+
 @bench_app.command("memory")
 def bench_memory(
     folders: Annotated[list[Path], typer.Argument(help="Exported folders.")],
@@ -451,6 +506,66 @@ def bench_memory(
             before_writing=ignore_interrupts,
         )
     render.memory(report)
+
+
+@app.command("compare")
+def compare_command(
+    model: Annotated[str, typer.Argument(help="A Hugging Face folder, or an architecture with --random-init.")],
+    work: Annotated[
+        Path, typer.Option(parser=OUTPUT_FOLDER, metavar="DIR", help="Where the files are built and kept.")
+    ] = Path("models/compare"),
+    only: Annotated[
+        Optional[list[str]], typer.Option(metavar="ENGINE[:FORMAT]", help="Only these (repeatable) \\[default: all].")
+    ] = None,
+    baseline: Annotated[Optional[str], typer.Option(help="Ratios to this variant \\[default: the first].")] = None,
+    random_init: Annotated[bool, typer.Option("--random-init", help="Seeded random weights.")] = False,
+    seed: Annotated[int, typer.Option(help="The random weights' seed.")] = 0,
+    prompt_len: PromptLenOpt = 128,
+    new_tokens: Annotated[int, typer.Option(help="New tokens per generation, exactly.")] = 64,
+    batch: Annotated[int, typer.Option(help="Rows of the batch decode figure (1: none).")] = 8,
+    threads: Annotated[int, typer.Option(help="Threads of every engine.")] = 2,
+    warmup: WarmupOpt = 1,
+    repeat: RepeatOpt = 5,
+    text: Annotated[
+        Optional[Path], typer.Option("--text", help="Quality text \\[default: the stdlib's docstrings].")
+    ] = None,
+    context: Annotated[int, typer.Option(help="Tokens per quality window.")] = 512,
+    stride: Annotated[Optional[int], typer.Option(help="Window step \\[default: the context].")] = None,
+    quality: Annotated[bool, typer.Option("--quality/--no-quality", help="Score every variant on the text.")] = True,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    csv_path: CsvOpt = None,
+    plot: Annotated[
+        Optional[Path], typer.Option(parser=OUTPUT_FILE, metavar="FILE", help="PNG: decode ms, and KL against it.")
+    ] = None,
+) -> None:
+    """Our exports beside llama.cpp, OpenVINO and CTranslate2 on one checkpoint: speed and quality in one window.
+
+    The engines run from .venv-engines (bash scripts/setup-engines.sh; llama.cpp: ENGINES_LLAMA=1)."""
+    from gpt2onnx.compare.compare import Settings, compare
+
+    settings = Settings(prompt_len, new_tokens, batch, threads, repeat, warmup)
+    with render.progress("compare") as step:
+        report = compare(
+            model,
+            work=work,
+            only=only,
+            baseline=baseline,
+            settings=settings,
+            random_init=random_init,
+            seed=seed,
+            text=text,
+            context=context,
+            stride=stride,
+            quality=quality,
+            json_path=json_path,
+            markdown_path=markdown_path,
+            csv_path=csv_path,
+            plot=plot,
+            progress=lambda what: step(),
+            before_writing=ignore_interrupts,
+        )
+    render.compared(report)
 
 
 @app.command("eval")

@@ -310,6 +310,60 @@ def speculative(report) -> None:
     line(f"{first.machine.summary()}; {first.load.summary()}")
 
 
+def compared(report) -> None:
+    """compare: a variant a row, the speed figures' medians and, scored, the quality figures (the ratios to the
+    baseline, round by round, are in --md, --json and --csv)."""
+    s, speed = report.settings, report.speed
+    names = {"prompt_ms": "prompt ms", "decode_ms": "decode ms", "tokens_per_s": "tok/s"}
+    figures = speed.figures
+    columns = ("variant", *(names.get(f, f"b{s.batch} ms") for f in figures), "RSS MB", "MB")
+    if report.quality is not None:
+        columns += ("ΔPPL %", "KL", "top-1 %")
+    title = f"{report.checkpoint}: b1×{s.prompt_len} + {s.new_tokens}, {s.threads} threads, {len(speed.orders)} rounds"
+    table = _table(title, columns, left=("variant",))
+    table.columns[0].no_wrap = True
+    for record in report.variants:
+        cells = [record.name, *(f"{speed.spread(record.name, f).median:.3g}" for f in figures)]
+        cells += [f"{record.peak_bytes / 1e6:.0f}", f"{record.file_bytes / 1e6:.0f}"]
+        q = report._quality_row(record.name)
+        if q is not None:
+            cells += [f"{q.delta_ppl_percent:+.2g}", f"{q.kl.mean:.2g}", f"{100 * q.same_top1:.1f}"]
+        table.add_row(*cells)
+    console.print(table)
+    line(f"{speed.machine.summary()}; {speed.load.summary()}")
+    for missing in report.missing:
+        line(f"not compared: {missing}")
+
+
+def precision_grid(report) -> None:
+    """bench precision: a variant a row, its quality against PyTorch fp32, its size and speed (× fp32-ort's)."""
+    s = report.settings
+    columns = ("variant", "ΔPPL %", "KL mean", "KL p99", "top-1 %", "MB", "decode ms", "prompt ms")
+    table = _table(f"precisions: {report.model}", columns, left=("variant",))
+    for row in report.rows():
+        timing = []
+        for figure in ("decode_ms", "prompt_ms"):
+            ratio = row[f"{figure}_ratio"]
+            shown = f"{row[figure]:.3g}"
+            timing.append(shown + (f" ×{ratio:.2f}" if ratio is not None and row["variant"] != "fp32-ort" else ""))
+        table.add_row(
+            row["variant"],
+            f"{row['delta_ppl_percent']:+.2f}",
+            f"{row['kl_mean']:.2e}",
+            f"{row['kl_p99']:.2e}",
+            f"{100 * row['same_top1']:.1f}",
+            f"{row['file_mb']:.1f}",
+            *timing,
+        )
+    console.print(table)
+    line(
+        f"decode b1 at past {s['past']}, prompt b1×{s['prompt_len']}; {report.rounds.machine.summary()};"
+        f" {report.rounds.load.summary()}"
+    )
+    for name, why in report.refused.items():
+        line(f"{name}: refused by its own check, not measured: {why}")
+
+
 def memory(report) -> None:
     """bench memory: a run a row, its growth beside the estimate (a MemoryReport)."""
     columns = ("folder", "rows × prompt + new", "grew MB", "estimate MB", "grown / estimate", "cache MB")

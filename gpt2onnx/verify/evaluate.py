@@ -414,6 +414,42 @@ def evaluate(
             scorer.close()
 
 
+def folder_scorer(
+    label: str, folder: str | Path, threads: int | None = None, runtime: str = "onnxruntime"
+) -> _RuntimeScorer:
+    """An exported folder as eval scores it, on ``runtime`` (onnxruntime: its cpu provider) with ``threads``."""
+    from gpt2onnx.runtimes.base import runtime_options
+
+    options = runtime_options([runtime], {"--threads": threads} if threads else {})[0]
+    return _RuntimeScorer(label, open_folder(folder), options)
+
+
+def score_against_checkpoint(
+    candidates: list,
+    ckpt: Checkpoint,
+    text: Path,
+    tokenizer_folder: Path,
+    *,
+    context: int | None = None,
+    stride: int | None = None,
+    greedy_tokens: int = 64,
+) -> EvalReport:
+    """eval's protocol for scorers of any origin (gpt2onnx compare: the engines' files beside ours) against PyTorch
+    fp32 from ``ckpt``, in windows of ``context`` tokens (default: the model's positions) every ``stride`` (default:
+    the context: windows that do not overlap).
+    A scorer has ``label``, ``precision``, ``runtime``, ``provider``, ``vocab_size``, ``last_logits``, ``seconds``,
+    ``logits(window)`` (the positions from ``window.first - 1``) and ``greedy(prompt, new_tokens)``."""
+    limit = ckpt.spec.n_positions
+    context = min(context or limit, limit)
+    windows = Windows(context, stride or context).fit(limit)
+    ref = _TorchScorer("PyTorch fp32", ckpt)
+    try:
+        source = _Text(load_tokenizer(tokenizer_folder), TextSource(Path(text)), tokenizer_folder)
+        return _run(candidates, ref, source, windows, greedy_tokens=greedy_tokens)
+    finally:
+        ref.close()
+
+
 def eval_source(eval_text: str | Path | None, gates: EvalGates) -> TextSource | None:
     """export's and optimize's --eval-text with its gates (built, so checked): the text to check the new folder
     on, or None; gates without a text are refused."""

@@ -67,15 +67,28 @@ class Load:
         return f"load {self.before:.2f} → {self.after:.2f}{others}"
 
 
-class _CpuTime:
-    """All CPUs' busy and total time (/proc/stat) and this process's own (children included), to tell what other
-    processes used between two readings."""
+def processes_cpu_seconds(pids) -> float:
+    """User and system CPU seconds of the processes ``pids`` so far (/proc; one that is gone counts 0)."""
+    ticks, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
-    def __init__(self):
+
+class _CpuTime:
+    """All CPUs' busy and total time (/proc/stat) and this process's own (children included, and the helper
+    processes ``own_pids`` names: workers it asks), to tell what other processes used between two readings."""
+
+    def __init__(self, own_pids: Callable[[], list[int]] | None = None):
+        self.own_pids = own_pids
         self.start = self._read()
 
-    @staticmethod
-    def _read() -> tuple[float, float, float] | None:
+    def _read(self) -> tuple[float, float, float] | None:
         try:
             with open("/proc/stat") as fh:
                 fields = [float(v) for v in fh.readline().split()[1:]]
@@ -84,6 +97,7 @@ class _CpuTime:
         ticks = os.sysconf("SC_CLK_TCK")
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle and iowait
         own = sum(os.times()[:4])  # user and system time, this process and its waited-for children (seconds)
+        own += processes_cpu_seconds(self.own_pids()) if self.own_pids else 0.0
         return sum(fields) / ticks, (sum(fields) - idle) / ticks, own
 
     def others(self) -> float | None:
@@ -225,10 +239,12 @@ def interleave(
     baseline: str | None = None,
     machine: MachineRecord | None = None,
     on_run: Callable[[], None] | None = None,
+    own_pids: Callable[[], list[int]] | None = None,
 ) -> Rounds:
     """Run each variant ``warmup`` times (its own back to back), then ``rounds`` rounds of one run each in rotating
     order; every run returns its figures by name (the same names each time). ``baseline``: the variant the ratios
-    are taken to. ``on_run``: called after every run (progress)."""
+    are taken to. ``on_run``: called after every run (progress). ``own_pids``: the worker processes the variants
+    run in (their CPU time is the measurement's own, not other processes')."""
     names = tuple(variants)
     if not names:
         raise BadInput("nothing to measure: give at least one variant")
@@ -242,7 +258,7 @@ def interleave(
             if on_run:
                 on_run()
     machine = machine or describe_machine()
-    before, cpu = os.getloadavg()[0], _CpuTime()
+    before, cpu = os.getloadavg()[0], _CpuTime(own_pids)
     measured: dict[str, list[Figures]] = {name: [] for name in names}
     orders = []
     for index in range(rounds):

@@ -540,9 +540,15 @@ def plot_decode_latency(runs: list[RunStats], path) -> None:
     ax.set_ylabel("decode step (ms, median)")
     ax.grid(alpha=0.3)
     ax.legend()
+    save_figure(plt, fig, path)
+
+
+def save_figure(plt, fig, path) -> None:
+    """``fig`` as a PNG at ``path``, written beside it and renamed (a reader sees the old plot or the new one,
+    never half a PNG), then closed."""
     fig.tight_layout()
     path = Path(path)
-    try:  # beside it, then renamed: a reader sees the old plot or the new one, never half a PNG
+    try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent if str(path.parent) else ".")
         try:
             with os.fdopen(fd, "wb") as fh:

