@@ -31,7 +31,7 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   .venv-genai/bin/python -c "import onnxruntime_genai, tritonclient.grpc.model_config_pb2" 2>/dev/null \
     || .venv-genai/bin/python -m pip install --quiet --disable-pip-version-check "$GENAI_SPEC" "$TRITONCLIENT_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
   .venv-genai/bin/python -c "import onnxruntime_genai as og; print('onnxruntime-genai', og.__version__, '(.venv-genai)')"
-  # Triton Inference Server (deploy --target triton's generation models, tests/test_triton.py, scripts/bench_triton.py):
+  # Triton Inference Server (deploy --target triton's generation models, tests/test_triton.py, gpt2onnx bench served):
   # nvidia-pytriton bundles a real tritonserver with its Python backend. Its own venv, .venv-triton: the server's
   # Python, with what the served model imports (onnxruntime CPU, onnx, numpy, tokenizers) and gpt2onnx itself,
   # editable and without its dependencies (no torch, no transformers); tritonclient[all] for the tests' clients

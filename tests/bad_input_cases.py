@@ -2250,6 +2250,10 @@ OUTPUT_COMMANDS = {
         ("compare", option): (("compare", "{src}", "--only", "gpt2onnx:fp32", option, "{out}"), "{src}")
         for option in ("--json", "--md", "--csv", "--plot", "--work")
     },
+    ("bench web", "--json"): (("bench", "web", "{exp}", "--json", "{out}"), "{exp}"),
+    ("bench web", "--md"): (("bench", "web", "{exp}", "--md", "{out}"), "{exp}"),
+    ("bench served", "--json"): (("bench", "served", "{exp}", "--json", "{out}"), "{exp}"),
+    ("bench served", "--md"): (("bench", "served", "{exp}", "--md", "{out}"), "{exp}"),
     **{
         ("bench precision", option): (
             ("bench", "precision", "{src}", "--text", "t.txt", "--only", "fp32", option, "{out}"),

@@ -354,6 +354,8 @@ INPUT_PATHS = {
     ("bench speculative", "folder"),
     ("bench speculative", "draft"),
     ("bench precision", "text"),
+    ("bench served", "folder"),
+    ("bench web", "folder"),
     ("compare", "text"),
 }
 

@@ -53,8 +53,10 @@ def first(engines, text, tmp_path_factory) -> tuple[Path, dict]:
     if engines.get("llama.cpp"):
         only.append("llama.cpp:Q4_0")
     args = [a for item in only for a in ("--only", item)]
-    proc = gpt2onnx("compare", TRAINED, "--work", work / "files", *args, *SETTINGS, "--text", text, "--context", 64,
-                    "--json", work / "report.json", "--md", work / "report.md", "--csv", work / "report.csv")  # fmt: skip
+    outputs = ["--json", work / "report.json", "--md", work / "report.md", "--csv", work / "report.csv"]
+    proc = gpt2onnx(
+        "compare", TRAINED, "--work", work / "files", *args, *SETTINGS, "--text", text, "--context", 64, *outputs
+    )
     assert proc.returncode == 0, proc.stderr
     return work, json.loads((work / "report.json").read_text())
 
@@ -74,7 +76,9 @@ def test_every_variant_is_measured_in_interleaved_rounds_with_its_files_and_memo
         assert len(series["values"]) == 2 and all(v == v and abs(v) < 1e9 for v in series["values"]), series
     for record in report["variants"]:
         path = Path(record["path"])
-        on_disk = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+        on_disk = (
+            sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+        )
         assert 0 < record["file_bytes"] <= on_disk, record  # the model files, not the configs beside them
         assert record["peak_bytes"] > 20e6, record  # a process with numpy and its engine loaded
         row = rows[record["name"]]
@@ -106,8 +110,21 @@ def test_a_second_run_reuses_the_engines_files_and_measures_them_alike(first, te
     work, report = first
     files = work / "files"
     stamps = {p: p.stat().st_mtime_ns for p in files.rglob("*") if p.is_file()}
-    proc = gpt2onnx("compare", TRAINED, "--work", files, "--only", "ctranslate2:int8", "--only", "openvino:int4",
-                    *SETTINGS, "--text", text, "--context", 64, "--json", work / "second.json")  # fmt: skip
+    only = ["--only", "ctranslate2:int8", "--only", "openvino:int4"]
+    proc = gpt2onnx(
+        "compare",
+        TRAINED,
+        "--work",
+        files,
+        *only,
+        *SETTINGS,
+        "--text",
+        text,
+        "--context",
+        64,
+        "--json",
+        work / "second.json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # nothing rebuilt
     again, before = _by_variant(json.loads((work / "second.json").read_text())), _by_variant(report)
@@ -125,7 +142,9 @@ def test_an_engine_that_is_not_installed_is_refused_in_one_line_before_work(tmp_
     proc = gpt2onnx("compare", TRAINED, "--work", tmp_path / "w", "--only", "llama.cpp", env=env)
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert "llama.cpp is not installed" in proc.stderr and "ENGINES_LLAMA=1 bash scripts/setup-engines.sh" in proc.stderr
+    assert (
+        "llama.cpp is not installed" in proc.stderr and "ENGINES_LLAMA=1 bash scripts/setup-engines.sh" in proc.stderr
+    )
     proc = gpt2onnx("compare", TRAINED, "--work", tmp_path / "w", env=env)
     assert proc.returncode == 3 and "the engines are not installed" in proc.stderr, proc.stderr
     assert "bash scripts/setup-engines.sh" in proc.stderr and proc.stderr.count("\n") == 1
@@ -138,7 +157,10 @@ def test_an_engine_that_is_not_installed_is_refused_in_one_line_before_work(tmp_
         (["--only", "nosuch"], "--only 'nosuch': no engine 'nosuch'"),
         (["--only", "llama.cpp:Q9_9"], "llama.cpp has no format 'Q9_9'"),
         (["--only", "gpt2onnx:fp32", "--baseline", "llama.cpp F16"], "--baseline 'llama.cpp F16' is not one of"),
-        (["--only", "gpt2onnx:fp32", "--new-tokens", "1"], "new_tokens (--new-tokens) must be an integer of at least 2"),
+        (
+            ["--only", "gpt2onnx:fp32", "--new-tokens", "1"],
+            "new_tokens (--new-tokens) must be an integer of at least 2",
+        ),
         (["--only", "gpt2onnx:fp32", "--plot", "x.svg"], "must be a .png file"),
     ],
 )

@@ -37,8 +37,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpt2onnx.verify.cpu_worker import OPENBLAS_CORES, emulated_env
+
 ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "scripts" / "cpu_worker.py"
+WORKER = ["-m", "gpt2onnx.verify.cpu_worker"]  # run under this Python, on this CPU or an emulated one
 EMULATED = ("EPYC-Rome", "Nehalem", "aarch64")
 ARM = ROOT / ".arm64"  # scripts/setup-arm64.sh: Debian's arm64 python3.11 and onnxruntime's aarch64 wheel
 KL_BOUNDS = {"fp32": 1e-9, "fp32-ort": 1e-9, "fp16": 1e-9, "int8": 1e-8, "int4": 1e-8, "int4-acc0": 1e-9}
@@ -57,18 +59,6 @@ def qemu_or_skip() -> str:
         message = "qemu-x86_64 is missing: run scripts/setup.sh as root (apt-get install qemu-user)"
         pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
     return qemu
-
-
-# OpenBLAS's name for each emulated CPU. Where the machine forces OpenBLAS's kernels for its own CPU
-# (OPENBLAS_CORETYPE, set on some hosts because older OpenBLAS builds misdetect them), an emulated process must not
-# inherit that choice: Haswell's AVX2 kernels on an emulated SSE4.2 CPU die with SIGILL in numpy's import. The host
-# process keeps the machine's setting as it is.
-OPENBLAS_CORES = {"EPYC-Rome": "ZEN", "Nehalem": "NEHALEM"}
-
-
-def emulated_env(env: dict[str, str], cpu: str) -> dict[str, str]:
-    """``env`` for a process on the emulated ``cpu``: OPENBLAS_CORETYPE, where set, names that CPU's kernels."""
-    return {**env, "OPENBLAS_CORETYPE": OPENBLAS_CORES[cpu]} if "OPENBLAS_CORETYPE" in env else env
 
 
 def arm_command(args: list[str]) -> list[str]:
@@ -107,7 +97,7 @@ def variants(trained_export, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def runs(variants, trained_checkpoint, tmp_path_factory) -> dict[str, dict]:
-    """scripts/cpu_worker.py on this CPU and on each emulated one (in parallel), on real text."""
+    """gpt2onnx.verify.cpu_worker on this CPU and on each emulated one (in parallel), on real text."""
     from tokenizers import Tokenizer
 
     qemu = qemu_or_skip()
@@ -116,7 +106,7 @@ def runs(variants, trained_checkpoint, tmp_path_factory) -> dict[str, dict]:
     ids = Tokenizer.from_file(str(trained_checkpoint / "tokenizer.json")).encode(text[: TOKENS * 8]).ids[:TOKENS]
     np.save(work / "ids.npy", np.asarray(ids))
     (work / "prompts.json").write_text(json.dumps([ids[:16], ids[100:108]]))
-    args = [str(WORKER), *map(str, variants.values()), "--ids", str(work / "ids.npy")]
+    args = [*WORKER, *map(str, variants.values()), "--ids", str(work / "ids.npy")]
     args += ["--prompts", str(work / "prompts.json"), "--context", str(CONTEXT), "--stride", str(STRIDE)]
     args += ["--new-tokens", str(NEW_TOKENS)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -203,7 +193,7 @@ def test_int8_with_8_bit_weights_would_not_be_portable(variants, trained_checkpo
     ids = Tokenizer.from_file(str(trained_checkpoint / "tokenizer.json")).encode(text[:2000]).ids[:CONTEXT]
     np.save(tmp_path / "ids.npy", np.asarray(ids))
     (tmp_path / "prompts.json").write_text(json.dumps([ids[:8]]))
-    args = [str(WORKER), str(folder), "--ids", str(tmp_path / "ids.npy"), "--prompts", str(tmp_path / "prompts.json")]
+    args = [*WORKER, str(folder), "--ids", str(tmp_path / "ids.npy"), "--prompts", str(tmp_path / "prompts.json")]
     args += ["--context", str(CONTEXT), "--stride", str(STRIDE), "--new-tokens", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, *args, "--out", str(tmp_path / "host.npz")], env=env, check=True)

@@ -3,6 +3,8 @@ held to the gates' statistics and timed in rotating rounds; the quality figures 
 the same folder, the gate figures against `gpt2onnx parity`'s. Cost: about 20 s."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +24,11 @@ def gpt2onnx(*args) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("grid")
-    proc = gpt2onnx(
-        "bench", "precision", TRAINED, "--text", TRAINED / "heldout.txt", "--work", out / "work",
-        "--only", "fp32-ort,int8,int4-bs32", "--max-chars", 3000, "--repeat", 2, "--warmup", 1, "--gate-cases", 2,
-        "--greedy-tokens", 8, "--past", 16, "--prompt-len", 16, "--json", out / "grid.json", "--md", out / "grid.md",
-    )  # fmt: skip
+    args = ["--text", TRAINED / "heldout.txt", "--work", out / "work", "--only", "fp32-ort,int8,int4-bs32"]
+    args += ["--max-chars", 3000, "--repeat", 2, "--warmup", 1, "--gate-cases", 2, "--greedy-tokens", 8]
+    args += ["--past", 16, "--prompt-len", 16, "--json", out / "grid.json", "--md", out / "grid.md"]
+    args += ["--cpus", "EPYC-Rome"] if shutil.which("qemu-x86_64") else []
+    proc = gpt2onnx("bench", "precision", TRAINED, *args)
     assert proc.returncode == 0, proc.stderr
     return out, json.loads((out / "grid.json").read_text())
 
@@ -68,3 +70,19 @@ def test_the_grid_is_named_and_checked():
     assert len(variants_of(["all"])) == len(GRID)
     with pytest.raises(BadInput, match="--only 'int3' is not a variant of the grid"):
         variants_of(["int4,int3"])
+
+
+def test_every_row_gives_this_cpu_s_answers_on_an_emulated_avx2_cpu(grid):
+    """--cpus EPYC-Rome: each row's windows and greedy tokens under qemu-x86_64 against this CPU's. The bound is
+    loose (KL 1e-6; tests/test_portability.py holds each precision to its own, 1e-9 to 1e-8): this checks that the
+    grid runs and reads the emulated CPU, which takes AVX2's kernel paths whatever this CPU is."""
+    if not shutil.which("qemu-x86_64"):
+        message = "qemu-x86_64 is missing: run scripts/setup.sh as root (apt-get install qemu-user)"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    out, report = grid
+    assert set(report["portability"]) == {"fp32", "fp32-ort", "int8", "int4-bs32"}
+    for name, by_cpu in report["portability"].items():
+        figures = by_cpu["EPYC-Rome"]
+        assert figures["kl_mean"] < 1e-6 and figures["same_top1"] > 0.99 and figures["greedy_equal"], (name, figures)
+    assert "AVX2" in report["cpus"]["EPYC-Rome"]["int8_path"]
+    assert "KL this‖ EPYC-Rome" in (out / "grid.md").read_text()

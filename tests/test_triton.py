@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -447,3 +448,28 @@ def test_kserve_inference_service_is_valid_for_kserves_classes(trained_export, t
         memory = int(service["resources"]["requests"]["memory"].removesuffix("Mi")) << 20
         assert memory >= 2 * (out / "model.onnx").stat().st_size
         assert ("nvidia.com/gpu" in service["resources"]["limits"]) == (device == "gpu")
+
+
+def test_bench_served_loads_the_served_model_beside_the_in_process_loop(trained_export, tmp_path):
+    """`gpt2onnx bench served` on the trained test model: a real tritonserver, 1 and 3 streaming clients, every
+    request its exact tokens (the command checks the count), in rotating rounds beside decode() in-process."""
+    need_triton()
+    out = tmp_path / "served.json"
+    args = ["bench", "served", str(trained_export), "--concurrency", "1,3", "--requests", "1", "--new-tokens", "6"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpt2onnx", *args, "--repeat", "2", "--warmup", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rounds = json.loads(out.read_text())["rounds"]
+    assert rounds["variants"] == [
+        "in-process decode(), batch 1",
+        "Triton, 1 streaming client",
+        "Triton, 3 streaming clients",
+    ]
+    assert rounds["baseline"] == "in-process decode(), batch 1" and len(rounds["orders"]) == 2
+    for series in rounds["series"]:
+        assert len(series["values"]) == 2 and all(v > 0 for v in series["values"]), series
+    assert "Triton, 3 streaming clients" in proc.stdout

@@ -464,3 +464,25 @@ def test_deploy_web_cli(web_folder, tmp_path):
     result = CliRunner().invoke(app, ["deploy", str(source), "--target", "triton", "-o", str(tmp_path / "e")])
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "e" / "index.html").exists() and not (tmp_path / "e" / "lib").exists()
+
+
+def test_bench_web_runs_the_browser_node_and_python_in_rounds_on_the_same_tokens(trained_export, tmp_path):
+    """`gpt2onnx bench web` on the trained test model: deployed for the web, run in Chromium (wasm), Node and Python,
+    each run's tokens checked equal; every figure a positive number, every run once a round."""
+    need(CHROMIUM.is_file(), f"Chromium is not installed ({CHROMIUM} is absent; apt-get install chromium)")
+    need_node_modules()
+    out = tmp_path / "web.json"
+    args = ["bench", "web", str(trained_export), "--threads", "1", "--new-tokens", "4", "--repeat", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpt2onnx", *args, "--warmup", "0", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["same_tokens"] is True
+    rounds = report["rounds"]
+    assert rounds["variants"] == ["Chromium wasm, 1 thread(s)", "Node, 1 thread(s)", "Python, 1 thread(s)"]
+    for series in rounds["series"]:
+        assert len(series["values"]) == 2 and all(v > 0 for v in series["values"]), series

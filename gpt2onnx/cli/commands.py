@@ -445,11 +445,16 @@ def bench_precision_command(
     repeat: RepeatOpt = 20,
     gate_cases: Annotated[int, typer.Option(help="Randomized cases of the gate figures.")] = 10,
     greedy_tokens: Annotated[int, typer.Option(help="Greedy tokens compared.")] = 64,
+    cpus: Annotated[
+        Optional[str], typer.Option(metavar="LIST", help="Also on these CPUs, emulated (QEMU models).")
+    ] = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     csv_path: CsvOpt = None,
 ) -> None:
-    """What each precision costs: every variant built, scored on real text, held to the gates and timed."""
+    """What each precision costs: every variant built, scored on real text, held to the gates and timed.
+
+    --cpus EPYC-Rome,Nehalem: also each variant's answers on those CPUs (qemu-x86_64) against this one's."""
     from gpt2onnx.verify.precision_grid import bench_precision
 
     with render.progress("precision grid") as step:
@@ -470,6 +475,7 @@ def bench_precision_command(
             repeat=repeat,
             gate_cases=gate_cases,
             greedy_tokens=greedy_tokens,
+            cpus=tuple(c.strip() for c in cpus.split(",")) if cpus else (),
             json_path=json_path,
             markdown_path=markdown_path,
             csv_path=csv_path,
@@ -477,6 +483,70 @@ def bench_precision_command(
             before_writing=ignore_interrupts,
         )
     render.precision_grid(report)
+
+
+@bench_app.command("served")
+def bench_served_command(
+    folder: FolderArg,
+    concurrency: Annotated[str, typer.Option(metavar="LIST", help="Streaming clients, comma-separated.")] = "1,4,16",
+    requests: Annotated[int, typer.Option(help="Requests per client, one after another.")] = 2,
+    new_tokens: Annotated[int, typer.Option(help="New tokens per request, exactly.")] = 64,
+    threads: Annotated[Optional[int], typer.Option(help="onnxruntime's threads \\[default: all cores].")] = None,
+    warmup: WarmupOpt = 1,
+    repeat: RepeatOpt = 2,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+) -> None:
+    """The folder served by Triton under concurrent streaming clients, beside the in-process loop (.venv-triton)."""
+    from gpt2onnx.verify.served import bench_served
+
+    levels = parse_batches(concurrency, what="concurrency (--concurrency)")
+    with render.progress("served") as step:
+        report = bench_served(
+            folder,
+            concurrency=levels,
+            requests=requests,
+            new_tokens=new_tokens,
+            threads=threads,
+            warmup=warmup,
+            repeat=repeat,
+            json_path=json_path,
+            markdown_path=markdown_path,
+            progress=step,
+            before_writing=ignore_interrupts,
+        )
+    render.served(report)
+
+
+@bench_app.command("web")
+def bench_web_command(
+    folder: FolderArg,
+    threads: Annotated[str, typer.Option(metavar="LIST", help="Thread counts, comma-separated.")] = "1,2",
+    new_tokens: Annotated[int, typer.Option(help="New tokens, greedy.")] = 64,
+    browser: Annotated[bool, typer.Option("--browser/--no-browser", help="Chromium's rows too.")] = True,
+    warmup: WarmupOpt = 1,
+    repeat: RepeatOpt = 3,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+) -> None:
+    """Tokens/s in Chromium (transformers.js, wasm) beside Node and Python on the folder deployed for the web."""
+    from gpt2onnx.verify.web_speed import bench_web
+
+    counts = parse_batches(threads, what="threads (--threads)")
+    with render.progress("web") as step:
+        report = bench_web(
+            folder,
+            threads=counts,
+            new_tokens=new_tokens,
+            warmup=warmup,
+            repeat=repeat,
+            browser=browser,
+            json_path=json_path,
+            markdown_path=markdown_path,
+            progress=step,
+            before_writing=ignore_interrupts,
+        )
+    render.web(report)
 
 
 @bench_app.command("memory")

@@ -362,6 +362,57 @@ def precision_grid(report) -> None:
     )
     for name, why in report.refused.items():
         line(f"{name}: refused by its own check, not measured: {why}")
+    cpus = list(next(iter(report.portability.values()), {}))
+    for cpu in cpus:
+        by = {name: figures[cpu] for name, figures in report.portability.items()}
+        differ = [name for name, f in by.items() if not f["greedy_equal"]]
+        worst = max(by, key=lambda name: by[name]["kl_mean"])
+        line(
+            f"on {cpu} ({report.cpus_seen[cpu]['model']}): greedy tokens equal for {len(by) - len(differ)} of"
+            f" {len(by)} variants{' (not ' + ', '.join(differ) + ')' if differ else ''}; largest KL against this CPU"
+            f" {by[worst]['kl_mean']:.1e} ({worst})"
+        )
+
+
+def served(report) -> None:
+    """bench served: a run a row (in-process, then each client count), tokens/s with its ratio to in-process."""
+    rounds = report.rounds
+    columns = ("run", "tok/s", "× in-process", "first token p50 / p99 ms", "per token p50 / p99 ms")
+    table = _table(f"{report.folder}: {report.new_tokens} new tokens a request", columns, left=("run",))
+    table.columns[0].no_wrap = True
+    for run in rounds.variants:
+        ratio = rounds.ratio(run, "tokens_per_s")
+        pair = lambda a, b: f"{rounds.spread(run, a).median:.1f} / {rounds.spread(run, b).median:.1f}"  # noqa: E731
+        table.add_row(
+            run,
+            f"{rounds.spread(run, 'tokens_per_s').median:.1f}",
+            f"{ratio.median:.2f}",
+            pair("first_token_p50_ms", "first_token_p99_ms"),
+            pair("per_token_p50_ms", "per_token_p99_ms"),
+        )
+    console.print(table)
+    line(f"{rounds.machine.summary()}; {rounds.load.summary()}")
+
+
+def web(report) -> None:
+    """bench web: a runtime and thread count a row, decode tokens/s (× Python's) and the first token."""
+    rounds = report.rounds
+    columns = ("run", "decode tok/s", f"× {rounds.baseline}", "first token ms")
+    table = _table(f"{report.folder} ({report.precision}), {report.new_tokens} new tokens", columns, left=("run",))
+    table.columns[0].no_wrap = True
+    for run in rounds.variants:
+        ratio = rounds.ratio(run, "decode_tokens_per_s")
+        table.add_row(
+            run,
+            f"{rounds.spread(run, 'decode_tokens_per_s').median:.1f}",
+            f"{ratio.median:.2f}",
+            f"{rounds.spread(run, 'first_token_ms').median:.0f}",
+        )
+    console.print(table)
+    line(
+        f"the same tokens everywhere: {'yes' if report.same_tokens else 'NO'}; {rounds.machine.summary()};"
+        f" {rounds.load.summary()}"
+    )
 
 
 def memory(report) -> None:

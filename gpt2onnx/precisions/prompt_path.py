@@ -1,7 +1,7 @@
 """int4's prompt path on int8 kernels (``--prompt-kernel int8``): one graph, two bodies, one set of weights.
 
 onnxruntime 1.31's MatMulNBits is fast on a few rows (decode reads 4-bit weights) and slow on many (the prompt
-step: about 3× MatMulInteger's time on 128 rows of GPT-2's matmuls, scripts/bench_int4_prompt_forms.py). This pass
+step: about 3× MatMulInteger's time on 128 rows of GPT-2's matmuls, a research script, docs/benchmarks.md). This pass
 puts every node that depends on a 4-bit MatMulNBits (the block stack, the head and what follows) inside one ``If``
 on the step's row count (batch × new tokens > PROMPT_ROWS):
 

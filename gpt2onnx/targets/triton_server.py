@@ -1,7 +1,7 @@
 """A local Triton Inference Server on a repository that ``deploy --target triton`` wrote: the ``tritonserver``
 binary that PyPI's ``nvidia-pytriton`` bundles (Triton 2.51 with its Python backend), started on 127.0.0.1.
 
-The tests and scripts/bench_triton.py use it; so can anyone trying the repository on one machine::
+The tests and gpt2onnx bench served use it; so can anyone trying the repository on one machine::
 
     with TritonServer("models/gpt2/triton", models=["gpt2-generate", "gpt2-infer"]) as server:
         print(server.http_url)  # POST {url}/v2/models/gpt2-generate/generate_stream

@@ -80,6 +80,25 @@ def processes_cpu_seconds(pids) -> float:
     return total
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (/proc: children, their children, ...)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += parents.get(current, [])
+    return found
+
+
 class _CpuTime:
     """All CPUs' busy and total time (/proc/stat) and this process's own (children included, and the helper
     processes ``own_pids`` names: workers it asks), to tell what other processes used between two readings."""

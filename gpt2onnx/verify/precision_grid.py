@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.artifact.paths import check_output_files, check_output_path
-from gpt2onnx.errors import BadInput, CheckFailed
+from gpt2onnx.errors import BadInput, CheckFailed, RuntimeUnavailable
 from gpt2onnx.files import write_text_atomic
 from gpt2onnx.verify.harness import Rounds, csv_of, interleave, write_outputs
 
@@ -210,6 +210,8 @@ class PrecisionReport:
     rounds: Rounds  # decode_ms, prompt_ms
     refused: dict  # name → why its own check refused it
     settings: dict
+    portability: dict = dataclasses.field(default_factory=dict)  # name → emulated CPU → KL, top-1, greedy equal
+    cpus_seen: dict = dataclasses.field(default_factory=dict)  # each CPU as its process described it
 
     def rows(self) -> list[dict]:
         rows = []
@@ -230,6 +232,8 @@ class PrecisionReport:
                 ratio = self.rounds.ratio(name, figure)
                 row[f"{figure}_ratio"] = ratio.median if ratio is not None else None
             row.update({f"gate_{k}": v for k, v in self.gates[name].items()})
+            for cpu, figures in self.portability.get(name, {}).items():
+                row.update({f"{cpu}_{k}": v for k, v in figures.items()})
             rows.append(row)
         return rows
 
@@ -241,6 +245,8 @@ class PrecisionReport:
             "eval": self.quality.as_dict(),
             "rounds": self.rounds.as_dict(),
             "refused": self.refused,
+            "portability": self.portability,
+            "cpus": self.cpus_seen,
         }
 
     def csv(self) -> str:
@@ -304,7 +310,133 @@ class PrecisionReport:
         )
         lines.append(f"Speed: onnxruntime cpu, {s['threads']} threads; " + self.rounds.markdown().splitlines()[-1])
         lines += [f"{name}: refused by its own check, not measured: {why}" for name, why in self.refused.items()]
+        if self.portability:
+            lines += ["", self._portability_markdown()]
         return "\n".join(lines) + "\n"
+
+    def _portability_markdown(self) -> str:
+        cpus = list(next(iter(self.portability.values())))
+        head = ["variant", *(f"{label} {cpu}" for cpu in cpus for label in ("KL this‖", "top-1 =", "greedy ="))]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for name, by_cpu in self.portability.items():
+            cells = [name]
+            for cpu in cpus:
+                f = by_cpu[cpu]
+                cells += [
+                    f"{f['kl_mean']:.1e}",
+                    f"{100 * f['same_top1']:.2f} %",
+                    "yes" if f["greedy_equal"] else "**no**",
+                ]
+            lines.append("| " + " | ".join(cells) + " |")
+        seen = "; ".join(f"{label}: {cpu['model']} (int8: {cpu['int8_path']})" for label, cpu in self.cpus_seen.items())
+        lines += ["", f"The same windows and greedy tokens on each CPU, one thread, emulated by QEMU: {seen}."]
+        return "\n".join(lines)
+
+
+def time_steps(
+    decoders: dict,
+    *,
+    past: int,
+    prompt_len: int,
+    repeat: int,
+    warmup: int,
+    baseline: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Rounds:
+    """Each opened decoder's decode step at batch 1 with ``past`` tokens of cache and its prompt step at batch 1 ×
+    ``prompt_len`` (all positions' logits, from an empty past), in the harness's rotating rounds (figures
+    ``decode_ms``, ``prompt_ms``)."""
+    from gpt2onnx.verify.timing import decode_step_at_past
+
+    def timed(decoder) -> Callable[[], dict]:
+        calls = iter(range(1 << 30))
+
+        def run() -> dict:
+            seed = next(calls)
+            vocab = decoder.vocab_size
+            decode_s = decode_step_at_past(decoder, 1, past, vocab_size=vocab, seed=seed)
+            ids = np.random.default_rng(seed).integers(0, vocab, size=(1, prompt_len), dtype=np.int64)
+            mask = np.ones((1, prompt_len), np.int64)
+            start = time.perf_counter()
+            decoder.run(
+                ids, decoder.prompt_mask(mask), np.arange(prompt_len)[None], decoder.empty_past(1, prompt_len + 1)
+            )
+            return {"decode_ms": 1e3 * decode_s, "prompt_ms": 1e3 * (time.perf_counter() - start)}
+
+        return run
+
+    return interleave(
+        {n: timed(d) for n, d in decoders.items()},
+        rounds=repeat,
+        warmup=warmup,
+        baseline=baseline,
+        on_run=(lambda: progress("timing")) if progress else None,
+    )
+
+
+CPU_CONTEXT, CPU_NEW_TOKENS = 128, 16
+
+
+def portability(folders: dict[str, Path], ids: np.ndarray, cpus: tuple[str, ...], work: Path) -> tuple[dict, dict]:
+    """Every folder on this CPU and on each of ``cpus`` emulated by QEMU's user-mode emulator (its kernels chosen
+    for that CPU's features), in parallel: sliding windows over ``ids`` and greedy tokens from two prompts
+    (:mod:`gpt2onnx.verify.cpu_worker`, one thread). Returns, per folder and CPU, mean KL(this CPU ‖ that CPU), the
+    share of positions with the same top-1 and whether the greedy tokens are equal; and each CPU as it saw itself."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from gpt2onnx.verify.cpu_worker import emulated_env
+    from gpt2onnx.verify.metrics import kl_divergence
+
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None:
+        raise RuntimeUnavailable("--cpus runs the folders under QEMU: install qemu-user (apt-get install qemu-user)")
+    context = min(CPU_CONTEXT, len(ids))
+    np.save(work / "cpu-ids.npy", ids)
+    (work / "cpu-prompts.json").write_text(json.dumps([ids[:32].tolist(), ids[len(ids) // 2 :][:16].tolist()]))
+    args = ["-m", "gpt2onnx.verify.cpu_worker", *map(str, folders.values()), "--ids", str(work / "cpu-ids.npy")]
+    args += ["--prompts", str(work / "cpu-prompts.json"), "--context", str(context), "--stride", str(context // 2)]
+    args += ["--new-tokens", str(CPU_NEW_TOKENS)]
+    commands = {"this CPU": [sys.executable, *args, "--out", str(work / "cpu-host.npz")]}
+    for cpu in cpus:
+        commands[cpu] = [qemu, "-cpu", cpu, sys.executable, *args, "--out", str(work / f"cpu-{cpu}.npz")]
+    env = dict(os.environ)
+    running = {
+        name: subprocess.Popen(
+            command,
+            env=emulated_env(env, name) if name in cpus else env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, command in commands.items()
+    }
+    results = {}
+    for name, process in running.items():
+        _, stderr = process.communicate()
+        if process.returncode != 0:
+            lines = stderr.strip().splitlines()
+            why = lines[-1] if lines else f"exit {process.returncode}"
+            raise RuntimeUnavailable(f"the folders could not run on {name} (qemu-x86_64 -cpu {name}): {why}")
+        out = "cpu-host.npz" if name == "this CPU" else f"cpu-{name}.npz"
+        results[name] = dict(np.load(work / out))
+    host = results.pop("this CPU")
+    seen = {"this CPU": json.loads(str(host["cpu"]))} | {c: json.loads(str(r["cpu"])) for c, r in results.items()}
+    figures = {}
+    for index, name in enumerate(folders):
+        ours = host[f"logits_{index}"]
+        figures[name] = {
+            cpu: {
+                "kl_mean": float(kl_divergence(ours, other[f"logits_{index}"]).mean()),
+                "same_top1": float((ours.argmax(-1) == other[f"logits_{index}"].argmax(-1)).mean()),
+                "greedy_equal": bool(np.array_equal(host[f"tokens_{index}"], other[f"tokens_{index}"])),
+            }
+            for cpu, other in results.items()
+        }
+    return figures, seen
 
 
 def bench_precision(
@@ -325,6 +457,8 @@ def bench_precision(
     repeat: int = 20,
     gate_cases: int = 10,
     greedy_tokens: int = 64,
+    cpus: tuple[str, ...] = (),
+    cpu_tokens: int = 512,
     json_path=None,
     markdown_path=None,
     csv_path=None,
@@ -339,7 +473,6 @@ def bench_precision(
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.verify.evaluate import evaluate
     from gpt2onnx.verify.parity import parity
-    from gpt2onnx.verify.timing import decode_step_at_past
 
     inputs = (Path(text), *((Path(model),) if Path(model).exists() else ()))
     check_output_files({"--json": json_path, "--md": markdown_path, "--csv": csv_path}, inputs=inputs)
@@ -355,6 +488,9 @@ def bench_precision(
             raise BadInput(f"{name} must be an integer of at least {least}, got {value!r}")
     if not Path(text).is_file():
         raise BadInput(f"--text '{text}' is not a file: give a UTF-8 text file")
+    for cpu in cpus:
+        if not cpu or not all(c.isalnum() or c in "-_.+" for c in cpu):
+            raise BadInput(f"--cpus: '{cpu}' is not a CPU model name (qemu-x86_64 -cpu help lists them)")
     content = Path(text).read_text(encoding="utf-8")
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
@@ -394,36 +530,22 @@ def bench_precision(
     n_positions = quality.protocol.context
     past, prompt_len = min(past, n_positions - 2), min(prompt_len, n_positions - 1)
     decoders = {v.name: open_decoder(open_folder(folders[v.name]), provider) for v in variants}
-
-    def timed(decoder) -> Callable[[], dict]:
-        calls = iter(range(1 << 30))
-
-        def run() -> dict:
-            seed_ = next(calls)
-            vocab = decoder.vocab_size
-            decode_s = decode_step_at_past(decoder, 1, past, vocab_size=vocab, seed=seed_)
-            ids = np.random.default_rng(seed_).integers(0, vocab, size=(1, prompt_len), dtype=np.int64)
-            mask = np.ones((1, prompt_len), np.int64)
-            start = time.perf_counter()
-            decoder.run(
-                ids, decoder.prompt_mask(mask), np.arange(prompt_len)[None], decoder.empty_past(1, prompt_len + 1)
-            )
-            return {"decode_ms": 1e3 * decode_s, "prompt_ms": 1e3 * (time.perf_counter() - start)}
-
-        return run
-
     baseline = BASELINE if BASELINE in decoders else variants[0].name
-    rounds = interleave(
-        {n: timed(d) for n, d in decoders.items()},
-        rounds=repeat,
-        warmup=warmup,
-        baseline=baseline,
-        on_run=(lambda: progress("timing")) if progress else None,
+    rounds = time_steps(
+        decoders, past=past, prompt_len=prompt_len, repeat=repeat, warmup=warmup, baseline=baseline, progress=progress
     )
     sizes = {
         v.name: sum(p.stat().st_size for p in folders[v.name].iterdir() if p.name.startswith("model.onnx"))
         for v in variants
     }
+    moved, seen = {}, {}
+    if cpus:
+        if progress:
+            progress("on the emulated CPUs")
+        from gpt2onnx.decoding.prompts import load_tokenizer
+
+        ids = np.asarray(load_tokenizer(folders["fp32"]).encode(content)[:cpu_tokens], np.int64)
+        moved, seen = portability({v.name: folders[v.name] for v in variants}, ids, tuple(cpus), work)
     settings = {
         "text": str(text),
         "chars": len(content),
@@ -435,10 +557,11 @@ def bench_precision(
         "random_init": random_init,
         "seed": seed,
         "outliers": outliers,
+        "cpus": list(cpus),
+        "cpu_tokens": cpu_tokens,
     }
-    report = PrecisionReport(
-        str(model), {v.name: v.recipe() for v in variants}, sizes, quality, gates, rounds, refused, settings
-    )
+    recipes = {v.name: v.recipe() for v in variants}
+    report = PrecisionReport(str(model), recipes, sizes, quality, gates, rounds, refused, settings, moved, seen)
     write_outputs(report, json_path=json_path, markdown_path=markdown_path, before_writing=before_writing)
     if csv_path is not None:
         write_text_atomic(csv_path, report.csv())

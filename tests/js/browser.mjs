@@ -1,5 +1,5 @@
 // Drives the system Chromium (headless, through playwright-core: no browser download) for tests/test_web.py and
-// scripts/bench_web.py. One browser serves many pages: it reads one JSON request per line on stdin,
+// gpt2onnx bench web. One browser serves many pages: it reads one JSON request per line on stdin,
 //   {"url": "...", "screenshot": "PATH" | null, "timeout_ms": 120000}
 // opens the page in a fresh context, waits until document.body.dataset.done is set ("true" or "error"), and
 // answers one JSON line on stdout: done, #output, #error, the data attributes of #stats and #backend, the page's

@@ -1,7 +1,9 @@
 """Run exported folders on this process's CPU and save what they compute, for comparing CPUs.
 
-    python scripts/cpu_worker.py --ids ids.npy --prompts prompts.json --out result.npz FOLDER...
-    qemu-x86_64 -cpu Haswell .venv/bin/python scripts/cpu_worker.py ...    (the same, on an emulated CPU)
+    python -m gpt2onnx.verify.cpu_worker --ids ids.npy --prompts prompts.json --out result.npz FOLDER...
+    qemu-x86_64 -cpu Haswell .venv/bin/python -m gpt2onnx.verify.cpu_worker ...    (the same, on an emulated CPU)
+
+(`gpt2onnx bench precision --cpus` and tests/test_portability.py run it.)
 
 Run under QEMU's user-mode emulator, the process sees the emulated CPU's CPUID, so onnxruntime picks that CPU's
 kernels (AVX2 without VNNI, SSE4.2 only, ...) whatever the host is. For each folder: the logits of every
@@ -22,6 +24,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+# OpenBLAS's name for each emulated CPU. Where the machine forces OpenBLAS's kernels for its own CPU
+# (OPENBLAS_CORETYPE, set on some hosts because older OpenBLAS builds misdetect them), an emulated process must not
+# inherit that choice: Haswell's AVX2 kernels on an emulated SSE4.2 CPU die with SIGILL in numpy's import.
+OPENBLAS_CORES = {"EPYC-Rome": "ZEN", "Nehalem": "NEHALEM", "Haswell": "HASWELL", "Skylake-Client": "SKYLAKEX"}
+
+
+def emulated_env(env: dict[str, str], cpu: str) -> dict[str, str]:
+    """``env`` for a process on the emulated ``cpu``: OPENBLAS_CORETYPE, where set, names that CPU's kernels."""
+    return {**env, "OPENBLAS_CORETYPE": OPENBLAS_CORES.get(cpu, "PRESCOTT")} if "OPENBLAS_CORETYPE" in env else env
 
 
 def main() -> int:
