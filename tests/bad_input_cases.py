@@ -3632,6 +3632,13 @@ def _genai_worker_run(python: str, timeout: str | None = None) -> Callable[[Ctx,
 
 CASES += [
     Case(
+        "compare-unknown-engine",  # refused before the engines are probed or anything is built
+        "options",
+        ("compare", "{src}", "--only", "llama.cpp:Q9_9", "--work", "w"),
+        B,
+        match="llama.cpp has no format 'Q9_9'",
+    ),
+    Case(
         "genai-python-not-python",  # once exit 70: JSONDecodeError on echo's answer
         "traceback",
         (),

@@ -425,7 +425,9 @@ def bench_speculative(
 
 @bench_app.command("precision")
 def bench_precision_command(
-    model: Annotated[str, typer.Argument(help="A checkpoint, or an architecture with --random-init.")],
+    model: Annotated[
+        str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint, or an architecture with --random-init.")
+    ],
     text: Annotated[Path, typer.Option("--text", help="A UTF-8 text to score on.")],
     work: Annotated[
         Path, typer.Option(parser=OUTPUT_FOLDER, metavar="DIR", help="Where the variants are built and kept.")
@@ -580,7 +582,9 @@ def bench_memory(
 
 @app.command("compare")
 def compare_command(
-    model: Annotated[str, typer.Argument(help="A Hugging Face folder, or an architecture with --random-init.")],
+    model: Annotated[
+        str, typer.Argument(metavar="CHECKPOINT", help="A Hugging Face folder, or an architecture with --random-init.")
+    ],
     work: Annotated[
         Path, typer.Option(parser=OUTPUT_FOLDER, metavar="DIR", help="Where the files are built and kept.")
     ] = Path("models/compare"),

@@ -39,6 +39,7 @@ from gpt2onnx.verify.harness import Rounds, csv_of, interleave, write_outputs
 log = logging.getLogger(__name__)
 
 BASELINE = "fp32-ort"
+PAUSE = 0.05  # seconds before each timed run: the sessions' spinning threads are asleep by then
 
 
 @dataclass(frozen=True)
@@ -345,7 +346,8 @@ def time_steps(
 ) -> Rounds:
     """Each opened decoder's decode step at batch 1 with ``past`` tokens of cache and its prompt step at batch 1 ×
     ``prompt_len`` (all positions' logits, from an empty past), in the harness's rotating rounds (figures
-    ``decode_ms``, ``prompt_ms``)."""
+    ``decode_ms``, ``prompt_ms``). Each run waits PAUSE first, untimed: onnxruntime's threads spin a while after a
+    run, and with many sessions open the last one's spinning threads would take the cores from the next."""
     from gpt2onnx.verify.timing import decode_step_at_past
 
     def timed(decoder) -> Callable[[], dict]:
@@ -353,6 +355,7 @@ def time_steps(
 
         def run() -> dict:
             seed = next(calls)
+            time.sleep(PAUSE)
             vocab = decoder.vocab_size
             decode_s = decode_step_at_past(decoder, 1, past, vocab_size=vocab, seed=seed)
             ids = np.random.default_rng(seed).integers(0, vocab, size=(1, prompt_len), dtype=np.int64)
@@ -544,7 +547,8 @@ def bench_precision(
             progress("on the emulated CPUs")
         from gpt2onnx.decoding.prompts import load_tokenizer
 
-        ids = np.asarray(load_tokenizer(folders["fp32"]).encode(content)[:cpu_tokens], np.int64)
+        head = content[: 16 * cpu_tokens]  # enough characters for the tokens (a whole text would only be cut)
+        ids = np.asarray(load_tokenizer(folders["fp32"]).encode(head)[:cpu_tokens], np.int64)
         moved, seen = portability({v.name: folders[v.name] for v in variants}, ids, tuple(cpus), work)
     settings = {
         "text": str(text),
