@@ -325,6 +325,7 @@ def test_the_corpus_covers_every_command_and_class():
         "eval",
         "serve",
         "check",
+        "compare",
     }
     assert {c.cls for c in CASES} == {"security", "data-loss", "hang", "silent", "traceback", "message", "options"}
     assert len(CASES) >= 160
@@ -354,6 +355,8 @@ INPUT_PATHS = {
     ("bench speculative", "folder"),
     ("bench speculative", "draft"),
     ("bench precision", "text"),
+    ("bench precision", "model"),
+    ("compare", "model"),
     ("bench served", "folder"),
     ("bench web", "folder"),
     ("compare", "text"),

@@ -223,4 +223,5 @@ def test_runtimes_holds_the_engines_only():
         "genai",
         "genai_worker",
         "ort_generate",
+        "worker_process",  # the client of the workers under another environment's Python (genai's, the engines')
     }

@@ -49,7 +49,7 @@ def text(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def first(engines, text, tmp_path_factory) -> tuple[Path, dict]:
     work = tmp_path_factory.mktemp("compare")
-    only = ["gpt2onnx:fp32", "gpt2onnx:int8", "ctranslate2:int8", "openvino:int4"]
+    only = ["gpt2onnx:int8", "ctranslate2:int8", "openvino:int4"]  # (our int8 is made from the fp32 export)
     if engines.get("llama.cpp"):
         only.append("llama.cpp:Q4_0")
     args = [a for item in only for a in ("--only", item)]
@@ -68,9 +68,9 @@ def _by_variant(report: dict) -> dict[str, dict]:
 def test_every_variant_is_measured_in_interleaved_rounds_with_its_files_and_memory(first):
     work, report = first
     rows = _by_variant(report)
-    assert list(rows)[:4] == ["gpt2onnx fp32", "gpt2onnx int8", "ctranslate2 int8", "openvino int4"]
+    assert list(rows)[:3] == ["gpt2onnx int8", "ctranslate2 int8", "openvino int4"]
     speed = report["speed"]
-    assert speed["rounds"] == 2 and speed["baseline"] == "gpt2onnx fp32" and len(speed["orders"]) == 2
+    assert speed["rounds"] == 2 and speed["baseline"] == "gpt2onnx int8" and len(speed["orders"]) == 2
     assert speed["orders"][1] == speed["orders"][0][1:] + speed["orders"][0][:1]  # rotated
     for series in speed["series"]:
         assert len(series["values"]) == 2 and all(v == v and abs(v) < 1e9 for v in series["values"]), series
@@ -83,8 +83,6 @@ def test_every_variant_is_measured_in_interleaved_rounds_with_its_files_and_memo
         assert record["peak_bytes"] > 20e6, record  # a process with numpy and its engine loaded
         row = rows[record["name"]]
         assert row["prompt_ms"] > 0 and row["tokens_per_s"] > 0 and row["decode_ms_b2"] > 0, row
-    fp32 = rows["gpt2onnx fp32"]
-    assert fp32["kl_mean"] < 1e-9 and fp32["same_top1"] == 1.0 and fp32["greedy_matching"] == 8
     for name, row in rows.items():
         assert 0 <= row["kl_mean"] < 0.5 and row["same_top1"] > 0.5, (name, row)  # quantized, not broken
     assert "| variant | prompt b1×16 ms |" in (work / "report.md").read_text()

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gpt2onnx.compare.precision_grid import DEFAULT, GRID, variants_of
 from gpt2onnx.errors import BadInput
-from gpt2onnx.verify.precision_grid import DEFAULT, GRID, variants_of
 
 TRAINED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "trained-tiny"
 

@@ -55,6 +55,9 @@ _NOT_A_PRECISION = {
     ("passes/pipeline.py", 'record: ClassVar[str] = "fp16"'): "the manifest record's key",
     ("passes/pipeline.py", 'timing: ClassVar[str] = "fp16"'): "a timing's key",
     ("artifact/manifest.py", '"fp16"'): "the manifest record's key",
+    ("compare/compare.py", "optimum-cli's --weight-format values"): "OpenVINO's weight formats",
+    ("compare/compare.py", "its quantizations"): "CTranslate2's quantization names",
+    ("compare/engine_worker.py", "optimum-cli's --weight-format value"): "OpenVINO's weight format",
     ("artifact/inspect.py", '"fp16"'): "the manifest record's key",
 }
 

@@ -34,6 +34,7 @@ from gpt2onnx.cli.options import (
     PartialOpt,
     Precision,
     PromptLenOpt,
+    RandomInitOpt,
     ReferenceOpt,
     RepeatOpt,
     RunOptions,
@@ -76,7 +77,7 @@ def export(
             "--out", "-o", parser=OUTPUT_FOLDER, metavar="DIR", help="Output folder \\[default: models/NAME]."
         ),
     ] = None,
-    random_init: Annotated[bool, typer.Option("--random-init", help="Seeded random weights, no download.")] = False,
+    random_init: RandomInitOpt = False,
     seed: Annotated[int, typer.Option(help="Seed for --random-init.")] = 0,
     outliers: Annotated[float, typer.Option(help="--random-init: outliers of this size (GPT-2: 3000).")] = 0.0,
     revision: Annotated[Optional[str], typer.Option(help="Hub branch, tag or commit.")] = None,
@@ -426,7 +427,7 @@ def bench_speculative(
 @bench_app.command("precision")
 def bench_precision_command(
     model: Annotated[
-        str, typer.Argument(metavar="CHECKPOINT", help="A checkpoint, or an architecture with --random-init.")
+        Path, typer.Argument(metavar="CHECKPOINT", help="A checkpoint, or an architecture with --random-init.")
     ],
     text: Annotated[Path, typer.Option("--text", help="A UTF-8 text to score on.")],
     work: Annotated[
@@ -435,7 +436,7 @@ def bench_precision_command(
     only: Annotated[
         Optional[list[str]], typer.Option(metavar="NAMES", help="Grid rows, comma-separated; 'all' \\[default: 12].")
     ] = None,
-    random_init: Annotated[bool, typer.Option("--random-init", help="Seeded random weights.")] = False,
+    random_init: RandomInitOpt = False,
     seed: Annotated[int, typer.Option(help="The random weights' seed.")] = 0,
     outliers: Annotated[float, typer.Option(help="Random weights: outlier channels of this size.")] = 0.0,
     max_chars: Annotated[int, typer.Option(help="Score the text's first N characters.")] = 60_000,
@@ -457,11 +458,11 @@ def bench_precision_command(
     """What each precision costs: every variant built, scored on real text, held to the gates and timed.
 
     --cpus EPYC-Rome,Nehalem: also each variant's answers on those CPUs (qemu-x86_64) against this one's."""
-    from gpt2onnx.verify.precision_grid import bench_precision
+    from gpt2onnx.compare.precision_grid import bench_precision
 
     with render.progress("precision grid") as step:
         report = bench_precision(
-            model,
+            str(model),
             text=text,
             work=work,
             only=only,
@@ -583,7 +584,7 @@ def bench_memory(
 @app.command("compare")
 def compare_command(
     model: Annotated[
-        str, typer.Argument(metavar="CHECKPOINT", help="A Hugging Face folder, or an architecture with --random-init.")
+        Path, typer.Argument(metavar="CHECKPOINT", help="A Hugging Face folder, or an architecture with --random-init.")
     ],
     work: Annotated[
         Path, typer.Option(parser=OUTPUT_FOLDER, metavar="DIR", help="Where the files are built and kept.")
@@ -592,7 +593,7 @@ def compare_command(
         Optional[list[str]], typer.Option(metavar="ENGINE[:FORMAT]", help="Only these (repeatable) \\[default: all].")
     ] = None,
     baseline: Annotated[Optional[str], typer.Option(help="Ratios to this variant \\[default: the first].")] = None,
-    random_init: Annotated[bool, typer.Option("--random-init", help="Seeded random weights.")] = False,
+    random_init: RandomInitOpt = False,
     seed: Annotated[int, typer.Option(help="The random weights' seed.")] = 0,
     prompt_len: PromptLenOpt = 128,
     new_tokens: Annotated[int, typer.Option(help="New tokens per generation, exactly.")] = 64,
@@ -621,7 +622,7 @@ def compare_command(
     settings = Settings(prompt_len, new_tokens, batch, threads, repeat, warmup)
     with render.progress("compare") as step:
         report = compare(
-            model,
+            str(model),
             work=work,
             only=only,
             baseline=baseline,

@@ -172,6 +172,7 @@ MarkdownOpt = Annotated[
     Optional[Path],
     typer.Option("--md", parser=OUTPUT_FILE, metavar="FILE", help="The table as Markdown, with machine and load."),
 ]
+RandomInitOpt = Annotated[bool, typer.Option("--random-init", help="Seeded random weights, no download.")]
 CsvOpt = Annotated[Optional[Path], typer.Option("--csv", parser=OUTPUT_FILE, metavar="FILE", help="The table as CSV.")]
 JsonOpt = Annotated[
     Optional[Path], typer.Option("--json", parser=OUTPUT_FILE, metavar="FILE", help="Write every figure here.")

@@ -345,7 +345,9 @@ def precision_grid(report) -> None:
         for figure in ("decode_ms", "prompt_ms"):
             ratio = row[f"{figure}_ratio"]
             shown = f"{row[figure]:.3g}"
-            timing.append(shown + (f" ×{ratio:.2f}" if ratio is not None and row["variant"] != "fp32-ort" else ""))
+            timing.append(
+                shown + (f" ×{ratio:.2f}" if ratio is not None and row["variant"] != report.rounds.baseline else "")
+            )
         table.add_row(
             row["variant"],
             f"{row['delta_ppl_percent']:+.2f}",

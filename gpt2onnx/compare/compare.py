@@ -31,6 +31,9 @@ import numpy as np
 
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import write_text_atomic
+from gpt2onnx.precisions.all_precisions import FP32, INT4, INT8, INT8_WEIGHTS
+from gpt2onnx.profiles import ort_shared_kv
+from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, UNFUSED
 from gpt2onnx.runtimes.worker_process import WorkerProcess
 from gpt2onnx.verify.harness import Rounds, csv_of, interleave, write_outputs
 
@@ -63,19 +66,22 @@ class Engine:
 
 
 ONNX_FILES = ("*.onnx", "*.onnx.data", "*.data")
-OURS = Engine(
-    "gpt2onnx",
-    ("fp32", "int8", "int4", "int8-weights", "int4-shared-kv", "int4-prompt-int8", "int8-shared-kv"),
-    (),
-    "",
-    "",
-    ONNX_FILES,
-    defaults=4,
-    runtime="onnxruntime",
-)
+# our formats (named by the registries): (fusion profile, quantization, prompt kernel), optimized from the fp32
+# export (fp32: the export itself, --fusion ort --logits last)
+F32, I8, I4, I8W = FP32.short, INT8.method, INT4.method, INT8_WEIGHTS.method
+ORT, SHARED, NONE = OPTIMIZE_DEFAULT.name, ort_shared_kv.PROFILE.name, UNFUSED.name
+OUR_RECIPES = {
+    I8: (NONE, I8, None),
+    I4: (NONE, I4, None),
+    I8W: (NONE, I8W, None),
+    f"{I4}-{SHARED}": (SHARED, I4, None),
+    f"{I4}-prompt-{I8}": (NONE, I4, I8),
+    f"{I8}-{SHARED}": (SHARED, I8, None),
+}
+OURS = Engine("gpt2onnx", (F32, *OUR_RECIPES), (), "", "", ONNX_FILES, defaults=4, runtime="onnxruntime")
 # our folders on OpenVINO's runtime (gpt2onnx --runtime openvino): the graphs it runs, int4's MatMulNBits not among them
 OURS_ON_OPENVINO = Engine(
-    "gpt2onnx-openvino", ("fp32", "int8"), (), "", "", ONNX_FILES, defaults=0, files_of="gpt2onnx", runtime="openvino"
+    "gpt2onnx-openvino", (F32, I8), (), "", "", ONNX_FILES, defaults=0, files_of="gpt2onnx", runtime="openvino"
 )
 ENGINES = (
     OURS,
@@ -83,24 +89,15 @@ ENGINES = (
     Engine("llama.cpp", ("F16", "Q8_0", "Q4_0", "Q4_K_M"), ("llama_cpp", "gguf"), INSTALL_LLAMA, ".gguf", ()),
     Engine(
         "openvino",
-        ("fp32", "int8", "int4"),
+        ("fp32", "int8", "int4"),  # optimum-cli's --weight-format values
         ("openvino_genai", "optimum.intel", "nncf"),
         INSTALL,
         "",
         ("openvino_model.xml", "openvino_model.bin"),
     ),
-    Engine("ctranslate2", ("float32", "int8"), ("ctranslate2",), INSTALL, "", ("model.bin",)),
+    Engine("ctranslate2", ("float32", "int8"), ("ctranslate2",), INSTALL, "", ("model.bin",)),  # its quantizations
 )
 BY_NAME = {e.name: e for e in ENGINES}
-# our formats: (fusion profile, quantization, prompt kernel) optimized from the fp32 export ("fp32": the export)
-OUR_RECIPES = {
-    "int8": ("none", "int8", None),
-    "int4": ("none", "int4", None),
-    "int8-weights": ("none", "int8-weights", None),
-    "int4-shared-kv": ("ort-shared-kv", "int4", None),
-    "int4-prompt-int8": ("none", "int4", "int8"),
-    "int8-shared-kv": ("ort-shared-kv", "int8", None),
-}
 OUR_ENGINES = ("gpt2onnx", "gpt2onnx-openvino")
 
 
@@ -278,10 +275,10 @@ def _build_ours(variant: Variant, folder: Path, work: Path) -> None:
     from gpt2onnx.exporters.optimize import optimize
     from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
-    fp32 = Variant(OURS, "fp32").path(work)
+    fp32 = Variant(OURS, F32).path(work)
     if not (fp32 / "manifest.json").is_file():
-        export(str(folder), fp32, options=ExportOptions(fusion="ort", logits="last", force=True))
-    if variant.format != "fp32":
+        export(str(folder), fp32, options=ExportOptions(fusion=ORT, logits="last", force=True))
+    if variant.format != F32:
         fusion, method, prompt_kernel = OUR_RECIPES[variant.format]
         quantization = QuantizeOptions(method, prompt_kernel=prompt_kernel)
         optimize(fp32, variant.path(work), fusion=fusion, quantization=quantization, force=True)

@@ -32,10 +32,6 @@ from pathlib import Path
 
 import numpy as np
 
-GGUF_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_K_M")
-CT2_TYPES = ("float32", "int8")
-OPENVINO_TYPES = ("fp32", "int8", "int4")
-
 # llama.cpp's converter with a BPE pre-tokenizer it does not know (any but the public tokenizers', the test
 # fixture's 512-token BPE) registered as GPT-2's, whose regex every byte-level BPE of GPT-2's kind uses; harmless
 # for the figures: the engines are fed token ids, never text. Run as a script: argv = src folder, converter args.
@@ -106,7 +102,7 @@ def build(engine: str, checkpoint: str, out: str, format: str, threads: int) -> 
         try:
             _run([*base, *args, stage])
         except RuntimeError:
-            if fmt != "int4":
+            if fmt != "int4":  # optimum-cli's --weight-format value
                 raise
             # NNCF refuses a group size that a row's length is not a multiple of (small models): its own fallback
             args += ["--group-size-fallback", "adjust"]

@@ -20,6 +20,8 @@ PRECISIONS: dict[str, Precision] = {
 }
 FP32 = PRECISIONS["float32"]  # the reference's precision, and what an export is before any pass
 TF32 = PRECISIONS["tf32"]  # the gates of fp32 weights run with TF32 matmuls
+FP16 = fp16.PRECISION
+INT8, INT4, INT8_WEIGHTS = int8.PRECISION, int4.PRECISION, int8_weights.PRECISION  # (the grid, compare: by name)
 NO_QUANTIZATION = "none"  # --quantize's value for float weights
 QUANTIZED = {p.method: p for p in PRECISIONS.values() if p.method is not None}  # by --quantize
 FLOAT = {p.short: p for p in PRECISIONS.values() if p.selectable and p.method is None}  # by --dtype

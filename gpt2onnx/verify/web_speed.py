@@ -27,7 +27,6 @@ from gpt2onnx.verify.harness import Rounds, interleave, process_tree, write_outp
 
 JS = Path(__file__).resolve().parents[2] / "tests" / "js"
 PROMPT = "The quick brown fox jumps over the lazy dog. In the browser, the model"
-TRANSFORMERS_JS_DTYPE = {"fp32": "fp32", "fp16": "fp16", "int8": "q8", "int4": "q4"}
 INSTALL = "bash scripts/setup.sh installs Node's packages into tests/js (and Chromium where it runs as root)"
 
 
@@ -158,9 +157,10 @@ def bench_web(
     if shutil.which("node") is None or not (JS / "node_modules" / "@huggingface" / "transformers").is_dir():
         raise RuntimeUnavailable(f"bench web needs Node.js and transformers.js in tests/js: {INSTALL}")
     model = open_folder(folder)
-    short = precision_of(model.facts).short
-    if short not in TRANSFORMERS_JS_DTYPE:
-        raise BadInput(f"'{folder}' is {short}: transformers.js runs fp32, fp16, int8 and int4 folders")
+    precision = precision_of(model.facts)
+    short = precision.short
+    if precision.transformers_js is None:
+        raise BadInput(f"'{folder}' is {short}: transformers.js has no dtype for it; bench web runs the others")
     tokenizer = load_tokenizer(model.folder)
     runners = {t: open_runtime(model, RuntimeOptions(settings=ProviderConfig(threads=t))) for t in threads}
     tokens: dict[str, list[int]] = {}
@@ -180,7 +180,7 @@ def bench_web(
         with tempfile.TemporaryDirectory(prefix="gpt2onnx-web-") as tmp:
             web = Path(tmp) / model.folder.name
             deploy(model.folder, "web", out=web)
-            dtype = TRANSFORMERS_JS_DTYPE[short]
+            dtype = precision.transformers_js[0]
             with open_server(web, port=0, background=True) as server:
                 if browser:
                     browser_process = _Browser(server.url)

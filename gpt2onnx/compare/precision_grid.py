@@ -34,12 +34,21 @@ import numpy as np
 from gpt2onnx.artifact.paths import check_output_files, check_output_path
 from gpt2onnx.errors import BadInput, CheckFailed, RuntimeUnavailable
 from gpt2onnx.files import write_text_atomic
+from gpt2onnx.precisions.all_precisions import FP16, FP32, INT4, INT8, INT8_WEIGHTS, NO_QUANTIZATION
+from gpt2onnx.profiles import portable
+from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, UNFUSED
 from gpt2onnx.verify.harness import Rounds, csv_of, interleave, write_outputs
 
 log = logging.getLogger(__name__)
 
-BASELINE = "fp32-ort"
 PAUSE = 0.05  # seconds before each timed run: the sessions' spinning threads are asleep by then
+
+
+# the precisions and profiles by their registries' names (the grid's rows spell recipes of them)
+F32, F16 = FP32.short, FP16.short
+I8, I4, I8W = INT8.method, INT4.method, INT8_WEIGHTS.method
+ORT, PORTABLE, NONE = OPTIMIZE_DEFAULT.name, portable.PROFILE.name, UNFUSED.name
+BASELINE = f"{F32}-{ORT}"  # the ratios' baseline, and the source of every reduced precision
 
 
 @dataclass(frozen=True)
@@ -47,9 +56,9 @@ class PrecisionVariant:
     """One row of the grid: a fusion profile, a dtype, or a quantization with its options (None: the recipe's)."""
 
     name: str
-    fusion: str = "ort"
-    dtype: str = "fp32"
-    quantize: str = "none"
+    fusion: str = ORT
+    dtype: str = F32
+    quantize: str = NO_QUANTIZATION
     block_size: int | None = None
     accuracy_level: int | None = None
     lm_head: str | None = None
@@ -77,10 +86,10 @@ class PrecisionVariant:
 
     def recipe(self) -> str:
         """The variant in words, its recipe filled in."""
-        if self.quantize == "none":
+        if self.quantize == NO_QUANTIZATION:
             return f"{self.dtype}, fusion {self.fusion}"
         q = self.quantization().recipe
-        text = q.method + (f" bs{q.block_size}" if q.method == "int4" or q.embeddings == "int8" else "")
+        text = q.method + (f" bs{q.block_size}" if q.method == I4 or q.embeddings == I8 else "")
         text += f" acc{q.accuracy_level}" if q.accuracy_level is not None else ""
         text += f" {q.algorithm}" if q.algorithm not in (None, "rtn") else ""
         text += f", {q.mixed_int8:g} % measured 8-bit" if q.mixed_int8 is not None else ""
@@ -90,50 +99,39 @@ class PrecisionVariant:
 
 V = PrecisionVariant
 GRID = (
-    V("fp32", fusion="none"),
-    V("fp32-ort"),
-    V("fp32-portable", fusion="portable"),
-    V("fp16", dtype="fp16"),
-    V("int8", quantize="int8"),
-    V("int8-head32", quantize="int8", lm_head="fp32", embeddings="fp32"),
-    V("int8-emb32", quantize="int8", embeddings="fp32"),
-    V("int8-weights", quantize="int8-weights"),
-    V("int4", quantize="int4"),
-    V("int4-prompt-int8", quantize="int4", prompt_kernel="int8"),
-    V("int4-bs32", quantize="int4", block_size=32, lm_head="int4", embeddings="int4"),
-    V("int4-bs64", quantize="int4", block_size=64, lm_head="int4", embeddings="int4"),
-    V("int4-bs128", quantize="int4", block_size=128, lm_head="int4", embeddings="int4"),
-    V("int4-acc0", quantize="int4", accuracy_level=0),
-    V("int4-bs32-acc0", quantize="int4", block_size=32, lm_head="int4", embeddings="int4", accuracy_level=0),
-    V("int4-head32", quantize="int4", lm_head="fp32"),
-    V("int4-emb32", quantize="int4", embeddings="fp32"),
+    V(F32, fusion=NONE),
+    V(f"{F32}-{ORT}"),
+    V(f"{F32}-{PORTABLE}", fusion=PORTABLE),
+    V(F16, dtype=F16),
+    V(I8, quantize=I8),
+    V(f"{I8}-head32", quantize=I8, lm_head=F32, embeddings=F32),
+    V(f"{I8}-emb32", quantize=I8, embeddings=F32),
+    V(I8W, quantize=I8W),
+    V(I4, quantize=I4),
+    V(f"{I4}-prompt-{I8}", quantize=I4, prompt_kernel=I8),
+    V(f"{I4}-bs32", quantize=I4, block_size=32, lm_head=I4, embeddings=I4),
+    V(f"{I4}-bs64", quantize=I4, block_size=64, lm_head=I4, embeddings=I4),
+    V(f"{I4}-bs128", quantize=I4, block_size=128, lm_head=I4, embeddings=I4),
+    V(f"{I4}-acc0", quantize=I4, accuracy_level=0),
+    V(f"{I4}-bs32-acc0", quantize=I4, block_size=32, lm_head=I4, embeddings=I4, accuracy_level=0),
+    V(f"{I4}-head32", quantize=I4, lm_head=F32),
+    V(f"{I4}-emb32", quantize=I4, embeddings=F32),
     # int4 in blocks of 32 with each choice of head and embeddings (the recipe before issue 34)
-    V("int4-bs32-head8", quantize="int4", block_size=32, lm_head="int8", embeddings="int4"),
-    V("int4-bs32-emb8", quantize="int4", block_size=32, lm_head="int4", embeddings="int8"),
-    V("int4-bs32-head8-emb8", quantize="int4", block_size=32, lm_head="int8", embeddings="int8"),
-    V("int4-bs32-head8-acc0", quantize="int4", block_size=32, lm_head="int8", embeddings="int4", accuracy_level=0),
-    V("int4-bs128-head8", quantize="int4", block_size=128, lm_head="int8", embeddings="int4"),
-    V("int4-hqq", quantize="int4", algorithm="hqq"),
-    V("int4-kquant", quantize="int4", algorithm="k-quant"),
-    V("int4-gptq", quantize="int4", algorithm="gptq"),
-    V("int4-mixed10", quantize="int4", mixed_int8=10),
-    V("int4-mixed25", quantize="int4", mixed_int8=25),
-    V("int4-kquant-mixed10", quantize="int4", algorithm="k-quant", mixed_int8=10),
-    V("int4-gptq-mixed10", quantize="int4", algorithm="gptq", mixed_int8=10),
+    V(f"{I4}-bs32-head8", quantize=I4, block_size=32, lm_head=I8, embeddings=I4),
+    V(f"{I4}-bs32-emb8", quantize=I4, block_size=32, lm_head=I4, embeddings=I8),
+    V(f"{I4}-bs32-head8-emb8", quantize=I4, block_size=32, lm_head=I8, embeddings=I8),
+    V(f"{I4}-bs32-head8-acc0", quantize=I4, block_size=32, lm_head=I8, embeddings=I4, accuracy_level=0),
+    V(f"{I4}-bs128-head8", quantize=I4, block_size=128, lm_head=I8, embeddings=I4),
+    V(f"{I4}-hqq", quantize=I4, algorithm="hqq"),
+    V(f"{I4}-kquant", quantize=I4, algorithm="k-quant"),
+    V(f"{I4}-gptq", quantize=I4, algorithm="gptq"),
+    V(f"{I4}-mixed10", quantize=I4, mixed_int8=10),
+    V(f"{I4}-mixed25", quantize=I4, mixed_int8=25),
+    V(f"{I4}-kquant-mixed10", quantize=I4, algorithm="k-quant", mixed_int8=10),
+    V(f"{I4}-gptq-mixed10", quantize=I4, algorithm="gptq", mixed_int8=10),
 )
-DEFAULT = (
-    "fp32",
-    "fp32-ort",
-    "fp16",
-    "int8",
-    "int8-weights",
-    "int4",
-    "int4-bs32",
-    "int4-acc0",
-    "int4-hqq",
-    "int4-kquant",
-    "int4-gptq",
-    "int4-mixed10",
+DEFAULT = tuple(v.name for v in GRID if v.name in (F32, f"{F32}-{ORT}", F16, I8, I8W, I4)) + tuple(
+    f"{I4}-{row}" for row in ("bs32", "acc0", "hqq", "kquant", "gptq", "mixed10")
 )
 BY_NAME = {v.name: v for v in GRID}
 # gates wide open while building: the table measures each variant (a figure says whether it should pass)
@@ -148,7 +146,7 @@ def variants_of(only: list[str] | None) -> tuple[PrecisionVariant, ...]:
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         raise BadInput(f"--only '{unknown[0]}' is not a variant of the grid: choose from all, {', '.join(BY_NAME)}")
-    return tuple(BY_NAME[n] for n in dict.fromkeys(("fp32", *names)))
+    return tuple(BY_NAME[n] for n in dict.fromkeys((F32, *names)))
 
 
 def build(
@@ -168,26 +166,26 @@ def build(
     from gpt2onnx.exporters.optimize import optimize
 
     folders, refused = {}, {}
-    base = work / "fp32"
+    base = work / F32
     if not (base / "manifest.json").is_file():
         export(model, base, random_init=random_init, seed=seed, outliers=outliers, options=ExportOptions(force=True))
-    folders["fp32"] = base
+    folders[F32] = base
     ordered = sorted(variants[1:], key=lambda v: v.name != BASELINE)  # fp32-ort before what is made from it
     for variant in ordered:
         out = work / variant.name
         if progress:
             progress(f"building {variant.name}")
         if not (out / "manifest.json").is_file():
-            reduced = variant.quantize != "none" or variant.dtype != "fp32"
+            reduced = variant.quantize != NO_QUANTIZATION or variant.dtype != F32
             if reduced and BASELINE not in folders:
-                optimize(base, work / BASELINE, fusion="ort", force=True)
+                optimize(base, work / BASELINE, fusion=ORT, force=True)
                 folders[BASELINE] = work / BASELINE
             source = folders[BASELINE] if reduced else base
             try:
                 optimize(
                     source,
                     out,
-                    fusion="none" if reduced else variant.fusion,
+                    fusion=NONE if reduced else variant.fusion,
                     dtype=variant.dtype,
                     quantization=variant.quantization(calibration),
                     gates=OPEN_GATES if reduced else None,
@@ -548,7 +546,7 @@ def bench_precision(
         from gpt2onnx.decoding.prompts import load_tokenizer
 
         head = content[: 16 * cpu_tokens]  # enough characters for the tokens (a whole text would only be cut)
-        ids = np.asarray(load_tokenizer(folders["fp32"]).encode(head)[:cpu_tokens], np.int64)
+        ids = np.asarray(load_tokenizer(folders[F32]).encode(head)[:cpu_tokens], np.int64)
         moved, seen = portability({v.name: folders[v.name] for v in variants}, ids, tuple(cpus), work)
     settings = {
         "text": str(text),
