@@ -74,9 +74,9 @@ OUR_RECIPES = {
     I8: (NONE, I8, None),
     I4: (NONE, I4, None),
     I8W: (NONE, I8W, None),
-    f"{I4}-{SHARED}": (SHARED, I4, None),
+    f"{I4}-shared-kv": (SHARED, I4, None),
     f"{I4}-prompt-{I8}": (NONE, I4, I8),
-    f"{I8}-{SHARED}": (SHARED, I8, None),
+    f"{I8}-shared-kv": (SHARED, I8, None),
 }
 OURS = Engine("gpt2onnx", (F32, *OUR_RECIPES), (), "", "", ONNX_FILES, defaults=4, runtime="onnxruntime")
 # our folders on OpenVINO's runtime (gpt2onnx --runtime openvino): the graphs it runs, int4's MatMulNBits not among them
