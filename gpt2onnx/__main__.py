@@ -3,8 +3,39 @@
 import os
 import signal
 import sys
+import threading
 
 _INTERRUPTED = (130, 143)  # Ctrl-C, SIGTERM
+
+
+class _NativeImports:
+    """While a native library's package runs its import (torch, onnxruntime, ...), a Ctrl-C waits until it is done,
+    then lands in our code. Landing inside the import, it can be raised in Python code that the library's C++ calls
+    (pybind11), where it cannot pass: the process then aborts ("terminate called after throwing an instance of
+    'pybind11::error_already_set'", exit -6), seen once in a CI run of eval-json-interrupted. SIGINT is blocked
+    for the import alone; the pending one is delivered when it is unblocked."""
+
+    NATIVE = frozenset({"torch", "onnxruntime", "transformers", "onnx", "openvino", "tokenizers", "safetensors"})
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.NATIVE or threading.current_thread() is not threading.main_thread():
+            return None
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                run(module)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def main() -> None:
@@ -12,6 +43,7 @@ def main() -> None:
     before the command starts ends as any interrupted command does, one line and exit code 130, never a traceback
     from inside an import."""
     sys.unraisablehook = _unraisable
+    sys.meta_path.insert(0, _NativeImports())
     try:
         from gpt2onnx.cli import app
 
