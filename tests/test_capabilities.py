@@ -137,6 +137,7 @@ _NOT_A_PROFILE = {
     ("targets/transformers_js.py", 'SUBFOLDER = "onnx"'): "transformers.js's folder of ONNX files",
     ("exporters/optimize.py", '"kind": "onnx"'): "a source's kind: an ONNX file",
     ("artifact/folder.py", '("torch", "onnx", "transformers")'): "the onnx package",
+    ("__main__.py", '"onnxruntime", "transformers", "onnx", "openvino"'): "the onnx package",
     ("runtimes/providers.py", "tensorrt"): "the TensorRT execution provider",
     ("runtimes/decoder.py", '"tensorrt"'): "the TensorRT execution provider",
     ("runtimes/base.py", '"tensorrt"'): "the TensorRT execution provider, in a comment",
