@@ -1,10 +1,11 @@
-"""gpt2onnx compare on the trained test model: our folders beside the engines that install in CI time (CTranslate2,
-OpenVINO GenAI with NNCF; llama.cpp too where ENGINES_LLAMA=1 built it), each in its own process, through the real
-command. Its figures are checked against a second measurement of the same files: the quality figures of our folder
-against `gpt2onnx eval` on it, the engines' against a second compare run reusing their files, and the speed figures
-of that second run against the first's within a factor that catches a unit or bookkeeping error (milliseconds for
-seconds, per call for per token: 8× to 1000×), not a speed claim: the test model's calls take 0.1 to 3 ms, where
-the scheduler of a shared 2-core machine moves single figures by 2× and more.
+"""gpt2onnx compare on the trained test model: our folders beside the peers (optimum's export, PyTorch eager) and the
+engines that install in CI time (CTranslate2, OpenVINO GenAI with NNCF; llama.cpp too where ENGINES_LLAMA=1 built
+it), each in its own process, through the real command. Its figures are checked against a second measurement of the
+same files: the quality figures of our folder against `gpt2onnx eval` on it, the engines' against a second compare
+run reusing their files, and the speed figures of that second run against the first's within a factor that catches
+a unit or bookkeeping error (milliseconds for seconds, per call for per token: 8× to 1000×), not a speed claim: the
+test model's calls take 0.1 to 3 ms, where the scheduler of a shared 2-core machine moves single figures by 2× and
+more.
 
 Cost: one compare of four variants (the engines' files built: about 25 s, OpenVINO's export most of it) and one of
 two reusing them, about 60 s in all on 2 cores."""
@@ -21,7 +22,6 @@ from gpt2onnx.compare.compare import ENGINES, engines_python, installed
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = ROOT / "tests" / "fixtures" / "trained-tiny"
-ENGINE_NAMES = [e.name for e in ENGINES if e.name != "gpt2onnx"]
 SETTINGS = ["--repeat", "2", "--warmup", "1", "--prompt-len", "16", "--new-tokens", "8", "--batch", "2"]
 
 
@@ -49,7 +49,8 @@ def text(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def first(engines, text, tmp_path_factory) -> tuple[Path, dict]:
     work = tmp_path_factory.mktemp("compare")
-    only = ["gpt2onnx:int8", "ctranslate2:int8", "openvino:int4"]  # (our int8 is made from the fp32 export)
+    # (our int8 is made from the fp32 export); the peers: the exporter users would take instead, and PyTorch
+    only = ["gpt2onnx:int8", "ctranslate2:int8", "openvino:int4", "optimum:O3", "pytorch:eager"]
     if engines.get("llama.cpp"):
         only.append("llama.cpp:Q4_0")
     args = [a for item in only for a in ("--only", item)]
@@ -87,6 +88,23 @@ def test_every_variant_is_measured_in_interleaved_rounds_with_its_files_and_memo
         assert 0 <= row["kl_mean"] < 0.5 and row["same_top1"] > 0.5, (name, row)  # quantized, not broken
     assert "| variant | prompt b1×16 ms |" in (work / "report.md").read_text()
     assert (work / "report.csv").read_text().startswith("variant,prompt_ms,")
+
+
+def test_the_peers_run_through_the_same_rounds_and_score_as_the_reference(first):
+    """optimum's O3 file (on onnxruntime, through gpt2onnx's decode loop) and PyTorch eager (transformers'
+    generate) are scored against PyTorch fp32 in this process: fp32 on every kernel path, so KL within 1e-6 (sums in
+    another order, fused kernels: about 1e-13 here). PyTorch eager is the reference itself: its greedy tokens are
+    all transformers'; optimum's are not held to that (a near-tie may flip on another kernel path)."""
+    work, report = first
+    rows = _by_variant(report)
+    variants = {v["name"]: v for v in report["variants"]}
+    assert Path(variants["optimum O3"]["path"], "model.onnx").is_file()
+    assert variants["optimum O3"]["info"]["runtime"] == "onnxruntime"
+    assert variants["pytorch eager"]["file_bytes"] == TRAINED.joinpath("model.safetensors").stat().st_size
+    for name in ("optimum O3", "pytorch eager"):
+        assert rows[name]["kl_mean"] < 1e-6 and rows[name]["same_top1"] > 0.999, (name, rows[name])
+        assert rows[name]["decode_ms"] > 0 and rows[name]["decode_ms_b2"] > 0
+    assert rows["pytorch eager"]["greedy_matching"] == 8
 
 
 def test_our_quality_figures_are_eval_s_on_the_same_file(first, text, tmp_path):

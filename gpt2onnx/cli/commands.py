@@ -614,7 +614,8 @@ def compare_command(
         Optional[Path], typer.Option(parser=OUTPUT_FILE, metavar="FILE", help="PNG: decode ms, and KL against it.")
     ] = None,
 ) -> None:
-    """Our exports beside llama.cpp, OpenVINO and CTranslate2 on one checkpoint: speed and quality in one window.
+    """Our exports beside the peers (optimum, PyTorch) and the engines (llama.cpp, OpenVINO, CTranslate2) on one
+    checkpoint: speed and quality in one window.
 
     The engines run from .venv-engines (bash scripts/setup-engines.sh; llama.cpp: ENGINES_LLAMA=1)."""
     from gpt2onnx.compare.compare import Settings, compare

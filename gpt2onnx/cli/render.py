@@ -325,7 +325,7 @@ def compared(report) -> None:
     for record in report.variants:
         cells = [record.name, *(f"{speed.spread(record.name, f).median:.3g}" for f in figures)]
         cells += [f"{record.peak_bytes / 1e6:.0f}", f"{record.file_bytes / 1e6:.0f}"]
-        q = report._quality_row(record.name)
+        q = report.quality_row(record.name)
         if q is not None:
             cells += [f"{q.delta_ppl_percent:+.2g}", f"{q.kl.mean:.2g}", f"{100 * q.same_top1:.1f}"]
         table.add_row(*cells)

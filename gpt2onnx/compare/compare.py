@@ -17,6 +17,7 @@ GGUF, OpenVINO IR with NNCF's weights, CTranslate2), timed in one window and sco
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -62,7 +63,8 @@ class Engine:
     weights: tuple[str, ...]  # the model files of a folder (glob patterns)
     defaults: int | None = None  # how many of the formats are compared by default (None: all)
     files_of: str | None = None  # another engine whose files it runs (our folders on OpenVINO)
-    runtime: str | None = None  # gpt2onnx's runtime the worker opens the folder on
+    runtime: str | None = None  # gpt2onnx's runtime the worker opens the folder on (scored by eval's folder code)
+    own_python: bool = False  # built and run under gpt2onnx's Python (ours and the peers), not the engines'
 
 
 ONNX_FILES = ("*.onnx", "*.onnx.data", "*.data")
@@ -78,14 +80,42 @@ OUR_RECIPES = {
     f"{I4}-prompt-{I8}": (NONE, I4, I8),
     f"{I8}-shared-kv": (SHARED, I8, None),
 }
-OURS = Engine("gpt2onnx", (F32, *OUR_RECIPES), (), "", "", ONNX_FILES, defaults=4, runtime="onnxruntime")
+OURS = Engine(
+    "gpt2onnx", (F32, *OUR_RECIPES), (), "", "", ONNX_FILES, defaults=4, runtime="onnxruntime", own_python=True
+)
 # our folders on OpenVINO's runtime (gpt2onnx --runtime openvino): the graphs it runs, int4's MatMulNBits not among them
 OURS_ON_OPENVINO = Engine(
-    "gpt2onnx-openvino", (F32, I8), (), "", "", ONNX_FILES, defaults=0, files_of="gpt2onnx", runtime="openvino"
+    "gpt2onnx-openvino",
+    (F32, I8),
+    (),
+    "",
+    "",
+    ONNX_FILES,
+    defaults=0,
+    files_of="gpt2onnx",
+    runtime="openvino",
+    own_python=True,
+)
+# the peers: the exporter users would take instead of ours (its file on onnxruntime, through the same decode loop
+# as ours), and the reference itself, both under our Python (set-up installs optimum-onnx in .venv)
+PEER_INSTALL = "bash scripts/setup.sh installs optimum-onnx in .venv"
+PEERS = (
+    Engine(
+        "optimum",
+        (F32, "O3"),  # optimum-cli export onnx, unfused and with --optimize O3 (onnxruntime's fusions)
+        ("optimum.exporters.onnx", "onnxruntime"),
+        PEER_INSTALL,
+        "",
+        ONNX_FILES,
+        runtime="onnxruntime",
+        own_python=True,
+    ),
+    Engine("pytorch", ("eager",), ("torch", "transformers"), PEER_INSTALL, "", ("*.safetensors",), own_python=True),
 )
 ENGINES = (
     OURS,
     OURS_ON_OPENVINO,
+    *PEERS,
     Engine("llama.cpp", ("F16", "Q8_0", "Q4_0", "Q4_K_M"), ("llama_cpp", "gguf"), INSTALL_LLAMA, ".gguf", ()),
     Engine(
         "openvino",
@@ -113,6 +143,11 @@ class Variant:
     @property
     def ours(self) -> bool:
         return self.engine.name in OUR_ENGINES
+
+    @property
+    def opens(self) -> str:
+        """The worker's name for what opens the files: gpt2onnx's runtime for an ONNX folder, else the engine."""
+        return "gpt2onnx" if self.engine.runtime else self.engine.name
 
     @property
     def builds(self) -> "Variant":
@@ -174,21 +209,29 @@ print(json.dumps(found))
 """
 
 
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def installed(python: str | None, engines: list[Engine]) -> dict[str, bool]:
-    """Which of ``engines`` the engines' Python can run (one short process)."""
-    wanted = {e.name: list(e.modules) for e in engines if e.name not in OUR_ENGINES}
+    """Which of ``engines`` can run: the peers in our Python, the engines in theirs (one short process)."""
+    found = {e.name: all(_importable(m) for m in e.modules) for e in engines if e.own_python and e.modules}
+    wanted = {e.name: list(e.modules) for e in engines if not e.own_python}
     if not wanted:
-        return {}
+        return found
     if python is None:
-        return dict.fromkeys(wanted, False)
+        return {**found, **dict.fromkeys(wanted, False)}
     try:
         done = subprocess.run(
             [python, "-I", "-c", _PROBE, json.dumps(wanted)], capture_output=True, text=True, timeout=120
         )
-        found = json.loads(done.stdout.strip().splitlines()[-1])
+        theirs = json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return dict.fromkeys(wanted, False)
-    return {name: bool(found.get(name)) for name in wanted}
+        theirs = {}
+    return {**found, **{name: bool(theirs.get(name)) for name in wanted}}
 
 
 def select_installed(chosen: list[Variant], explicit: bool) -> tuple[list[Variant], list[str], str | None]:
@@ -197,12 +240,15 @@ def select_installed(chosen: list[Variant], explicit: bool) -> tuple[list[Varian
     engines = list(dict.fromkeys(v.engine for v in chosen))
     python = engines_python()
     found = installed(python, engines)
-    missing = [e for e in engines if e.name not in OUR_ENGINES and not found[e.name]]
+    missing = [e for e in engines if e.name in found and not found[e.name]]
     if missing and explicit:
         e = missing[0]
+        if e.own_python:
+            raise RuntimeUnavailable(f"{e.name} is not installed in gpt2onnx's Python ({sys.executable}): {e.install}")
         where = f"in '{python}'" if python else "(no .venv-engines)"
         raise RuntimeUnavailable(f"{e.name} is not installed {where}: {e.install}, or set {PYTHON_ENV}")
-    if len(missing) == len([e for e in engines if e.name not in OUR_ENGINES]) and missing:
+    theirs = [e for e in engines if not e.own_python]
+    if theirs and all(e in missing for e in theirs):
         raise RuntimeUnavailable(
             f"the engines are not installed ({', '.join(e.name for e in missing)}): {INSTALL} (llama.cpp too:"
             f" {INSTALL_LLAMA}), or set {PYTHON_ENV}; --only gpt2onnx compares our formats alone"
@@ -332,7 +378,7 @@ def _ask(worker: WorkerProcess, variant: Variant, what: str, request: dict) -> d
 
 
 def _worker(python: str | None, variant: Variant) -> WorkerProcess:
-    interpreter = sys.executable if variant.ours else python
+    interpreter = sys.executable if variant.engine.own_python else python
     try:
         return WorkerProcess(
             interpreter,
@@ -390,13 +436,13 @@ class _Running:
         cells = max(context, settings.batch * (settings.prompt_len + settings.new_tokens))
         request = {
             "op": "open",
-            "engine": "gpt2onnx" if variant.ours else variant.engine.name,
+            "engine": variant.opens,
             "path": str(path.resolve()),
             "threads": settings.threads,
             "cells": cells,
             "rows": settings.batch,
         }
-        if variant.ours:
+        if variant.engine.runtime:
             request["runtime"] = variant.engine.runtime
         answer = _ask(self.worker, variant, "open its files", request)
         self.version, self.info = answer.get("version"), answer.get("info", {})
@@ -423,7 +469,6 @@ class _Running:
     def __call__(self) -> dict[str, float]:
         s, seed = self.settings, 1000 * (self.calls + 1)
         self.calls += 1
-        time.sleep(PAUSE)
         timed = lambda rows, length, new, k: self.generate(self._prompts(rows, length, seed + k), new)[1]  # noqa: E731
         prompt = timed(1, s.prompt_len, 1, 0)
         long = timed(1, s.prompt_len, s.new_tokens, 1)
@@ -501,7 +546,8 @@ class CompareReport:
     quality: object | None  # an EvalReport
     missing: tuple[str, ...]
 
-    def _quality_row(self, name: str):
+    def quality_row(self, name: str):
+        """The variant's quality figures (an eval row), or None when unscored."""
         if self.quality is None:
             return None
         return next((r for r in self.quality.rows if r.label == name), None)
@@ -518,7 +564,7 @@ class CompareReport:
                 if ratio is not None:
                     row[f"{figure}_ratio"] = ratio.median
             row.update(file_mb=record.file_bytes / 1e6, peak_rss_mb=record.peak_bytes / 1e6)
-            q = self._quality_row(record.name)
+            q = self.quality_row(record.name)
             if q is not None:
                 row.update(
                     delta_ppl_percent=q.delta_ppl_percent,
@@ -567,7 +613,7 @@ class CompareReport:
                     cell += f", ×{ratio.median:.3g}"
                 cells.append(cell)
             cells += [f"{record.peak_bytes / 1e6:,.0f}", f"{record.file_bytes / 1e6:,.1f}"]
-            q = self._quality_row(record.name)
+            q = self.quality_row(record.name)
             if q is not None:
                 greedy = f"{q.greedy.matching_tokens}/{q.greedy.new_tokens}" if q.greedy else "-"
                 cells += [
@@ -597,16 +643,6 @@ class CompareReport:
         for line in self.missing:
             lines.append(f"Not compared: {line}.")
         return "\n".join(lines) + "\n"
-
-
-def _quality(
-    scorers: list, ckpt, folder: Path, text: Path, *, context: int | None, stride: int | None, new_tokens: int
-):
-    from gpt2onnx.verify.evaluate import score_against_checkpoint
-
-    return score_against_checkpoint(
-        scorers, ckpt, text, folder, context=context, stride=stride, greedy_tokens=new_tokens
-    )
 
 
 def compare(
@@ -647,7 +683,7 @@ def compare(
         BadInput (options, model, work), RuntimeUnavailable (an engine asked for and not installed; none installed).
     """
     from gpt2onnx.artifact.paths import check_output_files, check_output_path
-    from gpt2onnx.verify.evaluate import folder_scorer
+    from gpt2onnx.verify.evaluate import folder_scorer, score_against_checkpoint
     from gpt2onnx.verify.timing import check_plot_path
 
     outputs = {"--json": json_path, "--md": markdown_path, "--csv": csv_path, "--plot": plot}
@@ -687,6 +723,7 @@ def compare(
             baseline=baseline or names[0],
             on_run=(lambda: progress("measuring")) if progress else None,
             own_pids=lambda: [r.worker.pid for r in running.values() if r.worker.pid],
+            pause=PAUSE,
         )
         peaks = {name: r.peak_bytes() for name, r in running.items()}
         report_quality = None
@@ -695,13 +732,13 @@ def compare(
                 progress("scoring on the text")
             scorers = []
             for v in variants:
-                if v.ours:
+                if v.engine.runtime:
                     scorers.append(folder_scorer(v.name, v.path(work), settings.threads, v.engine.runtime))
                 else:
                     scorers.append(_EngineScorer(running[v.name], vocab))
             try:
-                report_quality = _quality(
-                    scorers, ckpt, folder, Path(text), context=context, stride=stride, new_tokens=settings.new_tokens
+                report_quality = score_against_checkpoint(
+                    scorers, ckpt, Path(text), folder, context=context, stride=stride, greedy_tokens=settings.new_tokens
                 )
             finally:
                 for scorer in scorers:
@@ -750,7 +787,7 @@ def plot_compare(report: CompareReport, path) -> None:
     if report.quality is not None:
         ax = axes[0][1]
         for name, spread in zip(names, spreads):
-            row = report._quality_row(name)
+            row = report.quality_row(name)
             if row is not None and row.kl.mean > 0:
                 ax.scatter(spread.median, row.kl.mean, color="C0" if name.startswith("gpt2onnx") else "C1")
                 ax.annotate(name, (spread.median, row.kl.mean), fontsize=7)

@@ -1,9 +1,10 @@
-"""One engine's files and runs, in a worker process: llama.cpp (llama-cpp-python), OpenVINO GenAI, CTranslate2, and
-gpt2onnx's own folders on onnxruntime, all answering the same requests so that `gpt2onnx compare` times them alike.
+"""One engine's files and runs, in a worker process: llama.cpp (llama-cpp-python), OpenVINO GenAI, CTranslate2,
+gpt2onnx's own folders (and the peer exporter optimum's) on gpt2onnx's runtimes, and PyTorch eager, all answering the
+same requests so that `gpt2onnx compare` times them alike.
 
 This file imports the standard library and numpy at the top, and an engine's package only when asked for that
 engine: it runs as a script under the engines' Python (``.venv-engines``, scripts/setup-engines.sh), where gpt2onnx
-is not installed; the "gpt2onnx" engine runs under gpt2onnx's own Python and imports it then.
+is not installed; the "gpt2onnx", "optimum" and "pytorch" engines run under gpt2onnx's own Python.
 
 Protocol (stdin/stdout, binary), as gpt2onnx.runtimes.genai_worker's: one JSON request per line; each answer one
 JSON line, then, when the line has ``"npz": N``, N bytes of an .npz archive. Requests:
@@ -110,10 +111,28 @@ def build(engine: str, checkpoint: str, out: str, format: str, threads: int) -> 
             _run([*base, *args, stage])
             notes.append("NNCF int4: a row length is not a multiple of the group size: --group-size-fallback adjust")
         (stage / "export-args.json").write_text(json.dumps(args))
+    elif engine == "optimum":  # the peer exporter: optimum-cli beside this (gpt2onnx's) Python
+        cli = Path(sys.executable).with_name("optimum-cli")
+        args = ["--optimize", fmt] if fmt.startswith("O") else []  # O1 to O4: optimum's optimization levels
+        _run([cli, "export", "onnx", "--model", checkpoint, "--task", "text-generation-with-past", *args, stage])
+    elif engine == "pytorch":  # the checkpoint itself: its config and safetensors weights, linked
+        _link_checkpoint(Path(checkpoint), stage)
     else:
         raise ValueError(f"no engine '{engine}' builds files")
     os.replace(stage, out_path)
     return {"ok": True, "notes": notes}
+
+
+def _link_checkpoint(checkpoint: Path, out: Path) -> None:
+    weights = sorted(checkpoint.glob("*.safetensors"))
+    if not weights:
+        raise RuntimeError(f"'{checkpoint}' holds no .safetensors weights: PyTorch eager reads safetensors only")
+    out.mkdir(parents=True)
+    for source in (checkpoint / "config.json", *weights):
+        try:
+            os.link(source, out / source.name)
+        except OSError:  # another file system
+            shutil.copyfile(source, out / source.name)
 
 
 def _build_gguf(checkpoint: Path, out: Path, fmt: str, threads: int, notes: list[str]) -> None:
@@ -333,7 +352,45 @@ class _Gpt2onnx:
         return decode(self.runner, np.array(batch, np.int64), max_new_tokens=new_tokens).tokens.tolist()
 
 
-ENGINES = {"llama.cpp": _Llama, "ctranslate2": _CTranslate2, "openvino": _OpenVino, "gpt2onnx": _Gpt2onnx}
+class _PyTorch:
+    """The reference itself: transformers' GPT2LMHeadModel (its default attention) and its greedy generate()."""
+
+    def __init__(self, path: str, threads: int, **_):
+        import torch
+        import transformers
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.model = transformers.GPT2LMHeadModel.from_pretrained(path, use_safetensors=True, local_files_only=True)
+        self.model.eval()
+        self.version = f"transformers {transformers.__version__}, torch {torch.__version__}"
+        self.info = {"attention": self.model.config._attn_implementation}
+
+    def generate(self, batch: list[list[int]], new_tokens: int) -> list[list[int]]:
+        ids = self.torch.tensor(batch)
+        with self.torch.inference_mode():
+            out = self.model.generate(
+                ids,
+                attention_mask=self.torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,  # every row runs all its steps, as the engines with theirs suppressed
+                pad_token_id=self.model.config.eos_token_id,
+            )
+        return out[:, ids.shape[1] :].tolist()
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        with self.torch.inference_mode():
+            return self.model(self.torch.tensor([ids])).logits[0].float().numpy()
+
+
+ENGINES = {
+    "llama.cpp": _Llama,
+    "ctranslate2": _CTranslate2,
+    "openvino": _OpenVino,
+    "gpt2onnx": _Gpt2onnx,
+    "pytorch": _PyTorch,
+}
 
 
 def _answer(out, header: dict, arrays: dict | None = None) -> None:

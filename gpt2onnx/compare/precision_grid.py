@@ -41,9 +41,6 @@ from gpt2onnx.verify.harness import Rounds, csv_of, interleave, write_outputs
 
 log = logging.getLogger(__name__)
 
-PAUSE = 0.05  # seconds before each timed run: the sessions' spinning threads are asleep by then
-
-
 # the precisions and profiles by their registries' names (the grid's rows spell recipes of them)
 F32, F16 = FP32.short, FP16.short
 I8, I4, I8W = INT8.method, INT4.method, INT8_WEIGHTS.method
@@ -344,8 +341,8 @@ def time_steps(
 ) -> Rounds:
     """Each opened decoder's decode step at batch 1 with ``past`` tokens of cache and its prompt step at batch 1 ×
     ``prompt_len`` (all positions' logits, from an empty past), in the harness's rotating rounds (figures
-    ``decode_ms``, ``prompt_ms``). Each run waits PAUSE first, untimed: onnxruntime's threads spin a while after a
-    run, and with many sessions open the last one's spinning threads would take the cores from the next."""
+    ``decode_ms``, ``prompt_ms``), each run after the harness's pause (30 sessions open: the last one's threads
+    spinning would take the cores from the next)."""
     from gpt2onnx.verify.timing import decode_step_at_past
 
     def timed(decoder) -> Callable[[], dict]:
@@ -353,7 +350,6 @@ def time_steps(
 
         def run() -> dict:
             seed = next(calls)
-            time.sleep(PAUSE)
             vocab = decoder.vocab_size
             decode_s = decode_step_at_past(decoder, 1, past, vocab_size=vocab, seed=seed)
             ids = np.random.default_rng(seed).integers(0, vocab, size=(1, prompt_len), dtype=np.int64)

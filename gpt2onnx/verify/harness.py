@@ -250,6 +250,9 @@ def rotated(names: tuple[str, ...], round_index: int) -> tuple[str, ...]:
     return names[shift:] + names[:shift]
 
 
+PAUSE = 0.05  # seconds before every timed run (interleave's default)
+
+
 def interleave(
     variants: Mapping[str, Callable[[], Figures]],
     *,
@@ -259,11 +262,14 @@ def interleave(
     machine: MachineRecord | None = None,
     on_run: Callable[[], None] | None = None,
     own_pids: Callable[[], list[int]] | None = None,
+    pause: float = PAUSE,
 ) -> Rounds:
     """Run each variant ``warmup`` times (its own back to back), then ``rounds`` rounds of one run each in rotating
     order; every run returns its figures by name (the same names each time). ``baseline``: the variant the ratios
     are taken to. ``on_run``: called after every run (progress). ``own_pids``: the worker processes the variants
-    run in (their CPU time is the measurement's own, not other processes')."""
+    run in (their CPU time is the measurement's own, not other processes'). ``pause``: seconds slept before every
+    run, untimed (onnxruntime's threads spin a while after a run; with many sessions or processes open, the last
+    one's spinning threads would take the cores from the next)."""
     names = tuple(variants)
     if not names:
         raise BadInput("nothing to measure: give at least one variant")
@@ -271,11 +277,17 @@ def interleave(
         raise BadInput(f"rounds must be 1 or more and warm-ups 0 or more, got {rounds} and {warmup}")
     if baseline is not None and baseline not in variants:
         raise BadInput(f"the baseline '{baseline}' is not one of the variants: {', '.join(names)}")
+
+    def run(name: str) -> Figures:
+        time.sleep(pause)
+        figures = variants[name]()
+        if on_run:
+            on_run()
+        return figures
+
     for name in names:
         for _ in range(warmup):
-            variants[name]()
-            if on_run:
-                on_run()
+            run(name)
     machine = machine or describe_machine()
     before, cpu = os.getloadavg()[0], _CpuTime(own_pids)
     measured: dict[str, list[Figures]] = {name: [] for name in names}
@@ -284,9 +296,7 @@ def interleave(
         order = rotated(names, index)
         orders.append(order)
         for name in order:
-            measured[name].append(dict(variants[name]()))
-            if on_run:
-                on_run()
+            measured[name].append(dict(run(name)))
     load = Load(before, os.getloadavg()[0], cpu.others())
     series = []
     for name in names:
