@@ -12,13 +12,15 @@ two reusing them, about 60 s in all on 2 cores."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from gpt2onnx.compare.compare import ENGINES, engines_python, installed
+from gpt2onnx.compare.compare import ENGINES, Settings, compare, engines_python, installed
+from gpt2onnx.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = ROOT / "tests" / "fixtures" / "trained-tiny"
@@ -50,7 +52,7 @@ def text(tmp_path_factory) -> Path:
 def first(engines, text, tmp_path_factory) -> tuple[Path, dict]:
     work = tmp_path_factory.mktemp("compare")
     # (our int8 is made from the fp32 export); the peers: the exporter users would take instead, and PyTorch
-    only = ["gpt2onnx:int8", "ctranslate2:int8", "openvino:int4", "optimum:O3", "pytorch:eager"]
+    only = ["gpt2onnx:int8", "ctranslate2:int8", "openvino:int4", "optimum:fp32", "pytorch:eager"]
     if engines.get("llama.cpp"):
         only.append("llama.cpp:Q4_0")
     args = [a for item in only for a in ("--only", item)]
@@ -91,17 +93,17 @@ def test_every_variant_is_measured_in_interleaved_rounds_with_its_files_and_memo
 
 
 def test_the_peers_run_through_the_same_rounds_and_score_as_the_reference(first):
-    """optimum's O3 file (on onnxruntime, through gpt2onnx's decode loop) and PyTorch eager (transformers'
+    """optimum's fp32 file (on onnxruntime, through gpt2onnx's decode loop) and PyTorch eager (transformers'
     generate) are scored against PyTorch fp32 in this process: fp32 on every kernel path, so KL within 1e-6 (sums in
     another order, fused kernels: about 1e-13 here). PyTorch eager is the reference itself: its greedy tokens are
     all transformers'; optimum's are not held to that (a near-tie may flip on another kernel path)."""
     work, report = first
     rows = _by_variant(report)
     variants = {v["name"]: v for v in report["variants"]}
-    assert Path(variants["optimum O3"]["path"], "model.onnx").is_file()
-    assert variants["optimum O3"]["info"]["runtime"] == "onnxruntime"
+    assert Path(variants["optimum fp32"]["path"], "model.onnx").is_file()
+    assert variants["optimum fp32"]["info"]["runtime"] == "onnxruntime"
     assert variants["pytorch eager"]["file_bytes"] == TRAINED.joinpath("model.safetensors").stat().st_size
-    for name in ("optimum O3", "pytorch eager"):
+    for name in ("optimum fp32", "pytorch eager"):
         assert rows[name]["kl_mean"] < 1e-6 and rows[name]["same_top1"] > 0.999, (name, rows[name])
         assert rows[name]["decode_ms"] > 0 and rows[name]["decode_ms_b2"] > 0
     assert rows["pytorch eager"]["greedy_matching"] == 8
@@ -122,11 +124,12 @@ def test_our_quality_figures_are_eval_s_on_the_same_file(first, text, tmp_path):
     assert ours["same_top1"] == pytest.approx(row["same_top1"], abs=1e-9)
 
 
-def test_a_second_run_reuses_the_engines_files_and_measures_them_alike(first, text):
+def test_a_second_run_reuses_every_file_and_measures_alike(first, text):
+    """Ours and the engines': nothing rebuilt (every file's mtime kept), the same quality figures."""
     work, report = first
     files = work / "files"
     stamps = {p: p.stat().st_mtime_ns for p in files.rglob("*") if p.is_file()}
-    only = ["--only", "ctranslate2:int8", "--only", "openvino:int4"]
+    only = ["--only", "gpt2onnx:int8", "--only", "ctranslate2:int8", "--only", "openvino:int4"]
     proc = gpt2onnx(
         "compare",
         TRAINED,
@@ -144,7 +147,7 @@ def test_a_second_run_reuses_the_engines_files_and_measures_them_alike(first, te
     assert proc.returncode == 0, proc.stderr
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # nothing rebuilt
     again, before = _by_variant(json.loads((work / "second.json").read_text())), _by_variant(report)
-    for name in ("ctranslate2 int8", "openvino int4"):
+    for name in ("gpt2onnx int8", "ctranslate2 int8", "openvino int4"):
         for figure in ("delta_ppl_percent", "kl_mean", "same_top1", "greedy_matching"):
             assert again[name][figure] == pytest.approx(before[name][figure], rel=1e-6, abs=1e-12), (name, figure)
         for figure in ("prompt_ms", "tokens_per_s"):
@@ -168,22 +171,21 @@ def test_an_engine_that_is_not_installed_is_refused_in_one_line_before_work(tmp_
 
 
 @pytest.mark.parametrize(
-    "args, says",
+    "options, says",
     [
-        (["--only", "nosuch"], "--only 'nosuch': no engine 'nosuch'"),
-        (["--only", "llama.cpp:Q9_9"], "llama.cpp has no format 'Q9_9'"),
-        (["--only", "gpt2onnx:fp32", "--baseline", "llama.cpp F16"], "--baseline 'llama.cpp F16' is not one of"),
-        (
-            ["--only", "gpt2onnx:fp32", "--new-tokens", "1"],
-            "new_tokens (--new-tokens) must be an integer of at least 2",
-        ),
-        (["--only", "gpt2onnx:fp32", "--plot", "x.svg"], "must be a .png file"),
+        ({"only": ["nosuch"]}, "--only 'nosuch': no engine 'nosuch'"),
+        ({"only": ["llama.cpp:Q9_9"]}, "llama.cpp has no format 'Q9_9'"),
+        ({"only": ["gpt2onnx:fp32"], "baseline": "llama.cpp F16"}, "--baseline 'llama.cpp F16' is not one of"),
+        ({"only": ["gpt2onnx:fp32"], "plot": "x.svg"}, "must be a .png file"),
     ],
 )
-def test_bad_options_are_refused_in_one_line_before_work(tmp_path, args, says):
-    proc = gpt2onnx("compare", TRAINED, "--work", tmp_path / "w", *args)
-    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
-    assert proc.stderr.count("\n") == 1 and not (tmp_path / "w").exists()
+def test_bad_options_are_refused_before_work(tmp_path, options, says):
+    """In this process (the CLI's one-line form of a BadInput is the corpus's: tests/bad_input_cases.py)."""
+    with pytest.raises(BadInput, match=re.escape(says)):
+        compare(str(TRAINED), work=tmp_path / "w", **options)
+    with pytest.raises(BadInput, match=re.escape("new_tokens (--new-tokens) must be an integer of at least 2")):
+        Settings(new_tokens=1)
+    assert not (tmp_path / "w").exists()
 
 
 def test_a_work_folder_of_another_checkpoint_is_refused(tmp_path):

@@ -86,3 +86,24 @@ def test_every_row_gives_this_cpu_s_answers_on_an_emulated_avx2_cpu(grid):
         assert figures["kl_mean"] < 1e-6 and figures["same_top1"] > 0.99 and figures["greedy_equal"], (name, figures)
     assert "AVX2" in report["cpus"]["EPYC-Rome"]["int8_path"]
     assert "KL this‖ EPYC-Rome" in (out / "grid.md").read_text()
+
+
+def test_a_second_run_reuses_the_folders_built_from_the_same_source_only(grid, tmp_path):
+    """The rows' folders are kept under --work and reused (nothing rebuilt: every file's mtime kept); a run with
+    other build options (here --outliers) on that folder is refused before any work, as is another checkpoint."""
+    from gpt2onnx.compare.precision_grid import bench_precision
+
+    out, _ = grid
+    work = out / "work"
+    built = {p: p.stat().st_mtime_ns for p in work.rglob("*") if p.is_file() and "model.onnx" in p.name}
+    args = ["--text", TRAINED / "heldout.txt", "--work", work, "--only", "int8", "--max-chars", 3000]
+    args += ["--repeat", 1, "--warmup", 0, "--gate-cases", 1, "--greedy-tokens", 4, "--past", 8, "--prompt-len", 8]
+    proc = gpt2onnx("bench", "precision", TRAINED, *args, "--json", tmp_path / "again.json")
+    assert proc.returncode == 0, proc.stderr
+    assert {p: p.stat().st_mtime_ns for p in built} == built
+    assert [r["variant"] for r in json.loads((tmp_path / "again.json").read_text())["summary"]] == ["fp32", "int8"]
+    for options in ({"outliers": 3.0}, {"random_init": True, "seed": 1}):
+        model = "tiny" if options.get("random_init") else str(TRAINED)
+        with pytest.raises(BadInput, match="holds files built from another checkpoint or with other options"):
+            bench_precision(model, text=TRAINED / "heldout.txt", work=work, only=["int8"], **options)
+    assert {p: p.stat().st_mtime_ns for p in built} == built

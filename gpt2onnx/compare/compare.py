@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2onnx.artifact.folder import MANIFEST_NAME
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import write_text_atomic
 from gpt2onnx.precisions.all_precisions import FP32, INT4, INT8, INT8_WEIGHTS
@@ -303,16 +304,18 @@ def _write_random_checkpoint(ckpt, folder: Path) -> None:
     os.replace(stage, folder)
 
 
-def _claim_work(work: Path, ckpt) -> None:
-    """``work`` holds files built from this checkpoint only: its record is written once and checked after."""
+def claim_work(work: Path, source: dict, record_name: str = SOURCE_RECORD) -> None:
+    """``work`` holds files built from this ``source`` only (the checkpoint, and what else the files depend on):
+    its record is written once and checked after, so that files built before are reused only for the same source."""
     work.mkdir(parents=True, exist_ok=True)
-    record = work / SOURCE_RECORD
-    source = json.dumps(ckpt.source, sort_keys=True, default=str)
+    record = work / record_name
+    text = json.dumps(source, sort_keys=True, default=str)
     if not record.exists():
-        write_text_atomic(record, source + "\n")
-    elif record.read_text().strip() != source:
+        write_text_atomic(record, text + "\n")
+    elif record.read_text().strip() != text:
         raise BadInput(
-            f"--work '{work}' holds files built from another checkpoint ({record.name}): give another --work folder"
+            f"--work '{work}' holds files built from another checkpoint or with other options ({record.name}): give"
+            " another --work folder"
         )
 
 
@@ -322,7 +325,7 @@ def _build_ours(variant: Variant, folder: Path, work: Path) -> None:
     from gpt2onnx.precisions.quantize_options import QuantizeOptions
 
     fp32 = Variant(OURS, F32).path(work)
-    if not (fp32 / "manifest.json").is_file():
+    if not (fp32 / MANIFEST_NAME).is_file():
         export(str(folder), fp32, options=ExportOptions(fusion=ORT, logits="last", force=True))
     if variant.format != F32:
         fusion, method, prompt_kernel = OUR_RECIPES[variant.format]
@@ -342,7 +345,7 @@ def build(
     notes: dict[str, list[str]] = {}
     for variant in dict.fromkeys(v.builds for v in variants):
         path = variant.path(work)
-        done = (path / "manifest.json").is_file() if variant.engine is OURS else path.exists()
+        done = (path / MANIFEST_NAME).is_file() if variant.engine is OURS else path.exists()
         if done:
             continue
         if progress:
@@ -701,7 +704,7 @@ def compare(
         raise BadInput(f"--text '{text}' is not a file: give a UTF-8 text file")
     work = Path(work)
     folder, ckpt = checkpoint_folder(model, work, random_init=random_init, seed=seed)
-    _claim_work(work, ckpt)
+    claim_work(work, ckpt.source)
     if text is None:
         from gpt2onnx.verify.calibration import stdlib_docstrings
 
@@ -726,6 +729,9 @@ def compare(
             pause=PAUSE,
         )
         peaks = {name: r.peak_bytes() for name, r in running.items()}
+        for v in variants:  # an ONNX folder is scored in this process: its worker's memory goes first
+            if v.engine.runtime:
+                running[v.name].close()
         report_quality = None
         if quality:
             if progress:

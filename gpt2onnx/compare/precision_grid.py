@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from gpt2onnx.artifact.folder import MANIFEST_NAME
 from gpt2onnx.artifact.paths import check_output_files, check_output_path
 from gpt2onnx.errors import BadInput, CheckFailed, RuntimeUnavailable
 from gpt2onnx.files import write_text_atomic
@@ -40,6 +41,8 @@ from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, UNFUSED
 from gpt2onnx.verify.harness import Rounds, csv_of, interleave, write_outputs
 
 log = logging.getLogger(__name__)
+
+SOURCE_RECORD = "grid-source.json"  # what the folders under --work were built from
 
 # the precisions and profiles by their registries' names (the grid's rows spell recipes of them)
 F32, F16 = FP32.short, FP16.short
@@ -164,7 +167,7 @@ def build(
 
     folders, refused = {}, {}
     base = work / F32
-    if not (base / "manifest.json").is_file():
+    if not (base / MANIFEST_NAME).is_file():
         export(model, base, random_init=random_init, seed=seed, outliers=outliers, options=ExportOptions(force=True))
     folders[F32] = base
     ordered = sorted(variants[1:], key=lambda v: v.name != BASELINE)  # fp32-ort before what is made from it
@@ -172,7 +175,7 @@ def build(
         out = work / variant.name
         if progress:
             progress(f"building {variant.name}")
-        if not (out / "manifest.json").is_file():
+        if not (out / MANIFEST_NAME).is_file():
             reduced = variant.quantize != NO_QUANTIZATION or variant.dtype != F32
             if reduced and BASELINE not in folders:
                 optimize(base, work / BASELINE, fusion=ORT, force=True)
@@ -464,7 +467,9 @@ def bench_precision(
 ) -> PrecisionReport:
     """Build, score, hold to the gates and time every variant named (the module's docstring says how)."""
     from gpt2onnx.artifact.folder import open_folder
+    from gpt2onnx.compare.compare import claim_work
     from gpt2onnx.precisions.all_precisions import precision_of
+    from gpt2onnx.pytorch.checkpoint import load_checkpoint
     from gpt2onnx.runtimes.base import RuntimeOptions
     from gpt2onnx.runtimes.decoder import open_decoder
     from gpt2onnx.runtimes.providers import ProviderConfig
@@ -490,7 +495,8 @@ def bench_precision(
             raise BadInput(f"--cpus: '{cpu}' is not a CPU model name (qemu-x86_64 -cpu help lists them)")
     content = Path(text).read_text(encoding="utf-8")
     work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
+    ckpt = load_checkpoint(model, random_init=random_init, seed=seed)
+    claim_work(work, {"checkpoint": ckpt.source, "outliers": outliers, "calibration": calibration}, SOURCE_RECORD)
     if len(content) > max_chars:
         cut = content.rfind("\n", 0, max_chars)
         content = content[: cut if cut > 0 else max_chars]
