@@ -6,12 +6,33 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+# The other environments install beside .venv (jobs in the background, each one's output in .setup-NAME.log, shown
+# when it is done; a failed one fails the set-up). pip writes gpt2onnx.egg-info into this tree for an editable
+# install: those run one at a time (flock on .setup.lock).
+JOBS=()
+job() {  # NAME COMMAND...: run beside the rest
+  local name=$1
+  shift
+  "$@" > ".setup-$name.log" 2>&1 &
+  JOBS+=("$name:$!")
+}
+finish_jobs() {
+  local entry name
+  for entry in "${JOBS[@]}"; do
+    name=${entry%%:*}
+    if ! wait "${entry##*:}"; then
+      cat ".setup-$name.log"
+      echo "set-up of $name failed (its output above)" >&2
+      exit 1
+    fi
+    grep -v "^WARNING: Location" ".setup-$name.log" || true
+  done
+  JOBS=()
+}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,optimum,docs]' 2>&1 | grep -v "^WARNING: Location" || true
-# OpenVINO (gpt2onnx --runtime openvino) goes into .venv: it leaves onnxruntime-gpu alone.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "${OPENVINO_SPEC:-openvino==2026.4.1}" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import gpt2onnx, torch, onnxruntime; print('gpt2onnx', gpt2onnx.__version__, '| torch', torch.__version__, '| onnxruntime', onnxruntime.__version__)"
+if [ "${SKIP_TF5:-0}" != 1 ]; then
+  job tf5 bash scripts/setup-tf5.sh  # transformers 5.x (scripts/test-tf5.sh)
+fi
 
 # --- other runtimes (deploy targets, --runtime genai): kept apart from the project venv, safe to rerun ------
 # onnxruntime-genai depends on the CPU onnxruntime and would install it over onnxruntime-gpu in .venv
@@ -27,10 +48,13 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   ENGINES_PID=$!
   GENAI_SPEC="${GENAI_SPEC:-onnxruntime-genai==0.18.0}"
   TRITONCLIENT_SPEC="${TRITONCLIENT_SPEC:-tritonclient[grpc]==2.73.0}"
-  [ -x .venv-genai/bin/python ] || "$PYTHON" -m venv .venv-genai
-  .venv-genai/bin/python -c "import onnxruntime_genai, tritonclient.grpc.model_config_pb2" 2>/dev/null \
-    || .venv-genai/bin/python -m pip install --quiet --disable-pip-version-check "$GENAI_SPEC" "$TRITONCLIENT_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
-  .venv-genai/bin/python -c "import onnxruntime_genai as og; print('onnxruntime-genai', og.__version__, '(.venv-genai)')"
+  setup_genai() {
+    [ -x .venv-genai/bin/python ] || "$PYTHON" -m venv .venv-genai
+    .venv-genai/bin/python -c "import onnxruntime_genai, tritonclient.grpc.model_config_pb2" 2>/dev/null \
+      || .venv-genai/bin/python -m pip install --quiet --disable-pip-version-check "$GENAI_SPEC" "$TRITONCLIENT_SPEC"
+    .venv-genai/bin/python -c "import onnxruntime_genai as og; print('onnxruntime-genai', og.__version__, '(.venv-genai)')"
+  }
+  job genai setup_genai
   # Triton Inference Server (deploy --target triton's generation models, tests/test_triton.py, gpt2onnx bench served):
   # nvidia-pytriton bundles a real tritonserver with its Python backend. Its own venv, .venv-triton: the server's
   # Python, with what the served model imports (onnxruntime CPU, onnx, numpy, tokenizers) and gpt2onnx itself,
@@ -40,14 +64,27 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   # else the backend stub loads Debian's libpython and crashes).
   PYTRITON_SPEC="${PYTRITON_SPEC:-nvidia-pytriton==0.7.0}"
   TRITON_PACKAGES="$PYTRITON_SPEC tritonclient[all]==2.73.0 onnxruntime==1.31.1 onnx==1.23.2 tokenizers==0.22.2 kserve==0.21.0"
-  [ -x .venv-triton/bin/python ] || "$PYTHON" -m venv .venv-triton
-  # (found, not imported: kserve and tritonclient.grpc register the same protobuf names and fail in one process)
-  .venv-triton/bin/python -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('pytriton', 'tritonclient.grpc', 'tritonclient.http', 'onnxruntime', 'onnx', 'tokenizers', 'kserve')))" 2>/dev/null \
-    || .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check $TRITON_PACKAGES 2>&1 | grep -v "^WARNING: Location" || true
-  # gpt2onnx from this tree: reinstalled only where the venv's points elsewhere (another clone or worktree)
-  .venv-triton/bin/python -P -c "import gpt2onnx, pathlib, sys; sys.exit(pathlib.Path(gpt2onnx.__file__).resolve().parents[1] != pathlib.Path.cwd().resolve())" 2>/dev/null \
-    || .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
-  .venv-triton/bin/python -c "import importlib.metadata as m; print('nvidia-pytriton', m.version('nvidia-pytriton'), '| kserve', m.version('kserve'), '(.venv-triton)')"
+  setup_triton() {
+    [ -x .venv-triton/bin/python ] || "$PYTHON" -m venv .venv-triton
+    # (found, not imported: kserve and tritonclient.grpc register the same protobuf names and fail in one process)
+    .venv-triton/bin/python -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('pytriton', 'tritonclient.grpc', 'tritonclient.http', 'onnxruntime', 'onnx', 'tokenizers', 'kserve')))" 2>/dev/null \
+      || .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check $TRITON_PACKAGES
+    # gpt2onnx from this tree: reinstalled only where the venv's points elsewhere (another clone or worktree)
+    .venv-triton/bin/python -P -c "import gpt2onnx, pathlib, sys; sys.exit(pathlib.Path(gpt2onnx.__file__).resolve().parents[1] != pathlib.Path.cwd().resolve())" 2>/dev/null \
+      || flock .setup.lock .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+    .venv-triton/bin/python -c "import importlib.metadata as m; print('nvidia-pytriton', m.version('nvidia-pytriton'), '| kserve', m.version('kserve'), '(.venv-triton)')"
+  }
+  job triton setup_triton
+fi
+
+# --- .venv, the project's own (meanwhile the jobs above install theirs) --------------------------------------------
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
+flock .setup.lock .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,optimum,docs]' 2>&1 | grep -v "^WARNING: Location" || true
+# OpenVINO (gpt2onnx --runtime openvino) goes into .venv: it leaves onnxruntime-gpu alone.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${OPENVINO_SPEC:-openvino==2026.4.1}" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import gpt2onnx, torch, onnxruntime; print('gpt2onnx', gpt2onnx.__version__, '| torch', torch.__version__, '| onnxruntime', onnxruntime.__version__)"
+
+if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   if command -v npm >/dev/null; then
     # npm ls fails when node_modules lacks a package of the lock file (or has another version): then install
     (cd tests/js && npm ls --depth=0 >/dev/null 2>&1) \
@@ -83,6 +120,9 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   else
     echo "Chromium not found at $CHROMIUM: the browser tests will skip (as root: apt-get install chromium)"
   fi
+fi
+finish_jobs
+if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   wait "$ENGINES_PID" || { cat .venv-engines.log; echo "scripts/setup-engines.sh failed: the compare tests will skip (under CI=1 they fail)"; }
   tail -1 .venv-engines.log
 fi

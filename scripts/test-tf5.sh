@@ -9,16 +9,7 @@
 # next renames before they break.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
-TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-TF5_SPEC="${TF5_SPEC:-transformers>=5,<6}"
-[ -x .venv-tf5/bin/python ] || "$PYTHON" -m venv .venv-tf5
-.venv-tf5/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
-.venv-tf5/bin/python -m pip install --quiet --disable-pip-version-check --upgrade -e '.[dev,eval]' "$TF5_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
-.venv-tf5/bin/python -c "
-import importlib.util, transformers
-assert transformers.__version__.startswith('5.'), transformers.__version__
-print('transformers', transformers.__version__, '| optimum', 'present' if importlib.util.find_spec('optimum') else 'absent')"
+bash scripts/setup-tf5.sh  # (scripts/setup.sh made it beside the rest: seconds)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 TF5_TESTS=(test_checkpoint test_export_parity test_kv_path test_decoding test_generate test_generation_settings
   test_ort_generate test_tokenizer test_eval test_training test_api test_bench_torch test_cli test_architecture)
