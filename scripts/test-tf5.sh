@@ -13,4 +13,4 @@ bash scripts/setup-tf5.sh  # (scripts/setup.sh made it beside the rest: seconds)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 TF5_TESTS=(test_checkpoint test_export_parity test_kv_path test_decoding test_generate test_generation_settings
   test_ort_generate test_tokenizer test_eval test_training test_api test_bench_torch test_cli test_architecture)
-exec .venv-tf5/bin/python -m pytest -q -m 'not slow' -W error::FutureWarning $(printf "tests/%s.py " "${TF5_TESTS[@]}") "$@"
+exec .venv-tf5/bin/python -m pytest -q -n 2 --dist loadfile -m 'not slow' -W error::FutureWarning $(printf "tests/%s.py " "${TF5_TESTS[@]}") "$@"

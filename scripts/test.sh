@@ -9,7 +9,9 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # lint and format first: a violation fails the run (pyproject.toml [tool.ruff])
 .venv/bin/ruff check gpt2onnx tests scripts
 .venv/bin/ruff format --check gpt2onnx tests scripts
-.venv/bin/python -m pytest "$@"
+# two workers, a test file each at a time (--dist loadfile: a file's module fixtures are built once); -n 0 after the
+# command's arguments runs them in this process
+.venv/bin/python -m pytest -n 2 --dist loadfile "$@"
 if [ "${SKIP_TF5:-0}" != 1 ]; then
     bash scripts/test-tf5.sh "$@"
 fi
