@@ -11,6 +11,7 @@ Cost: one compare of four variants (the engines' files built: about 25 s, OpenVI
 two reusing them, about 60 s in all on 2 cores."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -85,7 +86,10 @@ def test_every_variant_is_measured_in_interleaved_rounds_with_its_files_and_memo
         assert 0 < record["file_bytes"] <= on_disk, record  # the model files, not the configs beside them
         assert record["peak_bytes"] > 20e6, record  # a process with numpy and its engine loaded
         row = rows[record["name"]]
-        assert row["prompt_ms"] > 0 and row["tokens_per_s"] > 0 and row["decode_ms_b2"] > 0, row
+        assert row["prompt_ms"] > 0 and row["tokens_per_s"] > 0, row  # timed calls
+        # a decode step is the difference of two timed calls (N new tokens and 1) over N - 1: on the test model
+        # (steps of 0.1 to 1 ms) a loaded machine's scheduler can put it below zero; measured, not bounded here
+        assert all(math.isfinite(row[f]) for f in ("decode_ms", "decode_ms_b2")), row
     for name, row in rows.items():
         assert 0 <= row["kl_mean"] < 0.5 and row["same_top1"] > 0.5, (name, row)  # quantized, not broken
     assert "| variant | prompt b1×16 ms |" in (work / "report.md").read_text()
@@ -105,7 +109,7 @@ def test_the_peers_run_through_the_same_rounds_and_score_as_the_reference(first)
     assert variants["pytorch eager"]["file_bytes"] == TRAINED.joinpath("model.safetensors").stat().st_size
     for name in ("optimum fp32", "pytorch eager"):
         assert rows[name]["kl_mean"] < 1e-6 and rows[name]["same_top1"] > 0.999, (name, rows[name])
-        assert rows[name]["decode_ms"] > 0 and rows[name]["decode_ms_b2"] > 0
+        assert rows[name]["prompt_ms"] > 0 and math.isfinite(rows[name]["decode_ms"])  # (as above)
     assert rows["pytorch eager"]["greedy_matching"] == 8
 
 
