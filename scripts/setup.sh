@@ -16,16 +16,30 @@ job() {  # NAME COMMAND...: run beside the rest
   "$@" > ".setup-$name.log" 2>&1 &
   JOBS+=("$name:$!")
 }
-finish_jobs() {
-  local entry name
+finish_job() {  # NAME: wait for that job (its output shown), and leave the others running
+  local entry rest=()
   for entry in "${JOBS[@]}"; do
-    name=${entry%%:*}
-    if ! wait "${entry##*:}"; then
-      cat ".setup-$name.log"
-      echo "set-up of $name failed (its output above)" >&2
-      exit 1
+    if [ "${entry%%:*}" = "$1" ]; then
+      wait_job "$entry"
+    else
+      rest+=("$entry")
     fi
-    grep -v "^WARNING: Location" ".setup-$name.log" || true
+  done
+  JOBS=("${rest[@]}")
+}
+wait_job() {
+  local name=${1%%:*}
+  if ! wait "${1##*:}"; then
+    cat ".setup-$name.log"
+    echo "set-up of $name failed (its output above)" >&2
+    exit 1
+  fi
+  grep -v "^WARNING: Location" ".setup-$name.log" || true
+}
+finish_jobs() {
+  local entry
+  for entry in "${JOBS[@]}"; do
+    wait_job "$entry"
   done
   JOBS=()
 }
@@ -75,6 +89,22 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
     .venv-triton/bin/python -c "import importlib.metadata as m; print('nvidia-pytriton', m.version('nvidia-pytriton'), '| kserve', m.version('kserve'), '(.venv-triton)')"
   }
   job triton setup_triton
+  # Chromium for the browser tests (tests/test_web.py, driven by playwright-core from tests/js, which downloads no
+  # browser) and QEMU's user-mode emulator for the portability tests (tests/test_portability.py: the same process on
+  # an emulated AVX2-only and an SSE4.2-only CPU): Debian's chromium and qemu-user, installed where this runs as root
+  # and they are missing (CI); else their tests skip, saying so. CHROMIUM names another binary.
+  CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
+  setup_apt() {
+    local missing=()
+    [ -x "$CHROMIUM" ] || missing+=(chromium)
+    command -v qemu-x86_64 >/dev/null || missing+=(qemu-user)
+    if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "installing ${missing[*]} (apt-get) for the browser and portability tests"
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}") >/dev/null \
+        || echo "apt-get install ${missing[*]} failed: their tests will skip (under CI=1 they fail)"
+    fi
+  }
+  job apt setup_apt
 fi
 
 # --- .venv, the project's own (meanwhile the jobs above install theirs) --------------------------------------------
@@ -93,22 +123,7 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   else
     echo "npm not found: the transformers.js tests will skip (install Node.js 20+)"
   fi
-  # Chromium for the browser tests (tests/test_web.py, driven by playwright-core from tests/js, which downloads no
-  # browser): Debian's package, installed where this runs as root and it is missing (CI); else the tests skip,
-  # saying so. CHROMIUM names another binary.
-  CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
-  if [ ! -x "$CHROMIUM" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing Chromium (apt-get install chromium) for the browser tests"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) >/dev/null \
-      || echo "apt-get install chromium failed: the browser tests will skip (under CI=1 they fail)"
-  fi
-  # QEMU's user-mode emulator for the portability tests (tests/test_portability.py: the same process on an emulated
-  # AVX2-only and an SSE4.2-only CPU): Debian's qemu-user, installed where this runs as root and it is missing.
-  if ! command -v qemu-x86_64 >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing QEMU's user-mode emulator (apt-get install qemu-user) for the portability tests"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-user) >/dev/null \
-      || echo "apt-get install qemu-user failed: the portability tests will skip (under CI=1 they fail)"
-  fi
+  finish_job apt  # apt-get, one at a time: setup-arm64.sh uses it too
   command -v qemu-x86_64 >/dev/null && echo "$(qemu-x86_64 --version | head -1) (portability tests)"
   # an aarch64 Python with onnxruntime's aarch64 wheel, for the same tests on an emulated ARM CPU (root only)
   if command -v qemu-aarch64 >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
