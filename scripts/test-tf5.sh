@@ -9,7 +9,7 @@
 # next renames before they break.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup-tf5.sh  # (scripts/setup.sh made it beside the rest: seconds)
+[ "${TF5_SET_UP:-0}" = 1 ] || bash scripts/setup-tf5.sh  # (scripts/test.sh's set-up makes it beside the rest)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 TF5_TESTS=(test_checkpoint test_export_parity test_kv_path test_decoding test_generate test_generation_settings
   test_ort_generate test_tokenizer test_eval test_training test_api test_bench_torch test_cli test_architecture)

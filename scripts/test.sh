@@ -13,5 +13,5 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # command's arguments runs them in this process
 .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
 if [ "${SKIP_TF5:-0}" != 1 ]; then
-    bash scripts/test-tf5.sh "$@"
+    TF5_SET_UP=1 bash scripts/test-tf5.sh "$@"  # (scripts/setup.sh made .venv-tf5 above)
 fi
