@@ -8,14 +8,7 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 TF5_SPEC="${TF5_SPEC:-transformers>=5,<6}"
 [ -x .venv-tf5/bin/python ] || "$PYTHON" -m venv .venv-tf5
 .venv-tf5/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
-# the requirements without the lock (scripts/setup.sh installs .venv's meanwhile), then the project itself with it
-mapfile -t wanted < <("$PYTHON" -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['dev'] + p['optional-dependencies']['eval']))" 2>/dev/null || true)
-if [ ${#wanted[@]} -gt 0 ]; then
-  .venv-tf5/bin/python -m pip install --quiet --disable-pip-version-check --upgrade "${wanted[@]}" "$TF5_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
-  flock .setup.lock .venv-tf5/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
-else  # Python 3.10: no tomllib
-  flock .setup.lock .venv-tf5/bin/python -m pip install --quiet --disable-pip-version-check --upgrade -e '.[dev,eval]' "$TF5_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
-fi
+flock .setup.lock .venv-tf5/bin/python -m pip install --quiet --disable-pip-version-check --upgrade -e '.[dev,eval]' "$TF5_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
 .venv-tf5/bin/python -c "
 import importlib.util, transformers
 assert transformers.__version__.startswith('5.'), transformers.__version__

@@ -36,24 +36,6 @@ wait_job() {
   fi
   grep -v "^WARNING: Location" ".setup-$name.log" || true
 }
-# The project's requirements with EXTRAS (pyproject.toml), one a line: installed without the lock, the editable
-# install of the project itself (--no-deps, seconds) with it. Python 3.10 has no tomllib: it prints nothing there,
-# and the caller installs the project with its requirements under the lock, as before.
-requirements() {
-  "$PYTHON" -c "import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + [r for e in sys.argv[1:] for r in p['optional-dependencies'][e]]))" "$@" 2>/dev/null || true
-}
-install_project() {  # VENV_PYTHON EXTRAS [MORE REQUIREMENTS...]: the project, editable, with its requirements
-  local python=$1 extras=$2
-  shift 2
-  local wanted
-  mapfile -t wanted < <(requirements ${extras//,/ })
-  if [ ${#wanted[@]} -gt 0 ]; then
-    "$python" -m pip install --quiet --disable-pip-version-check "${wanted[@]}" "$@"
-    flock .setup.lock "$python" -m pip install --quiet --disable-pip-version-check --no-deps -e .
-  else
-    flock .setup.lock "$python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]" "$@"
-  fi
-}
 finish_jobs() {
   local entry
   for entry in "${JOBS[@]}"; do
@@ -127,8 +109,9 @@ fi
 
 # --- .venv, the project's own (meanwhile the jobs above install theirs) --------------------------------------------
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
-# OpenVINO (gpt2onnx --runtime openvino) goes into .venv too: it leaves onnxruntime-gpu alone.
-install_project .venv/bin/python dev,optimum,docs "${OPENVINO_SPEC:-openvino==2026.4.1}" 2>&1 | grep -v "^WARNING: Location" || true
+flock .setup.lock .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,optimum,docs]' 2>&1 | grep -v "^WARNING: Location" || true
+# OpenVINO (gpt2onnx --runtime openvino) goes into .venv: it leaves onnxruntime-gpu alone.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${OPENVINO_SPEC:-openvino==2026.4.1}" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import gpt2onnx, torch, onnxruntime; print('gpt2onnx', gpt2onnx.__version__, '| torch', torch.__version__, '| onnxruntime', onnxruntime.__version__)"
 
 if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
