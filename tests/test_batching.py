@@ -1,6 +1,6 @@
 """Continuous batching in-process (gpt2onnx.serving.engine), without a server: requests that join and leave
 the running batch get the tokens decode() gives each alone; the torch-free tokenizer the server uses equals
-transformers'. About 10 s beyond the shared fixtures (tiny_export, trained_export)."""
+transformers'. About 20 s beyond the shared fixtures (tiny_export, trained_export)."""
 
 import random
 import time
@@ -311,3 +311,89 @@ def test_submit_refuses_speculation_and_the_engine_keeps_serving(tiny_export, ti
     with pytest.raises(BadInput, match="not in the batching engine"):
         tiny_engine.submit([1, 2, 3], speculation=Speculation(draft=tiny_export, draft_tokens=4))
     assert tiny_engine.generate([3, 4], max_new_tokens=5).tokens == alone(tiny_export, [3, 4], 5)
+
+
+# -- issue 53: the engine is exact on every cache layout -----------------------------------------------------------
+def _layout_builds():
+    """(id, fusion profile, --kv-cache, --dtype) per registered layout: the first profile that makes it, with an
+    fp32 and an fp16 cache, and a layout's quantized caches where it stores one."""
+    from gpt2onnx.layouts.all_layouts import LAYOUTS
+    from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, KV_CACHES
+    from gpt2onnx.profiles.all_profiles import PROFILES
+
+    builds = []
+    for name, layout in LAYOUTS.items():
+        profile = next(p for p in PROFILES.values() if p.layout is layout)
+        caches = [*KV_CACHES] if layout.ensures.get("quantizable_cache") else []
+        builds += [(f"{name}-{dtype}", profile.name, FLOAT_CACHE, dtype) for dtype in ("fp32", "fp16")]
+        builds += [(f"{name}-{cache}", profile.name, cache, "fp32") for cache in caches]
+    return builds
+
+
+@pytest.fixture(scope="module")
+def peaked_export(tmp_path_factory):
+    """The tiny shape with weights spread 0.5: logits so peaked that a rounding difference in a kernel rarely
+    flips a token, and a wrong cache row always does."""
+    from conftest import make_config, write_hf_folder
+
+    from gpt2onnx.exporters.export import export
+
+    config = make_config("h4-v1000")
+    config.initializer_range = 0.5
+    root = tmp_path_factory.mktemp("peaked")
+    return export(str(write_hf_folder(root / "checkpoint", config)), root / "export").folder
+
+
+@pytest.mark.parametrize("build", _layout_builds(), ids=lambda b: b[0])
+def test_requests_joining_mid_stream_get_their_alone_tokens_on_every_layout(peaked_export, tmp_path, build):
+    """20 requests of prompts 1 to 24 tokens long: each running one submits the next two at its own token counts
+    (on the engine's thread, so the joins come at fixed steps, while the batch decodes and keeps its cache), at
+    most 8 rows at once; every request's greedy tokens are decode()'s for it alone on the same folder."""
+    from gpt2onnx.exporters.optimize import optimize
+    from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
+
+    name, fusion, cache, dtype = build
+    folder = peaked_export
+    if (fusion, cache, dtype) != ("none", FLOAT_CACHE, "fp32"):
+        built = optimize(peaked_export, tmp_path / name, fusion=fusion, kv_cache=cache, dtype=dtype, validate=False)
+        folder = built.folder
+    rng = random.Random(53)
+    count = 20
+    prompts = [[rng.randrange(999) for _ in range(rng.randrange(1, 25))] for _ in range(count)]
+    lengths = [rng.randrange(8, 40) for _ in prompts]
+    spawn_at = [sorted(rng.sample(range(1, n - 2), 2)) for n in lengths]  # before its last step: it is still running
+    streams = {}
+
+    with BatchingEngine.open(folder, max_batch=8) as engine:
+
+        def submit(i):
+            streams[i] = engine.submit(prompts[i], max_new_tokens=lengths[i], on_event=lambda e: on_event(i, e))
+
+        def on_event(i, event):
+            for child, at in zip((2 * i + 1, 2 * i + 2), spawn_at[i]):
+                if child < count and child not in streams and (event.index >= at or event.last):
+                    submit(child)
+
+        submit(0)
+        deadline = time.monotonic() + 120
+        while len(streams) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(streams) == count, f"only {len(streams)} of {count} requests were submitted"
+        results = {i: streams[i].result(timeout=60) for i in range(count)}
+        joined = engine.rows_joined
+    assert joined >= count // 2, joined  # most joined a batch that was decoding
+
+    model = open_folder(folder)
+    eos = read_generation_config(folder, vocab_size=model.facts.vocab_size).eos_token_ids
+    decoder = open_runtime(model, RuntimeOptions())
+    wrong = []
+    for i in range(count):
+        result = decode(decoder, np.asarray([prompts[i]]), max_new_tokens=lengths[i], eos_token_id=eos)
+        expected = result.tokens[0, : int(result.lengths[0])].tolist()
+        got = results[i].tokens
+        if got != expected:
+            first = next((k for k, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+            wrong.append((i, len(prompts[i]), first))
+    assert not wrong, (
+        f"{len(wrong)} of {count} requests differ from decode() alone (request, prompt length, first token)"
+    )

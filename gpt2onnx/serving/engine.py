@@ -13,6 +13,8 @@ past): its preallocated buffer has one length for every row (``seqlens_k`` comes
 batch whose rows come and go does not have. The static-cache graph (onnx-static-kv) keeps its own stepper
 (:class:`~gpt2onnx.runtimes.decoder.StaticCacheDecoder`): its buffers, of the model's context, hold the padded
 cache; a join, leave or trim hands it a new past, which it copies in, and the steps in between write in place.
+Its presents are views of those buffers, so the joining prompts run on a second stepper (its twin, buffers of the
+prompts' width): run on the batch's own, a prompt would write over the running rows' K/V before they join.
 
 Each request is decoded as :func:`gpt2onnx.decoding.generate.decode` decodes a batch of one: the same logits
 processors (:func:`~gpt2onnx.decoding.results.process_scores`) on its own sequence, its own random generator
@@ -222,6 +224,9 @@ class BatchingEngine:
             if isinstance(decoder, SharedCacheDecoder)
             else decoder
         )
+        # the joining prompts run on a stepper of their own where the batch's presents are views of its stepper's
+        # buffers (a static cache): a prompt run on those would write over the running rows' K/V before they join
+        self.prompter = self.stepper.twin() if self.stepper.capabilities.preallocates else self.stepper
         self.tokenizer = tokenizer
         self.reader = PromptReader(tokenizer, self.stepper.n_positions, self.stepper.vocab_size)
         self.eos_token_ids = tuple(eos_token_ids)
@@ -394,8 +399,9 @@ class BatchingEngine:
         if not requests:
             return
         ids, mask = left_pad([r.prompt for r in requests], self.pad_token_id)
-        full_mask = self.stepper.prompt_mask(mask)
-        logits, presents = self.stepper.run(ids, full_mask, position_ids_for(mask), self.stepper.empty_past(len(ids)))
+        full_mask = self.prompter.prompt_mask(mask)
+        empty = self.prompter.empty_past(len(ids), capacity=full_mask.shape[1])  # a static cache: the prompts' width
+        logits, presents = self.prompter.run(ids, full_mask, position_ids_for(mask), empty)
         keep = self._choose(requests, logits[:, -1])
         if not keep:
             return
