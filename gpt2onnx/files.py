@@ -94,12 +94,29 @@ def sha256_file(path: Path) -> str:
 
 def sha256_and_stamp(path: Path) -> tuple[str, tuple[int, ...]]:
     """The file's sha256 and the stamp of what was hashed (:func:`stamp` of the opened descriptor)."""
-    digest = hashlib.sha256()
     with open_regular(path, "file") as fh:
         before = stamp(os.fstat(fh.fileno()))
-        for chunk in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest(), before
+        return sha256_of(fh), before
+
+
+def sha256_of(fh: BinaryIO) -> str:
+    """The sha256 of an opened file's bytes, read from its start with pread (its offset is left alone)."""
+    digest, offset, fd = hashlib.sha256(), 0, fh.fileno()
+    while chunk := os.pread(fd, 1 << 24, offset):
+        digest.update(chunk)
+        offset += len(chunk)
+    return digest.hexdigest()
+
+
+def descriptor_path(fh: BinaryIO, *, pid: int | None = None) -> str | None:
+    """A path that opens the very file ``fh`` has open, whatever its name now names (/proc/PID/fd/N: another
+    process of this user opens it too, while ``fh`` stays open); None where the system has no /proc."""
+    path = f"/proc/{pid or os.getpid()}/fd/{fh.fileno()}"
+    try:
+        same = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+    except OSError:
+        return None
+    return path if same else None
 
 
 def stamp(info: os.stat_result) -> tuple[int, ...]:

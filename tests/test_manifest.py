@@ -174,11 +174,11 @@ def test_a_file_changed_between_its_check_and_the_load_is_refused(tiny_export, t
     shutil.copyfile(folder / "model.onnx", other)
     real = decoder.create_session
 
-    def racing(model_path, *args, **kwargs):
+    def racing(model_path, *args, **kwargs):  # model_path: the private folder's link to what was hashed
         if change == "swapped":
-            other.replace(model_path)  # a rename: another file, the same bytes here
+            other.replace(folder / "model.onnx")  # a rename: another file, the same bytes here
         else:
-            with open(model_path, "r+b") as fh:  # the same file, written to
+            with open(folder / "model.onnx", "r+b") as fh:  # the same file, written to
                 fh.write(fh.read(1))
         return real(model_path, *args, **kwargs)
 
@@ -204,8 +204,8 @@ def test_a_link_or_chmod_between_the_check_and_the_load_is_not_a_change(tiny_exp
     real = decoder.create_session
 
     def linking(model_path, *args, **kwargs):
-        os.link(model_path, tmp_path / "linked.onnx")
-        os.chmod(model_path, 0o640)
+        os.link(folder / "model.onnx", tmp_path / "linked.onnx")
+        os.chmod(folder / "model.onnx", 0o640)
         return real(model_path, *args, **kwargs)
 
     opened = open_folder(folder)

@@ -30,7 +30,16 @@ from gpt2onnx.artifact.graph import GraphFacts, external_data_files, graph_facts
 from gpt2onnx.artifact.manifest import MANIFEST_FORMAT_VERSION, MODEL_FILE, FileRecord, Manifest
 from gpt2onnx.artifact.paths import check_output_path, file_in_folder, real_location
 from gpt2onnx.errors import BadInput, ContractError, Gpt2OnnxError, IntegrityError, OutputError
-from gpt2onnx.files import kind_of, read_regular_text, sha256_and_stamp, sha256_file, stamp
+from gpt2onnx.files import (
+    descriptor_path,
+    kind_of,
+    open_regular,
+    read_regular_text,
+    sha256_and_stamp,
+    sha256_file,
+    sha256_of,
+    stamp,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +95,14 @@ def read_n_positions(folder: str | Path) -> int:
 
 
 def check_integrity(
-    folder: Path, manifest: Manifest, *, data_files: tuple[str, ...] | None = None
+    folder: Path, manifest: Manifest, *, data_files: tuple[str, ...] | None = None, held: dict | None = None
 ) -> dict[Path, tuple[int, ...]]:
     """Each model file must have the size and sha256 the manifest records (about 1 s for the 124M model), and
     every external data file the graph names (``data_files``, read from the graph when not given) must be one
     of them: the check covers every file onnxruntime will load. Returns each file's stamp as it was hashed
-    (:meth:`ModelFolder.check_unchanged` compares them once a runtime has loaded the files)."""
+    (:meth:`ModelFolder.check_unchanged` compares them once a runtime has loaded the files). ``held``: each
+    file's descriptor that was hashed is kept open there (path → file), for a runtime to load those very bytes
+    (:meth:`ModelFolder.place_files`); a file already in it is hashed from that descriptor."""
     folder = Path(folder)
     where = folder / MANIFEST_NAME
     if data_files is None:
@@ -115,14 +126,21 @@ def check_integrity(
         if not path.exists():
             raise IntegrityError(f"'{path}' is missing but the manifest lists it: export the folder again")
         path = file_in_folder(folder, name, what="model file", where=where)
+        handle = (held or {}).get(path) or open_regular(path, "file")
         try:
-            digest, hashed = sha256_and_stamp(path)
+            hashed = stamp(os.fstat(handle.fileno()))
+            digest = sha256_of(handle)
             stamps[path] = (hashed, digest)
             matches = hashed[2] == info.bytes and digest == info.sha256
         except PermissionError as err:
             raise BadInput(
                 f"'{path}' cannot be read ({err.strerror}): give read permission to the folder's files"
             ) from None
+        finally:
+            if held is None:
+                handle.close()
+            else:
+                held[path] = handle
         if not matches:
             raise IntegrityError(
                 f"'{path}' differs from what the manifest '{where}' records (size or sha256):"
@@ -130,6 +148,24 @@ def check_integrity(
                 " on purpose"
             )
     return stamps
+
+
+def _still_named(handle, path: Path) -> bool:
+    """Whether the name ``handle`` was opened by is still its name (the kernel's: a name renamed over reads
+    '… (deleted)' even once the file is back under a new one); True where the system does not say."""
+    try:
+        return os.readlink(f"/proc/self/fd/{handle.fileno()}") == os.path.realpath(path)
+    except (OSError, ValueError):
+        return True
+
+
+def _copy_descriptor(handle, target: Path) -> None:
+    """The bytes of the open file ``handle``, from its start, into a new private file ``target`` (0600)."""
+    offset = 0
+    with os.fdopen(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb") as out:
+        while chunk := os.pread(handle.fileno(), 1 << 24, offset):
+            out.write(chunk)
+            offset += len(chunk)
 
 
 def graph_data_files(model_path: Path) -> tuple[str, ...]:
@@ -153,28 +189,120 @@ class ModelFolder:
     facts: GraphFacts | None = None  # read from model_path when not given
     verified: bool = False  # its model files were checked against the manifest (a runtime checks its own too)
     stamps: dict = field(default_factory=dict)  # each checked file: (its stamp as it was hashed, its sha256)
+    held: dict = field(default_factory=dict, repr=False)  # each checked file: the descriptor hashed, kept open
 
     def __post_init__(self) -> None:
         if self.facts is None:
             self.facts = graph_facts(load_graph(self.model_path))
 
-    def check_unchanged(self) -> None:
-        """After a runtime has loaded the files: each checked file is still the one hashed, unwritten (a folder
-        whose files were swapped between the check and the load ran another model). IntegrityError otherwise. A
-        file whose change time alone moved (a hard link made to it, as deploy makes, or a chmod) is the same file,
-        unwritten by size and modification time: its bytes settle it, hashed again."""
-        for path, (hashed, digest) in self.stamps.items():
+    def place_files(self, into: Path, *, copy: tuple[str, ...] = ()) -> Path:
+        """Put the files a runtime loads (model.onnx and the data files its graph names) in the private folder
+        ``into``, and return the model's path there: each checked file as a symbolic link to the descriptor that
+        was hashed (/proc/PID/fd/N of this process: it opens those bytes whatever the folder's names name by
+        then, in this process or a worker of this user; nothing is copied). A file swapped in at the folder's
+        path and back while the runtime loads is never what it reads. ``copy``: names copied from their hashed
+        descriptor instead (OpenVINO refuses a data file whose link leads outside the model's folder; the copy
+        costs that file's size on disk, in ``into``, until it is removed). Files not checked (no manifest,
+        --no-verify-files), or where there is no /proc: links to the folder's files, as before."""
+        for name in (self.model_path.name, *self.data_files):
+            source, target = self.folder / name, Path(into) / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            handle = self.held.get(source)
+            held = descriptor_path(handle) if handle is not None else None
+            if held is None:
+                try:
+                    os.symlink(source.resolve(), target)
+                except OSError:
+                    shutil.copyfile(source, target)
+            elif name in copy:
+                _copy_descriptor(handle, target)
+            else:
+                os.symlink(held, target)
+        return Path(into) / self.model_path.name
+
+    def fill_external(self, tensor) -> None:
+        """Move a tensor's external bytes into it, read from the hashed descriptor of its data file; a tensor
+        whose file is not held (not checked) is left to be read by path, as before."""
+        import onnx
+
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            return
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        handle = self.held.get(self.folder / info.get("location", ""))
+        if handle is None:
+            return
+        offset, length = int(info.get("offset") or 0), int(info.get("length") or 0)
+        data = os.pread(handle.fileno(), length, offset) if length else b""
+        if len(data) != length or not length:
+            raise ContractError(
+                f"'{self.model_path}': the weight '{tensor.name}' is not inside '{info.get('location')}' as the graph"
+                " says: export the folder again"
+            )
+        tensor.raw_data = data
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
+
+    @contextlib.contextmanager
+    def loading(self, *, copy: tuple[str, ...] = ()):
+        """Yield the path a runtime loads the model from (:meth:`place_files`, in a private temporary folder),
+        then check what it loaded (:meth:`check_unchanged`); the folder is removed after. A load that fails while
+        the folder's files changed (onnxruntime refuses a data file whose name was renamed over) is refused as
+        the change it is. A message naming the temporary folder names the model's folder instead."""
+        if not any(descriptor_path(handle) for handle in self.held.values()):  # nothing checked, or no /proc
+            yield self.model_path
+            self.check_unchanged()
+            return
+        tmp = Path(tempfile.mkdtemp(prefix="gpt2onnx-load-"))  # 0700: no one else adds or swaps a file in it
+        try:
             try:
-                now = stamp(os.stat(path))
-            except OSError:
-                now = None
-            if now == hashed:
+                yield self.place_files(tmp, copy=copy)
+            except Exception:
+                self.check_unchanged()  # the folder changed under the load: that is the reason, said as such
+                raise
+            self.check_unchanged()
+        except Gpt2OnnxError as err:
+            if err.args and isinstance(err.args[0], str):
+                err.args = (err.args[0].replace(str(tmp), str(self.folder)), *err.args[1:])
+            raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def check_unchanged(self) -> None:
+        """After a runtime has loaded the files: each checked file is still the one hashed, unwritten, and the
+        folder still names it by the name it was opened by; IntegrityError otherwise. Where the descriptor that
+        was hashed is held (what :meth:`place_files` loads), its size and modification time are compared, and the
+        name it was opened by must still lead to it: a rename over that name unlinks it for good, so a file
+        swapped away and back between two hard links (the same inode, bytes and stamp but for its change time)
+        is caught even once it is back. A file whose change time alone moved (a hard link made to it, as deploy
+        makes, or a chmod) is the same file, unwritten by size and modification time: its bytes settle it,
+        hashed again (from the descriptor; from the path where none is held)."""
+        for path, (hashed, digest) in self.stamps.items():
+            handle = self.held.get(path)
+            try:
+                now = stamp(os.fstat(handle.fileno()) if handle is not None else os.stat(path))
+                named = stamp(os.stat(path))[:2] if handle is not None else now[:2]
+            except (OSError, ValueError):  # ValueError: a descriptor closed
+                now = named = None
+            moved = handle is not None and not _still_named(handle, path)
+            if now == hashed and named == hashed[:2] and not moved:
                 continue
-            if now is None or now[:4] != hashed[:4] or sha256_and_stamp(path)[0] != digest:
+            if (
+                now is None
+                or moved
+                or now[:4] != hashed[:4]
+                or named != hashed[:2]
+                or (sha256_of(handle) if handle is not None else sha256_and_stamp(path)[0]) != digest
+            ):
                 raise IntegrityError(
                     f"'{path}' was replaced or written to after its sha256 was checked, while it was being loaded:"
                     " make sure nothing changes the folder while gpt2onnx reads it, then run the command again"
                 )
+
+    def close(self) -> None:
+        """Close the descriptors held for loading (a runtime already loaded keeps what it loaded)."""
+        for handle in self.held.values():
+            handle.close()
+        self.held.clear()
 
     @property
     def data_files(self) -> tuple[str, ...]:
@@ -228,7 +356,9 @@ def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder
     manifest = read_manifest(folder)
     if manifest is not None and manifest.kind == "block":
         raise ContractError(f"'{folder}' holds a single-block export: give a whole decoder folder")
-    facts = graph_facts(load_graph(model_path))
+    verify = manifest is not None and verify_files
+    held: dict = {}
+    facts = _facts_of(model_path, held if verify else None)
     for name in facts.data_files:
         file_in_folder(folder, name, what="external data file", where=model_path)
     n_positions = read_n_positions(folder)
@@ -239,12 +369,33 @@ def open_folder(folder: str | Path, *, verify_files: bool = True) -> ModelFolder
             f" {rows} rows: set n_positions to {rows} or less in config.json, or export the folder again"
         )
     stamps = {}
-    if manifest is not None and verify_files:
-        stamps = check_integrity(folder, manifest, data_files=facts.data_files)
+    if verify:
+        stamps = check_integrity(folder, manifest, data_files=facts.data_files, held=held)
     if manifest is not None and _claims(manifest, facts):
         log.warning("'%s' says %s: the graph's are used", folder / MANIFEST_NAME, "; ".join(_claims(manifest, facts)))
-    verified = manifest is not None and verify_files
-    return ModelFolder(folder, model_path, manifest, n_positions, facts, verified=verified, stamps=stamps)
+    return ModelFolder(folder, model_path, manifest, n_positions, facts, verified=verify, stamps=stamps, held=held)
+
+
+def _facts_of(model_path: Path, held: dict | None) -> GraphFacts:
+    """The graph's facts. ``held`` (a folder to be checked): read from a descriptor kept open there, the one
+    :func:`check_integrity` then hashes and the runtime loads, so that the facts, the check and the load are of
+    one file; messages name the model's path."""
+    handle = None
+    if held is not None:
+        with contextlib.suppress(BadInput):  # unreadable or not a file: load_graph says so, by its path
+            handle = open_regular(model_path, "model file")
+    opened = descriptor_path(handle) if handle is not None else None
+    if opened is None:
+        if handle is not None:
+            handle.close()
+        return graph_facts(load_graph(model_path))
+    held[model_path] = handle
+    try:
+        return graph_facts(load_graph(Path(opened)))
+    except Gpt2OnnxError as err:
+        if err.args and isinstance(err.args[0], str):
+            err.args = (err.args[0].replace(opened, str(model_path)), *err.args[1:])
+        raise
 
 
 def check_deployed_files(folder: Path, manifest: Manifest, names: list[str]) -> None:

@@ -17,6 +17,7 @@ Three steppers, chosen from the graph by :func:`open_decoder`:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ import onnxruntime as ort
 
 from gpt2onnx.artifact.contract import ORT_DTYPES, DecoderShape, TensorSpec, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.artifact.graph import cache_scales, graph_facts, load_graph
+from gpt2onnx.artifact.graph import QUANTIZED_CACHE_OP, all_nodes, cache_scales, graph_facts, load_graph
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
 from gpt2onnx.layouts.all_layouts import bound_by
@@ -34,6 +35,7 @@ from gpt2onnx.precisions.prompt_path import kernel_of
 from gpt2onnx.runtimes.base import Capabilities, StepRuntime
 from gpt2onnx.runtimes.providers import (
     DEVICE_TYPES,
+    TRT_CACHE_DIR,
     TRT_DUMMY_PAST,
     ProviderConfig,
     check_kernels,
@@ -83,26 +85,45 @@ def stepper_for(layout: CacheLayout) -> type:
 
 def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     """A session on the provider (checked: no silent fallback, no compute node on the CPU under cuda or tensorrt),
-    wrapped as the decoder its graph needs."""
-    # The contract comes from the file first (read once): the TensorRT profile is built from its names and dims.
-    graph = load_graph(model.model_path)
+    wrapped as the decoder its graph needs. The graph, its cache scales and the session are all read from the
+    descriptors the folder check hashed (:meth:`ModelFolder.loading`): the bytes checked are the bytes loaded."""
+    if provider.name == "tensorrt" and not provider.trt_cache_dir:  # its engines beside the model, as always
+        provider = dataclasses.replace(provider, trt_cache_dir=str(model.folder / TRT_CACHE_DIR))
     layout = model.facts.layout  # the graph's ops, not the manifest (open_folder checked the position table)
     check_host_provider(layout, provider.name)
     kind = stepper_for(layout)
     shared = kind is SharedCacheDecoder
-    check_kernels(graph, provider)  # ops the provider has no kernel for: refused before any session is made
-    shape = decoder_shape(*graph_io(graph), model.n_positions)
-    host_side = host_side_nodes(graph) if provider.name != "cpu" else None
-    scales = cache_scales(graph, model.model_path) if shared else None
-    del graph
-    session = create_session(model.model_path, provider, shape=shape, host_side=host_side)
-    model.check_unchanged()  # the bytes checked are the bytes loaded
+    with model.loading() as model_path:
+        # The contract comes from the file first (read once): the TensorRT profile is built from its names and dims.
+        graph = load_graph(model_path)
+        check_kernels(graph, provider)  # ops the provider has no kernel for: refused before any session is made
+        shape = decoder_shape(*graph_io(graph), model.n_positions)
+        host_side = host_side_nodes(graph) if provider.name != "cpu" else None
+        scales = cache_scales(_scales_held(graph, model), model.model_path) if shared else None
+        del graph
+        session = create_session(model_path, provider, shape=shape, host_side=host_side)
     if kind is SharedCacheDecoder:  # a quantized cache's scales, read from the graph
         decoder = SharedCacheDecoder(session, n_positions=model.n_positions, cache_scales=scales)
     else:
         decoder = kind(session, n_positions=model.n_positions, device_id=provider.device_id)
     decoder.exact_step_rows = exact_rows(model.facts)
     return decoder
+
+
+def _scales_held(graph, model: ModelFolder):
+    """The graph with its cache scales' external bytes read from the data files' hashed descriptors (cache_scales
+    reads the rest by path, beside the folder's model)."""
+    names = {
+        name
+        for node in all_nodes(graph.graph, prompt_body=True)
+        if node.op_type == QUANTIZED_CACHE_OP
+        for name in node.input[12:14]
+        if name
+    }
+    for init in graph.graph.initializer:
+        if init.name in names:
+            model.fill_external(init)
+    return graph
 
 
 def exact_rows(facts) -> int | None:

@@ -81,20 +81,15 @@ def genai_config(model: ModelFolder, *, threads: int | None = None) -> dict:
 
 def config_folder(model: ModelFolder, tmp: Path, *, threads: int | None = None) -> tuple[Path, bool]:
     """The folder genai opens: always an overlay in ``tmp`` holding the config we write (from the graph and the
-    configs, :mod:`gpt2onnx.artifact.genai_config`) and links to exactly the files the graph loads (model.onnx and the
-    external data it names, checked to lie inside the folder), or copies where links are refused. The folder's
-    own genai_config.json is never passed to genai: its session options could load a library
-    (custom_ops_library), write files (enable_profiling) or run another model (decoder.filename).
-    Returns (folder, True)."""
+    configs, :mod:`gpt2onnx.artifact.genai_config`) and exactly the files the graph loads (model.onnx and the
+    external data it names, checked to lie inside the folder), each a link to the descriptor the folder check
+    hashed (:meth:`ModelFolder.place_files`: /proc/PID/fd/N of this process, which genai's worker, run by the same
+    user, opens too), so genai loads the bytes checked. The folder's own genai_config.json is never passed to
+    genai: its session options could load a library (custom_ops_library), write files (enable_profiling) or run
+    another model (decoder.filename). Returns (folder, True)."""
     overlay = tmp / model.folder.name
     overlay.mkdir(parents=True)
-    for name in (model.model_path.name, *model.data_files):
-        source = model.folder / name
-        (overlay / name).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.symlink(source.resolve(), overlay / name)
-        except OSError:
-            shutil.copyfile(source, overlay / name)
+    model.place_files(overlay)
     (overlay / CONFIG_FILE).write_text(json.dumps(genai_config(model, threads=threads), indent=2) + "\n")
     return overlay, True
 
@@ -123,8 +118,12 @@ def open_runtime(model: ModelFolder, settings: GenaiSettings) -> "GenaiRunner":
     try:
         folder, overlay = config_folder(model, tmp, threads=settings.threads)
         backend = _InProcess(folder) if in_process() else _Worker(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as err:
+        try:
+            if isinstance(err, Exception):
+                model.check_unchanged()  # the folder changed under the load: that is the reason, said as such
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     try:
         model.check_unchanged()  # the bytes checked are the bytes genai loaded

@@ -79,7 +79,10 @@ def open_runtime(model: ModelFolder, settings: OpenVinoSettings) -> "OpenVinoDec
     if settings.threads:
         config["INFERENCE_NUM_THREADS"] = settings.threads
     try:
-        compiled = core.compile_model(core.read_model(str(model.model_path)), settings.device, config)
+        # from the descriptors the folder check hashed; the data files copied (OpenVINO refuses one whose link leads
+        # outside the model's folder): their size on disk, in a private temporary folder, until compiled
+        with model.loading(copy=model.data_files) as model_path:
+            compiled = core.compile_model(core.read_model(str(model_path)), settings.device, config)
     except RuntimeError as exc:
         unconverted = re.search(r"No conversion rule found for operations: (.+)", str(exc))
         if unconverted:  # the frontend cannot read an op: its own words, not the C++ location it starts with
@@ -93,7 +96,6 @@ def open_runtime(model: ModelFolder, settings: OpenVinoSettings) -> "OpenVinoDec
         raise RuntimeUnavailable(
             f"OpenVINO cannot compile '{model.model_path}' for {settings.device}: {_reason(exc)}"
         ) from None
-    model.check_unchanged()  # the bytes checked are the bytes compiled
     return OpenVinoDecoder(
         compiled, model, device=settings.device, precision=settings.precision, version=ov.__version__
     )
