@@ -82,7 +82,16 @@ FACTS: dict[str, Fact] = {
         Fact("batches_rows", False, "batch that rows join and leave"),
         Fact("transformers_js_dtype", None, "transformers.js dtype"),
         Fact("data_files", 0, "external data files"),
+        Fact("vocab_size", None, "vocabulary"),  # a folder's, where a draft's is compared with it
         Fact("features", frozenset(), "decoding features", is_set=True, verb="uses"),  # what a request uses
+        # a request's settings that a search op takes as attributes (None: the request does not use them)
+        Fact("no_repeat_ngram_size", 0, "no_repeat_ngram_size (--no-repeat-ngram-size)"),
+        Fact("early_stopping", None, "early_stopping (--early-stopping)"),  # beams only
+        Fact("length_penalty", None, "length_penalty (--length-penalty)"),  # beams only
+        Fact("temperature", None, "temperature (--temperature)"),  # sampling only
+        Fact("top_p", None, "top_p (--top-p)"),  # sampling only
+        # a deployment a runtime runs (ort-generate's files); None: not read (a planned export)
+        Fact("search_files", None, "ort-generate's files (deploy --target ort-generate)"),
     )
 }
 
@@ -273,6 +282,15 @@ class Unsupported(BadInput):
     def __init__(self, verdict: Verdict):
         super().__init__(verdict.line)
         self.verdict = verdict
+
+
+@dataclass(frozen=True)
+class RefusedOptions:
+    """Options whose own choices conflict, kept where a command answers with a verdict instead of refusing (check's
+    planned --quantize options): the refusal, and the calibration text they name (a file the command reads)."""
+
+    refused: Unsupported
+    calibration_text: str | None = None
 
 
 class UnsupportedRuntime(RuntimeUnavailable):

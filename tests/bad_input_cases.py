@@ -1019,7 +1019,22 @@ CASES: list[Case] = [
         match="transformers.js is not installed in",
     ),
     Case("serve-missing-folder", "message", ("serve", "nope"), B, match="is not a folder"),
-    Case("serve-not-a-web-folder", "message", ("serve", "{exp}"), B, match="has no index.html"),
+    Case("serve-not-a-web-folder", "message", ("serve", "{dir}"), B, match="has no index.html"),
+    Case(
+        "serve-model-max-batch-zero",
+        "options",
+        ("serve", "{exp}", "--max-batch", "0", "--port", "0"),
+        B,
+        match="--max-batch 0 is not an integer from 1 to 256",
+    ),
+    Case(
+        "serve-web-folder-model-options",
+        "options",
+        ("serve", "{dir}", "--api-key", "k", "--port", "0"),
+        B,
+        lambda c: (c.dir / "index.html").write_text("<p>hi</p>"),
+        match="for a model folder, not a web folder",
+    ),
     Case(
         "serve-port-bogus",
         "options",
@@ -3702,5 +3717,534 @@ CASES += [
         export_copy(manifest_edit(precision="int8")),
         creates=("m",),
         check=_named_by_its_graph,
+    ),
+]
+
+
+# -- round six: check answers what the command does ----------------------------------------------------------------
+def _ort_generate_folder(c: Ctx) -> None:
+    """'og': the shared export deployed for ort-generate (its ops' attributes: greedy's, sampling's defaults)."""
+    from typer.testing import CliRunner
+
+    from gpt2onnx.cli import app
+
+    result = CliRunner().invoke(app, ["deploy", str(c.exp), "--target", "ort-generate", "-o", str(c.dir / "og")])
+    assert result.exit_code == 0, result.output
+
+
+def _other_vocabulary_draft(c: Ctx) -> None:
+    """'d': an export of a checkpoint with a vocabulary of 997 tokens (the shared export's has 1000)."""
+    from conftest import make_config, write_hf_folder
+
+    from gpt2onnx.exporters.export import ExportOptions, export
+
+    source = write_hf_folder(c.dir / "ck", make_config("h3-v997"))
+    export(str(source), c.dir / "d", options=ExportOptions(validate=False))
+
+
+def _verdict(words: str) -> Callable[[Ctx, Outcome], None]:
+    """check's --json report 'r.json' written, with the verdict: not supported, its first conflict matching."""
+
+    def check(c: Ctx, out: Outcome) -> None:
+        report = json.loads((c.dir / "r.json").read_text())
+        assert report["supported"] is False and re.search(words, report["conflicts"][0]), report
+
+    return check
+
+
+OG_CHECK = ("check", "og", "--runtime", "ort-generate", "--json", "r.json")
+TRAINED = str(Path(__file__).resolve().parent / "fixtures" / "trained-tiny")  # int4's quality gates need its weights
+MIXED_STATIC = ("--quantize", "int4", "--mixed-int8", "25", "--fusion", "onnx-static-kv")
+CASES += [
+    *(
+        Case(
+            f"check-{algorithm}-prompt-kernel-verdict",  # once exit 2 without the report
+            "message",
+            ("check", "--quantize", "int4", "--algorithm", algorithm, "--prompt-kernel", "int8", "--json", "r.json"),
+            F,
+            match=f"not supported: prompt kernel int8 .* algorithm {algorithm}",
+            creates=("r.json",),
+            check=_verdict(f"algorithm {algorithm}"),
+        )
+        for algorithm in ("hqq", "gptq", "k-quant")
+    ),
+    Case(
+        "check-draft-other-vocabulary-verdict",  # once exit 2 without the report
+        "message",
+        ("check", "{exp}", "--draft", "d", "--json", "r.json"),
+        F,
+        _other_vocabulary_draft,
+        match="the draft .* has a vocabulary of 997 tokens, but the model .* has one of 1000",
+        creates=("r.json",),
+        check=_verdict("vocabulary of 997"),
+    ),
+    Case(
+        "check-ort-generate-beams",  # once "supported", and generate refused it
+        "message",
+        (*OG_CHECK, "--num-beams", "2"),
+        F,
+        _ort_generate_folder,
+        match="length_penalty to 1.0: pass --length-penalty 0",
+        creates=("r.json",),
+        check=_verdict("length_penalty"),
+    ),
+    Case(
+        "generate-ort-generate-beams-as-check-says",
+        "message",
+        ("generate", "og", "--runtime", "ort-generate", "--num-beams", "2", "--ids", "1,2", "--max-new-tokens", "1"),
+        B,
+        _ort_generate_folder,
+        match="length_penalty to 1.0: pass --length-penalty 0",
+    ),
+    Case(
+        "check-ort-generate-no-repeat-ngram",
+        "message",
+        (*OG_CHECK, "--no-repeat-ngram-size", "2"),
+        F,
+        _ort_generate_folder,
+        match="no_repeat_ngram_size fixed at 0 .* sets no_repeat_ngram_size to 2: set no_repeat_ngram_size in",
+        creates=("r.json",),
+        check=_verdict("no_repeat_ngram_size"),
+    ),
+    Case(
+        "check-ort-generate-temperature",
+        "message",
+        (*OG_CHECK, "--sample", "--temperature", "0.7"),
+        F,
+        _ort_generate_folder,
+        match="temperature fixed at 1.0 .* sets temperature to 0.7",
+        creates=("r.json",),
+        check=_verdict("temperature"),
+    ),
+    Case(
+        "check-ort-generate-top-p",
+        "message",
+        (*OG_CHECK, "--sample", "--top-p", "0.9"),
+        F,
+        _ort_generate_folder,
+        match="top_p fixed at 1.0 .* sets top_p to 0.9",
+        creates=("r.json",),
+        check=_verdict("top_p"),
+    ),
+    Case(
+        "check-ort-generate-not-deployed",  # once "supported", and generate refused the folder
+        "message",
+        ("check", "{exp}", "--runtime", "ort-generate", "--json", "r.json"),
+        F,
+        match="has no ort-generate/ files .*: deploy it first",
+        creates=("r.json",),
+        check=_verdict("ort-generate/ files"),
+    ),
+    Case(
+        "generate-ort-generate-not-deployed-as-check-says",
+        "message",
+        ("generate", "{exp}", "--runtime", "ort-generate", "--ids", "1,2", "--max-new-tokens", "1"),
+        B,
+        match="has no ort-generate/ files .*: deploy it first",
+    ),
+    Case("check-matrix-json", "options", ("check", "--matrix", "--json", "r.json"), B, match="--matrix .* drop --json"),
+    Case("check-matrix-folder", "options", ("check", "--matrix", "{exp}"), B, match="--matrix .* drop FOLDER"),
+    Case("check-matrix-fusion-bogus", "options", ("check", "--matrix", "--fusion", "bogus"), B, match="drop --fusion"),
+    Case(
+        "check-matrix-planned",
+        "options",
+        ("check", "--matrix", "--quantize", "int4", "--num-beams", "2"),
+        B,
+        match="drop --dtype/--quantize and its options, the decoding options",
+    ),
+    Case(
+        "export-mixed-int8-static-kv",  # once exit 70: TensorScatter's max_sequence_length (0)
+        "traceback",
+        ("export", "--model", TRAINED, "-o", "m", *MIXED_STATIC),
+        0,
+        creates=("m",),
+        timeout=300,
+    ),
+]
+
+
+# -- round six: the output rule ------------------------------------------------------------------------------------
+# Every input of every command that writes a file, by its parameter's name: the command line that reads it as {in}
+# (otherwise valid), and what it is: a copy of {exp} ("export", at 'in'), of {src} ("checkpoint", at 'in'), or a
+# text ('in.txt'). Each of the command's file outputs is pointed at that input's file (a folder's model.onnx or
+# config.json), and --json also at a hard link to it and at it through a symbolic link the input is given by: all
+# refused before any work, nothing written. tests/test_output_rule.py checks that every input a command reads has
+# its row here.
+GEN_ONE = ("--ids", "1,2", "--max-new-tokens", "1")
+EVAL_T = ("--text", "t.txt", "--greedy-tokens", "0")
+PRECISION_T = ("--text", "t.txt", "--only", "fp32", "--work", "w")
+SPEC_DRAFT = ("--new-tokens", "2", "--warmup", "0", "--repeat", "1")
+OUTPUT_INPUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
+    "generate": {
+        "folder": (("generate", "{in}", *GEN_ONE), "export"),
+        "draft": (("generate", "{exp}", *GEN_ONE, "--draft", "{in}"), "export"),
+    },
+    "check": {
+        "folder": (("check", "{in}"), "export"),
+        "model": (("check", "--model", "{in}"), "checkpoint"),
+        "draft": (("check", "{exp}", "--draft", "{in}"), "export"),
+        "calibration": (
+            ("check", "--model", "{src}", "--quantize", "int4", "--algorithm", "gptq", "--calibration", "{in}"),
+            "text",
+        ),
+    },
+    "eval": {
+        "folders": (("eval", "{in}", *EVAL_T), "export"),
+        "text": (("eval", "{exp}", "--text", "{in}", "--greedy-tokens", "0"), "text"),
+        "reference": (("eval", "{exp}", *EVAL_T, "--reference", "{in}"), "checkpoint"),
+    },
+    "parity": {
+        "folder": (("parity", "{in}", "--cases", "1"), "export"),
+        "text": (("parity", "{exp}", "--cases", "1", "--text", "{in}"), "text"),
+        "reference": (("parity", "{exp}", "--cases", "1", "--reference", "{in}"), "checkpoint"),
+    },
+    "bench": {
+        "folders": (("bench", "{in}", *BENCH_QUICK), "export"),
+        "draft": (("bench", "{exp}", *BENCH_QUICK, "--draft", "{in}"), "export"),
+        "reference": (("bench", "{exp}", *BENCH_QUICK, "--baseline", "torch", "--reference", "{in}"), "checkpoint"),
+    },
+    "bench generate": {
+        "folder": (("bench", "generate", "{in}", *GENERATE_QUICK), "export"),
+        "reference": (("bench", "generate", "{exp}", *GENERATE_QUICK, "--reference", "{in}"), "checkpoint"),
+    },
+    "bench speculative": {
+        "folder": (("bench", "speculative", "{in}", *SPEC_QUICK), "export"),
+        "draft": (("bench", "speculative", "{exp}", "--draft", "{in}", *SPEC_DRAFT), "export"),
+    },
+    "bench memory": {"folders": (("bench", "memory", "{in}", *MEMORY_QUICK), "export")},
+    "bench web": {"folder": (("bench", "web", "{in}"), "export")},
+    "bench served": {"folder": (("bench", "served", "{in}"), "export")},
+    "compare": {
+        "model": (("compare", "{in}", "--only", "gpt2onnx:fp32", "--work", "w"), "checkpoint"),
+        "text": (("compare", "{src}", "--only", "gpt2onnx:fp32", "--work", "w", "--text", "{in}"), "text"),
+    },
+    "bench precision": {
+        "model": (("bench", "precision", "{in}", *PRECISION_T), "checkpoint"),
+        "text": (("bench", "precision", "{src}", "--text", "{in}", "--only", "fp32", "--work", "w"), "text"),
+        "calibration": (("bench", "precision", "{src}", *PRECISION_T, "--calibration", "{in}"), "text"),
+    },
+}
+INPUT_FILE = {"export": "in/model.onnx", "checkpoint": "in/config.json", "text": "in.txt"}
+INPUT_VARIANTS = ("itself", "hard-link", "through-link")  # the output names: the file, a hard link, the link's file
+
+
+def _input_place(kind: str, variant: str) -> Callable[[Ctx], None]:
+    def setup(c: Ctx) -> None:
+        (c.dir / "t.txt").write_text("Hello, world. " * 40)
+        if kind == "text":
+            (c.dir / "in.txt").write_text("The user's own text, kept as it is.\n" * 20)
+        else:
+            shutil.copytree(c.exp if kind == "export" else c.src, c.dir / "in", symlinks=True)
+        if variant == "hard-link":
+            os.link(c.dir / INPUT_FILE[kind], c.dir / "hard.json")
+        if variant == "through-link":
+            (c.dir / "in-link").symlink_to("in.txt" if kind == "text" else "in")
+
+    return setup
+
+
+def _input_cases() -> list[Case]:
+    cases = []
+    for command, option, kind in output_options():
+        if kind != "file":
+            continue
+        for name, (argv, what) in OUTPUT_INPUTS[command].items():
+            for variant in INPUT_VARIANTS if option == "--json" else INPUT_VARIANTS[:1]:  # the links: one option
+                given = "in-link" if variant == "through-link" else ("in.txt" if what == "text" else "in")
+                out = "hard.json" if variant == "hard-link" else INPUT_FILE[what]
+                line = tuple(a.replace("{in}", given) for a in argv) + (option, out)
+                cases.append(
+                    Case(
+                        f"over-input-{command.replace(' ', '-')}-{option.strip('-')}-{name}-{variant}",
+                        "data-loss",
+                        line,
+                        B,
+                        _input_place(what, variant),
+                    )
+                )
+    return cases
+
+
+def _scored_text_in_work(how: str) -> Callable[[Ctx], None]:
+    def setup(c: Ctx) -> None:
+        (c.dir / "w").mkdir()
+        text = "A line of the user's own text, longer than the characters scored.\n" * 40
+        if how == "hard-link":
+            (c.dir / "t.txt").write_text(text)
+            os.link(c.dir / "t.txt", c.dir / "w" / "scored.txt")
+        elif how == "variant":
+            (c.dir / "w" / "fp32").mkdir()
+            (c.dir / "w" / "fp32" / "t.txt").write_text(text)
+        else:
+            (c.dir / "w" / "scored.txt").write_text(text)
+
+    return setup
+
+
+def _t_txt(c: Ctx) -> None:
+    (c.dir / "t.txt").write_text("Hello, world. " * 40)
+
+
+PRECISION_W = ("bench", "precision", "{src}", "--work", "w", "--only", "fp32", "--max-chars", "200")
+CASES += [
+    *_input_cases(),
+    Case(
+        "precision-text-is-scored-txt",  # once cut to 187 bytes, exit 0: the grid writes scored.txt into --work
+        "data-loss",
+        (*PRECISION_W, "--text", "w/scored.txt"),
+        B,
+        _scored_text_in_work("itself"),
+        match="writes 'w/scored.txt'",
+    ),
+    Case(
+        "precision-text-hard-link-of-scored-txt",
+        "data-loss",
+        (*PRECISION_W, "--text", "t.txt"),
+        B,
+        _scored_text_in_work("hard-link"),
+        match="writes 'w/scored.txt'",
+    ),
+    Case(
+        "precision-text-in-variant-folder",  # the fp32 folder is built there with --force: the text would go
+        "data-loss",
+        (*PRECISION_W, "--text", "w/fp32/t.txt"),
+        B,
+        _scored_text_in_work("variant"),
+        match="writes 'w/fp32'",
+    ),
+    Case(
+        "precision-threads-0-writes-nothing",  # once W/fp32 exported first, then the refusal
+        "options",
+        ("bench", "precision", "{src}", "--text", "t.txt", "--work", "w", "--only", "fp32", "--threads", "0"),
+        B,
+        _t_txt,
+        match="thread",
+    ),
+    Case(
+        "precision-json-beside-the-text",  # once refused as 'inside the model folder .': the text's folder
+        "message",
+        ("bench", "precision", "tiny", "--random-init", "--text", "t.txt", "--json", "r.json", "--threads", "0"),
+        B,
+        _t_txt,
+        match="thread",
+    ),
+    Case(
+        "precision-repeat-0-writes-nothing",
+        "options",
+        ("bench", "precision", "{src}", "--text", "t.txt", "--work", "w", "--only", "fp32", "--repeat", "0"),
+        B,
+        _t_txt,
+        match="--repeat",
+    ),
+]
+
+
+# -- round six: compare and the grid -------------------------------------------------------------------------------
+COMPARE_W = ("compare", "{src}", "--only", "gpt2onnx:fp32", "--work", "w")
+COMPARE_QUICK = ("--prompt-len", "4", "--new-tokens", "2", "--batch", "1", "--warmup", "0", "--repeat", "1")
+
+
+def _work_record(name: str, kind: str) -> Callable[[Ctx], None]:
+    """'w' holding its record ``name`` as ``kind``: a FIFO, a link to /dev/zero, a folder, or none beside a
+    build found there ('gpt2onnx-fp32' for compare, 'fp32' for the grid: an export of the case's checkpoint)."""
+
+    def setup(c: Ctx) -> None:
+        (c.dir / "w").mkdir()
+        (c.dir / "t.txt").write_text("Hello, world. " * 40)
+        record = c.dir / "w" / name
+        if kind == "fifo":
+            os.mkfifo(record)
+        elif kind == "dev-zero":
+            record.symlink_to("/dev/zero")
+        elif kind == "folder":
+            record.mkdir()
+        else:
+            shutil.copytree(c.exp, c.dir / "w" / kind, symlinks=True)
+
+    return setup
+
+
+def _compare_after_config_change(c: Ctx, cli) -> Outcome:
+    """compare builds into 'w' from 'ck'; 'ck/config.json' changes (its weights do not): the next compare refuses
+    'w' (once: reused, the old build taken as this config's), and with --rebuild builds again and claims it."""
+    shutil.copytree(c.src, c.dir / "ck")
+    argv = ["compare", "ck", "--only", "gpt2onnx:fp32", "--work", "w", "--no-quality", *COMPARE_QUICK]
+    first = cli(argv, c)
+    assert first.code == 0, first.stderr[-800:]
+    config = json.loads((c.dir / "ck" / "config.json").read_text())
+    config["bos_token_id"] = 3  # the build's config: the exported folder's config.json and generation settings
+    (c.dir / "ck" / "config.json").write_text(json.dumps(config))
+    refused = cli(argv, c)
+    assert refused.code == 2, (refused.code, refused.stderr[-800:])
+    assert "its config, generation or tokenizer files" in refused.stderr and "--rebuild" in refused.stderr
+    rebuilt = cli([*argv, "--rebuild"], c)
+    assert rebuilt.code == 0, rebuilt.stderr[-800:]
+    assert json.loads((c.dir / "w" / "gpt2onnx-fp32" / "config.json").read_text())["bos_token_id"] == 3
+    return refused
+
+
+CASES += [
+    Case(
+        "compare-stride-0",  # once accepted (eval refuses it)
+        "options",
+        (*COMPARE_W, *COMPARE_QUICK, "--stride", "0"),
+        B,
+        match=r"stride \(--stride\) must be an integer of at least 1",
+    ),
+    Case(
+        "compare-stride-past-the-context",  # once refused by the scoring, after every build
+        "options",
+        (*COMPARE_W, *COMPARE_QUICK, "--context", "64", "--stride", "100"),
+        B,
+        match=r"stride \(--stride\) must be 1 to the context \(64\)",
+    ),
+    Case(
+        "compare-warmup-1e8",  # once accepted (bench caps it)
+        "options",
+        (*COMPARE_W, *COMPARE_QUICK, "--warmup", "100000000"),
+        B,
+        match=r"--warmup.*0 to 1000",
+    ),
+    Case(
+        "compare-repeat-1e8",
+        "options",
+        (*COMPARE_W, *COMPARE_QUICK, "--repeat", "100000000"),
+        B,
+        match=r"--repeat.*at most 10000",
+    ),
+    Case(
+        "compare-prompt-past-the-context",  # once exit 3 after building
+        "options",
+        (*COMPARE_W, "--prompt-len", "120", "--new-tokens", "16"),
+        B,
+        match="is 136, past the model's context of 128",
+    ),
+    Case(
+        "compare-huge-batch",  # once exit 3 after building
+        "options",
+        (*COMPARE_W, "--prompt-len", "16", "--new-tokens", "16", "--batch", "100000"),
+        B,
+        match="more than 1,048,576 tokens",
+    ),
+    Case(
+        "compare-record-fifo",  # once a hang
+        "hang",
+        (*COMPARE_W, *COMPARE_QUICK),
+        B,
+        _work_record("compare-source.json", "fifo"),
+        match=r"compare-source\.json that is not a regular file \(a FIFO\).*--rebuild",
+        process=True,
+        timeout=90,
+    ),
+    Case(
+        "compare-record-dev-zero",  # once grew past 2 GB
+        "hang",
+        (*COMPARE_W, *COMPARE_QUICK),
+        B,
+        _work_record("compare-source.json", "dev-zero"),
+        match=r"not a regular file \(a symbolic link\)",
+        process=True,
+        timeout=90,
+    ),
+    Case(
+        "compare-record-folder",  # once exit 70
+        "traceback",
+        (*COMPARE_W, *COMPARE_QUICK),
+        B,
+        _work_record("compare-source.json", "folder"),
+        match=r"not a regular file \(a folder\)",
+    ),
+    Case(
+        "compare-build-without-record",  # once taken as this checkpoint's build (KL 4.36 reported as ours)
+        "silent",
+        (*COMPARE_W, *COMPARE_QUICK),
+        B,
+        _work_record("compare-source.json", "gpt2onnx-fp32"),
+        match="holds 'gpt2onnx-fp32' but no compare-source.json",
+    ),
+    Case(
+        "compare-config-changed",  # once the build of the old config reused
+        "silent",
+        (),
+        B,
+        run=_compare_after_config_change,
+        creates=("ck", "w"),
+        timeout=400,
+    ),
+    Case(
+        "precision-record-fifo",  # once a hang
+        "hang",
+        ("bench", "precision", "{src}", "--text", "t.txt", "--work", "w", "--only", "fp32"),
+        B,
+        _work_record("grid-source.json", "fifo"),
+        match=r"grid-source\.json that is not a regular file \(a FIFO\)",
+        process=True,
+        timeout=90,
+    ),
+    Case(
+        "precision-build-without-record",
+        "silent",
+        ("bench", "precision", "{src}", "--text", "t.txt", "--work", "w", "--only", "fp32"),
+        B,
+        _work_record("grid-source.json", "fp32"),
+        match="holds 'fp32' but no grid-source.json",
+    ),
+]
+
+
+# -- round six: bench's own options ---------------------------------------------------------------------------------
+def _two_named_m(c: Ctx) -> None:
+    c.copy("exp", "a/m")
+    c.copy("exp", "b/m")
+
+
+def _both_labels(c: Ctx, out: Outcome) -> None:
+    table = (c.dir / "mem.md").read_text()
+    assert "| a/m |" in table and "| b/m |" in table, table  # once both 'm'
+
+
+CASES += [
+    Case(
+        "memory-folder-twice",  # once measured twice under one label
+        "message",
+        ("bench", "memory", "{exp}", "{exp}", *MEMORY_QUICK),
+        B,
+        match="given twice",
+    ),
+    Case(
+        "memory-two-folders-one-name",
+        "message",
+        ("bench", "memory", "a/m", "b/m", *MEMORY_QUICK, "--md", "mem.md"),
+        0,
+        _two_named_m,
+        creates=("a", "b", "mem.md"),
+        check=_both_labels,
+    ),
+]
+
+CASES += [
+    Case(
+        "speculative-prompt-past-context",  # once IndexError (exit 70): transformers' prompt lookup ran past it
+        "traceback",
+        (
+            "bench",
+            "speculative",
+            "{exp}",
+            *SPEC_QUICK,
+            "--prompt-lookup",
+            "4",
+            "--new-tokens",
+            "3",
+            "--prompt-tokens",
+            "500",
+        ),
+        0,
+    ),
+    Case(
+        "speculative-no-room-for-proposals",
+        "traceback",
+        ("bench", "speculative", "{exp}", "--prompt-lookup", "4", "--new-tokens", "126", "--warmup", "0"),
+        B,
+        match="126 new tokens and 4 proposed leave no room",
     ),
 ]

@@ -128,11 +128,24 @@ def test_each_export_works_or_is_refused_before_any_work(plan, exports, tmp_path
     assert manifest["parity"]["passed"], manifest["parity"]
     assert open_folder(folder).facts.layout.name == passes.profile.layout.name
     for label, question in _sample(RUNS, 5, zlib.crc32(_plan_id(plan).encode())):
-        answer = preflight(folder, **question)
-        assert answer.ok == preflight(plan=passes, **question).ok, (label, answer.conflicts)  # declared = read back
         work = tmp_path / label.replace(" ", "-").replace("→", "to")
         work.mkdir()
-        RUN_CHECKS[_kind(label)](folder, question, answer, work)
+        asked = _deployed_for(folder, question, work)
+        answer = preflight(asked, **question)
+        assert answer.ok == preflight(plan=passes, **question).ok, (label, answer.conflicts)  # declared = read back
+        RUN_CHECKS[_kind(label)](asked, question, answer, work)
+
+
+def _deployed_for(folder: Path, question: dict, work: Path) -> Path:
+    """The folder a question runs: ort-generate's, the folder deploy writes (the export alone is refused for it,
+    a prerequisite the declarations name); else the export."""
+    options = question.get("runtime")
+    if options is None or options.name != "ort-generate":
+        return folder
+    assert any("ort-generate/ files" in line for line in preflight(folder, **question).conflicts)
+    deployed = work / "ort-generate"
+    result = runner.invoke(app, ["deploy", str(folder), "--target", "ort-generate", "-o", str(deployed)])
+    return deployed if result.exit_code == 0 else folder
 
 
 def _kind(label: str) -> str:
@@ -155,10 +168,8 @@ def _run_runtime(folder: Path, question: dict, answer, work: Path) -> None:
         missing = unsupported_nodes(load_graph(folder / "model.onnx"), options.settings.name)
         assert answer.ok == (not missing and not layout_on_host), (answer.conflicts, missing)
         flags = ["--provider", options.settings.name]
-    elif answer.ok and options.name == "ort-generate":
-        deployed = work / "ort-generate"
-        runner.invoke(app, ["deploy", str(folder), "--target", "ort-generate", "-o", str(deployed)])
-        assert _greedy(deployed, runtime=options) == _greedy(folder)
+    elif answer.ok and options.name == "ort-generate":  # the deployed folder (_deployed_for)
+        assert _greedy(folder, runtime=options) == _greedy(folder)
         return
     elif answer.ok:
         report = parity(folder, runtime=options, cases=2, seed=0)
@@ -347,3 +358,107 @@ def test_optimize_refuses_what_it_cannot_make_from_a_folder(exports, tmp_path):
         out = tmp_path / "out"
         assert words in one_line_refusal(runner.invoke(app, ["optimize", *args, "-o", str(out)]))
         assert not out.exists()
+
+
+# -- issue 53: check answers what the command does, each runtime × each decoding feature ---------------------------
+FEATURES = {
+    "greedy": [],
+    "sample": ["--sample", "--seed", "1"],
+    "temperature": ["--sample", "--temperature", "0.7", "--seed", "1"],
+    "top-p": ["--sample", "--top-p", "0.9", "--seed", "1"],
+    "top-k": ["--sample", "--top-k", "5", "--seed", "1"],
+    "beams": ["--num-beams", "2"],
+    "beams-length-penalty-0": ["--num-beams", "2", "--length-penalty", "0"],
+    "early-stopping": ["--num-beams", "2", "--length-penalty", "0", "--early-stopping", "true"],
+    "early-stopping-never": ["--num-beams", "2", "--length-penalty", "0", "--early-stopping", "never"],
+    "return-sequences": ["--num-beams", "2", "--length-penalty", "0", "--num-return-sequences", "2"],
+    "sampled-sequences": ["--sample", "--seed", "1", "--num-return-sequences", "2"],
+    "repetition-penalty": ["--repetition-penalty", "1.3"],
+    "beams-repetition-penalty": ["--num-beams", "2", "--length-penalty", "0", "--repetition-penalty", "1.3"],
+    "no-repeat-ngram": ["--no-repeat-ngram-size", "2"],
+    "min-new-tokens": ["--min-new-tokens", "3"],
+    "stop": ["--stop", "e"],
+    "beams-stop": ["--num-beams", "2", "--length-penalty", "0", "--stop", "e"],
+}
+LOOP_RUNTIMES = ("genai",)  # a worker under .venv-genai's Python
+
+
+@pytest.fixture(scope="module")
+def run_folders(exports, tmp_path_factory) -> dict[str, Path]:
+    """The fixture's export, and the folder deploy writes from it for ort-generate."""
+    folder = exports(_plan("none", "fp32"))
+    deployed = tmp_path_factory.mktemp("ort-generate") / "deployed"
+    result = runner.invoke(app, ["deploy", str(folder), "--target", "ort-generate", "-o", str(deployed)])
+    assert result.exit_code == 0, result.output[-3000:]
+    return {"export": folder, "ort-generate": deployed}
+
+
+def _runtime_folder(runtime: str, run_folders: dict) -> Path:
+    if runtime in LOOP_RUNTIMES and not GENAI_PYTHON.exists():
+        pytest.skip("onnxruntime-genai is not installed (.venv-genai): run scripts/setup.sh")
+    return run_folders.get(runtime, run_folders["export"])
+
+
+def _verdict(args: list[str], tmp_path: Path) -> dict:
+    """check's answer (exit 0 supported, 1 a conflict, the --json report written either way)."""
+    report = tmp_path / "check.json"
+    report.unlink(missing_ok=True)
+    result = runner.invoke(app, ["check", *args, "--json", str(report)])
+    verdict = json.loads(report.read_text())
+    assert result.exit_code == (0 if verdict["supported"] else 1), result.output
+    return verdict
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino", "genai", "ort-generate"])
+def test_check_answers_what_generate_does_for_each_decoding_feature(runtime, run_folders, tmp_path):
+    """Once `check --runtime ort-generate` said supported with beams, no_repeat_ngram_size or a temperature, and
+    generate refused them: each feature is asked of check and run by generate, which must agree (a refusal in one
+    line: the check's first conflict)."""
+    folder = _runtime_folder(runtime, run_folders)
+    for name, args in FEATURES.items():
+        verdict = _verdict([str(folder), "--runtime", runtime, *args], tmp_path)
+        ran = runner.invoke(
+            app, ["generate", str(folder), "--runtime", runtime, "--prompt", PROMPT, "--max-new-tokens", "4", *args]
+        )
+        if verdict["supported"]:
+            assert ran.exit_code == 0, (name, ran.output[-2000:])
+        else:
+            line = one_line_refusal(ran, code=ran.exit_code if ran.exit_code in (2, 3) else 2)
+            assert verdict["conflicts"][0] in line, (name, verdict["conflicts"], line)
+
+
+def test_check_refuses_ort_generate_on_a_folder_not_deployed_for_it(run_folders, tmp_path):
+    verdict = _verdict([str(run_folders["export"]), "--runtime", "ort-generate"], tmp_path)
+    assert not verdict["supported"] and "has no ort-generate/ files" in verdict["conflicts"][0]
+    ran = runner.invoke(app, ["generate", str(run_folders["export"]), "--runtime", "ort-generate", "--prompt", PROMPT])
+    assert verdict["conflicts"][0] in one_line_refusal(ran)
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "genai", "ort-generate"])
+def test_bench_generate_does_what_check_answers(runtime, run_folders, tmp_path):
+    """Once `bench generate --runtime genai` always exited 2 (it gave genai min_new_tokens, which genai refuses):
+    greedy and beams, as check answers them, on each runtime; genai's rows end at their end-of-sequence."""
+    folder = _runtime_folder(runtime, run_folders)
+    for args in ([], ["--num-beams", "2"]):
+        verdict = _verdict([str(folder), "--runtime", runtime, *args], tmp_path)
+        out = tmp_path / "bench.json"
+        small = ["--batch", "1", "--prompt-len", "4", "--new-tokens", "4", "--warmup", "0", "--repeat", "1"]
+        ran = runner.invoke(
+            app, ["bench", "generate", str(folder), "--runtime", runtime, *small, *args, "--json", str(out)]
+        )
+        if verdict["supported"]:
+            assert ran.exit_code == 0, (args, ran.output[-2000:])
+            report = json.loads(out.read_text())
+            assert report["same_tokens"] and report["exact_length"] == (runtime != "genai"), report
+        else:
+            assert verdict["conflicts"][0] in one_line_refusal(ran)
+
+
+def test_mixed_int8_calibrates_the_static_layout(tmp_path):
+    """Once exit 70 (TensorScatter: max_sequence_length 0): the sensitivity measurement fed the static buffer a
+    past of length 0; its feeds give a buffer the tokens' length now. Exported and checked against PyTorch."""
+    out = tmp_path / "mixed"
+    args = ["--quantize", "int4", "--mixed-int8", "25", "--fusion", "onnx-static-kv"]
+    result = runner.invoke(app, ["export", "--model", str(FIXTURE), "-o", str(out), *args])
+    assert result.exit_code == 0, result.output[-3000:]
+    assert json.loads((out / "gpt2onnx.json").read_text())["parity"]["passed"]

@@ -96,12 +96,28 @@ def test_a_second_run_reuses_the_folders_built_from_the_same_source_only(grid, t
     out, _ = grid
     work = out / "work"
     built = {p: p.stat().st_mtime_ns for p in work.rglob("*") if p.is_file() and "model.onnx" in p.name}
-    args = ["--text", TRAINED / "heldout.txt", "--work", work, "--only", "int8", "--max-chars", 3000]
-    args += ["--repeat", 1, "--warmup", 0, "--gate-cases", 1, "--greedy-tokens", 4, "--past", 8, "--prompt-len", 8]
-    proc = gpt2onnx("bench", "precision", TRAINED, *args, "--json", tmp_path / "again.json")
-    assert proc.returncode == 0, proc.stderr
+    calls = []  # the progress (the CLI's bar on a terminal): each stage named, with its count
+    bench_precision(
+        str(TRAINED),
+        text=TRAINED / "heldout.txt",
+        work=work,
+        only=["int8"],
+        max_chars=3000,
+        repeat=1,
+        warmup=0,
+        gate_cases=1,
+        greedy_tokens=4,
+        past=8,
+        prompt_len=8,
+        json_path=tmp_path / "again.json",
+        progress=lambda *call: calls.append(call),
+    )
     assert {p: p.stat().st_mtime_ns for p in built} == built
     assert [r["variant"] for r in json.loads((tmp_path / "again.json").read_text())["summary"]] == ["fp32", "int8"]
+    assert calls[:3] == [("building fp32", 0, 2), ("building int8", 1, 2), ("built", 2, 2)]
+    assert ("gate figures of int8", 1, 2) in calls and calls[-1] == ("timing", 2, 2)
+    windows = [call for call in calls if call[0].startswith("scoring on the text")]
+    assert windows and windows[-1][1] == windows[-1][2] > 0
     for options in ({"outliers": 3.0}, {"random_init": True, "seed": 1}):
         model = "tiny" if options.get("random_init") else str(TRAINED)
         with pytest.raises(BadInput, match="holds files built from another checkpoint or with other options"):

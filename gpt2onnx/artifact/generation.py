@@ -346,8 +346,16 @@ def features_of(sampling: Sampling, decoding: Decoding) -> frozenset[str]:
 
 
 def request_declared(sampling: Sampling, decoding: Decoding) -> Declared:
-    """What a request's options declare: the features it uses (gpt2onnx.capabilities)."""
-    return Declared("request", "options", ensures={"features": features_of(sampling, decoding)}, label="the request")
+    """What a request's options declare: the features it uses, and the settings a search op may take as attributes
+    (each where it applies: beams', sampling's) (gpt2onnx.capabilities)."""
+    settings = {"no_repeat_ngram_size": decoding.no_repeat_ngram_size}
+    if decoding.beams:
+        settings |= {"early_stopping": decoding.early_stopping, "length_penalty": decoding.length_penalty}
+    if sampling.sample:
+        settings |= {"temperature": sampling.temperature, "top_p": sampling.top_p}
+    features = {"features": features_of(sampling, decoding)}
+    says = {name: f"sets {name} to {value}" for name, value in settings.items()}
+    return Declared("request", "options", ensures={**features, **settings}, says=says, label="the request")
 
 
 def check_pair(sampling: Sampling, decoding: Decoding) -> None:

@@ -6,8 +6,9 @@
   holds the path.
 - :func:`check_output_path`: every path a command writes (``--json``, ``--plot``, ``-o``, deploy in place) is
   checked before any work: a new path or an existing entry of its kind (a regular file, a folder), never a link,
-  a FIFO or a device, outside the model folders being read, never an input file, and a folder never holds the
-  working directory.
+  a FIFO or a device, outside the folders being read (model folders, a draft, a checkpoint), never an input file
+  nor a hard link to one (the same device and inode), and a folder never holds the working directory or an input
+  file.
 """
 
 from __future__ import annotations
@@ -124,8 +125,18 @@ def check_output_path(
                 " folder"
             )
     for file, target in read_files:
-        if real == target:
+        if real == target or (info is not None and _same_file(info, file)):
             raise BadInput(f"{option} '{path}' is the input file '{file}': write it somewhere else")
+        if kind == "folder" and replaced and target.is_relative_to(real):
+            raise BadInput(f"{option} '{path}' holds the input file '{file}', which writing it would replace")
+    if info is not None and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        for folder, _ in read_folders:  # a hard link to a file of a folder read: that file, by another name
+            twin = _hard_link_in(folder, info)
+            if twin is not None:
+                raise BadInput(
+                    f"{option} '{path}' is a hard link to '{twin}' of {reading} '{folder}' being read: write it"
+                    " somewhere else"
+                )
     if kind == "folder" and replaced and Path.cwd().resolve().is_relative_to(real):
         raise BadInput(
             f"{option} '{path}' is, or holds, the working directory, which writing it would replace: run from"
@@ -134,20 +145,63 @@ def check_output_path(
     return path
 
 
-def check_output_file(path: Path | str, *, option: str, inputs: tuple[Path, ...] = ()) -> Path:
-    """A file we are asked to write, next to the model folders ``inputs`` being read (see check_output_path)."""
-    folders = [Path(p).parent if Path(p).is_file() else Path(p) for p in inputs]  # a model file: its folder
-    return check_output_path(path, option=option, kind="file", folders=folders)
+def _same_file(info: os.stat_result, other: Path | str) -> bool:
+    """Whether ``other`` (links followed) is the file ``info`` describes: the same device and inode."""
+    try:
+        seen = os.stat(other)
+    except (OSError, ValueError):
+        return False
+    return (seen.st_dev, seen.st_ino) == (info.st_dev, info.st_ino)
 
 
-def check_output_files(outputs: dict[str, Path | str | None], *, inputs: tuple[Path, ...] = ()) -> None:
+def _hard_link_in(folder: Path, info: os.stat_result, *, most: int = 10_000) -> Path | None:
+    """The file in ``folder`` (its tree, links not followed, at most ``most`` entries) that is the file ``info``
+    describes, or None."""
+    walked = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in filenames:
+            try:
+                seen = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if (seen.st_dev, seen.st_ino) == (info.st_dev, info.st_ino):
+                return Path(dirpath) / name
+        walked += len(dirnames) + len(filenames)
+        if walked > most:
+            break
+    return None
+
+
+def read_folders_of(inputs: Iterable[Path | str | None]) -> tuple[Path, ...]:
+    """The folders read, from what a command reads (folders, model files, Hub ids): a file's folder, and only what
+    exists here (a Hub id is not a folder)."""
+    found = []
+    for p in inputs:
+        if p is not None and str(p) and Path(p).exists():
+            found.append(Path(p).parent if Path(p).is_file() else Path(p))
+    return tuple(found)
+
+
+def check_output_file(
+    path: Path | str, *, option: str, inputs: Iterable[Path | str | None] = (), files: Iterable = ()
+) -> Path:
+    """A file we are asked to write, next to the folders ``inputs`` being read (model folders, model files, a
+    draft, a checkpoint) and the input ``files`` (a text; see check_output_path)."""
+    files = tuple(Path(f) for f in files if f is not None and str(f))
+    return check_output_path(path, option=option, kind="file", folders=read_folders_of(inputs), files=files)
+
+
+def check_output_files(
+    outputs: dict[str, Path | str | None], *, inputs: Iterable[Path | str | None] = (), files: Iterable = ()
+) -> None:
     """Each file a command will write (by option; None: not asked for), checked as check_output_file does, and
     none of them named twice."""
+    inputs, files = tuple(inputs), tuple(files)
     seen: dict[Path, str] = {}
     for option, path in outputs.items():
         if path is None:
             continue
-        check_output_file(path, option=option, inputs=inputs)
+        check_output_file(path, option=option, inputs=inputs, files=files)
         other = seen.setdefault(Path(path).resolve(), option)
         if other != option:
             raise BadInput(f"{other} and {option} both name '{path}': give each its own file")

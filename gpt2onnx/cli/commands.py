@@ -35,6 +35,7 @@ from gpt2onnx.cli.options import (
     Precision,
     PromptLenOpt,
     RandomInitOpt,
+    RebuildOpt,
     ReferenceOpt,
     RepeatOpt,
     RunOptions,
@@ -214,7 +215,7 @@ def generate(
     """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers).
 
     --prompt-lookup or --draft check several proposed tokens a step: greedy's tokens, sampling's distribution."""
-    json_output(json_path, reads=(folder,))
+    json_output(json_path, reads=(folder, speculation and speculation.folder))  # the draft is read too
     result = run_generate(
         folder,
         prompts=prompt,
@@ -356,7 +357,7 @@ def bench_generate(
     folder: FolderArg,
     batch: Annotated[int, typer.Option(help="Prompts, left-padded.")] = 2,
     prompt_len: PromptLenOpt = 32,
-    new_tokens: Annotated[int, typer.Option(help="Tokens each side decodes, exactly.")] = 32,
+    new_tokens: Annotated[int, typer.Option(help="Tokens each side decodes (genai: at most).")] = 32,
     warmup: WarmupOpt = 1,
     repeat: RepeatOpt = 5,
     reference: ReferenceOpt = None,
@@ -451,6 +452,7 @@ def bench_precision_command(
     cpus: Annotated[
         Optional[str], typer.Option(metavar="LIST", help="Also on these CPUs, emulated (QEMU models).")
     ] = None,
+    rebuild: RebuildOpt = False,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     csv_path: CsvOpt = None,
@@ -482,7 +484,8 @@ def bench_precision_command(
             json_path=json_path,
             markdown_path=markdown_path,
             csv_path=csv_path,
-            progress=lambda what: step(),
+            rebuild=rebuild,
+            progress=lambda what, done, total: step(done, total, what=what),
             before_writing=ignore_interrupts,
         )
     render.precision_grid(report)
@@ -607,6 +610,7 @@ def compare_command(
     context: Annotated[int, typer.Option(help="Tokens per quality window.")] = 512,
     stride: Annotated[Optional[int], typer.Option(help="Window step \\[default: the context].")] = None,
     quality: Annotated[bool, typer.Option("--quality/--no-quality", help="Score every variant on the text.")] = True,
+    rebuild: RebuildOpt = False,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     csv_path: CsvOpt = None,
@@ -638,7 +642,8 @@ def compare_command(
             markdown_path=markdown_path,
             csv_path=csv_path,
             plot=plot,
-            progress=lambda what: step(),
+            rebuild=rebuild,
+            progress=lambda what, done, total: step(done, total, what=what),
             before_writing=ignore_interrupts,
         )
     render.compared(report)
@@ -730,15 +735,36 @@ def check(
     speculation: Speculation = None,
 ) -> None:
     """Say whether a folder (or a planned export) works with a runtime, provider, targets, decoding and the engine."""
-    if matrix:
+    if matrix:  # every combination, as Markdown: an option beside it would be ignored, so it is refused
+        defaults = planned_defaults()
+        given = {
+            "FOLDER": folder is not None,
+            "--model": model is not None,
+            "--fusion": fusion != defaults["fusion"],
+            "--kv-cache": kv_cache != defaults["kv_cache"],
+            "--logits": logits != "all",
+            "--dtype/--quantize and its options": planned != (defaults["dtype"], defaults["quantization"]),
+            "--runtime": runtime is not None,
+            "the runtime's options": options.flags != run_options_defaults() or not options.verify_files,
+            "--target": target is not None,
+            "--engine": engine,
+            "the decoding options": search.sampling != Sampling() or search.decoding != Decoding(),
+            "--prompt-lookup/--draft": speculation is not None,
+            "--json": json_path is not None,
+        }
+        if any(given.values()):
+            dropped = ", ".join(name for name, on in given.items() if on)
+            raise BadInput(f"--matrix prints every combination (Markdown) and takes no other option: drop {dropped}")
         from gpt2onnx.preflight.matrix import markdown
 
         console.print(markdown(), end="", markup=False, highlight=False, soft_wrap=True)
         return
     from gpt2onnx.preflight.check import preflight
 
-    json_output(json_path, reads=(folder,) if folder else ())
     dtype, quantization = planned
+    draft = speculation and speculation.folder
+    # what it reads, and what the planned export would: the checkpoint, the draft, the calibration text
+    json_output(json_path, reads=(folder, model, draft), files=(quantization.calibration_text,))
     passes = {"fusion": fusion, "dtype": dtype, "quantization": quantization, "kv_cache": kv_cache}
     if folder is not None:
         if passes != planned_defaults() or model is not None or logits != "all":
@@ -763,5 +789,5 @@ def check(
     render.preflighted(result)
     if json_path is not None:
         write_json_output(json_path, result.as_dict())
-    if not result.ok:
-        raise typer.Exit(1)
+    if not result.ok:  # a verdict, not an error: the report is written, the first conflict is the one line
+        raise CheckFailed(f"not supported: {result.line}")

@@ -15,7 +15,8 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from gpt2onnx.artifact.generation import Decoding, Sampling
-from gpt2onnx.artifact.paths import check_output_path
+from gpt2onnx.artifact.paths import check_output_file
+from gpt2onnx.capabilities import RefusedOptions, Unsupported
 from gpt2onnx.decoding.proposers.all_proposers import PROPOSERS
 from gpt2onnx.decoding.speculative import Speculation, speculation_from
 from gpt2onnx.params import Option, options_of
@@ -130,11 +131,11 @@ def uses_declared(*classes, into: str, make: Callable | None = None):
 
 
 def json_output(path: Path | None, *, reads: tuple = (), files: tuple = ()) -> None:
-    """A --json file the command writes at its end, checked before any work (the one output rule): never one of
-    the folders it reads (``reads``: folders or model files), nor a file it reads."""
+    """A --json file the command writes at its end, checked before any work (the one output rule): never in one of
+    the folders it reads (``reads``: folders, model files, a draft, a checkpoint; a Hub id is skipped), nor a file
+    it reads (``files``), nor a hard link to either."""
     if path is not None:
-        folders = tuple(Path(p).parent if Path(p).is_file() else Path(p) for p in reads if p and Path(p).exists())
-        check_output_path(path, option="--json", folders=folders, files=tuple(f for f in files if f))
+        check_output_file(path, option="--json", inputs=reads, files=files)
 
 
 # -- the options of one command, declared once ---------------------------------------------------------------------
@@ -173,6 +174,9 @@ MarkdownOpt = Annotated[
     typer.Option("--md", parser=OUTPUT_FILE, metavar="FILE", help="The table as Markdown, with machine and load."),
 ]
 RandomInitOpt = Annotated[bool, typer.Option("--random-init", help="Seeded random weights, no download.")]
+RebuildOpt = Annotated[
+    bool, typer.Option("--rebuild", help="A --work folder of another build: remove what it built, build again.")
+]
 CsvOpt = Annotated[Optional[Path], typer.Option("--csv", parser=OUTPUT_FILE, metavar="FILE", help="The table as CSV.")]
 JsonOpt = Annotated[
     Optional[Path], typer.Option("--json", parser=OUTPUT_FILE, metavar="FILE", help="Write every figure here.")
@@ -250,10 +254,15 @@ precision.__signature__ = inspect.Signature(
 )
 
 
-def plan(**values) -> tuple[str, QuantizeOptions]:
-    """check's planned precision: --dtype and the weight quantization's declared options (the signature below)."""
-    quantization = QuantizeOptions(**{o.field: values.pop(_cli_name(o)) for o in options_of(QuantizeOptions)})
-    return values["dtype"], quantization
+def plan(**values) -> tuple[str, QuantizeOptions | RefusedOptions]:
+    """check's planned precision: --dtype and the weight quantization's declared options (the signature below);
+    where those choices conflict (an algorithm with zero points and the int8 prompt kernel), the refusal: check's
+    verdict, not an error."""
+    fields = {o.field: values.pop(_cli_name(o)) for o in options_of(QuantizeOptions)}
+    try:
+        return values["dtype"], QuantizeOptions(**fields)
+    except Unsupported as refused:
+        return values["dtype"], RefusedOptions(refused, fields["calibration_text"])
 
 
 plan.__signature__ = inspect.Signature(

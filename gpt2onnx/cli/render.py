@@ -44,12 +44,15 @@ def size(n: int | None) -> str:
 @contextlib.contextmanager
 def progress(description: str, total: int | None = None) -> Iterator[Callable[..., None]]:
     """A transient progress bar on stderr, on a terminal only (a bar on a pipe would leave a blank line before a
-    one-line error); yields ``step(done=None, total=None)``: one step more, or ``done`` of ``total``."""
+    one-line error); yields ``step(done=None, total=None, what=None)``: one step more, or ``done`` of ``total``;
+    ``what``: the description, as the work goes (what is being built or measured)."""
     columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
         task = bar.add_task(description, total=total)
 
-        def step(done: int | None = None, of: int | None = None) -> None:
+        def step(done: int | None = None, of: int | None = None, what: str | None = None) -> None:
+            if what is not None:
+                bar.update(task, description=what)
             if done is None:
                 bar.advance(task)
             else:
@@ -272,7 +275,8 @@ def generation(report) -> None:
     rounds = report.rounds
     title = (
         f"generation, batch {report.batch} × {report.beams} beams, prompt {report.prompt_len},"
-        f" {report.new_tokens} new tokens (median of {len(rounds.orders)} rounds)"
+        f" {'' if report.exact_length else 'up to '}{report.new_tokens} new tokens"
+        f" (median of {len(rounds.orders)} rounds)"
     )
     table = _table(title, ("run", "s per run", "beams × steps / s", "× transformers"), left=("run",))
     for variant in rounds.variants:
@@ -423,7 +427,7 @@ def memory(report) -> None:
     table = _table("host memory of a greedy decode, each run in its own process", columns, left=("folder",))
     for r in report.runs:
         table.add_row(
-            Path(r.folder).name,
+            r.label or Path(r.folder).name,
             f"{r.rows} × {r.prompt} + {r.new}",
             f"{r.grown_bytes / 1e6:,.1f}",
             f"{r.estimate_bytes / 1e6:,.1f}",

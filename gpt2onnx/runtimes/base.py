@@ -26,6 +26,7 @@ import importlib
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -73,6 +74,9 @@ class RuntimeSpec:
     capabilities: Capabilities
     requires: tuple = ()  # what it needs of a folder and a request (gpt2onnx.capabilities: Need, Lacks)
     declare_settings: Callable[[Any], list[Declared]] | None = None  # what its settings declare (a provider)
+    # what a folder's own deployment for it declares (ort-generate: whether its files are there, and the settings
+    # its ops were deployed with, which a request must keep), read from the folder's files; None: nothing
+    declare_folder: Callable[[Path], list[Declared]] | None = None
     # by axis, every choice its settings may take, declared (the providers): what a refusal's advice may name
     setting_alternatives: Callable[[], dict[str, list[Declared]]] | None = None
 
@@ -165,6 +169,11 @@ class RuntimeOptions:
         spec = self.spec
         return [spec.declared, *(spec.declare_settings(self.settings) if spec.declare_settings else [])]
 
+    def declared_on(self, folder: Path) -> list[Declared]:
+        """What the runtime and its settings declare, and what ``folder``'s deployment for it declares."""
+        spec = self.spec
+        return [*self.declared, *(spec.declare_folder(Path(folder)) if spec.declare_folder else [])]
+
     def requires(self, capability: str, what: str) -> None:
         """Refuse, before anything is opened, a use the runtime cannot serve (``what``: the use, for the message)."""
         if not getattr(self.spec.capabilities, capability):
@@ -211,7 +220,7 @@ def runtime_alternatives() -> dict[str, list[Declared]]:
 def check_combination(model: ModelFolder, options: RuntimeOptions, *others: Declared) -> Verdict:
     """Whether the folder runs on the runtime and its settings, with ``others`` (a request, a strategy, the engine):
     Unsupported (one line) where it does not, before anything is opened."""
-    chosen = [*folder_choices(model.facts, str(model.folder)), *options.declared, *others]
+    chosen = [*folder_choices(model.facts, str(model.folder)), *options.declared_on(model.folder), *others]
     return resolve(chosen, alternatives=runtime_alternatives()).check()
 
 

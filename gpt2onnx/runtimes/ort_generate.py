@@ -39,7 +39,7 @@ from gpt2onnx.artifact.generation import (
     check_pair,
 )
 from gpt2onnx.artifact.search_ops import FILES, SUBFOLDER, FixedSettings, deployed_settings
-from gpt2onnx.capabilities import Lacks, Need
+from gpt2onnx.capabilities import Declared, Lacks, Need
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 from gpt2onnx.files import kind_of
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
@@ -267,12 +267,47 @@ def _generated(tail: np.ndarray, fixed: FixedSettings) -> list[int]:
     return out
 
 
+# The settings the ops take as attributes, fixed when the folder is deployed (FixedSettings): a request's must be
+# the deployed one (None: the request does not use it, greedy's early_stopping)
+ATTRIBUTES = ("no_repeat_ngram_size", "early_stopping", "temperature", "top_p")
+
+
+def deployment(folder: Path) -> list[Declared]:
+    """What ``folder``'s deployment declares to this runtime: whether it holds the ops' files (deploy --target
+    ort-generate writes them), and the attributes they were deployed with, which a request must keep (read from
+    the files, as the runtime reads them)."""
+    label = f"'{folder}' (its {SUBFOLDER}/ files)"
+    if not all((folder / SUBFOLDER / file).exists() for file in FILES.values()):
+        return [
+            Declared(
+                "deployment",
+                SUBFOLDER,
+                ensures={"search_files": False},
+                says={"search_files": f"has no {SUBFOLDER}/ files (not deployed with --target ort-generate)"},
+                origin="folder",
+                label=f"'{folder}'",
+            )
+        ]
+    fixed = deployed_settings(folder)
+    needs = tuple(
+        Need(
+            name,
+            allowed={getattr(fixed, name), None},
+            why=f"has {name} fixed at {getattr(fixed, name)} in its ops (an attribute, set when deployed)",
+            fix=f"set {name} in {GENERATION_CONFIG_FILE} and deploy again, or use --runtime onnxruntime",
+        )
+        for name in ATTRIBUTES
+    )
+    return [Declared("deployment", SUBFOLDER, ensures={"search_files": True}, requires=needs, label=label)]
+
+
 SPEC = RuntimeSpec(
     name="ort-generate",
     summary="onnxruntime's generation ops on a folder deployed with --target ort-generate: the loop in the graph",
     settings=OrtGenerateSettings,
     open=open_generator,
     capabilities=OrtGenerator.capabilities,
+    declare_folder=deployment,
     requires=(
         Need("kv_dtype", allowed={FLOAT_CACHE}, why="runs generation ops that take a float K/V cache"),
         Need("cache_grows", allowed={True}, why="runs generation ops that feed a growing past"),
@@ -284,6 +319,20 @@ SPEC = RuntimeSpec(
                 BEAMS_WITH_STOP: "runs every beam to its end in the op, which cannot stop at",
             },
             fix="use --runtime onnxruntime, or drop it",
+        ),
+        # last: a graph it cannot run is the first conflict (exit code 3), a folder not yet deployed after it
+        Need(
+            "search_files",
+            refused={False},
+            why="runs the generation ops that deploy --target ort-generate writes",
+            fix="deploy it first (gpt2onnx deploy FOLDER --target ort-generate -o OUT) and run OUT",
+        ),
+        Need(
+            "length_penalty",
+            allowed={0.0, None},
+            why="divides a beam's score by its whole length in BeamSearch (prompt and padding included), where"
+            " transformers divides by the generated length",
+            fix="pass --length-penalty 0 (the same beams and scores), or use --runtime onnxruntime",
         ),
     ),
 )

@@ -275,7 +275,7 @@ def bench(
         raise BadInput("a runtime is named twice: give each once")
     if reference is not None and baseline != "torch":
         raise BadInput("--reference applies to the torch baseline: add --baseline torch, or drop --reference")
-    inputs = tuple(Path(f) for f in folders) + ((Path(reference),) if reference and Path(reference).exists() else ())
+    inputs = (*folders, reference, speculation and speculation.folder)  # the draft's folder is read too
     outputs = {"--json": json_path, "--csv": csv_path, "--md": markdown_path, "--plot": plot}
     check_output_files(outputs, inputs=inputs)
     if plot is not None:

@@ -7,8 +7,10 @@ requires: a folder whose runtime serves those options (the resolver says, before
 checkpoint (the manifest's) or ``reference``, and torch. ensures: each side's seconds per run and beams × steps
 per second, medians with quartiles, gpt2onnx's ratio to transformers round by round, and whether the two gave the
 same tokens (checked once, untimed). Both sides decode exactly ``new_tokens`` tokens (``min_new_tokens`` =
-``max_new_tokens``: an end-of-sequence cannot end one side's run early) from the same left-padded batch; each
-decoding option goes to generate() under its declared transformers name.
+``max_new_tokens``: an end-of-sequence cannot end one side's run early) from the same left-padded batch, where the
+runtime takes min_new_tokens; where it does not (genai: its declarations say), neither side is given it, each row
+ends at its end-of-sequence (at most ``new_tokens``) and the work counts the tokens decoded. Each decoding option
+goes to generate() under its declared transformers name.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_config, request_declared
 from gpt2onnx.artifact.paths import check_output_files
+from gpt2onnx.capabilities import resolve
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import BadInput
 from gpt2onnx.params import options_of
@@ -44,6 +47,7 @@ class GenerationReport:
     same_tokens: bool  # gpt2onnx's loop gave transformers' tokens (one untimed run each)
     torch_device: str
     rounds: Rounds  # figures: seconds (per run), beam_steps_per_s (batch × beams × new tokens / seconds)
+    exact_length: bool = True  # both sides decoded new_tokens exactly (False: up to it, each row to its end)
 
     def as_dict(self) -> dict:
         return {
@@ -57,15 +61,21 @@ class GenerationReport:
             "same_tokens": self.same_tokens,
             "torch_device": self.torch_device,
             "rounds": self.rounds.as_dict(),
+            "exact_length": self.exact_length,
         }
 
     def markdown(self) -> str:
         return (
             f"Generation on {self.runtime}, batch {self.batch} × {self.beams} beams, prompt {self.prompt_len}"
-            f" (left-padded), {self.new_tokens} new tokens, {_shown(self.options)}; torch on {self.torch_device};"
+            f" (left-padded), {self._length()}, {_shown(self.options)}; torch on {self.torch_device};"
             " the same tokens as transformers:"
             f" {'yes' if self.same_tokens else 'NO'}.\n\n" + self.rounds.markdown()
         )
+
+    def _length(self) -> str:
+        if self.exact_length:
+            return f"{self.new_tokens} new tokens"
+        return f"up to {self.new_tokens} new tokens (each row to its end: {self.runtime} takes no min_new_tokens)"
 
 
 def _shown(options: dict) -> str:
@@ -111,11 +121,12 @@ def bench_generation(
     if new_tokens < 1:
         raise BadInput(f"new tokens must be a positive integer, got {new_tokens}")
     outputs = {"--json": json_path, "--md": markdown_path}
-    check_output_files(outputs, inputs=(Path(folder),))
+    check_output_files(outputs, inputs=(folder, reference))  # the reference checkpoint is read too
     given = generate_options(decoding)
-    decoding = dataclasses.replace(decoding, min_new_tokens=new_tokens)
     model = open_folder(folder)
     options = runtime or RuntimeOptions()
+    exact = forces_length(options, decoding, new_tokens)
+    decoding = dataclasses.replace(decoding, min_new_tokens=new_tokens) if exact else decoding
     decoder = open_runtime(model, options, request_declared(Sampling(), decoding))
     checkpoint = reference_checkpoint(model, reference)
     device = torch_device(options.settings) if options.name == "onnxruntime" else "cpu"
@@ -135,15 +146,16 @@ def bench_generation(
             out = theirs_model.generate(
                 torch.tensor(ids, device=device),
                 attention_mask=torch.tensor(mask, device=device),
-                **{**given, "max_new_tokens": new_tokens, "min_new_tokens": new_tokens},
+                **{**given, "max_new_tokens": new_tokens, **({"min_new_tokens": new_tokens} if exact else {})},
                 do_sample=False,
                 pad_token_id=eos,
                 eos_token_id=eos,
             )
         return out[:, ids.shape[1] :].cpu().numpy()
 
-    same = bool(np.array_equal(ours(), theirs()))
-    work = batch * decoding.num_beams * new_tokens
+    mine = ours()
+    same = bool(np.array_equal(mine, theirs())) if exact else _rows(mine, eos) == _rows(theirs(), eos)
+    work = decoding.num_beams * (batch * new_tokens if exact else sum(len(row) for row in _rows(mine, eos)))
     ours_name = f"gpt2onnx ({options.name})"
 
     rounds = interleave(
@@ -154,6 +166,22 @@ def bench_generation(
         on_run=progress,
     )
     report = GenerationReport(
-        str(folder), options.name, batch, decoding.num_beams, prompt_len, new_tokens, given, same, device, rounds
+        str(folder), options.name, batch, decoding.num_beams, prompt_len, new_tokens, given, same, device, rounds, exact
     )
     return write_outputs(report, json_path=json_path, markdown_path=markdown_path, before_writing=before_writing)
+
+
+def forces_length(options: RuntimeOptions, decoding: Decoding, new_tokens: int) -> bool:
+    """Whether bench generate gives both sides min_new_tokens = new_tokens: unless the runtime's declarations refuse
+    it where they take the request without it (genai cannot apply min_new_tokens as transformers does)."""
+    forced = dataclasses.replace(decoding, min_new_tokens=new_tokens)
+    takes = resolve([*options.declared, request_declared(Sampling(), forced)]).ok
+    return takes or not resolve([*options.declared, request_declared(Sampling(), decoding)]).ok
+
+
+def _rows(tokens: np.ndarray, eos: int) -> list[list[int]]:
+    """Each row's new tokens up to and with its first end-of-sequence (after it: padding)."""
+    rows = []
+    for row in np.asarray(tokens).tolist():
+        rows.append(row[: row.index(eos) + 1] if eos in row else row)
+    return rows

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from gpt2onnx.artifact.paths import check_output_files
+from gpt2onnx.artifact.paths import check_output_files, folder_labels
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.machine import MachineRecord
 from gpt2onnx.verify.harness import write_outputs
@@ -36,6 +36,7 @@ class MemoryRun:
     grown_bytes: int  # the peak resident size less the resident size before
     estimate_bytes: int  # what the stepper's check expects it to grow by at most
     cache_bytes: int  # the K/V cache at the end, for scale
+    label: str = ""  # the folder as the table names it (folder_labels: 'a/model' and 'b/model' kept apart)
 
     @property
     def of_estimate(self) -> float:
@@ -58,7 +59,7 @@ class MemoryReport:
         ]
         for r in self.runs:
             lines.append(
-                f"| {Path(r.folder).name} | {r.rows} × {r.prompt} + {r.new} | {r.grown_bytes / 1e6:,.1f} |"
+                f"| {r.label or Path(r.folder).name} | {r.rows} × {r.prompt} + {r.new} | {r.grown_bytes / 1e6:,.1f} |"
                 f" {r.estimate_bytes / 1e6:,.1f} | {r.of_estimate:.2f} | {r.cache_bytes / 1e6:,.1f} |"
             )
         where = MachineRecord.from_dict(self.machine).summary()
@@ -118,12 +119,13 @@ def measure_memory(
         raise RuntimeUnavailable("bench memory reads a run's peak from /proc (Linux): run it on Linux")
     if prompt_len < 1 or new_tokens < 1 or not batches or min(batches) < 1:
         raise BadInput("batch sizes, the prompt length and new tokens must be positive integers")
+    labels = folder_labels(folders)  # a folder given twice is refused; two named 'model' keep their parents
     for folder in folders:
         open_folder(folder)  # a bad folder is refused here, in one line, before any process starts
     outputs = {"--json": json_path, "--md": markdown_path}
     check_output_files(outputs, inputs=tuple(Path(f) for f in folders))
     runs = []
-    for folder in folders:
+    for folder, label in zip(folders, labels):
         for rows in batches:
             command = [sys.executable, "-m", "gpt2onnx.verify.memory", str(folder), str(rows)]
             done = subprocess.run(
@@ -137,7 +139,7 @@ def measure_memory(
                 said = answer.get("error") if isinstance(answer, dict) else None
                 said = said or (done.stderr.strip().splitlines() or ["no output"])[-1]
                 raise BadInput(f"the run of '{folder}' at batch {rows} failed: {said}")
-            runs.append(MemoryRun(**answer))
+            runs.append(MemoryRun(**{**answer, "label": label}))
             if progress is not None:
                 progress()
     report = MemoryReport(tuple(runs), machine_info())

@@ -133,7 +133,7 @@ def bench_speculation(
     if prompt_tokens < 1 or new_tokens < 1:
         raise BadInput(f"prompt and new tokens must be positive integers, got {prompt_tokens} and {new_tokens}")
     outputs = {"--json": json_path, "--md": markdown_path}
-    check_output_files(outputs, inputs=(Path(folder),))
+    check_output_files(outputs, inputs=(folder, speculation.folder))  # the draft's folder is read too
     model = open_folder(folder)
     options = runtime or RuntimeOptions()
     plain = request_declared(Sampling(), Decoding())
@@ -148,10 +148,14 @@ def bench_speculation(
     reference = reference_model(reference_checkpoint(model, None))
     forwards = [0]
     reference.register_forward_pre_hook(lambda module, inputs: forwards.__setitem__(0, forwards[0] + 1))
-    budget = min(prompt_tokens, model.n_positions - new_tokens)
+    # transformers' prompt lookup checks up to its N proposals past max_length (candidate_generator.py: end_idx
+    # bounded by max_length, not max_length - 1): the prompts leave room for them inside the context
+    lookahead = getattr(speculation.options, "prompt_lookup", None) or 0  # (a draft's are bounded there)
+    budget = min(prompt_tokens, model.n_positions - new_tokens - lookahead)
     if budget < 1:
         raise BadInput(
-            f"{new_tokens} new tokens leave no room for a prompt in the model's context of {model.n_positions}"
+            f"{new_tokens} new tokens{f' and {lookahead} proposed' if lookahead else ''} leave no room for a prompt in"
+            f" the model's context of {model.n_positions}: ask for fewer new tokens (--new-tokens)"
         )
     prompts = {
         kind: [tokenizer(t, truncation=True, max_length=budget)["input_ids"] for t in texts]

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 
 from gpt2onnx.capabilities import Declared
+from gpt2onnx.layouts.layout import PAST_BUFFER
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,8 @@ class Calibration:
 
     def feeds(self, graph: onnx.GraphProto) -> list[dict[str, np.ndarray]]:
         """One prompt-step feed per sequence for ``graph``'s inputs: the tokens, a full mask, positions from 0, and
-        empty past tensors shaped as the graph declares them (batch 1, past length 0)."""
+        empty past tensors shaped as the graph declares them (batch 1, past length 0; a buffer layout's past, whose
+        length is the buffer's, as long as the tokens: its prompt step writes them there)."""
         feeds = []
         for ids in self.sequences:
             tokens = np.asarray(ids, np.int64)[None]
@@ -32,9 +34,11 @@ class Calibration:
                     feed[value.name] = np.ones_like(tokens)
                 elif value.name == "position_ids":
                     feed[value.name] = np.arange(tokens.shape[1], dtype=np.int64)[None]
-                else:  # a past: [batch, heads, past, head size], the symbolic ones 1 and 0
+                else:  # a past: [batch, heads, past, head size], the symbolic ones 1 and 0 (a buffer: the tokens')
                     dims = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
                     shape = [1 if i == 0 else (0 if d is None else d) for i, d in enumerate(dims)]
+                    if value.type.tensor_type.shape.dim[2].dim_param == PAST_BUFFER:
+                        shape[2] = tokens.shape[1]
                     feed[value.name] = np.zeros(shape, np.float32)
             feeds.append(feed)
         return feeds
