@@ -4103,14 +4103,14 @@ CASES += [
         "options",
         (*COMPARE_W, *COMPARE_QUICK, "--warmup", "100000000"),
         B,
-        match=r"--warmup.*0 to 1000",
+        match=r"--warmup must be an integer from 0 to 1,000",
     ),
     Case(
         "compare-repeat-1e8",
         "options",
         (*COMPARE_W, *COMPARE_QUICK, "--repeat", "100000000"),
         B,
-        match=r"--repeat.*at most 10000",
+        match=r"--repeat must be an integer from 1 to 10,000",
     ),
     Case(
         "compare-prompt-past-the-context",  # once exit 3 after building
@@ -4247,4 +4247,19 @@ CASES += [
         B,
         match="126 new tokens and 4 proposed leave no room",
     ),
+]
+
+CASES += [
+    Case(
+        f"{command.replace(' ', '-')}-{flag.strip('-')}-1e8",  # once accepted (hours of runs, or a hang)
+        "message",
+        (*argv, flag, "100000000"),
+        B,
+        match=rf"{flag} must be an integer from",
+    )
+    for command, argv in (
+        ("bench generate", ("bench", "generate", "{exp}", *BENCH_QUICK)),
+        ("bench speculative", ("bench", "speculative", "{exp}", *SPEC_QUICK)),
+    )
+    for flag in ("--warmup", "--repeat")
 ]

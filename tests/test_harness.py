@@ -66,8 +66,10 @@ def test_the_record_reads_as_json_csv_and_markdown():
 def test_bad_arguments_are_refused():
     with pytest.raises(BadInput, match="baseline 'x' is not one of the variants"):
         interleave({"a": lambda: {"ms": 1.0}}, rounds=1, baseline="x")
-    with pytest.raises(BadInput, match="rounds must be 1 or more"):
+    with pytest.raises(BadInput, match="--repeat must be an integer from 1 to 10,000, got 0"):
         interleave({"a": lambda: {"ms": 1.0}}, rounds=0)
+    with pytest.raises(BadInput, match="--warmup must be an integer from 0 to 1,000, got 1001"):
+        interleave({"a": lambda: {"ms": 1.0}}, rounds=1, warmup=1001)
     with pytest.raises(BadInput, match="nothing to measure"):
         interleave({}, rounds=1)
 

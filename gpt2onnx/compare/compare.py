@@ -39,7 +39,7 @@ from gpt2onnx.precisions.all_precisions import FP32, INT4, INT8, INT8_WEIGHTS
 from gpt2onnx.profiles import ort_shared_kv
 from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, UNFUSED
 from gpt2onnx.runtimes.worker_process import WorkerProcess
-from gpt2onnx.verify.harness import Rounds, csv_of, interleave, write_outputs
+from gpt2onnx.verify.harness import Rounds, check_runs, csv_of, interleave, write_outputs
 
 log = logging.getLogger(__name__)
 
@@ -438,13 +438,7 @@ class Settings:
                 raise BadInput(
                     f"{name} (--{name.replace('_', '-')}) must be an integer of at least {low}, got {value!r}"
                 )
-        from gpt2onnx.verify.timing import MAX_REPEAT, MAX_WARMUP  # bench's limits
-
-        if self.warmup > MAX_WARMUP or self.rounds > MAX_REPEAT:
-            raise BadInput(
-                f"warmup (--warmup) must be 0 to {MAX_WARMUP} and repeat (--repeat) at most {MAX_REPEAT}, got"
-                f" {self.warmup} and {self.rounds}"
-            )
+        check_runs(self.warmup, self.rounds)  # bench's limits
 
     def check(self, n_positions: int) -> None:
         """The runs fit a model of ``n_positions``: the prompts and their new tokens, the batch in memory."""

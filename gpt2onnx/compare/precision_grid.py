@@ -40,7 +40,7 @@ from gpt2onnx.files import write_text_atomic
 from gpt2onnx.precisions.all_precisions import FP16, FP32, INT4, INT8, INT8_WEIGHTS, NO_QUANTIZATION
 from gpt2onnx.profiles import portable
 from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, UNFUSED
-from gpt2onnx.verify.harness import Rounds, csv_of, interleave, write_outputs
+from gpt2onnx.verify.harness import Rounds, check_runs, csv_of, interleave, write_outputs
 
 log = logging.getLogger(__name__)
 
@@ -532,13 +532,12 @@ def bench_precision(
         ("past (--past)", past, 2),
         ("prompt length (--prompt-len)", prompt_len, 1),
         ("gate cases", gate_cases, 1),
-        ("warm-up runs (--warmup)", warmup, 0),
-        ("rounds (--repeat)", repeat, 1),
         ("CPU tokens", cpu_tokens, 1),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise BadInput(f"{name} must be an integer of at least {least}, got {value!r}")
     check_greedy_tokens(greedy_tokens)
+    check_runs(warmup, repeat)
     provider = ProviderConfig(threads=threads)  # every option checked before the first file is written
     if not Path(text).is_file():
         raise BadInput(f"--text '{text}' is not a file: give a UTF-8 text file")

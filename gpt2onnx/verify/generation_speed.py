@@ -30,7 +30,7 @@ from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import BadInput
 from gpt2onnx.params import options_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.verify.harness import Rounds, interleave, timed, write_outputs
+from gpt2onnx.verify.harness import Rounds, check_runs, interleave, timed, write_outputs
 
 THEIRS = "transformers"
 
@@ -120,6 +120,7 @@ def bench_generation(
             raise BadInput(f"{name} must be at least {least}, got {value}")
     if new_tokens < 1:
         raise BadInput(f"new tokens must be a positive integer, got {new_tokens}")
+    check_runs(warmup, repeat)
     outputs = {"--json": json_path, "--md": markdown_path}
     check_output_files(outputs, inputs=(folder, reference))  # the reference checkpoint is read too
     given = generate_options(decoding)

@@ -251,6 +251,15 @@ def rotated(names: tuple[str, ...], round_index: int) -> tuple[str, ...]:
 
 
 PAUSE = 0.05  # seconds before every timed run (interleave's default)
+MAX_WARMUP, MAX_REPEAT = 1000, 10_000  # untimed and timed runs a benchmark may ask for (more: a typo, or hours)
+
+
+def check_runs(warmup: object, repeat: object) -> None:
+    """--warmup and --repeat of every benchmark, checked once before any work: 0 to MAX_WARMUP warm-ups, 1 to
+    MAX_REPEAT rounds."""
+    for flag, value, low, high in (("--warmup", warmup, 0, MAX_WARMUP), ("--repeat", repeat, 1, MAX_REPEAT)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise BadInput(f"{flag} must be an integer from {low} to {high:,}, got {value!r}")
 
 
 def interleave(
@@ -273,8 +282,7 @@ def interleave(
     names = tuple(variants)
     if not names:
         raise BadInput("nothing to measure: give at least one variant")
-    if rounds < 1 or warmup < 0:
-        raise BadInput(f"rounds must be 1 or more and warm-ups 0 or more, got {rounds} and {warmup}")
+    check_runs(warmup, rounds)
     if baseline is not None and baseline not in variants:
         raise BadInput(f"the baseline '{baseline}' is not one of the variants: {', '.join(names)}")
 

@@ -27,7 +27,7 @@ from gpt2onnx.decoding.generate import decode, open_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-from gpt2onnx.verify.harness import Rounds, interleave, timed, write_outputs
+from gpt2onnx.verify.harness import Rounds, check_runs, interleave, timed, write_outputs
 
 FREE_TEXT = (
     "The village stood at the edge of the forest, and every winter the river froze so hard that the children"
@@ -130,6 +130,7 @@ def bench_speculation(
     from gpt2onnx.pytorch.reference import reference_model
     from gpt2onnx.verify.parity import reference_checkpoint
 
+    check_runs(warmup, repeat)
     if prompt_tokens < 1 or new_tokens < 1:
         raise BadInput(f"prompt and new tokens must be positive integers, got {prompt_tokens} and {new_tokens}")
     outputs = {"--json": json_path, "--md": markdown_path}

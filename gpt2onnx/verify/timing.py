@@ -46,9 +46,7 @@ from gpt2onnx.machine import describe_machine
 from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.providers import gpu_library_versions
-from gpt2onnx.verify.harness import Rounds, interleave
-
-MAX_WARMUP, MAX_REPEAT = 1000, 10_000  # untimed and timed runs a benchmark may ask for (more: a typo, or hours)
+from gpt2onnx.verify.harness import Rounds, check_runs, interleave
 
 
 @dataclass(frozen=True)
@@ -80,10 +78,7 @@ class BenchConfig:
                 f"new tokens (--new-tokens) must be at least 2, got {self.new_tokens}: the prompt step gives the first,"
                 " and decode latency needs at least one decode step"
             )
-        if not 0 <= self.warmup <= MAX_WARMUP or self.repeat > MAX_REPEAT:
-            raise BadInput(
-                f"warmup must be 0 to {MAX_WARMUP} and repeat at most {MAX_REPEAT}, got {self.warmup} and {self.repeat}"
-            )
+        check_runs(self.warmup, self.repeat)
         if max(self.batches) * (self.prompt_len + self.new_tokens) > MAX_BATCH_TOKENS:
             raise BadInput(
                 f"batch {max(self.batches)} × {self.prompt_len + self.new_tokens} tokens is more than"
