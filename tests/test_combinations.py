@@ -462,3 +462,17 @@ def test_mixed_int8_calibrates_the_static_layout(tmp_path):
     result = runner.invoke(app, ["export", "--model", str(FIXTURE), "-o", str(out), *args])
     assert result.exit_code == 0, result.output[-3000:]
     assert json.loads((out / "gpt2onnx.json").read_text())["parity"]["passed"]
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino", "genai", "ort-generate"])
+def test_bench_run_does_what_check_answers(runtime, run_folders, tmp_path):
+    """Once `check --runtime ort-generate` said supported and bench refused (it times each step): `check --command
+    bench` answers what bench does, and a refusal is check's first conflict."""
+    folder = _runtime_folder(runtime, run_folders)
+    verdict = _verdict([str(folder), "--runtime", runtime, "--command", "bench"], tmp_path)
+    small = ["--batch", "1", "--prompt-len", "4", "--new-tokens", "2", "--warmup", "0", "--repeat", "1"]
+    ran = runner.invoke(app, ["bench", "run", str(folder), "--runtime", runtime, *small])
+    if verdict["supported"]:
+        assert ran.exit_code == 0, ran.output[-2000:]
+    else:
+        assert verdict["conflicts"][0] in one_line_refusal(ran, code=ran.exit_code if ran.exit_code in (2, 3) else 2)

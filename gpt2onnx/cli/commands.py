@@ -59,7 +59,7 @@ from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.profiles.all_profiles import UNFUSED
-from gpt2onnx.runtimes.base import RuntimeOptions, parse_runtimes, runtime_options
+from gpt2onnx.runtimes.base import COMMANDS, RuntimeOptions, parse_runtimes, runtime_options
 from gpt2onnx.targets.deploy import deploy as run_deploy
 from gpt2onnx.targets.registry import TARGETS
 from gpt2onnx.targets.web_server import open_server
@@ -727,6 +727,9 @@ def check(
     ] = None,
     target: Annotated[Optional[str], typer.Option("--target", "-t", metavar="LIST", help="Deploy targets.")] = None,
     engine: Annotated[bool, typer.Option("--engine", help="Served by the batching engine.")] = False,
+    command: Annotated[
+        Optional[str], typer.Option("--command", metavar="NAME", help=f"Run by: {', '.join(COMMANDS)}.")
+    ] = None,
     matrix: Annotated[bool, typer.Option("--matrix", help="Print every combination (Markdown).")] = False,
     json_path: JsonOpt = None,
     planned: tuple = None,
@@ -748,6 +751,7 @@ def check(
             "the runtime's options": options.flags != run_options_defaults() or not options.verify_files,
             "--target": target is not None,
             "--engine": engine,
+            "--command": command is not None,
             "the decoding options": search.sampling != Sampling() or search.decoding != Decoding(),
             "--prompt-lookup/--draft": speculation is not None,
             "--json": json_path is not None,
@@ -784,6 +788,7 @@ def check(
         decoding=search.decoding if decoding_asked else None,
         speculation=speculation,
         engine=engine,
+        command=command,
         verify_files=options.verify_files,
     )
     render.preflighted(result)

@@ -17,7 +17,7 @@ from gpt2onnx.decoding.generate import open_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.passes.pipeline import GraphPasses
-from gpt2onnx.runtimes.base import RuntimeOptions, runtime_alternatives
+from gpt2onnx.runtimes.base import RuntimeOptions, command_declared, runtime_alternatives
 from gpt2onnx.serving.engine import ENGINE
 from gpt2onnx.targets.registry import parse_targets, target_specs
 
@@ -78,6 +78,7 @@ def preflight(
     decoding: Decoding | None = None,
     speculation: Speculation | None = None,
     engine: bool = False,
+    command: str | None = None,
     verify_files: bool = False,
 ) -> Preflight:
     """Whether the choices work together, answered from their declarations before any work.
@@ -93,6 +94,7 @@ def preflight(
         sampling, decoding, speculation: a request's decoding options and speculative proposer (a draft folder is
             opened and its vocabulary compared with the folder's).
         engine: served by the batching engine (the Triton generation models run it).
+        command: the command that will run it (bench, parity, eval need per-step logits: runtimes.base.COMMANDS).
 
     Returns: Preflight. Raises: BadInput (a choice that does not exist, a folder or a draft that is not one)."""
     if (folder is None) == (plan is None) or (folder is not None and (model is not None or logits != "all")):
@@ -115,7 +117,9 @@ def preflight(
         chosen += [*plan.choices(), Declared("logits", logits, f"--logits {logits}", ensures={"logits": logits})]
         architecture = architecture_of(model)
         chosen += [architecture] if architecture is not None else []
-    asks_a_run = engine or speculation is not None or sampling is not None or decoding is not None
+    asks_a_run = (
+        engine or command is not None or speculation is not None or sampling is not None or decoding is not None
+    )
     if asks_a_run and runtime is None:
         runtime = RuntimeOptions()  # what generate and the engine run on unless told
     if runtime is not None:  # with a folder: what its deployment for the runtime declares too (ort-generate's files)
@@ -133,6 +137,8 @@ def preflight(
             chosen += vocabularies(opened, draft)
     if engine:
         chosen.append(ENGINE)
+    if command is not None:
+        chosen.append(command_declared(command))
     alternatives = {**runtime_alternatives(), "target": [spec.declared for spec in target_specs()]}
     verdict = resolve(chosen, alternatives=alternatives)
     conflicts = tuple(c.line for c in verdict.conflicts)

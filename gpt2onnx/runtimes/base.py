@@ -33,7 +33,7 @@ import numpy as np
 
 from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.artifact.generation import Decoding, Sampling
-from gpt2onnx.capabilities import Declared, Verdict, resolve
+from gpt2onnx.capabilities import Declared, Need, Verdict, resolve
 from gpt2onnx.choices.axes import graph_alternatives
 from gpt2onnx.choices.of_folder import folder_choices
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
@@ -47,6 +47,22 @@ RUNTIMES = {
     "ort-generate": "gpt2onnx.runtimes.ort_generate",
 }
 MAX_THREADS = 256
+# What each command that runs a folder needs of its runtime beyond a request's options, declared once: the command
+# refuses what it cannot run (RuntimeOptions.requires) and check --command answers the same
+_STEPS = "step_logits"
+COMMANDS = {
+    "generate": (),
+    "bench": (Need(_STEPS, allowed={True}, why="times each step"),),
+    "parity": (Need(_STEPS, allowed={True}, why="compares each step's logits"),),
+    "eval": (Need(_STEPS, allowed={True}, why="compares each window's logits"),),
+}
+
+
+def command_declared(name: str) -> Declared:
+    """What the command ``name`` needs of its runtime (COMMANDS), as a choice of the resolver's."""
+    if name not in COMMANDS:
+        raise BadInput(f"command '{name}' is unknown: choose one of {', '.join(COMMANDS)}")
+    return Declared("command", name, f"--command {name}", requires=COMMANDS[name], label=f"gpt2onnx {name}")
 
 
 @dataclass(frozen=True)
@@ -174,10 +190,12 @@ class RuntimeOptions:
         spec = self.spec
         return [*self.declared, *(spec.declare_folder(Path(folder)) if spec.declare_folder else [])]
 
-    def requires(self, capability: str, what: str) -> None:
-        """Refuse, before anything is opened, a use the runtime cannot serve (``what``: the use, for the message)."""
-        if not getattr(self.spec.capabilities, capability):
-            raise BadInput(f"the {self.name} runtime cannot serve {what}: use --runtime onnxruntime")
+    def requires(self, command: str) -> None:
+        """Refuse, before anything is opened, a command the runtime cannot serve (its needs: COMMANDS), in the
+        line check --command gives."""
+        verdict = resolve([*self.declared, command_declared(command)], alternatives=runtime_alternatives())
+        if not verdict.ok:
+            raise BadInput(verdict.conflicts[0].line)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "settings": self.settings.as_dict()}

@@ -389,7 +389,7 @@ def evaluate(
     windows = Windows(context, stride)
     check_greedy_tokens(greedy_tokens)
     runtime = runtime or RuntimeOptions()
-    runtime.requires("steps", "eval (it compares each window's logits)")
+    runtime.requires("eval")
     models = [open_folder(f, verify_files=verify_files) for f in folders]
     windows = windows.fit(min(m.n_positions for m in models))  # before any model is loaded
     tokenizer_folder = _tokenizer_folder([m.folder for m in models], None, required=False)

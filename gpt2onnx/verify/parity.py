@@ -508,7 +508,7 @@ def parity(
     if not 1 <= max_batch <= 64:
         raise BadInput(f"max batch must be 1 to 64, got {max_batch}")
     runtime = runtime or RuntimeOptions(settings=provider)
-    runtime.requires("steps", "parity (it compares each step's logits)")
+    runtime.requires("parity")
     onnxruntime = runtime.settings if runtime.name == "onnxruntime" else None  # its ProviderConfig
     if onnxruntime is not None:
         max_batch = min(max_batch, onnxruntime.max_batch)  # TensorRT's profile covers batches up to max_batch

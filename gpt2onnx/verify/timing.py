@@ -612,7 +612,7 @@ def open_subject(
     folder, runtime: RuntimeOptions, config: BenchConfig, *, label: str, speculation=None, verify_files=True
 ) -> Subject:
     """The folder opened on the runtime, checked for the workload (context, memory, speculative decoding)."""
-    runtime.requires("steps", "bench (it times each step)")
+    runtime.requires("bench")
     model = open_folder(folder, verify_files=verify_files)
     config.check(model.n_positions)
     draft_model = speculation_draft(model, speculation, Sampling(), Decoding(), runtime, verify_files)
