@@ -1033,7 +1033,7 @@ CASES: list[Case] = [
         ("serve", "{dir}", "--api-key", "k", "--port", "0"),
         B,
         lambda c: (c.dir / "index.html").write_text("<p>hi</p>"),
-        match="for a model folder, not a web folder",
+        match="for the OpenAI endpoint, and .* is served as a web folder",
     ),
     Case(
         "serve-port-bogus",

@@ -62,7 +62,7 @@ from gpt2onnx.profiles.all_profiles import UNFUSED
 from gpt2onnx.runtimes.base import COMMANDS, RuntimeOptions, parse_runtimes, runtime_options
 from gpt2onnx.targets.deploy import deploy as run_deploy
 from gpt2onnx.targets.registry import TARGETS
-from gpt2onnx.targets.web_server import open_server
+from gpt2onnx.targets.web_server import is_web_folder, open_server
 from gpt2onnx.verify.bench import bench as run_bench
 from gpt2onnx.verify.gates import EvalGates, parse_gates
 from gpt2onnx.verify.timing import BenchConfig, parse_batches
@@ -696,10 +696,43 @@ def eval_command(
 
 @app.command()
 def serve(
-    folder: Annotated[Path, typer.Argument(help="A folder written by gpt2onnx deploy --target web.")],
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free port).")] = 8000,
+    folder: Annotated[
+        Path, typer.Argument(help="An exported model folder (OpenAI's API), or a folder of deploy --target web.")
+    ],
+    port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 8000,
+    host: Annotated[Optional[str], typer.Option(help="Address to listen on \\[127.0.0.1].")] = None,
+    api_key: Annotated[
+        Optional[str], typer.Option(envvar="GPT2ONNX_API_KEY", help="Key clients send as 'Bearer KEY'.")
+    ] = None,
+    max_batch: Annotated[Optional[int], typer.Option(help="Requests decoded together \\[16].")] = None,
+    max_queue: Annotated[Optional[int], typer.Option(help="Requests waiting beyond those \\[256].")] = None,
+    endpoint: Annotated[
+        str, typer.Option(help="openai, web, or auto: web where the folder has index.html, else openai.")
+    ] = "auto",
+    verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Serve a web folder on 127.0.0.1 with cross-origin isolation (the wasm thread pool needs it); Ctrl-C stops."""
+    """Serve a model folder over OpenAI's API (/v1/completions), or a web folder on 127.0.0.1 with cross-origin
+    isolation (the wasm thread pool needs it); Ctrl-C (or SIGTERM) stops."""
+    if endpoint not in ("auto", "openai", "web"):
+        raise BadInput(f"--endpoint {endpoint!r} is not one of auto, openai, web: give one of them")
+    if endpoint == "openai" or (endpoint == "auto" and not is_web_folder(folder)):
+        from gpt2onnx.serving.openai.server import HOST, open_openai_server
+
+        model = open_openai_server(
+            folder, host=host or HOST, port=port, api_key=api_key,
+            max_batch=16 if max_batch is None else max_batch,
+            max_queue=256 if max_queue is None else max_queue, verify_files=verify_files,
+        )  # fmt: skip
+        print(f"serving {model.folder} at {model.url}/v1 (OpenAI API; Ctrl-C stops)", flush=True)
+        model.serve_forever()
+        return
+    given = [name for name, value in (("--host", host), ("--api-key", api_key), ("--max-batch", max_batch),
+                                      ("--max-queue", max_queue)) if value is not None]  # fmt: skip
+    if given:
+        raise BadInput(
+            f"{', '.join(given)}: for the OpenAI endpoint, and '{folder}' is served as a web folder (it has"
+            " index.html): drop them, or give --endpoint openai"
+        )
     server = open_server(folder, port=port)
     # one line, flushed: scripts and tests read the address from it
     print(f"serving {server.folder} at {server.url} (Ctrl-C stops)", flush=True)

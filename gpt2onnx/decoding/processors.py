@@ -9,9 +9,16 @@ transformers sees them, then the new tokens).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from gpt2onnx.artifact.generation import Decoding, Sampling
+from gpt2onnx.errors import BadInput
+from gpt2onnx.params import Rule, options_of, param
+
+MAX_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties
+MAX_BIAS = 100.0  # OpenAI's range for a logit bias
 
 
 def repetition_penalty(
@@ -103,6 +110,68 @@ def top_p(scores: np.ndarray, p: float, *, min_tokens_to_keep: int = 1) -> np.nd
     drop = np.zeros_like(drop_sorted)
     np.put_along_axis(drop, order, drop_sorted, axis=-1)
     return np.where(drop, -np.inf, scores).astype(scores.dtype)
+
+
+@dataclass(frozen=True)
+class Bias:
+    """OpenAI's adjustments of the logits, applied before transformers' processors (the batching engine and the
+    OpenAI endpoint take them): ``logit_bias`` (token id, bias) pairs added to the logits; then, over the tokens
+    generated so far, ``presence_penalty`` subtracted once from each token that appeared and ``frequency_penalty``
+    times its count (OpenAI's definition; not transformers' repetition_penalty, which also counts the prompt)."""
+
+    presence_penalty: float = param(
+        0.0, "Subtract this from every token already generated.", rule=Rule("float", -MAX_PENALTY, MAX_PENALTY)
+    )
+    frequency_penalty: float = param(
+        0.0, "Subtract this times a token's count so far.", rule=Rule("float", -MAX_PENALTY, MAX_PENALTY)
+    )
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:  # an invalid one cannot be built
+        for option in options_of(Bias):
+            option.param.rule.check(getattr(self, option.field), name=option.key, source="(request)")
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias))
+        rule = Rule("float", -MAX_BIAS, MAX_BIAS)
+        for token, bias in self.logit_bias:
+            rule.check(bias, name=f"logit_bias of token {token}", source="(request)")
+
+    @property
+    def on(self) -> bool:
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        bad = [t for t, _ in self.logit_bias if not 0 <= t < vocab_size]
+        if bad:
+            raise BadInput(
+                f"logit_bias names token id {bad[0]}, outside the vocabulary (0 to {vocab_size - 1}): drop it"
+            )
+
+    def __call__(self, scores: np.ndarray, generated: list[int]) -> np.ndarray:
+        """[1, vocab] scores adjusted for one row whose new tokens so far are ``generated``."""
+        if not self.on:
+            return scores
+        out = scores.astype(np.float32, copy=True)
+        if self.logit_bias:
+            ids, biases = zip(*self.logit_bias)
+            np.add.at(out, (slice(None), np.asarray(ids)), np.asarray(biases, dtype=np.float32))
+        if generated and (self.presence_penalty or self.frequency_penalty):
+            counts = np.bincount(np.asarray(generated, dtype=np.int64), minlength=out.shape[-1])[: out.shape[-1]]
+            penalty = self.frequency_penalty * counts + self.presence_penalty * (counts > 0)
+            out -= penalty.astype(np.float32)[None, :]
+        return out
+
+
+def top_logprobs(scores: np.ndarray, token: int, k: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """One row's log-probability of ``token`` under softmax(``scores``) ([vocab] float), and the ``k`` most
+    likely tokens with theirs, most likely first."""
+    logprobs = log_softmax(scores.astype(np.float32)[None, :])[0]
+    top = ()
+    if k > 0:
+        k = min(k, logprobs.shape[-1])
+        best = np.argpartition(-logprobs, k - 1)[:k]
+        best = best[np.argsort(-logprobs[best], kind="stable")]
+        top = tuple((int(i), float(logprobs[i])) for i in best)
+    return float(logprobs[token]), top
 
 
 class StopStrings:

@@ -50,7 +50,7 @@ from gpt2onnx.artifact.generation import (
 )
 from gpt2onnx.capabilities import Declared, Lacks, Need, resolve
 from gpt2onnx.decoding.generate import decode
-from gpt2onnx.decoding.processors import StopStrings, draw, process_scores
+from gpt2onnx.decoding.processors import Bias, StopStrings, draw, process_scores, top_logprobs
 from gpt2onnx.decoding.prompts import TextStream, has_tokenizer, left_pad
 from gpt2onnx.decoding.results import check_new_tokens, check_request_size
 from gpt2onnx.decoding.speculative import Speculation
@@ -64,12 +64,14 @@ log = logging.getLogger(__name__)
 ONE_SEQUENCE = "send one request per sequence (with seeds)"
 
 MAX_ROWS = 256  # the most requests decoded together
+MAX_LOGPROBS = 20  # the most top tokens a request may ask the log-probabilities of (vLLM's default limit)
 # What the engine needs: a stepper whose rows can join and leave a running batch; one sequence per request
 ENGINE = Declared(
     "engine",
     "batching",
     requires=(
         Need("batches_rows", allowed={True}, why="decodes rows that join and leave a running batch"),
+        Need("batch_invariant", allowed={True}, why="gives each request the tokens it gets alone, whatever its batch"),
         Lacks("features", {SEVERAL_SEQUENCES: "serves one sequence per request, not"}, fix=ONE_SEQUENCE),
     ),
     label="the batching engine",
@@ -89,6 +91,8 @@ class TokenEvent:
     index: int  # how many new tokens came before these
     finish_reason: str | None = None  # set on the last event: eos, stop, length, cancelled or error
     error: Gpt2OnnxError | None = None
+    # per token, where the request asked for them: its log-probability and the top tokens' (id, log-probability)
+    logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
 
     @property
     def last(self) -> bool:
@@ -184,13 +188,16 @@ class _Request:
     rng: np.random.Generator = field(init=False)
     tokens: list[int] = field(default_factory=list)
     first_token: float | None = None
+    bias: Bias = Bias()
+    logprobs: int | None = None  # the top tokens' log-probabilities wanted (None: none, not even the chosen's)
+    pending: tuple | None = None  # the chosen token's log-probabilities until its event
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.sampling.seed)  # as decode() seeds a batch of one
 
     @property
     def processed(self) -> bool:
-        return self.sampling.sample or self.decoding.processors_on()
+        return self.sampling.sample or self.decoding.processors_on() or self.bias.on
 
 
 class BatchingEngine:
@@ -294,12 +301,17 @@ class BatchingEngine:
         decoding: Decoding = Decoding(),
         on_event: Callable[[TokenEvent], None] | None = None,
         speculation: Speculation | None = None,
+        bias: Bias = Bias(),
+        logprobs: int | None = None,
     ) -> GenerationStream:
         """Queue one request: ``prompt`` as text (needs the tokenizer) or token ids; the decoding options of
         generate. Checked here, in the caller's thread (BadInput, one line), before it is queued. ``on_event``:
         called on the engine's thread with each event (it must be quick: the batch waits for it); without it,
         iterate the returned stream. ``speculation`` (generate's :class:`~gpt2onnx.decoding.speculative.Speculation`)
-        is refused: the batch checks one token per row per step."""
+        is refused: the batch checks one token per row per step. ``bias``: OpenAI's logit bias and presence and
+        frequency penalties (:class:`~gpt2onnx.decoding.processors.Bias`); ``logprobs``: each event also carries its
+        token's log-probability and the ``logprobs`` most likely tokens' (0 to MAX_LOGPROBS), from the model's
+        logits before any processor (as vLLM's default)."""
         if speculation is not None:
             raise BadInput(f"{NOT_SPECULATIVE}: drop speculation")
         ids = self.reader.ids(prompt)  # types first: a float or a bytes prompt is no list of ids
@@ -308,6 +320,17 @@ class BatchingEngine:
         if not isinstance(sampling, Sampling) or not isinstance(decoding, Decoding):
             raise BadInput("sampling and decoding must be gpt2onnx's Sampling and Decoding")
         check_pair(sampling, decoding)
+        if not isinstance(bias, Bias):
+            raise BadInput("bias must be gpt2onnx's Bias")
+        bias.check_vocabulary(self.stepper.vocab_size)
+        if logprobs is not None:
+            logprobs = whole_number("logprobs", logprobs)
+            if not 0 <= logprobs <= MAX_LOGPROBS:
+                raise BadInput(f"logprobs {logprobs} is not an integer from 0 to {MAX_LOGPROBS}: ask for fewer")
+            if decoding.beams:
+                raise BadInput("logprobs are not given with beam search: drop one of them")
+        if bias.on and decoding.beams:
+            raise BadInput("logit_bias and presence or frequency penalties are not applied to beam search: drop them")
         resolve([self._runtime, request_declared(sampling, decoding), ENGINE]).check()  # what the engine serves
         if decoding.stop and self.tokenizer is None:
             raise BadInput("stop strings need the model's tokenizer files, and this model has none: drop them")
@@ -327,6 +350,8 @@ class BatchingEngine:
             stop,
             TextStream(self.tokenizer),
             time.perf_counter(),
+            bias=bias,
+            logprobs=logprobs,
         )
         with self._lock:
             if self._closed:
@@ -337,6 +362,11 @@ class BatchingEngine:
                 self._waiting.append(request)
                 self._lock.notify()
         return stream
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(requests waiting for a row, requests decoding): for metrics, read without the engine's lock."""
+        return len(self._waiting), len(self._rows)
 
     def generate(self, prompt: str | list[int], **options) -> Completion:
         """Submit one request and wait for its completion (the options of :meth:`submit`)."""
@@ -435,7 +465,7 @@ class BatchingEngine:
                 continue
             sequence = np.asarray([request.prompt + request.tokens], dtype=np.int64)
             scores = process_scores(
-                last[i : i + 1].astype(np.float32),
+                request.bias(last[i : i + 1].astype(np.float32), request.tokens),
                 sequence,
                 prompt_length=len(request.prompt),
                 decoding=request.decoding,
@@ -445,6 +475,9 @@ class BatchingEngine:
             )
             token = draw(scores, request.rng)[0] if request.sampling.sample else scores.argmax(-1)[0]
             chosen[i] = int(token)
+        for i, request in enumerate(requests):
+            if request.logprobs is not None:
+                request.pending = top_logprobs(last[i], chosen[i], request.logprobs)
         keep = []
         now = time.perf_counter()
         for i, request in enumerate(requests):
@@ -471,7 +504,8 @@ class BatchingEngine:
         if reason is not None:
             self._end(request, reason, token=token, piece=piece)
             return False
-        request.stream._emit(TokenEvent(request.id, (token,), piece, len(request.tokens) - 1))
+        logprobs = (request.pending,) if request.logprobs is not None else None
+        request.stream._emit(TokenEvent(request.id, (token,), piece, len(request.tokens) - 1, logprobs=logprobs))
         if request.stream.cancelled:
             self._end(request, "cancelled")
             return False
@@ -504,7 +538,10 @@ class BatchingEngine:
         first = 0 if token is None else len(request.tokens) - 1
         index = len(request.tokens) if token is None else first
         ids = () if token is None else (token,)
-        request.stream._emit(TokenEvent(request.id, ids, piece + rest, index, reason, error))
+        logprobs = None
+        if request.logprobs is not None:
+            logprobs = () if token is None else (request.pending,)
+        request.stream._emit(TokenEvent(request.id, ids, piece + rest, index, reason, error, logprobs))
         seconds = time.perf_counter() - request.submitted
         request.stream._finish(
             Completion(

@@ -196,6 +196,12 @@ class WebServer:
         self.close()
 
 
+def is_web_folder(folder: str | Path) -> bool:
+    """Whether ``folder`` is one deploy --target web wrote (it has index.html), not a model folder."""
+    folder = Path(folder)
+    return folder.is_dir() and (folder / "index.html").is_file()  # the folder first: its own error where it fails
+
+
 def open_server(folder: str | Path, *, port: int = 8000, background: bool = False) -> WebServer:
     """Bind a server for ``folder`` on 127.0.0.1:``port`` (0: any free port). With ``background`` it already runs
     in a thread; else call ``serve_forever()``. Raises BadInput (the folder, the port) or OutputError (the port is

@@ -1,0 +1,138 @@
+"""The OpenAI endpoint for an exported folder under uvicorn: bound first (its URL known, port 0 included), the model
+loaded on a thread while ``/ready`` answers 503, SIGTERM or Ctrl-C draining the requests in flight before it
+exits (uvicorn's graceful shutdown, then the engine closed)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.artifact.manifest import MODEL_FILE
+from gpt2onnx.errors import BadInput, Gpt2OnnxError, OutputError
+from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.serving.engine import MAX_ROWS, BatchingEngine
+
+log = logging.getLogger(__name__)
+HOST = "127.0.0.1"
+DRAIN_SECONDS = 60  # SIGTERM: the longest wait for the requests in flight
+MAX_QUEUE = 1 << 16
+
+
+@dataclass
+class OpenAIServer:
+    """A bound server: ``url`` (http://host:port), ``folder``; :meth:`serve_forever` runs it until SIGTERM or
+    Ctrl-C."""
+
+    folder: Path
+    url: str
+    settings: object  # gpt2onnx.serving.openai.routes.ServerSettings
+    _server: object
+    _socket: socket.socket
+    _failure: Gpt2OnnxError | None = None
+
+    def serve_forever(self) -> None:
+        """Serve until stopped; raises the error the model could not be loaded with (after the server stopped)."""
+        try:
+            self._server.run(sockets=[self._socket])
+        finally:
+            self._socket.close()
+        if self._failure is not None:
+            raise self._failure
+
+
+def open_openai_server(
+    folder: str | Path,
+    *,
+    host: str = HOST,
+    port: int = 8000,
+    api_key: str | None = None,
+    max_batch: int = 16,
+    max_queue: int = 256,
+    provider: ProviderConfig = ProviderConfig(),
+    verify_files: bool = True,
+) -> OpenAIServer:
+    """Check ``folder`` (an exported model folder) and the settings, and bind ``host``:``port`` (0: any free
+    port); the model loads when :meth:`OpenAIServer.serve_forever` starts. BadInput (one line) for a bad folder,
+    setting or taken port; BadInput naming the extra where fastapi, uvicorn or openai is not installed."""
+
+    folder = Path(folder)
+    what = "give an exported model folder, or one written by gpt2onnx deploy --target web"
+    if not folder.is_dir():
+        raise BadInput(f"'{folder}' is not a folder: {what}")
+    if not (folder / MODEL_FILE).exists() and not (folder / "index.html").exists():
+        raise BadInput(f"'{folder}' has no {MODEL_FILE} and has no index.html: {what}")
+    open_folder(folder, verify_files=False)  # what is wrong with the folder is said now, not after binding
+    for name, value, low, high in (
+        ("--port", port, 0, 65535),
+        ("--max-batch", max_batch, 1, MAX_ROWS),
+        ("--max-queue", max_queue, 0, MAX_QUEUE),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise BadInput(f"{name} {value} is not an integer from {low} to {high}: give one")
+    if api_key is not None and (not api_key.strip() or any(c.isspace() for c in api_key)):
+        raise BadInput("--api-key is empty or holds spaces: give a key without spaces")
+    try:
+        import uvicorn
+
+        from gpt2onnx.serving.openai.routes import ServerSettings, build_app
+    except ImportError as err:
+        raise BadInput(
+            f"the OpenAI endpoint needs {err.name or 'its packages'}, which is not installed: pip install"
+            " 'gpt2onnx[serve]'"
+        ) from None
+    sock = _bind(host, port)
+    settings = ServerSettings(model_id=folder.resolve().name, api_key=api_key, max_batch=max_batch, max_queue=max_queue)
+    holder: dict = {}
+
+    def failed(reason: str) -> None:  # the model could not be loaded: the server stops, serve_forever raises
+        holder["server"]._failure = BadInput(f"cannot serve '{folder}': {reason}")
+        holder["server"]._server.should_exit = True
+
+    app = build_app(
+        settings,
+        lambda: BatchingEngine.open(folder, max_batch=max_batch, provider=provider, verify_files=verify_files),
+        folder=folder,
+        on_failed=failed,
+    )
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        timeout_graceful_shutdown=DRAIN_SECONDS,
+        lifespan="on",
+        access_log=False,
+    )
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    server = OpenAIServer(folder.resolve(), f"http://{shown}:{bound_port}", settings, uvicorn.Server(config), sock)
+    holder["server"] = server
+    return server
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise BadInput(f"--host {host!r} is not an address of this machine ({err.strerror}): give one") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise BadInput(
+                f"port {port} on {host} is already in use: choose another --port (0: any free port)"
+            ) from None
+        if err.errno == errno.EACCES:
+            raise BadInput(f"port {port} needs privileges here: choose a port above 1023") from None
+        if err.errno == errno.EADDRNOTAVAIL:
+            raise BadInput(f"--host {host} is not an address of this machine: give one") from None
+        raise OutputError(f"cannot listen on {host}:{port} ({err.strerror or err})") from None
+    sock.set_inheritable(True)
+    return sock

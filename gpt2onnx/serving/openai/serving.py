@@ -1,0 +1,405 @@
+"""One completion request turned into :class:`~gpt2onnx.serving.engine.BatchingEngine` submissions, one per choice
+(prompts × ``n``), and their events turned into OpenAI's response: one body, or server-sent events in OpenAI's
+chunk format ending with ``data: [DONE]``.
+
+OpenAI's parameters map onto the options declared once (gpt2onnx.params): ``temperature`` 0 is greedy, above it
+sampling (``Sampling``: temperature, ``top_p``, ``seed``, the choice's index added to it so that ``n`` seeded
+choices differ); ``stop`` is ``Decoding.stop``, its string cut from the text as OpenAI returns it; ``logit_bias``,
+``presence_penalty`` and ``frequency_penalty`` are a :class:`~gpt2onnx.decoding.processors.Bias`; ``max_tokens``
+is ``max_new_tokens`` (16 when omitted, as OpenAI); ``logprobs`` come from the engine (the model's log-softmax,
+before any processor). A request whose client goes away is cancelled in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable
+
+from gpt2onnx.artifact.generation import Decoding, Sampling
+from gpt2onnx.decoding.processors import Bias
+from gpt2onnx.errors import BadInput, Gpt2OnnxError
+from gpt2onnx.serving.engine import BatchingEngine, GenerationStream, TokenEvent
+from gpt2onnx.serving.openai.prometheus import Metrics
+from gpt2onnx.serving.openai.protocol import (
+    DEFAULT_MAX_TOKENS,
+    MAX_CHOICES,
+    MAX_STOP,
+    ApiError,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionUsage,
+    Logprobs,
+    error_body,
+)
+
+log = logging.getLogger(__name__)
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # the engine's reasons as OpenAI's
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+
+
+@dataclass
+class _Choice:
+    """One choice's state: what the engine sent, and what was shown to the client."""
+
+    index: int
+    prompt_ids: list[int]
+    echo: str
+    stops: tuple[str, ...]
+    tokens: list[int] = field(default_factory=list)
+    raw: str = ""  # the engine's text so far
+    sent: str = ""  # the part of it given to the client (a stop string and what may begin one held back)
+    finish_reason: str | None = None
+    logprobs: list = field(default_factory=list)
+    first: float | None = None
+    last_token: float | None = None
+
+    def push(self, event: TokenEvent) -> str:
+        """The text this event lets the client see."""
+        self.tokens.extend(event.token_ids)
+        if event.logprobs:
+            self.logprobs.extend(event.logprobs)
+        self.raw += event.text
+        if event.last:
+            shown = self.raw
+            if event.finish_reason == "stop" and self.stops:
+                cut = min((i for i in (self.raw.find(s) for s in self.stops) if i >= 0), default=-1)
+                shown = self.raw[: max(cut, len(self.sent))] if cut >= 0 else self.raw
+        else:
+            hold = max((len(s) for s in self.stops), default=1) - 1
+            shown = self.raw[: len(self.raw) - hold] if hold else self.raw
+            found = [i for i in (self.raw.find(s) for s in self.stops) if i >= 0]
+            if found:
+                shown = self.raw[: max(min(found), len(self.sent))]
+        new = shown[len(self.sent) :] if len(shown) > len(self.sent) else ""
+        self.sent += new
+        return new
+
+
+class CompletionServing:
+    """``/v1/completions`` over one engine. ``max_queue``: the most requests waiting for a row of the batch beyond
+    the ``engine.max_batch`` decoding (a request that would go past it is answered 429)."""
+
+    def __init__(self, engine: BatchingEngine, model_id: str, *, max_queue: int, metrics: Metrics):
+        self.engine, self.model_id, self.metrics = engine, model_id, metrics
+        self.capacity = engine.max_batch + max_queue
+        self._outstanding = 0
+        self._count_lock = threading.Lock()
+
+    # -- the request, checked ------------------------------------------------------------------------------------
+    def _options(self, request: CompletionRequest) -> tuple[int, list[tuple[Sampling, Decoding]], Bias]:
+        if request.model != self.model_id:
+            raise ApiError(
+                404, f"the model '{request.model}' does not exist: this server serves '{self.model_id}'",
+                param="model", code="model_not_found",
+            )  # fmt: skip
+        if request.suffix:
+            raise ApiError(400, "suffix is not offered: a GPT-2 model continues a prompt only", param="suffix")
+        n = request.n or 1
+        if request.best_of is not None and request.best_of != n:
+            raise ApiError(
+                400, f"best_of {request.best_of} is not offered (only best_of = n, {n}): drop it", param="best_of"
+            )
+        if request.echo and request.logprobs is not None:
+            raise ApiError(400, "logprobs of the echoed prompt are not offered: drop echo or logprobs", param="echo")
+        stops = request.stops()
+        if len(stops) > MAX_STOP or any(not s for s in stops):
+            raise ApiError(400, f"stop takes 1 to {MAX_STOP} non-empty strings", param="stop")
+        temperature = 1.0 if request.temperature is None else request.temperature
+        top_p = 1.0 if request.top_p is None else request.top_p
+        try:
+            if request.logit_bias is not None:
+                bias_items = [(_token_key(k), v) for k, v in request.logit_bias.items()]
+            else:
+                bias_items = []
+            bias = Bias(
+                presence_penalty=request.presence_penalty or 0.0,
+                frequency_penalty=request.frequency_penalty or 0.0,
+                logit_bias=tuple(bias_items),
+            )
+            decoding = Decoding(stop=stops)
+            choices = []
+            for j in range(n):
+                if temperature == 0.0:
+                    sampling = Sampling()
+                else:
+                    seed = None if request.seed is None else request.seed + j
+                    sampling = Sampling(sample=True, temperature=temperature, top_p=top_p, seed=seed)
+                choices.append((sampling, decoding))
+        except BadInput as err:
+            raise ApiError(400, str(err), param=_param_of(str(err))) from None
+        return request.max_tokens or DEFAULT_MAX_TOKENS, choices, bias
+
+    def _prompt_ids(self, request: CompletionRequest) -> list[list[int]]:
+        prompts = request.prompts()
+        if not prompts or any(not p for p in prompts):
+            raise ApiError(400, "prompt is empty: give some text or token ids", param="prompt")
+        if len(prompts) * (request.n or 1) > MAX_CHOICES:
+            raise ApiError(400, f"prompts × n is more than {MAX_CHOICES} choices: send fewer", param="n")
+        try:
+            return [self.engine.encode(p) if isinstance(p, str) else self.engine.reader.ids(p) for p in prompts]
+        except BadInput as err:
+            raise ApiError(400, str(err), param="prompt") from None
+
+    # -- into the engine ------------------------------------------------------------------------------------------
+    def _reserve(self, count: int) -> None:
+        if count > self.capacity:  # it would never fit: not a reason to retry
+            raise ApiError(
+                400, f"prompts × n is {count} requests, more than the {self.capacity} this server takes at once:"
+                " send fewer", param="n",
+            )  # fmt: skip
+        with self._count_lock:
+            if self._outstanding + count > self.capacity:
+                raise ApiError(
+                    429, f"the server's queue is full ({self.capacity} requests): retry later",
+                    type="rate_limit_error", code="queue_full",
+                )  # fmt: skip
+            self._outstanding += count
+
+    def _release(self, count: int) -> None:
+        with self._count_lock:
+            self._outstanding -= count
+
+    def _ended(self, event: TokenEvent) -> None:
+        """A choice's last event, on the engine's thread: its place in the queue given back, its reason counted."""
+        self._release(1)
+        self.metrics.finished.labels(event.finish_reason).inc()
+
+    async def create(self, request: CompletionRequest, is_disconnected: Callable[[], Awaitable[bool]]):
+        """The response: a dict for one body, or an async iterator of server-sent events."""
+        max_tokens, options, bias = self._options(request)
+        prompt_ids = self._prompt_ids(request)
+        tokenizer = self.engine.tokenizer
+        choices = []
+        for p, ids in enumerate(prompt_ids):
+            prompt = request.prompts()[p]
+            echo = ""
+            if request.echo:
+                echo = prompt if isinstance(prompt, str) else tokenizer.decode(ids) if tokenizer else ""
+            for j in range(len(options)):
+                choices.append(_Choice(len(choices), ids, echo, request.stops()))
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        self._reserve(len(choices))
+        streams: list[GenerationStream] = []
+        started = time.perf_counter()
+        try:
+            for choice in choices:
+                sampling, decoding = options[choice.index % len(options)]
+                streams.append(
+                    self.engine.submit(
+                        choice.prompt_ids,
+                        max_new_tokens=max_tokens,
+                        sampling=sampling,
+                        decoding=decoding,
+                        bias=bias,
+                        logprobs=request.logprobs,
+                        on_event=_deliver(loop, events, choice.index, self._ended),
+                    )
+                )
+        except BaseException as err:
+            for stream in streams:
+                stream.cancel()
+            self._release(len(choices) - len(streams))  # the submitted ones are released as they end
+            if isinstance(err, BadInput):
+                raise ApiError(400, str(err), param=_param_of(str(err))) from None
+            raise
+        self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompt_ids))
+        run = _Run(self, request, choices, streams, events, started)
+        if request.stream:
+            return run.stream()
+        return await run.body(is_disconnected)
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, index: int, ended: Callable[[TokenEvent], None]):
+    """An engine callback handing each event to the request's event loop (quick: the batch waits for it); the
+    request's place in the queue is given back with its last event, whether or not anyone still reads it."""
+
+    def on_event(event: TokenEvent) -> None:
+        if event.last:
+            ended(event)
+        loop.call_soon_threadsafe(events.put_nowait, (index, event, time.perf_counter()))
+
+    return on_event
+
+
+class _Run:
+    """One request in flight: its choices' events gathered into a body, or streamed."""
+
+    def __init__(self, serving: CompletionServing, request, choices, streams, events, started):
+        self.serving, self.request, self.choices, self.streams = serving, request, choices, streams
+        self.events, self.started = events, started
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.open = len(choices)
+        self.tokenizer = serving.engine.tokenizer
+
+    def _take(self, index: int, event: TokenEvent, at: float) -> str:
+        choice = self.choices[index]
+        metrics = self.serving.metrics
+        if event.token_ids:
+            if choice.first is None:
+                choice.first = at
+                metrics.first_token.observe(at - self.started)
+            elif choice.last_token is not None:
+                metrics.inter_token.observe(at - choice.last_token)
+            choice.last_token = at
+            metrics.generation_tokens.inc(len(event.token_ids))
+        text = choice.push(event)
+        if event.last:
+            self.open -= 1
+            metrics.latency.observe(at - self.started)
+            if event.error is not None or event.finish_reason not in FINISH:
+                reason = event.error or Gpt2OnnxError(f"the request ended: {event.finish_reason}")
+                raise _Failed(reason)
+            choice.finish_reason = FINISH[event.finish_reason]
+        return text
+
+    def _cancel(self) -> None:
+        for stream in self.streams:
+            stream.cancel()
+
+    def _usage(self) -> CompletionUsage:
+        prompt = sum(len(ids) for ids in {id(c.prompt_ids): c.prompt_ids for c in self.choices}.values())
+        completion = sum(len(c.tokens) for c in self.choices)
+        return CompletionUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    def _logprobs(self, choice: _Choice, entries: list, offset: int) -> Logprobs | None:
+        if self.request.logprobs is None:
+            return None
+        tokens, token_logprobs, top, offsets = [], [], [], []
+        for token, (chosen, best) in zip(choice.tokens[len(choice.tokens) - len(entries) :], entries):
+            piece = self._piece(token)
+            tokens.append(piece)
+            token_logprobs.append(chosen)
+            top.append({**{self._piece(t): lp for t, lp in best}, piece: chosen})
+            offsets.append(offset)
+            offset += len(piece)
+        return Logprobs(tokens=tokens, token_logprobs=token_logprobs, top_logprobs=top, text_offset=offsets)
+
+    def _piece(self, token: int) -> str:
+        return self.tokenizer.decode([token]) if self.tokenizer is not None else str(token)
+
+    async def body(self, is_disconnected) -> dict:
+        try:
+            while self.open:
+                try:
+                    index, event, at = await asyncio.wait_for(self.events.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await is_disconnected():
+                        log.info("a client went away: its request is cancelled")
+                        self._cancel()
+                        return {}
+                    continue
+                self._take(index, event, at)
+        except _Failed as failed:
+            self._cancel()
+            raise ApiError(500, str(failed.error), type="server_error") from None
+        except BaseException:
+            self._cancel()
+            raise
+        choices = [
+            CompletionChoice(
+                index=c.index,
+                text=c.echo + c.sent,
+                finish_reason=c.finish_reason,
+                logprobs=self._logprobs(c, c.logprobs, len(c.echo)),
+            )
+            for c in self.choices
+        ]
+        completion = Completion(
+            id=self.id, object="text_completion", created=self.created, model=self.serving.model_id,
+            choices=choices, usage=self._usage(),
+        )  # fmt: skip
+        return completion.model_dump(mode="json", exclude_unset=True)
+
+    async def stream(self) -> AsyncIterator[str]:
+        """Server-sent events: a chunk per token (the echoed prompts first), the finish reasons, the usage where
+        stream_options asks for it, then ``[DONE]``. Cancelled in the engine when the client goes away."""
+        try:
+            for choice in self.choices:
+                if choice.echo:
+                    yield self._chunk(choice, choice.echo, None, [], 0)
+            while self.open:
+                index, event, at = await self.events.get()
+                choice = self.choices[index]
+                before = len(choice.logprobs)
+                offset = len(choice.echo) + len(choice.sent)
+                try:
+                    text = self._take(index, event, at)
+                except _Failed as failed:
+                    self._cancel()
+                    yield f"data: {json.dumps(error_body(str(failed.error), type='server_error'))}\n\n"
+                    break
+                entries = choice.logprobs[before:]
+                if text or entries or event.last:
+                    yield self._chunk(choice, text, choice.finish_reason if event.last else None, entries, offset)
+            options = self.request.stream_options
+            if options is not None and options.include_usage:
+                usage = Completion(
+                    id=self.id, object="text_completion", created=self.created, model=self.serving.model_id,
+                    choices=[], usage=self._usage(),
+                )  # fmt: skip
+                yield f"data: {usage.model_dump_json(exclude_unset=True)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:  # the client went away (the task is cancelled), or the stream ended
+            if self.open:
+                log.info("a client went away mid-stream: its request is cancelled")
+                self._cancel()
+
+    def _chunk(self, choice: _Choice, text: str, finish_reason, entries: list, offset: int) -> str:
+        chunk = Completion(
+            id=self.id, object="text_completion", created=self.created, model=self.serving.model_id,
+            choices=[
+                # built unvalidated: the type requires a finish_reason, which is null until the last chunk (as
+                # OpenAI sends it and its client reads it)
+                CompletionChoice.model_construct(
+                    index=choice.index, text=text, finish_reason=finish_reason,
+                    logprobs=self._logprobs(choice, entries, offset),
+                )
+            ],
+        )  # fmt: skip
+        return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+
+
+class _Failed(Exception):
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _token_key(key: str) -> int:
+    """A logit_bias key: a token id written as a JSON string."""
+    try:
+        token = int(key)
+    except ValueError:
+        raise BadInput(f"logit_bias key {key[:40]!r} is not a token id: give token ids as strings") from None
+    if str(token) != key.strip():
+        raise BadInput(f"logit_bias key {key[:40]!r} is not a token id: give token ids as strings")
+    return token
+
+
+def _param_of(message: str) -> str | None:
+    """The request field a refusal names (the engine's messages name generate's options)."""
+    for word, name in (
+        ("logit_bias", "logit_bias"),
+        ("presence_penalty", "presence_penalty"),
+        ("frequency_penalty", "frequency_penalty"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("seed", "seed"),
+        ("stop", "stop"),
+        ("logprobs", "logprobs"),
+        ("new tokens", "max_tokens"),
+        ("token id", "prompt"),
+        ("prompt", "prompt"),
+    ):
+        if word in message:
+            return name
+    return None

@@ -1,0 +1,365 @@
+"""The OpenAI endpoint (gpt2onnx serve FOLDER on a model folder), started as a real server process on 127.0.0.1 and
+driven by the real clients: the ``openai`` package (sync, async, streaming), httpx and curl. Greedy completions
+equal ``gpt2onnx generate``'s alone, under 64 concurrent streams too; hostile requests get OpenAI's error body and
+status and the server keeps serving; a client that goes away is cancelled in the engine; SIGTERM drains; the
+server process never imports torch or transformers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+KEY = "sk-test-key"
+MAX_TOKENS = 12
+# docstring-like prompts of several lengths (the trained fixture learned docstrings), as text and as ids
+PROMPTS = [
+    "Return the",
+    "Create a new list of",
+    "If the file does not exist, raise",
+    "The default value is",
+    "This module provides functions for",
+    "Set the",
+    "Parse a string and return a list of the",
+    "Raise ValueError if the",
+]
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen, url: str, stderr: Path):
+        self.proc, self.url, self.stderr = proc, url, stderr
+        self.root = url.removesuffix("/v1")
+
+    def client(self, **kw) -> "openai.OpenAI":
+        return openai.OpenAI(base_url=self.url, api_key=KEY, max_retries=0, **kw)
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(f"{self.root}/metrics").text
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def start(folder: Path, log: Path, *args: str) -> Served:
+    """``gpt2onnx serve FOLDER --port 0`` as a process; its URL read from its one flushed line, then ready."""
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}  # every import it makes, in its stderr
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpt2onnx", "serve", str(folder), "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+        )
+    line = proc.stdout.readline()
+    found = re.search(r" at (http://\S+)", line)
+    assert found, f"no URL in {line!r}: {log.read_text()[-2000:]}"
+    served = Served(proc, found.group(1), log)
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{served.root}/ready").status_code != 200:
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.1)
+    return served
+
+
+@pytest.fixture(scope="module")
+def server(trained_export, tmp_path_factory):
+    served = start(trained_export, tmp_path_factory.mktemp("serve") / "stderr.txt", "--api-key", KEY)
+    yield served
+    if served.proc.poll() is None:
+        served.proc.kill()
+        served.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def alone(trained_export) -> dict[str, tuple[str, list[int]]]:
+    """Each prompt's greedy text and tokens from gpt2onnx's generate, alone."""
+    import gpt2onnx
+
+    out = {}
+    for prompt in PROMPTS:
+        result = gpt2onnx.generate(trained_export, prompts=[prompt], max_new_tokens=MAX_TOKENS)
+        out[prompt] = result.texts[0], result.tokens[0], result.prompt_ids[0]
+    return out
+
+
+def test_models_health_ready_metrics(server):
+    model = server.client().models.list().data
+    assert [m.id for m in model] == ["model"]
+    assert httpx.get(f"{server.root}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{server.root}/ready").status_code == 200
+    metrics = httpx.get(f"{server.root}/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    for name in ("gpt2onnx_requests_total", "gpt2onnx_requests_waiting", "gpt2onnx_time_to_first_token_seconds"):
+        assert name in metrics.text
+
+
+def test_greedy_completions_equal_generate(server, alone):
+    client = server.client()
+    for prompt in PROMPTS[:4]:
+        text, tokens, prompt_ids = alone[prompt]
+        reply = client.completions.create(
+            model="model", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=0
+        )
+        choice = reply.choices[0]
+        assert choice.text == text
+        assert reply.usage.completion_tokens == len(tokens) and reply.usage.prompt_tokens == len(prompt_ids)
+        assert choice.finish_reason == ("length" if len(tokens) == MAX_TOKENS else "stop")
+        assert len(choice.logprobs.tokens) == len(tokens) and all(lp <= 0 for lp in choice.logprobs.token_logprobs)
+        # the same prompt as token ids, and streamed
+        by_ids = client.completions.create(model="model", prompt=prompt_ids, max_tokens=MAX_TOKENS, temperature=0)
+        assert by_ids.choices[0].text == text
+        streamed = client.completions.create(
+            model="model", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].text for c in streamed) == text
+
+
+def test_async_client_64_concurrent_streams_each_as_alone(server, alone):
+    async def one(client, prompt: str) -> tuple[str, str | None]:
+        stream = await client.completions.create(
+            model="model", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+        parts, reason = [], None
+        async for chunk in stream:
+            parts.append(chunk.choices[0].text)
+            reason = chunk.choices[0].finish_reason or reason
+        return "".join(parts), reason
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=server.url, api_key=KEY, max_retries=0) as client:
+            prompts = [PROMPTS[i % len(PROMPTS)] for i in range(64)]
+            return prompts, await asyncio.gather(*(one(client, p) for p in prompts))
+
+    prompts, results = asyncio.run(run())
+    for prompt, (text, reason) in zip(prompts, results):
+        assert text == alone[prompt][0], prompt
+        assert reason in ("stop", "length")
+
+
+def test_httpx_and_curl(server, alone):
+    body = {"model": "model", "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    reply = httpx.post(f"{server.url}/completions", json=body, headers=headers)
+    assert reply.status_code == 200 and reply.json()["object"] == "text_completion"
+    assert reply.json()["choices"][0]["text"] == alone[PROMPTS[0]][0]
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    out = subprocess.run(
+        ["curl", "-sN", f"{server.url}/completions", "-H", f"Authorization: Bearer {KEY}",
+         "-H", "Content-Type: application/json", "-d", json.dumps({**body, "stream": True})],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    events = [line.removeprefix("data: ") for line in out.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == alone[PROMPTS[0]][0]
+
+
+def test_parameters(server):
+    client = server.client()
+    create = client.completions.create
+    # n choices per prompt, seeded sampling reproducible; prompts × n choices; echo; usage counts prompts once
+    reply = create(model="model", prompt=PROMPTS[:2], n=3, max_tokens=5, temperature=0.8, seed=7, echo=True)
+    assert [c.index for c in reply.choices] == list(range(6))
+    assert all(c.text.startswith(PROMPTS[i // 3]) for i, c in enumerate(reply.choices))
+    again = create(model="model", prompt=PROMPTS[:2], n=3, max_tokens=5, temperature=0.8, seed=7, echo=True)
+    assert [c.text for c in again.choices] == [c.text for c in reply.choices]
+    assert reply.usage.completion_tokens == 6 * 5
+    # logprobs: the chosen token's and the top 3's, most likely first
+    reply = create(model="model", prompt=PROMPTS[0], max_tokens=4, temperature=0, logprobs=3)
+    logprobs = reply.choices[0].logprobs
+    assert len(logprobs.tokens) == 4 and all(len(top) in (3, 4) for top in logprobs.top_logprobs)
+    assert all(max(top.values()) == lp for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs))
+    # a logit bias of 100 makes one token win every step
+    token = 300
+    biased = create(model="model", prompt=PROMPTS[0], max_tokens=4, temperature=0, logprobs=0,
+                    logit_bias={str(token): 100})  # fmt: skip
+    assert len(set(biased.choices[0].logprobs.tokens)) == 1
+    # penalties change a greedy completion (the model repeats itself without them); a stop string is cut
+    plain = create(model="model", prompt="Return the", max_tokens=20, temperature=0).choices[0].text
+    penalised = (
+        create(
+            model="model", prompt="Return the", max_tokens=20, temperature=0, frequency_penalty=2, presence_penalty=1
+        )
+        .choices[0]
+        .text
+    )
+    assert penalised != plain
+    stop = penalised.strip()[2:5]
+    cut = create(
+        model="model", prompt="Return the", max_tokens=20, temperature=0, frequency_penalty=2, presence_penalty=1,
+        stop=[stop],
+    ).choices[0]  # fmt: skip
+    assert cut.finish_reason == "stop" and stop not in cut.text and penalised.startswith(cut.text)
+
+
+HOSTILE = [
+    ("not-json", b"{bad", 400, None),
+    ("not-an-object", b"[1]", 400, None),
+    ("nan", b'{"model": "model", "prompt": "a", "temperature": NaN}', 400, None),
+    ("unknown-field", {"model": "model", "prompt": "a", "foo": 1}, 400, "foo"),
+    ("wrong-type", {"model": "model", "prompt": "a", "max_tokens": "5"}, 400, "max_tokens"),
+    ("float-token", {"model": "model", "prompt": [1.5, 2]}, 400, "prompt"),
+    ("past-context", {"model": "model", "prompt": "a", "max_tokens": 100_000}, 400, "max_tokens"),
+    ("n-1000", {"model": "model", "prompt": "a", "n": 1000}, 400, "n"),
+    ("negative-temperature", {"model": "model", "prompt": "a", "temperature": -1}, 400, "temperature"),
+    ("oov-token", {"model": "model", "prompt": [1, 2, 99999]}, 400, "prompt"),
+    ("bias-oov", {"model": "model", "prompt": "a", "logit_bias": {"99999": 1}}, 400, "logit_bias"),
+    ("bias-huge", {"model": "model", "prompt": "a", "logit_bias": {"1": 1e9}}, 400, "logit_bias"),
+    ("suffix", {"model": "model", "prompt": "a", "suffix": "b"}, 400, "suffix"),
+    ("best-of", {"model": "model", "prompt": "a", "best_of": 3}, 400, "best_of"),
+    ("empty-prompt", {"model": "model", "prompt": ""}, 400, "prompt"),
+    ("unknown-model", {"model": "gpt-4", "prompt": "a"}, 404, "model"),
+]
+
+
+@pytest.mark.parametrize("body, status, param", [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE])
+def test_hostile_requests_get_openai_errors(server, body, status, param):
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    reply = httpx.post(f"{server.url}/completions", content=content, headers=headers)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
+    # the server still serves
+    ok = httpx.post(f"{server.url}/completions", json={"model": "model", "prompt": "a", "max_tokens": 1},
+                    headers=headers)  # fmt: skip
+    assert ok.status_code == 200
+
+
+def test_large_bodies_keys_routes_and_chat(server):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    big = json.dumps({"model": "model", "prompt": "a" * 10_000_000}).encode()
+    reply = httpx.post(f"{server.url}/completions", content=big, headers=headers)
+    assert reply.status_code == 413 and reply.json()["error"]["code"] == "body_too_large"
+    bias = json.dumps({"model": "model", "prompt": "a", "logit_bias": {str(i): 1 for i in range(10**6)}}).encode()
+    assert httpx.post(f"{server.url}/completions", content=bias, headers=headers).status_code == 413
+    # wrong and missing keys: 401 through the openai client's own error type
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0).models.list()
+    reply = httpx.get(f"{server.url}/models")
+    assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{server.url}/nothing", headers=headers).json()["error"]["code"] == "not_found"
+    # GPT-2 has no chat template: a clear 400 naming what is missing
+    with pytest.raises(openai.BadRequestError, match="chat_template"):
+        server.client().chat.completions.create(model="model", messages=[{"role": "user", "content": "hi"}])
+    assert server.client().completions.create(model="model", prompt="a", max_tokens=1).choices
+
+
+def test_a_client_that_goes_away_is_cancelled(server):
+    cancelled = server.metric('gpt2onnx_requests_finished_total{reason="cancelled"}')
+    body = {"model": "model", "prompt": "Return the", "max_tokens": 100, "n": 128, "temperature": 0, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", f"{server.url}/completions", json=body, headers=headers) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: "):
+                break  # the first token came: go away
+    deadline = time.monotonic() + 30
+    while server.metric("gpt2onnx_requests_running") + server.metric("gpt2onnx_requests_waiting") > 0:
+        assert time.monotonic() < deadline, "the engine kept decoding a request whose client went away"
+        time.sleep(0.05)
+    assert server.metric('gpt2onnx_requests_finished_total{reason="cancelled"}') - cancelled >= 64
+    assert server.client().completions.create(model="model", prompt="a", max_tokens=1).choices
+
+
+def test_sigterm_drains_requests_in_flight(server):
+    """The last test of the module: it stops the server (and then reads the imports it made)."""
+    body = {"model": "model", "prompt": "Return the", "max_tokens": 60, "n": 32, "temperature": 0, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    finished, done = {}, False
+    with httpx.stream("POST", f"{server.url}/completions", json=body, headers=headers, timeout=60) as reply:
+        lines = reply.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                break
+        server.proc.send_signal(signal.SIGTERM)
+        for line in lines:
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                if choice["finish_reason"]:
+                    finished[choice["index"]] = choice["finish_reason"]
+            done = done or line == "data: [DONE]"
+    assert finished == {i: "length" for i in range(32)} and done
+    assert server.proc.wait(timeout=60) == 143  # as every gpt2onnx command ends on SIGTERM, once drained
+    imports = server.stderr.read_text()
+    for module in ("torch", "transformers"):
+        assert not re.search(rf"\|\s+{module}$", imports, re.MULTILINE), f"the server imported {module}"
+    assert re.search(r"\|\s+onnxruntime$", imports, re.MULTILINE)  # the log does list what it imported
+
+
+def test_loading_is_503_and_a_full_queue_is_429(trained_export):
+    """In-process (the app under Starlette's test client): /ready and /v1 answer 503 until the engine is loaded; a
+    request beyond --max-batch + --max-queue is 429 while the server is full, and served once it is not."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from gpt2onnx.serving.engine import BatchingEngine
+    from gpt2onnx.serving.openai.routes import ServerSettings, build_app
+
+    release = threading.Event()
+
+    def open_engine():
+        release.wait(30)
+        return BatchingEngine.open(trained_export, max_batch=1)
+
+    app = build_app(ServerSettings(model_id="model", max_batch=1, max_queue=0), open_engine)
+    body = {"model": "model", "prompt": "a", "max_tokens": 2}
+    with TestClient(app) as client:
+        ready = client.get("/ready")
+        assert ready.status_code == 503 and ready.json()["error"]["code"] == "not_ready"
+        assert client.post("/v1/completions", json=body).status_code == 503
+        release.set()
+        deadline = time.monotonic() + 60
+        while client.get("/ready").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        serving = app.state.gpt2onnx.serving
+        serving._reserve(1)  # the one place (max_batch 1, max_queue 0) taken
+        full = client.post("/v1/completions", json=body)
+        assert full.status_code == 429 and full.json()["error"]["type"] == "rate_limit_error"
+        serving._release(1)
+        assert client.post("/v1/completions", json=body).status_code == 200
+        too_many = client.post("/v1/completions", json={**body, "n": 2})  # it would never fit: 400, not 429
+        assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
+
+
+def test_the_request_fields_are_openais():
+    """The completion request reads exactly the fields of the openai package's CompletionCreateParams."""
+    from openai.types import completion_create_params
+
+    from gpt2onnx.serving.openai.protocol import CompletionRequest
+
+    fields = set(completion_create_params.CompletionCreateParamsBase.__annotations__) | {"stream"}
+    assert set(CompletionRequest.model_fields) == fields
+
+
+def test_bias_and_penalties_are_openais_definition():
+    """logit_bias added; then presence × 1[count > 0] + frequency × count subtracted, over generated tokens only."""
+    import numpy as np
+
+    from gpt2onnx.decoding.processors import Bias
+    from gpt2onnx.errors import BadInput
+
+    bias = Bias(presence_penalty=0.5, frequency_penalty=1.0, logit_bias=((1, 5.0), (3, -1.0)))
+    out = bias(np.zeros((1, 5), np.float32), [2, 2, 3])
+    assert out.tolist() == [[0.0, 5.0, -2.5, -2.5, 0.0]]
+    assert Bias()(np.ones((1, 3)), [0, 0]).tolist() == [[1.0, 1.0, 1.0]]
+    for bad in (dict(presence_penalty=float("nan")), dict(frequency_penalty=3), dict(logit_bias=((1, 1e9),))):
+        with pytest.raises(BadInput):
+            Bias(**bad)
+    with pytest.raises(BadInput, match="outside the vocabulary"):
+        Bias(logit_bias=((7, 1.0),)).check_vocabulary(5)
