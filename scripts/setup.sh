@@ -73,15 +73,16 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
   # nvidia-pytriton bundles a real tritonserver with its Python backend. Its own venv, .venv-triton: the server's
   # Python, with what the served model imports (onnxruntime CPU, onnx, numpy, tokenizers) and gpt2onnx itself,
   # editable and without its dependencies (no torch, no transformers); tritonclient[all] for the tests' clients
-  # (it pins protobuf < 7); kserve for the InferenceService check. gpt2onnx.targets.triton_server finds it
+  # (it pins protobuf < 7); kserve for the InferenceService checks, dockerfile (BuildKit's parser) for deploy
+  # --target server's Dockerfile. gpt2onnx.targets.triton_server finds it
   # (or GPT2ONNX_TRITON_PYTHON) and sets LD_LIBRARY_PATH to its Python's lib/ (a Python built outside Debian:
   # else the backend stub loads Debian's libpython and crashes).
   PYTRITON_SPEC="${PYTRITON_SPEC:-nvidia-pytriton==0.7.0}"
-  TRITON_PACKAGES="$PYTRITON_SPEC tritonclient[all]==2.73.0 onnxruntime==1.31.1 onnx==1.23.2 tokenizers==0.22.2 kserve==0.21.0"
+  TRITON_PACKAGES="$PYTRITON_SPEC tritonclient[all]==2.73.0 onnxruntime==1.31.1 onnx==1.23.2 tokenizers==0.22.2 kserve==0.21.0 dockerfile==3.4.0"
   setup_triton() {
     [ -x .venv-triton/bin/python ] || "$PYTHON" -m venv .venv-triton
     # (found, not imported: kserve and tritonclient.grpc register the same protobuf names and fail in one process)
-    .venv-triton/bin/python -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('pytriton', 'tritonclient.grpc', 'tritonclient.http', 'onnxruntime', 'onnx', 'tokenizers', 'kserve')))" 2>/dev/null \
+    .venv-triton/bin/python -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('pytriton', 'tritonclient.grpc', 'tritonclient.http', 'onnxruntime', 'onnx', 'tokenizers', 'kserve', 'dockerfile')))" 2>/dev/null \
       || .venv-triton/bin/python -m pip install --quiet --disable-pip-version-check $TRITON_PACKAGES
     # gpt2onnx from this tree: reinstalled only where the venv's points elsewhere (another clone or worktree)
     .venv-triton/bin/python -P -c "import gpt2onnx, pathlib, sys; sys.exit(pathlib.Path(gpt2onnx.__file__).resolve().parents[1] != pathlib.Path.cwd().resolve())" 2>/dev/null \

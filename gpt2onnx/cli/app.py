@@ -229,6 +229,8 @@ _TEXT_OPTIONS = (
     "--plot",
     "--trt-cache-dir",
     "--triton-name",
+    "--server-name",
+    "--server-image",
     "--target",
     "--device",
 )

@@ -62,6 +62,7 @@ from gpt2onnx.profiles.all_profiles import UNFUSED
 from gpt2onnx.runtimes.base import COMMANDS, RuntimeOptions, parse_runtimes, runtime_options
 from gpt2onnx.targets.deploy import deploy as run_deploy
 from gpt2onnx.targets.registry import TARGETS
+from gpt2onnx.targets.server_image import DEFAULT_MAX_BATCH as SERVER_MAX_BATCH
 from gpt2onnx.targets.web_server import is_web_folder, open_server
 from gpt2onnx.verify.bench import bench as run_bench
 from gpt2onnx.verify.gates import EvalGates, parse_gates
@@ -170,10 +171,20 @@ def deploy(
     web_lib: Annotated[
         Optional[Path], typer.Option(metavar="PATH", help="web: node_modules with transformers.js (README).")
     ] = None,
+    server_name: Annotated[
+        Optional[str], typer.Option(help="server: the model's name, a DNS-1123 label \\[default: the folder's].")
+    ] = None,
+    server_image: Annotated[
+        Optional[str], typer.Option(help="server: the image the manifests run \\[default: gpt2onnx-NAME:latest].")
+    ] = None,
+    server_max_batch: Annotated[
+        int, typer.Option(help="server: requests one replica decodes together.")
+    ] = SERVER_MAX_BATCH,
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Make an exported folder ready for genai, transformers.js, Triton, ort-generate, the browser."""
+    """Make an exported folder ready for genai, transformers.js, Triton, ort-generate, the browser, a server image."""
     options = {"triton_name": triton_name, "triton_device": triton_device, "web_lib": web_lib}
+    options |= {"server_name": server_name, "server_image": server_image, "server_max_batch": server_max_batch}
     result = run_deploy(folder, target, out=out, force=force, verify_files=verify_files, **options)
     render.deployed(result, folder)
 

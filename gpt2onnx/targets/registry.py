@@ -27,6 +27,7 @@ TARGETS = {
     "triton": "gpt2onnx.targets.triton",
     "ort-generate": "gpt2onnx.targets.ort_generate",
     "web": "gpt2onnx.targets.web",
+    "server": "gpt2onnx.targets.server_image",
 }
 
 
