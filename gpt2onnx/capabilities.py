@@ -44,6 +44,14 @@ def _contrib(values: Mapping[str, object]) -> bool:
     return bool(_contrib_ops(values))
 
 
+def _invariant(values: Mapping[str, object]) -> bool:
+    return not values.get("batch_dependent")
+
+
+def _dependent(values: Mapping[str, object]) -> list[str]:
+    return sorted(values.get("batch_dependent", ()))
+
+
 def _contrib_ops(values: Mapping[str, object]) -> list[str]:
     return sorted(op for domain, op in values.get("ops", ()) if domain == "com.microsoft")
 
@@ -62,6 +70,16 @@ FACTS: dict[str, Fact] = {
         Fact("upcast_attention", False, "fp32 attention scores"),  # the architecture's reorder_and_upcast_attn
         Fact("body_in_if", False, "the block stack inside an If"),  # int4's prompt path holds it in an If
         Fact("exact_step_rows", None, "rows a step computes on its own weights"),  # None: any
+        # what of a step's arithmetic depends on its other rows (a per-tensor activation scale, a kernel chosen by
+        # the row count): empty, a row gets the same logits alone, batched and left-padded (issue 54)
+        Fact("batch_dependent", frozenset(), "arithmetic that depends on the other rows", is_set=True, verb="has"),
+        Fact(
+            "batch_invariant",
+            True,
+            "a row's arithmetic independent of its batch",
+            derive=_invariant,
+            detail=_dependent,
+        ),
         # the cache layout
         Fact("cache_grows", True, "growing past"),  # takes past = all tokens so far, present = past + new
         Fact("cache_in_place", False, "in-place cache"),  # one buffer bound as past and present

@@ -92,7 +92,7 @@ def test_rehearsal_on_the_cpu(rehearsal):
     assert not [s for s in steps.values() if s["status"] in ("failed", "timeout", "out-of-time")], steps
     int8, contrib = steps["refusal-int8-on-cuda"], steps["refusal-contrib-on-tensorrt"]
     assert int8["status"] == contrib["status"] == "expected-error" and int8["rc"] == contrib["rc"] == 3
-    assert "DynamicQuantizeLinear" in int8["detail"] and "MultiHeadAttention" in contrib["detail"]
+    assert "MatMulInteger" in int8["detail"] and "MultiHeadAttention" in contrib["detail"]
     assert steps["tensorrt"]["status"] == "expected-error" and "provider 'tensorrt'" in steps["tensorrt"]["detail"]
     assert steps["bench-cuda-graphs"]["status"] == steps["gpu-rows"]["status"] == "skipped"
 

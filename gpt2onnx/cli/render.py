@@ -560,4 +560,10 @@ def preflighted(result) -> None:
         table.add_row("conflict", line_)
     for kernel in result.kernels:
         table.add_row("kernels", kernel)
+    if "batch_invariant" in result.facts:  # a row's tokens alone and among others (issue 54)
+        invariant = result.facts["batch_invariant"]
+        depends = result.facts.get("batch_dependent") or ""
+        table.add_row(
+            "batch", "invariant: a row computes the same alone and batched" if invariant else f"depends: {depends}"
+        )
     console.print(table)

@@ -1,6 +1,12 @@
 """int8: onnxruntime's dynamic quantization: MatMulInteger on int8 weights (7-bit, one scale per output column:
-INT8_SCHEME), activations quantized to uint8 at every step (DynamicQuantizeLinear); the recipe's embeddings at 8
-bits (GatherBlockQuantized). The fastest on CPUs with VNNI; CUDA has no kernel for it (providers' kernel facts)."""
+INT8_SCHEME), activations quantized to uint8 at every step, one scale and zero point per token
+(gpt2onnx.precisions.activations); the recipe's embeddings at 8 bits (GatherBlockQuantized). The fastest on CPUs
+with VNNI; CUDA has no kernel for it (providers' kernel facts).
+
+Per token, not per tensor: onnxruntime's quantize_dynamic writes DynamicQuantizeLinear, whose one scale and zero
+point span the whole step, so a row's arithmetic depended on the other rows of its batch (issue 54). Each token's
+activations are quantized on their own instead (its zero point taken off after the integer matmul, its scale
+applied there): a token's values are the same alone, in a batch and left-padded."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from pathlib import Path
 
 import onnx
 
+from gpt2onnx.precisions.activations import per_token_activations
 from gpt2onnx.precisions.precision import FLOAT_LAYER, Precision
 from gpt2onnx.precisions.weights import QuantizeContext
 
@@ -18,7 +25,7 @@ from gpt2onnx.precisions.weights import QuantizeContext
 @dataclass(frozen=True)
 class Int8Scheme:
     """How int8's weights are stored for MatMulInteger (onnxruntime ``quantize_dynamic``'s options); activations are
-    always quantized at run time by DynamicQuantizeLinear (uint8, per tensor).
+    always quantized at run time, to uint8 per token (gpt2onnx.precisions.activations).
 
     weights: "int8" (U8S8 products) or "uint8" (U8U8).
     per_channel: one scale per output column instead of one per tensor.
@@ -103,6 +110,7 @@ def _quantize_dynamic(model: onnx.ModelProto, head, head_apart: set[str], scheme
 def _quantize(context: QuantizeContext) -> tuple[onnx.ModelProto, dict]:
     scheme = context.int8_scheme or INT8_SCHEME
     model = _quantize_dynamic(context.model, context.head, context.head_apart, scheme)
+    per_token_activations(model)
     return model, {"int8_weights": scheme.name}
 
 
@@ -118,7 +126,7 @@ PRECISION = Precision(
     method="int8",
     weight_bits=8,
     marks=frozenset({"MatMulInteger"}),
-    writes=frozenset({("", "DynamicQuantizeLinear"), ("", "MatMulInteger")}),
+    writes=frozenset({("", "MatMulInteger")}),
     transformers_js=("q8", "_quantized"),
     options=frozenset({"block_size", "lm_head", "embeddings"}),
     # the 8-bit embeddings halve the file at the same quality and speed

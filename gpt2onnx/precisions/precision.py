@@ -61,6 +61,8 @@ class Precision:
     quantize: the weight pass (gpt2onnx.precisions.weights.QuantizeContext → the quantized model), None for a
         float precision.
     selectable: written by the tool (False for a family of gates only, as tf32).
+    batch_dependent: what of its arithmetic depends on the other rows of a step (a per-tensor activation scale);
+        empty: a row computes the same alone, batched and left-padded (the capability ``batch_invariant``).
     """
 
     name: str
@@ -87,6 +89,7 @@ class Precision:
     algorithms: Mapping[str, object] = field(default_factory=dict)
     quantize: Callable | None = None
     selectable: bool = True
+    batch_dependent: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         for name in ("gates", "file_gates", "recipe", "algorithms"):
@@ -125,6 +128,7 @@ class Precision:
                 "weight_bits": self.weight_bits,
                 "ops": self.writes,
                 "transformers_js_dtype": self.transformers_js[0] if self.transformers_js else None,
+                "batch_dependent": self.batch_dependent,
             },
         )
 

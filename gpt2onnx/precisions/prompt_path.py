@@ -3,14 +3,16 @@
 onnxruntime 1.31's MatMulNBits is fast on a few rows (decode reads 4-bit weights) and slow on many (the prompt
 step: about 3× MatMulInteger's time on 128 rows of GPT-2's matmuls, a research script, docs/benchmarks.md). This pass
 puts every node that depends on a 4-bit MatMulNBits (the block stack, the head and what follows) inside one ``If``
-on the step's row count (batch × new tokens > PROMPT_ROWS):
+on whether the step is a prompt step (its rows start their sequences: empty past). The condition reads neither the
+batch nor the step's length, so a request's prompt runs the same kernels alone, in a batch, left-padded beside a
+longer prompt, and in an engine step of any size (a row-count threshold did not: issue 54):
 
 - the decode body (else): the nodes as they were, MatMulNBits on the 4-bit weights;
-- the prompt body (then): the same nodes, each 4-bit MatMulNBits replaced by int8's form (DynamicQuantizeLinear,
-  MatMulInteger, the scales; gpt2onnx.precisions.int8) on an int8 [K, N] weight that standard ops compute from
-  the MatMulNBits initializers (the nibbles unpacked, the block scales applied, rounded again to 7 bits per
-  output column as int8 stores its weights). Those ops read only initializers, so onnxruntime's constant folding
-  computes each int8 weight once, when the session is created: the file keeps the 4-bit weights only.
+- the prompt body (then): the same nodes, each 4-bit MatMulNBits replaced by int8's form (activations quantized
+  per token, MatMulInteger, the scales; gpt2onnx.precisions.activations) on an int8 [K, N] weight that standard
+  ops compute from the MatMulNBits initializers (the nibbles unpacked, the block scales applied, rounded again to 7
+  bits per output column as int8 stores its weights). Those ops read only initializers, so onnxruntime's constant
+  folding computes each int8 weight once, when the session is created: the file keeps the 4-bit weights only.
 
 Both bodies read the same initializers (outer scope) and write the graph's outputs. The nodes that do not depend
 on a 4-bit weight (embeddings, the attention mask's bias, the first layer norm) stay outside, computed once.
@@ -32,45 +34,49 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gpt2onnx.artifact.graph import PROMPT_IF, PROMPT_PATH_MARK
 from gpt2onnx.capabilities import Declared, Need
+from gpt2onnx.precisions.activations import row_quantize_nodes, zero_point_nodes
 
 log = logging.getLogger(__name__)
 
-PROMPT_ROWS = 16  # a step of more rows (batch × new tokens) takes the prompt body: int8 kernels
 INT8_STEPS = 64  # int8's 7-bit weights ([-64, 64], gpt2onnx.precisions.int8.INT8_SCHEME)
 BITS = 4
 
 
 @dataclass(frozen=True)
 class PromptKernel:
-    """What --prompt-kernel takes: the kernels a step of many rows runs on, and what that declares."""
+    """What --prompt-kernel takes: the kernels a prompt step runs on, and what that declares (whether a row's
+    kernels depend on its batch among it: ``batch_dependent``, none for either)."""
 
     name: str
     summary: str
     declared: Declared
 
 
+# batch_dependent: the If reads whether the step starts its rows' sequences, never the batch or the step's
+# length (a threshold on batch × tokens ran a row's prompt on other kernels beside neighbours: issue 54)
 NBITS = PromptKernel(
-    "nbits", "MatMulNBits, as a decode step", Declared("prompt kernel", "nbits", "--prompt-kernel nbits")
+    "nbits",
+    "MatMulNBits, as a decode step",
+    Declared("prompt kernel", "nbits", "--prompt-kernel nbits", ensures={"batch_dependent": frozenset()}),
 )
 INT8 = PromptKernel(
     "int8",
-    f"int8 kernels above {PROMPT_ROWS} rows, folded from the 4-bit weights at session creation",
+    "int8 kernels for prompt steps, folded from the 4-bit weights at session creation",
     Declared(
         "prompt kernel",
         "int8",
         "--prompt-kernel int8",
         ensures={
             "body_in_if": True,
-            "exact_step_rows": PROMPT_ROWS,
-            "ops": {("", "If"), ("", "DynamicQuantizeLinear"), ("", "MatMulInteger")},
+            "ops": {("", "If"), ("", "MatMulInteger")},
+            "batch_dependent": frozenset(),
         },
         requires=(
             Need("weight_bits", allowed={BITS}, why="folds 4-bit weights to int8"),
             Need("zero_points", allowed={False}, why="folds symmetric round-to-nearest weights (no zero points)"),
         ),
         says={
-            "body_in_if": f"holds the block stack in an If (int8 kernels above {PROMPT_ROWS} rows)",
-            "exact_step_rows": f"computes a step of more than {PROMPT_ROWS} rows on int8 kernels",
+            "body_in_if": "holds the block stack in an If (int8 kernels for prompt steps)",
         },
     ),
 )
@@ -172,16 +178,20 @@ def int8_weight_nodes(node: onnx.NodeProto, p: str, *, opset: int) -> tuple[list
     return nodes, f"{p}/int8_kn", f"{p}/column_scales"
 
 
-def int8_matmul_nodes(x: str, weight: str, scales: str, y: str, p: str) -> list[onnx.NodeProto]:
-    """int8's matmul (onnxruntime's quantize_dynamic form, which its optimizer fuses into DynamicQuantizeMatMul):
-    activations quantized to uint8 per tensor, MatMulInteger, then activation scale × column scales."""
+def int8_matmul_nodes(x: str, weight: str, scales: str, y: str, p: str, *, opset: int) -> list[onnx.NodeProto]:
+    """int8's matmul as --quantize int8 writes it: activations quantized to uint8 per token
+    (gpt2onnx.precisions.activations), MatMulInteger, each token's zero point taken off, then token scale ×
+    column scales."""
+    quantize, q, x_scale, x_zero = row_quantize_nodes(x, f"{p}/quantize", opset=opset)
+    matmul = helper.make_node("MatMulInteger", [q, weight, ""], [f"{p}/int32"], name=f"{p}/matmul")
+    before, after = zero_point_nodes(matmul, x_zero, f"{p}/zero")
     return [
-        helper.make_node(
-            "DynamicQuantizeLinear", [x], [f"{p}/x_q", f"{p}/x_scale", f"{p}/x_zero"], name=f"{p}/quantize"
-        ),
-        helper.make_node("MatMulInteger", [f"{p}/x_q", weight, f"{p}/x_zero"], [f"{p}/int32"], name=f"{p}/matmul"),
+        *quantize,
+        *before,
+        matmul,
+        *after,
         helper.make_node("Cast", [f"{p}/int32"], [f"{p}/float"], name=f"{p}/cast", to=TensorProto.FLOAT),
-        helper.make_node("Mul", [f"{p}/x_scale", scales], [f"{p}/scale"], name=f"{p}/scale"),
+        helper.make_node("Mul", [x_scale, scales], [f"{p}/scale"], name=f"{p}/scale"),
         helper.make_node("Mul", [f"{p}/float", f"{p}/scale"], [y], name=f"{p}/scaled"),
     ]
 
@@ -215,9 +225,32 @@ def _renamed(node: onnx.NodeProto, names: dict[str, str], prefix: str) -> onnx.N
     return copy
 
 
-def int8_prompt_path(model: onnx.ModelProto, *, rows: int = PROMPT_ROWS) -> onnx.ModelProto:
-    """``model`` (an int4 graph, changed in place) with its 4-bit MatMulNBits' dependents in one If: a step of more
-    than ``rows`` rows runs them on int8 kernels, others on MatMulNBits (see the module's docstring)."""
+def _starts_a_sequence(graph: onnx.GraphProto, ids: str) -> list[onnx.NodeProto]:
+    """Nodes computing the If's condition: the step starts its rows' sequences (a prompt step, empty past). Read
+    from the positions where the graph takes them (a prompt's first real token is at 0 in every row, a later
+    step's at 1 or more, padding at 1), else from the mask (no past columns); never from the batch or the
+    sequence's length, so a row runs the same kernels alone, beside others, and left-padded to a longer one."""
+    inputs = {i.name for i in graph.input}
+    c = f"{PROMPT_IF}"
+    if "position_ids" in inputs:
+        return [
+            helper.make_node("ReduceMin", ["position_ids"], [f"{c}/first"], name=f"{c}/first", keepdims=0),
+            _const(f"{c}/zero", np.int64(0)),
+            helper.make_node("Equal", [f"{c}/first", f"{c}/zero"], [f"{c}/many"], name=f"{c}/many"),
+        ]
+    mask = next(i.name for i in graph.input if i.name == "attention_mask")
+    return [
+        helper.make_node("Shape", [ids], [f"{c}/ids_shape"], name=f"{c}/ids_shape"),
+        helper.make_node("Shape", [mask], [f"{c}/mask_shape"], name=f"{c}/mask_shape"),
+        helper.make_node("Equal", [f"{c}/ids_shape", f"{c}/mask_shape"], [f"{c}/same"], name=f"{c}/same"),
+        _const(f"{c}/one", np.int64(1)),
+        helper.make_node("Gather", [f"{c}/same", f"{c}/one"], [f"{c}/many"], name=f"{c}/many", axis=0),
+    ]
+
+
+def int8_prompt_path(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (an int4 graph, changed in place) with its 4-bit MatMulNBits' dependents in one If: a prompt step
+    (empty past) runs them on int8 kernels, others on MatMulNBits (see the module's docstring)."""
     graph = model.graph
     matmuls = [n for n in graph.node if foldable(n)]
     if not matmuls:
@@ -246,7 +279,7 @@ def int8_prompt_path(model: onnx.ModelProto, *, rows: int = PROMPT_ROWS) -> onnx
                 p = f"prompt/{node.name or node.output[0]}"
                 weight_nodes, weight, scales = int8_weight_nodes(node, p, opset=opset)
                 x = names.get(node.input[0], node.input[0])
-                nodes += weight_nodes + int8_matmul_nodes(x, weight, scales, names[node.output[0]], p)
+                nodes += weight_nodes + int8_matmul_nodes(x, weight, scales, names[node.output[0]], p, opset=opset)
             else:
                 nodes.append(_renamed(node, names, prefix))
         branch_outputs = []
@@ -256,16 +289,7 @@ def int8_prompt_path(model: onnx.ModelProto, *, rows: int = PROMPT_ROWS) -> onnx
             info.name = names[out.name]
             branch_outputs.append(info)
         branches[prefix] = helper.make_graph(nodes, f"{PROMPT_IF}_{prefix}", [], branch_outputs)
-    condition = [
-        helper.make_node("Shape", [ids], [f"{PROMPT_IF}/shape"], name=f"{PROMPT_IF}/shape"),
-        helper.make_node(
-            "ReduceProd", [f"{PROMPT_IF}/shape"], [f"{PROMPT_IF}/rows"], name=f"{PROMPT_IF}/rows", keepdims=0
-        ),
-        _const(f"{PROMPT_IF}/threshold", np.int64(rows)),
-        helper.make_node(
-            "Greater", [f"{PROMPT_IF}/rows", f"{PROMPT_IF}/threshold"], [f"{PROMPT_IF}/many"], name=f"{PROMPT_IF}/many"
-        ),
-    ]
+    condition = _starts_a_sequence(graph, ids)
     choice = helper.make_node(
         "If",
         [f"{PROMPT_IF}/many"],
@@ -279,7 +303,7 @@ def int8_prompt_path(model: onnx.ModelProto, *, rows: int = PROMPT_ROWS) -> onnx
     kept = [v for v in graph.value_info if v.name not in produced]
     del graph.value_info[:]
     graph.value_info.extend(kept)
-    log.info("int8 prompt path: %d MatMulNBits also on int8 kernels above %d rows", len(matmuls), rows)
+    log.info("int8 prompt path: %d MatMulNBits also on int8 kernels in prompt steps", len(matmuls))
     return model
 
 

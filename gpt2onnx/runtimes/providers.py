@@ -195,7 +195,7 @@ def cuda_precisions() -> list[str]:
 
 def _elem_types(graph) -> dict[str, str]:
     """Element type names ('float', 'uint8', ...) of the tensors whose type the graph states, or that the ONNX
-    spec fixes (DynamicQuantizeLinear's y is uint8)."""
+    spec fixes (DynamicQuantizeLinear's y is uint8, a Cast's output its ``to``)."""
     from onnx import TensorProto
 
     name_of = {v: k.lower() for k, v in TensorProto.DataType.items()}
@@ -207,6 +207,9 @@ def _elem_types(graph) -> dict[str, str]:
     for node in all_nodes(g, prompt_body=True):
         if node.op_type == "DynamicQuantizeLinear" and node.domain in ("", "ai.onnx") and node.output:
             types[node.output[0]] = "uint8"
+        elif node.op_type == "Cast" and node.domain in ("", "ai.onnx") and node.output:  # int8's per-token uint8
+            to = next((a.i for a in node.attribute if a.name == "to"), 0)
+            types.setdefault(node.output[0], name_of.get(to, "?"))
     return types
 
 
