@@ -12,7 +12,7 @@
 # 2. Exports of SIZE (default gpt2, the 124M architecture) with seeded random weights, in parallel, not validated
 #    (parity checks them on the GPU): one per precision in PRECISIONS, all with the same --fusion FUSION (ort) and
 #    last-position logits; a --fusion tensorrt fp32 folder for TensorRT; a tiny int8 folder for the refusal below.
-# 3. Refusals that must happen before any session: int8 on cuda (DynamicQuantizeLinear, MatMulInteger), and
+# 3. Refusals that must happen before any session: int8 on cuda (MatMulInteger on uint8 activations), and
 #    com.microsoft ops on tensorrt: each exit 3, one line, naming the ops.
 # 4. gpt2onnx parity per precision on PROVIDER (CASES randomized cases), then fp32 again with --tf32 (its own gates).
 # 5. gpt2onnx bench per precision with the PyTorch baseline on the same GPU (torch in fp16 for the fp16 folder, TF32
@@ -195,7 +195,7 @@ exported() { [ -f "$(folder "$1")/model.onnx" ]; }
 
 # -- refusals that must come before any session -----------------------------------------------------------------
 if [ -f "$MODELS_DIR/tiny-int8/model.onnx" ]; then
-    run_step refusal-int8-on-cuda 60 "refused:has no cuda kernel for DynamicQuantizeLinear" "$RESULTS/logs/refusal-int8-on-cuda.log" \
+    run_step refusal-int8-on-cuda 60 "refused:cannot run this model.s MatMulInteger" "$RESULTS/logs/refusal-int8-on-cuda.log" \
         "$PYTHON" "${G2O[@]}" generate "$MODELS_DIR/tiny-int8" --ids 1,2 --max-new-tokens 2 --provider cuda
 fi
 first=${PRECISIONS%% *}

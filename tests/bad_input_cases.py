@@ -998,11 +998,11 @@ CASES: list[Case] = [
         match="--server-image .* is not an image reference",
     ),
     Case(
-        "deploy-server-max-batch-zero",
+        "deploy-server-batch-zero",
         "options",
-        ("deploy", "{exp}", "--target", "server", "-o", "out", "--server-max-batch", "0"),
+        ("deploy", "{exp}", "--target", "server", "-o", "out", "--server-batch", "0"),
         B,
-        match="--server-max-batch 0 is not an integer from 1 to 256",
+        match="--server-batch 0 is not an integer from 1 to 256",
     ),
     Case(
         "deploy-server-option-without-target",

@@ -156,7 +156,7 @@ def test_the_image_holds_the_models_files_only(trained_export, tmp_path):
 def test_bad_options_are_refused_in_one_line(trained_export, tmp_path):
     with pytest.raises(BadInput, match="--server-name 'Gpt2' is not a DNS-1123 label"):
         deploy(trained_export, "server", out=tmp_path / "a", server_name="Gpt2")
-    with pytest.raises(BadInput, match="--server-max-batch 257 is not an integer from 1 to 256"):
+    with pytest.raises(BadInput, match="--server-batch 257 is not an integer from 1 to 256"):
         deploy(trained_export, "server", out=tmp_path / "a", server_max_batch=257)
     with pytest.raises(BadInput, match="not an image reference"):
         deploy(trained_export, "server", out=tmp_path / "a", server_image="a b")

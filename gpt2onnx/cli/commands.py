@@ -172,19 +172,17 @@ def deploy(
         Optional[Path], typer.Option(metavar="PATH", help="web: node_modules with transformers.js (README).")
     ] = None,
     server_name: Annotated[
-        Optional[str], typer.Option(help="server: the model's name, a DNS-1123 label \\[default: the folder's].")
+        Optional[str], typer.Option(help="server: its DNS-1123 name \\[the folder's].")
     ] = None,
     server_image: Annotated[
-        Optional[str], typer.Option(help="server: the image the manifests run \\[default: gpt2onnx-NAME:latest].")
+        Optional[str], typer.Option(help="server: its image \\[gpt2onnx-NAME:latest].")
     ] = None,
-    server_max_batch: Annotated[
-        int, typer.Option(help="server: requests one replica decodes together.")
-    ] = SERVER_MAX_BATCH,
+    server_batch: Annotated[int, typer.Option(help="server: requests a replica batches.")] = SERVER_MAX_BATCH,
     verify_files: VerifyFilesOpt = True,
 ) -> None:
     """Make an exported folder ready for genai, transformers.js, Triton, ort-generate, the browser, a server image."""
     options = {"triton_name": triton_name, "triton_device": triton_device, "web_lib": web_lib}
-    options |= {"server_name": server_name, "server_image": server_image, "server_max_batch": server_max_batch}
+    options |= {"server_name": server_name, "server_image": server_image, "server_max_batch": server_batch}
     result = run_deploy(folder, target, out=out, force=force, verify_files=verify_files, **options)
     render.deployed(result, folder)
 
@@ -722,8 +720,8 @@ def serve(
     ] = "auto",
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Serve a model folder over OpenAI's API (/v1/completions), or a web folder on 127.0.0.1 with cross-origin
-    isolation (the wasm thread pool needs it); Ctrl-C (or SIGTERM) stops."""
+    """Serve a model folder over OpenAI's API (/v1/completions, /v1/chat/completions), or a web folder on
+    127.0.0.1 with cross-origin isolation (the wasm thread pool needs it); Ctrl-C (or SIGTERM) stops."""
     if endpoint not in ("auto", "openai", "web"):
         raise BadInput(f"--endpoint {endpoint!r} is not one of auto, openai, web: give one of them")
     if endpoint == "openai" or (endpoint == "auto" and not is_web_folder(folder)):

@@ -10,7 +10,7 @@ folder, so the model's id in the API, and the manifests' names. The build contex
 .dockerignore to the files the Dockerfile copies (the model, its config and tokenizer files, the manifest):
 nothing from the folder runs while the image is built, and the other targets' files stay out of it. gpt2onnx
 comes from a wheel given as the named build context ``wheels`` (docs/deploy.md). Each replica is one server whose
-engine decodes up to ``--server-max-batch`` requests together: that is its ``--max-batch`` and KServe's
+engine decodes up to ``--server-batch`` requests together: that is its ``--max-batch`` and KServe's
 concurrency target. Nothing here runs Docker or Kubernetes: tests parse the Dockerfile with BuildKit's parser and
 check the manifests against the ``kserve`` and ``kubernetes`` packages' model classes.
 """
@@ -49,6 +49,7 @@ RUN_PACKAGES = (
     "uvicorn==0.55.0",
     "openai==3.63.0",
     "prometheus-client==0.26.0",
+    "jinja2==3.1.6",  # a folder's chat template (gpt2onnx.serving.openai.chat)
 )
 _LABEL = re.compile(r"[a-z]([a-z0-9-]{0,43}[a-z0-9])?")  # DNS-1123, at most 45 characters as KServe advises
 _PLAIN_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # no glob, quote or space: COPY and .dockerignore read it
@@ -97,7 +98,7 @@ class ServerOptions:
         batch = self.server_max_batch
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
             given = batch if isinstance(batch, int) else shown(batch)
-            raise BadInput(f"--server-max-batch {given} is not an integer from 1 to {MAX_BATCH}: give one")
+            raise BadInput(f"--server-batch {given} is not an integer from 1 to {MAX_BATCH}: give one")
 
 
 @dataclass(frozen=True)

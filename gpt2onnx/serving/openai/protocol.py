@@ -9,11 +9,14 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 from openai.types import Completion, CompletionChoice, CompletionUsage, Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_choice import Logprobs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
     "ApiError",
+    "ChatCompletion",
+    "ChatCompletionChunk",
     "ChatCompletionRequest",
     "Completion",
     "CompletionChoice",
@@ -102,18 +105,75 @@ class CompletionRequest(_Strict):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """A message as a chat template reads it (role, content, name); its other fields (tool calls) are kept and
+    refused where they matter."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
     role: str
-    content: Any = None
+    content: Union[str, list[dict[str, Any]], None] = None
+    name: Optional[str] = None
 
 
-class ChatCompletionRequest(BaseModel):
-    """``POST /v1/chat/completions``: the model and the messages are read here; the other fields of openai's chat
-    CompletionCreateParams are checked once a template can render the messages."""
+class ChatCompletionRequest(_Strict):
+    """``POST /v1/chat/completions``: openai's chat CompletionCreateParams, field for field. Those about tools,
+    audio, structured output and OpenAI's own service are refused where set (:data:`CHAT_REFUSED`); ``metadata``,
+    ``store``, ``user`` and the like are read and have no effect here."""
 
-    model_config = ConfigDict(extra="allow")
-    model: str
     messages: list[ChatMessage] = Field(min_length=1)
+    model: str
+    audio: Optional[Any] = None
+    frequency_penalty: Optional[float] = None
+    function_call: Optional[Any] = None
+    functions: Optional[Any] = None
+    logit_bias: Optional[dict[str, Union[int, float]]] = None
+    logprobs: Optional[bool] = None
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    metadata: Optional[dict[str, str]] = None
+    modalities: Optional[list[str]] = None
+    moderation: Optional[Any] = None
+    n: Optional[int] = Field(None, ge=1, le=MAX_CHOICES)
+    parallel_tool_calls: Optional[bool] = None
+    prediction: Optional[Any] = None
+    presence_penalty: Optional[float] = None
+    prompt_cache_key: Optional[str] = None
+    prompt_cache_options: Optional[Any] = None
+    prompt_cache_retention: Optional[str] = None
+    reasoning_effort: Optional[Any] = None
+    response_format: Optional[dict[str, Any]] = None
+    safety_identifier: Optional[str] = None
+    seed: Optional[int] = None
+    service_tier: Optional[str] = None
+    stop: Union[str, list[str], None] = None
+    store: Optional[bool] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    tool_choice: Optional[Any] = None
+    tools: Optional[Any] = None
+    top_logprobs: Optional[int] = Field(None, ge=0)
+    top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    user: Optional[str] = None
+    verbosity: Optional[Any] = None
+    web_search_options: Optional[Any] = None
+
+    def refused(self) -> str | None:
+        """The first field set that this text model cannot honour, None where there is none."""
+        for name in CHAT_REFUSED:
+            if getattr(self, name) not in (None, [], {}):
+                return name
+        if self.modalities not in (None, ["text"]):
+            return "modalities"
+        if self.response_format not in (None, {"type": "text"}):
+            return "response_format"
+        return None
+
+
+# set, these are refused: tools and functions, audio, predicted outputs, moderation, reasoning, web search
+CHAT_REFUSED = (
+    "audio", "function_call", "functions", "moderation", "prediction", "reasoning_effort", "tool_choice", "tools",
+    "verbosity", "web_search_options",
+)  # fmt: skip
 
 
 def parse(model: type[BaseModel], data) -> Any:

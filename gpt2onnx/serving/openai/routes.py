@@ -1,8 +1,9 @@
 """The ASGI app: OpenAI's routes under ``/v1`` over one :class:`~gpt2onnx.serving.engine.BatchingEngine`, health
 and readiness, Prometheus metrics; every error in OpenAI's body with its status.
 
-- ``POST /v1/completions`` (:mod:`gpt2onnx.serving.openai.serving`); ``POST /v1/chat/completions`` answers 400
-  naming what the folder lacks where its tokenizer has no chat template (GPT-2 has none); ``GET /v1/models``.
+- ``POST /v1/completions`` (:mod:`gpt2onnx.serving.openai.serving`); ``POST /v1/chat/completions``: the messages
+  rendered by the folder's chat template (:mod:`gpt2onnx.serving.openai.chat`), then completed; 400 naming what
+  the folder lacks where its tokenizer has no chat template (GPT-2 has none); ``GET /v1/models``.
 - ``GET /health``: 200 while the process runs; ``GET /ready``: 503 until the engine is loaded (every ``/v1`` route
   answers 503 until then too); ``GET /metrics``: Prometheus' text format.
 - ``/v1`` needs ``Authorization: Bearer KEY`` where the server has an API key (401 otherwise); a body above
@@ -11,6 +12,7 @@ and readiness, Prometheus metrics; every error in OpenAI's body with its status.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -25,11 +27,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from gpt2onnx.artifact.folder import read_json_file
-from gpt2onnx.artifact.paths import file_in_folder
 from gpt2onnx.artifact.tokenizer import TOKENIZER_CONFIG
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.serving.engine import BatchingEngine
+from gpt2onnx.serving.openai.chat import ChatTemplate
 from gpt2onnx.serving.openai.prometheus import CONTENT_TYPE, Metrics
 from gpt2onnx.serving.openai.protocol import (
     ApiError,
@@ -49,13 +50,15 @@ MAX_DRAIN_BYTES = 64 << 20  # a larger body is still read (and dropped) up to th
 @dataclass(frozen=True)
 class ServerSettings:
     """The server's settings: ``model_id`` (the folder's name: what ``model`` must say), ``api_key`` (None: no
-    key), ``max_batch`` (requests decoded together), ``max_queue`` (requests waiting beyond those)."""
+    key), ``max_batch`` (requests decoded together), ``max_queue`` (requests waiting beyond those),
+    ``body_seconds`` (to send a request's body)."""
 
     model_id: str
     api_key: str | None = None
     max_batch: int = 16
     max_queue: int = 256
     max_body: int = MAX_BODY_BYTES
+    body_seconds: float = 30.0  # a body not all sent within this is answered 408
 
 
 class _State:
@@ -68,7 +71,7 @@ class _State:
         self.failed: str | None = None
         self.created = int(time.time())
         self.metrics = Metrics(self.load)
-        self.chat_template: str | None = None
+        self.chat_template: ChatTemplate | None = None
 
     def load(self) -> tuple[int, int]:
         return self.engine.load if self.engine is not None else (0, 0)
@@ -94,6 +97,7 @@ def build_app(
 
     def load() -> None:
         try:
+            template = ChatTemplate.from_folder(folder) if folder is not None else None
             engine = open_engine()
         except Exception as err:  # logged in one line; the server answers 503 naming it
             state.failed = (str(err).splitlines() or [type(err).__name__])[0]
@@ -102,7 +106,7 @@ def build_app(
             else:
                 log.error("cannot load the model: %s", state.failed)
             return
-        state.chat_template = _chat_template(folder) if folder is not None else None
+        state.chat_template = template
         state.engine = engine
         state.serving = CompletionServing(
             engine, settings.model_id, max_queue=settings.max_queue, metrics=state.metrics
@@ -177,7 +181,7 @@ def build_app(
     async def completions(request: Request):
         authorize(request)
         serving = state.ready()
-        body = parse(CompletionRequest, await _read_json(request, settings.max_body))
+        body = parse(CompletionRequest, await _read_json(request, settings.max_body, settings.body_seconds))
         result = await serving.create(body, request.is_disconnected)
         if isinstance(result, dict):
             return JSONResponse(result)
@@ -186,8 +190,8 @@ def build_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         authorize(request)
-        state.ready()
-        body = parse(ChatCompletionRequest, await _read_json(request, settings.max_body))
+        serving = state.ready()
+        body = parse(ChatCompletionRequest, await _read_json(request, settings.max_body, settings.body_seconds))
         if body.model != settings.model_id:
             raise ApiError(
                 404, f"the model '{body.model}' does not exist: this server serves '{settings.model_id}'",
@@ -201,7 +205,10 @@ def build_app(
                 param="messages",
                 code="no_chat_template",
             )
-        raise ApiError(400, "chat templates are not rendered yet: use /v1/completions", code="no_chat_template")
+        result = await serving.chat(body, state.chat_template, request.is_disconnected)
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     return app
 
@@ -211,21 +218,27 @@ def _error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
-def _chat_template(folder: Path) -> str | None:
-    """The folder's chat template (tokenizer_config.json's chat_template), None where it has none."""
-    if not (folder / TOKENIZER_CONFIG).is_file():
-        return None
-    path = file_in_folder(folder, TOKENIZER_CONFIG, what="tokenizer file", where=folder)
-    template = read_json_file(path, "tokenizer config").get("chat_template")
-    return template if isinstance(template, str) and template else None
-
-
 def _refuse_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-async def _read_json(request: Request, limit: int):
-    """The body as JSON: 413 past ``limit`` bytes (declared or read), 400 where it is not JSON."""
+async def _read_json(request: Request, limit: int, seconds: float):
+    """The body as JSON: 413 past ``limit`` bytes (declared or read), 408 where it has not all come in ``seconds``
+    (a client that never finishes it), 400 where it is not JSON."""
+    try:
+        body = await asyncio.wait_for(_read_body(request, limit), seconds)
+    except asyncio.TimeoutError:
+        raise ApiError(
+            408, f"the request body did not all arrive within {seconds:g} s: send it at once", code="request_timeout"
+        ) from None
+    try:
+        return json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as err:
+        detail = str(err).splitlines()[0][:120] if not isinstance(err, RecursionError) else "nested too deeply"
+        raise ApiError(400, f"the request body is not valid JSON ({detail})", code="invalid_json") from None
+
+
+async def _read_body(request: Request, limit: int) -> bytearray:
     declared = request.headers.get("content-length")
     too_large = ApiError(413, f"the request body is larger than {limit:,} bytes: send less", code="body_too_large")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -238,11 +251,7 @@ async def _read_json(request: Request, limit: int):
         body += chunk
         if len(body) > limit:
             raise too_large
-    try:
-        return json.loads(body, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as err:
-        detail = str(err).splitlines()[0][:120] if not isinstance(err, RecursionError) else "nested too deeply"
-        raise ApiError(400, f"the request body is not valid JSON ({detail})", code="invalid_json") from None
+    return body
 
 
 __all__ = ["ServerSettings", "build_app", "error_body"]

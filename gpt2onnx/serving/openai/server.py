@@ -1,6 +1,15 @@
 """The OpenAI endpoint for an exported folder under uvicorn: bound first (its URL known, port 0 included), the model
 loaded on a thread while ``/ready`` answers 503, SIGTERM or Ctrl-C draining the requests in flight before it
-exits (uvicorn's graceful shutdown, then the engine closed)."""
+exits (uvicorn's graceful shutdown, then the engine closed).
+
+Connections (the limits, and why): a request's headers are due within ``header_timeout`` seconds of the
+connection opening or of the previous response (:mod:`.connections`: uvicorn itself waits forever for them), its
+body within ``body_timeout`` (408 past it); a silent keep-alive connection is closed after ``KEEP_ALIVE_SECONDS``
+(uvicorn's and vLLM's 5 s). The listen backlog is 2,048 (the kernel caps it at net.core.somaxconn). uvicorn's
+``limit_concurrency`` counts idle connections too, so a low one would let idle connections turn real requests away
+with 503: it is set to the descriptors the process has (its soft limit raised to the hard one) less a reserve, so
+that past it a client gets a 503 rather than a refused accept; the requests decoding or waiting are bounded by
+``--max-batch`` and ``--max-queue`` (429)."""
 
 from __future__ import annotations
 
@@ -19,6 +28,9 @@ from gpt2onnx.serving.engine import MAX_ROWS, BatchingEngine
 log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 DRAIN_SECONDS = 60  # SIGTERM: the longest wait for the requests in flight
+KEEP_ALIVE_SECONDS = 5  # a keep-alive connection silent this long after a response is closed
+BODY_SECONDS = 30.0  # to send a request's body (at most 1 MiB: about 35 KB/s)
+BACKLOG = 2048
 MAX_QUEUE = 1 << 16
 
 
@@ -54,10 +66,14 @@ def open_openai_server(
     max_queue: int = 256,
     provider: ProviderConfig = ProviderConfig(),
     verify_files: bool = True,
+    header_timeout: float | None = None,
+    body_timeout: float = BODY_SECONDS,
 ) -> OpenAIServer:
     """Check ``folder`` (an exported model folder) and the settings, and bind ``host``:``port`` (0: any free
     port); the model loads when :meth:`OpenAIServer.serve_forever` starts. BadInput (one line) for a bad folder,
-    setting or taken port; BadInput naming the extra where fastapi, uvicorn or openai is not installed."""
+    setting or taken port, or a chat template it refuses (:mod:`.chat`); BadInput naming the extra where fastapi,
+    uvicorn, openai or jinja2 is not installed. ``header_timeout`` (None: 10 s) and ``body_timeout``: the seconds a
+    client has to send a request's headers and its body (module docstring)."""
 
     folder = Path(folder)
     what = "give an exported model folder, or one written by gpt2onnx deploy --target web"
@@ -75,17 +91,26 @@ def open_openai_server(
             raise BadInput(f"{name} {value} is not an integer from {low} to {high}: give one")
     if api_key is not None and (not api_key.strip() or any(c.isspace() for c in api_key)):
         raise BadInput("--api-key is empty or holds spaces: give a key without spaces")
+    for name, value in (("header_timeout", header_timeout), ("body_timeout", body_timeout)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise BadInput(f"{name} {value!r} is not a positive number of seconds: give one")
     try:
         import uvicorn
 
+        from gpt2onnx.serving.openai.chat import ChatTemplate
+        from gpt2onnx.serving.openai.connections import HEADER_SECONDS, connection_limit, guarded_protocol
         from gpt2onnx.serving.openai.routes import ServerSettings, build_app
     except ImportError as err:
         raise BadInput(
             f"the OpenAI endpoint needs {err.name or 'its packages'}, which is not installed: pip install"
             " 'gpt2onnx[serve]'"
         ) from None
+    ChatTemplate.from_folder(folder)  # a template it refuses is said now, in one line
     sock = _bind(host, port)
-    settings = ServerSettings(model_id=folder.resolve().name, api_key=api_key, max_batch=max_batch, max_queue=max_queue)
+    settings = ServerSettings(
+        model_id=folder.resolve().name, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
+        body_seconds=float(body_timeout),
+    )  # fmt: skip
     holder: dict = {}
 
     def failed(reason: str) -> None:  # the model could not be loaded: the server stops, serve_forever raises
@@ -104,6 +129,10 @@ def open_openai_server(
         timeout_graceful_shutdown=DRAIN_SECONDS,
         lifespan="on",
         access_log=False,
+        http=guarded_protocol(HEADER_SECONDS if header_timeout is None else header_timeout),
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        limit_concurrency=connection_limit(),
+        backlog=BACKLOG,
     )
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
@@ -122,7 +151,7 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(address)
-        sock.listen(2048)
+        sock.listen(BACKLOG)
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:

@@ -21,16 +21,27 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
+from openai.types.chat import ChatCompletionMessage, ChatCompletionTokenLogprob
+from openai.types.chat.chat_completion import Choice as ChatChoice
+from openai.types.chat.chat_completion import ChoiceLogprobs
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_token_logprob import TopLogprob
+
 from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.decoding.processors import Bias
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
 from gpt2onnx.serving.engine import BatchingEngine, GenerationStream, TokenEvent
+from gpt2onnx.serving.openai.chat import chat_messages
 from gpt2onnx.serving.openai.prometheus import Metrics
 from gpt2onnx.serving.openai.protocol import (
     DEFAULT_MAX_TOKENS,
     MAX_CHOICES,
     MAX_STOP,
     ApiError,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
     Completion,
     CompletionChoice,
     CompletionRequest,
@@ -147,6 +158,53 @@ class CompletionServing:
         except BadInput as err:
             raise ApiError(400, str(err), param="prompt") from None
 
+    async def chat(self, request: ChatCompletionRequest, template, is_disconnected: Callable[[], Awaitable[bool]]):
+        """A chat request: its messages rendered by the folder's template (:class:`~.chat.ChatTemplate`, on a worker
+        thread), then served as a completion of the rendered prompt's token ids, in the chat's shapes. Its
+        ``max_completion_tokens`` (or ``max_tokens``) defaults to the rest of the context, as OpenAI's does."""
+        if request.model != self.model_id:
+            raise ApiError(
+                404, f"the model '{request.model}' does not exist: this server serves '{self.model_id}'",
+                param="model", code="model_not_found",
+            )  # fmt: skip
+        refused = request.refused()
+        if refused is not None:
+            raise ApiError(
+                400, f"{refused} is not offered: this server runs a text model without tools, audio or structured"
+                " output: drop it", param=refused,
+            )  # fmt: skip
+        if request.top_logprobs is not None and not request.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+        wanted = {request.max_completion_tokens, request.max_tokens} - {None}
+        if len(wanted) > 1:
+            raise ApiError(
+                400, "max_completion_tokens and max_tokens differ: give one of them", param="max_completion_tokens"
+            )
+        messages = chat_messages(request.messages)
+        text = await asyncio.to_thread(template.render, messages)
+        try:
+            ids = self.engine.encode(text)
+        except BadInput as err:
+            raise ApiError(400, f"the rendered chat prompt cannot be read: {err}", param="messages") from None
+        if not ids:
+            raise ApiError(400, "the chat template rendered an empty prompt for these messages", param="messages")
+        room = self.engine.stepper.n_positions - len(ids)
+        if room < 1:
+            raise ApiError(
+                400, f"the rendered chat prompt is {len(ids)} tokens, and the model's context is"
+                f" {self.engine.stepper.n_positions}: send shorter or fewer messages", param="messages",
+                code="context_length_exceeded",
+            )  # fmt: skip
+        completion = CompletionRequest.model_construct(
+            model=request.model, prompt=ids, max_tokens=wanted.pop() if wanted else max(room, 1),
+            temperature=request.temperature, top_p=request.top_p, stop=request.stop, seed=request.seed, n=request.n,
+            logit_bias=request.logit_bias, presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty, stream=request.stream, stream_options=request.stream_options,
+            user=request.user, logprobs=(request.top_logprobs or 0) if request.logprobs else None, echo=False,
+            suffix=None, best_of=None,
+        )  # fmt: skip
+        return await self.create(completion, is_disconnected, shape=_ChatRun)
+
     # -- into the engine ------------------------------------------------------------------------------------------
     def _reserve(self, count: int) -> None:
         if count > self.capacity:  # it would never fit: not a reason to retry
@@ -171,8 +229,11 @@ class CompletionServing:
         self._release(1)
         self.metrics.finished.labels(event.finish_reason).inc()
 
-    async def create(self, request: CompletionRequest, is_disconnected: Callable[[], Awaitable[bool]]):
-        """The response: a dict for one body, or an async iterator of server-sent events."""
+    async def create(
+        self, request: CompletionRequest, is_disconnected: Callable[[], Awaitable[bool]], *, shape: type = None
+    ):
+        """The response: a dict for one body, or an async iterator of server-sent events (``shape``: the run that
+        writes them, completions' by default)."""
         max_tokens, options, bias = self._options(request)
         prompt_ids = self._prompt_ids(request)
         tokenizer = self.engine.tokenizer
@@ -211,7 +272,7 @@ class CompletionServing:
                 raise ApiError(400, str(err), param=_param_of(str(err))) from None
             raise
         self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompt_ids))
-        run = _Run(self, request, choices, streams, events, started)
+        run = (shape or _Run)(self, request, choices, streams, events, started)
         if request.stream:
             return run.stream()
         return await run.body(is_disconnected)
@@ -230,12 +291,15 @@ def _deliver(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, index: int,
 
 
 class _Run:
-    """One request in flight: its choices' events gathered into a body, or streamed."""
+    """One request in flight: its choices' events gathered into a body, or streamed (completions' shapes; the
+    chat's are :class:`_ChatRun`'s)."""
+
+    prefix = "cmpl"
 
     def __init__(self, serving: CompletionServing, request, choices, streams, events, started):
         self.serving, self.request, self.choices, self.streams = serving, request, choices, streams
         self.events, self.started = events, started
-        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.open = len(choices)
         self.tokenizer = serving.engine.tokenizer
@@ -304,6 +368,9 @@ class _Run:
         except BaseException:
             self._cancel()
             raise
+        return self._response()
+
+    def _response(self) -> dict:
         choices = [
             CompletionChoice(
                 index=c.index,
@@ -319,13 +386,23 @@ class _Run:
         )  # fmt: skip
         return completion.model_dump(mode="json", exclude_unset=True)
 
+    def _opening(self) -> list[str]:
+        """The chunks before the first token: the echoed prompts."""
+        return [self._chunk(c, c.echo, None, [], 0) for c in self.choices if c.echo]
+
+    def _usage_chunk(self) -> str:
+        usage = Completion(
+            id=self.id, object="text_completion", created=self.created, model=self.serving.model_id,
+            choices=[], usage=self._usage(),
+        )  # fmt: skip
+        return f"data: {usage.model_dump_json(exclude_unset=True)}\n\n"
+
     async def stream(self) -> AsyncIterator[str]:
         """Server-sent events: a chunk per token (the echoed prompts first), the finish reasons, the usage where
         stream_options asks for it, then ``[DONE]``. Cancelled in the engine when the client goes away."""
         try:
-            for choice in self.choices:
-                if choice.echo:
-                    yield self._chunk(choice, choice.echo, None, [], 0)
+            for chunk in self._opening():
+                yield chunk
             while self.open:
                 index, event, at = await self.events.get()
                 choice = self.choices[index]
@@ -342,11 +419,7 @@ class _Run:
                     yield self._chunk(choice, text, choice.finish_reason if event.last else None, entries, offset)
             options = self.request.stream_options
             if options is not None and options.include_usage:
-                usage = Completion(
-                    id=self.id, object="text_completion", created=self.created, model=self.serving.model_id,
-                    choices=[], usage=self._usage(),
-                )  # fmt: skip
-                yield f"data: {usage.model_dump_json(exclude_unset=True)}\n\n"
+                yield self._usage_chunk()
             yield "data: [DONE]\n\n"
         finally:  # the client went away (the task is cancelled), or the stream ended
             if self.open:
@@ -364,6 +437,64 @@ class _Run:
                     logprobs=self._logprobs(choice, entries, offset),
                 )
             ],
+        )  # fmt: skip
+        return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+
+
+class _ChatRun(_Run):
+    """A chat request in flight: the same choices, in the chat's shapes (``ChatCompletion``, and
+    ``ChatCompletionChunk`` whose first delta per choice names the assistant's role)."""
+
+    prefix = "chatcmpl"
+
+    def _chat_logprobs(self, choice: _Choice, entries: list) -> ChoiceLogprobs | None:
+        if self.request.logprobs is None:
+            return None
+        content = []
+        for token, (chosen, best) in zip(choice.tokens[len(choice.tokens) - len(entries) :], entries):
+            piece = self._piece(token)
+            top = [TopLogprob(token=p, bytes=list(p.encode()), logprob=lp) for p, lp in ((self._piece(t), lp)
+                   for t, lp in best)]  # fmt: skip
+            content.append(ChatCompletionTokenLogprob(token=piece, bytes=list(piece.encode()), logprob=chosen,
+                                                      top_logprobs=top))  # fmt: skip
+        return ChoiceLogprobs(content=content)
+
+    def _response(self) -> dict:
+        choices = [
+            ChatChoice(
+                index=c.index, finish_reason=c.finish_reason, logprobs=self._chat_logprobs(c, c.logprobs),
+                message=ChatCompletionMessage(role="assistant", content=c.sent),
+            )
+            for c in self.choices
+        ]  # fmt: skip
+        completion = ChatCompletion(
+            id=self.id, object="chat.completion", created=self.created, model=self.serving.model_id,
+            choices=choices, usage=self._usage(),
+        )  # fmt: skip
+        return completion.model_dump(mode="json", exclude_unset=True)
+
+    def _opening(self) -> list[str]:
+        return [self._delta(c.index, ChoiceDelta(role="assistant", content=""), None, None) for c in self.choices]
+
+    def _chunk(self, choice: _Choice, text: str, finish_reason, entries: list, offset: int) -> str:
+        delta = ChoiceDelta(content=text) if text else ChoiceDelta()
+        logprobs = self._chat_logprobs(choice, entries) if entries else None
+        return self._delta(choice.index, delta, finish_reason, logprobs)
+
+    def _delta(self, index: int, delta: ChoiceDelta, finish_reason, logprobs) -> str:
+        choice = ChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
+        if logprobs is not None:
+            choice.logprobs = logprobs
+        chunk = ChatCompletionChunk(
+            id=self.id, object="chat.completion.chunk", created=self.created, model=self.serving.model_id,
+            choices=[choice],
+        )  # fmt: skip
+        return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+
+    def _usage_chunk(self) -> str:
+        chunk = ChatCompletionChunk(
+            id=self.id, object="chat.completion.chunk", created=self.created, model=self.serving.model_id,
+            choices=[], usage=self._usage(),
         )  # fmt: skip
         return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
 
