@@ -171,12 +171,8 @@ def deploy(
     web_lib: Annotated[
         Optional[Path], typer.Option(metavar="PATH", help="web: node_modules with transformers.js (README).")
     ] = None,
-    server_name: Annotated[
-        Optional[str], typer.Option(help="server: its DNS-1123 name \\[the folder's].")
-    ] = None,
-    server_image: Annotated[
-        Optional[str], typer.Option(help="server: its image \\[gpt2onnx-NAME:latest].")
-    ] = None,
+    server_name: Annotated[Optional[str], typer.Option(help="server: its DNS-1123 name \\[the folder's].")] = None,
+    server_image: Annotated[Optional[str], typer.Option(help="server: its image \\[gpt2onnx-NAME:latest].")] = None,
     server_batch: Annotated[int, typer.Option(help="server: requests a replica batches.")] = SERVER_MAX_BATCH,
     verify_files: VerifyFilesOpt = True,
 ) -> None:
