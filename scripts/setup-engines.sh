@@ -33,6 +33,13 @@ if [ "${ENGINES_LLAMA:-0}" = 1 ] && ! $PY -c "import llama_cpp, diskcache" 2>/de
     $PY -m pip install --quiet --disable-pip-version-check --no-deps "$SRC/llama_cpp_python-0.3.36" 2>&1 | quiet
   $PY -m pip install --quiet --disable-pip-version-check diskcache==5.6.3 jinja2 typing-extensions 2>&1 | quiet
 fi
+# llama.cpp's own OpenAI server (python -m llama_cpp.server, beside ours in `gpt2onnx bench served --server openai`):
+# llama-cpp-python's [server] extra, pinned (its starlette-context must stay below 0.4)
+LLAMA_SERVER_PACKAGES="uvicorn==0.55.0 fastapi==0.165.0 pydantic-settings==2.16.3 sse-starlette==3.7.1 \
+starlette-context==0.3.6 PyYAML==6.0.4"
+if [ "${ENGINES_LLAMA:-0}" = 1 ] && ! $PY -c "import llama_cpp.server.app" 2>/dev/null; then
+  $PY -m pip install --quiet --disable-pip-version-check $LLAMA_SERVER_PACKAGES 2>&1 | quiet
+fi
 $PY - <<'PY'
 import importlib.metadata as m
 names = ("ctranslate2", "openvino-genai", "optimum-intel", "nncf", "llama_cpp_python")

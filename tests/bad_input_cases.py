@@ -1054,6 +1054,43 @@ CASES: list[Case] = [
         B,
         match="none.txt",
     ),
+    # -- bench served --server openai: gpt2onnx serve beside llama.cpp's server (issue 54) -----------------------------
+    Case(
+        "bench-served-server-bogus",
+        "options",
+        ("bench", "served", "{exp}", "--server", "vllm"),
+        B,
+        match="--server 'vllm' is not one of triton, openai",
+    ),
+    Case(
+        "bench-served-gguf-with-triton",
+        "options",
+        ("bench", "served", "{exp}", "--gguf", "{exp}/model.onnx"),
+        B,
+        match="--gguf applies to --server openai",
+    ),
+    Case(
+        "bench-served-threads-with-openai",
+        "options",
+        ("bench", "served", "{exp}", "--server", "openai", "--threads", "2"),
+        B,
+        match="--threads applies to --server triton",
+    ),
+    Case(
+        "bench-served-gguf-missing",
+        "message",
+        ("bench", "served", "{exp}", "--server", "openai", "--gguf", "nope.gguf"),
+        B,
+        match="--gguf 'nope.gguf' is not a file",
+    ),
+    Case(
+        "bench-served-gguf-not-gguf",
+        "message",
+        ("bench", "served", "{exp}", "--server", "openai", "--gguf", "t.txt"),
+        B,
+        lambda c: (c.dir / "t.txt").write_text("not a model"),
+        match="--gguf 't.txt' is not a GGUF file",
+    ),
     # -- the browser: deploy --target web, serve ---------------------------------------------------------------------
     Case(
         "deploy-web-lib-missing",
@@ -3958,7 +3995,10 @@ OUTPUT_INPUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     },
     "bench memory": {"folders": (("bench", "memory", "{in}", *MEMORY_QUICK), "export")},
     "bench web": {"folder": (("bench", "web", "{in}"), "export")},
-    "bench served": {"folder": (("bench", "served", "{in}"), "export")},
+    "bench served": {
+        "folder": (("bench", "served", "{in}"), "export"),
+        "gguf": (("bench", "served", "{exp}", "--server", "openai", "--gguf", "{in}"), "text"),
+    },
     "compare": {
         "model": (("compare", "{in}", "--only", "gpt2onnx:fp32", "--work", "w"), "checkpoint"),
         "text": (("compare", "{src}", "--only", "gpt2onnx:fp32", "--work", "w", "--text", "{in}"), "text"),

@@ -358,6 +358,7 @@ INPUT_PATHS = {
     ("bench precision", "model"),
     ("compare", "model"),
     ("bench served", "folder"),
+    ("bench served", "gguf"),
     ("bench web", "folder"),
     ("compare", "text"),
 }

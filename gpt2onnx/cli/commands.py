@@ -24,6 +24,7 @@ from gpt2onnx.cli.options import (
     ForceOpt,
     FusionOpt,
     GateOpt,
+    GgufOpt,
     JsonOpt,
     KvCacheOpt,
     MarkdownOpt,
@@ -42,6 +43,7 @@ from gpt2onnx.cli.options import (
     RuntimeOpt,
     RuntimesOpt,
     Search,
+    ServedServerOpt,
     VerifyFilesOpt,
     WarmupOpt,
     json_output,
@@ -507,8 +509,12 @@ def bench_served_command(
     repeat: RepeatOpt = 2,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
+    server: ServedServerOpt = "triton",
+    gguf: GgufOpt = None,
+    max_batch: Annotated[int, typer.Option(help="openai: gpt2onnx serve's --max-batch.")] = 16,
 ) -> None:
-    """The folder served by Triton under concurrent streaming clients, beside the in-process loop (.venv-triton)."""
+    """The folder served by Triton (.venv-triton) under concurrent streaming clients, beside the in-process loop;
+    or behind gpt2onnx's OpenAI endpoint, beside llama.cpp's server on --gguf (.venv-engines)."""
     from gpt2onnx.verify.served import bench_served
 
     levels = parse_batches(concurrency, what="concurrency (--concurrency)")
@@ -525,8 +531,14 @@ def bench_served_command(
             markdown_path=markdown_path,
             progress=step,
             before_writing=ignore_interrupts,
+            server=server,
+            gguf=gguf,
+            max_batch=max_batch,
         )
-    render.served(report)
+    if server == "openai":
+        render.served_openai(report)
+    else:
+        render.served(report)
 
 
 @bench_app.command("web")

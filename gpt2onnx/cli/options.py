@@ -173,6 +173,13 @@ MarkdownOpt = Annotated[
     Optional[Path],
     typer.Option("--md", parser=OUTPUT_FILE, metavar="FILE", help="The table as Markdown, with machine and load."),
 ]
+# bench served: which server, and llama.cpp's file beside ours
+ServedServerOpt = Annotated[
+    str, typer.Option("--server", help="triton (its generation model) or openai (gpt2onnx serve, beside --gguf).")
+]
+GgufOpt = Annotated[
+    Optional[Path], typer.Option("--gguf", metavar="FILE", help="openai: llama.cpp's server on this GGUF beside ours.")
+]
 RandomInitOpt = Annotated[bool, typer.Option("--random-init", help="Seeded random weights, no download.")]
 RebuildOpt = Annotated[
     bool, typer.Option("--rebuild", help="A --work folder of another build: remove what it built, build again.")

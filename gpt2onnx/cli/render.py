@@ -400,6 +400,29 @@ def served(report) -> None:
     line(f"{rounds.machine.summary()}; {rounds.load.summary()}")
 
 
+def served_openai(report) -> None:
+    """bench served --server openai: a concurrency and server a row (medians), then each server's memory."""
+    rounds = report.rounds
+    columns = ("clients", "server", "req/s", "tok/s", "first token p50 / p99 ms", "per token p50 / p99 ms", "peak MB")
+    table = _table(f"{report.folder}: {report.new_tokens} new tokens a request", columns, left=("server",))
+    for clients in report.concurrency:
+        for server in report.servers:
+            m = lambda f: rounds.spread(f"{server}, {clients} client{'s' if clients > 1 else ''}", f).median  # noqa: E731
+            table.add_row(
+                str(clients),
+                server,
+                f"{m('requests_per_s'):.2f}",
+                f"{m('tokens_per_s'):.1f}",
+                f"{m('first_token_p50_ms'):.0f} / {m('first_token_p99_ms'):.0f}",
+                f"{m('per_token_p50_ms'):.1f} / {m('per_token_p99_ms'):.1f}",
+                f"{m('peak_rss_mb'):.0f}",
+            )
+    console.print(table)
+    for text in report.memory_lines():
+        line(text)
+    line(f"{rounds.machine.summary()}; {rounds.load.summary()}")
+
+
 def web(report) -> None:
     """bench web: a runtime and thread count a row, decode tokens/s (× Python's) and the first token."""
     rounds = report.rounds

@@ -38,12 +38,12 @@ from gpt2onnx.files import write_text_atomic
 from gpt2onnx.precisions.all_precisions import FP32, INT4, INT8, INT8_WEIGHTS
 from gpt2onnx.profiles import ort_shared_kv
 from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, UNFUSED
-from gpt2onnx.runtimes.worker_process import WorkerProcess
+from gpt2onnx.runtimes.worker_process import ENGINES_PYTHON_ENV, WorkerProcess, engines_python
 from gpt2onnx.verify.harness import Rounds, check_runs, csv_of, interleave, write_outputs
 
 log = logging.getLogger(__name__)
 
-PYTHON_ENV = "GPT2ONNX_ENGINES_PYTHON"
+PYTHON_ENV = ENGINES_PYTHON_ENV
 INSTALL = "bash scripts/setup-engines.sh"
 INSTALL_LLAMA = "ENGINES_LLAMA=1 bash scripts/setup-engines.sh (llama-cpp-python builds from source, ~10 minutes)"
 WORKER = Path(__file__).with_name("engine_worker.py")
@@ -187,17 +187,6 @@ def variants_of(only: list[str] | None) -> list[Variant]:
             if Variant(engine, f) not in chosen:
                 chosen.append(Variant(engine, f))
     return chosen
-
-
-def engines_python() -> str | None:
-    """The engines' Python: $GPT2ONNX_ENGINES_PYTHON, else <repo>/.venv-engines/bin/python if present."""
-    if os.environ.get(PYTHON_ENV):
-        return os.environ[PYTHON_ENV]
-    candidate = Path(__file__).resolve().parents[2] / ".venv-engines" / "bin" / "python"
-    try:
-        return str(candidate) if candidate.exists() else None
-    except OSError:  # another user's folder on the way: as good as none
-        return None
 
 
 _PROBE = """

@@ -166,3 +166,24 @@ class TextStream:
             return ""
         new, self.shown = text[len(self.shown) :], text
         return new
+
+
+# the prompts of the load benchmarks (bench served: Triton and the OpenAI endpoint), one per request in turn
+LOAD_PROMPTS = (
+    "The quick brown fox jumps over the lazy dog, and then it runs into the forest where",
+    "Return the number of items in the container, counting only those that are",
+    "In the beginning of the twentieth century, the small town by the river was",
+    "Open the file for reading and return a stream object that yields lines of",
+    "She looked at the map again and realised that the road they had taken was",
+    "Raise a ValueError if the argument is negative or larger than the size of the",
+    "The committee met on Tuesday to discuss the budget for the coming year and",
+    "Convert the string to lower case, strip the white space at both ends, and",
+    "After the storm had passed, the fishermen went back to the harbour to see",
+    "This module provides a simple interface to the operating system's services for",
+    "When the train finally arrived at the station, the passengers who had waited",
+    "Iterate over the keys of the mapping in sorted order and yield each pair of",
+    "The museum's new exhibition brings together paintings from three centuries that",
+    "Compute the checksum of the data block and compare it with the value stored in",
+    "He had never seen so many people in one place, all of them waiting for the",
+    "Create a new thread that runs the given function with the arguments and keyword",
+)

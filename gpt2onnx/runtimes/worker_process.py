@@ -94,3 +94,18 @@ class WorkerProcess:
                     os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self.process = None
+
+
+ENGINES_PYTHON_ENV = "GPT2ONNX_ENGINES_PYTHON"
+
+
+def engines_python() -> str | None:
+    """The engines' Python (compare's engines, llama.cpp's server): $GPT2ONNX_ENGINES_PYTHON, else
+    <repo>/.venv-engines/bin/python if present."""
+    if os.environ.get(ENGINES_PYTHON_ENV):
+        return os.environ[ENGINES_PYTHON_ENV]
+    candidate = Path(__file__).resolve().parents[2] / ".venv-engines" / "bin" / "python"
+    try:
+        return str(candidate) if candidate.exists() else None
+    except OSError:  # another user's folder on the way: as good as none
+        return None

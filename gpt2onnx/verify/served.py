@@ -25,29 +25,13 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.artifact.paths import check_output_files
+from gpt2onnx.decoding.prompts import LOAD_PROMPTS as PROMPTS
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.verify.harness import Rounds, interleave, process_tree, write_outputs
 
 NAME = "bench"
+SERVERS = ("triton", "openai")  # bench served --server: Triton's generation model, or gpt2onnx's OpenAI endpoint
 IN_PROCESS = "in-process decode(), batch 1"
-PROMPTS = (
-    "The quick brown fox jumps over the lazy dog, and then it runs into the forest where",
-    "Return the number of items in the container, counting only those that are",
-    "In the beginning of the twentieth century, the small town by the river was",
-    "Open the file for reading and return a stream object that yields lines of",
-    "She looked at the map again and realised that the road they had taken was",
-    "Raise a ValueError if the argument is negative or larger than the size of the",
-    "The committee met on Tuesday to discuss the budget for the coming year and",
-    "Convert the string to lower case, strip the white space at both ends, and",
-    "After the storm had passed, the fishermen went back to the harbour to see",
-    "This module provides a simple interface to the operating system's services for",
-    "When the train finally arrived at the station, the passengers who had waited",
-    "Iterate over the keys of the mapping in sorted order and yield each pair of",
-    "The museum's new exhibition brings together paintings from three centuries that",
-    "Compute the checksum of the data block and compare it with the value stored in",
-    "He had never seen so many people in one place, all of them waiting for the",
-    "Create a new thread that runs the given function with the arguments and keyword",
-)
 
 
 def _figures(tokens: int, seconds: float, first: list[float], gaps: list[float]) -> dict[str, float]:
@@ -177,8 +161,13 @@ def bench_served(
     markdown_path=None,
     progress: Callable[[], None] | None = None,
     before_writing: Callable[[], None] | None = None,
-) -> ServedReport:
-    """Serve ``folder`` with Triton and load it with each level of ``concurrency`` beside the in-process loop."""
+    server: str = "triton",
+    gguf: str | Path | None = None,
+    max_batch: int = 16,
+):
+    """Serve ``folder`` with Triton and load it with each level of ``concurrency`` beside the in-process loop; with
+    ``server`` "openai", behind gpt2onnx's OpenAI endpoint beside llama.cpp's server on ``gguf``
+    (gpt2onnx.verify.served_openai)."""
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.targets.deploy import deploy
     from gpt2onnx.targets.triton_server import TritonServer
@@ -189,6 +178,20 @@ def bench_served(
     for name, value in (("requests (--requests)", requests), ("new tokens (--new-tokens)", new_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BadInput(f"{name} must be a positive integer, got {value!r}")
+    if server not in SERVERS:
+        raise BadInput(f"--server {server!r} is not one of {', '.join(SERVERS)}: give one of them")
+    if server == "openai":
+        from gpt2onnx.verify.served_openai import bench_served_openai
+
+        if threads is not None:
+            raise BadInput("--threads applies to --server triton (gpt2onnx serve takes all cores): drop it")
+        return bench_served_openai(
+            folder, gguf=gguf, concurrency=concurrency, requests=requests, new_tokens=new_tokens,
+            max_batch=max_batch, warmup=warmup, repeat=repeat, json_path=json_path, markdown_path=markdown_path,
+            progress=progress, before_writing=before_writing,
+        )  # fmt: skip
+    if gguf is not None:
+        raise BadInput("--gguf applies to --server openai (llama.cpp's server beside ours): drop it, or add that")
     provider = ProviderConfig(threads=threads)
     local, close = _in_process(Path(folder), new_tokens, provider)
     try:
