@@ -48,24 +48,29 @@ def build(data, kind: str, path: str):
         sys.exit(f"{path}: {kind} refuses it: {err}")
 
 
-manifest = yaml.safe_load(open(sys.argv[1]))
-if manifest.get("apiVersion") != "serving.kserve.io/v1beta1" or manifest.get("kind") != "InferenceService":
-    sys.exit("not a serving.kserve.io/v1beta1 InferenceService")
-service = build(manifest, "V1beta1InferenceService", "$")
-predictor = service.spec.predictor
-print(
-    json.dumps(
-        {
-            "name": service.metadata.name,
-            "model_format": predictor.model.model_format.name,
-            "runtime": predictor.model.runtime,
-            "protocol": predictor.model.protocol_version,
-            "storage_uri": predictor.model.storage_uri,
-            "image": predictor.model.image,
-            "scale_metric": predictor.scale_metric,
-            "scale_target": predictor.scale_target,
-            "replicas": [predictor.min_replicas, predictor.max_replicas],
-            "resources": predictor.model.resources.to_dict(),
-        }
+def main() -> None:
+    manifest = yaml.safe_load(open(sys.argv[1]))
+    if manifest.get("apiVersion") != "serving.kserve.io/v1beta1" or manifest.get("kind") != "InferenceService":
+        sys.exit("not a serving.kserve.io/v1beta1 InferenceService")
+    service = build(manifest, "V1beta1InferenceService", "$")
+    predictor = service.spec.predictor
+    print(
+        json.dumps(
+            {
+                "name": service.metadata.name,
+                "model_format": predictor.model.model_format.name,
+                "runtime": predictor.model.runtime,
+                "protocol": predictor.model.protocol_version,
+                "storage_uri": predictor.model.storage_uri,
+                "image": predictor.model.image,
+                "scale_metric": predictor.scale_metric,
+                "scale_target": predictor.scale_target,
+                "replicas": [predictor.min_replicas, predictor.max_replicas],
+                "resources": predictor.model.resources.to_dict(),
+            }
+        )
     )
-)
+
+
+if __name__ == "__main__":  # server_files_check.py imports build()
+    main()

@@ -14,52 +14,15 @@ import sys
 from pathlib import Path
 
 import dockerfile
-import kserve.models as ks
 import kubernetes.client as k8s_client
-import kubernetes.client.models as k8s
 import yaml
+from kserve_check import build  # one strict builder (this folder is on sys.path: run as a script)
 
-PRIMITIVES = {"str": str, "int": int, "bool": bool, "float": (int, float), "object": object}
 KINDS = {
     ("serving.kserve.io/v1beta1", "InferenceService"): "V1beta1InferenceService",
     ("apps/v1", "Deployment"): "V1Deployment",
     ("v1", "Service"): "V1Service",
 }
-
-
-def build(data, kind: str, path: str):
-    # kserve's generated classes write list[X] and dict(str, X), kubernetes' newer ones List[X] and Dict[str, X]
-    if kind.startswith("List["):
-        kind = f"list[{kind[5:-1]}]"
-    if kind.startswith("Dict["):
-        kind = f"dict({kind[5:-1]})"
-    if kind.startswith("list["):
-        if not isinstance(data, list):
-            sys.exit(f"{path}: a list is expected, got {type(data).__name__}")
-        return [build(item, kind[5:-1], f"{path}[{i}]") for i, item in enumerate(data)]
-    if kind.startswith("dict("):
-        if not isinstance(data, dict):
-            sys.exit(f"{path}: an object is expected, got {type(data).__name__}")
-        inner = kind[5:-1].split(", ", 1)[1]
-        return {key: build(value, inner, f"{path}.{key}") for key, value in data.items()}
-    if kind in PRIMITIVES:
-        if kind != "object" and (not isinstance(data, PRIMITIVES[kind]) or (kind == "int" and isinstance(data, bool))):
-            sys.exit(f"{path}: {kind} expected, got {data!r}")
-        return data
-    cls = getattr(ks, kind, None) or getattr(k8s, kind, None)
-    if cls is None:
-        sys.exit(f"{path}: no class {kind} in kserve or kubernetes")
-    if not isinstance(data, dict):
-        sys.exit(f"{path}: an object ({kind}) is expected, got {type(data).__name__}")
-    fields = {json_key: attr for attr, json_key in cls.attribute_map.items()}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        sys.exit(f"{path}: {', '.join(unknown)} is not a field of {kind}")
-    kwargs = {fields[key]: build(value, cls.openapi_types[fields[key]], f"{path}.{key}") for key, value in data.items()}
-    try:
-        return cls(**kwargs)
-    except ValueError as err:
-        sys.exit(f"{path}: {kind} refuses it: {err}")
 
 
 def container(c) -> dict:
