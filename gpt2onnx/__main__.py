@@ -62,7 +62,12 @@ def _unraisable(unraisable) -> None:
     __del__) would be lost, printed as "Exception ignored" while the command goes on to write its files: it is
     delivered again, to land at the next line that can raise it."""
     if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        signal.raise_signal(getattr(unraisable.exc_value, "signum", signal.SIGINT))
+        # sent again from another thread, so that it lands after this hook returns: raised here, its handler would
+        # run inside the hook and be lost again ("Exception ignored in sys.unraisablehook", export-sigterm in CI)
+        signum = getattr(unraisable.exc_value, "signum", signal.SIGINT)
+        again = threading.Timer(0.001, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
         return
     sys.__unraisablehook__(unraisable)
 
