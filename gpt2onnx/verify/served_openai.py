@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ import numpy as np
 from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.decoding.prompts import LOAD_PROMPTS as PROMPTS
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.targets.triton_server import free_port
 from gpt2onnx.verify.harness import Rounds, Spread, interleave, process_tree, write_outputs
 
 log = logging.getLogger(__name__)
@@ -131,12 +131,6 @@ class _Server:
             self.process.stdout.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ours(folder: Path, max_batch: int, tmp: Path) -> _Server:
     command = [sys.executable, "-m", "gpt2onnx", "serve", str(folder), "--endpoint", "openai", "--host", "127.0.0.1"]
     command += ["--port", "0", "--max-batch", str(max_batch), "--max-queue", "1024"]
@@ -159,7 +153,7 @@ def llama_server_python() -> str:
 
 
 def _llama(python: str, gguf: Path, n_ctx: int, threads: int, tmp: Path) -> _Server:
-    port = _free_port()
+    port = free_port()
     command = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
     # one request at a time is this server's own way (a lock around its one context); a new request must not
     # interrupt the stream in flight (interrupt_requests, on by default); every core, as onnxruntime takes
