@@ -328,6 +328,33 @@ def _layout_builds():
     return builds
 
 
+def test_prompts_joining_together_run_in_steps_of_bounded_size(tiny_export, monkeypatch):
+    """Nine requests of 10 tokens admitted in one loop turn (submitted from the first one's callback, on the
+    engine's thread), with room for 16 padded prompt tokens a step: one prompt step each (a step's logits are
+    [rows, tokens, vocabulary]: unbounded, 16 prompts of 48 tokens held 871 MB in the 124M int8 server), and each
+    request's tokens its own alone."""
+    from gpt2onnx.serving import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PREFILL_TOKENS", 16)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(999) for _ in range(10)] for _ in range(9)]
+    streams = []
+    with BatchingEngine.open(tiny_export, max_batch=9) as engine:
+
+        def on_event(event):
+            if len(streams) == 1:  # the first token of the first request: the other eight arrive together
+                streams.extend(engine.submit(p, max_new_tokens=6) for p in prompts[1:])
+
+        streams.append(engine.submit(prompts[0], max_new_tokens=6, on_event=on_event))
+        deadline = time.monotonic() + 60
+        while len(streams) < 9 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        results = [s.result(timeout=60) for s in streams]
+        assert engine.prompt_steps == 9 and engine.rows_joined >= 8
+    for prompt, result in zip(prompts, results):
+        assert result.tokens == alone(tiny_export, prompt, 6)
+
+
 @pytest.fixture(scope="module")
 def peaked_export(tmp_path_factory):
     """The tiny shape with weights spread 0.5: logits so peaked that a rounding difference in a kernel rarely

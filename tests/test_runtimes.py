@@ -6,6 +6,7 @@ OpenVINO comes with the set-up (scripts/setup.sh installs it into .venv); onnxru
 
 import ast
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -284,3 +285,28 @@ def test_each_runtime_runs_each_profile_at_batch_1_and_2(profile_exports, name):
                 continue
             result = generate(folder, ids=ids, max_new_tokens=4, runtime=RuntimeOptions(name=name))
             assert result.tokens == expected[batch], (profile, batch, result.tokens, expected[batch])
+
+
+def test_freed_heap_memory_goes_back_to_the_system():
+    """What a session's loading frees stays in glibc's arenas (counted as resident) until malloc_trim: 100 MB of
+    64 KB blocks (below malloc's mmap threshold: from the heap) allocated, every other one kept (so the heap cannot
+    shrink from its top alone), the rest freed; release_freed_memory gives the freed half back. glibc only: the
+    allocator of musl or macOS returns memory by other rules (and there it returns False)."""
+    import platform
+
+    from gpt2onnx.runtimes.heap import release_freed_memory
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc_trim is glibc's")
+
+    def resident() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    blocks = [bytearray(b"x" * (64 << 10)) for _ in range(1600)]
+    kept = blocks[::2]
+    del blocks
+    before = resident()
+    assert release_freed_memory() is True
+    assert before - resident() > 30 << 20, (before, resident())
+    del kept

@@ -71,41 +71,50 @@ def row_quantize_nodes(
     return nodes, q_name, scale_name, zero_name
 
 
-def zero_point_nodes(matmul: onnx.NodeProto, zero: str, p: str) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]]:
+def zero_point_nodes(
+    matmul: onnx.NodeProto, zero: str, p: str, initializers: dict[str, onnx.TensorProto] | None = None
+) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto], list[onnx.TensorProto]]:
     """``matmul`` (a MatMulInteger on per-token q, changed in place) run with a zero point of 0, and the nodes that
     take each token's zero point off its integer products after it: y = q·w' - zero × Σ_k w', in int32 (exact),
-    where w' is the weight less its own zero point. Σ_k w' reads initializers only: onnxruntime folds it once.
-    Returns (the nodes to place before the matmul, those after it)."""
-    weight = matmul.input[1]
-    weight_zero = matmul.input[3] if len(matmul.input) > 3 and matmul.input[3] else None
+    where w' is the weight less its own zero point. Where the weight is one of ``initializers``, Σ_k w' is computed
+    here and stored ([N] int32): computed in the graph, onnxruntime's constant folding makes an int32 copy of the
+    weight while loading (the 124M int8 file peaked at 1.3 GB, 0.34 GB without). A weight the graph computes
+    (int4's int8 prompt body) gets the sums in the graph, folded with it. Returns (the nodes to place before the
+    matmul, those after it, the initializers to add)."""
+    weight, weight_zero = matmul.input[1], (matmul.input[3] if len(matmul.input) > 3 else "")
     out = matmul.output[0]
 
     def op(op_type, inputs, suffix, outputs=None, **kwargs):
         return helper.make_node(op_type, inputs, outputs or [f"{p}/{suffix}"], name=f"{p}/{suffix}", **kwargs)
 
-    nodes = [
-        helper.make_node(
-            "Constant", [], [f"{p}/no_zero"], name=f"{p}/no_zero", value=numpy_helper.from_array(np.uint8(0))
-        ),
-        op("Cast", [weight], "w32", to=TensorProto.INT32),
-    ]
-    column = f"{p}/w32"
-    if weight_zero:
-        nodes += [op("Cast", [weight_zero], "wz32", to=TensorProto.INT32), op("Sub", [column, f"{p}/wz32"], "wc")]
-        column = f"{p}/wc"
-    nodes += [
-        helper.make_node(
-            "Constant", [], [f"{p}/k_axis"], name=f"{p}/k_axis", value=numpy_helper.from_array(np.array([0], np.int64))
-        ),
-        op("ReduceSum", [column, f"{p}/k_axis"], "column_sums", keepdims=0),  # [N]
-    ]
+    def const(suffix, value):
+        name = f"{p}/{suffix}"
+        return helper.make_node("Constant", [], [name], name=name, value=numpy_helper.from_array(value, name))
+
+    nodes, added = [const("no_zero", np.uint8(0))], []
+    initializers = initializers or {}
+    if weight in initializers and (not weight_zero or weight_zero in initializers):
+        w = np.asarray(numpy_helper.to_array(initializers[weight]), np.int64)  # [K, N]
+        if weight_zero:
+            w = w - np.asarray(numpy_helper.to_array(initializers[weight_zero]), np.int64)
+        added.append(numpy_helper.from_array(w.sum(axis=0).astype(np.int32), f"{p}/column_sums"))  # |Σ| ≤ K × 255
+    else:
+        column = f"{p}/w32"
+        nodes.append(op("Cast", [weight], "w32", to=TensorProto.INT32))
+        if weight_zero:
+            nodes += [op("Cast", [weight_zero], "wz32", to=TensorProto.INT32), op("Sub", [column, f"{p}/wz32"], "wc")]
+            column = f"{p}/wc"
+        nodes += [
+            const("k_axis", np.array([0], np.int64)),
+            op("ReduceSum", [column, f"{p}/k_axis"], "column_sums", keepdims=0),  # [N]
+        ]
     after = [
         op("Mul", [zero, f"{p}/column_sums"], "offsets"),
         op("Sub", [f"{p}/products", f"{p}/offsets"], "corrected", [out]),
     ]
     matmul.input[2] = f"{p}/no_zero"
     matmul.output[0] = f"{p}/products"
-    return nodes, after
+    return nodes, after, added
 
 
 def per_token_activations(model: onnx.ModelProto) -> int:
@@ -116,7 +125,8 @@ def per_token_activations(model: onnx.ModelProto) -> int:
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     zeros = {}  # a replaced DynamicQuantizeLinear's q → its per-token zero point
-    nodes, replaced = [], set()
+    initializers = {t.name: t for t in graph.initializer}
+    nodes, replaced, sums = [], set(), []
     for node in graph.node:
         if node.op_type == "DynamicQuantizeLinear" and node.domain in ("", "ai.onnx"):
             p = f"{node.name or node.output[0]}/per_token"
@@ -125,12 +135,15 @@ def per_token_activations(model: onnx.ModelProto) -> int:
             zeros[outputs[0]] = outputs[2]
             replaced.update(node.output)
         elif node.op_type == "MatMulInteger" and node.input[0] in zeros:
-            before, after = zero_point_nodes(node, zeros[node.input[0]], f"{node.name or node.output[0]}/per_token")
+            p = f"{node.name or node.output[0]}/per_token"
+            before, after, added = zero_point_nodes(node, zeros[node.input[0]], p, initializers)
             nodes += [*before, node, *after]
+            sums += added
         else:
             nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
+    graph.initializer.extend(sums)
     kept = [v for v in graph.value_info if v.name not in replaced]  # the scale is [..., 1] now, not a scalar
     del graph.value_info[:]
     graph.value_info.extend(kept)

@@ -184,7 +184,7 @@ def int8_matmul_nodes(x: str, weight: str, scales: str, y: str, p: str, *, opset
     column scales."""
     quantize, q, x_scale, x_zero = row_quantize_nodes(x, f"{p}/quantize", opset=opset)
     matmul = helper.make_node("MatMulInteger", [q, weight, ""], [f"{p}/int32"], name=f"{p}/matmul")
-    before, after = zero_point_nodes(matmul, x_zero, f"{p}/zero")
+    before, after, _ = zero_point_nodes(matmul, x_zero, f"{p}/zero")  # its weight is computed: sums too
     return [
         *quantize,
         *before,

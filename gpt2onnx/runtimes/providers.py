@@ -36,6 +36,7 @@ from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 from gpt2onnx.params import param
 from gpt2onnx.precisions.all_precisions import PRECISIONS
 from gpt2onnx.runtimes.base import check_threads, threads_param
+from gpt2onnx.runtimes.heap import release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,9 @@ class ProviderConfig:
     threads: int | None = threads_param()  # cpu: intra-op threads; None = all cores
     # cpu: idle worker threads spin (lower latency, busier cores)
     spinning: bool = param(True, "cpu: let idle threads spin.", flag="--spin/--no-spin")
+    # cpu: onnxruntime's memory arena keeps every buffer a run allocated for the next run (a growing K/V cache
+    # leaves it at its peak for good); without it each run's buffers go back to the system when freed
+    arena: bool = param(True, "cpu: keep onnxruntime's memory arena.", flag="--arena/--no-arena")
     device_id: int = param(0, "cuda/tensorrt: GPU index.")
     trt_fp16: bool = param(False, "tensorrt: allow fp16 kernels.")
     # tensorrt: engine and timing caches; None = <model folder>/trt_cache
@@ -89,6 +93,8 @@ class ProviderConfig:
             )
         if self.name != "cpu" and not self.spinning:
             raise BadInput(f"--no-spin applies to the cpu provider, not '{self.name}': drop it")
+        if self.name != "cpu" and not self.arena:
+            raise BadInput(f"--no-arena applies to the cpu provider, not '{self.name}': drop it")
         if self.name == "cpu" and self.tf32:
             raise BadInput("--tf32 applies to the cuda and tensorrt providers (the CPU has no TF32): drop it")
         if self.name != "cpu" and self.tf32 and os.environ.get(TF32_OVERRIDE) == "0":
@@ -413,6 +419,7 @@ def session_options(config: ProviderConfig) -> ort.SessionOptions:
     if config.name == "cpu":
         options.intra_op_num_threads = config.threads or os.cpu_count() or 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spinning else "0")
+        options.enable_cpu_mem_arena = config.arena
     return options
 
 
@@ -637,6 +644,7 @@ def create_session(
     _PLACEMENTS[session] = placement
     _TF32[session] = tf32 if got[0] != "CPUExecutionProvider" else None
     log.info("session on %s: %s", ", ".join(got), placement.summary())
+    release_freed_memory()  # what loading freed (the parsed file, folded and prepacked copies): heap.py
     return session
 
 
