@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 ONE_SEQUENCE = "send one request per sequence (with seeds)"
 
 MAX_ROWS = 256  # the most requests decoded together
-PREFILL_TOKENS = 256  # the most padded prompt tokens one joining step runs (more: several steps; _prefill)
+PREFILL_TOKENS = 128  # the most padded prompt tokens one joining step runs (more: several steps; _prefill)
 MAX_LOGPROBS = 20  # the most top tokens a request may ask the log-probabilities of (vLLM's default limit)
 # What the engine needs: a stepper whose rows can join and leave a running batch; one sequence per request
 ENGINE = Declared(
