@@ -1011,6 +1011,40 @@ CASES: list[Case] = [
         B,
         match="--server-name applies to the server target",
     ),
+    # -- deploy --target mobile: the ORT format (issue 58) -----------------------------------------------------------
+    Case(
+        "deploy-mobile-not-exported",
+        "message",
+        ("deploy", "{dir}", "--target", "mobile", "-o", "out"),
+        B,
+        match="holds no model.onnx",
+    ),
+    Case(
+        "deploy-mobile-out-inside-source",
+        "data-loss",
+        ("deploy", "{exp}", "--target", "mobile", "-o", "{exp}/mobile"),
+        B,
+        match="inside",
+    ),
+    Case(  # one flatbuffer, no external data: refused by the target's declaration before anything is written
+        "deploy-mobile-external-data",
+        "options",
+        ("deploy", "{ext}", "--target", "mobile", "-o", "out"),
+        B,
+        match="target mobile.*external data",
+    ),
+    Case(  # a file of the user's where the target writes, deployed in place: refused, the file kept
+        "deploy-mobile-user-file-in-mobile",
+        "data-loss",
+        ("deploy", "m", "--target", "mobile"),
+        B,
+        lambda c: (
+            c.copy("exp", "m"),
+            (c.dir / "m" / "mobile").mkdir(),
+            (c.dir / "m" / "mobile" / "a.txt").write_text("x"),
+        ),
+        match="mobile target would replace it",
+    ),
     # -- eval: the text and the protocol's options, refused before any model is loaded --------------------------
     Case("eval-no-text", "options", ("eval", "{exp}"), B, match="--text FILE"),
     Case("eval-text-missing", "message", ("eval", "{exp}", "--text", "none.txt"), B, match="none.txt"),

@@ -253,7 +253,7 @@ def test_the_registries_of_runtimes_and_targets():
     from gpt2onnx.targets.registry import TARGETS, TargetSpec, target_spec
 
     assert list(RUNTIMES) == ["onnxruntime", "openvino", "genai", "ort-generate"]
-    assert list(TARGETS) == ["genai", "transformers-js", "triton", "ort-generate", "web", "server"]
+    assert list(TARGETS) == ["genai", "transformers-js", "triton", "ort-generate", "mobile", "web", "server"]
     for folder, registry, kind in (("runtimes", RUNTIMES, RuntimeSpec), ("targets", TARGETS, TargetSpec)):
         declaring = {
             module

@@ -296,6 +296,11 @@ def _loads_triton(out: Path, source: Path) -> None:
         assert engine.generate(PROMPT, max_new_tokens=4).tokens == _greedy_for(source, PROMPT)[:4]
 
 
+def _loads_mobile(out: Path, source: Path) -> None:
+    _runs_a_step(out / "mobile" / "model.ort")  # onnxruntime reads the ORT format on every platform
+    assert (out / "mobile" / "required_operators_and_types.config").is_file()
+
+
 RUN_CHECKS = {
     "runtime": _run_runtime,
     "speculative": _run_speculative,
@@ -308,6 +313,7 @@ DEPLOYED = {
     "genai": _loads_genai,
     "ort-generate": _loads_ort_generate,
     "triton": _loads_triton,
+    "mobile": _loads_mobile,
 }
 
 

@@ -117,6 +117,8 @@ def deployed(result: DeployResult, folder: Path) -> None:
     console.print(table)
     if "web" in result.targets:
         line(f"open the page with: gpt2onnx serve {result.folder}")
+    for text in result.record.records.get("mobile", {}).get("summary", []):  # what the mobile target found
+        line(text)
 
 
 def inspected(info: ModelDescription) -> None:

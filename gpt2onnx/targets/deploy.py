@@ -15,6 +15,8 @@
                                            folder has only vocab.json + merges.txt (gpt2onnx.artifact.tokenizer)
     ort-generate/*_search.onnx, ...        onnxruntime's generation ops, the loop in the graph
                                            (gpt2onnx.targets.ort_generate)
+    mobile/model.ort, *.config, usability.*  ORT Mobile: the ORT format, its reduced-build op configurations and
+                                           onnxruntime's mobile usability report (gpt2onnx.targets.mobile)
 
 It works on any gpt2onnx decoder folder, exported or optimized, in any precision, and leaves export and
 optimize alone. The result is written like every folder: staged beside the target and moved into place

@@ -26,6 +26,7 @@ TARGETS = {
     "transformers-js": "gpt2onnx.targets.transformers_js",
     "triton": "gpt2onnx.targets.triton",
     "ort-generate": "gpt2onnx.targets.ort_generate",
+    "mobile": "gpt2onnx.targets.mobile",
     "web": "gpt2onnx.targets.web",
     "server": "gpt2onnx.targets.server_image",
 }
