@@ -52,6 +52,7 @@ _HOMES = {
     "Decoding": ("gpt2onnx.artifact.generation", "Decoding"),
     "TextGeneration": ("gpt2onnx.decoding.generate", "TextGeneration"),
     "Speculation": ("gpt2onnx.decoding.speculative", "Speculation"),  # generate(speculation=): prompt lookup, a draft
+    "Constraint": ("gpt2onnx.decoding.constraints", "Constraint"),  # generate(constraint=): JSON schema, regex, grammar
     "Acceptance": ("gpt2onnx.decoding.speculative", "Acceptance"),
     "BenchConfig": ("gpt2onnx.verify.timing", "BenchConfig"),
     "CheckReport": ("gpt2onnx.artifact.report", "CheckReport"),

@@ -110,7 +110,7 @@ fi
 
 # --- .venv, the project's own (meanwhile the jobs above install theirs) --------------------------------------------
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
-flock .setup.lock .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,optimum,docs,serve]' 2>&1 | grep -v "^WARNING: Location" || true
+flock .setup.lock .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,optimum,docs,serve,adapters,constrain]' 2>&1 | grep -v "^WARNING: Location" || true
 # OpenVINO (gpt2onnx --runtime openvino) goes into .venv: it leaves onnxruntime-gpu alone.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "${OPENVINO_SPEC:-openvino==2026.4.1}" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import gpt2onnx, torch, onnxruntime; print('gpt2onnx', gpt2onnx.__version__, '| torch', torch.__version__, '| onnxruntime', onnxruntime.__version__)"

@@ -4382,3 +4382,309 @@ CASES += [
     )
     for flag in ("--warmup", "--repeat")
 ]
+
+
+# -- PEFT LoRA adapters (issue 56): what a merged GPT-2 cannot hold, refused before anything is written ----------
+def lora_folder(name: str = "a", *, width: int = 64, modules=("h.0.attn.c_attn",), pickle: bool = False, **config):
+    """A PEFT LoRA adapter folder for {src} (2 layers × 64, tied head) as PEFT writes it: adapter_config.json and
+    rank-2 factors under PEFT's keys; ``width`` another base's n_embd, ``config`` changed settings."""
+
+    def setup(c: Ctx) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        folder = c.dir / name
+        folder.mkdir()
+        settings = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["c_attn"], "use_dora": False}
+        settings.update({"base_model_name_or_path": str(c.src), **config})
+        (folder / "adapter_config.json").write_text(json.dumps(settings))
+        outs = {"c_attn": 3 * width, "c_proj": width, "c_fc": 4 * width, "lm_head": 1000}
+        tensors = {}
+        for module in modules:
+            prefix = f"base_model.model.{'' if module == 'lm_head' else 'transformer.'}{module}"
+            if module in ("wte", "wpe"):  # PEFT's embedding adapters: lora_embedding_A [r, rows], B [width, r]
+                tensors[f"{prefix}.lora_embedding_A"] = torch.full((2, 128), 0.01)
+                tensors[f"{prefix}.lora_embedding_B"] = torch.full((width, 2), 0.01)
+                continue
+            fan_out = outs[module.rsplit(".", 1)[-1]]
+            tensors[f"{prefix}.lora_A.weight"] = torch.full((2, width), 0.01)
+            tensors[f"{prefix}.lora_B.weight"] = torch.full((fan_out, 2), 0.01)
+        if pickle:
+            torch.save(tensors, folder / "adapter_model.bin")
+        else:
+            save_file(tensors, str(folder / "adapter_model.safetensors"))
+
+    return setup
+
+
+ADAPTER_EXPORT = ("export", "--model", "{src}", "--adapter", "a", "-o", "out")
+CASES += [
+    Case("adapter-dora", "message", ADAPTER_EXPORT, B, lora_folder(use_dora=True), match="DoRA .* not supported"),
+    Case(
+        "adapter-embedding",
+        "message",
+        ADAPTER_EXPORT,
+        B,
+        lora_folder(target_modules=["wte"]),
+        match="embedding adapters are not supported",
+    ),
+    Case(
+        "adapter-embedding-factors",
+        "message",
+        ADAPTER_EXPORT,
+        B,
+        lora_folder(modules=("wpe",)),
+        match="is an embedding adapter",
+    ),
+    Case(
+        "adapter-modules-to-save",
+        "message",
+        ADAPTER_EXPORT,
+        B,
+        lora_folder(modules_to_save=["lm_head"]),
+        match="modules_to_save .* not supported",
+    ),
+    Case(
+        "adapter-other-base",
+        "message",
+        ADAPTER_EXPORT,
+        B,
+        lora_folder(width=128),
+        match="trained on another base",
+    ),
+    Case(
+        "adapter-pickle-only",
+        "security",
+        ADAPTER_EXPORT,
+        B,
+        lora_folder(pickle=True),
+        match="no adapter_model.safetensors .*pickle, never loaded",
+    ),
+    Case("adapter-not-lora", "message", ADAPTER_EXPORT, B, lora_folder(peft_type="IA3"), match="not LORA"),
+    Case(
+        "adapter-tied-head",
+        "message",
+        ADAPTER_EXPORT,
+        B,
+        lora_folder(modules=("lm_head",), target_modules=["lm_head"]),
+        match="ties to the token embedding",
+    ),
+    Case(
+        "adapter-base-escapes",
+        "security",
+        ("export", "--model", "a", "-o", "out"),
+        B,
+        lambda c: (source_copy()(c), lora_folder(base_model_name_or_path="../m")(c)),
+        match="leads out of the adapter folder",
+    ),
+    Case(
+        "adapter-missing-folder",
+        "message",
+        ("export", "--model", "{src}", "--adapter", "nope", "-o", "out"),
+        B,
+        match="no such folder",
+    ),
+]
+
+
+# -- constraints (issue 57): refused in one line before any decoding -------------------------------------------
+def spec_file(name: str, text: str) -> Callable[[Ctx], None]:
+    """A schema or grammar file in the case folder."""
+
+    def setup(c: Ctx) -> None:
+        (c.dir / name).write_text(text)
+
+    return setup
+
+
+CONSTRAIN = ("generate", "{exp}", "--ids", "1,2", "--max-new-tokens", "2")
+CASES += [
+    Case(
+        "constraint-schema-invalid",
+        "message",
+        (*CONSTRAIN, "--json-schema", "s.json"),
+        B,
+        spec_file("s.json", '{"type": 5}'),
+        match="not a valid JSON schema",
+    ),
+    Case(
+        "constraint-schema-not-json",
+        "message",
+        (*CONSTRAIN, "--json-schema", "s.json"),
+        B,
+        spec_file("s.json", '{"type": '),
+        match="is not JSON",
+    ),
+    Case("constraint-schema-missing", "message", (*CONSTRAIN, "--json-schema", "nope.json"), B, match="no such file"),
+    Case(
+        "constraint-schema-depth-bomb",
+        "message",
+        (*CONSTRAIN, "--json-schema", "s.json"),
+        B,
+        spec_file("s.json", '{"type": "array", "items": ' * 20_000 + "{}" + "}" * 20_000),
+        match="nested too deeply",
+    ),
+    Case(
+        "constraint-schema-unsupported",
+        "message",
+        (*CONSTRAIN, "--json-schema", "s.json"),
+        B,
+        spec_file("s.json", '{"not": {"type": "string"}}'),
+        match="refused by llguidance.*not",
+    ),
+    Case(
+        "constraint-regex-unsatisfiable",
+        "message",
+        (*CONSTRAIN, "--regex", r"a[^\s\S]b"),
+        B,
+        match="can match nothing",
+    ),
+    Case("constraint-regex-invalid", "message", (*CONSTRAIN, "--regex", "(a"), B, match="unclosed group"),
+    Case(
+        "constraint-grammar-10mb",
+        "message",
+        (*CONSTRAIN, "--grammar", "g.lark"),
+        B,
+        spec_file("g.lark", "start: " + " | ".join(f'"w{i}"' for i in range(1_000_000))),
+        match="more than 1,048,576",
+    ),
+    Case(
+        "constraint-grammar-depth-bomb",
+        "message",
+        (*CONSTRAIN, "--grammar", "g.lark"),
+        B,
+        spec_file("g.lark", "start: " + "(" * 50_000 + '"a"' + ")" * 50_000),
+        match="too deeply nested",
+    ),
+    Case("constraint-two-kinds", "options", (*CONSTRAIN, "--regex", "a", "--choice", "a,b"), B, match="give one"),
+]
+
+
+# -- GGUF files in (gpt2onnx.pytorch.gguf_checkpoint): the fixture written by gguf's GGUFWriter, then damaged -------
+def gguf_file(damage: Callable[[Path], None] | None = None, **write) -> Callable[[Ctx], None]:
+    def setup(c: Ctx) -> None:
+        from gguf_files import write_gguf
+
+        path = write_gguf(c.dir / "m.gguf", **write)
+        if damage is not None:
+            damage(path)
+
+    return setup
+
+
+def _cut(path: Path) -> None:
+    os.truncate(path, path.stat().st_size * 6 // 10)
+
+
+def _tensor_past_end(path: Path) -> None:
+    from gguf_files import set_u64, tensor_info_offset
+
+    name = "token_embd.weight"
+    at = tensor_info_offset(path, name) + 8 + len(name) + 4 + 2 * 8 + 4  # length, name, n_dims, 2 dims, type
+    set_u64(path, at, 1 << 40)
+
+
+def _string_of_gigabytes(path: Path) -> None:
+    from gguf_files import set_u64
+
+    key = b"tokenizer.ggml.pre"
+    at = path.read_bytes().index(key) + len(key) + 4  # the value's type, then its declared length
+    set_u64(path, at, 4 << 30)
+
+
+def _tensor_twice(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    at = data.index(b"blk.0.ffn_up.bias")
+    data[at : at + 17] = b"blk.1.ffn_up.bias"
+    path.write_bytes(bytes(data))
+
+
+GGUF_EXPORT = ("export", "--model", "m.gguf", "-o", "out")
+CASES.extend(
+    [
+        Case(
+            "gguf-other-architecture",
+            "message",
+            GGUF_EXPORT,
+            B,
+            gguf_file(architecture="llama"),
+            match="architecture 'llama': only GPT-2",
+        ),
+        Case("gguf-truncated", "message", GGUF_EXPORT, B, gguf_file(_cut), match="past the file's end.*truncated"),
+        Case(
+            "gguf-tensor-past-end",
+            "message",
+            GGUF_EXPORT,
+            B,
+            gguf_file(_tensor_past_end),
+            match="tensor 'token_embd.weight' declares .* past the file's end",
+        ),
+        Case(
+            "gguf-metadata-string-gigabytes",
+            "message",
+            GGUF_EXPORT,
+            B,
+            gguf_file(_string_of_gigabytes),
+            match="metadata string 'tokenizer.ggml.pre' declares 4,294,967,296 bytes.*past the file's end",
+            process=True,  # under the corpus's memory cap: nothing of the declared size is allocated
+        ),
+        Case(
+            "gguf-duplicate-tensor",
+            "message",
+            GGUF_EXPORT,
+            B,
+            gguf_file(_tensor_twice),
+            match="holds tensor 'blk.1.ffn_up.bias' twice",
+        ),
+        Case("gguf-no-merges", "message", GGUF_EXPORT, B, gguf_file(merges=False), match="has no tokenizer merges"),
+        Case(
+            "gguf-missing-tensor",
+            "message",
+            GGUF_EXPORT,
+            B,
+            gguf_file(drop=("blk.1.ffn_down.weight",)),
+            match="has no tensor 'blk.1.ffn_down.weight'",
+        ),
+        Case(
+            "gguf-k-quant",
+            "message",
+            GGUF_EXPORT,
+            B,
+            gguf_file(types={"blk.0.ffn_down.weight": "Q4_K"}),
+            match="Q4_K.*cannot hold exactly",
+        ),
+    ]
+)
+
+CASES += [
+    Case(
+        "adapters-switchable-int8",
+        "options",
+        ("export", "--model", "{src}", "--adapters", "x=a", "--quantize", "int8", "-o", "out"),
+        B,
+        lora_folder(),
+        match="switchable adapters .* fp32, unfused and checked: drop --int8",
+    ),
+    Case(
+        "adapters-no-dir",
+        "options",
+        ("export", "--model", "{src}", "--adapters", "x", "-o", "out"),
+        B,
+        match="NAME=DIR,NAME=DIR; 'x' has no '=DIR'",
+    ),
+    Case(
+        "adapters-bad-name",
+        "options",
+        ("export", "--model", "{src}", "--adapters", "../x=a", "-o", "out"),
+        B,
+        lora_folder(),
+        match="name '../x' is not valid",
+    ),
+    Case(
+        "generate-adapter-not-switchable",
+        "message",
+        ("generate", "{exp}", "--ids", "1,2", "--adapter", "x"),
+        B,
+        match="has no adapter 'x'",
+    ),
+]

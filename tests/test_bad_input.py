@@ -342,6 +342,7 @@ INPUT_PATHS = {
     ("eval", "folders"),
     ("eval", "text"),
     ("export", "eval_text"),
+    ("export", "adapter"),  # a PEFT adapter folder, read
     ("generate", "folder"),
     ("generate", "draft"),
     ("inspect", "path"),

@@ -226,4 +226,5 @@ def test_runtimes_holds_the_engines_only():
         "genai_worker",
         "ort_generate",
         "worker_process",  # the client of the workers under another environment's Python (genai's, the engines')
+        "heap",  # what a session's loading and a batch's run freed, given back to the system
     }

@@ -345,7 +345,8 @@ def test_the_request_fields_are_openais():
     from gpt2onnx.serving.openai.protocol import CompletionRequest
 
     fields = set(completion_create_params.CompletionCreateParamsBase.__annotations__) | {"stream"}
-    assert set(CompletionRequest.model_fields) == fields
+    vllm = {"response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar"}  # constraints
+    assert set(CompletionRequest.model_fields) == fields | vllm
 
 
 def test_bias_and_penalties_are_openais_definition():
@@ -509,7 +510,7 @@ CHAT_HOSTILE = [
     ("image-part", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], {}, "messages",
      "text parts"),
     ("tools", CHATS[0], {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not offered"),
-    ("json-format", CHATS[0], {"response_format": {"type": "json_object"}}, "response_format", "not offered"),
+    ("xml-format", CHATS[0], {"response_format": {"type": "xml"}}, "response_format", "not offered"),
     ("top-logprobs-alone", CHATS[0], {"top_logprobs": 2}, "top_logprobs", "logprobs"),
     ("unknown-field", CHATS[0], {"foo": 1}, "foo", "unknown field"),
     ("no-messages", [], {}, "messages", ""),
@@ -541,7 +542,8 @@ def test_the_chat_request_fields_are_openais():
     from gpt2onnx.serving.openai.protocol import ChatCompletionRequest
 
     fields = set(completion_create_params.CompletionCreateParamsBase.__annotations__) | {"stream"}
-    assert set(ChatCompletionRequest.model_fields) == fields
+    vllm = {"guided_json", "guided_regex", "guided_choice", "guided_grammar"}  # constraints (test_constraints.py)
+    assert set(ChatCompletionRequest.model_fields) == fields | vllm
 
 
 @pytest.mark.parametrize(

@@ -325,6 +325,7 @@ NO_REPEAT_NGRAM, MIN_NEW_TOKENS, EARLY_STOPPING_NEVER = (
 BEAMS_WITH_STOP, BEAMS_WITH_PENALTY = "--stop with beam search", "--repetition-penalty with beam search"
 SAMPLED_SEQUENCES, SEVERAL_SEQUENCES = "--num-return-sequences with sampling", "--num-return-sequences above 1"
 STOP_STRINGS = "--stop"
+CONSTRAINED = "a constraint (--json-schema, --regex, --grammar, --choice)"  # gpt2onnx.decoding.constraints
 
 
 def features_of(sampling: Sampling, decoding: Decoding) -> frozenset[str]:

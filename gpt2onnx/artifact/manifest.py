@@ -337,6 +337,51 @@ def _io_from_dict(data: dict) -> IOSpec:
     return IOSpec(specs(data["inputs"]), specs(data["outputs"]))
 
 
+@dataclass(frozen=True)
+class AdapterRecord:
+    """A PEFT LoRA adapter exported merged into the base weights (gpt2onnx.pytorch.adapters): its folder, the
+    sha256 of its files, and the settings that fix its arithmetic."""
+
+    path: str  # the adapter folder, resolved
+    files: dict[str, str]  # file name -> sha256 (adapter_config.json, adapter_model.safetensors)
+    rank: int  # the config's r (a module's own from rank_pattern where it has one)
+    alpha: float  # lora_alpha
+    target_modules: tuple[str, ...]  # the module kinds adapted: c_attn, c_proj, c_fc, lm_head
+    rslora: bool  # scaling alpha / √r instead of alpha / r
+    modules: int  # the adapted modules, all layers
+    base: str  # base_model_name_or_path as the adapter's config names it
+    form: str = "merged"  # or "switchable": NAME.onnx_adapter, active per run
+    check: str | None = None  # switchable: the summary of its check against PEFT with it active
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "target_modules": list(self.target_modules)}
+
+    def summary(self) -> str:
+        scaling = "alpha/√r (rsLoRA)" if self.rslora else "alpha/r"
+        targets = ", ".join(self.target_modules)
+        return (
+            f"LoRA {self.form}: rank {self.rank}, alpha {self.alpha:g}, {scaling}, {self.modules} modules ({targets})"
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AdapterRecord":
+        files = data["files"]
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            raise TypeError("adapter")
+        return cls(
+            str(data["path"]),
+            {str(k): v for k, v in files.items()},
+            int(data["rank"]),
+            float(data["alpha"]),
+            tuple(str(m) for m in data["target_modules"]),
+            bool(data["rslora"]),
+            int(data["modules"]),
+            str(data["base"]),
+            str(data.get("form", "merged")),
+            None if data.get("check") is None else str(data["check"]),
+        )
+
+
 # The JSON keys in the order a manifest has always listed them; "parity" holds the check.
 _KEYS = (
     "kind",
@@ -364,7 +409,13 @@ _KEYS = (
     "versions",
     "created",
     "outside_vocabulary",
+    "adapter",
+    "adapters",
 )
+
+
+def _adapters_from_dict(data: dict) -> dict[str, AdapterRecord]:
+    return {str(name): AdapterRecord.from_dict(record) for name, record in data.items()}
 
 
 def _outside_from_dict(data: dict) -> dict[str, list[int]]:
@@ -385,7 +436,8 @@ class Manifest:
 
     kind: str  # "decoder" or "block"
     name: str | None = None
-    source: dict = field(default_factory=dict)  # the checkpoint: kind (random, local, hub, onnx), id/path, hash, seed
+    # the checkpoint: kind (random, local, hub, gguf, onnx), id/path, hash, seed; a GGUF's tensor_types and kept_blocks
+    source: dict = field(default_factory=dict)
     optimized_from: str | None = None  # optimize: the model file it was made from
     architecture: Architecture | None = None  # the GPT-2 architecture
     dtype: str = "float32"
@@ -404,6 +456,8 @@ class Manifest:
     outside_vocabulary: dict[str, list[int]] = field(default_factory=dict)
     check: CheckReport | None = None
     eval: EvalReport | None = None  # quality on real text checked before writing (--eval-text)
+    adapter: AdapterRecord | None = None  # a PEFT LoRA adapter merged into the weights (--adapter)
+    adapters: dict[str, AdapterRecord] = field(default_factory=dict)  # switchable: name -> NAME.onnx_adapter's
     timings: dict[str, float] = field(default_factory=dict)
     deploy: DeployRecord | None = None
     files: dict[str, FileRecord] = field(default_factory=dict)
@@ -472,6 +526,10 @@ class Manifest:
             del values["eval"]  # written only by an export or optimize with --eval-text
         if self.outside_vocabulary:  # written only where a special token is outside the vocabulary
             values["outside_vocabulary"] = self.outside_vocabulary
+        if self.adapter is not None:  # written only for an export with an adapter
+            values["adapter"] = self.adapter.as_dict()
+        if self.adapters:  # written only for a switchable export (--adapters)
+            values["adapters"] = {name: record.as_dict() for name, record in self.adapters.items()}
         return {**values, **self.extra}
 
     @classmethod
@@ -527,6 +585,8 @@ class Manifest:
             outside_vocabulary=record("outside_vocabulary", _outside_from_dict) or {},
             check=check,
             eval=record("eval", EvalReport.from_dict),
+            adapter=record("adapter", AdapterRecord.from_dict),
+            adapters=record("adapters", _adapters_from_dict) or {},
             timings=record("timings", dict) or {},
             deploy=record("deploy", DeployRecord.from_dict),
             files={str(name): FileRecord.from_dict(info) for name, info in data["files"].items()},

@@ -46,6 +46,7 @@ from gpt2onnx.cli.options import (
     ServedServerOpt,
     VerifyFilesOpt,
     WarmupOpt,
+    constrain,
     json_output,
     plan,
     planned_defaults,
@@ -56,6 +57,7 @@ from gpt2onnx.cli.options import (
     uses,
     uses_declared,
 )
+from gpt2onnx.decoding.constraints import Constraint
 from gpt2onnx.decoding.generate import generate as run_generate
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput, CheckFailed
@@ -85,6 +87,12 @@ def export(
     seed: Annotated[int, typer.Option(help="Seed for --random-init.")] = 0,
     outliers: Annotated[float, typer.Option(help="--random-init: outliers of this size (GPT-2: 3000).")] = 0.0,
     revision: Annotated[Optional[str], typer.Option(help="Hub branch, tag or commit.")] = None,
+    adapter: Annotated[
+        Optional[Path], typer.Option(metavar="DIR", help="PEFT LoRA adapter, merged into the weights.")
+    ] = None,
+    adapters: Annotated[
+        Optional[str], typer.Option(metavar="N=DIR", help="NAME=DIR,…: LoRA adapters, switchable (fp32).")
+    ] = None,
     opset: Annotated[Optional[int], typer.Option(help="ONNX opset, 14 to 20 \\[default: 17].")] = None,
     logits: Annotated[str, typer.Option(help="'all' positions or the 'last'.")] = "all",
     block: Annotated[Optional[int], typer.Option(help="Export transformer block N alone.")] = None,
@@ -121,9 +129,27 @@ def export(
         kv_cache=kv_cache,
         **precision.keywords(),
     )
+    if adapters is not None:
+        from gpt2onnx.exporters.switchable import export_switchable, parse_adapters  # lazy: torch
+
+        if adapter is not None or random_init:
+            raise BadInput("--adapters exports switchable adapters over a checkpoint: drop --adapter/--random-init")
+        with err_console.status(f"exporting {model} with switchable adapters…"):
+            result = export_switchable(
+                model, out, adapters=parse_adapters(adapters), revision=revision, options=options
+            )
+        render.exported(result, block)
+        return
     with err_console.status(f"exporting {model}…"):
         result = export(
-            model, out, random_init=random_init, seed=seed, revision=revision, outliers=outliers, options=options
+            model,
+            out,
+            random_init=random_init,
+            seed=seed,
+            revision=revision,
+            outliers=outliers,
+            adapter=adapter,
+            options=options,
         )
     render.exported(result, block)
 
@@ -178,7 +204,7 @@ def deploy(
     server_batch: Annotated[int, typer.Option(help="server: requests a replica batches.")] = SERVER_MAX_BATCH,
     verify_files: VerifyFilesOpt = True,
 ) -> None:
-    """Make an exported folder ready for genai, transformers.js, Triton, ort-generate, the browser, a server image."""
+    """Make an exported folder ready for genai, transformers.js, Triton, ort-generate, phones, the browser, a server."""
     options = {"triton_name": triton_name, "triton_device": triton_device, "web_lib": web_lib}
     options |= {"server_name": server_name, "server_image": server_image, "server_max_batch": server_batch}
     result = run_deploy(folder, target, out=out, force=force, verify_files=verify_files, **options)
@@ -203,6 +229,7 @@ def inspect_command(
 @uses(run_options, into="options")
 @uses_declared(Sampling, Decoding, into="search", make=Search)
 @uses(speculate, into="speculation")
+@uses(constrain, into="constraint")
 def generate(
     folder: FolderArg = Path("models/gpt2"),
     prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Prompt text (repeat: a batch).")] = None,
@@ -218,10 +245,16 @@ def generate(
     search: Search = None,
     options: RunOptions = None,
     speculation: Optional[Speculation] = None,
+    constraint: Optional[Constraint] = None,
+    adapter: Annotated[
+        Optional[str], typer.Option(metavar="NAME", help="A switchable LoRA adapter of the folder, active.")
+    ] = None,
 ) -> None:
     """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers).
 
-    --prompt-lookup or --draft check several proposed tokens a step: greedy's tokens, sampling's distribution."""
+    --prompt-lookup or --draft check several proposed tokens a step: greedy's tokens, sampling's distribution.
+    --json-schema, --regex, --grammar or --choice hold what it writes to a constraint (exit 1 where a row runs out
+    of tokens before the constraint is complete)."""
     json_output(json_path, reads=(folder, speculation and speculation.folder))  # the draft is read too
     result = run_generate(
         folder,
@@ -234,10 +267,18 @@ def generate(
         verify_files=options.verify_files,
         on_text=render.streamed,
         speculation=speculation,
+        constraint=constraint,
+        adapter=adapter,
     )
     if json_path is not None:
         write_json_output(json_path, result.as_dict())
     render.generated(result)
+    incomplete = [row for row, done in enumerate(result.complete or []) if not done]
+    if incomplete:  # the text is shown, but not as a success
+        raise CheckFailed(
+            f"{len(incomplete)} of {len(result.texts)} sequence(s) (row {incomplete[0]} first) ran out of"
+            f" --max-new-tokens {max_new_tokens} before {constraint.label} was complete: raise --max-new-tokens"
+        )
 
 
 @app.command()
@@ -459,6 +500,7 @@ def bench_precision_command(
     cpus: Annotated[
         Optional[str], typer.Option(metavar="LIST", help="Also on these CPUs, emulated (QEMU models).")
     ] = None,
+    cpu_tokens: Annotated[int, typer.Option(help="--cpus: tokens of the text run on each CPU.")] = 512,
     rebuild: RebuildOpt = False,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
@@ -488,6 +530,7 @@ def bench_precision_command(
             gate_cases=gate_cases,
             greedy_tokens=greedy_tokens,
             cpus=tuple(c.strip() for c in cpus.split(",")) if cpus else (),
+            cpu_tokens=cpu_tokens,
             json_path=json_path,
             markdown_path=markdown_path,
             csv_path=csv_path,
@@ -764,6 +807,7 @@ def serve(
 @uses(run_options, into="options")
 @uses_declared(Sampling, Decoding, into="search", make=Search)
 @uses(speculate, into="speculation")
+@uses(constrain, into="constraint")
 def check(
     folder: Annotated[Optional[Path], typer.Argument(help="An exported folder \\[or a planned export].")] = None,
     model: Annotated[
@@ -786,6 +830,7 @@ def check(
     options: RunOptions = None,
     search: Search = None,
     speculation: Speculation = None,
+    constraint: Optional[Constraint] = None,
 ) -> None:
     """Say whether a folder (or a planned export) works with a runtime, provider, targets, decoding and the engine."""
     if matrix:  # every combination, as Markdown: an option beside it would be ignored, so it is refused
@@ -804,6 +849,7 @@ def check(
             "--command": command is not None,
             "the decoding options": search.sampling != Sampling() or search.decoding != Decoding(),
             "--prompt-lookup/--draft": speculation is not None,
+            "--json-schema/--regex/--grammar/--choice": constraint is not None,
             "--json": json_path is not None,
         }
         if any(given.values()):
@@ -840,6 +886,7 @@ def check(
         engine=engine,
         command=command,
         verify_files=options.verify_files,
+        constraint=constraint,
     )
     render.preflighted(result)
     if json_path is not None:

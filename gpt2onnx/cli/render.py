@@ -89,6 +89,10 @@ def exported(result: ExportResult, block: int | None) -> None:
         table.add_row("quantization", manifest.quantization.summary())
     if manifest.fp16:
         table.add_row("precision", f"float16; fp32 kept for {', '.join(manifest.fp16.kept_fp32) or 'nothing'}")
+    if manifest.adapter:
+        table.add_row("adapter", manifest.adapter.summary())
+    for name, record in manifest.adapters.items():
+        table.add_row(f"adapter {name}", record.summary())
     table.add_row("time", ", ".join(f"{k.removesuffix('_seconds')} {v:.1f} s" for k, v in result.timings.items()))
     console.print(table)
     _checks(result.check, result.quality)

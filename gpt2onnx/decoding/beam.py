@@ -81,9 +81,13 @@ def beam_search(
     pad_token_id: int | None,
     stop: Callable[[list[int]], bool] | None = None,
     sampling=None,
+    constraint=None,
 ):
     """Beam search over a left-padded batch (checked by the caller): a :class:`Generation` with
-    ``num_return_sequences`` rows per prompt, best first, and transformers' sequence scores."""
+    ``num_return_sequences`` rows per prompt, best first, and transformers' sequence scores. ``constraint``
+    (gpt2onnx.decoding.constraints.TokenConstraint): each beam its own matcher, masking its log-probabilities
+    after the processors (where transformers applies a logits processor in beam search), handed on to the beams
+    that continue it."""
     sampling = sampling or Sampling()
     batch, prompt_length = input_ids.shape
     beams = decoding.num_beams
@@ -120,6 +124,7 @@ def beam_search(
     identity = np.arange(batch * beams)
     padding = np.repeat((mask == 0).sum(axis=1), beams)  # each beam's left padding (the repetition penalty's skip)
     vocab = None
+    matchers = constraint.start(batch * beams) if constraint is not None else None
     cur_len = prompt_length
     while True:
         flat = running[:, :, :cur_len].reshape(batch * beams, cur_len)
@@ -133,6 +138,8 @@ def beam_search(
             eos_token_ids=eos_token_ids,
             padding=padding,
         )
+        if matchers is not None:
+            log_probs = matchers.mask(log_probs)
         vocab = log_probs.shape[-1]
         log_probs = log_probs.reshape(batch, beams, vocab) + running_scores[:, :, None]
         log_probs = log_probs.reshape(batch, beams * vocab)
@@ -196,6 +203,9 @@ def beam_search(
         if not np.array_equal(rows, identity):
             past = decoder.reorder_past(past, rows)
         next_ids = running[:, :, cur_len - 1].reshape(-1, 1)
+        if matchers is not None:  # each running beam: its parent's matcher, then its new token
+            matchers.reorder(rows)
+            matchers.advance(next_ids)
         full_mask = np.concatenate([full_mask, np.ones((batch * beams, 1), np.int64)], axis=1)
         positions = positions[:, -1:] + 1
         start = time.perf_counter()

@@ -22,8 +22,10 @@ from gpt2onnx.artifact.generation import (
     read_generation_config,
     request_declared,
 )
+from gpt2onnx.artifact.lora import adapter_of
 from gpt2onnx.decoding.all_strategies import strategy_for
 from gpt2onnx.decoding.beam import beam_search_bytes
+from gpt2onnx.decoding.constraints import FLAGS, Constraint, TokenConstraint, vocabulary_of
 from gpt2onnx.decoding.processors import StopStrings
 from gpt2onnx.decoding.prompts import (
     TextStream,
@@ -79,6 +81,7 @@ def decode(
     on_step: Callable[[int, np.ndarray], None] | None = None,
     speculation: Speculation | None = None,
     draft: StepRuntime | None = None,
+    constraint: TokenConstraint | None = None,
 ) -> Generation:
     """Continue a (left-padded) batch as transformers' generate() would with the same settings.
 
@@ -86,7 +89,9 @@ def decode(
     transformers does); ``stop(tokens)``: True where a row's real tokens so far end it (stop strings).
     ``on_step(step, ids)`` is called with each step's new ids, for streaming (not with beam search).
     ``speculation``: proposals checked in one step (:mod:`gpt2onnx.decoding.speculative`; greedy: the same
-    tokens; sampling: the same distribution), with ``draft`` the opened draft folder where it names one."""
+    tokens; sampling: the same distribution), with ``draft`` the opened draft folder where it names one.
+    ``constraint``: what every row may write (:mod:`gpt2onnx.decoding.constraints`, bound to the model's tokens);
+    the result's ``complete`` says which rows' tokens are a complete match."""
     check_pair(sampling, decoding)
     check_new_tokens(max_new_tokens)
     return _decode(
@@ -102,6 +107,7 @@ def decode(
         on_step=on_step,
         speculation=speculation,
         draft=draft,
+        constraint=constraint,
     )
 
 
@@ -119,6 +125,7 @@ def _decode(
     on_step,
     speculation=None,
     draft=None,
+    constraint=None,
 ) -> Generation:
     """decode() with its options already checked (the pair, max_new_tokens), run by the strategy that applies
     (gpt2onnx.decoding.all_strategies: speculative decoding, the runtime's own loop, beam search, greedy or
@@ -126,10 +133,31 @@ def _decode(
     eos_ids = as_ids(eos_token_id)
     input_ids, mask = _checked(decoder, input_ids, attention_mask, max_new_tokens, decoding, eos_ids)
     pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else None)
+    if constraint is not None:
+        _check_constraint(decoder, constraint, eos_ids)
     request = Request(
-        input_ids, mask, max_new_tokens, sampling, decoding, eos_ids, pad, stop, on_step, speculation, draft
+        input_ids, mask, max_new_tokens, sampling, decoding, eos_ids, pad, stop, on_step, speculation, draft, constraint
     )
-    return strategy_for(decoder, request).run(decoder, request)
+    result = strategy_for(decoder, request).run(decoder, request)
+    if constraint is not None:
+        lengths = result.lengths if result.lengths is not None else [result.tokens.shape[1]] * len(result.tokens)
+        result.complete = np.array([constraint.accepts(row[:n]) for row, n in zip(result.tokens.tolist(), lengths)])
+    return result
+
+
+def _check_constraint(decoder, constraint, eos_ids) -> None:
+    """A constraint is a logits processor: a runtime with a loop of its own takes none, and it ends rows with the
+    end-of-sequence ids it was bound to."""
+    if not isinstance(constraint, TokenConstraint):
+        raise BadInput("constraint must be a Constraint bound to the model's tokens (Constraint.bind(vocabulary))")
+    if decoder.capabilities.owns_loop:
+        raise BadInput(f"the {decoder.runtime} runtime runs its own loop, which takes no constraint: use onnxruntime")
+    if tuple(constraint.eos_token_ids) != tuple(eos_ids):
+        raise BadInput("the constraint was bound with other end-of-sequence ids than the request's: bind it again")
+    if decoder.vocab_size is not None and constraint.vocab_size != decoder.vocab_size:
+        raise BadInput(
+            f"the constraint was bound to {constraint.vocab_size} tokens, the model has {decoder.vocab_size}"
+        )
 
 
 @dataclass
@@ -147,6 +175,7 @@ class TextGeneration:
     scores: list[float | None] = field(default_factory=list)  # per row: see Generation.scores
     settings: dict = field(default_factory=dict)  # the decoding settings, eos and pad ids used
     speculation: Acceptance | None = None  # speculative decoding: how many proposals the model kept
+    complete: list[bool] | None = None  # with a constraint: per row, its text is a complete match
 
     def as_dict(self) -> dict:
         """For --json: per prompt, every returned sequence with its token ids, text and score."""
@@ -163,6 +192,7 @@ class TextGeneration:
                             "text": self.texts[r],
                             "score": self.scores[r],
                             "finished": self.finished[r],
+                            **({} if self.complete is None else {"complete": self.complete[r]}),
                         }
                         for r in rows
                     ],
@@ -187,6 +217,8 @@ def generate(
     verify_files: bool = True,
     on_text: Callable[[str, str], None] | None = None,
     speculation: Speculation | None = None,
+    constraint: Constraint | None = None,
+    adapter: str | None = None,
 ) -> TextGeneration:
     """Continue prompts with an exported folder: text through the folder's tokenizer, or token ids.
 
@@ -210,6 +242,11 @@ def generate(
             proposals checked several at a time; greedy gives the same tokens as without, sampling the same
             distribution. The draft is opened on the same runtime and provider, and needs the model's vocabulary
             size. Rows run one at a time. The result's ``speculation`` says how many proposals were kept.
+        constraint: what every row may write (:class:`~gpt2onnx.decoding.constraints.Constraint`: a JSON schema,
+            a regex, a Lark grammar, a choice), checked against the folder's tokens before the model is opened.
+            The result's ``complete`` says, per row, whether its text is a complete match (a row that ran out of
+            ``max_new_tokens`` first is not).
+        adapter: a switchable LoRA adapter of the folder (exported with ``--adapters``) made active, by name.
 
     Returns:
         TextGeneration. Raises: BadInput (prompts, options, folder), ContractError, IntegrityError,
@@ -223,9 +260,16 @@ def generate(
         check_prompt_text(text)
     model = open_folder(folder, verify_files=verify_files)
     request = _request(model, prompts, ids, decoding)
+    bound = None
+    if constraint is not None:
+        if not isinstance(constraint, Constraint):
+            raise BadInput("constraint must be a gpt2onnx Constraint (Constraint.json_schema, .regex, .lark, .choice)")
+        vocabulary = vocabulary_of(model.folder, vocab_size=model.facts.vocab_size, eos_token_ids=request.eos_ids)
+        bound = constraint.bind(vocabulary)
     options = runtime or RuntimeOptions(settings=provider)
     draft_model = speculation_draft(model, speculation, sampling, decoding, options, verify_files)
     strategy = [speculation.declared] if speculation is not None else []
+    strategy += [constraint.declared] if constraint is not None else []
     decoder = open_runtime(model, options, request_declared(sampling, decoding), *strategy)
     draft = None
     stream = TextStream(request.tokenizer if prompts else None)
@@ -238,6 +282,11 @@ def generate(
         on_text("token", stream.push(int(new_ids[0])))
 
     try:
+        if adapter is not None:
+            activate = getattr(decoder, "activate_adapter", None)
+            if activate is None:
+                raise BadInput(f"--adapter runs on onnxruntime's stepper, not on {options.name}: drop one of them")
+            activate(adapter_of(model, adapter))
         if draft_model is not None:
             draft = open_runtime(draft_model, options)
         result = _decode(
@@ -253,6 +302,7 @@ def generate(
             on_step=step,
             speculation=speculation,
             draft=draft,
+            constraint=bound,
         )
     finally:
         decoder.close()
@@ -269,8 +319,11 @@ def generate(
     }
     if speculation is not None:
         settings["speculation"] = speculation.as_dict()
+    if constraint is not None:
+        settings["constraint"] = {"kind": constraint.kind, "source": constraint.source or FLAGS[constraint.kind]}
     generation = _text_generation(result, request, settings, text=bool(prompts))
     generation.speculation = result.speculation
+    generation.complete = None if result.complete is None else result.complete.tolist()
     return generation
 
 

@@ -27,6 +27,8 @@ class Generation:
     num_return_sequences: int = 1
     lengths: np.ndarray | None = None  # [rows] new tokens in each row, up to and including its last real one
     speculation: object | None = None  # speculative decoding: its Acceptance (gpt2onnx.decoding.speculative)
+    # [rows] with a constraint: True where the row's tokens are a complete match (None: no constraint)
+    complete: np.ndarray | None = None
 
 
 def loop_generation(

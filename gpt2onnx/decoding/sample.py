@@ -25,8 +25,23 @@ def _run(decoder, request: Request) -> Generation:
     )
 
 
-def _steps(decoder, input_ids, mask, *, max_new_tokens, sampling, decoding, eos_token_ids, pad_token_id, stop, on_step):
-    """Greedy or sampled decoding on a stepper, one token per row per step, the logits processors applied."""
+def _steps(
+    decoder,
+    input_ids,
+    mask,
+    *,
+    max_new_tokens,
+    sampling,
+    decoding,
+    eos_token_ids,
+    pad_token_id,
+    stop,
+    on_step,
+    constraint=None,
+):
+    """Greedy or sampled decoding on a stepper, one token per row per step, the logits processors applied; with a
+    ``constraint`` (gpt2onnx.decoding.constraints.TokenConstraint) each row's matcher masks its logits first, and
+    takes the chosen token."""
     eos_ids, pad = eos_token_ids, pad_token_id
     copies = decoding.num_return_sequences
     if copies > 1:  # transformers expands the inputs: each prompt once per returned sequence
@@ -46,9 +61,12 @@ def _steps(decoder, input_ids, mask, *, max_new_tokens, sampling, decoding, eos_
     out, past = decoder.run(input_ids, full_mask, positions, past)
     seconds.append(time.perf_counter() - start)
     processed = sampling.sample or decoding.processors_on()
+    matchers = constraint.start(batch) if constraint is not None else None
     padding = (mask == 0).sum(axis=1)  # left padding: transformers 5's (mask != 0).argmax(1)
     for step in range(max_new_tokens):
         last = out[:, -1].astype(np.float32)
+        if matchers is not None:
+            last = allowed = matchers.mask(last, ~finished)
         if processed:
             last = process_scores(
                 last,
@@ -59,10 +77,14 @@ def _steps(decoder, input_ids, mask, *, max_new_tokens, sampling, decoding, eos_
                 eos_token_ids=eos_ids,
                 padding=padding,
             )
+        if matchers is not None:  # a processor that removed every token the constraint allows: the constraint wins
+            last = np.where(np.isneginf(last).all(axis=-1, keepdims=True), allowed, last)
         ids = draw(last, rng) if sampling.sample else last.argmax(-1)
         chosen = np.take_along_axis(logits.log_softmax(last), ids[:, None], axis=1)[:, 0]
         scores += np.where(finished, 0.0, chosen)
         lengths += ~finished
+        if matchers is not None:
+            matchers.advance(ids, ~finished)
         if pad is not None:
             ids = np.where(finished, pad, ids)
         sequences = np.concatenate([sequences, ids[:, None]], axis=1)

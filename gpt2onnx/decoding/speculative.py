@@ -206,11 +206,16 @@ def speculative_decode(
     pad_token_id: int | None,
     stop: Callable[[list[int]], bool] | None,
     on_step: Callable[[int, np.ndarray], None] | None,
+    constraint=None,
 ) -> Generation:
     """Greedy or sampled decoding of a (left-padded, checked) batch with proposals checked in one target step, a
     row at a time (``num_return_sequences`` rows per prompt when sampling). ``draft``: the opened draft folder
     (with ``speculation.draft``). Greedy: the plain loop's tokens. Sampling: the plain loop's distribution; with
-    prompt lookup on a single row, also its tokens for a seed (one draw per token from the same distributions)."""
+    prompt lookup on a single row, also its tokens for a seed (one draw per token from the same distributions).
+    ``constraint`` (gpt2onnx.decoding.constraints.TokenConstraint): proposals are cut where the row's matcher
+    refuses one, before the target's step (a draft's sampled ones are left to the acceptance rule), and each
+    position's logits are masked as the plain loop masks them, so that greedy writes the plain loop's constrained
+    tokens."""
     check_speculative(decoder, draft, sampling, decoding, speculation)
     rng = np.random.default_rng(sampling.seed)
     proposer = speculation.proposer.make(
@@ -231,6 +236,7 @@ def speculative_decode(
             eos_token_ids,
             stop,
             on_step if single else None,
+            constraint,
         )
         for prompt in rows
     ]
@@ -303,7 +309,9 @@ def _choose(scores: np.ndarray, proposal: int | None, q: np.ndarray | None, samp
     return int(rng.choice(len(p), p=residual / residual.sum()))
 
 
-def _row(decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos_ids, stop, on_step) -> _Row:
+def _row(
+    decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos_ids, stop, on_step, constraint=None
+) -> _Row:
     """One row at batch 1: the prompt step, then rounds of proposals until max_new_tokens, eos or a stop string."""
     total = len(prompt) + max_new_tokens
     dummy = decoder.dummy_past
@@ -313,6 +321,7 @@ def _row(decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos
     score = 0.0
     row = _Row(new, False, [], 0.0)
     proposer.start(prompt, total)
+    matcher = constraint.start(1) if constraint is not None else None
     past = decoder.empty_past(1, capacity=total)
     start = time.perf_counter()
     mask = decoder.prompt_mask(np.ones((1, len(prompt)), np.int64))
@@ -325,6 +334,8 @@ def _row(decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos
         kept = 0
         for i in range(len(pending)):
             scores = pending[i : i + 1].astype(np.float32)
+            if matcher is not None:
+                scores = allowed = matcher.mask(scores)
             if processed:
                 scores = process_scores(
                     scores,
@@ -334,10 +345,14 @@ def _row(decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos
                     sampling=sampling,
                     eos_token_ids=eos_ids,
                 )
+            if matcher is not None:  # as the plain loop: where a processor removed every allowed token
+                scores = allowed if np.isneginf(scores).all() else scores
             proposal = proposed[i] if i < len(proposed) else None
             q = proposer.probs[i] if proposal is not None and proposer.probs is not None else None
             token = _choose(scores[0], proposal, q, sampling, rng)
             score += float(logits.log_softmax(scores)[0, token])
+            if matcher is not None:
+                matcher.advance([token])
             sequence.append(token)
             new.append(token)
             if on_step is not None:
@@ -365,6 +380,10 @@ def _row(decoder, proposer, prompt, max_new_tokens, decoding, sampling, rng, eos
         if decoder.exact_step_rows is not None:
             limit = min(limit, decoder.exact_step_rows - 1)
         proposed = proposer.propose(sequence, limit)
+        # checked against the constraint first, the refused tail dropped; not where the draft sampled them (its
+        # acceptance rule must see the refused one to keep the distribution: p(x) = 0 rejects it)
+        if matcher is not None and proposed and proposer.probs is None:
+            proposed = proposed[: matcher.valid_prefix(proposed)]
         step_ids = [sequence[-1], *proposed]
         mask = np.ones((1, dummy + cached + len(step_ids)), np.int64)
         if dummy:

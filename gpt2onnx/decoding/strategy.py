@@ -32,6 +32,7 @@ class Request:
     on_step: Callable[[int, np.ndarray], None] | None = None
     speculation: Any = None  # gpt2onnx.decoding.speculative.Speculation
     draft: Any = None  # the draft's opened runtime (a StepRuntime)
+    constraint: Any = None  # gpt2onnx.decoding.constraints.TokenConstraint: what the rows may write
 
     def stopping(self) -> dict:
         """What every loop takes besides its batch: how many tokens, the options, the ids and the stop strings."""
@@ -41,6 +42,7 @@ class Request:
             eos_token_ids=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             stop=self.stop,
+            constraint=self.constraint,
         )
 
 

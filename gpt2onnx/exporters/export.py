@@ -33,6 +33,7 @@ from gpt2onnx.layouts.all_layouts import layout
 from gpt2onnx.passes.pipeline import GraphPasses, timed
 from gpt2onnx.precisions.all_precisions import FP32
 from gpt2onnx.precisions.fp16 import FP16_KEEP_GROUPS
+from gpt2onnx.precisions.gguf_blocks import keep_file_blocks, kept_quantization
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.profiles.all_profiles import UNFUSED
@@ -183,6 +184,7 @@ def export(
     seed: int = 0,
     revision: str | None = None,
     outliers: float = 0.0,
+    adapter: str | Path | None = None,
     options: ExportOptions = ExportOptions(),
 ) -> ExportResult:
     """Export a GPT-2 checkpoint to an ONNX decoder folder, checked against PyTorch before it is written.
@@ -196,6 +198,8 @@ def export(
         revision: a Hub branch, tag or commit.
         outliers: with ``random_init``, residual-stream outlier channels of that magnitude
             (:func:`gpt2onnx.pytorch.checkpoint.inject_outlier_channels`).
+        adapter: a PEFT LoRA adapter folder, merged into the weights and checked against PEFT's PeftModel (a PEFT
+            folder given as ``model`` names its own base).
         options: opset, logits, block, external data, fusion, precision, gates (:class:`ExportOptions`).
 
     Returns:
@@ -211,11 +215,16 @@ def export(
         )
     source = Path(model).expanduser()
     protect = (source.parent if source.is_file() else source,) if source.exists() else ()
+    protect += (Path(adapter).expanduser(),) if adapter is not None and Path(adapter).expanduser().exists() else ()
     if out is not None:
         check_output(Path(out), force=options.force, protect=protect)  # fail before loading any weights
     timings: dict[str, float] = {}
     with timed(timings, "load"):
-        ckpt = load_checkpoint(model, random_init=random_init, seed=seed, revision=revision, outliers=outliers)
+        ckpt = load_checkpoint(
+            model, random_init=random_init, seed=seed, revision=revision, outliers=outliers, adapter=adapter
+        )
+    if ckpt.blocks:  # a quantized GGUF: its blocks kept, in the MatMulNBits of the precision that holds them
+        options = dataclasses.replace(options, quantization=kept_quantization(ckpt.blocks, options.quantization))
     options.passes.verdict(options.logits_declared, architecture_declared(ckpt.spec)).check()
     disagreement = sdpa_disagreement(ckpt.config)
     if disagreement is not None:
@@ -283,6 +292,7 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         outside_vocabulary=outside,
         check=check,
         eval=quality,
+        adapter=ckpt.adapter.record if ckpt.adapter is not None else None,
         timings=timings,
     )
     return write_manifest(folder, manifest), check, quality
@@ -321,6 +331,8 @@ def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
         upcast_attention=spec.reorder_and_upcast_attn,
         kv_calibration=kv_calibration,
     )
+    if ckpt.blocks:
+        passed.quantization = keep_file_blocks(passed.model, ckpt.blocks, passed.quantization)
     if passes.dtype == "float16":
         logits_dtype = "float32" if "logits" in passes.keep_fp32 else "float16"
         io = decoder_io(spec, last_logits_only=last, dtype=passes.dtype, logits_dtype=logits_dtype)

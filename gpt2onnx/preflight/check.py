@@ -80,6 +80,7 @@ def preflight(
     engine: bool = False,
     command: str | None = None,
     verify_files: bool = False,
+    constraint=None,
 ) -> Preflight:
     """Whether the choices work together, answered from their declarations before any work.
 
@@ -95,6 +96,8 @@ def preflight(
             opened and its vocabulary compared with the folder's).
         engine: served by the batching engine (the Triton generation models run it).
         command: the command that will run it (bench, parity, eval need per-step logits: runtimes.base.COMMANDS).
+        constraint: what a request may write (gpt2onnx.decoding.constraints.Constraint): a decoding feature that
+            runtimes with a loop of their own (genai, ort-generate) lack.
 
     Returns: Preflight. Raises: BadInput (a choice that does not exist, a folder or a draft that is not one)."""
     if (folder is None) == (plan is None) or (folder is not None and (model is not None or logits != "all")):
@@ -118,7 +121,12 @@ def preflight(
         architecture = architecture_of(model)
         chosen += [architecture] if architecture is not None else []
     asks_a_run = (
-        engine or command is not None or speculation is not None or sampling is not None or decoding is not None
+        engine
+        or command is not None
+        or speculation is not None
+        or sampling is not None
+        or decoding is not None
+        or constraint is not None
     )
     if asks_a_run and runtime is None:
         runtime = RuntimeOptions()  # what generate and the engine run on unless told
@@ -135,6 +143,8 @@ def preflight(
         draft = open_draft(speculation, None, verify_files)  # one that is not a folder: an error
         if draft is not None and folder is not None:  # another vocabulary: a conflict, the verdict
             chosen += vocabularies(opened, draft)
+    if constraint is not None:
+        chosen.append(constraint.declared)
     if engine:
         chosen.append(ENGINE)
     if command is not None:

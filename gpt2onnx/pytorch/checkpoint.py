@@ -6,11 +6,14 @@ Every path ends in a :class:`Checkpoint`: a checked config, its :class:`Architec
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import math
 import os
+import shutil
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ import torch
 from gpt2onnx.artifact.folder import COMPANION_FILES, MAX_JSON_BYTES
 from gpt2onnx.errors import CheckpointError, shown
 from gpt2onnx.files import kind_of, read_regular_text, sha256_file
+from gpt2onnx.pytorch.adapters import LoraAdapter, base_model_of, is_adapter_folder, merged_weights, read_adapter
 from gpt2onnx.pytorch.architecture import PRESETS, Architecture, check_fits_in_memory, preset_config, spec_from_config
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,10 @@ class Checkpoint:
     source: dict[str, Any]  # what the manifest records: kind, id/path, revision, hash, seed
     companion_dir: Path | None = None  # folder holding generation_config.json / tokenizer files, if any
     companion_files: list[str] = field(default_factory=list)
+    # a quantized GGUF's blocks kept as stored, by export name (gpt2onnx.precisions.gguf_blocks.FileBlocks)
+    blocks: dict[str, Any] = field(default_factory=dict)
+    adapter: LoraAdapter | None = None  # a PEFT LoRA adapter merged into state_dict
+    base_state_dict: dict[str, torch.Tensor] | None = None  # with an adapter: the base's weights, before the merge
 
 
 def load_checkpoint(
@@ -51,18 +59,30 @@ def load_checkpoint(
     revision: str | None = None,
     outliers: float = 0.0,
     option: str = "--model",
+    adapter: str | Path | None = None,
 ) -> Checkpoint:
     """Resolve ``model`` (folder, Hub id, architecture name or config.json) into a checked Checkpoint.
 
     ``outliers`` (random weights only): the magnitude of the residual-stream outlier channels to inject
     (see :func:`inject_outlier_channels`); 0 injects none. ``option``: the command-line option that gave
-    ``model``, named in errors (``--reference`` for a parity reference).
+    ``model``, named in errors (``--reference`` for a parity reference). ``adapter``: a PEFT LoRA adapter folder
+    merged into the weights; a PEFT folder given as ``model`` is read as its base (``base_model_name_or_path``)
+    with that adapter.
 
     Nothing from the folder is ever executed: config.json is read as data (an ``auto_map`` is ignored),
     pickled weights are read with ``weights_only``, and every file read must lie inside the folder.
     """
+    if adapter is not None:
+        base = load_checkpoint(
+            model, random_init=random_init, seed=seed, revision=revision, outliers=outliers, option=option
+        )
+        return with_adapter(base, Path(adapter).expanduser(), option="--adapter")
     what = f"model '{model}' ({option})"
     path = Path(model).expanduser()
+    if not random_init and is_adapter_folder(path):
+        base = base_model_of(path, what)
+        log.info("'%s' is a PEFT adapter: its base is '%s'", model, base)
+        return with_adapter(load_checkpoint(base, revision=revision, option=option), path, option=option)
     if outliers and not random_init:
         raise CheckpointError(
             "--outliers only shapes random weights: add --random-init (random_init=True), or leave it out"
@@ -79,9 +99,11 @@ def load_checkpoint(
     if random_init:
         return _random_checkpoint(model, path, seed, outliers, what)
     if path.exists():
+        if path.is_file() and _is_gguf(path):
+            return _gguf_checkpoint(path, what)
         if path.is_file():
             raise CheckpointError(
-                f"{what} is a file, not a model folder: point it at a folder with config.json and weights,"
+                f"{what} is a file, not a model folder: point it at a folder with config.json and weights (or a .gguf),"
                 " or add --random-init to export the architecture of a config.json with random weights"
             )
         return _local_checkpoint(path, source={"kind": "local", "path": str(path.resolve())}, what=what)
@@ -101,14 +123,34 @@ def load_checkpoint(
     )
 
 
+def with_adapter(ckpt: Checkpoint, folder: Path, *, option: str) -> Checkpoint:
+    """``ckpt`` with the LoRA adapter in ``folder`` merged into its weights (the base's kept for the reference)."""
+    adapter = read_adapter(
+        folder, expected=expected_shapes(ckpt.spec), tied=ckpt.spec.tie_word_embeddings, option=option
+    )
+    return dataclasses.replace(
+        ckpt,
+        state_dict=merged_weights(ckpt.state_dict, adapter),
+        name=folder.resolve().name,
+        adapter=adapter,
+        base_state_dict=ckpt.state_dict,
+    )
+
+
 def local_config(model: str, option: str = "--model"):
     """A planned export's checkpoint read for its config alone (no weights, nothing run): a local folder's or
     file's checked GPT2Config, the named architecture's, or None for a Hub id (not fetched); a mistyped path is
     refused as :func:`load_checkpoint` refuses it."""
     what = f"model '{model}' ({option})"
     path = Path(model).expanduser()
+    if is_adapter_folder(path):
+        return local_config(base_model_of(path, what), option)
     if path.is_dir():
         return _read_config(path / "config.json", what, root=path)
+    if path.exists() and _is_gguf(path):
+        from gpt2onnx.pytorch.gguf_checkpoint import gguf_config
+
+        return gguf_config(path, what)
     if path.exists():  # a file: read only if it is a regular one (never a FIFO)
         return _read_config(path, what)
     if path.is_symlink():
@@ -116,6 +158,36 @@ def local_config(model: str, option: str = "--model"):
     if _looks_like_path(model):
         raise CheckpointError(f"{what}: no such file or folder")
     return preset_config(model) if model in PRESETS else None
+
+
+def _gguf_checkpoint(path: Path, what: str) -> Checkpoint:
+    """A GPT-2 GGUF file (gpt2onnx.pytorch.gguf_checkpoint); its tokenizer files live as long as the Checkpoint."""
+    from gpt2onnx.pytorch.gguf_checkpoint import read_gguf
+
+    read = read_gguf(path, what)
+    try:
+        weights = to_export_names(read.state_dict, read.spec)
+    except BaseException:
+        shutil.rmtree(read.folder, ignore_errors=True)
+        raise
+    ckpt = Checkpoint(
+        read.config,
+        read.spec,
+        weights,
+        read.name,
+        read.source,
+        companion_dir=read.folder,
+        companion_files=read.files,
+        blocks=read.blocks,
+    )
+    weakref.finalize(ckpt, shutil.rmtree, read.folder, True)
+    return ckpt
+
+
+def _is_gguf(path: Path) -> bool:
+    from gpt2onnx.pytorch.gguf_checkpoint import is_gguf
+
+    return is_gguf(path)
 
 
 def _looks_like_path(model: str) -> bool:

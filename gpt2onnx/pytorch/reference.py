@@ -16,7 +16,8 @@ from gpt2onnx.pytorch.checkpoint import Checkpoint, to_hf_names
 def reference_model(ckpt: Checkpoint, *, device: str | None = None, dtype: torch.dtype | None = None):
     """GPT2LMHeadModel with eager attention, its parameters sharing storage with the checkpoint's tensors; with
     ``device`` ('cuda', 'cuda:1') or ``dtype`` (torch.float16), a copy moved there (the bench baseline on a GPU).
-    Parity keeps the default: fp32 on the CPU, the exact reference."""
+    Parity keeps the default: fp32 on the CPU, the exact reference. A checkpoint with a LoRA adapter gives PEFT's
+    own PeftModel: the base's weights with the adapter loaded by PEFT from its folder, unmerged."""
     from transformers import GPT2LMHeadModel
 
     no_init_weights = _no_init_weights()
@@ -24,11 +25,16 @@ def reference_model(ckpt: Checkpoint, *, device: str | None = None, dtype: torch
     config._attn_implementation = "eager"  # the plain softmax(QKᵀ)V path, exact in fp32
     with no_init_weights():
         model = GPT2LMHeadModel(config)
-    missing, unexpected = model.load_state_dict(to_hf_names(ckpt.state_dict, ckpt.spec), strict=False, assign=True)
+    weights = ckpt.state_dict if ckpt.adapter is None else ckpt.base_state_dict
+    missing, unexpected = model.load_state_dict(to_hf_names(weights, ckpt.spec), strict=False, assign=True)
     if unexpected or [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]:
         raise RuntimeError(f"reference model: missing {missing}, unexpected {unexpected}")
     if ckpt.spec.tie_word_embeddings:
         model.tie_weights()
+    if ckpt.adapter is not None:
+        from peft import PeftModel  # only an adapter's reference needs it
+
+        model = PeftModel.from_pretrained(model, str(ckpt.adapter.folder), is_trainable=False)
     if device is not None or dtype is not None:
         model.to(device=device, dtype=dtype)  # tied weights stay one parameter
     return model.eval()
@@ -82,7 +88,8 @@ def cache_argument(model) -> str:
     """The keyword a model's forward takes its cache under: ``cache`` in transformers 5.x (which still accepts
     ``past_key_values`` with a deprecation warning, until 5.40), ``past_key_values`` before and for our
     stand-ins (OnnxReference)."""
-    forward = getattr(model, "forward", None)
+    inner = getattr(model, "get_base_model", None)  # PEFT's PeftModel passes the cache on to its base model
+    forward = getattr(inner() if callable(inner) else model, "forward", None)
     try:
         if forward is not None and "cache" in inspect.signature(forward).parameters:
             return "cache"

@@ -131,8 +131,9 @@ def exact_rows(facts) -> int | None:
     return kernel_of(facts.quantized_ops).declared.ensures.get("exact_step_rows")
 
 
-def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDecoder":
-    """A decoder on the cpu provider for a bare model file (the checks export and optimize run before writing)."""
+def cpu_decoder(model_path: Path, *, n_positions: int | None = None, adapter: Path | None = None) -> "OnnxDecoder":
+    """A decoder on the cpu provider for a bare model file (the checks export and optimize run before writing);
+    ``adapter``: a LoRA adapter file made active."""
     from gpt2onnx.runtimes.providers import cpu_session
 
     graph = load_graph(Path(model_path))
@@ -144,6 +145,7 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None) -> "OnnxDec
     else:
         decoder = kind(cpu_session(model_path), n_positions=n_positions)
     decoder.exact_step_rows = exact_rows(facts)
+    decoder.activate_adapter(adapter)
     return decoder
 
 
@@ -204,6 +206,7 @@ class OnnxDecoder(StepRuntime):
         self.placement = session_placement(session)  # which provider got each node (create_session read it)
         self.tf32 = session_tf32(session)  # fp32 matmuls in TF32 (None on the CPU)
         self._gather = None  # the cache-reorder session, built on first use (beam search)
+        self.bound: dict = {}  # inputs bound to every run: an active LoRA adapter's factors (activate_adapter)
 
     def session_providers(self) -> list[str]:
         return self.session.get_providers()
@@ -213,7 +216,27 @@ class OnnxDecoder(StepRuntime):
         beam requests beside its batch)."""
         twin = type(self)(self.session, n_positions=self.n_positions, device_id=self.device_id)
         twin.exact_step_rows = self.exact_step_rows
+        twin.bound = self.bound
         return twin
+
+    def activate_adapter(self, path: Path | None) -> None:
+        """Bind the LoRA factors of an adapter file (onnxruntime's adapter format) to the graph's slots on every
+        run, as ``RunOptions.add_active_adapter`` does for ``session.run``; None: the base (the slots' defaults)."""
+        if path is None:
+            self.bound = {}
+            return
+        try:
+            values = dict(ort.AdapterFormat.read_adapter(str(path)).get_parameters())
+        except Exception as err:  # onnxruntime raises its own types for a damaged file
+            reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+            raise BadInput(f"'{path}' is not an onnxruntime adapter file ({reason}): export the folder again") from None
+        slots = {i.name for i in self.session.get_overridable_initializers()}
+        unknown = sorted(set(values) - slots)
+        if unknown:
+            raise BadInput(
+                f"'{path}' fills {unknown[0]}, which this model has no slot for: it belongs to another model"
+            )
+        self.bound = values
 
     # -- inputs -------------------------------------------------------------------------------------------
     def cache_bytes(self, batch: int, total_len: int) -> int:
@@ -272,6 +295,8 @@ class OnnxDecoder(StepRuntime):
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
             else:
                 binding.bind_ortvalue_input(name, value)
+        for name, value in self.bound.items():
+            binding.bind_ortvalue_input(name, value)
         binding.bind_output("logits", "cpu")
         for name in self.present_names:
             binding.bind_output(name, self.device, self.device_id)
@@ -327,6 +352,8 @@ def _run_bound(decoder: OnnxDecoder, input_ids, attention_mask, position_ids) ->
     binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=np.int64))
     if decoder.uses_position_ids:
         binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64))
+    for name, value in decoder.bound.items():  # an active LoRA adapter's factors
+        binding.bind_ortvalue_input(name, value)
     binding.bind_output("logits", "cpu")  # re-bound every step: after a run the binding holds the last array
     decoder.session.run_with_iobinding(binding)
     return binding.get_outputs()[0].numpy()

@@ -26,6 +26,7 @@ from gpt2onnx.artifact.folder import ModelFolder
 from gpt2onnx.artifact.generation import (
     BEAMS_WITH_PENALTY,
     BEAMS_WITH_STOP,
+    CONSTRAINED,
     EARLY_STOPPING_NEVER,
     MIN_NEW_TOKENS,
     NO_REPEAT_NGRAM,
@@ -284,6 +285,7 @@ CANNOT = Lacks(
         BEAMS_WITH_STOP: "",
         BEAMS_WITH_PENALTY: "",
         SAMPLED_SEQUENCES: "",
+        CONSTRAINED: "takes no logits processor in its loop for",
     },
     why="cannot do as transformers does:",
     fix="use --runtime onnxruntime, or drop it",

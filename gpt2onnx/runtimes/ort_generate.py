@@ -31,6 +31,7 @@ from gpt2onnx.artifact.folder import (
 )
 from gpt2onnx.artifact.generation import (
     BEAMS_WITH_STOP,
+    CONSTRAINED,
     COUNT_MAX,
     EARLY_STOPPING_NEVER,
     TOP_K,
@@ -317,6 +318,7 @@ SPEC = RuntimeSpec(
                 TOP_K: "has no top-k in any of its ops (Sampling has top_p only):",
                 EARLY_STOPPING_NEVER: "has only true or false in BeamSearch's attribute, not",
                 BEAMS_WITH_STOP: "runs every beam to its end in the op, which cannot stop at",
+                CONSTRAINED: "chooses every token inside the op, which takes no logits processor for",
             },
             fix="use --runtime onnxruntime, or drop it",
         ),

@@ -49,6 +49,7 @@ from gpt2onnx.artifact.generation import (
     request_declared,
 )
 from gpt2onnx.capabilities import Declared, Lacks, Need, resolve
+from gpt2onnx.decoding.constraints import Constraint, vocabulary_of
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.decoding.processors import Bias, StopStrings, draw, process_scores, top_logprobs
 from gpt2onnx.decoding.prompts import TextStream, has_tokenizer, left_pad
@@ -114,6 +115,7 @@ class Completion:
     first_token_seconds: float | None = None
     seconds: float | None = None
     error: Gpt2OnnxError | None = None
+    complete: bool | None = None  # with a constraint: its tokens are a complete match (None: no constraint)
 
 
 class GenerationStream:
@@ -193,13 +195,17 @@ class _Request:
     bias: Bias = Bias()
     logprobs: int | None = None  # the top tokens' log-probabilities wanted (None: none, not even the chosen's)
     pending: tuple | None = None  # the chosen token's log-probabilities until its event
+    constraint: object = None  # gpt2onnx.decoding.constraints.TokenConstraint
+    matcher: object = None  # its matcher for this request's row
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.sampling.seed)  # as decode() seeds a batch of one
+        if self.constraint is not None and not self.decoding.beams:
+            self.matcher = self.constraint.start(1)
 
     @property
     def processed(self) -> bool:
-        return self.sampling.sample or self.decoding.processors_on() or self.bias.on
+        return self.sampling.sample or self.decoding.processors_on() or self.bias.on or self.matcher is not None
 
 
 class BatchingEngine:
@@ -241,6 +247,8 @@ class BatchingEngine:
         self.eos_token_ids = tuple(eos_token_ids)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_ids[0] if eos_token_ids else 0)
         self.max_batch = max_batch
+        self.vocabulary = None  # the model's tokens for constraints (gpt2onnx.decoding.constraints.Vocabulary)
+        self._folder = None  # the folder open() read: where constraints find the tokenizer
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
         self._waiting: list[_Request] = []
@@ -280,7 +288,9 @@ class BatchingEngine:
         generation = read_generation_config(model.folder, vocab_size=model.facts.vocab_size)
         eos_ids, pad = generation.eos_token_ids, generation.pad_token_id
         decoder = open_runtime(model, RuntimeOptions(settings=provider), ENGINE)
-        return cls(decoder, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_token_id=pad, max_batch=max_batch)
+        engine = cls(decoder, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_token_id=pad, max_batch=max_batch)
+        engine._folder = model.folder  # constraints bind to its tokens, read on the first constrained request
+        return engine
 
     def __enter__(self) -> "BatchingEngine":
         return self
@@ -306,6 +316,7 @@ class BatchingEngine:
         speculation: Speculation | None = None,
         bias: Bias = Bias(),
         logprobs: int | None = None,
+        constraint: Constraint | None = None,
     ) -> GenerationStream:
         """Queue one request: ``prompt`` as text (needs the tokenizer) or token ids; the decoding options of
         generate. Checked here, in the caller's thread (BadInput, one line), before it is queued. ``on_event``:
@@ -314,7 +325,9 @@ class BatchingEngine:
         is refused: the batch checks one token per row per step. ``bias``: OpenAI's logit bias and presence and
         frequency penalties (:class:`~gpt2onnx.decoding.processors.Bias`); ``logprobs``: each event also carries its
         token's log-probability and the ``logprobs`` most likely tokens' (0 to MAX_LOGPROBS), from the model's
-        logits before any processor (as vLLM's default)."""
+        logits before any processor (as vLLM's default). ``constraint``: what this request may write
+        (:class:`~gpt2onnx.decoding.constraints.Constraint`; each request its own), its completion's ``complete``
+        saying whether the tokens are a complete match."""
         if speculation is not None:
             raise BadInput(f"{NOT_SPECULATIVE}: drop speculation")
         ids = self.reader.ids(prompt)  # types first: a float or a bytes prompt is no list of ids
@@ -341,6 +354,7 @@ class BatchingEngine:
         if decoding.beams:  # refused here, not on the beam thread
             check_request_size(1, len(ids), max_new_tokens, decoding)
         stop = StopStrings(self.tokenizer, decoding.stop) if decoding.stop else None
+        bound = self._bind(constraint) if constraint is not None else None
         request_id = next(self._ids)
         stream = GenerationStream(request_id, on_event)
         request = _Request(
@@ -355,6 +369,7 @@ class BatchingEngine:
             time.perf_counter(),
             bias=bias,
             logprobs=logprobs,
+            constraint=bound,
         )
         with self._lock:
             if self._closed:
@@ -365,6 +380,18 @@ class BatchingEngine:
                 self._waiting.append(request)
                 self._lock.notify()
         return stream
+
+    def _bind(self, constraint: Constraint):
+        """The constraint on the model's tokens (its vocabulary read once), refused in one line here."""
+        if not isinstance(constraint, Constraint):
+            raise BadInput("constraint must be a gpt2onnx Constraint (Constraint.json_schema, .regex, .lark, .choice)")
+        if self.vocabulary is None:
+            folder = self._folder
+            if folder is None:
+                raise BadInput("constraints need the model's tokenizer files: open the engine with BatchingEngine.open")
+            vocab_size = self.stepper.vocab_size
+            self.vocabulary = vocabulary_of(folder, vocab_size=vocab_size, eos_token_ids=self.eos_token_ids)
+        return constraint.bind(self.vocabulary)
 
     @property
     def load(self) -> tuple[int, int]:
@@ -482,8 +509,11 @@ class BatchingEngine:
             if i in chosen:
                 continue
             sequence = np.asarray([request.prompt + request.tokens], dtype=np.int64)
+            raw = last[i : i + 1].astype(np.float32)
+            if request.matcher is not None:  # the constraint first, as decode() masks before its processors
+                raw = allowed = request.matcher.mask(raw)
             scores = process_scores(
-                request.bias(last[i : i + 1].astype(np.float32), request.tokens),
+                request.bias(raw, request.tokens),
                 sequence,
                 prompt_length=len(request.prompt),
                 decoding=request.decoding,
@@ -491,8 +521,12 @@ class BatchingEngine:
                 eos_token_ids=self.eos_token_ids,
                 padding=np.zeros(1, dtype=np.int64),
             )
+            if request.matcher is not None:
+                scores = allowed if np.isneginf(scores).all() else scores  # the constraint wins, as in decode()
             token = draw(scores, request.rng)[0] if request.sampling.sample else scores.argmax(-1)[0]
             chosen[i] = int(token)
+            if request.matcher is not None:
+                request.matcher.advance([chosen[i]])
         for i, request in enumerate(requests):
             if request.logprobs is not None:
                 request.pending = top_logprobs(last[i], chosen[i], request.logprobs)
@@ -561,9 +595,18 @@ class BatchingEngine:
             logprobs = () if token is None else (request.pending,)
         request.stream._emit(TokenEvent(request.id, ids, piece + rest, index, reason, error, logprobs))
         seconds = time.perf_counter() - request.submitted
+        complete = request.constraint.accepts(request.tokens) if request.constraint is not None else None
         request.stream._finish(
             Completion(
-                request.id, request.prompt, list(request.tokens), text, reason, request.first_token, seconds, error
+                request.id,
+                request.prompt,
+                list(request.tokens),
+                text,
+                reason,
+                request.first_token,
+                seconds,
+                error,
+                complete,
             )
         )
 
@@ -632,6 +675,7 @@ class BatchingEngine:
                     eos_token_id=self.eos_token_ids,
                     pad_token_id=self.pad_token_id,
                     stop=request.stop,
+                    constraint=request.constraint,
                 )
                 tokens = result.tokens[0, : int(result.lengths[0])].tolist()
                 request.tokens = tokens
@@ -648,8 +692,19 @@ class BatchingEngine:
         text = request.text.text(request.tokens)
         request.stream._emit(TokenEvent(request.id, tuple(request.tokens), text, 0, reason))
         seconds = time.perf_counter() - request.submitted
+        complete = request.constraint.accepts(request.tokens) if request.constraint is not None else None
         request.stream._finish(
-            Completion(request.id, request.prompt, list(request.tokens), text, reason, request.first_token, seconds)
+            Completion(
+                request.id,
+                request.prompt,
+                list(request.tokens),
+                text,
+                reason,
+                request.first_token,
+                seconds,
+                None,
+                complete,
+            )
         )
 
 

@@ -24,9 +24,10 @@ from gpt2onnx.artifact.graph import load_model, save_onnx
 from gpt2onnx.artifact.manifest import QuantizationRecord
 from gpt2onnx.artifact.report import CheckReport, WeightRounding
 from gpt2onnx.errors import BadInput
+from gpt2onnx.files import sha256_file
 from gpt2onnx.machine import describe_machine
 from gpt2onnx.precisions import all_precisions as precisions
-from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
+from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint, with_adapter
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import cpu_decoder, file_shape
@@ -298,10 +299,12 @@ def validate_export(
     tolerance: float | None,
     gates,
     quantization: QuantizationRecord | None = None,
+    adapter: Path | None = None,
 ) -> CheckReport:
     """An export before it is written: fp32 on a left-padded batch of 3 (empty past, then two decode steps)
     within ``tolerance``; reduced precisions through their gates (a quantized one also judged by itself against
-    PyTorch with its own rounded weights); a single block against its PyTorch block."""
+    PyTorch with its own rounded weights); a single block against its PyTorch block. ``adapter``: a switchable
+    graph with that LoRA adapter file active (fp32 only), ``ckpt`` carrying the same adapter."""
     decode_steps = 2
     length = max(2, min(8, ckpt.spec.n_positions - decode_steps))
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
@@ -328,7 +331,7 @@ def validate_export(
         )
         report = dataclasses.replace(report, placement=session_placement(session))
     else:
-        decoder = cpu_decoder(path)
+        decoder = cpu_decoder(path, adapter=adapter)
         report = compare_decoder(decoder, reference, input_ids, mask, decode_steps=decode_steps, tolerance=tolerance)
         report = dataclasses.replace(report, placement=decoder.placement)
     log.info("%s", report.summary())
@@ -420,8 +423,8 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
                     f"the architecture '{source['architecture']}' recorded in the manifest no longer matches the"
                     " export: give the reference checkpoint (--reference)"
                 )
-            return ckpt
-        if kind == "local":
+            return _with_recorded_adapter(model, ckpt)
+        if kind in ("local", "gguf"):
             ckpt = load_checkpoint(source["path"])
         elif kind == "hub":
             ckpt = load_checkpoint(source["id"], revision=source.get("commit") or source.get("revision"))
@@ -437,7 +440,23 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
             "the source checkpoint's weights changed since the export (sha256 differs): give the reference"
             " (--reference), or export again"
         )
-    return ckpt
+    return _with_recorded_adapter(model, ckpt)
+
+
+def _with_recorded_adapter(model: ModelFolder, ckpt: Checkpoint) -> Checkpoint:
+    """The source checkpoint with the LoRA adapter the manifest records merged in (PEFT's model the reference),
+    refused where the adapter's files changed since the export."""
+    record = model.manifest.adapter
+    if record is None:
+        return ckpt
+    folder = Path(record.path)
+    for name, digest in record.files.items():
+        if not (folder / name).is_file() or sha256_file(folder / name) != digest:
+            raise BadInput(
+                f"the adapter '{folder}' the export merged has changed or is gone ({name}): give the reference"
+                " (--reference), or export again"
+            )
+    return with_adapter(ckpt, folder, option="the manifest's adapter")
 
 
 def check_reference_matches(model: ModelFolder, ckpt: Checkpoint) -> None:

@@ -302,7 +302,8 @@ def rounded_checkpoint(ckpt, weights: list[QuantizedWeight]):
         spec = dataclasses.replace(spec, tie_word_embeddings=False)
         config = copy.deepcopy(config)
         config.tie_word_embeddings = False
-    return dataclasses.replace(ckpt, state_dict=state, spec=spec, config=config)
+    # the file holds an adapter merged: its rounded weights are the whole model (no PEFT on top)
+    return dataclasses.replace(ckpt, state_dict=state, spec=spec, config=config, adapter=None, base_state_dict=None)
 
 
 def rounded_source_graph(source: onnx.ModelProto, weights: list[QuantizedWeight]) -> onnx.ModelProto:

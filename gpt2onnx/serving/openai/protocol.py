@@ -71,8 +71,18 @@ class StreamOptions(_Strict):
 TokenIds = list[int]
 
 
-class CompletionRequest(_Strict):
-    """``POST /v1/completions``: openai's CompletionCreateParams, field for field."""
+class Guided(_Strict):
+    """vLLM's extra body fields for constrained output (gpt2onnx.serving.openai.guided reads them)."""
+
+    guided_json: Union[dict[str, Any], bool, str, None] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+
+
+class CompletionRequest(Guided):
+    """``POST /v1/completions``: openai's CompletionCreateParams, field for field, and vLLM's constraints
+    (:class:`Guided`, ``response_format``)."""
 
     model: str
     prompt: Union[str, list[str], TokenIds, list[TokenIds]]
@@ -92,6 +102,7 @@ class CompletionRequest(_Strict):
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     user: Optional[str] = None
+    response_format: Optional[dict[str, Any]] = None  # vLLM's, as the chat request's
 
     def prompts(self) -> list[Union[str, list[int]]]:
         """The prompts, one item each: a text or a list of token ids."""
@@ -114,9 +125,10 @@ class ChatMessage(BaseModel):
     name: Optional[str] = None
 
 
-class ChatCompletionRequest(_Strict):
-    """``POST /v1/chat/completions``: openai's chat CompletionCreateParams, field for field. Those about tools,
-    audio, structured output and OpenAI's own service are refused where set (:data:`CHAT_REFUSED`); ``metadata``,
+class ChatCompletionRequest(Guided):
+    """``POST /v1/chat/completions``: openai's chat CompletionCreateParams, field for field, and vLLM's constraints
+    (:class:`Guided`). Those about tools, audio and OpenAI's own service are refused where set (:data:`CHAT_REFUSED`);
+    ``response_format`` is read as a constraint (text, json_object, json_schema); ``metadata``,
     ``store``, ``user`` and the like are read and have no effect here."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -164,11 +176,12 @@ class ChatCompletionRequest(_Strict):
                 return name
         if self.modalities not in (None, ["text"]):
             return "modalities"
-        if self.response_format not in (None, {"type": "text"}):
+        if self.response_format is not None and self.response_format.get("type") not in STRUCTURED:
             return "response_format"
         return None
 
 
+STRUCTURED = ("text", "json_object", "json_schema")  # the response formats read (as constraints)
 # set, these are refused: tools and functions, audio, predicted outputs, moderation, reasoning, web search
 CHAT_REFUSED = (
     "audio", "function_call", "functions", "moderation", "prediction", "reasoning_effort", "tool_choice", "tools",

@@ -33,6 +33,7 @@ from gpt2onnx.decoding.processors import Bias
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
 from gpt2onnx.serving.engine import BatchingEngine, GenerationStream, TokenEvent
 from gpt2onnx.serving.openai.chat import chat_messages
+from gpt2onnx.serving.openai.guided import GUIDED_FIELDS, constraint_of
 from gpt2onnx.serving.openai.prometheus import Metrics
 from gpt2onnx.serving.openai.protocol import (
     DEFAULT_MAX_TOKENS,
@@ -201,7 +202,8 @@ class CompletionServing:
             logit_bias=request.logit_bias, presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty, stream=request.stream, stream_options=request.stream_options,
             user=request.user, logprobs=(request.top_logprobs or 0) if request.logprobs else None, echo=False,
-            suffix=None, best_of=None,
+            suffix=None, best_of=None, response_format=request.response_format,
+            **{name: getattr(request, name) for name in GUIDED_FIELDS},
         )  # fmt: skip
         return await self.create(completion, is_disconnected, shape=_ChatRun)
 
@@ -235,6 +237,7 @@ class CompletionServing:
         """The response: a dict for one body, or an async iterator of server-sent events (``shape``: the run that
         writes them, completions' by default)."""
         max_tokens, options, bias = self._options(request)
+        constraint = constraint_of(request)  # response_format or vLLM's guided_* (one of them)
         prompt_ids = self._prompt_ids(request)
         tokenizer = self.engine.tokenizer
         choices = []
@@ -262,6 +265,7 @@ class CompletionServing:
                         bias=bias,
                         logprobs=request.logprobs,
                         on_event=_deliver(loop, events, choice.index, self._ended),
+                        constraint=constraint,
                     )
                 )
         except BaseException as err:

@@ -1,0 +1,159 @@
+"""Switchable LoRA export: one base graph with a LoRA slot on every adapted weight, and one adapter file per name
+in onnxruntime's adapter format (gpt2onnx.passes.lora_slots). The base alone (no adapter active: rank-0 slots) is
+checked against the base, and each adapter, active, against PEFT's PeftModel with that adapter."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from gpt2onnx.artifact.folder import MODEL_FILE, check_output, staged_folder, write_manifest
+from gpt2onnx.artifact.graph import graph_summary, save_onnx
+from gpt2onnx.artifact.lora import adapter_file, check_adapter_name
+from gpt2onnx.artifact.manifest import Manifest
+from gpt2onnx.errors import BadInput
+from gpt2onnx.exporters.export import (
+    DEFAULT_OUTPUT_ROOT,
+    ExportOptions,
+    ExportResult,
+    _graph,
+    _special_tokens_outside,
+    _write_companions,
+    passed_or_refused,
+)
+from gpt2onnx.passes.lora_slots import LoraSlot, add_lora_slots, write_adapter_file
+from gpt2onnx.passes.pipeline import timed
+from gpt2onnx.precisions.all_precisions import FP32
+from gpt2onnx.profiles.all_profiles import UNFUSED
+from gpt2onnx.pytorch.adapters import HEAD
+from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint, with_adapter
+from gpt2onnx.verify.parity import validate_export
+
+log = logging.getLogger(__name__)
+
+
+def parse_adapters(text: str) -> dict[str, Path]:
+    """``NAME=DIR,NAME=DIR`` (--adapters) as names to folders, each name valid and given once."""
+    adapters: dict[str, Path] = {}
+    for item in (part.strip() for part in text.split(",")):
+        name, sep, folder = item.partition("=")
+        if not sep or not folder:
+            raise BadInput(f"--adapters takes NAME=DIR,NAME=DIR; {item!r} has no '=DIR'")
+        check_adapter_name(name.strip(), "--adapters name")
+        if name.strip() in adapters:
+            raise BadInput(f"--adapters names {name.strip()!r} twice: give each adapter one name")
+        adapters[name.strip()] = Path(folder.strip()).expanduser()
+    return adapters
+
+
+def _check_options(options: ExportOptions) -> None:
+    """Switchable slots are MatMuls beside fp32 weights on the unfused graph: what else is asked, refused."""
+    asked = [
+        (not options.passes.precision.exact or options.passes.dtype != FP32.dtype, f"--{options.precision}"),
+        (options.passes.profile is not UNFUSED, f"--fusion {options.fusion}"),
+        (options.block is not None, "--block"),
+        (options.passes.cache_format is not None, f"--kv-cache {options.kv_cache}"),
+        (options.eval_text is not None, "--eval-text"),
+        (not options.validate, "--no-validate"),
+    ]
+    for bad, flag in asked:
+        if bad:
+            raise BadInput(
+                f"switchable adapters (--adapters) are exported fp32, unfused and checked: drop {flag}, or export"
+                " each adapter merged (--adapter DIR), which takes every precision and profile"
+            )
+
+
+def export_switchable(
+    model: str,
+    out: str | Path | None = None,
+    *,
+    adapters: dict[str, str | Path],
+    revision: str | None = None,
+    options: ExportOptions = ExportOptions(),
+) -> ExportResult:
+    """Export ``model`` (a base checkpoint) with LoRA slots for ``adapters`` (name → PEFT folder): model.onnx and
+    NAME.onnx_adapter per name, checked (the base alone against the base, each adapter active against PEFT)
+    before anything is written."""
+    if not adapters:
+        raise BadInput("--adapters names no adapter: give NAME=DIR,...")
+    for name in adapters:
+        check_adapter_name(name, "--adapters name")
+    _check_options(options)
+    folders = {name: Path(folder).expanduser() for name, folder in adapters.items()}
+    if out is not None:
+        check_output(Path(out), force=options.force, protect=tuple(f for f in folders.values() if f.exists()))
+    timings: dict[str, float] = {}
+    with timed(timings, "load"):
+        base = load_checkpoint(model, revision=revision)
+        adapted = {name: with_adapter(base, folder, option=f"--adapters {name}") for name, folder in folders.items()}
+    slots = _slots(base, adapted)
+    target = Path(out) if out is not None else DEFAULT_OUTPUT_ROOT / f"{base.name}-adapters"
+    protect = tuple(f for f in folders.values() if f.exists()) + (
+        (base.companion_dir,) if base.companion_dir is not None else ()
+    )
+    with staged_folder(target, force=options.force, protect=protect) as staging:
+        manifest, check = _export_into(staging, base, adapted, slots, options, timings)
+    log.info("exported %s with %d switchable adapters to %s", base.name, len(adapted), target)
+    return ExportResult(target, manifest, check, timings)
+
+
+def _slots(base: Checkpoint, adapted: dict[str, Checkpoint]) -> list[LoraSlot]:
+    """One slot per weight any adapter adapts, in the base's weight order."""
+    weights = set()
+    for name, ckpt in adapted.items():
+        for module in ckpt.adapter.modules:
+            if module.weight == HEAD:
+                raise BadInput(
+                    f"adapter {name!r} adapts lm_head: switchable slots cover c_attn, c_proj and c_fc; export it"
+                    " merged (--adapter DIR)"
+                )
+            weights.add(module.weight)
+    return [LoraSlot(w, *base.state_dict[w].shape) for w in base.state_dict if w in weights]
+
+
+def _factors(ckpt: Checkpoint) -> dict:
+    """The adapter's factors under the slots' names: Aᵀ [in, r] and scale · Bᵀ [r, out], fp32."""
+    factors = {}
+    for module in ckpt.adapter.modules:
+        slot = LoraSlot(module.weight, module.a.shape[1], module.b.shape[0])
+        factors[slot.a] = module.a.T.contiguous().numpy()
+        factors[slot.b] = (module.b.double().T * module.scale).float().contiguous().numpy()
+    return factors
+
+
+def _export_into(folder: Path, base: Checkpoint, adapted: dict, slots, options: ExportOptions, timings: dict):
+    passed, io, kind = _graph(base, options, timings)
+    add_lora_slots(passed.model, slots)
+    with timed(timings, "save"):
+        model_files = save_onnx(passed.model, folder / MODEL_FILE, external_data=options.external_data)
+        for name, ckpt in adapted.items():
+            write_adapter_file(adapter_file(folder, name), _factors(ckpt))
+    graph_facts = graph_summary(passed.model)
+    passed.model = None
+    check_args = dict(precision=options.precision, block=None, tolerance=options.tolerance, gates=options.gates)
+    records = {}
+    with timed(timings, "validate"):
+        check = passed_or_refused(validate_export(folder / MODEL_FILE, base, **check_args))
+        for name, ckpt in adapted.items():
+            report = validate_export(folder / MODEL_FILE, ckpt, adapter=adapter_file(folder, name), **check_args)
+            report = passed_or_refused(dataclasses.replace(report, against=f"PEFT with adapter {name!r}"))
+            records[name] = dataclasses.replace(ckpt.adapter.record, form="switchable", check=report.summary())
+    _write_companions(folder, base)
+    manifest = Manifest(
+        kind=kind,
+        name=base.name,
+        source=base.source,
+        architecture=base.spec,
+        dtype=options.passes.dtype,
+        io=io,
+        **graph_facts,
+        options={**options.as_dict(), "external_data": len(model_files) > 1},
+        **passed.records(),
+        outside_vocabulary=_special_tokens_outside(folder, base.spec.vocab_size),
+        check=check,
+        adapters=records,
+        timings=timings,
+    )
+    return write_manifest(folder, manifest), check

@@ -1,0 +1,260 @@
+"""PEFT LoRA adapters exported merged: real adapters trained with PEFT on the trained fixture, the export compared
+with PEFT's own PeftModel (logits, presents, greedy tokens), the manifest's record, and the math of rsLoRA and
+per-module ranks against PEFT's merge_and_unload()."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+peft = pytest.importorskip("peft")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from gpt2onnx.cli.app import app  # noqa: E402
+from gpt2onnx.exporters.export import ExportOptions, export  # noqa: E402
+from gpt2onnx.files import sha256_file  # noqa: E402
+from gpt2onnx.verify.gates import TOLERANCES  # noqa: E402
+
+TARGETS = ["c_attn", "c_proj", "c_fc"]
+# fp32's own gate (gpt2onnx.precisions.fp32): the ONNX graph and PyTorch differ only by summation order, ~1e-6 here
+FP32_GATE = TOLERANCES["float32"]["logits"]
+
+
+def _base(folder: Path):
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
+
+
+def _docstring_ids(folder: Path, rows: int, length: int) -> torch.Tensor:
+    from transformers import GPT2TokenizerFast
+
+    tokenizer = GPT2TokenizerFast.from_pretrained(folder)
+    ids = tokenizer((folder / "heldout.txt").read_text()[:20_000])["input_ids"][: rows * length]
+    return torch.tensor(ids).reshape(rows, length)
+
+
+@pytest.fixture(scope="module")
+def lora(trained_checkpoint, tmp_path_factory) -> Path:
+    """A real LoRA (rank 4, alpha 8, c_attn, c_proj, c_fc) fine-tuned with PEFT from its own initialization (B = 0)
+    by 8 steps of SGD on docstrings, saved with save_pretrained; its config names the base by absolute path."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, fan_in_fan_out=True)
+    model = get_peft_model(_base(trained_checkpoint), config)
+    ids = _docstring_ids(trained_checkpoint, 4, 64)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(trainable, lr=2.0)
+    model.train()
+    for _ in range(8):
+        model(ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    folder = tmp_path_factory.mktemp("lora") / "docstrings-lora"
+    model.save_pretrained(folder)
+    config_file = folder / "adapter_config.json"
+    settings = json.loads(config_file.read_text())
+    settings["base_model_name_or_path"] = str(trained_checkpoint.resolve())
+    config_file.write_text(json.dumps(settings))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def peft_model(trained_checkpoint, lora):
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(_base(trained_checkpoint), str(lora)).eval()
+
+
+@pytest.fixture(scope="module")
+def merged(trained_checkpoint, lora, tmp_path_factory):
+    """The base with the adapter, exported fp32 (its check: against PeftModel)."""
+    return export(str(trained_checkpoint), tmp_path_factory.mktemp("merged") / "m", adapter=str(lora))
+
+
+def _onnx_prefill(folder: Path, ids: np.ndarray) -> list[np.ndarray]:
+    """logits and presents of one prefill (empty past) through onnxruntime."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    batch, length = ids.shape
+    feeds = {
+        "input_ids": ids.astype(np.int64),
+        "attention_mask": np.ones((batch, length), np.int64),
+        "position_ids": np.tile(np.arange(length, dtype=np.int64), (batch, 1)),
+    }
+    for spec in session.get_inputs():
+        if spec.name.startswith("past_key_values."):
+            feeds[spec.name] = np.zeros((batch, spec.shape[1], 0, spec.shape[3]), np.float32)
+    return session.run(None, feeds)
+
+
+def test_merged_export_equals_peft(merged, peft_model, trained_checkpoint):
+    """The merged ONNX decoder's logits and presents equal PeftModel's within fp32's gate, while the adapter moves
+    the logits far beyond it (so a export that dropped the adapter would fail)."""
+    assert merged.check.passed and merged.manifest.adapter is not None
+    ids = _docstring_ids(trained_checkpoint, 2, 24)
+    outputs = _onnx_prefill(merged.folder, ids.numpy())
+    with torch.no_grad():
+        theirs = peft_model(ids, use_cache=True)
+        base = peft_model.get_base_model()
+        with peft_model.disable_adapter():
+            base_logits = base(ids).logits.numpy()
+    logits = theirs.logits.numpy()
+    assert np.abs(outputs[0] - logits).max() < FP32_GATE
+    cache = theirs.past_key_values
+    presents = [t.numpy() for layer in cache.layers for t in (layer.keys, layer.values)]
+    for ours, reference in zip(outputs[1:], presents, strict=True):
+        assert np.abs(ours - reference).max() < FP32_GATE
+    assert np.abs(base_logits - logits).max() > 1000 * FP32_GATE  # the adapter really changes the model
+
+
+def test_merged_greedy_tokens_equal_peft_generate(merged, peft_model, trained_checkpoint):
+    from gpt2onnx.decoding.generate import generate
+
+    ids = _docstring_ids(trained_checkpoint, 1, 12)
+    ours = generate(merged.folder, ids=[",".join(map(str, ids[0].tolist()))], max_new_tokens=16)
+    with torch.no_grad():
+        theirs = peft_model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False
+        )
+    assert ours.tokens[0] == theirs[0, ids.shape[1] :].tolist()
+
+
+def test_manifest_records_the_adapter(merged, lora):
+    record = merged.manifest.adapter
+    assert record.files == {name: sha256_file(lora / name) for name in record.files}
+    assert set(record.files) == {"adapter_config.json", "adapter_model.safetensors"}
+    assert (record.rank, record.alpha, record.rslora, record.form) == (4, 8.0, False, "merged")
+    assert record.target_modules == tuple(sorted(TARGETS)) and record.modules == 2 * 4  # 2 layers × 4 modules
+    on_disk = json.loads((merged.folder / "gpt2onnx.json").read_text())["adapter"]
+    assert on_disk["rank"] == 4 and on_disk["path"] == str(lora.resolve())
+
+
+def test_peft_folder_alone_int8_and_parity(lora, tmp_path):
+    """``--model ADAPTER_DIR`` finds its base; int8 passes its gates against PeftModel; ``parity`` applies the
+    recorded adapter again (and refuses once the adapter changed)."""
+    runner = CliRunner()
+    out = tmp_path / "q"
+    result = runner.invoke(app, ["export", "--model", str(lora), "-o", str(out), "--quantize", "int8"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "gpt2onnx.json").read_text())
+    assert manifest["adapter"]["rank"] == 4 and manifest["parity"]["passed"]
+    assert manifest["quantization"]["method"] == "int8"
+    result = runner.invoke(app, ["parity", str(out), "--cases", "2"])
+    assert result.exit_code == 0, result.output
+    changed = tmp_path / "changed"
+    import shutil
+
+    shutil.copytree(lora, changed)
+    manifest["adapter"]["path"] = str(changed)
+    (out / "gpt2onnx.json").write_text(json.dumps(manifest))
+    config = json.loads((changed / "adapter_config.json").read_text())
+    (changed / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 16}))
+    result = runner.invoke(app, ["parity", str(out), "--cases", "2"])
+    assert result.exit_code == 2 and "has changed" in result.output
+
+
+def test_rslora_and_rank_pattern_merge_as_peft_does(trained_checkpoint, tmp_path):
+    """rsLoRA scaling (alpha/√r), a per-module rank and alpha: the merged weights equal PEFT's merge_and_unload()
+    (both in fp32; merge order differs only by rounding, 1e-6 of weights of ~0.1), and the export passes its check
+    against PeftModel."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from gpt2onnx.pytorch.checkpoint import load_checkpoint, to_export_names
+
+    torch.manual_seed(1)
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=TARGETS,
+        use_rslora=True,
+        rank_pattern={"c_fc": 2},
+        alpha_pattern={"h.1.attn.c_proj": 3},
+        init_lora_weights=False,  # B random, not 0: every module moves
+        fan_in_fan_out=True,
+    )
+    adapter = tmp_path / "rs"
+    get_peft_model(_base(trained_checkpoint), config).save_pretrained(adapter)
+    ckpt = load_checkpoint(str(trained_checkpoint), adapter=adapter)
+    assert ckpt.adapter.record.rslora
+    reference = PeftModel.from_pretrained(_base(trained_checkpoint), str(adapter)).merge_and_unload()
+    theirs = to_export_names(reference.state_dict(), ckpt.spec)
+    for name, tensor in ckpt.state_dict.items():
+        torch.testing.assert_close(tensor, theirs[name], rtol=0, atol=1e-6)
+    result = export(str(trained_checkpoint), tmp_path / "out", adapter=adapter, options=ExportOptions(fusion="ort"))
+    assert result.check.passed
+
+
+# -- switchable: one base graph, one onnxruntime adapter file per name ------------------------------------------
+@pytest.fixture(scope="module")
+def second_lora(trained_checkpoint, tmp_path_factory) -> Path:
+    """Another real PEFT adapter, of another shape: rank 2, rsLoRA, c_attn and c_fc only, B initialized non-zero."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(2)
+    config = LoraConfig(r=2, lora_alpha=2, target_modules=["c_attn", "c_fc"], use_rslora=True, init_lora_weights=False)
+    folder = tmp_path_factory.mktemp("lora2") / "rs"
+    get_peft_model(_base(trained_checkpoint), config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def switchable(trained_checkpoint, lora, second_lora, tmp_path_factory):
+    from gpt2onnx.exporters.switchable import export_switchable
+
+    out = tmp_path_factory.mktemp("switchable") / "m"
+    return export_switchable(str(trained_checkpoint), out, adapters={"docs": lora, "rs": second_lora})
+
+
+def test_switchable_export_checked_per_adapter(switchable):
+    """The base alone passed against the base; each adapter, active, against PEFT with it (fp32 gates); the
+    manifest lists each adapter file, hashed; the graph has one slot pair per adapted weight (8 + 4 share 8)."""
+    import onnx
+
+    from gpt2onnx.passes.lora_slots import slot_inputs
+
+    manifest = switchable.manifest
+    assert switchable.check.passed and switchable.check.against == "PyTorch"
+    assert set(manifest.adapters) == {"docs", "rs"}
+    for name, record in manifest.adapters.items():
+        assert record.form == "switchable" and record.check.endswith("— pass") and f"'{name}'" in record.check
+        assert f"{name}.onnx_adapter" in manifest.files
+    assert manifest.adapters["rs"].rslora and manifest.adapters["rs"].rank == 2
+    assert len(slot_inputs(onnx.load(switchable.folder / "model.onnx"))) == 2 * 8
+
+
+def _ids_arg(ids: torch.Tensor) -> list[str]:
+    return [",".join(map(str, row.tolist())) for row in ids]
+
+
+def test_switchable_generate_equals_merged_and_base(switchable, merged, peft_model, trained_checkpoint):
+    """generate --adapter docs gives the merged export's greedy tokens; no adapter gives the base's
+    (transformers' generate with the adapter disabled); --adapter rs other tokens."""
+    from gpt2onnx.decoding.generate import generate
+
+    ids = _docstring_ids(trained_checkpoint, 2, 10)
+    with_adapter = generate(switchable.folder, ids=_ids_arg(ids), max_new_tokens=12, adapter="docs")
+    assert with_adapter.tokens == generate(merged.folder, ids=_ids_arg(ids), max_new_tokens=12).tokens
+    alone = generate(switchable.folder, ids=_ids_arg(ids[:1]), max_new_tokens=12)
+    with torch.no_grad(), peft_model.disable_adapter():
+        theirs = peft_model.generate(
+            input_ids=ids[:1], attention_mask=torch.ones_like(ids[:1]), max_new_tokens=12, do_sample=False
+        )
+    assert alone.tokens[0] == theirs[0, ids.shape[1] :].tolist()
+    other = generate(switchable.folder, ids=_ids_arg(ids[:1]), max_new_tokens=12, adapter="rs")
+    assert other.tokens[0] != alone.tokens[0]  # an adapter is really active (rs moves every module far)
+
+
+def test_switchable_refusals(switchable, merged):
+    runner = CliRunner()
+    result = runner.invoke(app, ["generate", str(merged.folder), "--ids", "1,2", "--adapter", "docs"])
+    assert result.exit_code == 2 and "has no adapter 'docs'" in result.output
+    result = runner.invoke(app, ["generate", str(switchable.folder), "--ids", "1,2", "--adapter", "other"])
+    assert result.exit_code == 2 and "its adapters: docs, rs" in result.output
