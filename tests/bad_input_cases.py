@@ -1404,6 +1404,7 @@ BENCH_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2", "--warm
 MEMORY_QUICK = ("--batch", "1", "--prompt-len", "4", "--new-tokens", "2")
 GENERATE_QUICK = (*BENCH_QUICK, "--num-beams", "2")
 SPEC_QUICK = ("--prompt-lookup", "2", "--new-tokens", "2", "--warmup", "0", "--repeat", "1")
+COST_QUICK = ("--choice", "a,b", "--new-tokens", "2", "--warmup", "0", "--repeat", "1")  # bench constraint
 GEN = ("--ids", "1,2", "--max-new-tokens", "2")
 
 CASES += [
@@ -2373,6 +2374,8 @@ OUTPUT_COMMANDS = {
     ("bench generate", "--json"): (("bench", "generate", "{exp}", *GENERATE_QUICK, "--json", "{out}"), "{exp}"),
     ("bench speculative", "--json"): (("bench", "speculative", "{exp}", *SPEC_QUICK, "--json", "{out}"), "{exp}"),
     ("bench speculative", "--md"): (("bench", "speculative", "{exp}", *SPEC_QUICK, "--md", "{out}"), "{exp}"),
+    ("bench constraint", "--json"): (("bench", "constraint", "{exp}", *COST_QUICK, "--json", "{out}"), "{exp}"),
+    ("bench constraint", "--md"): (("bench", "constraint", "{exp}", *COST_QUICK, "--md", "{out}"), "{exp}"),
     ("bench generate", "--md"): (("bench", "generate", "{exp}", *GENERATE_QUICK, "--md", "{out}"), "{exp}"),
     ("bench memory", "--json"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--json", "{out}"), "{exp}"),
     ("bench memory", "--md"): (("bench", "memory", "{exp}", *MEMORY_QUICK, "--md", "{out}"), "{exp}"),
@@ -2403,6 +2406,7 @@ OUTPUT_COMMANDS = {
             ("bench", ("bench", "{exp}", *BENCH_QUICK)),
             ("bench generate", ("bench", "generate", "{exp}", *GENERATE_QUICK)),
             ("bench speculative", ("bench", "speculative", "{exp}", *SPEC_QUICK)),
+            ("bench constraint", ("bench", "constraint", "{exp}", *COST_QUICK)),
             ("eval", ("eval", "{exp}", "--text", "t.txt", "--greedy-tokens", "0")),
             ("check", ("check", "{exp}")),
         )
@@ -3994,11 +3998,15 @@ OUTPUT_INPUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "generate": {
         "folder": (("generate", "{in}", *GEN_ONE), "export"),
         "draft": (("generate", "{exp}", *GEN_ONE, "--draft", "{in}"), "export"),
+        "json_schema": (("generate", "{exp}", *GEN_ONE, "--json-schema", "{in}"), "text"),
+        "grammar": (("generate", "{exp}", *GEN_ONE, "--grammar", "{in}"), "text"),
     },
     "check": {
         "folder": (("check", "{in}"), "export"),
         "model": (("check", "--model", "{in}"), "checkpoint"),
         "draft": (("check", "{exp}", "--draft", "{in}"), "export"),
+        "json_schema": (("check", "{exp}", "--json-schema", "{in}"), "text"),
+        "grammar": (("check", "{exp}", "--grammar", "{in}"), "text"),
         "calibration": (
             ("check", "--model", "{src}", "--quantize", "int4", "--algorithm", "gptq", "--calibration", "{in}"),
             "text",
@@ -4026,6 +4034,11 @@ OUTPUT_INPUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "bench speculative": {
         "folder": (("bench", "speculative", "{in}", *SPEC_QUICK), "export"),
         "draft": (("bench", "speculative", "{exp}", "--draft", "{in}", *SPEC_DRAFT), "export"),
+    },
+    "bench constraint": {
+        "folder": (("bench", "constraint", "{in}", *COST_QUICK), "export"),
+        "json_schema": (("bench", "constraint", "{exp}", "--json-schema", "{in}", *COST_QUICK[2:]), "text"),
+        "grammar": (("bench", "constraint", "{exp}", "--grammar", "{in}", *COST_QUICK[2:]), "text"),
     },
     "bench memory": {"folders": (("bench", "memory", "{in}", *MEMORY_QUICK), "export")},
     "bench web": {"folder": (("bench", "web", "{in}"), "export")},
@@ -4557,6 +4570,27 @@ CASES += [
         match="too deeply nested",
     ),
     Case("constraint-two-kinds", "options", (*CONSTRAIN, "--regex", "a", "--choice", "a,b"), B, match="give one"),
+    Case(
+        "bench-constraint-schema-missing",
+        "message",
+        ("bench", "constraint", "{exp}", "--json-schema", "nope.json", *COST_QUICK[2:]),
+        B,
+        match="--json-schema 'nope.json': no such file",
+    ),
+    Case(
+        "bench-constraint-two-kinds",
+        "options",
+        ("bench", "constraint", "{exp}", "--regex", "a", "--choice", "a,b", *COST_QUICK[2:]),
+        B,
+        match="give one constraint",
+    ),
+    Case(
+        "bench-constraint-one-token",  # one new token: no decode step between two tokens to time
+        "options",
+        ("bench", "constraint", "{exp}", *COST_QUICK[:2], "--new-tokens", "1"),
+        B,
+        match="--new-tokens must be an integer from 2",
+    ),
 ]
 
 

@@ -234,3 +234,29 @@ def test_endpoint_response_format_and_guided_fields(trained_export, tmp_path):
     finally:
         served.proc.kill()
         served.proc.wait()
+
+
+def test_bench_constraint_prints_the_rows_and_writes_the_json(trained_export, tmp_path):
+    """`bench constraint` with its default set (four constraints): a row each, the step and the machine's load
+    printed, every figure in --json (measured: finite and positive; never compared with a speed)."""
+    from typer.testing import CliRunner
+
+    from gpt2onnx.cli import app
+
+    out = tmp_path / "cost.json"
+    run = CliRunner().invoke(
+        app, ["bench", "constraint", str(trained_export), "--repeat", "1", "--warmup", "0", "--new-tokens", "4",
+              "--json", str(out)],
+    )  # fmt: skip
+    assert run.exit_code == 0, run.output
+    for row in ("JSON schema", "any JSON", "regex", "choice", "decode step without a constraint", "load "):
+        assert row in run.output, row
+    report = json.loads(out.read_text())
+    assert report["batch"] == 1 and report["new_tokens"] == 4 and report["rounds"]["rounds"] == 1
+    assert [c["name"] for c in report["constraints"]] == ["JSON schema", "any JSON object", "regex", "choice"]
+    figures = [report["decode_step_ms"]["median"]]
+    for c in report["constraints"]:
+        assert 2 <= c["tokens"] <= 4 and isinstance(c["complete"], bool)
+        figures += [c[k]["median"] for k in ("constrained_step_ms", "mask_and_advance_ms", "mask_share_of_step")]
+    assert all(np.isfinite(f) and f > 0 for f in figures), figures
+    assert {"load_before", "load_after"} <= set(report["rounds"]["load"]) and report["rounds"]["machine"]

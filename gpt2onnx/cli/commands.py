@@ -13,6 +13,7 @@ import typer
 
 from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.inspect import inspect as run_inspect
+from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.cli import render
 from gpt2onnx.cli.app import DefaultedGroup, app, console, err_console, ignore_interrupts, write_json_output
 from gpt2onnx.cli.options import (
@@ -46,7 +47,6 @@ from gpt2onnx.cli.options import (
     ServedServerOpt,
     VerifyFilesOpt,
     WarmupOpt,
-    constrain,
     json_output,
     plan,
     planned_defaults,
@@ -57,7 +57,7 @@ from gpt2onnx.cli.options import (
     uses,
     uses_declared,
 )
-from gpt2onnx.decoding.constraints import Constraint
+from gpt2onnx.decoding.constraints import ConstraintOptions, constraint_from
 from gpt2onnx.decoding.generate import generate as run_generate
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput, CheckFailed
@@ -229,7 +229,7 @@ def inspect_command(
 @uses(run_options, into="options")
 @uses_declared(Sampling, Decoding, into="search", make=Search)
 @uses(speculate, into="speculation")
-@uses(constrain, into="constraint")
+@uses_declared(ConstraintOptions, into="wanted")
 def generate(
     folder: FolderArg = Path("models/gpt2"),
     prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Prompt text (repeat: a batch).")] = None,
@@ -245,7 +245,7 @@ def generate(
     search: Search = None,
     options: RunOptions = None,
     speculation: Optional[Speculation] = None,
-    constraint: Optional[Constraint] = None,
+    wanted: Optional[ConstraintOptions] = None,
     adapter: Annotated[
         Optional[str], typer.Option(metavar="NAME", help="A switchable LoRA adapter of the folder, active.")
     ] = None,
@@ -255,7 +255,11 @@ def generate(
     --prompt-lookup or --draft check several proposed tokens a step: greedy's tokens, sampling's distribution.
     --json-schema, --regex, --grammar or --choice hold what it writes to a constraint (exit 1 where a row runs out
     of tokens before the constraint is complete)."""
-    json_output(json_path, reads=(folder, speculation and speculation.folder))  # the draft is read too
+    # the draft is read too, and a schema or grammar file: checked before they are read
+    json_output(
+        json_path, reads=(folder, speculation and speculation.folder), files=(wanted.json_schema, wanted.grammar)
+    )
+    constraint = constraint_from(**vars(wanted))
     result = run_generate(
         folder,
         prompts=prompt,
@@ -471,6 +475,45 @@ def bench_speculative(
             before_writing=ignore_interrupts,
         )
     render.speculative(report)
+
+
+@bench_app.command("constraint")
+@uses(run_options, into="options")
+@uses_declared(ConstraintOptions, into="given")
+def bench_constraint(
+    folder: FolderArg,
+    new_tokens: Annotated[int, typer.Option(help="New tokens at most (a constraint ends its row sooner).")] = 64,
+    warmup: WarmupOpt = 1,
+    repeat: RepeatOpt = 3,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    options: RunOptions = None,
+    given: Optional[ConstraintOptions] = None,
+) -> None:
+    """A constraint's mask per token beside the decode step without it, batch 1 (default: a JSON schema, any JSON
+    object, a regex, a choice)."""
+    from gpt2onnx.verify.constraint_cost import bench_constraint_cost, default_constraints
+
+    files = (given.json_schema, given.grammar)  # never overwritten by an output: checked before they are read
+    check_output_files({"--json": json_path, "--md": markdown_path}, inputs=(folder,), files=files)
+    constraint = constraint_from(**vars(given))
+    chosen = {constraint.label.removeprefix("the "): constraint} if constraint is not None else default_constraints()
+    with render.progress("constraint cost", (1 + 2 * len(chosen)) * (warmup + repeat)) as step:
+        report = bench_constraint_cost(
+            folder,
+            constraints=chosen,
+            files=files,
+            runtime=options.runtime("onnxruntime"),
+            new_tokens=new_tokens,
+            warmup=warmup,
+            repeat=repeat,
+            verify_files=options.verify_files,
+            json_path=json_path,
+            markdown_path=markdown_path,
+            progress=step,
+            before_writing=ignore_interrupts,
+        )
+    render.constraint_cost(report)
 
 
 @bench_app.command("precision")
@@ -807,7 +850,7 @@ def serve(
 @uses(run_options, into="options")
 @uses_declared(Sampling, Decoding, into="search", make=Search)
 @uses(speculate, into="speculation")
-@uses(constrain, into="constraint")
+@uses_declared(ConstraintOptions, into="wanted")
 def check(
     folder: Annotated[Optional[Path], typer.Argument(help="An exported folder \\[or a planned export].")] = None,
     model: Annotated[
@@ -830,7 +873,7 @@ def check(
     options: RunOptions = None,
     search: Search = None,
     speculation: Speculation = None,
-    constraint: Optional[Constraint] = None,
+    wanted: Optional[ConstraintOptions] = None,
 ) -> None:
     """Say whether a folder (or a planned export) works with a runtime, provider, targets, decoding and the engine."""
     if matrix:  # every combination, as Markdown: an option beside it would be ignored, so it is refused
@@ -849,7 +892,7 @@ def check(
             "--command": command is not None,
             "the decoding options": search.sampling != Sampling() or search.decoding != Decoding(),
             "--prompt-lookup/--draft": speculation is not None,
-            "--json-schema/--regex/--grammar/--choice": constraint is not None,
+            "--json-schema/--regex/--grammar/--choice": any(vars(wanted).values()),
             "--json": json_path is not None,
         }
         if any(given.values()):
@@ -864,7 +907,9 @@ def check(
     dtype, quantization = planned
     draft = speculation and speculation.folder
     # what it reads, and what the planned export would: the checkpoint, the draft, the calibration text
-    json_output(json_path, reads=(folder, model, draft), files=(quantization.calibration_text,))
+    files = (quantization.calibration_text, wanted.json_schema, wanted.grammar)
+    json_output(json_path, reads=(folder, model, draft), files=files)
+    constraint = constraint_from(**vars(wanted))
     passes = {"fusion": fusion, "dtype": dtype, "quantization": quantization, "kv_cache": kv_cache}
     if folder is not None:
         if passes != planned_defaults() or model is not None or logits != "all":

@@ -17,7 +17,6 @@ import typer
 from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.paths import check_output_file
 from gpt2onnx.capabilities import RefusedOptions, Unsupported
-from gpt2onnx.decoding.constraints import Constraint, ConstraintOptions, constraint_from
 from gpt2onnx.decoding.proposers.all_proposers import PROPOSERS
 from gpt2onnx.decoding.speculative import Speculation, speculation_from
 from gpt2onnx.params import Option, options_of
@@ -350,15 +349,6 @@ def speculate(**values) -> Speculation | None:
 speculate.__signature__ = inspect.Signature(
     [_cli_parameter(o) for spec in PROPOSERS.values() for o in options_of(spec.options)]
 )
-
-
-# -- generate's constraint: --json-schema, --regex, --grammar, --choice (one of them) --------------------------------
-def constrain(**values) -> Constraint | None:
-    """The constraint's options (gpt2onnx.decoding.constraints.ConstraintOptions), checked and read once."""
-    return constraint_from(**{o.field: values[_cli_name(o)] for o in options_of(ConstraintOptions)})
-
-
-constrain.__signature__ = inspect.Signature([_cli_parameter(o) for o in options_of(ConstraintOptions)])
 
 
 # -- generate's search: transformers' generate() options ----------------------------------------------------------

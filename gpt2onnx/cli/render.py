@@ -320,6 +320,27 @@ def speculative(report) -> None:
     line(f"{first.machine.summary()}; {first.load.summary()}")
 
 
+def constraint_cost(report) -> None:
+    """bench constraint: per constraint, ms per token of the decode step without and with it and of its mask and
+    advance alone (medians), and the mask's share of the unconstrained step (round by round)."""
+    step = report.step()
+    title = f"constraint cost, batch 1, {len(report.rounds.orders)} rounds: decode step {step.median:.3g} ms/token"
+    columns = ("constraint", "tokens", "constrained ms", "mask + advance ms", "of a step")
+    table = _table(title, columns, left=("constraint",))
+    for run in report.runs:
+        share = report.share(run)
+        table.add_row(
+            run.name,
+            f"{run.tokens}{'' if run.complete else ' (incomplete)'}",
+            f"{report.constrained(run).median:.3g}",
+            f"{report.mask(run).median:.3g}",
+            f"{100 * share.median:.2g} %",
+        )
+    console.print(table)
+    line(f"decode step without a constraint: {step.shown()} ms per token (median, quartiles)")
+    line(f"{report.rounds.machine.summary()}; {report.rounds.load.summary()}")
+
+
 def compared(report) -> None:
     """compare: a variant a row, the speed figures' medians and, scored, the quality figures (the ratios to the
     baseline, round by round, are in --md, --json and --csv)."""
