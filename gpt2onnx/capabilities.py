@@ -98,6 +98,7 @@ FACTS: dict[str, Fact] = {
         Fact("step_logits", True, "each step's logits"),  # forced tokens, per-step logits and times
         Fact("checks_proposals", False, "check of proposals in one step"),  # a stepper that crops its cache
         Fact("batches_rows", False, "batch that rows join and leave"),
+        Fact("adapter_per_request", False, "switchable LoRA adapter per request"),  # the batching engine's
         Fact("transformers_js_dtype", None, "transformers.js dtype"),
         Fact("data_files", 0, "external data files"),
         Fact("vocab_size", None, "vocabulary"),  # a folder's, where a draft's is compared with it

@@ -5,6 +5,7 @@ per-module ranks against PEFT's merge_and_unload()."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ peft = pytest.importorskip("peft")
 from typer.testing import CliRunner  # noqa: E402
 
 from gpt2onnx.cli.app import app  # noqa: E402
+from gpt2onnx.errors import BadInput  # noqa: E402
 from gpt2onnx.exporters.export import ExportOptions, export  # noqa: E402
 from gpt2onnx.files import sha256_file  # noqa: E402
 from gpt2onnx.verify.gates import TOLERANCES  # noqa: E402
@@ -258,3 +260,96 @@ def test_switchable_refusals(switchable, merged):
     assert result.exit_code == 2 and "has no adapter 'docs'" in result.output
     result = runner.invoke(app, ["generate", str(switchable.folder), "--ids", "1,2", "--adapter", "other"])
     assert result.exit_code == 2 and "its adapters: docs, rs" in result.output
+
+
+# -- the batching engine and the OpenAI server: an adapter per request -----------------------------------------
+@pytest.fixture(scope="module")
+def served(trained_checkpoint, lora, tmp_path_factory):
+    """A switchable folder for serving: 'docs' (the trained adapter, merged above) and 'hot', a PEFT adapter with
+    random non-zero factors scaled 16 (alpha 64, rank 4) on every module, so that each decode step's logits move by
+    whole units under it: an adapter bound to the wrong rows at any step changes the greedy tokens."""
+    from peft import LoraConfig, get_peft_model
+
+    from gpt2onnx.exporters.switchable import export_switchable
+
+    torch.manual_seed(3)
+    config = LoraConfig(r=4, lora_alpha=64, target_modules=TARGETS, init_lora_weights=False, fan_in_fan_out=True)
+    hot = tmp_path_factory.mktemp("hot") / "hot"
+    get_peft_model(_base(trained_checkpoint), config).save_pretrained(hot)
+    out = tmp_path_factory.mktemp("served") / "m"
+    return export_switchable(str(trained_checkpoint), out, adapters={"docs": lora, "hot": hot}).folder
+
+
+def _alone(folder: Path, ids: torch.Tensor, new: int, adapter: str | None, **options) -> list[int]:
+    from gpt2onnx.decoding.generate import generate
+
+    return generate(
+        folder, ids=_ids_arg(ids), max_new_tokens=new, adapter=adapter, verify_files=False, **options
+    ).tokens[0]
+
+
+def test_engine_serves_an_adapter_per_request_in_one_batch(served, merged, trained_checkpoint):
+    """The base, 'docs' and 'hot' on one prompt, and the base and 'hot' on a shorter one, admitted in one turn
+    (queued under the engine's lock): one prompt step per adapter, then decode steps with one run per adapter on its
+    rows (interleaved in the batch); the rows leave at different steps (max_new_tokens 6 to 12), so later steps run
+    fewer groups, and the last ones one. Each request's greedy tokens are generate(adapter=...)'s for it alone,
+    docs' the merged export's; the three give three different continuations of one prompt, so an adapter left
+    bound for another group's rows, or not bound at all, fails the test. A beam request with 'hot' (run beside the
+    batch) gets generate's beams with hot, which differ from the base's."""
+    from gpt2onnx.artifact.generation import Decoding
+    from gpt2onnx.serving.engine import BatchingEngine
+
+    ids = _docstring_ids(trained_checkpoint, 2, 10)
+    short = ids[1:, :6]
+    asks = [(ids[:1], "docs", 12), (ids[:1], None, 10), (short, "hot", 6), (ids[:1], "hot", 8), (short, None, 9)]
+    expected = [_alone(served, row, new, name) for row, name, new in asks]
+    assert len({tuple(expected[i]) for i in (0, 1, 3)}) == 3  # the prompt's base, docs and hot continuations differ
+    assert expected[0] == _alone(merged.folder, ids[:1], 12, None)
+    beams = Decoding(num_beams=2)
+    hot_beams = _alone(served, ids[:1], 8, "hot", decoding=beams)
+    assert hot_beams != _alone(served, ids[:1], 8, None, decoding=beams)
+    with BatchingEngine.open(served, max_batch=8, verify_files=False, tokenizer=None) as engine:
+        assert engine.adapters == ("docs", "hot")
+        with engine._lock:  # the engine thread waits on the lock: all four join in one turn
+            streams = [engine.submit(row[0].tolist(), max_new_tokens=new, adapter=name) for row, name, new in asks]
+            beam = engine.submit(ids[0].tolist(), max_new_tokens=8, adapter="hot", decoding=beams)
+        got = [stream.result(timeout=60).tokens for stream in streams]
+        assert beam.result(timeout=60).tokens == hot_beams
+        assert engine.prompt_steps == 3  # one prompt step per adapter (docs, base, hot)
+        with pytest.raises(BadInput, match="has no adapter 'other'; its adapters: docs, hot"):
+            engine.submit(ids[0].tolist(), adapter="other")
+    assert got == expected
+
+
+def test_openai_server_serves_adapters_by_model_name(served, trained_checkpoint):
+    """In-process: /v1/models lists the base and BASE:NAME per adapter; a completion for 'm:hot' has the greedy
+    tokens of generate with hot alone, its response names the model asked for; an unknown adapter or model is
+    OpenAI's 404 model_not_found."""
+    from fastapi.testclient import TestClient
+
+    from gpt2onnx.serving.engine import BatchingEngine
+    from gpt2onnx.serving.openai.routes import ServerSettings, build_app
+
+    ids = _docstring_ids(trained_checkpoint, 1, 10)
+    expected = _alone(served, ids, 8, "hot")
+    app = build_app(
+        ServerSettings(model_id="m", max_batch=4, max_queue=4),
+        lambda: BatchingEngine.open(served, max_batch=4, verify_files=False, tokenizer=None),
+    )
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 60
+        while client.get("/ready").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        models = [m["id"] for m in client.get("/v1/models").json()["data"]]
+        assert models == ["m", "m:docs", "m:hot"]
+        body = {"prompt": ids[0].tolist(), "max_tokens": 8, "temperature": 0, "logprobs": 0}
+        answer = client.post("/v1/completions", json={**body, "model": "m:hot"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "m:hot"
+        tokens = [int(t) for t in answer.json()["choices"][0]["logprobs"]["tokens"]]  # no tokenizer: ids as text
+        assert tokens == expected
+        for unknown in ("m:other", "other", "m:"):
+            refused = client.post("/v1/completions", json={**body, "model": unknown})
+            assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+            assert "'m:docs', 'm:hot'" in refused.json()["error"]["message"]

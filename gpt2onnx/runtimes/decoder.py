@@ -222,9 +222,11 @@ class OnnxDecoder(StepRuntime):
     def activate_adapter(self, path: Path | None) -> None:
         """Bind the LoRA factors of an adapter file (onnxruntime's adapter format) to the graph's slots on every
         run, as ``RunOptions.add_active_adapter`` does for ``session.run``; None: the base (the slots' defaults)."""
-        if path is None:
-            self.bound = {}
-            return
+        self.bound = {} if path is None else self.adapter_factors(path)
+
+    def adapter_factors(self, path: Path) -> dict:
+        """An adapter file's factors by slot name (OrtValues), checked against this graph's slots: what
+        activate_adapter binds, and what the batching engine binds per run for each request's adapter."""
         try:
             values = dict(ort.AdapterFormat.read_adapter(str(path)).get_parameters())
         except Exception as err:  # onnxruntime raises its own types for a damaged file
@@ -236,7 +238,7 @@ class OnnxDecoder(StepRuntime):
             raise BadInput(
                 f"'{path}' fills {unknown[0]}, which this model has no slot for: it belongs to another model"
             )
-        self.bound = values
+        return values
 
     # -- inputs -------------------------------------------------------------------------------------------
     def cache_bytes(self, batch: int, total_len: int) -> int:

@@ -24,6 +24,13 @@ seeded as ``Sampling.seed`` says, the same stop conditions. Its greedy tokens ar
 (``num_beams`` > 1) is not batched: each beam request runs alone through
 :func:`~gpt2onnx.decoding.beam.beam_search` on a second thread, one at a time, beside the batch, and returns
 its best beam in one event. ``num_return_sequences`` > 1 is refused: send one request per sequence.
+
+A folder exported with switchable LoRA adapters (``export --adapters``) serves each request with the adapter it
+names (``submit(..., adapter=NAME)``; None: the base). The factors are inputs bound per run
+(:meth:`~gpt2onnx.runtimes.decoder.OnnxDecoder.adapter_factors`), so a step whose rows use several adapters runs
+once per adapter on those rows (their rows of the padded past picked on the host, the presents and logits put back
+in row order), and the joining prompts are grouped by adapter too. A step whose rows all use one adapter (every
+step of a folder without adapters) runs once, as before, with nothing copied.
 """
 
 from __future__ import annotations
@@ -77,7 +84,15 @@ ENGINE = Declared(
         Need("batch_invariant", allowed={True}, why="gives each request the tokens it gets alone, whatever its batch"),
         Lacks("features", {SEVERAL_SEQUENCES: "serves one sequence per request, not"}, fix=ONE_SEQUENCE),
     ),
+    ensures={"adapter_per_request": True},  # binds each run's LoRA factors itself (module docstring)
     label="the batching engine",
+)
+# A request that names a switchable adapter: a server whose rows may each use another adapter
+ADAPTER_REQUEST = Declared(
+    "request",
+    "adapter",
+    requires=(Need("adapter_per_request", allowed={True}, why="names a LoRA adapter of its own"),),
+    label="a request with an adapter",
 )
 FINISH_REASONS = ("eos", "stop", "length", "cancelled", "error")
 
@@ -197,6 +212,8 @@ class _Request:
     pending: tuple | None = None  # the chosen token's log-probabilities until its event
     constraint: object = None  # gpt2onnx.decoding.constraints.TokenConstraint
     matcher: object = None  # its matcher for this request's row
+    adapter: str | None = None  # its switchable LoRA adapter (None: the base)
+    factors: dict = field(default_factory=dict)  # that adapter's factors, bound to every run of its rows
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.sampling.seed)  # as decode() seeds a batch of one
@@ -249,6 +266,9 @@ class BatchingEngine:
         self.max_batch = max_batch
         self.vocabulary = None  # the model's tokens for constraints (gpt2onnx.decoding.constraints.Vocabulary)
         self._folder = None  # the folder open() read: where constraints find the tokenizer
+        self._model = None  # that folder, opened: its manifest names its switchable adapters
+        self._factors: dict[str, dict] = {}  # each adapter's factors, read on its first request
+        self._factors_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
         self._waiting: list[_Request] = []
@@ -290,6 +310,7 @@ class BatchingEngine:
         decoder = open_runtime(model, RuntimeOptions(settings=provider), ENGINE)
         engine = cls(decoder, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_token_id=pad, max_batch=max_batch)
         engine._folder = model.folder  # constraints bind to its tokens, read on the first constrained request
+        engine._model = model
         return engine
 
     def __enter__(self) -> "BatchingEngine":
@@ -317,6 +338,7 @@ class BatchingEngine:
         bias: Bias = Bias(),
         logprobs: int | None = None,
         constraint: Constraint | None = None,
+        adapter: str | None = None,
     ) -> GenerationStream:
         """Queue one request: ``prompt`` as text (needs the tokenizer) or token ids; the decoding options of
         generate. Checked here, in the caller's thread (BadInput, one line), before it is queued. ``on_event``:
@@ -327,7 +349,8 @@ class BatchingEngine:
         token's log-probability and the ``logprobs`` most likely tokens' (0 to MAX_LOGPROBS), from the model's
         logits before any processor (as vLLM's default). ``constraint``: what this request may write
         (:class:`~gpt2onnx.decoding.constraints.Constraint`; each request its own), its completion's ``complete``
-        saying whether the tokens are a complete match."""
+        saying whether the tokens are a complete match. ``adapter``: a switchable LoRA adapter of the folder, by
+        name (:attr:`adapters`; None: the base)."""
         if speculation is not None:
             raise BadInput(f"{NOT_SPECULATIVE}: drop speculation")
         ids = self.reader.ids(prompt)  # types first: a float or a bytes prompt is no list of ids
@@ -355,6 +378,7 @@ class BatchingEngine:
             check_request_size(1, len(ids), max_new_tokens, decoding)
         stop = StopStrings(self.tokenizer, decoding.stop) if decoding.stop else None
         bound = self._bind(constraint) if constraint is not None else None
+        factors = self._adapter(adapter) if adapter is not None else {}
         request_id = next(self._ids)
         stream = GenerationStream(request_id, on_event)
         request = _Request(
@@ -370,6 +394,8 @@ class BatchingEngine:
             bias=bias,
             logprobs=logprobs,
             constraint=bound,
+            adapter=adapter,
+            factors=factors,
         )
         with self._lock:
             if self._closed:
@@ -392,6 +418,24 @@ class BatchingEngine:
             vocab_size = self.stepper.vocab_size
             self.vocabulary = vocabulary_of(folder, vocab_size=vocab_size, eos_token_ids=self.eos_token_ids)
         return constraint.bind(self.vocabulary)
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The names of the folder's switchable LoRA adapters (none where it has none, or was not opened by open())."""
+        manifest = self._model.manifest if self._model is not None else None
+        return tuple(manifest.adapters) if manifest is not None else ()
+
+    def _adapter(self, name: str) -> dict:
+        """Adapter ``name``'s factors (its file checked against the manifest, read once), refused in one line."""
+        from gpt2onnx.artifact.lora import adapter_of
+
+        resolve([self._runtime, ENGINE, ADAPTER_REQUEST]).check()
+        if self._model is None or not isinstance(self.stepper, OnnxDecoder):
+            raise BadInput("adapters need an onnxruntime folder's engine: open it with BatchingEngine.open")
+        with self._factors_lock:
+            if name not in self._factors:
+                self._factors[name] = self.stepper.adapter_factors(adapter_of(self._model, name))
+            return self._factors[name]
 
     @property
     def load(self) -> tuple[int, int]:
@@ -461,21 +505,23 @@ class BatchingEngine:
         its peak in the 124M int8 server (309 MB at rest); groups bound it, and a row's tokens do not depend on
         its group (per-token activations, issue 54)."""
         requests = [r for r in requests if not self._cancelled_now(r)]
-        group: list[_Request] = []
-        for request in requests:
-            longest = max([len(request.prompt), *(len(r.prompt) for r in group)])
-            if group and (len(group) + 1) * longest > PREFILL_TOKENS:
+        for same in _by_adapter(requests).values():  # one adapter's factors per run
+            group: list[_Request] = []
+            for request in same:
+                longest = max([len(request.prompt), *(len(r.prompt) for r in group)])
+                if group and (len(group) + 1) * longest > PREFILL_TOKENS:
+                    self._prefill_group(group)
+                    group = []
+                group.append(request)
+            if group:
                 self._prefill_group(group)
-                group = []
-            group.append(request)
-        if group:
-            self._prefill_group(group)
 
     def _prefill_group(self, requests: list[_Request]) -> None:
         ids, mask = left_pad([r.prompt for r in requests], self.pad_token_id)
         self.prompt_steps += 1
         full_mask = self.prompter.prompt_mask(mask)
         empty = self.prompter.empty_past(len(ids), capacity=full_mask.shape[1])  # a static cache: the prompts' width
+        _bind_factors(self.prompter, requests[0].factors)  # one adapter per group (_prefill)
         logits, presents = self.prompter.run(ids, full_mask, position_ids_for(mask), empty)
         keep = self._choose(requests, logits[:, -1])
         if not keep:
@@ -489,13 +535,36 @@ class BatchingEngine:
         ids = np.array([[r.tokens[-1]] for r in rows], dtype=np.int64)
         positions = self._mask.sum(axis=1, keepdims=True).astype(np.int64)  # each row's count of real tokens
         mask = np.concatenate([self._mask, np.ones((len(rows), 1), np.int64)], axis=1)
-        logits, self._past = self.stepper.run(ids, mask, positions, self._past)
+        groups = list(_by_adapter(range(len(rows)), key=lambda i: rows[i].adapter).values())
+        if len(groups) == 1:  # one adapter (or none): the whole batch in one run, its presents bound as they are
+            _bind_factors(self.stepper, rows[0].factors)
+            logits, self._past = self.stepper.run(ids, mask, positions, self._past)
+        else:
+            logits, self._past = self._run_groups(groups, ids, mask, positions)
         self._mask = mask
         self.steps += 1
         self.rows_stepped += len(rows)
         keep = self._choose(rows, logits[:, -1])
         if len(keep) < len(rows):
             self._leave(keep)
+
+    def _run_groups(self, groups: list[list[int]], ids, mask, positions) -> tuple[np.ndarray, list[np.ndarray]]:
+        """A step whose rows use several adapters: one run per adapter on its rows of the padded past (picked on
+        the host), the logits and presents put back in row order (copied out before the next run: a static
+        cache's presents are views of buffers the next run writes)."""
+        past = [_host(p) for p in self._past]
+        logits, presents = None, None
+        for rows in groups:
+            _bind_factors(self.stepper, self._rows[rows[0]].factors)
+            part, values = self.stepper.run(ids[rows], mask[rows], positions[rows], [p[rows] for p in past])
+            values = [_host(v) for v in values]
+            if logits is None:
+                logits = np.empty((len(ids), *part.shape[1:]), part.dtype)
+                presents = [np.empty((len(ids), *v.shape[1:]), v.dtype) for v in values]
+            logits[rows] = part
+            for whole, value in zip(presents, values):
+                whole[rows] = value
+        return logits, presents
 
     def _choose(self, requests: list[_Request], last: np.ndarray) -> list[int]:
         """Each request's next token from its row of the last logits, as decode() picks it for a batch of one;
@@ -666,6 +735,7 @@ class BatchingEngine:
                 self._end(request, "cancelled")
                 continue
             try:
+                _bind_factors(self.decoder, request.factors)  # this thread's own stepper (__init__)
                 result = decode(
                     self.decoder,
                     np.asarray([request.prompt], dtype=np.int64),
@@ -711,6 +781,21 @@ class BatchingEngine:
 def _failure(err: Exception) -> Gpt2OnnxError:
     """The error a request ends with: gpt2onnx's own as it is (a refusal stays a BadInput), any other wrapped."""
     return err if isinstance(err, Gpt2OnnxError) else Gpt2OnnxError(f"generation failed: {err}")
+
+
+def _by_adapter(items, key=lambda request: request.adapter) -> dict:
+    """The items grouped by adapter, in the order each adapter first comes, each group in its items' order."""
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return groups
+
+
+def _bind_factors(stepper: StepRuntime, factors: dict) -> None:
+    """The LoRA factors every run of ``stepper`` binds until the next call (empty: the base); set before each run,
+    so no adapter stays active for the next rows."""
+    if isinstance(stepper, OnnxDecoder):
+        stepper.bound = factors
 
 
 def _host(value) -> np.ndarray:

@@ -174,8 +174,9 @@ def build_app(
     @app.get("/v1/models")
     async def models(request: Request):
         authorize(request)
-        model = Model(id=settings.model_id, created=state.created, object="model", owned_by="gpt2onnx")
-        return {"object": "list", "data": [model.model_dump(mode="json", exclude_unset=True)]}
+        ids = state.serving.models() if state.serving is not None else [settings.model_id]  # BASE:NAME per adapter
+        models = [Model(id=i, created=state.created, object="model", owned_by="gpt2onnx") for i in ids]
+        return {"object": "list", "data": [m.model_dump(mode="json", exclude_unset=True) for m in models]}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -192,11 +193,7 @@ def build_app(
         authorize(request)
         serving = state.ready()
         body = parse(ChatCompletionRequest, await _read_json(request, settings.max_body, settings.body_seconds))
-        if body.model != settings.model_id:
-            raise ApiError(
-                404, f"the model '{body.model}' does not exist: this server serves '{settings.model_id}'",
-                param="model", code="model_not_found",
-            )  # fmt: skip
+        serving.adapter_of(body.model)  # the base, BASE:NAME, or 404 model_not_found
         if state.chat_template is None:
             raise ApiError(
                 400,

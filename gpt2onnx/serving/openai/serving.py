@@ -105,12 +105,25 @@ class CompletionServing:
         self._count_lock = threading.Lock()
 
     # -- the request, checked ------------------------------------------------------------------------------------
+    def models(self) -> list[str]:
+        """The model ids served: the base, and ``BASE:NAME`` for each switchable LoRA adapter of the folder."""
+        return [self.model_id, *(f"{self.model_id}:{name}" for name in self.engine.adapters)]
+
+    def adapter_of(self, model: str) -> str | None:
+        """The adapter a request's ``model`` names (as vLLM serves LoRA modules by name): the served id is the
+        base (None), ``ID:NAME`` the folder's adapter NAME; any other is OpenAI's 404 model_not_found."""
+        if model == self.model_id:
+            return None
+        name = model.removeprefix(f"{self.model_id}:") if isinstance(model, str) else None
+        if name != model and name in self.engine.adapters:
+            return name
+        served = ", ".join(f"'{m}'" for m in self.models())
+        raise ApiError(
+            404, f"the model '{model}' does not exist: this server serves {served}", param="model",
+            code="model_not_found",
+        )  # fmt: skip
+
     def _options(self, request: CompletionRequest) -> tuple[int, list[tuple[Sampling, Decoding]], Bias]:
-        if request.model != self.model_id:
-            raise ApiError(
-                404, f"the model '{request.model}' does not exist: this server serves '{self.model_id}'",
-                param="model", code="model_not_found",
-            )  # fmt: skip
         if request.suffix:
             raise ApiError(400, "suffix is not offered: a GPT-2 model continues a prompt only", param="suffix")
         n = request.n or 1
@@ -163,11 +176,7 @@ class CompletionServing:
         """A chat request: its messages rendered by the folder's template (:class:`~.chat.ChatTemplate`, on a worker
         thread), then served as a completion of the rendered prompt's token ids, in the chat's shapes. Its
         ``max_completion_tokens`` (or ``max_tokens``) defaults to the rest of the context, as OpenAI's does."""
-        if request.model != self.model_id:
-            raise ApiError(
-                404, f"the model '{request.model}' does not exist: this server serves '{self.model_id}'",
-                param="model", code="model_not_found",
-            )  # fmt: skip
+        self.adapter_of(request.model)
         refused = request.refused()
         if refused is not None:
             raise ApiError(
@@ -236,6 +245,7 @@ class CompletionServing:
     ):
         """The response: a dict for one body, or an async iterator of server-sent events (``shape``: the run that
         writes them, completions' by default)."""
+        adapter = self.adapter_of(request.model)
         max_tokens, options, bias = self._options(request)
         constraint = constraint_of(request)  # response_format or vLLM's guided_* (one of them)
         prompt_ids = self._prompt_ids(request)
@@ -266,6 +276,7 @@ class CompletionServing:
                         logprobs=request.logprobs,
                         on_event=_deliver(loop, events, choice.index, self._ended),
                         constraint=constraint,
+                        adapter=adapter,
                     )
                 )
         except BaseException as err:
@@ -385,7 +396,7 @@ class _Run:
             for c in self.choices
         ]
         completion = Completion(
-            id=self.id, object="text_completion", created=self.created, model=self.serving.model_id,
+            id=self.id, object="text_completion", created=self.created, model=self.request.model,
             choices=choices, usage=self._usage(),
         )  # fmt: skip
         return completion.model_dump(mode="json", exclude_unset=True)
@@ -396,7 +407,7 @@ class _Run:
 
     def _usage_chunk(self) -> str:
         usage = Completion(
-            id=self.id, object="text_completion", created=self.created, model=self.serving.model_id,
+            id=self.id, object="text_completion", created=self.created, model=self.request.model,
             choices=[], usage=self._usage(),
         )  # fmt: skip
         return f"data: {usage.model_dump_json(exclude_unset=True)}\n\n"
@@ -432,7 +443,7 @@ class _Run:
 
     def _chunk(self, choice: _Choice, text: str, finish_reason, entries: list, offset: int) -> str:
         chunk = Completion(
-            id=self.id, object="text_completion", created=self.created, model=self.serving.model_id,
+            id=self.id, object="text_completion", created=self.created, model=self.request.model,
             choices=[
                 # built unvalidated: the type requires a finish_reason, which is null until the last chunk (as
                 # OpenAI sends it and its client reads it)
@@ -472,7 +483,7 @@ class _ChatRun(_Run):
             for c in self.choices
         ]  # fmt: skip
         completion = ChatCompletion(
-            id=self.id, object="chat.completion", created=self.created, model=self.serving.model_id,
+            id=self.id, object="chat.completion", created=self.created, model=self.request.model,
             choices=choices, usage=self._usage(),
         )  # fmt: skip
         return completion.model_dump(mode="json", exclude_unset=True)
@@ -490,14 +501,14 @@ class _ChatRun(_Run):
         if logprobs is not None:
             choice.logprobs = logprobs
         chunk = ChatCompletionChunk(
-            id=self.id, object="chat.completion.chunk", created=self.created, model=self.serving.model_id,
+            id=self.id, object="chat.completion.chunk", created=self.created, model=self.request.model,
             choices=[choice],
         )  # fmt: skip
         return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
 
     def _usage_chunk(self) -> str:
         chunk = ChatCompletionChunk(
-            id=self.id, object="chat.completion.chunk", created=self.created, model=self.serving.model_id,
+            id=self.id, object="chat.completion.chunk", created=self.created, model=self.request.model,
             choices=[], usage=self._usage(),
         )  # fmt: skip
         return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
