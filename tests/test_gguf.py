@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -230,3 +231,76 @@ def test_each_kept_type_is_dequantized_by_onnxruntime_as_gguf_does(kind):
     want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]).astype(np.float32)
     assert np.array_equal((got + 0.0).view(np.uint32), (want + 0.0).view(np.uint32))
     assert np.array_equal(dequantized(codes, scales, bits), want)
+
+
+# -- gpt2onnx compare from a GGUF (its reference and builds from the dequantized weights; llama.cpp's row the file) --
+COMPARE_SETTINGS = ["--repeat", "1", "--warmup", "0", "--prompt-len", "8", "--new-tokens", "4", "--batch", "1"]
+
+
+def _compare(*args) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "gpt2onnx", "compare", *map(str, args), *COMPARE_SETTINGS, "--context", "32"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def test_compare_from_a_gguf_names_it_and_refuses_a_changed_file(tmp_path):
+    """compare F16.gguf: our fp32 built from the file's weights (written as a Hugging Face folder under --work for the
+    converters), scored against PyTorch on the same weights (fp32 both: KL under the fp32 gate's 1e-6, only the
+    sums' order differs); the report and the work folder's record name the GGUF by sha256, and the same path holding
+    another file is refused before any work (its record differs in the checkpoint's weights)."""
+    from gpt2onnx.compare.compare import Settings, compare
+
+    path = write_gguf(tmp_path / "tiny.gguf", matrices="F16")
+    text = tmp_path / "text.txt"
+    text.write_text((FIXTURE / "heldout.txt").read_text()[:600])
+    work = tmp_path / "work"
+    proc = _compare(path, "--work", work, "--only", "gpt2onnx:fp32", "--text", text, "--json", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["source"]["checkpoint"]["kind"] == "gguf"
+    assert report["source"]["checkpoint"]["sha256"] == sha256_file(path)
+    assert json.loads((work / "compare-source.json").read_text()) == report["source"]
+    folder = work / "checkpoint-tiny-gguf"
+    assert {"config.json", "model.safetensors", "vocab.json", "merges.txt"} <= {p.name for p in folder.iterdir()}
+    fixture = json.loads((FIXTURE / "config.json").read_text())
+    written = json.loads((folder / "config.json").read_text())
+    assert all(written[k] == fixture[k] for k in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"))
+    (row,) = report["summary"]
+    assert row["variant"] == "gpt2onnx fp32" and row["kl_mean"] < 1e-6 and row["same_top1"] > 0.999, row
+    write_gguf(path, matrices="BF16")  # the same path, other bytes
+    with pytest.raises(BadInput, match="differs in the checkpoint's weights"):
+        compare(str(path), work=work, only=["gpt2onnx:fp32"], settings=Settings(8, 4, 1, 2, 1, 0), quality=False)
+
+
+def test_compare_from_a_gguf_runs_llama_cpp_on_that_file_alone(files):
+    """llama.cpp's row is the file itself, named by its type; another llama.cpp type is refused in one line."""
+    from gpt2onnx.compare.compare import source_gguf, variants_of
+
+    gguf_source = source_gguf(str(files["Q8_0"]), random_init=False)
+    assert gguf_source == (files["Q8_0"].resolve(), "Q8_0")
+    (row,) = variants_of(["llama.cpp"], gguf_source)
+    assert row.name == "llama.cpp Q8_0 (the source file)" and row.path(Path("work")) == files["Q8_0"].resolve()
+    assert [v.name for v in variants_of(None, gguf_source) if v.engine.name == "llama.cpp"] == [row.name]
+    with pytest.raises(BadInput, match=r"runs llama.cpp on that file \(Q8_0\) alone"):
+        variants_of(["llama.cpp:Q4_0"], gguf_source)
+
+
+@pytest.mark.skipif(
+    not _llama_cpp(), reason="llama-cpp-python is not installed in .venv-engines (scripts/setup-engines.sh)"
+)
+def test_compare_from_a_gguf_measures_llama_cpp_on_the_file(files, tmp_path):
+    """llama.cpp runs the Q8_0 file as it is (nothing converted): its size is the file's, and its logits against
+    PyTorch on the file's dequantized weights are close (llama.cpp rounds the activations to 8 bits in its Q8_0
+    products, so not equal: mean KL under 1e-2, a broken run gives > 1)."""
+    text = tmp_path / "text.txt"
+    text.write_text((FIXTURE / "heldout.txt").read_text()[:600])
+    proc = _compare(
+        files["Q8_0"], "--work", tmp_path / "w", "--only", "llama.cpp", "--text", text, "--json", tmp_path / "r.json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    (record,) = report["variants"]
+    assert record["name"] == "llama.cpp Q8_0 (the source file)"
+    assert record["file_bytes"] == files["Q8_0"].stat().st_size
+    assert not list((tmp_path / "w").glob("llama.cpp-*"))  # nothing converted
+    (row,) = report["summary"]
+    assert row["kl_mean"] < 1e-2 and row["same_top1"] > 0.9, row

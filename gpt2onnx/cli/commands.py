@@ -690,7 +690,10 @@ def bench_memory(
 @app.command("compare")
 def compare_command(
     model: Annotated[
-        Path, typer.Argument(metavar="CHECKPOINT", help="A Hugging Face folder, or an architecture with --random-init.")
+        Path,
+        typer.Argument(
+            metavar="CHECKPOINT", help="A Hugging Face folder, a GPT-2 GGUF, or an architecture with --random-init."
+        ),
     ],
     work: Annotated[
         Path, typer.Option(parser=OUTPUT_FOLDER, metavar="DIR", help="Where the files are built and kept.")

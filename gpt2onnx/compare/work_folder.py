@@ -1,6 +1,7 @@
 """The work folder of ``gpt2onnx compare`` and ``bench precision``: files built there are reused only for the same
-build. Its record (a small JSON file) names everything that defines a build: the checkpoint's weights, its config,
-generation and tokenizer files, the build options and gpt2onnx's version. A folder that holds files but no record,
+build. Its record (a small JSON file) names everything that defines a build: the checkpoint's weights (a GGUF's
+sha256, its config and tokenizer within), its config, generation and tokenizer files, the build options and
+gpt2onnx's version. A folder that holds files but no record,
 a record that is not a small regular file, or one that names another build is refused before any work, or, with
 ``rebuild``, the built entries are removed and the record written anew."""
 
@@ -33,8 +34,9 @@ def build_source(ckpt, **options) -> dict:
 
     files = {}
     folder = getattr(ckpt, "companion_dir", None)
-    if folder is not None:
-        for name in ("config.json", *getattr(ckpt, "companion_files", ())):
+    if folder is not None:  # a GGUF's config is its metadata, in the file its sha256 names: no config.json
+        config = () if ckpt.source.get("kind") == "gguf" else ("config.json",)
+        for name in (*config, *getattr(ckpt, "companion_files", ())):
             files[name] = sha256_file(Path(folder) / name)
     source = {k: v for k, v in ckpt.source.items() if k != "path"}  # the bytes say which checkpoint, not where
     return {"checkpoint": source, "files": files, "options": options, "version": __version__}

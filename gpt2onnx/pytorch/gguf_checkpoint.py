@@ -399,7 +399,7 @@ def read_gguf(path: Path, what: str) -> GgufWeights:
         array = _read(by_name[name], info)
         if hf.endswith(CONV1D):
             array = array.T
-        state_dict[hf] = torch.from_numpy(np.ascontiguousarray(array))
+        state_dict[hf] = torch.from_numpy(np.require(array, requirements=["C", "W"]))  # the file's map is read-only
         if info.type in KEPT and len(info.shape) == 2 and hf != "wpe.weight":
             export_name = "lm_head" if hf == "lm_head.weight" else hf
             raw = np.asarray(by_name[name].data).reshape(info.shape[0], -1)
