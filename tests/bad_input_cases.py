@@ -1158,6 +1158,26 @@ CASES: list[Case] = [
         lambda c: (c.dir / "index.html").write_text("<p>hi</p>"),
         match="not a port number",
     ),
+    # the OpenAI endpoint's header and body timeouts (issue 54): above 0, at most an hour, a number
+    *(
+        Case(
+            f"serve-{flag}-{name}",
+            "options",
+            ("serve", "{exp}", f"--{flag}", value, "--port", "0"),
+            B,
+            match=f"--{flag} .* is not a number of seconds above 0 and at most 3600",
+        )
+        for flag in ("header-timeout", "body-timeout")
+        for name, value in (("zero", "0"), ("negative", "-1"), ("nan", "nan"), ("huge", "1e9"))
+    ),
+    Case(
+        "serve-web-folder-timeout",
+        "options",
+        ("serve", "{dir}", "--body-timeout", "5", "--port", "0"),
+        B,
+        lambda c: (c.dir / "index.html").write_text("<p>hi</p>"),
+        match="--body-timeout: for the OpenAI endpoint",
+    ),
 ]
 
 

@@ -77,7 +77,9 @@ def start(folder: Path, log: Path, *args: str, command: list[str] | None = None)
 
 @pytest.fixture(scope="module")
 def server(trained_export, tmp_path_factory):
-    served = start(trained_export, tmp_path_factory.mktemp("serve") / "stderr.txt", "--api-key", KEY)
+    # the CLI's timeout flags, given their defaults
+    served = start(trained_export, tmp_path_factory.mktemp("serve") / "stderr.txt", "--api-key", KEY,
+                   "--header-timeout", "10", "--body-timeout", "30")  # fmt: skip
     yield served
     if served.proc.poll() is None:
         served.proc.kill()
@@ -206,6 +208,53 @@ def test_parameters(server):
     assert cut.finish_reason == "stop" and stop not in cut.text and penalised.startswith(cut.text)
 
 
+def test_echo_logprobs_score_the_prompt(server, trained_export, alone):
+    """echo with logprobs, as OpenAI's legacy completions (lm-evaluation-harness's loglikelihood): the prompt's
+    tokens first, the first with no log-probability, each later one its log-probability given those before it,
+    as onnxruntime's logits on the whole prompt give it; then the new tokens, text_offset running on; max_tokens 0
+    returns the prompt only; the stream carries the same. Tolerance 1e-4 absolute: both are fp32 log-softmax of the
+    same graph on this CPU, one of a left-padded two-row prompt step, the other alone (rounding about 1e-6 per
+    logit of magnitude below 20); a position off by one column differs by more than 0.1."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from gpt2onnx.decoding.processors import log_softmax
+    from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
+
+    client = server.client()
+    prompts = [PROMPTS[4], PROMPTS[2]]  # two lengths in one request: their prompt step is left-padded
+    reply = client.completions.create(model="model", prompt=prompts, max_tokens=0, echo=True, logprobs=3)
+    decoder = OnnxDecoder(ort.InferenceSession(str(trained_export / "model.onnx"), providers=["CPUExecutionProvider"]))
+    for prompt, choice in zip(prompts, reply.choices):
+        assert choice.text == prompt and choice.finish_reason == "length"
+        logprobs = choice.logprobs
+        ids = np.asarray([alone[prompt][2]], np.int64)  # generate's prompt ids
+        assert "".join(logprobs.tokens) == prompt and len(logprobs.tokens) == ids.shape[1]
+        assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(len(logprobs.tokens))]
+        assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+        mask = np.ones_like(ids)
+        logits, _ = decoder.run(ids, mask, position_ids_for(mask), decoder.empty_past(1), last_logits_only=False)
+        expected = log_softmax(logits[0].astype(np.float32))[np.arange(ids.shape[1] - 1), ids[0, 1:]]
+        np.testing.assert_allclose(logprobs.token_logprobs[1:], expected, atol=1e-4, rtol=0)
+        for top, chosen, token in zip(logprobs.top_logprobs[1:], logprobs.token_logprobs[1:], logprobs.tokens[1:]):
+            assert top[token] == chosen and len(top) in (3, 4) and max(top.values()) >= chosen
+    assert reply.usage.completion_tokens == 0
+    plain = client.completions.create(model="model", prompt=PROMPTS[3], max_tokens=0, echo=True).choices[0]
+    assert plain.text == PROMPTS[3] and plain.logprobs is None and plain.finish_reason == "length"
+    # then the new tokens, greedy, their offsets after the prompt's; streamed: the same tokens and log-probabilities
+    body = dict(model="model", prompt=PROMPTS[0], max_tokens=4, temperature=0, echo=True, logprobs=1)
+    whole = client.completions.create(**body).choices[0]
+    head = client.completions.create(**{**body, "max_tokens": 0}).choices[0].logprobs
+    n = len(head.tokens)
+    assert whole.logprobs.token_logprobs[:n] == head.token_logprobs and len(whole.logprobs.tokens) == n + 4
+    assert whole.logprobs.text_offset[n:] == [len("".join(whole.logprobs.tokens[:i])) for i in range(n, n + 4)]
+    assert whole.text == PROMPTS[0] + alone[PROMPTS[0]][0][: len(whole.text) - len(PROMPTS[0])]
+    chunks = [c.choices[0] for c in client.completions.create(**body, stream=True) if c.choices]
+    assert "".join(c.text for c in chunks) == whole.text
+    streamed = [lp for c in chunks if c.logprobs for lp in c.logprobs.token_logprobs]
+    assert streamed == whole.logprobs.token_logprobs
+
+
 HOSTILE = [
     ("not-json", b"{bad", 400, None),
     ("not-an-object", b"[1]", 400, None),
@@ -222,6 +271,7 @@ HOSTILE = [
     ("suffix", {"model": "model", "prompt": "a", "suffix": "b"}, 400, "suffix"),
     ("best-of", {"model": "model", "prompt": "a", "best_of": 3}, 400, "best_of"),
     ("empty-prompt", {"model": "model", "prompt": ""}, 400, "prompt"),
+    ("max-tokens-0-without-echo", {"model": "model", "prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
     ("unknown-model", {"model": "gpt-4", "prompt": "a"}, 404, "model"),
 ]
 
@@ -390,10 +440,12 @@ CHATS = [
 # the server with short limits, as a library call (the CLI keeps the defaults): headers due in 3 s, a body in 2
 GUARDED = (
     "import sys\nfrom gpt2onnx.serving.openai.server import open_openai_server\n"
-    "s = open_openai_server(sys.argv[1], port=0, api_key=sys.argv[2], header_timeout=3, body_timeout=2)\n"
+    "s = open_openai_server(sys.argv[1], port=0, api_key=sys.argv[2], header_timeout=3, body_timeout=2,\n"
+    "                       max_connections=int(sys.argv[3]))\n"
     "print(f'serving {s.folder} at {s.url}/v1', flush=True)\ns.serve_forever()\n"
 )
 IDLE_CONNECTIONS = 1000
+MAX_CONNECTIONS = IDLE_CONNECTIONS + 50  # the chat server's connection limit
 
 
 def rendered(messages: list[dict]) -> str:
@@ -434,7 +486,7 @@ def chat_server(chat_export, tmp_path_factory):
     if wanted < IDLE_CONNECTIONS + 200:
         pytest.skip(f"this process may open {hard} files, fewer than {IDLE_CONNECTIONS} connections need")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
-    command = [sys.executable, "-c", GUARDED, str(chat_export), KEY]
+    command = [sys.executable, "-c", GUARDED, str(chat_export), KEY, str(MAX_CONNECTIONS)]
     served = start(chat_export, tmp_path_factory.mktemp("chat-serve") / "stderr.txt", command=command)
     yield served
     served.proc.kill()
@@ -725,3 +777,27 @@ def test_a_thousand_idle_connections(chat_server, alone):
     after = _vmrss_kb(chat_server.proc.pid)
     # measured: +5.3 MB held, +5.4 MB after (the allocator keeps what it freed); the bounds leave 3-4x that
     assert held - before < 24 * 1024 and after - before < 16 * 1024, (before, held, after)
+
+
+def test_past_the_connection_limit_a_503_in_openais_body(chat_server, alone):
+    """Past the server's connection limit (idle connections count), a request gets 503 with OpenAI's error body
+    (not uvicorn's plain-text "Service Unavailable") and its connection is closed; once they go, it serves."""
+    import socket
+
+    idle = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            idle.append(socket.create_connection(_address(chat_server)))
+        reply = httpx.post(f"{chat_server.url}/completions", json={"model": "model", "prompt": "a", "max_tokens": 1},
+                           headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+    finally:
+        for s in idle:
+            s.close()
+    assert reply.status_code == 503 and reply.headers["content-type"] == "application/json", reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "too_many_connections"
+    assert reply.headers["connection"] == "close"
+    time.sleep(0.5)
+    with chat_server.client() as client:
+        text = client.completions.create(model="model", prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0)
+    assert text.choices[0].text == alone[PROMPTS[1]][0]

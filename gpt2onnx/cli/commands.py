@@ -812,6 +812,12 @@ def serve(
     ] = None,
     max_batch: Annotated[Optional[int], typer.Option(help="Requests decoded together \\[16].")] = None,
     max_queue: Annotated[Optional[int], typer.Option(help="Requests waiting beyond those \\[256].")] = None,
+    header_timeout: Annotated[
+        Optional[float], typer.Option(help="Seconds a client has to send a request's headers \\[10].")
+    ] = None,
+    body_timeout: Annotated[
+        Optional[float], typer.Option(help="Seconds a client has to send a request's body \\[30].")
+    ] = None,
     endpoint: Annotated[
         str, typer.Option(help="openai, web, or auto: web where the folder has index.html, else openai.")
     ] = "auto",
@@ -828,12 +834,14 @@ def serve(
             folder, host=host or HOST, port=port, api_key=api_key,
             max_batch=16 if max_batch is None else max_batch,
             max_queue=256 if max_queue is None else max_queue, verify_files=verify_files,
+            header_timeout=header_timeout, **({} if body_timeout is None else {"body_timeout": body_timeout}),
         )  # fmt: skip
         print(f"serving {model.folder} at {model.url}/v1 (OpenAI API; Ctrl-C stops)", flush=True)
         model.serve_forever()
         return
     given = [name for name, value in (("--host", host), ("--api-key", api_key), ("--max-batch", max_batch),
-                                      ("--max-queue", max_queue)) if value is not None]  # fmt: skip
+                                      ("--max-queue", max_queue), ("--header-timeout", header_timeout),
+                                      ("--body-timeout", body_timeout)) if value is not None]  # fmt: skip
     if given:
         raise BadInput(
             f"{', '.join(given)}: for the OpenAI endpoint, and '{folder}' is served as a web folder (it has"

@@ -111,6 +111,9 @@ class TokenEvent:
     error: Gpt2OnnxError | None = None
     # per token, where the request asked for them: its log-probability and the top tokens' (id, log-probability)
     logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
+    # on the request's first event, where it asked for them (prompt_logprobs): per prompt token, the same given the
+    # tokens before it (None for the first token, which has none before it)
+    prompt_logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]] | None, ...] | None = None
 
     @property
     def last(self) -> bool:
@@ -131,6 +134,7 @@ class Completion:
     seconds: float | None = None
     error: Gpt2OnnxError | None = None
     complete: bool | None = None  # with a constraint: its tokens are a complete match (None: no constraint)
+    prompt_logprobs: tuple | None = None  # as the first TokenEvent's, where the request asked for them
 
 
 class GenerationStream:
@@ -209,6 +213,9 @@ class _Request:
     first_token: float | None = None
     bias: Bias = Bias()
     logprobs: int | None = None  # the top tokens' log-probabilities wanted (None: none, not even the chosen's)
+    prompt_logprobs: int | None = None  # the same for each prompt token (None: the prompt's are not computed)
+    prompt_scores: tuple | None = None  # those, computed by the prompt step
+    prompt_sent: bool = False  # whether an event carried them
     pending: tuple | None = None  # the chosen token's log-probabilities until its event
     constraint: object = None  # gpt2onnx.decoding.constraints.TokenConstraint
     matcher: object = None  # its matcher for this request's row
@@ -339,6 +346,7 @@ class BatchingEngine:
         logprobs: int | None = None,
         constraint: Constraint | None = None,
         adapter: str | None = None,
+        prompt_logprobs: int | None = None,
     ) -> GenerationStream:
         """Queue one request: ``prompt`` as text (needs the tokenizer) or token ids; the decoding options of
         generate. Checked here, in the caller's thread (BadInput, one line), before it is queued. ``on_event``:
@@ -350,12 +358,16 @@ class BatchingEngine:
         logits before any processor (as vLLM's default). ``constraint``: what this request may write
         (:class:`~gpt2onnx.decoding.constraints.Constraint`; each request its own), its completion's ``complete``
         saying whether the tokens are a complete match. ``adapter``: a switchable LoRA adapter of the folder, by
-        name (:attr:`adapters`; None: the base)."""
+        name (:attr:`adapters`; None: the base). ``prompt_logprobs``: the first event (and the completion) also
+        carries each prompt token's log-probability given the tokens before it and the ``prompt_logprobs`` most
+        likely tokens' there (the first token: None); only such a request's prompt step computes every position's
+        logits; with it ``max_new_tokens`` may be 0: the prompt step only, ended with ``length``."""
         if speculation is not None:
             raise BadInput(f"{NOT_SPECULATIVE}: drop speculation")
         ids = self.reader.ids(prompt)  # types first: a float or a bytes prompt is no list of ids
         max_new_tokens = whole_number("max_new_tokens", max_new_tokens)
-        check_new_tokens(max_new_tokens)
+        if max_new_tokens != 0 or decoding.beams or prompt_logprobs is None:  # 0: the prompt's log-probabilities only
+            check_new_tokens(max_new_tokens)
         if not isinstance(sampling, Sampling) or not isinstance(decoding, Decoding):
             raise BadInput("sampling and decoding must be gpt2onnx's Sampling and Decoding")
         check_pair(sampling, decoding)
@@ -368,6 +380,19 @@ class BatchingEngine:
                 raise BadInput(f"logprobs {logprobs} is not an integer from 0 to {MAX_LOGPROBS}: ask for fewer")
             if decoding.beams:
                 raise BadInput("logprobs are not given with beam search: drop one of them")
+        if prompt_logprobs is not None:
+            prompt_logprobs = whole_number("prompt_logprobs", prompt_logprobs)
+            if not 0 <= prompt_logprobs <= MAX_LOGPROBS:
+                raise BadInput(
+                    f"prompt_logprobs {prompt_logprobs} is not an integer from 0 to {MAX_LOGPROBS}: ask for fewer"
+                )
+            if decoding.beams:
+                raise BadInput("prompt_logprobs are not given with beam search: drop one of them")
+            if self._model is not None and self._model.facts.logits_last:
+                raise BadInput(
+                    "prompt_logprobs need every position's logits, and this folder returns the last only: export it"
+                    " with --logits all"
+                )
         if bias.on and decoding.beams:
             raise BadInput("logit_bias and presence or frequency penalties are not applied to beam search: drop them")
         resolve([self._runtime, request_declared(sampling, decoding), ENGINE]).check()  # what the engine serves
@@ -393,6 +418,7 @@ class BatchingEngine:
             time.perf_counter(),
             bias=bias,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             constraint=bound,
             adapter=adapter,
             factors=factors,
@@ -522,8 +548,29 @@ class BatchingEngine:
         full_mask = self.prompter.prompt_mask(mask)
         empty = self.prompter.empty_past(len(ids), capacity=full_mask.shape[1])  # a static cache: the prompts' width
         _bind_factors(self.prompter, requests[0].factors)  # one adapter per group (_prefill)
-        logits, presents = self.prompter.run(ids, full_mask, position_ids_for(mask), empty)
-        keep = self._choose(requests, logits[:, -1])
+        scored = [i for i, r in enumerate(requests) if r.prompt_logprobs is not None]
+        logits, presents = self.prompter.run(
+            ids, full_mask, position_ids_for(mask), empty, last_logits_only=not scored
+        )  # every position's only where a request asks for its prompt's log-probabilities
+        if scored:
+            if logits.shape[1] != ids.shape[1]:
+                raise BadInput("prompt_logprobs need every position's logits: export the folder with --logits all")
+            for i in scored:  # a row's real tokens are its last len(prompt) columns (left padding)
+                request, rows = requests[i], logits[i, ids.shape[1] - len(requests[i].prompt) :]
+                request.prompt_scores = (None,) + tuple(
+                    top_logprobs(rows[j - 1], token, request.prompt_logprobs)
+                    for j, token in enumerate(request.prompt)
+                    if j > 0
+                )
+        going = []
+        for i, request in enumerate(requests):
+            if request.max_new_tokens == 0:
+                self._end(request, "length")
+            else:
+                going.append(i)
+        if not going:
+            return
+        keep = [going[k] for k in self._choose([requests[i] for i in going], logits[going, -1])]
         if not keep:
             return
         past = [_host(p)[keep] for p in presents]
@@ -626,7 +673,12 @@ class BatchingEngine:
             self._end(request, reason, token=token, piece=piece)
             return False
         logprobs = (request.pending,) if request.logprobs is not None else None
-        request.stream._emit(TokenEvent(request.id, (token,), piece, len(request.tokens) - 1, logprobs=logprobs))
+        request.stream._emit(
+            TokenEvent(
+                request.id, (token,), piece, len(request.tokens) - 1, logprobs=logprobs,
+                prompt_logprobs=_prompt_once(request),
+            )
+        )  # fmt: skip
         if request.stream.cancelled:
             self._end(request, "cancelled")
             return False
@@ -662,7 +714,9 @@ class BatchingEngine:
         logprobs = None
         if request.logprobs is not None:
             logprobs = () if token is None else (request.pending,)
-        request.stream._emit(TokenEvent(request.id, ids, piece + rest, index, reason, error, logprobs))
+        request.stream._emit(
+            TokenEvent(request.id, ids, piece + rest, index, reason, error, logprobs, _prompt_once(request))
+        )
         seconds = time.perf_counter() - request.submitted
         complete = request.constraint.accepts(request.tokens) if request.constraint is not None else None
         request.stream._finish(
@@ -676,6 +730,7 @@ class BatchingEngine:
                 seconds,
                 error,
                 complete,
+                request.prompt_scores,
             )
         )
 
@@ -776,6 +831,14 @@ class BatchingEngine:
                 complete,
             )
         )
+
+
+def _prompt_once(request: _Request) -> tuple | None:
+    """The request's prompt log-probabilities for its first event (None on the others, or where not asked)."""
+    if request.prompt_sent or request.prompt_scores is None:
+        return None
+    request.prompt_sent = True
+    return request.prompt_scores
 
 
 def _failure(err: Exception) -> Gpt2OnnxError:

@@ -5,11 +5,17 @@ connection that sends nothing, or sends its headers a byte at a time (slowloris)
 connection gets ``header_seconds`` to complete each request's headers (from when it opens, and from the end of each
 response); one that has not is closed. A request whose headers came is the app's: its body has ``body_seconds``
 (``routes._read_json``, 408 past it), and its response runs as long as it decodes.
+
+The connection limit is kept here too, not by uvicorn's ``limit_concurrency`` (whose 503 is plain text, "Service
+Unavailable"): each connection's app is wrapped in a small ASGI middleware (:func:`limited`) that, past
+``max_connections`` connections or requests in flight, answers 503 in OpenAI's error body and closes the
+connection, as uvicorn's would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 try:
@@ -19,6 +25,8 @@ except ImportError:  # not on Windows: no limit is set there
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from gpt2onnx.serving.openai.protocol import error_body
+
 log = logging.getLogger(__name__)
 HEADER_SECONDS = 10.0  # to send a request's headers (nginx's client_header_timeout is 60 s; slowloris needs less)
 FD_RESERVE = 256  # descriptors kept for the model's files, the engine's threads and the logs
@@ -26,6 +34,12 @@ FD_RESERVE = 256  # descriptors kept for the model's files, the engine's threads
 
 class _GuardedH11(H11Protocol):
     header_seconds = HEADER_SECONDS
+    max_connections: int | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.max_connections is not None:
+            self.app = limited(self.app, self.max_connections, lambda: max(len(self.connections), len(self.tasks)))
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
@@ -59,9 +73,38 @@ class _GuardedH11(H11Protocol):
             self.transport.close()
 
 
-def guarded_protocol(header_seconds: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, each request's headers due within ``header_seconds``."""
-    return type("GuardedH11", (_GuardedH11,), {"header_seconds": float(header_seconds)})
+def guarded_protocol(header_seconds: float, max_connections: int | None = None) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, each request's headers due within ``header_seconds``, and past ``max_connections``
+    connections (or requests in flight) a 503 in OpenAI's error body (None: no limit)."""
+    attributes = {"header_seconds": float(header_seconds), "max_connections": max_connections}
+    return type("GuardedH11", (_GuardedH11,), attributes)
+
+
+def limited(app, limit: int, count):
+    """``app`` behind a limit: a request that arrives while ``count()`` (the server's connections or requests in
+    flight, this one's included) is above ``limit`` gets OpenAI's 503 error body, and its connection is closed."""
+    body = json.dumps(
+        error_body(
+            f"the server holds its most connections ({limit}): retry later", type="service_unavailable",
+            code="too_many_connections",
+        )
+    ).encode()  # fmt: skip
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+        (b"retry-after", b"1"),
+    ]
+
+    async def guarded(scope, receive, send) -> None:
+        if scope["type"] != "http" or count() <= limit:
+            await app(scope, receive, send)
+            return
+        log.warning("%d connections or requests, past the limit of %d: answered 503", count(), limit)
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return guarded
 
 
 def connection_limit() -> int | None:

@@ -91,7 +91,7 @@ class CompletionRequest(Guided):
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict[str, Union[int, float]]] = None
     logprobs: Optional[int] = Field(None, ge=0)
-    max_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[int] = Field(None, ge=0)  # 0: with echo, the prompt only (serving checks)
     n: Optional[int] = Field(None, ge=1, le=MAX_CHOICES)
     presence_penalty: Optional[float] = None
     seed: Optional[int] = None

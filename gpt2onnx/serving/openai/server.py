@@ -5,11 +5,12 @@ exits (uvicorn's graceful shutdown, then the engine closed).
 Connections (the limits, and why): a request's headers are due within ``header_timeout`` seconds of the
 connection opening or of the previous response (:mod:`.connections`: uvicorn itself waits forever for them), its
 body within ``body_timeout`` (408 past it); a silent keep-alive connection is closed after ``KEEP_ALIVE_SECONDS``
-(uvicorn's and vLLM's 5 s). The listen backlog is 2,048 (the kernel caps it at net.core.somaxconn). uvicorn's
-``limit_concurrency`` counts idle connections too, so a low one would let idle connections turn real requests away
-with 503: it is set to the descriptors the process has (its soft limit raised to the hard one) less a reserve, so
-that past it a client gets a 503 rather than a refused accept; the requests decoding or waiting are bounded by
-``--max-batch`` and ``--max-queue`` (429)."""
+(uvicorn's and vLLM's 5 s). The listen backlog is 2,048 (the kernel caps it at net.core.somaxconn). The connection
+limit (kept by :mod:`.connections`, in place of uvicorn's ``limit_concurrency`` and its plain-text 503) counts idle
+connections too, so a low one would let idle connections turn real requests away with 503: it is the descriptors
+the process has (its soft limit raised to the hard one) less a reserve, so that past it a client gets a 503 in
+OpenAI's error body rather than a refused accept; the requests decoding or waiting are bounded by ``--max-batch``
+and ``--max-queue`` (429)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ KEEP_ALIVE_SECONDS = 5  # a keep-alive connection silent this long after a respo
 BODY_SECONDS = 30.0  # to send a request's body (at most 1 MiB: about 35 KB/s)
 BACKLOG = 2048
 MAX_QUEUE = 1 << 16
+MAX_TIMEOUT = 3600.0  # the longest header or body timeout, in seconds
 
 
 @dataclass
@@ -70,12 +72,15 @@ def open_openai_server(
     verify_files: bool = True,
     header_timeout: float | None = None,
     body_timeout: float = BODY_SECONDS,
+    max_connections: int | None = None,
 ) -> OpenAIServer:
     """Check ``folder`` (an exported model folder) and the settings, and bind ``host``:``port`` (0: any free
     port); the model loads when :meth:`OpenAIServer.serve_forever` starts. BadInput (one line) for a bad folder,
     setting or taken port, or a chat template it refuses (:mod:`.chat`); BadInput naming the extra where fastapi,
     uvicorn, openai or jinja2 is not installed. ``header_timeout`` (None: 10 s) and ``body_timeout``: the seconds a
-    client has to send a request's headers and its body (module docstring)."""
+    client has to send a request's headers and its body (module docstring), each above 0 and at most an hour;
+    ``max_connections``: the connections past which a request is answered 503 (None: the process's descriptors
+    less a reserve)."""
 
     folder = Path(folder)
     what = "give an exported model folder, or one written by gpt2onnx deploy --target web"
@@ -93,9 +98,14 @@ def open_openai_server(
             raise BadInput(f"{name} {value} is not an integer from {low} to {high}: give one")
     if api_key is not None and (not api_key.strip() or any(c.isspace() for c in api_key)):
         raise BadInput("--api-key is empty or holds spaces: give a key without spaces")
-    for name, value in (("header_timeout", header_timeout), ("body_timeout", body_timeout)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-            raise BadInput(f"{name} {value!r} is not a positive number of seconds: give one")
+    for name, value in (("--header-timeout", header_timeout), ("--body-timeout", body_timeout)):
+        wrong = isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_TIMEOUT
+        if value is not None and wrong:  # NaN and infinity too
+            raise BadInput(f"{name} {value!r} is not a number of seconds above 0 and at most {MAX_TIMEOUT:g}: give one")
+    if max_connections is not None and (
+        isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1
+    ):
+        raise BadInput(f"max_connections {max_connections!r} is not a positive integer: give one")
     try:
         import uvicorn
 
@@ -131,9 +141,12 @@ def open_openai_server(
         timeout_graceful_shutdown=DRAIN_SECONDS,
         lifespan="on",
         access_log=False,
-        http=guarded_protocol(HEADER_SECONDS if header_timeout is None else header_timeout),
+        http=guarded_protocol(
+            HEADER_SECONDS if header_timeout is None else header_timeout,
+            connection_limit() if max_connections is None else max_connections,
+        ),
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
-        limit_concurrency=connection_limit(),
+        limit_concurrency=None,  # kept by the protocol, with OpenAI's error body (.connections)
         backlog=BACKLOG,
     )
     bound_host, bound_port = sock.getsockname()[:2]

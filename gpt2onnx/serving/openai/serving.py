@@ -7,7 +7,10 @@ sampling (``Sampling``: temperature, ``top_p``, ``seed``, the choice's index add
 choices differ); ``stop`` is ``Decoding.stop``, its string cut from the text as OpenAI returns it; ``logit_bias``,
 ``presence_penalty`` and ``frequency_penalty`` are a :class:`~gpt2onnx.decoding.processors.Bias`; ``max_tokens``
 is ``max_new_tokens`` (16 when omitted, as OpenAI); ``logprobs`` come from the engine (the model's log-softmax,
-before any processor). A request whose client goes away is cancelled in the engine.
+before any processor). With ``echo`` they start with the prompt's tokens, as OpenAI's legacy completions give them
+(what lm-evaluation-harness scores with): the first None, each later one given the tokens before it, from the
+engine's prompt step (``submit(prompt_logprobs=)``); ``max_tokens`` 0 with ``echo`` returns the prompt only. A
+request whose client goes away is cancelled in the engine.
 """
 
 from __future__ import annotations
@@ -69,12 +72,15 @@ class _Choice:
     sent: str = ""  # the part of it given to the client (a stop string and what may begin one held back)
     finish_reason: str | None = None
     logprobs: list = field(default_factory=list)
+    prompt_logprobs: tuple | None = None  # with echo and logprobs: the prompt's, from the first event
     first: float | None = None
     last_token: float | None = None
 
     def push(self, event: TokenEvent) -> str:
         """The text this event lets the client see."""
         self.tokens.extend(event.token_ids)
+        if event.prompt_logprobs is not None:
+            self.prompt_logprobs = event.prompt_logprobs
         if event.logprobs:
             self.logprobs.extend(event.logprobs)
         self.raw += event.text
@@ -131,8 +137,10 @@ class CompletionServing:
             raise ApiError(
                 400, f"best_of {request.best_of} is not offered (only best_of = n, {n}): drop it", param="best_of"
             )
-        if request.echo and request.logprobs is not None:
-            raise ApiError(400, "logprobs of the echoed prompt are not offered: drop echo or logprobs", param="echo")
+        if request.max_tokens == 0 and not request.echo:
+            raise ApiError(
+                400, "max_tokens 0 returns nothing without echo: give 1 or more, or set echo", param="max_tokens"
+            )
         stops = request.stops()
         if len(stops) > MAX_STOP or any(not s for s in stops):
             raise ApiError(400, f"stop takes 1 to {MAX_STOP} non-empty strings", param="stop")
@@ -159,7 +167,8 @@ class CompletionServing:
                 choices.append((sampling, decoding))
         except BadInput as err:
             raise ApiError(400, str(err), param=_param_of(str(err))) from None
-        return request.max_tokens or DEFAULT_MAX_TOKENS, choices, bias
+        max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
+        return max_tokens, choices, bias
 
     def _prompt_ids(self, request: CompletionRequest) -> list[list[int]]:
         prompts = request.prompts()
@@ -274,6 +283,7 @@ class CompletionServing:
                         decoding=decoding,
                         bias=bias,
                         logprobs=request.logprobs,
+                        prompt_logprobs=_prompt_logprobs(request, max_tokens),
                         on_event=_deliver(loop, events, choice.index, self._ended),
                         constraint=constraint,
                         adapter=adapter,
@@ -349,10 +359,18 @@ class _Run:
         completion = sum(len(c.tokens) for c in self.choices)
         return CompletionUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
-    def _logprobs(self, choice: _Choice, entries: list, offset: int) -> Logprobs | None:
+    def _logprobs(self, choice: _Choice, entries: list, offset: int, *, prompt: bool = False) -> Logprobs | None:
+        """``entries``' tokens from ``offset`` in the text; ``prompt``: the echoed prompt's first (from 0)."""
         if self.request.logprobs is None:
             return None
         tokens, token_logprobs, top, offsets = [], [], [], []
+        if prompt:
+            for token, entry in zip(choice.prompt_ids, choice.prompt_logprobs or ()):
+                piece = self._piece(token)
+                tokens.append(piece)
+                offsets.append(sum(len(t) for t in tokens[:-1]))
+                token_logprobs.append(None if entry is None else entry[0])
+                top.append(None if entry is None else {**{self._piece(t): lp for t, lp in entry[1]}, piece: entry[0]})
         for token, (chosen, best) in zip(choice.tokens[len(choice.tokens) - len(entries) :], entries):
             piece = self._piece(token)
             tokens.append(piece)
@@ -360,7 +378,9 @@ class _Run:
             top.append({**{self._piece(t): lp for t, lp in best}, piece: chosen})
             offsets.append(offset)
             offset += len(piece)
-        return Logprobs(tokens=tokens, token_logprobs=token_logprobs, top_logprobs=top, text_offset=offsets)
+        # built unvalidated: the echoed prompt's first token has no log-probability (null, as OpenAI sends it)
+        return Logprobs.model_construct(tokens=tokens, token_logprobs=token_logprobs, top_logprobs=top,
+                                        text_offset=offsets)  # fmt: skip
 
     def _piece(self, token: int) -> str:
         return self.tokenizer.decode([token]) if self.tokenizer is not None else str(token)
@@ -391,7 +411,7 @@ class _Run:
                 index=c.index,
                 text=c.echo + c.sent,
                 finish_reason=c.finish_reason,
-                logprobs=self._logprobs(c, c.logprobs, len(c.echo)),
+                logprobs=self._logprobs(c, c.logprobs, len(c.echo), prompt=bool(c.echo)),
             )
             for c in self.choices
         ]
@@ -402,7 +422,9 @@ class _Run:
         return completion.model_dump(mode="json", exclude_unset=True)
 
     def _opening(self) -> list[str]:
-        """The chunks before the first token: the echoed prompts."""
+        """The chunks before the first token: the echoed prompts (with logprobs: with their first event)."""
+        if self.request.logprobs is not None:
+            return []
         return [self._chunk(c, c.echo, None, [], 0) for c in self.choices if c.echo]
 
     def _usage_chunk(self) -> str:
@@ -430,6 +452,9 @@ class _Run:
                     yield f"data: {json.dumps(error_body(str(failed.error), type='server_error'))}\n\n"
                     break
                 entries = choice.logprobs[before:]
+                if event.prompt_logprobs is not None and choice.echo and self.request.logprobs is not None:
+                    # the echoed prompt, its logprobs now known
+                    yield self._chunk(choice, choice.echo, None, [], 0, prompt=True)
                 if text or entries or event.last:
                     yield self._chunk(choice, text, choice.finish_reason if event.last else None, entries, offset)
             options = self.request.stream_options
@@ -441,7 +466,7 @@ class _Run:
                 log.info("a client went away mid-stream: its request is cancelled")
                 self._cancel()
 
-    def _chunk(self, choice: _Choice, text: str, finish_reason, entries: list, offset: int) -> str:
+    def _chunk(self, choice: _Choice, text: str, finish_reason, entries: list, offset: int, prompt=False) -> str:
         chunk = Completion(
             id=self.id, object="text_completion", created=self.created, model=self.request.model,
             choices=[
@@ -449,7 +474,7 @@ class _Run:
                 # OpenAI sends it and its client reads it)
                 CompletionChoice.model_construct(
                     index=choice.index, text=text, finish_reason=finish_reason,
-                    logprobs=self._logprobs(choice, entries, offset),
+                    logprobs=self._logprobs(choice, entries, offset, prompt=prompt),
                 )
             ],
         )  # fmt: skip
@@ -518,6 +543,14 @@ class _Failed(Exception):
     def __init__(self, error: Exception):
         super().__init__(str(error))
         self.error = error
+
+
+def _prompt_logprobs(request: CompletionRequest, max_tokens: int) -> int | None:
+    """What the engine is asked of the prompt's log-probabilities: echo's with logprobs, and for max_tokens 0 (the
+    engine's prompt step alone) at least the chosen's."""
+    if request.echo and request.logprobs is not None:
+        return request.logprobs
+    return 0 if max_tokens == 0 else None
 
 
 def _token_key(key: str) -> int:
