@@ -99,6 +99,8 @@ FACTS: dict[str, Fact] = {
         Fact("checks_proposals", False, "check of proposals in one step"),  # a stepper that crops its cache
         Fact("batches_rows", False, "batch that rows join and leave"),
         Fact("adapter_per_request", False, "switchable LoRA adapter per request"),  # the batching engine's
+        Fact("binds_adapters", False, "binding of a switchable LoRA adapter's factors"),  # a runtime's (--adapter)
+        Fact("adapter_files", False, "switchable LoRA adapter files"),  # a folder's NAME.onnx_adapter (--adapters)
         Fact("transformers_js_dtype", None, "transformers.js dtype"),
         Fact("data_files", 0, "external data files"),
         Fact("vocab_size", None, "vocabulary"),  # a folder's, where a draft's is compared with it

@@ -4741,4 +4741,17 @@ CASES += [
         B,
         match="has no adapter 'x'",
     ),
+    # parity, eval, bench, check --adapter: one declaration, the same refusal before any work (issue 56)
+    Case("parity-adapter-not-switchable", "message", ("parity", "{exp}", "--adapter", "x"), B, match="has no adapter"),
+    Case(
+        "eval-adapter-not-switchable",
+        "message",
+        ("eval", "{exp}", "--text", "t.txt", "--adapter", "x"),
+        B,
+        lambda c: (c.dir / "t.txt").write_text("Hello, world. " * 20),
+        match="has no adapter 'x'",
+    ),
+    Case("bench-adapter-not-switchable", "message", ("bench", "{exp}", "--adapter", "x"), B, match="has no adapter"),
+    Case("check-adapter-not-switchable", "message", ("check", "{exp}", "--adapter", "x"), B, match="has no adapter"),
+    Case("check-adapter-no-folder", "options", ("check", "-m", "{src}", "--adapter", "x"), B, match="give the folder"),
 ]

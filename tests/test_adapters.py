@@ -262,6 +262,81 @@ def test_switchable_refusals(switchable, merged):
     assert result.exit_code == 2 and "its adapters: docs, rs" in result.output
 
 
+# -- parity, eval, bench, check and deploy with a switchable adapter -------------------------------------------
+def test_switchable_parity_with_each_adapter(switchable):
+    """parity --adapter NAME: the folder with NAME active against PEFT's merge of the folder the manifest records,
+    under fp32's gates. Not vacuous: 'rs' moves every module far beyond fp32's gate (see generate above), so an
+    adapter missing on either side (the slots left at the base, the reference without the merge) fails it."""
+    from gpt2onnx.verify.parity import parity
+
+    for name in ("docs", "rs"):
+        report = parity(switchable.folder, adapter=name, cases=2, max_batch=2)
+        assert report.passed, report.failures
+        assert report.against == f"PyTorch with adapter '{name}' (PEFT, merged)"
+
+
+def test_switchable_eval_and_bench_with_an_adapter(switchable, merged, trained_checkpoint, tmp_path):
+    """eval --adapter docs scores what the merged export of the same adapter scores (fp32 both, graphs that differ
+    only by summation order: perplexities within 1e-4 relative, KL to PEFT's model under 1e-6), and not what the
+    base scores (more than 1e-3 apart); bench --adapter measures the base and +docs in the same rounds."""
+    from gpt2onnx.verify.evaluate import evaluate
+
+    text = tmp_path / "heldout.txt"
+    text.write_text((trained_checkpoint / "heldout.txt").read_text()[:3000])
+    runner = CliRunner()
+    out = tmp_path / "eval.json"
+    argv = ["eval", str(switchable.folder), "--adapter", "docs", "--text", str(text), "--greedy-tokens", "8"]
+    result = runner.invoke(app, [*argv, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    ours = json.loads(out.read_text())
+    row = ours["rows"][0]
+    assert "adapter 'docs'" in row["label"] and "adapter 'docs' merged by PEFT" in ours["protocol"]["reference"]
+    assert row["kl"]["mean"] < 1e-6  # logits ~1e-6 apart give a KL ~1e-12; the adapter off would give ~1e-2
+    merged_ppl = evaluate([merged.folder], text=text, greedy_tokens=0).rows[0].ppl
+    base_ppl = evaluate([switchable.folder], text=text, greedy_tokens=0).rows[0].ppl
+    assert row["ppl"] == pytest.approx(merged_ppl, rel=1e-4)
+    assert abs(base_ppl - row["ppl"]) > 1e-3 * row["ppl"]
+
+    out = tmp_path / "bench.json"
+    argv = ["bench", str(switchable.folder), "--adapter", "docs", "--batch", "1", "--prompt-len", "8"]
+    argv += ["--new-tokens", "4", "--warmup", "0", "--repeat", "2", "--json", str(out)]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    runs = json.loads(out.read_text())["runs"]
+    assert [run["label"] for run in runs] == ["m", "m +docs"]
+    assert "decode_ms" in runs[1]["extra"]["rounds"]["ratio_to_baseline"]  # the adapter's cost, round by round
+
+
+def test_switchable_adapter_runtimes_and_targets_declared(switchable):
+    """Declared, answered before any work: a runtime with a loop of its own binds no adapter (check's verdict,
+    generate's one line); a target that would drop the adapter files refuses the folder, nothing written."""
+    runner = CliRunner()
+    folder = str(switchable.folder)
+    result = runner.invoke(app, ["check", folder, "--adapter", "docs", "--runtime", "genai"])
+    assert result.exit_code == 1 and "binds no LoRA adapter's factors" in result.output
+    result = runner.invoke(app, ["check", folder, "--adapter", "docs"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["generate", folder, "--ids", "1,2", "--adapter", "docs", "--runtime", "genai"])
+    assert result.exit_code == 2 and "the adapter 'docs' (--adapter) needs a runtime that binds" in result.output
+    for target in ("genai", "triton"):
+        out = switchable.folder.parent / f"deployed-{target}"
+        result = runner.invoke(app, ["deploy", folder, "--target", target, "-o", str(out)])
+        assert result.exit_code == 2 and "without its switchable LoRA adapters" in result.output
+        assert not out.exists()
+
+
+def test_adapters_page_holds_the_generated_table():
+    """docs/adapters.md's runtime/target table is gpt2onnx.preflight.adapter_support.markdown() (the declarations),
+    and it says what the declarations say today: onnxruntime and the engine take an adapter, genai does not."""
+    from gpt2onnx.preflight.adapter_support import markdown
+
+    table = markdown()
+    assert table in (Path(__file__).parents[1] / "docs" / "adapters.md").read_text()
+    assert "| runtime onnxruntime | yes |" in table
+    assert "| the batching engine (an adapter per request) | yes |" in table
+    assert "| runtime genai | no: " in table and "| deploy --target genai | no: " in table
+
+
 # -- the batching engine and the OpenAI server: an adapter per request -----------------------------------------
 @pytest.fixture(scope="module")
 def served(trained_checkpoint, lora, tmp_path_factory):

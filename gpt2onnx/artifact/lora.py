@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt2onnx.artifact.folder import ModelFolder
+from gpt2onnx.capabilities import Declared, Need
 from gpt2onnx.errors import BadInput, IntegrityError
 from gpt2onnx.files import sha256_file
 
@@ -68,3 +69,25 @@ def adapter_of(model: ModelFolder, name: str) -> Path:
     if record is None or not path.is_file() or sha256_file(path) != record.sha256:
         raise IntegrityError(f"'{path}' is missing or changed since the export (sha256): export the folder again")
     return path
+
+
+def adapter_declared(name: str) -> Declared:
+    """What activating switchable adapter ``name`` needs of a runtime (gpt2onnx.capabilities): one that binds its
+    factors to the graph's slots on every run (onnxruntime's steppers; a loop of its own does not)."""
+    why = "needs a runtime that binds its factors to the graph's slots on each run"
+    need = Need("binds_adapters", allowed={True}, why=why)
+    return Declared("adapter", name, f"--adapter {name}", requires=(need,), label=f"the adapter {name!r} (--adapter)")
+
+
+def adapter_files_declared(model: ModelFolder) -> list[Declared]:
+    """A folder with switchable adapters (NAME.onnx_adapter): what a deploy target must carry; none without."""
+    names = model.manifest.adapters if model.manifest is not None else {}
+    return [adapter_files_choice(str(model.folder), tuple(names))] if names else []
+
+
+def adapter_files_choice(folder: str, names: tuple[str, ...]) -> Declared:
+    """What a folder with switchable adapters ``names`` is, as a choice of the resolver's."""
+    says = {"adapter_files": f"keeps switchable LoRA adapters beside its graph ({', '.join(names)})"}
+    label = f"'{folder}' (switchable adapters)"
+    ensures = {"adapter_files": True}
+    return Declared("adapters", "switchable", ensures=ensures, says=says, origin="folder", label=label)

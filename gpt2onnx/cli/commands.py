@@ -19,6 +19,7 @@ from gpt2onnx.cli.app import DefaultedGroup, app, console, err_console, ignore_i
 from gpt2onnx.cli.options import (
     OUTPUT_FILE,
     OUTPUT_FOLDER,
+    AdapterNameOpt,
     BatchesOpt,
     CsvOpt,
     FolderArg,
@@ -246,9 +247,7 @@ def generate(
     options: RunOptions = None,
     speculation: Optional[Speculation] = None,
     wanted: Optional[ConstraintOptions] = None,
-    adapter: Annotated[
-        Optional[str], typer.Option(metavar="NAME", help="A switchable LoRA adapter of the folder, active.")
-    ] = None,
+    adapter: AdapterNameOpt = None,
 ) -> None:
     """Generate a continuation, streaming the new tokens (greedy, sampling or beam search, as transformers).
 
@@ -305,6 +304,7 @@ def parity(
         ),
     ] = None,
     options: RunOptions = None,
+    adapter: AdapterNameOpt = None,
 ) -> None:
     """Check an exported model against PyTorch; exit 1 if a gate fails."""
     from gpt2onnx.verify.parity import parity  # lazy: torch
@@ -323,6 +323,7 @@ def parity(
             emulate_fp16=emulate_fp16,
             verify_files=options.verify_files,
             text=text,
+            adapter=adapter,
         )
     render.parity_report(report)
     if json_path:
@@ -373,6 +374,7 @@ def bench(
     runtime: RuntimesOpt = "onnxruntime",
     options: RunOptions = None,
     speculation: Optional[Speculation] = None,
+    adapter: AdapterNameOpt = None,
 ) -> None:
     """Measure first-token and decode latency, tokens/s and memory (medians over interleaved rounds).
 
@@ -381,7 +383,8 @@ def bench(
     runtimes = runtime_options(parse_runtimes(runtime), options.flags)
     pasts = parse_batches(past, what="past lengths (--past)") if past else ()
     config = BenchConfig(parse_batches(batch), prompt_len, new_tokens, warmup, repeat, pasts=pasts, capacity=capacity)
-    measured = len(folders) * len(runtimes) * (1 + (speculation is not None)) + (baseline == "torch")
+    measured = len(folders) * (1 + (adapter is not None)) * len(runtimes) * (1 + (speculation is not None))
+    measured += baseline == "torch"
     runs = measured * len(config.batches) * (warmup + repeat)
     with render.progress("benchmark", runs) as step:
         report = run_bench(
@@ -398,6 +401,7 @@ def bench(
             before_writing=ignore_interrupts,
             csv_path=csv_path,
             markdown_path=markdown_path,
+            adapter=adapter,
         )
     render.benched(report, plot)
 
@@ -773,6 +777,7 @@ def eval_command(
     ] = None,
     runtime: RuntimeOpt = "onnxruntime",
     options: RunOptions = None,
+    adapter: AdapterNameOpt = None,
 ) -> None:
     """Perplexity on real text (sliding windows), and KL, top-1 and greedy agreement against a reference."""
     from gpt2onnx.verify.evaluate import evaluate  # lazy: torch
@@ -791,6 +796,7 @@ def eval_command(
             greedy_tokens=greedy_tokens,
             verify_files=options.verify_files,
             on_window=step,
+            adapter=adapter,
         )
     render.evaluated(report)
     if json_path:
@@ -885,6 +891,7 @@ def check(
     search: Search = None,
     speculation: Speculation = None,
     wanted: Optional[ConstraintOptions] = None,
+    adapter: AdapterNameOpt = None,
 ) -> None:
     """Say whether a folder (or a planned export) works with a runtime, provider, targets, decoding and the engine."""
     if matrix:  # every combination, as Markdown: an option beside it would be ignored, so it is refused
@@ -905,6 +912,7 @@ def check(
             "--prompt-lookup/--draft": speculation is not None,
             "--json-schema/--regex/--grammar/--choice": any(vars(wanted).values()),
             "--json": json_path is not None,
+            "--adapter": adapter is not None,
         }
         if any(given.values()):
             dropped = ", ".join(name for name, on in given.items() if on)
@@ -943,6 +951,7 @@ def check(
         command=command,
         verify_files=options.verify_files,
         constraint=constraint,
+        adapter=adapter,
     )
     render.preflighted(result)
     if json_path is not None:

@@ -163,6 +163,10 @@ RuntimesOpt = Annotated[
     str, typer.Option("--runtime", "-r", metavar="LIST", help=f"{', '.join(RUNTIMES)} (comma-separated).")
 ]
 ReferenceOpt = Annotated[Optional[str], typer.Option(help="Reference \\[default: the manifest's source].")]
+# generate, parity, eval, bench, check: a switchable LoRA adapter of the folder (export --adapters), by name
+AdapterNameOpt = Annotated[
+    Optional[str], typer.Option("--adapter", metavar="NAME", help="A switchable LoRA adapter of the folder, active.")
+]
 # the workload of bench's subcommands (each names its parameter batch, prompt_len, new_tokens)
 BatchesOpt = Annotated[str, typer.Option(metavar="LIST", help="Batch sizes, comma-separated.")]
 PromptLenOpt = Annotated[int, typer.Option(help="Prompt tokens per row.")]

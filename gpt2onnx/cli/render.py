@@ -516,7 +516,7 @@ def _bench_rounds(report: BenchReport) -> None:
 
 def _bench_notes(report: BenchReport, runtimes: int, plot: Path | None) -> None:
     """Below the table: each folder's precision and size, TF32, the speed-ups over PyTorch, the plot."""
-    models = report.models[::runtimes]
+    models = list({model.model: model for model in report.models[::runtimes]}.values())  # bench --adapter: twice
     for model, name in zip(models, folder_labels([Path(model.model).parent for model in models])):
         text = f"{name}: {model.precision}, {size(model.model_bytes)}"
         line(text + (f"; {model.placement.summary()}" if model.placement is not None else ""))

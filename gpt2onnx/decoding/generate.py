@@ -22,7 +22,7 @@ from gpt2onnx.artifact.generation import (
     read_generation_config,
     request_declared,
 )
-from gpt2onnx.artifact.lora import adapter_of
+from gpt2onnx.artifact.lora import adapter_declared, adapter_of
 from gpt2onnx.decoding.all_strategies import strategy_for
 from gpt2onnx.decoding.beam import beam_search_bytes
 from gpt2onnx.decoding.constraints import FLAGS, Constraint, TokenConstraint, vocabulary_of
@@ -270,6 +270,8 @@ def generate(
     draft_model = speculation_draft(model, speculation, sampling, decoding, options, verify_files)
     strategy = [speculation.declared] if speculation is not None else []
     strategy += [constraint.declared] if constraint is not None else []
+    adapter_path = adapter_of(model, adapter) if adapter is not None else None  # a name the folder has
+    strategy += [adapter_declared(adapter)] if adapter is not None else []  # a runtime that binds its factors
     decoder = open_runtime(model, options, request_declared(sampling, decoding), *strategy)
     draft = None
     stream = TextStream(request.tokenizer if prompts else None)
@@ -282,11 +284,8 @@ def generate(
         on_text("token", stream.push(int(new_ids[0])))
 
     try:
-        if adapter is not None:
-            activate = getattr(decoder, "activate_adapter", None)
-            if activate is None:
-                raise BadInput(f"--adapter runs on onnxruntime's stepper, not on {options.name}: drop one of them")
-            activate(adapter_of(model, adapter))
+        if adapter_path is not None:
+            decoder.activate_adapter(adapter_path)
         if draft_model is not None:
             draft = open_runtime(draft_model, options)
         result = _decode(

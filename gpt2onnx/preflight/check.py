@@ -11,6 +11,7 @@ from pathlib import Path
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding, Sampling, request_declared
 from gpt2onnx.artifact.graph import load_graph
+from gpt2onnx.artifact.lora import adapter_declared, adapter_files_declared, adapter_of
 from gpt2onnx.capabilities import Declared, Need, RefusedOptions, Unsupported, resolve
 from gpt2onnx.choices.of_folder import folder_choices
 from gpt2onnx.decoding.generate import open_draft
@@ -81,6 +82,7 @@ def preflight(
     command: str | None = None,
     verify_files: bool = False,
     constraint=None,
+    adapter: str | None = None,
 ) -> Preflight:
     """Whether the choices work together, answered from their declarations before any work.
 
@@ -98,10 +100,13 @@ def preflight(
         command: the command that will run it (bench, parity, eval need per-step logits: runtimes.base.COMMANDS).
         constraint: what a request may write (gpt2onnx.decoding.constraints.Constraint): a decoding feature that
             runtimes with a loop of their own (genai, ort-generate) lack.
+        adapter: a switchable LoRA adapter of the folder, active (a runtime that binds its factors: onnxruntime).
 
     Returns: Preflight. Raises: BadInput (a choice that does not exist, a folder or a draft that is not one)."""
     if (folder is None) == (plan is None) or (folder is not None and (model is not None or logits != "all")):
         raise BadInput("give a folder to check, or an export's planned options (--model/--fusion/...), one of them")
+    if adapter is not None and folder is None:
+        raise BadInput("--adapter names a switchable adapter of an exported folder: give the folder")
     chosen: list[Declared] = []
     kernels: tuple[str, ...] = ()
     if isinstance(plan, dict):
@@ -115,13 +120,17 @@ def preflight(
             return Preflight(refused.verdict.choices, False, conflicts)
     if folder is not None:
         opened = open_folder(folder, verify_files=verify_files)
-        chosen += folder_choices(opened.facts, str(opened.folder))
+        chosen += [*folder_choices(opened.facts, str(opened.folder)), *adapter_files_declared(opened)]
+        if adapter is not None:  # a name the folder has (else one line, exit 2), then what it needs of a runtime
+            adapter_of(opened, adapter)
+            chosen.append(adapter_declared(adapter))
     else:
         chosen += [*plan.choices(), Declared("logits", logits, f"--logits {logits}", ensures={"logits": logits})]
         architecture = architecture_of(model)
         chosen += [architecture] if architecture is not None else []
     asks_a_run = (
-        engine
+        adapter is not None
+        or engine
         or command is not None
         or speculation is not None
         or sampling is not None

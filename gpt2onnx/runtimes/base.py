@@ -77,6 +77,7 @@ class Capabilities:
     proposals: bool = False  # runs a step of several new tokens on a past and crops its cache (speculative decoding)
     batches: bool = False  # its steppers take rows that join and leave a running batch (the batching engine)
     preallocates: bool = False  # its cache is one buffer per sequence, allocated once at a capacity (bench --capacity)
+    adapters: bool = False  # binds a switchable LoRA adapter's factors to the graph's slots on its runs (--adapter)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class RuntimeSpec:
                 "step_logits": caps.steps,
                 "checks_proposals": caps.proposals,
                 "batches_rows": caps.batches,
+                "binds_adapters": caps.adapters,
             },
             requires=self.requires,
             says={
@@ -116,6 +118,7 @@ class RuntimeSpec:
                 "checks_proposals": "runs no step of several proposals on its cache",
                 "batches_rows": "keeps no batch that rows join and leave",
                 "step_logits": "gives no per-step logits",
+                "binds_adapters": "binds no LoRA adapter's factors to a graph's slots",
             },
         )
 

@@ -182,7 +182,7 @@ class OnnxDecoder(StepRuntime):
 
     runtime = "onnxruntime"
     version = ort.__version__
-    capabilities = Capabilities(past_of_length=True, memory_check=True, proposals=True, batches=True)
+    capabilities = Capabilities(past_of_length=True, memory_check=True, proposals=True, batches=True, adapters=True)
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         self.session = session
@@ -379,7 +379,9 @@ class SharedCacheDecoder(OnnxDecoder):
     the cache back dequantized, as the float values attention reads.
     """
 
-    capabilities = Capabilities(past_of_length=True, memory_check=True, proposals=True, batches=True, preallocates=True)
+    capabilities = Capabilities(
+        past_of_length=True, memory_check=True, proposals=True, batches=True, preallocates=True, adapters=True
+    )
 
     def __init__(
         self,
@@ -508,7 +510,9 @@ class StaticCacheDecoder(OnnxDecoder):
     needs more rows or columns than they have.
     """
 
-    capabilities = Capabilities(past_of_length=True, memory_check=True, proposals=True, batches=True, preallocates=True)
+    capabilities = Capabilities(
+        past_of_length=True, memory_check=True, proposals=True, batches=True, preallocates=True, adapters=True
+    )
 
     def __init__(self, session: ort.InferenceSession, *, n_positions: int | None = None, device_id: int = 0):
         super().__init__(session, n_positions=n_positions, device_id=device_id)

@@ -45,6 +45,7 @@ from gpt2onnx.artifact.folder import (
     staged_folder,
     write_manifest,
 )
+from gpt2onnx.artifact.lora import adapter_files_declared
 from gpt2onnx.artifact.manifest import DeployRecord, Manifest
 from gpt2onnx.artifact.paths import check_output_path, real_location
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON, ensure_tokenizer_json
@@ -128,7 +129,7 @@ def deploy(
 def check_targets(opened, chosen) -> None:
     """Whether the folder can be deployed to every target asked for (and those they need): Unsupported, in one
     line, before anything is written."""
-    folder = folder_choices(opened.facts, str(opened.folder))
+    folder = [*folder_choices(opened.facts, str(opened.folder)), *adapter_files_declared(opened)]
     alternatives = {**graph_alternatives(), "target": [spec.declared for spec in target_specs()]}
     resolve([*folder, *(spec.declared for spec in chosen)], alternatives=alternatives).check()
 

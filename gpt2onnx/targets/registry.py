@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.capabilities import Declared
+from gpt2onnx.capabilities import Declared, Need
 from gpt2onnx.errors import BadInput
 
 # name → the module that defines its SPEC, in the order they are written (a target after those it needs)
@@ -65,10 +65,21 @@ class TargetSpec:
     aliases: tuple[str, ...] = ()  # other spellings accepted by --target
     undo: Callable[[Path], None] | None = None  # removes what an earlier deploy of it wrote into shared files
     requires: tuple = ()  # what it needs of a folder (gpt2onnx.capabilities: Need, Lacks), before anything is written
+    carries_adapters: bool = False  # it writes a folder's switchable LoRA adapter files where its runtime reads them
 
     @property
     def declared(self) -> Declared:
-        return Declared("target", self.name, f"--target {self.name}", requires=self.requires)
+        adapters = () if self.carries_adapters else (DROPS_ADAPTERS,)
+        return Declared("target", self.name, f"--target {self.name}", requires=(*self.requires, *adapters))
+
+
+# a target that does not carry switchable adapters would serve the base alone: refused, not silently dropped
+DROPS_ADAPTERS = Need(
+    "adapter_files",
+    allowed={False},
+    why="deploys the base graph without its switchable LoRA adapters",
+    fix="export the adapter merged for this target (gpt2onnx export --adapter DIR)",
+)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Callable
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding, Sampling
+from gpt2onnx.artifact.lora import adapter_declared, adapter_of
 from gpt2onnx.artifact.paths import check_output_files, folder_labels
 from gpt2onnx.decoding.generate import speculation_draft
 from gpt2onnx.decoding.speculative import Speculation
@@ -20,7 +21,7 @@ from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic, write_text_atomic
 from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.precisions.all_precisions import PRECISIONS
-from gpt2onnx.runtimes.base import RuntimeOptions
+from gpt2onnx.runtimes.base import RuntimeOptions, check_combination
 from gpt2onnx.runtimes.providers import TF32_OVERRIDE, ProviderConfig
 from gpt2onnx.verify.harness import csv_of
 from gpt2onnx.verify.timing import (
@@ -230,6 +231,7 @@ def bench(
     before_writing: Callable[[], None] | None = None,
     csv_path: str | Path | None = None,
     markdown_path: str | Path | None = None,
+    adapter: str | None = None,
 ) -> BenchReport:
     """Measure exported folders side by side on one or several runtimes and one workload, and optionally
     PyTorch eager.
@@ -255,6 +257,9 @@ def bench(
             checked for every folder (and the draft's vocabulary) before anything is measured.
         before_writing: called once everything is measured, right before ``plot`` and ``json_path`` are written
             (the CLI ignores Ctrl-C from there: an interrupted run writes nothing).
+        adapter: a switchable LoRA adapter (export --adapters): each folder is measured twice in the same rounds,
+            the base (no adapter) and with ``adapter`` active (labelled "+NAME"), so that the ratio is the decode
+            cost of an active adapter; checked for every folder and runtime before anything is measured.
 
     Returns:
         BenchReport: ``models``, per folder and runtime (runtime, provider, node placement, machine, versions,
@@ -282,22 +287,22 @@ def bench(
         check_plot_path(plot)  # before minutes of measuring, not after
     if speculation is not None:
         _check_speculation(folders, runtimes, speculation)
+    adapters = _check_adapter(folders, runtimes, adapter) if adapter is not None else {}
     base = PeakMemory.current()  # before any model: each folder's memory is told from here
     subjects = []
     try:
         for folder, name in zip(folders, folder_labels(folders)):
-            for runtime in runtimes:
-                label = name + (f" {runtime.name}" if len(runtimes) > 1 else "")
-                subjects.append(
-                    open_subject(
-                        folder,
-                        runtime,
-                        config,
-                        label=label,
-                        speculation=speculation,
-                        verify_files=verify_files,
+            for active in (None, adapters[folder]) if adapters else (None,):
+                for runtime in runtimes:
+                    label = name + (f" +{adapter}" if active is not None else "")
+                    label += f" {runtime.name}" if len(runtimes) > 1 else ""
+                    subjects.append(
+                        open_subject(
+                            folder, runtime, config, label=label, speculation=speculation, verify_files=verify_files
+                        )
                     )
-                )
+                    if active is not None:  # the same graph, its slots bound to the adapter's factors
+                        subjects[-1].decoder.activate_adapter(active)
         results = measure_folders(subjects, config, base_bytes=base, progress=progress, speculation=speculation)
     finally:
         for subject in subjects:
@@ -322,6 +327,17 @@ def bench(
     if markdown_path is not None:
         write_text_atomic(markdown_path, report.markdown())
     return report
+
+
+def _check_adapter(folders, runtimes: list[RuntimeOptions], adapter: str) -> dict:
+    """Before anything is measured: each folder has the adapter, each runtime binds its factors; its files."""
+    found = {}
+    for folder in folders:
+        model = open_folder(folder, verify_files=False)
+        found[folder] = adapter_of(model, adapter)
+        for runtime in runtimes:
+            check_combination(model, runtime, adapter_declared(adapter))
+    return found
 
 
 def _check_speculation(folders, runtimes: list[RuntimeOptions], speculation: Speculation) -> None:

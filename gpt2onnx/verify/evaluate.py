@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from gpt2onnx.artifact.folder import MODEL_FILE, TOKENIZER_FILES, ModelFolder, open_folder, read_n_positions
+from gpt2onnx.artifact.lora import adapter_declared, adapter_of
 from gpt2onnx.artifact.report import (
     CheckReport,
     EvalProtocol,
@@ -49,7 +50,7 @@ from gpt2onnx.machine import describe_machine
 from gpt2onnx.precisions.all_precisions import FP32, precision_of
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model, reference_step
-from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.base import RuntimeOptions, check_combination, open_runtime
 from gpt2onnx.runtimes.decoder import file_shape, position_ids_for
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.gates import EvalGates
@@ -201,9 +202,12 @@ class _Tally:
 
 # -- the models: candidates on a runtime, the reference on PyTorch or a runtime ------------------------------
 class _RuntimeScorer:
-    def __init__(self, label: str, model: ModelFolder, runtime: RuntimeOptions):
+    def __init__(self, label: str, model: ModelFolder, runtime: RuntimeOptions, adapter: str | None = None):
         self.label, self.model = label, model
         self.runner = open_runtime(model, runtime)
+        if adapter is not None:  # a switchable LoRA adapter, active (checked before any model was loaded)
+            self.runner.activate_adapter(adapter_of(model, adapter))
+            self.label = f"{label} (adapter '{adapter}')"
         self.runtime, self.provider = runtime.name, self.runner.provider
         self.precision = precision_of(model.facts).name
         self.vocab_size, self.n_positions = self.runner.vocab_size, model.n_positions
@@ -303,12 +307,19 @@ def _same_source(models: list[ModelFolder]) -> None:
             )
 
 
-def _reference_scorer(models: list[ModelFolder], reference: str | None, runtime: RuntimeOptions, verify_files: bool):
+def _reference_scorer(
+    models: list[ModelFolder], reference: str | None, runtime: RuntimeOptions, verify_files: bool, adapter=None
+):
     """The reference the folders are compared with, refused when its architecture (vocabulary, layers, heads,
-    head size) is not every folder's: figures against another model mean nothing."""
-    from gpt2onnx.verify.parity import check_reference_matches, reference_checkpoint
+    head size) is not every folder's: figures against another model mean nothing. ``adapter``: a switchable
+    adapter's name, merged by PEFT into the reference checkpoint from the folder the first folder's manifest
+    records."""
+    from gpt2onnx.verify.parity import check_reference_matches, reference_checkpoint, with_switchable_adapter
 
-    if reference is not None and (Path(reference) / "model.onnx").is_file():
+    is_folder = reference is not None and (Path(reference) / "model.onnx").is_file()
+    if is_folder and adapter is not None:
+        raise BadInput("--adapter is compared with PyTorch with the adapter merged: give a checkpoint as --reference")
+    if is_folder:
         # a reference folder runs on onnxruntime: the folders' own settings there, else their thread count
         on_ort = (
             runtime
@@ -331,6 +342,9 @@ def _reference_scorer(models: list[ModelFolder], reference: str | None, runtime:
         label = f"PyTorch fp32 ({ckpt.name}, the manifest's source)"
     else:
         ckpt, label = load_checkpoint(reference, option="--reference"), f"PyTorch fp32 ({reference})"
+    if adapter is not None:
+        ckpt = with_switchable_adapter(models[0], ckpt, adapter)
+        label = f"{label[:-1]}, adapter '{adapter}' merged by PEFT)"
     for model in models:
         check_reference_matches(model, ckpt)
     return _TorchScorer(label, ckpt)
@@ -355,6 +369,7 @@ def evaluate(
     greedy_tokens: int = 64,
     verify_files: bool = True,
     on_window: Callable[[int, int], None] | None = None,
+    adapter: str | None = None,
 ) -> EvalReport:
     """Perplexity of exported folders on real text, side by side, and their figures against a reference.
 
@@ -373,6 +388,8 @@ def evaluate(
         greedy_tokens: new tokens of the greedy comparison from the text's first 32 tokens (0: none).
         verify_files: check the model files against the manifest's sha256 first.
         on_window: called with (windows done, windows in all) after each window, for progress.
+        adapter: a switchable LoRA adapter (export --adapters), active in every folder; the reference is the
+            checkpoint with it merged by PEFT (from the adapter folder the first folder's manifest records).
 
     Returns:
         EvalReport: the protocol, the reference's row, one row per folder (with its CheckReport when gated).
@@ -391,6 +408,9 @@ def evaluate(
     runtime = runtime or RuntimeOptions()
     runtime.requires("eval")
     models = [open_folder(f, verify_files=verify_files) for f in folders]
+    for model in models if adapter is not None else ():  # a name each folder has, on a runtime that binds it
+        adapter_of(model, adapter)
+        check_combination(model, runtime, adapter_declared(adapter))
     windows = windows.fit(min(m.n_positions for m in models))  # before any model is loaded
     tokenizer_folder = _tokenizer_folder([m.folder for m in models], None, required=False)
     summary = None
@@ -400,13 +420,13 @@ def evaluate(
         next(source.chunks(), None)  # a dataset that cannot be loaded fails before the models load
     scorers: list = []
     try:
-        ref = _reference_scorer(models, reference, runtime, verify_files)
+        ref = _reference_scorer(models, reference, runtime, verify_files, adapter)
         scorers.append(ref)
         if tokenizer_folder is None:  # folders without tokenizer files (optimum's, say) use the reference's
             fallback = ref.ckpt.companion_dir if isinstance(ref, _TorchScorer) else ref.model.folder
             tokenizer_folder = _tokenizer_folder([m.folder for m in models], fallback)
         for model in models:
-            scorers.append(_RuntimeScorer(str(model.folder), model, runtime))
+            scorers.append(_RuntimeScorer(str(model.folder), model, runtime, adapter))
         text = _Text(load_tokenizer(tokenizer_folder), source, tokenizer_folder, summary)
         return _run(scorers[1:], ref, text, windows, gates=gates, greedy_tokens=greedy_tokens, on_window=on_window)
     finally:

@@ -21,6 +21,7 @@ from onnx import numpy_helper
 
 from gpt2onnx.artifact.folder import ModelFolder, open_folder, read_n_positions
 from gpt2onnx.artifact.graph import load_model, save_onnx
+from gpt2onnx.artifact.lora import adapter_declared, adapter_of
 from gpt2onnx.artifact.manifest import QuantizationRecord
 from gpt2onnx.artifact.report import CheckReport, WeightRounding
 from gpt2onnx.errors import BadInput
@@ -29,7 +30,7 @@ from gpt2onnx.machine import describe_machine
 from gpt2onnx.precisions import all_precisions as precisions
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint, with_adapter
 from gpt2onnx.pytorch.reference import reference_model
-from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.base import RuntimeOptions, check_combination, open_runtime
 from gpt2onnx.runtimes.decoder import cpu_decoder, file_shape
 from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session, session_placement
 from gpt2onnx.verify.gates import (
@@ -443,10 +444,11 @@ def reference_checkpoint(model: ModelFolder, reference: str | None = None) -> Ch
     return _with_recorded_adapter(model, ckpt)
 
 
-def _with_recorded_adapter(model: ModelFolder, ckpt: Checkpoint) -> Checkpoint:
+def _with_recorded_adapter(model: ModelFolder, ckpt: Checkpoint, record=None) -> Checkpoint:
     """The source checkpoint with the LoRA adapter the manifest records merged in (PEFT's model the reference),
-    refused where the adapter's files changed since the export."""
-    record = model.manifest.adapter
+    refused where the adapter's files changed since the export. ``record``: a switchable adapter's record
+    (default: the merged one, if any)."""
+    record = record or model.manifest.adapter
     if record is None:
         return ckpt
     folder = Path(record.path)
@@ -457,6 +459,13 @@ def _with_recorded_adapter(model: ModelFolder, ckpt: Checkpoint) -> Checkpoint:
                 " (--reference), or export again"
             )
     return with_adapter(ckpt, folder, option="the manifest's adapter")
+
+
+def with_switchable_adapter(model: ModelFolder, ckpt: Checkpoint, name: str) -> Checkpoint:
+    """``ckpt`` (the base) with switchable adapter ``name`` merged as PEFT merges it, from the source folder the
+    manifest records for it (checked against its sha256): the reference of a run with that adapter active."""
+    adapter_of(model, name)  # a name the folder has
+    return _with_recorded_adapter(model, ckpt, model.manifest.adapters[name])
 
 
 def check_reference_matches(model: ModelFolder, ckpt: Checkpoint) -> None:
@@ -489,6 +498,7 @@ def parity(
     emulate_fp16: bool = False,
     verify_files: bool = True,
     text: str | Path | None = None,
+    adapter: str | None = None,
 ) -> CheckReport:
     """Randomized cases of an exported folder against the PyTorch reference rebuilt from its manifest.
 
@@ -509,6 +519,8 @@ def parity(
         verify_files: check the model files against the manifest's sha256 first.
         text: a UTF-8 text file: the prompts are stretches of it, tokenized by the folder's tokenizer, at seeded
             offsets (instead of random token ids); the cases are otherwise the same.
+        adapter: a switchable LoRA adapter of the folder (export --adapters), active; the reference is the
+            source (or ``reference``) with that adapter merged by PEFT from the folder the manifest records.
 
     Returns:
         CheckReport with the totals, the failures (empty when it passed), every case, ``placement`` (onnxruntime:
@@ -532,6 +544,10 @@ def parity(
     if onnxruntime is not None:
         max_batch = min(max_batch, onnxruntime.max_batch)  # TensorRT's profile covers batches up to max_batch
     model = open_folder(folder, verify_files=verify_files)
+    adapter_path = None
+    if adapter is not None:  # a name the folder has, on a runtime that binds its factors: before any work
+        adapter_path = adapter_of(model, adapter)
+        check_combination(model, runtime, adapter_declared(adapter))
     text_ids = prompt_text_ids(model, text) if text is not None else None
     # fp32 with TF32 matmuls (--tf32) has its own gates; every other precision keeps its own
     written = precisions.precision_of(model.facts)
@@ -547,7 +563,11 @@ def parity(
                 model, model_path=write_emulated_fp16(model.model_path, Path(tmp) / "model.onnx")
             )
         ckpt = reference_checkpoint(model, reference)
+        if adapter is not None:
+            ckpt = with_switchable_adapter(model, ckpt, adapter)
         decoder = open_runtime(model, runtime)
+        if adapter_path is not None:
+            decoder.activate_adapter(adapter_path)
         check_reference_matches(model, ckpt)
         if text_ids is not None and text_ids.max() >= ckpt.spec.vocab_size:
             raise BadInput(
@@ -562,7 +582,7 @@ def parity(
         plan = CheckPlan(
             family,
             reference_model(ckpt),
-            PYTORCH,
+            PYTORCH if adapter is None else f"{PYTORCH} with adapter '{adapter}' (PEFT, merged)",
             tuple(random_cases(cases, seed=seed, n_positions=model.n_positions, max_batch=max_batch)),
             ckpt.spec.vocab_size,
             model.n_positions,
