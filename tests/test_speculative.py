@@ -340,9 +340,18 @@ def test_bench_speculative_on_real_prompts(trained_export, tmp_path):
     """bench speculative: per kind of real prompt, gpt2onnx's greedy and prompt lookup beside transformers' greedy
     and prompt_lookup_num_tokens, in rotating rounds with the ratio to gpt2onnx's greedy; gpt2onnx's proposals keep
     its greedy tokens; without a proposer, refused in one line."""
+    import torch
+
     out, table = tmp_path / "s.json", tmp_path / "s.md"
     args = ["--prompt-lookup", "6", "--new-tokens", "12", "--warmup", "0", "--repeat", "2", "--json", str(out)]
-    result = runner.invoke(app, ["bench", "speculative", str(trained_export), *args, "--md", str(table)])
+    # one thread for onnxruntime and torch (which the bench sets for the process: put back after): with the
+    # default, the two runtimes' thread pools alternate on a shared 2-core runner, 16 to 100 s instead of 6 to 9
+    threads = torch.get_num_threads()
+    try:
+        command = ["bench", "speculative", str(trained_export), *args, "--md", str(table), "--threads", "1"]
+        result = runner.invoke(app, command)
+    finally:
+        torch.set_num_threads(threads)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     names = ["gpt2onnx greedy", "gpt2onnx prompt-lookup 6", "transformers greedy", "transformers prompt-lookup 6"]
