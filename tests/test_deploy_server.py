@@ -3,10 +3,12 @@
 manifests are built with the ``kserve`` and ``kubernetes`` packages' model classes (tests/runtimes/
 server_files_check.py, under .venv-triton: skips without it, fails under CI=1); the image's layout (the files its
 COPY names, in /models/NAME) is served by its CMD in a process that cannot import what the image lacks (torch,
-transformers, onnxscript), and answers OpenAI's client. About 20 s beyond the shared fixtures."""
+transformers, onnxscript), and answers OpenAI's client; a switchable export's layout serves each adapter as
+NAME:ADAPTER. About 27 s beyond the shared fixtures."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -194,15 +196,14 @@ def test_the_server_column_is_the_batching_engines_on_cpu():
         assert served.ok == engine.ok, (passes, served.conflicts, engine.conflicts)
 
 
-def test_the_images_layout_serves_openais_client_without_torch(trained_export, tmp_path):
-    """What the image would hold, without an engine: the files its COPY names, in /models/NAME's place, served by
-    its CMD (on 127.0.0.1 and a free port here) in a process where torch, transformers and gpt2onnx's other export
-    dependencies cannot be imported; OpenAI's client lists the model by NAME and gets a completion."""
+@contextlib.contextmanager
+def image_layout_served(out: Path, tmp_path: Path):
+    """What the image would hold, without an engine: the files the Dockerfile's COPY names, in /models/NAME's place,
+    served by its CMD (on 127.0.0.1 and a free port here) in a process where torch, transformers and gpt2onnx's
+    other export dependencies cannot be imported. Yields OpenAI's client on it, once /ready answers."""
     openai = pytest.importorskip("openai")
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
-    out = tmp_path / "deployed"
-    deploy(trained_export, "server", out=out, server_name="gpt2-test")
     dockerfile = (out / "Dockerfile").read_text().splitlines()
     (copy,) = [line for line in dockerfile if line.startswith("COPY [")]
     (cmd,) = [line for line in dockerfile if line.startswith("CMD [")]
@@ -238,11 +239,73 @@ def test_the_images_layout_serves_openais_client_without_torch(trained_export, t
         while httpx.get(f"{root}/ready").status_code != 200:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.1)
-        client = openai.OpenAI(base_url=f"{root}/v1", api_key="none", max_retries=0)
-        assert [m.id for m in client.models.list().data] == ["gpt2-test"]
-        completion = client.completions.create(model="gpt2-test", prompt="Return the", max_tokens=4, temperature=0)
-        assert completion.usage.completion_tokens == 4 and completion.choices[0].text
+        yield openai.OpenAI(base_url=f"{root}/v1", api_key="none", max_retries=0)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     assert "not in the image" not in log.read_text()
+
+
+def test_the_images_layout_serves_openais_client_without_torch(trained_export, tmp_path):
+    """The image's layout served by its CMD without torch: OpenAI's client lists the model by NAME and gets a
+    completion."""
+    out = tmp_path / "deployed"
+    deploy(trained_export, "server", out=out, server_name="gpt2-test")
+    with image_layout_served(out, tmp_path) as client:
+        assert [m.id for m in client.models.list().data] == ["gpt2-test"]
+        completion = client.completions.create(model="gpt2-test", prompt="Return the", max_tokens=4, temperature=0)
+        assert completion.usage.completion_tokens == 4 and completion.choices[0].text
+
+
+@pytest.fixture(scope="module")
+def switchable_export(trained_checkpoint, tmp_path_factory) -> Path:
+    """A switchable export of the trained checkpoint with one adapter, 'hot': a real PEFT LoRA (rank 4, alpha 64,
+    every module) with random non-zero factors, so that its greedy continuation differs from the base's."""
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from transformers import GPT2LMHeadModel
+
+    from gpt2onnx.exporters.switchable import export_switchable
+
+    torch.manual_seed(3)
+    base = GPT2LMHeadModel.from_pretrained(trained_checkpoint, attn_implementation="eager").eval()
+    config = peft.LoraConfig(
+        r=4, lora_alpha=64, target_modules=["c_attn", "c_proj", "c_fc"], init_lora_weights=False, fan_in_fan_out=True
+    )
+    hot = tmp_path_factory.mktemp("hot") / "hot"
+    peft.get_peft_model(base, config).save_pretrained(hot)
+    out = tmp_path_factory.mktemp("switchable") / "m"
+    return export_switchable(str(trained_checkpoint), out, adapters={"hot": hot}).folder
+
+
+def test_the_images_layout_serves_a_switchable_folders_adapters(switchable_export, trained_export, tmp_path):
+    """A switchable folder deploys (the target carries its adapter files): the image copies what it copies of the
+    same checkpoint exported without adapters, and hot.onnx_adapter, nothing else. Its layout, served by its CMD
+    without torch, verifies against the manifest (each file's sha256, the adapter's too), lists NAME and NAME:hot,
+    and a completion for NAME:hot has the greedy text of generate with the adapter, which differs from the base's
+    (the base's completion, for NAME, too)."""
+    from gpt2onnx.decoding.generate import generate
+
+    out = tmp_path / "deployed"
+    deploy(switchable_export, "server", out=out, server_name="gpt2-test")
+    base_out = tmp_path / "base-deployed"  # the same checkpoint exported without adapters
+    deploy(trained_export, "server", out=base_out, server_name="gpt2-test")
+
+    def copied(folder: Path) -> list[str]:
+        (copy,) = [line for line in (folder / "Dockerfile").read_text().splitlines() if line.startswith("COPY [")]
+        return json.loads(copy.removeprefix("COPY "))[:-1]
+
+    assert sorted(copied(out)) == sorted([*copied(base_out), "hot.onnx_adapter"])
+    assert "!hot.onnx_adapter" in (out / ".dockerignore").read_text().splitlines()
+    prompt, new = "Return the number of", 6
+    expected = {
+        adapter: generate(out, prompts=[prompt], max_new_tokens=new, adapter=adapter).texts[0]
+        for adapter in (None, "hot")
+    }
+    assert expected[None] != expected["hot"]
+    with image_layout_served(out, tmp_path) as client:
+        assert [m.id for m in client.models.list().data] == ["gpt2-test", "gpt2-test:hot"]
+        for adapter, text in expected.items():
+            model = "gpt2-test" + (f":{adapter}" if adapter else "")
+            completion = client.completions.create(model=model, prompt=prompt, max_tokens=new, temperature=0)
+            assert completion.model == model and completion.choices[0].text == text

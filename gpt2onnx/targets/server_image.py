@@ -7,7 +7,8 @@
 
 NAME is a DNS-1123 label (``--server-name``, default: the deployed folder's name made one): the image's model
 folder, so the model's id in the API, and the manifests' names. The build context is the folder, limited by
-.dockerignore to the files the Dockerfile copies (the model, its config and tokenizer files, the manifest):
+.dockerignore to the files the Dockerfile copies (the model, its config and tokenizer files, a switchable export's
+NAME.onnx_adapter files, served as model "NAME:ADAPTER", the manifest):
 nothing from the folder runs while the image is built, and the other targets' files stay out of it. gpt2onnx
 comes from a wheel given as the named build context ``wheels`` (docs/deploy.md). Each replica is one server whose
 engine decodes up to ``--server-batch`` requests together: that is its ``--max-batch`` and KServe's
@@ -21,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from gpt2onnx.artifact.folder import CONFIG_FILE, MANIFEST_NAME, read_json_file
+from gpt2onnx.artifact.lora import adapter_file
 from gpt2onnx.artifact.manifest import MODEL_FILE
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON
 from gpt2onnx.errors import BadInput, ContractError, shown
@@ -316,6 +318,14 @@ def served_files(deployment: Deployment) -> tuple[str, ...]:
             )
     if MODEL_FILE not in files:
         raise ContractError(f"'{source.folder}' has no {MODEL_FILE} of its own: deploy an exported folder")
+    # a switchable folder's NAME.onnx_adapter files: the server binds one per request (model "ID:NAME")
+    missing = [
+        adapter_file(staging, n).name for n in source.manifest.adapters if adapter_file(staging, n).name not in files
+    ]
+    if missing:
+        raise ContractError(
+            f"'{source.folder}' lists adapter files it does not hold ({', '.join(missing)}): export the folder again"
+        )
     return (*files, MANIFEST_NAME)
 
 
@@ -364,4 +374,5 @@ SPEC = TargetSpec(
     # it runs the batching engine on onnxruntime's CPU provider, which takes every export (the compatibility
     # matrix's "batching engine" column; tests/test_deploy_server.py holds the two columns equal)
     requires=(),
+    carries_adapters=True,  # served_files copies each NAME.onnx_adapter; gpt2onnx serve takes model "ID:NAME"
 )
