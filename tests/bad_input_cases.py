@@ -4712,12 +4712,12 @@ CASES.extend(
 
 CASES += [
     Case(
-        "adapters-switchable-int8",
+        "adapters-switchable-fp16",
         "options",
-        ("export", "--model", "{src}", "--adapters", "x=a", "--quantize", "int8", "-o", "out"),
+        ("export", "--model", "{src}", "--adapters", "x=a", "--dtype", "fp16", "-o", "out"),
         B,
         lora_folder(),
-        match="switchable adapters .* fp32, unfused and checked: drop --int8",
+        match="switchable adapters .* fp32 slots on an fp32 or quantized base, and checked: drop --dtype fp16",
     ),
     Case(
         "adapters-no-dir",

@@ -298,9 +298,10 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
     return write_manifest(folder, manifest), check, quality
 
 
-def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
+def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float], *, before_passes=None):
     """The checkpoint as an ONNX graph (the whole decoder, or one block) with the passes applied, and its IO
-    contract; returns (PassResult, io, kind)."""
+    contract; returns (PassResult, io, kind). ``before_passes(proto)``: a rewrite of the exported graph (in
+    place) before any pass (switchable LoRA slots, which the quantizers then leave fp32)."""
     spec, passes, last = ckpt.spec, options.passes, options.logits == "last"
     with timed(timings, "export"):
         with torch.device("meta"):
@@ -314,6 +315,8 @@ def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float]):
             module, io, kind, head = BlockForExport(full.h[options.block]), block_io(spec), "block", None
         log.info("exporting %s (%s, opset %d)", ckpt.name, kind, options.opset)
         proto = export_module(module, io, spec, opset=options.opset, head_weight=head)
+    if before_passes is not None:
+        before_passes(proto)
     calibration = calibration_for(
         passes.quantization, ckpt.companion_dir, vocab_size=spec.vocab_size, n_positions=spec.n_positions
     )

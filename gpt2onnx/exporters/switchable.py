@@ -1,6 +1,7 @@
 """Switchable LoRA export: one base graph with a LoRA slot on every adapted weight, and one adapter file per name
 in onnxruntime's adapter format (gpt2onnx.passes.lora_slots). The base alone (no adapter active: rank-0 slots) is
-checked against the base, and each adapter, active, against PEFT's PeftModel with that adapter."""
+checked against the base, and each adapter, active, against PEFT's PeftModel with that adapter. A quantized base
+keeps its slots fp32 (QLoRA's shape): they are added before the passes, and the quantizers leave them alone."""
 
 from __future__ import annotations
 
@@ -48,9 +49,12 @@ def parse_adapters(text: str) -> dict[str, Path]:
 
 
 def _check_options(options: ExportOptions) -> None:
-    """Switchable slots are MatMuls beside fp32 weights on the unfused graph: what else is asked, refused."""
+    """Switchable slots are fp32 MatMuls beside the base's (fp32 or quantized) on the unfused graph: what else is
+    asked, refused."""
+    precision = options.passes.precision
+    float_base = (precision.exact or precision.quantized) and options.passes.dtype == FP32.dtype
     asked = [
-        (not options.passes.precision.exact or options.passes.dtype != FP32.dtype, f"--{options.precision}"),
+        (not float_base, f"--dtype {options.dtype}"),
         (options.passes.profile is not UNFUSED, f"--fusion {options.fusion}"),
         (options.block is not None, "--block"),
         (options.passes.cache_format is not None, f"--kv-cache {options.kv_cache}"),
@@ -60,7 +64,8 @@ def _check_options(options: ExportOptions) -> None:
     for bad, flag in asked:
         if bad:
             raise BadInput(
-                f"switchable adapters (--adapters) are exported fp32, unfused and checked: drop {flag}, or export"
+                "switchable adapters (--adapters) are exported unfused, with fp32 slots on an fp32 or quantized base,"
+                f" and checked: drop {flag}, or export"
                 " each adapter merged (--adapter DIR), which takes every precision and profile"
             )
 
@@ -124,15 +129,21 @@ def _factors(ckpt: Checkpoint) -> dict:
 
 
 def _export_into(folder: Path, base: Checkpoint, adapted: dict, slots, options: ExportOptions, timings: dict):
-    passed, io, kind = _graph(base, options, timings)
-    add_lora_slots(passed.model, slots)
+    # the slots go in before the passes: a quantizer then leaves their MatMuls fp32 (gpt2onnx.precisions.weights)
+    passed, io, kind = _graph(base, options, timings, before_passes=lambda proto: add_lora_slots(proto, slots))
     with timed(timings, "save"):
         model_files = save_onnx(passed.model, folder / MODEL_FILE, external_data=options.external_data)
         for name, ckpt in adapted.items():
             write_adapter_file(adapter_file(folder, name), _factors(ckpt))
     graph_facts = graph_summary(passed.model)
     passed.model = None
-    check_args = dict(precision=options.precision, block=None, tolerance=options.tolerance, gates=options.gates)
+    check_args = dict(
+        precision=options.precision,
+        block=None,
+        tolerance=options.tolerance,
+        gates=options.gates,
+        quantization=passed.quantization,
+    )
     records = {}
     with timed(timings, "validate"):
         check = passed_or_refused(validate_export(folder / MODEL_FILE, base, **check_args))

@@ -20,6 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from gpt2onnx.artifact.graph import quantized_op_counts
+from gpt2onnx.artifact.lora import SLOT_PREFIX
 from gpt2onnx.artifact.manifest import QuantizationRecord
 from gpt2onnx.errors import BadInput
 from gpt2onnx.precisions.algorithms.algorithm import Calibration, Int4Algorithm
@@ -285,7 +286,11 @@ def share_tied_embedding(model: onnx.ModelProto) -> str | None:
 def _block_widths(model: onnx.ModelProto) -> set[int]:
     """The widths that blocks run along: each MatMul weight's input width (rows of a [K, N] weight; a Gemm's
     transposed tied head reads the embedding's width) and each embedding table's row width."""
-    shapes = {init.name: list(init.dims) for init in model.graph.initializer if len(init.dims) == 2}
+    shapes = {
+        init.name: list(init.dims)
+        for init in model.graph.initializer
+        if len(init.dims) == 2 and not init.name.startswith(SLOT_PREFIX)  # LoRA slots stay fp32
+    }
     widths = set()
     for node in model.graph.node:
         if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in shapes:
@@ -381,6 +386,8 @@ def quantize(
         gemm_to_matmul(model, head)
     # the head is quantized with the other MatMuls only at the precision's own width
     head_apart = {head.name} if head is not None and recipe.lm_head != recipe.method else set()
+    # a switchable LoRA slot's branch (gpt2onnx.passes.lora_slots) stays fp32 beside its quantized MatMul
+    head_apart |= {n.name for n in graph.node if any(i.startswith(SLOT_PREFIX) for i in n.input)}
     context = QuantizeContext(model, recipe, head, head_apart, gathers, calibration, int8_scheme)
     quantized, extra = precision.quantize(context)
     if recipe.embeddings == EIGHT_BIT_TABLES:

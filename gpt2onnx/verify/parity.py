@@ -235,11 +235,16 @@ def with_file_check(report: CheckReport, file_report: CheckReport, rounded: Roun
     return dataclasses.replace(report, rounded=file_report, quality_gates=rounded.why)
 
 
-def rounded_pytorch(model_path: Path, ckpt: Checkpoint, quantization: QuantizationRecord) -> RoundedReference:
-    """PyTorch with the quantized file's own dequantized weights, and how far those are from ``ckpt``'s."""
-    figures, weights = weight_rounding(load_model(model_path), lambda name: _tensor(ckpt, name), quantization)
+def rounded_pytorch(
+    model_path: Path, ckpt: Checkpoint, quantization: QuantizationRecord, *, switchable: bool = False
+) -> RoundedReference:
+    """PyTorch with the quantized file's own dequantized weights, and how far those are from ``ckpt``'s.
+    ``switchable``: the file holds the base quantized and ``ckpt``'s adapter in fp32 LoRA slots: the base's weights
+    rounded, with PEFT's adapter on top (not the merged weights rounded)."""
+    source = ckpt.base_state_dict if switchable else ckpt.state_dict
+    figures, weights = weight_rounding(load_model(model_path), lambda name: _tensor(source, name), quantization)
     trained, why = quality_gates_apply(ckpt.source)
-    rounded_model = reference_model(rounded_checkpoint(ckpt, weights))
+    rounded_model = reference_model(rounded_checkpoint(ckpt, weights, keep_adapter=switchable))
     against = f"{PYTORCH} with the file's rounded weights"
     return RoundedReference(rounded_model, against, figures, trained, why, quantization.algorithm)
 
@@ -305,7 +310,8 @@ def validate_export(
     """An export before it is written: fp32 on a left-padded batch of 3 (empty past, then two decode steps)
     within ``tolerance``; reduced precisions through their gates (a quantized one also judged by itself against
     PyTorch with its own rounded weights); a single block against its PyTorch block. ``adapter``: a switchable
-    graph with that LoRA adapter file active (fp32 only), ``ckpt`` carrying the same adapter."""
+    graph with that LoRA adapter file active, ``ckpt`` carrying the same adapter (a quantized base's rounded
+    reference: its rounded weights with PEFT's fp32 adapter on top)."""
     decode_steps = 2
     length = max(2, min(8, ckpt.spec.n_positions - decode_steps))
     input_ids, mask = left_padded_batch(ckpt.spec.vocab_size, batch=3, length=length, seed=0)
@@ -313,7 +319,8 @@ def validate_export(
     cache = file_shape(path, ckpt.spec.n_positions).kv_dtype if block is None else "float32"  # a block has none
     if not precisions.precision(precision).exact or cache_tolerances(precision, cache, gates) is not None:
         log.info("checking the %s gates against transformers' GPT2LMHeadModel", precision)
-        rounded = rounded_pytorch(path, ckpt, quantization) if quantization is not None else None
+        switchable = adapter is not None
+        rounded = rounded_pytorch(path, ckpt, quantization, switchable=switchable) if quantization else None
         return precision_gates(
             path,
             reference,
@@ -322,6 +329,7 @@ def validate_export(
             n_positions=ckpt.spec.n_positions,
             gates=gates,
             rounded=rounded,
+            decoder=cpu_decoder(path, adapter=adapter) if switchable else None,
         )
     tolerance = tolerances_for(precision, {"logits": tolerance} if tolerance is not None else gates)["logits"]
     log.info("validating against transformers' GPT2LMHeadModel (batch 3, left-padded, %d decode steps)", decode_steps)
@@ -396,9 +404,9 @@ def validate_against_source(
     return report
 
 
-def _tensor(ckpt: Checkpoint, name: str):
+def _tensor(state_dict: dict, name: str):
     """A checkpoint weight by its gpt2onnx.pytorch name, as numpy; None if it has none."""
-    tensor = ckpt.state_dict.get(name)
+    tensor = state_dict.get(name)
     return None if tensor is None else tensor.detach().float().numpy()
 
 
@@ -578,7 +586,7 @@ def parity(
         quantization = model.manifest.quantization if model.manifest else None
         rounded = None
         if precisions.precision(family).quantized and quantization is not None:
-            rounded = rounded_pytorch(model.model_path, ckpt, quantization)
+            rounded = rounded_pytorch(model.model_path, ckpt, quantization, switchable=adapter is not None)
         plan = CheckPlan(
             family,
             reference_model(ckpt),

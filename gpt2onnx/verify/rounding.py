@@ -285,13 +285,15 @@ def _rms_ratio(source: np.ndarray, weight: QuantizedWeight, step: np.ndarray, bi
     return error / reference if reference > 0 else (0.0 if error == 0 else float("inf"))
 
 
-def rounded_checkpoint(ckpt, weights: list[QuantizedWeight]):
+def rounded_checkpoint(ckpt, weights: list[QuantizedWeight], *, keep_adapter: bool = False):
     """The checkpoint (gpt2onnx.pytorch's names: ``lm_head`` for an untied head) with every weight the file
     quantizes replaced by the file's dequantized values; untied when the file rounds its logits projection and its
-    token embedding each its own way."""
+    token embedding each its own way. ``keep_adapter``: the file holds the base rounded and the adapter fp32 in
+    switchable slots: the base's weights rounded, the adapter kept (PEFT applies it on top)."""
     import torch
 
-    state, spec, config = dict(ckpt.state_dict), ckpt.spec, ckpt.config
+    base = ckpt.base_state_dict if keep_adapter else ckpt.state_dict
+    state, spec, config = dict(base), ckpt.spec, ckpt.config
     for weight in weights:
         values = torch.from_numpy(np.ascontiguousarray(weight.values))
         if weight.name.endswith(HEAD_SUFFIX):
@@ -302,6 +304,8 @@ def rounded_checkpoint(ckpt, weights: list[QuantizedWeight]):
         spec = dataclasses.replace(spec, tie_word_embeddings=False)
         config = copy.deepcopy(config)
         config.tie_word_embeddings = False
+    if keep_adapter:
+        return dataclasses.replace(ckpt, base_state_dict=state, spec=spec, config=config)
     # the file holds an adapter merged: its rounded weights are the whole model (no PEFT on top)
     return dataclasses.replace(ckpt, state_dict=state, spec=spec, config=config, adapter=None, base_state_dict=None)
 
