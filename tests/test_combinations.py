@@ -301,6 +301,14 @@ def _loads_mobile(out: Path, source: Path) -> None:
     assert (out / "mobile" / "required_operators_and_types.config").is_file()
 
 
+def _loads_server(out: Path, source: Path) -> None:
+    """The image's build files and manifests are written (tests/test_deploy_server.py serves the layout with its
+    own CMD and checks them against BuildKit's parser and kserve's classes); its model runs a step."""
+    assert (out / "Dockerfile").is_file() and (out / ".dockerignore").is_file()
+    assert all((out / "kubernetes" / name).is_file() for name in ("inferenceservice.yaml", "deployment.yaml"))
+    _runs_a_step(out / "model.onnx")
+
+
 RUN_CHECKS = {
     "runtime": _run_runtime,
     "speculative": _run_speculative,
@@ -314,6 +322,7 @@ DEPLOYED = {
     "ort-generate": _loads_ort_generate,
     "triton": _loads_triton,
     "mobile": _loads_mobile,
+    "server": _loads_server,
 }
 
 
