@@ -85,6 +85,11 @@ def _onnx_prefill(folder: Path, ids: np.ndarray) -> list[np.ndarray]:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    return session.run(None, _prefill_feeds(session, ids))
+
+
+def _prefill_feeds(session, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """One prefill's inputs (empty past) for ``session``."""
     batch, length = ids.shape
     feeds = {
         "input_ids": ids.astype(np.int64),
@@ -94,7 +99,7 @@ def _onnx_prefill(folder: Path, ids: np.ndarray) -> list[np.ndarray]:
     for spec in session.get_inputs():
         if spec.name.startswith("past_key_values."):
             feeds[spec.name] = np.zeros((batch, spec.shape[1], 0, spec.shape[3]), np.float32)
-    return session.run(None, feeds)
+    return feeds
 
 
 def test_merged_export_equals_peft(merged, peft_model, trained_checkpoint):
@@ -354,15 +359,7 @@ def _prefill_logits(folder: Path, ids: np.ndarray, adapter: Path | None) -> torc
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
-    batch, length = ids.shape
-    feeds = {
-        "input_ids": ids.astype(np.int64),
-        "attention_mask": np.ones((batch, length), np.int64),
-        "position_ids": np.tile(np.arange(length, dtype=np.int64), (batch, 1)),
-    }
-    for spec in session.get_inputs():
-        if spec.name.startswith("past_key_values."):
-            feeds[spec.name] = np.zeros((batch, spec.shape[1], 0, spec.shape[3]), np.float32)
+    feeds = _prefill_feeds(session, ids)
     if adapter is not None:
         factors = ort.AdapterFormat.read_adapter(str(adapter)).get_parameters()
         feeds.update({name: value.numpy() for name, value in factors.items()})

@@ -717,22 +717,7 @@ class BatchingEngine:
         request.stream._emit(
             TokenEvent(request.id, ids, piece + rest, index, reason, error, logprobs, _prompt_once(request))
         )
-        seconds = time.perf_counter() - request.submitted
-        complete = request.constraint.accepts(request.tokens) if request.constraint is not None else None
-        request.stream._finish(
-            Completion(
-                request.id,
-                request.prompt,
-                list(request.tokens),
-                text,
-                reason,
-                request.first_token,
-                seconds,
-                error,
-                complete,
-                request.prompt_scores,
-            )
-        )
+        request.stream._finish(_completion(request, text, reason, error))
 
     def _cancelled_now(self, request: _Request) -> bool:
         if request.stream.cancelled:
@@ -816,21 +801,18 @@ class BatchingEngine:
     def _end_beams(self, request: _Request, reason: str) -> None:
         text = request.text.text(request.tokens)
         request.stream._emit(TokenEvent(request.id, tuple(request.tokens), text, 0, reason))
-        seconds = time.perf_counter() - request.submitted
-        complete = request.constraint.accepts(request.tokens) if request.constraint is not None else None
-        request.stream._finish(
-            Completion(
-                request.id,
-                request.prompt,
-                list(request.tokens),
-                text,
-                reason,
-                request.first_token,
-                seconds,
-                None,
-                complete,
-            )
-        )
+        request.stream._finish(_completion(request, text, reason, None))
+
+
+def _completion(request: _Request, text: str, reason: str, error: Gpt2OnnxError | None) -> Completion:
+    """The request's completion as it ends now (``complete``: whether its tokens are a complete match of its
+    constraint, None without one)."""
+    complete = request.constraint.accepts(request.tokens) if request.constraint is not None else None
+    seconds = time.perf_counter() - request.submitted
+    return Completion(
+        request.id, request.prompt, list(request.tokens), text, reason, request.first_token, seconds, error,
+        complete, request.prompt_scores,
+    )  # fmt: skip
 
 
 def _prompt_once(request: _Request) -> tuple | None:
