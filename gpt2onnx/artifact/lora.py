@@ -15,6 +15,7 @@ from gpt2onnx.files import sha256_file
 
 ADAPTER_SUFFIX = ".onnx_adapter"  # onnxruntime's adapter format (onnxruntime.AdapterFormat)
 SLOT_PREFIX = "lora."
+SLOT_ADD = "/lora_add"  # the name's end of the Add that puts a slot's branch on its MatMul's output
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -22,9 +23,10 @@ ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 class LoraSlot:
     """One adapted weight of the base graph: its initializer's name and its [in, out] shape."""
 
-    weight: str  # h.0.attn.c_attn.weight
+    weight: str  # h.0.attn.c_attn.weight (lm_head: the head)
     fan_in: int
     fan_out: int
+    reads: str | None = None  # the initializer its MatMul (the head's Gemm) reads, if not ``weight``: wte.weight
 
     @property
     def module(self) -> str:

@@ -1,7 +1,8 @@
 """Switchable LoRA export: one base graph with a LoRA slot on every adapted weight, and one adapter file per name
 in onnxruntime's adapter format (gpt2onnx.passes.lora_slots). The base alone (no adapter active: rank-0 slots) is
-checked against the base, and each adapter, active, against PEFT's PeftModel with that adapter. A quantized base
-keeps its slots fp32 (QLoRA's shape): they are added before the passes, and the quantizers leave them alone."""
+checked against the base, and each adapter, active, against PEFT's PeftModel with that adapter. The slots are added
+before the passes: a quantized base keeps them fp32 (QLoRA's shape: the quantizers leave them alone), an fp16 graph
+has them fp16 (its adapter files too), and the fusions fuse around them."""
 
 from __future__ import annotations
 
@@ -23,10 +24,8 @@ from gpt2onnx.exporters.export import (
     _write_companions,
     passed_or_refused,
 )
-from gpt2onnx.passes.lora_slots import LoraSlot, add_lora_slots, write_adapter_file
+from gpt2onnx.passes.lora_slots import LoraSlot, add_lora_slots, slot_dtypes, write_adapter_file
 from gpt2onnx.passes.pipeline import timed
-from gpt2onnx.precisions.all_precisions import FP32
-from gpt2onnx.profiles.all_profiles import UNFUSED
 from gpt2onnx.pytorch.adapters import HEAD
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint, with_adapter
 from gpt2onnx.verify.parity import validate_export
@@ -49,24 +48,17 @@ def parse_adapters(text: str) -> dict[str, Path]:
 
 
 def _check_options(options: ExportOptions) -> None:
-    """Switchable slots are fp32 MatMuls beside the base's (fp32 or quantized) on the unfused graph: what else is
-    asked, refused."""
-    precision = options.passes.precision
-    float_base = (precision.exact or precision.quantized) and options.passes.dtype == FP32.dtype
+    """Switchable slots go on the whole decoder, checked per adapter: what else is asked, refused."""
     asked = [
-        (not float_base, f"--dtype {options.dtype}"),
-        (options.passes.profile is not UNFUSED, f"--fusion {options.fusion}"),
         (options.block is not None, "--block"),
-        (options.passes.cache_format is not None, f"--kv-cache {options.kv_cache}"),
         (options.eval_text is not None, "--eval-text"),
         (not options.validate, "--no-validate"),
     ]
     for bad, flag in asked:
         if bad:
             raise BadInput(
-                "switchable adapters (--adapters) are exported unfused, with fp32 slots on an fp32 or quantized base,"
-                f" and checked: drop {flag}, or export"
-                " each adapter merged (--adapter DIR), which takes every precision and profile"
+                "switchable adapters (--adapters) are exported as a whole decoder and checked per adapter:"
+                f" drop {flag}, or export each adapter merged (--adapter DIR)"
             )
 
 
@@ -105,17 +97,14 @@ def export_switchable(
 
 
 def _slots(base: Checkpoint, adapted: dict[str, Checkpoint]) -> list[LoraSlot]:
-    """One slot per weight any adapter adapts, in the base's weight order."""
-    weights = set()
-    for name, ckpt in adapted.items():
-        for module in ckpt.adapter.modules:
-            if module.weight == HEAD:
-                raise BadInput(
-                    f"adapter {name!r} adapts lm_head: switchable slots cover c_attn, c_proj and c_fc; export it"
-                    " merged (--adapter DIR)"
-                )
-            weights.add(module.weight)
-    return [LoraSlot(w, *base.state_dict[w].shape) for w in base.state_dict if w in weights]
+    """One slot per weight any adapter adapts, in the base's weight order, the head's last (its Gemm reads the
+    token embedding on a tied base: the embedding itself is never adapted)."""
+    weights = {module.weight for ckpt in adapted.values() for module in ckpt.adapter.modules}
+    slots = [LoraSlot(w, *base.state_dict[w].shape) for w in base.state_dict if w in weights and w != HEAD]
+    if HEAD in weights:
+        tied = base.spec.tie_word_embeddings
+        slots.append(LoraSlot(HEAD, base.spec.n_embd, base.spec.vocab_size, reads="wte.weight" if tied else HEAD))
+    return slots
 
 
 def _factors(ckpt: Checkpoint) -> dict:
@@ -133,8 +122,9 @@ def _export_into(folder: Path, base: Checkpoint, adapted: dict, slots, options: 
     passed, io, kind = _graph(base, options, timings, before_passes=lambda proto: add_lora_slots(proto, slots))
     with timed(timings, "save"):
         model_files = save_onnx(passed.model, folder / MODEL_FILE, external_data=options.external_data)
+        dtypes = slot_dtypes(passed.model)  # fp16 in an fp16 graph
         for name, ckpt in adapted.items():
-            write_adapter_file(adapter_file(folder, name), _factors(ckpt))
+            write_adapter_file(adapter_file(folder, name), _factors(ckpt), dtypes)
     graph_facts = graph_summary(passed.model)
     passed.model = None
     check_args = dict(

@@ -1,10 +1,11 @@
 """Switchable LoRA: slots in the base graph whose factors onnxruntime overrides at run time.
 
-Each adapted weight's MatMul ``x @ W`` becomes ``x @ W + (x @ A) @ B``, A [in, r] and B [r, out] being overridable
-initializers (graph inputs with a default): rank 0 by default, so that with no adapter active the branch adds
-zeros and the graph is the base. An adapter is a file in onnxruntime's adapter format (``.onnx_adapter``,
-``onnxruntime.AdapterFormat``) holding, per module, Aᵀ and the scale folded into Bᵀ under the slot's names; a run
-binds them as inputs (``RunOptions.add_active_adapter`` does the same for ``session.run``).
+Each adapted weight's MatMul ``x @ W`` (the head's Gemm ``x @ Wᵀ``) becomes ``x @ W + (x @ A) @ B``, A [in, r]
+and B [r, out] being overridable initializers (graph inputs with a default): rank 0 by default, so that with no
+adapter active the branch adds zeros and the graph is the base. An adapter is a file in onnxruntime's adapter
+format (``.onnx_adapter``, ``onnxruntime.AdapterFormat``) holding, per module, Aᵀ and the scale folded into Bᵀ
+under the slot's names, of the slot's type; a run binds them as inputs (``RunOptions.add_active_adapter`` does the
+same for ``session.run``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from gpt2onnx.artifact.lora import SLOT_PREFIX, LoraSlot
+from gpt2onnx.artifact.lora import SLOT_ADD, SLOT_PREFIX, LoraSlot
 from gpt2onnx.errors import ContractError
 
 log = logging.getLogger(__name__)
@@ -25,11 +26,11 @@ log = logging.getLogger(__name__)
 def add_lora_slots(model: onnx.ModelProto, slots: list[LoraSlot]) -> int:
     """Add a LoRA branch to the MatMul of every slot's weight (in place); returns the count added."""
     graph = model.graph
-    weights = {slot.weight: slot for slot in slots}
+    weights = {slot.reads or slot.weight: slot for slot in slots}
     nodes, added = [], 0
     for node in graph.node:
         nodes.append(node)
-        if node.op_type != "MatMul" or node.input[1] not in weights:
+        if node.op_type not in ("MatMul", "Gemm") or node.input[1] not in weights:
             continue
         slot = weights.pop(node.input[1])
         out = node.output[0]
@@ -38,7 +39,7 @@ def add_lora_slots(model: onnx.ModelProto, slots: list[LoraSlot]) -> int:
         nodes += [
             helper.make_node("MatMul", [node.input[0], slot.a], [f"{out}/lora_a"], name=f"{slot.a}/MatMul"),
             helper.make_node("MatMul", [f"{out}/lora_a", slot.b], [f"{out}/lora_b"], name=f"{slot.b}/MatMul"),
-            helper.make_node("Add", [base, f"{out}/lora_b"], [out], name=f"{slot.weight}/lora_add"),
+            helper.make_node("Add", [base, f"{out}/lora_b"], [out], name=f"{slot.weight}{SLOT_ADD}"),
         ]
         graph.initializer.extend(
             [
@@ -67,15 +68,26 @@ def slot_inputs(model: onnx.ModelProto) -> list[str]:
     return [i.name for i in model.graph.input if i.name.startswith(SLOT_PREFIX) and i.name in initializers]
 
 
-def write_adapter_file(path: Path, factors: dict[str, np.ndarray]) -> None:
-    """``factors`` (slot name → fp32 array) in onnxruntime's adapter format."""
+def slot_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    """Each LoRA slot's element type as the passes left it: fp32, or fp16 in an fp16 graph (the factors an adapter
+    file holds must be of that type)."""
+    names = set(slot_inputs(model))
+    return {
+        i.name: helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+        for i in model.graph.input
+        if i.name in names
+    }
+
+
+def write_adapter_file(path: Path, factors: dict[str, np.ndarray], dtypes: dict[str, np.dtype]) -> None:
+    """``factors`` (slot name → array) in onnxruntime's adapter format, each of its slot's type (``dtypes``)."""
     import onnxruntime as ort
 
     adapter = ort.AdapterFormat()
     adapter.set_adapter_version(1)
     adapter.set_model_version(1)
-    adapter.set_parameters(
-        {name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v, np.float32)) for name, v in factors.items()}
-    )
+    # an OrtValue from numpy holds no copy: the typed arrays must live until the file is written
+    arrays = {name: np.ascontiguousarray(v, dtypes[name]) for name, v in factors.items()}
+    adapter.set_parameters({name: ort.OrtValue.ortvalue_from_numpy(v) for name, v in arrays.items()})
     path.parent.mkdir(parents=True, exist_ok=True)
     adapter.export_adapter(str(path))

@@ -20,7 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from gpt2onnx.artifact.graph import quantized_op_counts
-from gpt2onnx.artifact.lora import SLOT_PREFIX
+from gpt2onnx.artifact.lora import SLOT_ADD, SLOT_PREFIX
 from gpt2onnx.artifact.manifest import QuantizationRecord
 from gpt2onnx.errors import BadInput
 from gpt2onnx.precisions.algorithms.algorithm import Calibration, Int4Algorithm
@@ -33,15 +33,22 @@ SHAPE_OPS = ("Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten")
 
 
 def logits_projection(graph: onnx.GraphProto) -> onnx.NodeProto | None:
-    """The MatMul or Gemm on a weight that makes the ``logits`` output (through reshapes and casts), if any."""
-    producer = {out: node for node in graph.node for out in node.output}
+    """The MatMul or Gemm on a weight that makes the ``logits`` output (through reshapes and casts, and a LoRA
+    slot's Add on the head), if any."""
     weights = {init.name for init in graph.initializer}
-    node = producer.get("logits")
-    while node is not None and node.op_type in SHAPE_OPS:
-        node = producer.get(node.input[0])
+    node = _head_node(graph)
     if node is not None and node.op_type in ("MatMul", "Gemm") and len(node.input) >= 2 and node.input[1] in weights:
         return node
     return None
+
+
+def _head_node(graph: onnx.GraphProto) -> onnx.NodeProto | None:
+    """The node that projects the ``logits`` output: its producer, through reshapes, casts and a LoRA slot's Add."""
+    producer = {out: node for node in graph.node for out in node.output}
+    node = producer.get("logits")
+    while node is not None and (node.op_type in SHAPE_OPS or node.name.endswith(SLOT_ADD)):
+        node = producer.get(node.input[0])
+    return node
 
 
 def embedding_gathers(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
@@ -215,10 +222,7 @@ def share_tied_embedding(model: onnx.ModelProto) -> str | None:
     and block size and the head has no zero points (round to nearest; an algorithm with zero points keeps two
     copies). Returns the shared weight's name, or None where nothing was shared."""
     inits = {init.name: init for init in model.graph.initializer}
-    producer = {out: node for node in model.graph.node for out in node.output}
-    head = producer.get("logits")
-    while head is not None and head.op_type in SHAPE_OPS:
-        head = producer.get(head.input[0])
+    head = _head_node(model.graph)
     if head is None or head.op_type != "MatMulNBits" or len([i for i in head.input if i]) != 3:
         return None
     head_attrs = {a.name: onnx.helper.get_attribute_value(a) for a in head.attribute}

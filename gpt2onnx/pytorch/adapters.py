@@ -33,6 +33,7 @@ CONV1D_KINDS = ("c_attn", "c_proj", "c_fc")  # GPT-2's Conv1D modules: weight [i
 HEAD = "lm_head"  # an nn.Linear: weight [out, in]
 EMBEDDINGS = ("wte", "wpe")
 _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<factor>[AB])\.weight$")
+_SAVED_HEAD = "base_model.model.lm_head.base_layer.weight"
 _MODULE = re.compile(r"^h\.(?P<layer>\d+)\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)$")
 # settings whose truthy value changes the arithmetic in a way a merged GPT-2 does not hold: (key, what it is)
 _UNSUPPORTED = (
@@ -70,6 +71,9 @@ class LoraAdapter:
     folder: Path
     modules: tuple[LoraModule, ...]
     record: AdapterRecord
+    # PEFT saves the head's own weight beside its factors where the head is tied to the embedding (its
+    # save_embedding_layers): it must be the base's (checked by gpt2onnx.pytorch.checkpoint.with_adapter)
+    saved_head: torch.Tensor | None = None
 
 
 def is_adapter_folder(path: Path) -> bool:
@@ -203,6 +207,7 @@ def read_adapter(folder: Path, *, expected: dict[str, tuple[int, ...]], tied: bo
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"'{weights}': cannot read the adapter ({reason[:200]}); save it again") from None
     factors: dict[str, dict[str, torch.Tensor]] = {}
+    saved_head = tensors.pop(_SAVED_HEAD, None)
     for key, tensor in tensors.items():
         match = _KEY.match(key)
         if match is None:
@@ -227,7 +232,7 @@ def read_adapter(folder: Path, *, expected: dict[str, tuple[int, ...]], tied: bo
         modules=len(modules),
         base=str(config.get("base_model_name_or_path") or ""),
     )
-    return LoraAdapter(folder, tuple(modules), record)
+    return LoraAdapter(folder, tuple(modules), record, saved_head)
 
 
 def _module(module: str, pair: dict, config: dict, expected: dict, tied: bool, what: str) -> LoraModule:
@@ -235,12 +240,7 @@ def _module(module: str, pair: dict, config: dict, expected: dict, tied: bool, w
     name = module.removeprefix("transformer.")
     if name.split(".")[0] in EMBEDDINGS:
         raise CheckpointError(f"{what}: module {shown(module)} is an embedding: embedding adapters are not supported")
-    if name == HEAD:
-        if tied:
-            raise CheckpointError(
-                f"{what}: it adapts lm_head, which this base ties to the token embedding (wte): a merged head would"
-                " change the embedding too; untie the head in the base, or train without lm_head"
-            )
+    if name == HEAD:  # on a tied base, the head is the token embedding's matrix (PEFT adapts the head alone)
         weight, transposed = HEAD, False
     elif _MODULE.match(name):
         weight, transposed = f"{name}.weight", True
@@ -249,9 +249,9 @@ def _module(module: str, pair: dict, config: dict, expected: dict, tied: bool, w
     if set(pair) != {"A", "B"}:
         raise CheckpointError(f"{what}: module {shown(module)} has lora_{''.join(pair)} without its other factor")
     a, b = pair["A"], pair["B"]
-    if weight not in expected:
+    shape = expected.get(weight, expected["wte.weight"] if tied and weight == HEAD else None)
+    if shape is None:
         raise CheckpointError(f"{what}: module {shown(module)} is not in this base (it has fewer layers)")
-    shape = expected[weight]
     fan_in, fan_out = shape if transposed else shape[::-1]
     rank = a.shape[0] if a.ndim == 2 else -1
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != fan_in or b.shape != (fan_out, rank):
@@ -272,8 +272,13 @@ def _module(module: str, pair: dict, config: dict, expected: dict, tied: bool, w
     return LoraModule(weight, a.float(), b.float(), float(scale), transposed)
 
 
+def adapts_head(adapter: LoraAdapter) -> bool:
+    return any(module.weight == HEAD for module in adapter.modules)
+
+
 def merged_weights(state_dict: dict[str, torch.Tensor], adapter: LoraAdapter) -> dict[str, torch.Tensor]:
-    """The weights with every adapted module's delta added: new tensors for those, the others shared."""
+    """The weights with every adapted module's delta added: new tensors for those, the others shared (an adapted
+    head must be untied first: :func:`gpt2onnx.pytorch.checkpoint.with_adapter`)."""
     merged = dict(state_dict)
     for module in adapter.modules:
         merged[module.weight] = state_dict[module.weight] + module.delta()

@@ -6,6 +6,7 @@ Every path ends in a :class:`Checkpoint`: a checked config, its :class:`Architec
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -23,7 +24,15 @@ import torch
 from gpt2onnx.artifact.folder import COMPANION_FILES, MAX_JSON_BYTES
 from gpt2onnx.errors import CheckpointError, shown
 from gpt2onnx.files import kind_of, read_regular_text, sha256_file
-from gpt2onnx.pytorch.adapters import LoraAdapter, base_model_of, is_adapter_folder, merged_weights, read_adapter
+from gpt2onnx.pytorch.adapters import (
+    HEAD,
+    LoraAdapter,
+    adapts_head,
+    base_model_of,
+    is_adapter_folder,
+    merged_weights,
+    read_adapter,
+)
 from gpt2onnx.pytorch.architecture import PRESETS, Architecture, check_fits_in_memory, preset_config, spec_from_config
 
 log = logging.getLogger(__name__)
@@ -128,12 +137,33 @@ def with_adapter(ckpt: Checkpoint, folder: Path, *, option: str) -> Checkpoint:
     adapter = read_adapter(
         folder, expected=expected_shapes(ckpt.spec), tied=ckpt.spec.tie_word_embeddings, option=option
     )
+    head = ckpt.state_dict["wte.weight" if ckpt.spec.tie_word_embeddings else HEAD]
+    saved = adapter.saved_head
+    if saved is not None and (saved.shape != head.shape or not torch.equal(saved.to(head.dtype), head)):
+        raise CheckpointError(
+            f"adapter '{folder}' ({option}) saved a head weight other than this base's: it was trained on another"
+            " base; give its own base with --model"
+        )
+    if adapts_head(adapter) and ckpt.spec.tie_word_embeddings:
+        ckpt = untied(ckpt)  # the merged head differs from the embedding, which PEFT leaves as it is
     return dataclasses.replace(
         ckpt,
         state_dict=merged_weights(ckpt.state_dict, adapter),
         name=folder.resolve().name,
         adapter=adapter,
         base_state_dict=ckpt.state_dict,
+    )
+
+
+def untied(ckpt: Checkpoint) -> Checkpoint:
+    """``ckpt`` with its head untied from the token embedding: a head of its own holding the same values (one more
+    vocab × n_embd matrix), so that a LoRA adapter can change the head alone."""
+    config = copy.deepcopy(ckpt.config)
+    config.tie_word_embeddings = False
+    state_dict = {**ckpt.state_dict, HEAD: ckpt.state_dict["wte.weight"].clone()}
+    log.info("untied the head of %s from its token embedding (its adapter adapts lm_head)", ckpt.name)
+    return dataclasses.replace(
+        ckpt, config=config, spec=dataclasses.replace(ckpt.spec, tie_word_embeddings=False), state_dict=state_dict
     )
 
 

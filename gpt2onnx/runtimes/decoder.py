@@ -224,6 +224,15 @@ class OnnxDecoder(StepRuntime):
         run, as ``RunOptions.add_active_adapter`` does for ``session.run``; None: the base (the slots' defaults)."""
         self.bound = {} if path is None else self.adapter_factors(path)
 
+    def activate_like(self, other: "OnnxDecoder") -> None:
+        """Activate the adapter ``other`` has active, its factors cast to this graph's slot types (the fp32 of an
+        fp16 graph's emulation, gpt2onnx.verify.fp16_emulation)."""
+        types = {i.name: ORT_DTYPES[i.type] for i in self.session.get_overridable_initializers()}
+        self.bound = {
+            name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value.numpy(), types[name]))
+            for name, value in other.bound.items()
+        }
+
     def adapter_factors(self, path: Path) -> dict:
         """An adapter file's factors by slot name (OrtValues), checked against this graph's slots: what
         activate_adapter binds, and what the batching engine binds per run for each request's adapter."""

@@ -179,7 +179,9 @@ def run_plan(decoder, plan: CheckPlan, *, runtime: str = "onnxruntime", on_case=
     with tempfile.TemporaryDirectory(prefix="gpt2onnx-fp16-") as tmp:
         emulated_path = write_emulated_fp16(Path(plan.model_path), Path(tmp) / "emulated.onnx")
         emulated_plan = dataclasses.replace(plan, emulate_fp16=False, provider=None)
-        emulated = run_plan(cpu_decoder(emulated_path), emulated_plan)
+        emulated_decoder = cpu_decoder(emulated_path)
+        emulated_decoder.activate_like(decoder)  # an active LoRA adapter stays active
+        emulated = run_plan(emulated_decoder, emulated_plan)
     return dataclasses.replace(report, fp16_emulated=emulated)
 
 
