@@ -40,6 +40,18 @@ starlette-context==0.3.6 PyYAML==6.0.4"
 if [ "${ENGINES_LLAMA:-0}" = 1 ] && ! $PY -c "import llama_cpp.server.app" 2>/dev/null; then
   $PY -m pip install --quiet --disable-pip-version-check $LLAMA_SERVER_PACKAGES 2>&1 | quiet
 fi
+# llama.cpp's C++ server (`bench served --llama-server .venv-engines/bin/llama-server`: continuous batching over
+# --parallel slots), from the same sources, with ENGINES_LLAMA_SERVER=1: about 10 minutes on 2 cores
+if [ "${ENGINES_LLAMA_SERVER:-0}" = 1 ] && [ ! -x .venv-engines/bin/llama-server ]; then
+  [ -d .venv-engines/src/llama_cpp_python-0.3.36 ] || { echo "ENGINES_LLAMA_SERVER=1 needs ENGINES_LLAMA=1 first" >&2; exit 1; }
+  BUILD=.venv-engines/llama-server-build
+  cmake -S .venv-engines/src/llama_cpp_python-0.3.36/vendor/llama.cpp -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
+    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON \
+    > "$BUILD.log" 2>&1
+  cmake --build "$BUILD" --target llama-server -j"$(nproc)" >> "$BUILD.log" 2>&1
+  ln -sf "../llama-server-build/bin/llama-server" .venv-engines/bin/llama-server
+fi
 $PY - <<'PY'
 import importlib.metadata as m
 names = ("ctranslate2", "openvino-genai", "optimum-intel", "nncf", "llama_cpp_python")

@@ -1125,6 +1125,29 @@ CASES: list[Case] = [
         lambda c: (c.dir / "t.txt").write_text("not a model"),
         match="--gguf 't.txt' is not a GGUF file",
     ),
+    Case(
+        "bench-served-llama-server-with-triton",
+        "options",
+        ("bench", "served", "{exp}", "--llama-server", "{exp}/model.onnx"),
+        B,
+        match="--llama-server applies to --server openai",
+    ),
+    Case(
+        "bench-served-llama-server-without-gguf",
+        "options",
+        ("bench", "served", "{exp}", "--server", "openai", "--llama-server", "t.txt"),
+        B,
+        lambda c: (c.dir / "t.txt").write_text("not a program"),
+        match="--llama-server serves the --gguf file beside ours: give --gguf too",
+    ),
+    Case(
+        "bench-served-llama-server-not-executable",
+        "message",
+        ("bench", "served", "{exp}", "--server", "openai", "--gguf", "m.gguf", "--llama-server", "t.txt"),
+        B,
+        lambda c: ((c.dir / "t.txt").write_text("not a program"), (c.dir / "m.gguf").write_bytes(b"GGUF" + bytes(60))),
+        match="--llama-server 't.txt' is not an executable file",
+    ),
     # -- the browser: deploy --target web, serve ---------------------------------------------------------------------
     Case(
         "deploy-web-lib-missing",

@@ -47,7 +47,9 @@ def test_bench_served_openai_endpoint_alone(trained_export, tmp_path):
     assert "gpt2onnx serve" in stdout
 
 
-def test_bench_served_openai_beside_llama_cpp_server(trained_checkpoint, trained_export, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_gguf(trained_checkpoint, tmp_path_factory) -> Path:
+    """A GGUF of the trained checkpoint, built by compare's llama.cpp worker in .venv-engines (skipped without)."""
     from gpt2onnx.compare import engine_worker
     from gpt2onnx.compare.compare import engines_python
 
@@ -55,14 +57,31 @@ def test_bench_served_openai_beside_llama_cpp_server(trained_checkpoint, trained
     probe = python and subprocess.run([python, "-I", "-c", "import llama_cpp.server.app"], capture_output=True)
     if not probe or probe.returncode != 0:
         pytest.skip("llama_cpp.server does not import in .venv-engines (ENGINES_LLAMA=1 bash scripts/setup-engines.sh)")
-    gguf = tmp_path / "tiny-F32.gguf"  # beside the reports: a file read, not a folder
+    gguf = tmp_path_factory.mktemp("gguf") / "tiny-F32.gguf"
     build = (
         f"import sys; sys.path.insert(0, {str(Path(engine_worker.__file__).parent)!r}); import engine_worker;"
         f" engine_worker.build('llama.cpp', {str(trained_checkpoint)!r}, {str(gguf)!r}, 'F32', 2)"
     )
     done = subprocess.run([python, "-c", build], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and gguf.is_file(), done.stderr[-2000:]
-    report, md, _ = _bench(trained_export, tmp_path, "--gguf", str(gguf))
+    return gguf
+
+
+def test_bench_served_openai_beside_llama_cpp_server(trained_export, tiny_gguf, tmp_path):
+    report, md, _ = _bench(trained_export, tmp_path, "--gguf", str(tiny_gguf))
     _check_positive(report, ["gpt2onnx serve", "llama.cpp server"])
-    assert set(report["ratios_to_llama"]) == {"1", "4"}
+    assert set(report["ratios"]["llama.cpp server"]) == {"1", "4"}
     assert "| 4 | llama.cpp server |" in md and "tokens/s ×" in md
+
+
+def test_bench_served_openai_beside_llama_server_with_parallel_slots(trained_export, tiny_gguf, tmp_path):
+    """llama.cpp's C++ server too (--llama-server: .venv-engines/bin/llama-server, ENGINES_LLAMA_SERVER=1), its
+    --parallel slots = --max-batch: every request of every server its full length, a ratio row for each llama."""
+    binary = Path(__file__).resolve().parents[1] / ".venv-engines" / "bin" / "llama-server"
+    if not binary.exists():
+        pytest.skip("no llama-server binary (ENGINES_LLAMA_SERVER=1 bash scripts/setup-engines.sh)")
+    extra = ("--gguf", str(tiny_gguf), "--llama-server", str(binary), "--max-batch", "4")
+    report, md, stdout = _bench(trained_export, tmp_path, *extra)
+    _check_positive(report, ["gpt2onnx serve", "llama.cpp server", "llama-server"])
+    assert set(report["ratios"]) == {"llama.cpp server", "llama-server"}
+    assert "| 4 | llama-server |" in md and "beside llama-server: gpt2onnx's tokens/s ×" in stdout

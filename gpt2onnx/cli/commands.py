@@ -29,6 +29,7 @@ from gpt2onnx.cli.options import (
     GgufOpt,
     JsonOpt,
     KvCacheOpt,
+    LlamaServerOpt,
     MarkdownOpt,
     MaxKlOpt,
     MaxPplOpt,
@@ -601,6 +602,7 @@ def bench_served_command(
     markdown_path: MarkdownOpt = None,
     server: ServedServerOpt = "triton",
     gguf: GgufOpt = None,
+    llama_server: LlamaServerOpt = None,
     max_batch: Annotated[int, typer.Option(help="openai: gpt2onnx serve's --max-batch.")] = 16,
 ) -> None:
     """The folder served by Triton (.venv-triton) under concurrent streaming clients, beside the in-process loop;
@@ -623,6 +625,7 @@ def bench_served_command(
             before_writing=ignore_interrupts,
             server=server,
             gguf=gguf,
+            llama_server=llama_server,
             max_batch=max_batch,
         )
     if server == "openai":

@@ -184,6 +184,12 @@ ServedServerOpt = Annotated[
 GgufOpt = Annotated[
     Optional[Path], typer.Option("--gguf", metavar="FILE", help="openai: llama.cpp's server on this GGUF beside ours.")
 ]
+LlamaServerOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--llama-server", metavar="FILE", help="openai: llama.cpp's C++ llama-server too (--parallel = --max-batch)."
+    ),
+]
 RandomInitOpt = Annotated[bool, typer.Option("--random-init", help="Seeded random weights, no download.")]
 RebuildOpt = Annotated[
     bool, typer.Option("--rebuild", help="A --work folder of another build: remove what it built, build again.")

@@ -445,7 +445,7 @@ def served_openai(report) -> None:
                 f"{m('peak_rss_mb'):.0f}",
             )
     console.print(table)
-    for text in report.memory_lines():
+    for text in report.memory_lines() + report.ratio_lines():
         line(text)
     line(f"{rounds.machine.summary()}; {rounds.load.summary()}")
 

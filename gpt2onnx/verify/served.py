@@ -163,11 +163,12 @@ def bench_served(
     before_writing: Callable[[], None] | None = None,
     server: str = "triton",
     gguf: str | Path | None = None,
+    llama_server: str | Path | None = None,
     max_batch: int = 16,
 ):
     """Serve ``folder`` with Triton and load it with each level of ``concurrency`` beside the in-process loop; with
-    ``server`` "openai", behind gpt2onnx's OpenAI endpoint beside llama.cpp's server on ``gguf``
-    (gpt2onnx.verify.served_openai)."""
+    ``server`` "openai", behind gpt2onnx's OpenAI endpoint beside llama.cpp's servers on ``gguf`` (its C++
+    ``llama_server`` binary too, where given) (gpt2onnx.verify.served_openai)."""
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.targets.deploy import deploy
     from gpt2onnx.targets.triton_server import TritonServer
@@ -186,12 +187,13 @@ def bench_served(
         if threads is not None:
             raise BadInput("--threads applies to --server triton (gpt2onnx serve takes all cores): drop it")
         return bench_served_openai(
-            folder, gguf=gguf, concurrency=concurrency, requests=requests, new_tokens=new_tokens,
-            max_batch=max_batch, warmup=warmup, repeat=repeat, json_path=json_path, markdown_path=markdown_path,
-            progress=progress, before_writing=before_writing,
+            folder, gguf=gguf, llama_server=llama_server, concurrency=concurrency, requests=requests,
+            new_tokens=new_tokens, max_batch=max_batch, warmup=warmup, repeat=repeat, json_path=json_path,
+            markdown_path=markdown_path, progress=progress, before_writing=before_writing,
         )  # fmt: skip
-    if gguf is not None:
-        raise BadInput("--gguf applies to --server openai (llama.cpp's server beside ours): drop it, or add that")
+    for flag, given in (("--gguf", gguf), ("--llama-server", llama_server)):
+        if given is not None:
+            raise BadInput(f"{flag} applies to --server openai (llama.cpp's servers beside ours): drop it, or add that")
     provider = ProviderConfig(threads=threads)
     local, close = _in_process(Path(folder), new_tokens, provider)
     try:

@@ -1,18 +1,24 @@
 """`gpt2onnx bench served --server openai`: the folder behind gpt2onnx's OpenAI endpoint (``gpt2onnx serve``, the
-batching engine) beside llama.cpp's own OpenAI server (``llama_cpp.server`` from llama-cpp-python in
-.venv-engines) on a GGUF of the same weights, both loaded by the same concurrent streaming clients of
+batching engine) beside llama.cpp's own OpenAI servers on a GGUF of the same weights: ``llama_cpp.server`` (from
+llama-cpp-python in .venv-engines; one request at a time) and, given its binary, llama.cpp's C++ ``llama-server``
+with ``--parallel`` slots (continuous batching, as ours), all loaded by the same concurrent streaming clients of
 ``/v1/completions`` in the harness's rotating rounds (modelled on vLLM's serving benchmark).
 
 requires: an exported folder with tokenizer files; for llama.cpp's rows, a GGUF file (``--gguf``; ``gpt2onnx compare
 --only llama.cpp:Q8_0`` builds one from the checkpoint) and llama-cpp-python with its server's packages in
-.venv-engines (scripts/setup-engines.sh, ENGINES_LLAMA=1). ensures, per server, concurrency and round: requests per
-second and output tokens per second (the first request sent to the last token received), time to first token,
-inter-token latency (the gaps between a request's streamed chunks) and end-to-end latency, p50 and p99 over every
-request of the run, and the server's peak resident memory during the run (its process tree, sampled); per server,
-its resident memory at rest (loaded, before any request) and after the rounds (VmRSS, and VmHWM, the peak). Every
-request is one of 16 fixed prompts, greedy (temperature 0), ``max_tokens`` = ``new_tokens`` with end-of-sequence
-barred by ``logit_bias`` so each decodes exactly that many tokens (``finish_reason`` "length", checked). The clients
-share the machine's cores with the servers; both servers stay up through the rounds, idle while the other runs.
+.venv-engines (scripts/setup-engines.sh, ENGINES_LLAMA=1); for llama-server's, its binary (``--llama-server``;
+ENGINES_LLAMA_SERVER=1 builds it from the same llama.cpp sources). llama-server gets ``--parallel`` = ``max_batch``
+slots of the folder's whole context each (the promise ours makes: any request up to the context), its K/V cache
+f16 and allocated at load, its prompt cache in RAM off (``--cache-ram 0``: ours keeps none).
+
+ensures, per server, concurrency and round: requests per second and output tokens per second (the first request
+sent to the last token received), time to first token, inter-token latency (the gaps between a request's streamed
+chunks) and end-to-end latency, p50 and p99 over every request of the run, and the server's peak resident memory
+during the run (its process tree, sampled); per server, its resident memory at rest (loaded, before any request)
+and after the rounds (VmRSS, and VmHWM, the peak). Every request is one of 16 fixed prompts, greedy (temperature
+0), ``max_tokens`` = ``new_tokens`` with end-of-sequence barred by ``logit_bias`` so each decodes exactly that many
+tokens (``finish_reason`` "length", checked). The clients share the machine's cores with the servers; every server
+stays up through the rounds, idle while another runs.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from gpt2onnx.verify.harness import Rounds, Spread, interleave, process_tree, wr
 
 log = logging.getLogger(__name__)
 
-OURS, LLAMA = "gpt2onnx serve", "llama.cpp server"
+OURS, LLAMA, LLAMA_CPP = "gpt2onnx serve", "llama.cpp server", "llama-server"
+LLAMAS = (LLAMA, LLAMA_CPP)  # llama_cpp.server (Python), llama.cpp's C++ server
 START_SECONDS = 300  # a server's load, at most
 INSTALL_LLAMA_SERVER = "ENGINES_LLAMA=1 bash scripts/setup-engines.sh (llama-cpp-python and its server's packages)"
 
@@ -156,10 +163,41 @@ def _llama(python: str, gguf: Path, n_ctx: int, threads: int, tmp: Path) -> _Ser
     port = free_port()
     command = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
     # one request at a time is this server's own way (a lock around its one context); a new request must not
-    # interrupt the stream in flight (interrupt_requests, on by default); every core, as onnxruntime takes
+    # interrupt the stream in flight (interrupt_requests, on by default)
     command += ["--n_ctx", str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads)]
     command += ["--interrupt_requests", "False", "--verbose", "False"]
     return _Server(LLAMA, command, tmp / "llama-server.log", "/v1/models", port=port)
+
+
+def _python_server(llama_server: Path | None) -> str | None:
+    """The Python for llama_cpp.server; where it is missing beside a given llama-server binary, None (that row is
+    left out, logged)."""
+    try:
+        return llama_server_python()
+    except RuntimeUnavailable as err:
+        if llama_server is None:
+            raise
+        log.warning("llama_cpp.server left out: %s", err)
+        return None
+
+
+def llama_server_binary(path: Path) -> Path:
+    """llama.cpp's C++ server binary (--llama-server), checked: an executable regular file."""
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise BadInput(
+            f"--llama-server '{path}' is not an executable file: give llama.cpp's llama-server binary"
+            " (ENGINES_LLAMA_SERVER=1 bash scripts/setup-engines.sh builds one)"
+        )
+    return path
+
+
+def _llama_cpp(binary: Path, gguf: Path, n_ctx: int, parallel: int, threads: int, tmp: Path) -> _Server:
+    port = free_port()
+    command = [str(binary), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+    # a slot per batch row, each the whole context; every core for decoding and prompts; no prompt cache in RAM
+    command += ["--parallel", str(parallel), "--ctx-size", str(n_ctx * parallel), "--no-kv-unified"]
+    command += ["--threads", str(threads), "--threads-batch", str(threads), "--cache-ram", "0"]
+    return _Server(LLAMA_CPP, command, tmp / "llama-cpp-server.log", "/health", port=port)
 
 
 # -- the clients -------------------------------------------------------------------------------------------------
@@ -250,6 +288,9 @@ def _load(server: _Server, clients: int, requests: int, new_tokens: int, eos) ->
 
 
 # -- the report --------------------------------------------------------------------------------------------------
+RATIO_FIGURES = ("tokens_per_s", "first_token_p99_ms", "per_token_p99_ms", "peak_rss_mb")
+
+
 @dataclass(frozen=True)
 class OpenAIServedReport:
     folder: str
@@ -262,12 +303,17 @@ class OpenAIServedReport:
     memory: dict  # server -> {"at_rest": {rss_mb, hwm_mb}, "after": {rss_mb, hwm_mb}}
     rounds: Rounds
 
-    def ratio(self, clients: int, figure: str) -> Spread | None:
-        """gpt2onnx's figure over llama.cpp's at ``clients``, round by round (both ran in each round)."""
-        if LLAMA not in self.servers:
+    @property
+    def llamas(self) -> tuple[str, ...]:
+        return tuple(s for s in self.servers if s in LLAMAS)
+
+    def ratio(self, clients: int, figure: str, against: str = LLAMA) -> Spread | None:
+        """gpt2onnx's figure over ``against``'s (a llama.cpp server) at ``clients``, round by round (both ran in
+        each round)."""
+        if against not in self.servers:
             return None
         ours = np.asarray(self.rounds.values(label(OURS, clients), figure))
-        theirs = np.asarray(self.rounds.values(label(LLAMA, clients), figure))
+        theirs = np.asarray(self.rounds.values(label(against, clients), figure))
         with np.errstate(divide="ignore", invalid="ignore"):
             return Spread.of(ours / theirs)
 
@@ -281,10 +327,9 @@ class OpenAIServedReport:
             "max_batch": self.max_batch,
             "servers": list(self.servers),
             "memory": self.memory,
-            "ratios_to_llama": {
-                str(c): {f: self.ratio(c, f).as_dict() for f in ("tokens_per_s", "first_token_p99_ms")}
-                for c in self.concurrency
-                if LLAMA in self.servers
+            "ratios": {
+                llama: {str(c): {f: self.ratio(c, f, llama).as_dict() for f in RATIO_FIGURES} for c in self.concurrency}
+                for llama in self.llamas
             },
             "rounds": self.rounds.as_dict(),
         }
@@ -311,8 +356,21 @@ class OpenAIServedReport:
             for server, m in self.memory.items()
         ]
 
+    def ratio_lines(self) -> list[str]:
+        """Per llama.cpp server and concurrency: ours over theirs, medians of the round-by-round ratios."""
+        lines = []
+        for llama in self.llamas:
+            for c in self.concurrency:
+                tps, ttft = self.ratio(c, "tokens_per_s", llama), self.ratio(c, "first_token_p99_ms", llama)
+                itl, peak = self.ratio(c, "per_token_p99_ms", llama), self.ratio(c, "peak_rss_mb", llama)
+                lines.append(
+                    f"{c} client{'s' if c > 1 else ''}, beside {llama}: gpt2onnx's tokens/s ×{tps.median:.2f},"
+                    f" TTFT p99 ×{ttft.median:.2f}, ITL p99 ×{itl.median:.2f}, peak memory ×{peak.median:.2f}"
+                )
+        return lines
+
     def markdown(self) -> str:
-        against = f" beside llama.cpp's server on {Path(self.gguf).name}" if self.gguf else ""
+        against = f" beside llama.cpp's servers on {Path(self.gguf).name}" if self.gguf else ""
         lines = [
             f"{self.folder} behind gpt2onnx's OpenAI endpoint (--max-batch {self.max_batch}){against}: each client"
             f" sends {self.requests} streaming /v1/completions requests one after another, {self.new_tokens}"
@@ -321,13 +379,7 @@ class OpenAIServedReport:
             self.table(),
             *[f"- {line}" for line in self.memory_lines()],
         ]
-        if LLAMA in self.servers:
-            for c in self.concurrency:
-                tps, ttft = self.ratio(c, "tokens_per_s"), self.ratio(c, "first_token_p99_ms")
-                lines.append(
-                    f"- {c} client{'s' if c > 1 else ''}: gpt2onnx's tokens/s ×{tps.median:.2f} llama.cpp's,"
-                    f" TTFT p99 ×{ttft.median:.2f} (round by round)"
-                )
+        lines += [f"- {line} (round by round)" for line in self.ratio_lines()]
         return "\n".join(lines) + "\n\nEvery figure, median (quartiles) over the rounds:\n\n" + self.rounds.markdown()
 
 
@@ -335,6 +387,7 @@ def bench_served_openai(
     folder: str | Path,
     *,
     gguf: str | Path | None = None,
+    llama_server: str | Path | None = None,
     concurrency: tuple[int, ...] = (1, 4, 16),
     requests: int = 2,
     new_tokens: int = 64,
@@ -346,15 +399,15 @@ def bench_served_openai(
     progress: Callable[[], None] | None = None,
     before_writing: Callable[[], None] | None = None,
 ) -> OpenAIServedReport:
-    """Serve ``folder`` with ``gpt2onnx serve`` (and ``gguf`` with llama.cpp's server) and load each with every
-    level of ``concurrency``, in rotating rounds."""
+    """Serve ``folder`` with ``gpt2onnx serve`` (and ``gguf`` with llama.cpp's Python server, and with its C++
+    ``llama_server`` binary where given) and load each with every level of ``concurrency``, in rotating rounds."""
     import tempfile
 
     from gpt2onnx.artifact.folder import open_folder
     from gpt2onnx.artifact.generation import read_generation_config
 
     folder = Path(folder)
-    check_output_files({"--json": json_path, "--md": markdown_path}, inputs=(folder,), files=(gguf,))
+    check_output_files({"--json": json_path, "--md": markdown_path}, inputs=(folder,), files=(gguf, llama_server))
     if gguf is not None:
         gguf = Path(gguf)
         if not gguf.is_file():
@@ -362,18 +415,24 @@ def bench_served_openai(
         with open(gguf, "rb") as fh:
             if fh.read(4) != b"GGUF":
                 raise BadInput(f"--gguf '{gguf}' is not a GGUF file (no GGUF magic): give one llama.cpp reads")
+    if llama_server is not None:
+        if gguf is None:
+            raise BadInput("--llama-server serves the --gguf file beside ours: give --gguf too")
+        llama_server = llama_server_binary(Path(llama_server))
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= 256:
         raise BadInput(f"--max-batch {max_batch!r} is not an integer from 1 to 256: give one")
     model = open_folder(folder)
     eos = tuple(read_generation_config(folder, vocab_size=model.facts.vocab_size).eos_token_ids or ())
-    python = llama_server_python() if gguf is not None else None
+    python = _python_server(llama_server) if gguf is not None else None
+    threads = os.cpu_count() or 1  # every core, as onnxruntime takes
     servers: dict[str, _Server] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="gpt2onnx-served-openai-") as tmp:
             servers[OURS] = _ours(folder, max_batch, Path(tmp))
-            if gguf is not None:
-                threads = os.cpu_count() or 1
+            if python is not None:
                 servers[LLAMA] = _llama(python, gguf, model.n_positions, threads, Path(tmp))
+            if llama_server is not None:
+                servers[LLAMA_CPP] = _llama_cpp(llama_server, gguf, model.n_positions, max_batch, threads, Path(tmp))
             at_rest = {name: server.memory() for name, server in servers.items()}
             log.info("at rest: %s", at_rest)
             variants = {}
