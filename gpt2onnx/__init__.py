@@ -34,7 +34,7 @@ _HOMES = {
     "inspect": ("gpt2onnx.artifact.inspect", "inspect"),
     "generate": ("gpt2onnx.decoding.generate", "generate"),
     "parity": ("gpt2onnx.verify.parity", "parity"),
-    "bench": ("gpt2onnx.verify.bench", "bench"),
+    "bench": ("gpt2onnx.bench.bench", "bench"),
     "deploy": ("gpt2onnx.targets.deploy", "deploy"),
     "eval": ("gpt2onnx.verify.evaluate", "evaluate"),
     # their options and results
@@ -43,7 +43,7 @@ _HOMES = {
     "OptimizeResult": ("gpt2onnx.exporters.optimize", "OptimizeResult"),
     "DeployResult": ("gpt2onnx.targets.deploy", "DeployResult"),
     "ModelDescription": ("gpt2onnx.artifact.inspect", "ModelDescription"),
-    "BenchReport": ("gpt2onnx.verify.bench", "BenchReport"),
+    "BenchReport": ("gpt2onnx.bench.bench", "BenchReport"),
     "Manifest": ("gpt2onnx.artifact.manifest", "Manifest"),
     "QuantizeOptions": ("gpt2onnx.precisions.quantize_options", "QuantizeOptions"),
     "ProviderConfig": ("gpt2onnx.runtimes.providers", "ProviderConfig"),
@@ -54,7 +54,7 @@ _HOMES = {
     "Speculation": ("gpt2onnx.decoding.speculative", "Speculation"),  # generate(speculation=): prompt lookup, a draft
     "Constraint": ("gpt2onnx.decoding.constraints", "Constraint"),  # generate(constraint=): JSON schema, regex, grammar
     "Acceptance": ("gpt2onnx.decoding.speculative", "Acceptance"),
-    "BenchConfig": ("gpt2onnx.verify.timing", "BenchConfig"),
+    "BenchConfig": ("gpt2onnx.bench.timing", "BenchConfig"),
     "CheckReport": ("gpt2onnx.artifact.report", "CheckReport"),
     "EvalGates": ("gpt2onnx.verify.gates", "EvalGates"),
     "EvalReport": ("gpt2onnx.verify.evaluate", "EvalReport"),

@@ -4,12 +4,12 @@ Only the CPU paths run here; the GPU ones run in scripts/gpu_check.sh."""
 import numpy as np
 import torch
 
+from gpt2onnx.bench.bench import bench_torch, synchronizer, torch_device
+from gpt2onnx.bench.timing import BenchConfig
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import model_device, reference_model, reference_step
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.verify.bench import bench_torch, synchronizer, torch_device
 from gpt2onnx.verify.lockstep import OnnxReference
-from gpt2onnx.verify.timing import BenchConfig
 
 
 def test_the_baseline_goes_to_the_gpu_the_provider_uses_when_torch_sees_it(monkeypatch):
@@ -55,7 +55,7 @@ def test_bench_torch_records_where_and_in_what_it_ran(tiny_folder):
 
 
 def test_the_baseline_takes_the_sessions_tf32_setting_and_gives_it_back():
-    from gpt2onnx.verify.bench import matmul_tf32
+    from gpt2onnx.bench.bench import matmul_tf32
 
     before = torch.get_float32_matmul_precision()
     with matmul_tf32(True):

@@ -138,11 +138,11 @@ _NOT_A_PROFILE = {
     ("exporters/optimize.py", '"kind": "onnx"'): "a source's kind: an ONNX file",
     ("artifact/folder.py", '("torch", "onnx", "transformers")'): "the onnx package",
     ("__main__.py", '"onnxruntime", "transformers", "onnx", "openvino"'): "the onnx package",
-    ("compare/engine_worker.py", '"export", "onnx", "--model"'): "optimum-cli's export to ONNX",
+    ("bench/compare/engine_worker.py", '"export", "onnx", "--model"'): "optimum-cli's export to ONNX",
     ("runtimes/providers.py", "tensorrt"): "the TensorRT execution provider",
     ("runtimes/decoder.py", '"tensorrt"'): "the TensorRT execution provider",
     ("runtimes/base.py", '"tensorrt"'): "the TensorRT execution provider, in a comment",
-    ("verify/bench.py", '"tensorrt"'): "the TensorRT execution provider",
+    ("bench/bench.py", '"tensorrt"'): "the TensorRT execution provider",
     ("artifact/manifest.py", '"shared"'): "a comment on the manifest's record of the layout's name",
 }
 

@@ -15,6 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
+from gpt2onnx.bench.bench import bench
+from gpt2onnx.bench.timing import BenchConfig
 from gpt2onnx.capabilities import UnsupportedRuntime
 from gpt2onnx.cli import app
 from gpt2onnx.decoding.generate import generate
@@ -25,9 +27,7 @@ from gpt2onnx.runtimes import genai
 from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime, parse_runtimes, runtime_options
 from gpt2onnx.runtimes.openvino import OpenVinoSettings
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.verify.bench import bench
 from gpt2onnx.verify.parity import parity
-from gpt2onnx.verify.timing import BenchConfig
 
 
 def _openvino_missing() -> str | None:

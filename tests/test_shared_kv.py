@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding
+from gpt2onnx.bench import timing
 from gpt2onnx.cli import app
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import RuntimeUnavailable
@@ -23,7 +24,6 @@ from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, check_host_provider, open_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig
-from gpt2onnx.verify import timing
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 from gpt2onnx.verify.parity import parity
 

@@ -25,9 +25,9 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.artifact.paths import check_output_files
+from gpt2onnx.bench.harness import Rounds, interleave, process_tree, write_outputs
 from gpt2onnx.decoding.prompts import LOAD_PROMPTS as PROMPTS
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
-from gpt2onnx.verify.harness import Rounds, interleave, process_tree, write_outputs
 
 NAME = "bench"
 SERVERS = ("triton", "openai")  # bench served --server: Triton's generation model, or gpt2onnx's OpenAI endpoint
@@ -168,7 +168,7 @@ def bench_served(
 ):
     """Serve ``folder`` with Triton and load it with each level of ``concurrency`` beside the in-process loop; with
     ``server`` "openai", behind gpt2onnx's OpenAI endpoint beside llama.cpp's servers on ``gguf`` (its C++
-    ``llama_server`` binary too, where given) (gpt2onnx.verify.served_openai)."""
+    ``llama_server`` binary too, where given) (gpt2onnx.bench.served_openai)."""
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.targets.deploy import deploy
     from gpt2onnx.targets.triton_server import TritonServer
@@ -182,7 +182,7 @@ def bench_served(
     if server not in SERVERS:
         raise BadInput(f"--server {server!r} is not one of {', '.join(SERVERS)}: give one of them")
     if server == "openai":
-        from gpt2onnx.verify.served_openai import bench_served_openai
+        from gpt2onnx.bench.served_openai import bench_served_openai
 
         if threads is not None:
             raise BadInput("--threads applies to --server triton (gpt2onnx serve takes all cores): drop it")

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Callable
 
 from gpt2onnx.artifact.paths import check_output_files
+from gpt2onnx.bench.harness import Rounds, interleave, process_tree, write_outputs
 from gpt2onnx.errors import BadInput, CheckFailed, RuntimeUnavailable
-from gpt2onnx.verify.harness import Rounds, interleave, process_tree, write_outputs
 
 JS = Path(__file__).resolve().parents[2] / "tests" / "js"
 PROMPT = "The quick brown fox jumps over the lazy dog. In the browser, the model"
