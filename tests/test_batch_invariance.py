@@ -70,9 +70,9 @@ def test_a_rows_int8_logits_do_not_depend_on_its_neighbour(folder):
     another range are the ones it gets alone (per-tensor activation scales moved them by ~1e-2 on int8)."""
     import numpy as np
 
+    from gpt2onnx.artifact.contract import position_ids_for
     from gpt2onnx.artifact.folder import open_folder
     from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
-    from gpt2onnx.runtimes.decoder import position_ids_for
 
     decoder = open_runtime(open_folder(folder, verify_files=False), RuntimeOptions())
     mine = [int(t) for t in B.split(",")]

@@ -265,8 +265,9 @@ def _check_race(pair, logits_of) -> None:
 
 
 def _ort_logits(folder, *, verify_files: bool = True) -> np.ndarray:
+    from gpt2onnx.artifact.contract import position_ids_for
     from gpt2onnx.artifact.folder import open_folder
-    from gpt2onnx.runtimes.decoder import open_decoder, position_ids_for
+    from gpt2onnx.runtimes.decoder import open_decoder
     from gpt2onnx.runtimes.providers import ProviderConfig
 
     decoder = open_decoder(open_folder(folder, verify_files=verify_files), ProviderConfig(threads=1))
@@ -275,8 +276,8 @@ def _ort_logits(folder, *, verify_files: bool = True) -> np.ndarray:
 
 
 def _openvino_logits(folder, *, verify_files: bool = True) -> np.ndarray:
+    from gpt2onnx.artifact.contract import position_ids_for
     from gpt2onnx.artifact.folder import open_folder
-    from gpt2onnx.runtimes.decoder import position_ids_for
     from gpt2onnx.runtimes.openvino import OpenVinoSettings, open_runtime
 
     decoder = open_runtime(open_folder(folder, verify_files=verify_files), OpenVinoSettings(threads=1))

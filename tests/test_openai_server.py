@@ -218,8 +218,9 @@ def test_echo_logprobs_score_the_prompt(server, trained_export, alone):
     import numpy as np
     import onnxruntime as ort
 
+    from gpt2onnx.artifact.contract import position_ids_for
     from gpt2onnx.decoding.processors import log_softmax
-    from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
+    from gpt2onnx.runtimes.decoder import OnnxDecoder
 
     client = server.client()
     prompts = [PROMPTS[4], PROMPTS[2]]  # two lengths in one request: their prompt step is left-padded

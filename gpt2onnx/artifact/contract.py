@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from gpt2onnx.errors import ContractError
 from gpt2onnx.layouts.layout import MASK_WIDTH, PAST_BUFFER, PRESENT_BUFFER
 
@@ -277,3 +279,9 @@ def decoder_shape(inputs: list[TensorSpec], outputs: list[TensorSpec], n_positio
         first.dtype,
         vocab if isinstance(vocab, int) and vocab > 0 else None,
     )
+
+
+def position_ids_for(attention_mask: np.ndarray) -> np.ndarray:
+    """Positions of a left-padded batch: 0 at each row's first real token; padding gets 1 (as transformers does)."""
+    positions = np.cumsum(attention_mask, axis=-1) - 1
+    return np.where(attention_mask == 0, 1, positions).astype(np.int64)

@@ -7,11 +7,11 @@ import time
 
 import numpy as np
 
+from gpt2onnx.artifact.contract import position_ids_for
 from gpt2onnx.decoding import processors as logits
 from gpt2onnx.decoding.processors import draw, process_scores
 from gpt2onnx.decoding.results import Generation
 from gpt2onnx.decoding.strategy import Request, Strategy
-from gpt2onnx.runtimes.decoder import position_ids_for
 
 
 def _run(decoder, request: Request) -> Generation:

@@ -31,7 +31,7 @@ SKIP_LAYER_NORM_OP = (MS, "SkipLayerNormalization")
 @dataclass(frozen=True)
 class Fusion:
     """One fusion: its name (the key of its count in a fusion report), its rule set ("module:NAME": the tuple NAME
-    of onnxscript rewrite rules in gpt2onnx.passes.fusions.module) and the ops it writes."""
+    of onnxscript rewrite rules in a module of gpt2onnx.passes.fusions) and the ops it writes."""
 
     name: str
     rules: str

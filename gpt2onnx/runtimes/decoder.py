@@ -48,12 +48,6 @@ from gpt2onnx.runtimes.providers import (
 )
 
 
-def position_ids_for(attention_mask: np.ndarray) -> np.ndarray:
-    """Positions of a left-padded batch: 0 at each row's first real token; padding gets 1 (as transformers does)."""
-    positions = np.cumsum(attention_mask, axis=-1) - 1
-    return np.where(attention_mask == 0, 1, positions).astype(np.int64)
-
-
 def session_shape(session: ort.InferenceSession, n_positions: int) -> DecoderShape:
     def as_spec(v):
         return TensorSpec(v.name, ORT_DTYPES.get(v.type, v.type), tuple(v.shape))

@@ -117,7 +117,7 @@ def _reason(exc: Exception) -> str:
 
 
 class OpenVinoDecoder(StepRuntime):
-    """The :class:`~gpt2onnx.runtimes.base.Stepper` interface on an OpenVINO compiled model (host arrays in and out)."""
+    """The :class:`~gpt2onnx.runtimes.base.StepRuntime` interface on an OpenVINO compiled model (host arrays)."""
 
     runtime = "openvino"
 

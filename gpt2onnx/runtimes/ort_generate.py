@@ -1,8 +1,8 @@
 """The ort-generate runtime: a folder deployed with ``--target ort-generate`` run by onnxruntime's generation ops
 (GreedySearch, BeamSearch, Sampling), the whole decoding loop in one ``session.run``.
 
-It takes the decode loop's :class:`~gpt2onnx.decoding.results.Sampling` and
-:class:`~gpt2onnx.decoding.results.Decoding` and refuses, in one line, a setting the op cannot express as
+It takes the decode loop's :class:`~gpt2onnx.artifact.generation.Sampling` and
+:class:`~gpt2onnx.artifact.generation.Decoding` and refuses, in one line, a setting the op cannot express as
 transformers means it: top-k (no op has it), ``early_stopping='never'``, a setting the op takes as an attribute
 (no_repeat_ngram_size; early_stopping with beams; temperature and top_p when sampling) other than the deployed one,
 a length_penalty other than 0 with beams (BeamSearch divides by the whole length, prompt and padding included,

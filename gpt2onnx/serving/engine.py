@@ -17,7 +17,7 @@ Its presents are views of those buffers, so the joining prompts run on a second 
 prompts' width): run on the batch's own, a prompt would write over the running rows' K/V before they join.
 
 Each request is decoded as :func:`gpt2onnx.decoding.generate.decode` decodes a batch of one: the same logits
-processors (:func:`~gpt2onnx.decoding.results.process_scores`) on its own sequence, its own random generator
+processors (:func:`~gpt2onnx.decoding.processors.process_scores`) on its own sequence, its own random generator
 seeded as ``Sampling.seed`` says, the same stop conditions. Its greedy tokens are therefore those that
 ``gpt2onnx generate`` writes for it alone, up to the float rounding of a padded batch (the same as between
 ``generate`` with one prompt and with several; tests/test_batching.py checks the tokens). Beam search
@@ -46,6 +46,7 @@ from typing import Callable
 
 import numpy as np
 
+from gpt2onnx.artifact.contract import position_ids_for
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import (
     SEVERAL_SEQUENCES,
@@ -64,7 +65,7 @@ from gpt2onnx.decoding.results import check_new_tokens, check_request_size
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
 from gpt2onnx.runtimes.base import RuntimeOptions, StepRuntime, open_runtime, runtime_spec
-from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, position_ids_for
+from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder
 from gpt2onnx.runtimes.heap import release_freed_memory
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.serving.requests import NOT_SPECULATIVE, PromptReader, whole_number

@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from gpt2onnx.artifact.contract import position_ids_for
 from gpt2onnx.artifact.folder import MODEL_FILE, TOKENIZER_FILES, ModelFolder, open_folder, read_n_positions
 from gpt2onnx.artifact.lora import adapter_declared, adapter_of
 from gpt2onnx.artifact.report import (
@@ -51,7 +52,7 @@ from gpt2onnx.precisions.all_precisions import FP32, precision_of
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model, reference_step
 from gpt2onnx.runtimes.base import RuntimeOptions, check_combination, open_runtime
-from gpt2onnx.runtimes.decoder import file_shape, position_ids_for
+from gpt2onnx.runtimes.decoder import file_shape
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.gates import EvalGates
 from gpt2onnx.verify.lockstep import reference_greedy

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpt2onnx.artifact.contract import position_ids_for
 from gpt2onnx.artifact.report import Figures, KlStats, KvPathCheck, KvPathReport, Spread
-from gpt2onnx.runtimes.decoder import position_ids_for
 from gpt2onnx.verify.gates import apply_gates
 from gpt2onnx.verify.lockstep import left_padded_batch
 from gpt2onnx.verify.metrics import abs_diff, kl_divergence, top5_hits

@@ -11,12 +11,13 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from gpt2onnx.artifact.contract import position_ids_for
 from gpt2onnx.artifact.report import CheckReport, Figures, Spread
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.machine import describe_machine
 from gpt2onnx.precisions.all_precisions import FP32
 from gpt2onnx.pytorch.reference import cache_as_arrays, reference_step
-from gpt2onnx.runtimes.decoder import OnnxDecoder, position_ids_for
+from gpt2onnx.runtimes.decoder import OnnxDecoder
 from gpt2onnx.verify.gates import apply_gates
 from gpt2onnx.verify.metrics import (
     Diffs,

@@ -21,9 +21,9 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from gpt2onnx.artifact.contract import position_ids_for
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import open_regular
-from gpt2onnx.runtimes.decoder import position_ids_for
 
 PIECE_CHARS = 1 << 18  # characters read, and tokenized, at a time (about 100 MB of tokenizer state)
 DATASETS_INSTALL = "pip install 'gpt2onnx[eval]' (the datasets library)"
