@@ -41,25 +41,33 @@ def _docstring_ids(folder: Path, rows: int, length: int) -> torch.Tensor:
     return torch.tensor(ids).reshape(rows, length)
 
 
-@pytest.fixture(scope="module")
-def lora(trained_checkpoint, tmp_path_factory) -> Path:
-    """A real LoRA (rank 4, alpha 8, c_attn, c_proj, c_fc) fine-tuned with PEFT from its own initialization (B = 0)
-    by 8 steps of SGD on docstrings, saved with save_pretrained; its config names the base by absolute path."""
-    from peft import LoraConfig, get_peft_model
+def _train_and_save(checkpoint: Path, config, folder: Path, *, lr: float) -> None:
+    """A PEFT model of ``config`` on the base at ``checkpoint``, trained by 8 steps of SGD on docstrings (4 × 64
+    tokens) and saved with save_pretrained to ``folder``."""
+    from peft import get_peft_model
 
-    torch.manual_seed(0)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, fan_in_fan_out=True)
-    model = get_peft_model(_base(trained_checkpoint), config)
-    ids = _docstring_ids(trained_checkpoint, 4, 64)
+    model = get_peft_model(_base(checkpoint), config)
+    ids = _docstring_ids(checkpoint, 4, 64)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(trainable, lr=2.0)
+    optimizer = torch.optim.SGD(trainable, lr=lr)
     model.train()
     for _ in range(8):
         model(ids, labels=ids).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    folder = tmp_path_factory.mktemp("lora") / "docstrings-lora"
     model.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def lora(trained_checkpoint, tmp_path_factory) -> Path:
+    """A real LoRA (rank 4, alpha 8, c_attn, c_proj, c_fc) fine-tuned with PEFT from its own initialization (B = 0)
+    by 8 steps of SGD on docstrings, saved with save_pretrained; its config names the base by absolute path."""
+    from peft import LoraConfig
+
+    torch.manual_seed(0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, fan_in_fan_out=True)
+    folder = tmp_path_factory.mktemp("lora") / "docstrings-lora"
+    _train_and_save(trained_checkpoint, config, folder, lr=2.0)
     config_file = folder / "adapter_config.json"
     settings = json.loads(config_file.read_text())
     settings["base_model_name_or_path"] = str(trained_checkpoint.resolve())
@@ -313,17 +321,18 @@ def test_switchable_eval_and_bench_with_an_adapter(switchable, merged, trained_c
 
 
 def test_switchable_adapter_runtimes_and_targets_declared(switchable):
-    """Declared, answered before any work: a runtime with a loop of its own binds no adapter (check's verdict,
-    generate's one line); a target that would drop the adapter files refuses the folder, nothing written."""
+    """Declared, answered before any work: a runtime that binds no adapter is refused (check's verdict, generate's
+    one line); a target that would drop the adapter files refuses the folder, nothing written. genai binds and
+    carries them: tests/test_genai_adapters.py."""
     runner = CliRunner()
     folder = str(switchable.folder)
-    result = runner.invoke(app, ["check", folder, "--adapter", "docs", "--runtime", "genai"])
+    result = runner.invoke(app, ["check", folder, "--adapter", "docs", "--runtime", "openvino"])
     assert result.exit_code == 1 and "binds no LoRA adapter's factors" in result.output
     result = runner.invoke(app, ["check", folder, "--adapter", "docs"])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["generate", folder, "--ids", "1,2", "--adapter", "docs", "--runtime", "genai"])
+    result = runner.invoke(app, ["generate", folder, "--ids", "1,2", "--adapter", "docs", "--runtime", "openvino"])
     assert result.exit_code == 2 and "the adapter 'docs' (--adapter) needs a runtime that binds" in result.output
-    for target in ("genai", "triton"):
+    for target in ("transformers-js", "triton"):
         out = switchable.folder.parent / f"deployed-{target}"
         result = runner.invoke(app, ["deploy", folder, "--target", target, "-o", str(out)])
         assert result.exit_code == 2 and "without its switchable LoRA adapters" in result.output
@@ -332,14 +341,16 @@ def test_switchable_adapter_runtimes_and_targets_declared(switchable):
 
 def test_adapters_page_holds_the_generated_table():
     """docs/adapters.md's runtime/target table is gpt2onnx.preflight.adapter_support.markdown() (the declarations),
-    and it says what the declarations say today: onnxruntime and the engine take an adapter, genai does not."""
+    and it says what the declarations say today: onnxruntime, genai and the engine take an adapter, OpenVINO does
+    not; the genai and server targets carry the adapter files, Triton's does not."""
     from gpt2onnx.preflight.adapter_support import markdown
 
     table = markdown()
     assert table in (Path(__file__).parents[1] / "docs" / "adapters.md").read_text()
     assert "| runtime onnxruntime | yes |" in table
     assert "| the batching engine (an adapter per request) | yes |" in table
-    assert "| runtime genai | no: " in table and "| deploy --target genai | no: " in table
+    assert "| runtime genai | yes |" in table and "| deploy --target genai | yes |" in table
+    assert "| runtime openvino | no: " in table and "| deploy --target triton | no: " in table
 
 
 # -- switchable on a quantized base: the slots fp32 beside the quantized MatMuls (QLoRA's shape) ---------------
@@ -499,3 +510,221 @@ def test_openai_server_serves_adapters_by_model_name(served, trained_checkpoint)
             refused = client.post("/v1/completions", json={**body, "model": unknown})
             assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
             assert "'m:docs', 'm:hot'" in refused.json()["error"]["message"]
+
+
+# -- the head: an adapter of lm_head on a base that ties it to the token embedding ------------------------------
+@pytest.fixture(scope="module")
+def head_lora(trained_checkpoint, tmp_path_factory) -> Path:
+    """A real LoRA of c_attn and the head (lm_head), which the trained fixture ties to its token embedding: rank 4,
+    alpha 8, trained from PEFT's initialization (B = 0) by 8 steps of SGD at lr 0.8 (2.0 diverges once the head is
+    trained too; 0.8 takes the loss from 5.03 to 4.61 and moves the logits by up to ~4). PEFT saves the head's own
+    weight beside its factors (save_embedding_layers, with a warning about the tied weights), and gives its config
+    fan_in_fan_out False (the head is an nn.Linear) while c_attn is a Conv1D."""
+    from peft import LoraConfig
+
+    torch.manual_seed(4)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "lm_head"], lora_dropout=0.0)
+    folder = tmp_path_factory.mktemp("head-lora") / "head"
+    _train_and_save(trained_checkpoint, config, folder, lr=0.8)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def head_peft(trained_checkpoint, head_lora):
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(_base(trained_checkpoint), str(head_lora)).eval()
+
+
+@pytest.fixture(scope="module")
+def merged_head(trained_checkpoint, head_lora, tmp_path_factory):
+    """The head adapter merged, fp32: the head untied from the embedding (its check: against PeftModel)."""
+    return export(str(trained_checkpoint), tmp_path_factory.mktemp("merged-head") / "m", adapter=str(head_lora))
+
+
+def test_merged_head_adapter_unties_the_head(merged_head, head_lora, head_peft, trained_checkpoint):
+    """Merged, a head adapter on a tied base gets a head of its own: the graph's lm_head is the embedding plus PEFT's
+    own delta for the head (get_delta_weight; both fp32, a rank-4 product: 1e-6 of weights of ~0.1), the embedding
+    the base's, bit for bit (PeftModel adapts the head alone); the manifest's architecture untied. Its logits and
+    presents equal PeftModel's within fp32's gate, while the adapter moves them far beyond it."""
+    import onnx
+    from onnx import numpy_helper
+    from safetensors.torch import load_file
+
+    result = merged_head
+    assert result.check.passed and not result.manifest.architecture.tie_word_embeddings
+    # PEFT saved the head's weight too: the export checked it is the base's (else refused: bad_input_cases.py)
+    assert "base_model.model.lm_head.base_layer.weight" in load_file(head_lora / "adapter_model.safetensors")
+    record = result.manifest.adapter
+    assert record.target_modules == ("c_attn", "lm_head") and record.modules == 2 + 1
+    weights = {i.name: numpy_helper.to_array(i) for i in onnx.load(result.folder / "model.onnx").graph.initializer}
+    embedding = _base(trained_checkpoint).transformer.wte.weight.detach()
+    assert np.array_equal(weights["wte.weight"], embedding.numpy())
+    with torch.no_grad():
+        delta = head_peft.get_base_model().lm_head.get_delta_weight("default")
+    assert np.abs(weights["lm_head"] - (embedding + delta).numpy()).max() < 1e-6
+    assert delta.abs().max() > 1e-3  # the head really moved
+
+    ids = _docstring_ids(trained_checkpoint, 2, 24)
+    outputs = _onnx_prefill(result.folder, ids.numpy())
+    with torch.no_grad():
+        theirs = head_peft(ids, use_cache=True)
+        with head_peft.disable_adapter():
+            base_logits = head_peft(ids).logits.numpy()
+    assert np.abs(outputs[0] - theirs.logits.numpy()).max() < FP32_GATE
+    presents = [t.numpy() for layer in theirs.past_key_values.layers for t in (layer.keys, layer.values)]
+    for ours, reference in zip(outputs[1:], presents, strict=True):
+        assert np.abs(ours - reference).max() < FP32_GATE
+    assert np.abs(base_logits - theirs.logits.numpy()).max() > 1000 * FP32_GATE
+
+
+def test_switchable_head_greedy_tokens_equal_merged(trained_checkpoint, head_lora, merged_head, tmp_path):
+    """Switchable, the head's Gemm (on the tied embedding's matrix) takes a slot: generate --adapter head gives the
+    merged export's greedy tokens (fp32 both, graphs that differ only by summation order), and other tokens than
+    the base's (no adapter active)."""
+    import onnx
+
+    from gpt2onnx.exporters.switchable import export_switchable
+    from gpt2onnx.passes.lora_slots import slot_inputs
+
+    result = export_switchable(str(trained_checkpoint), tmp_path / "m", adapters={"head": head_lora})
+    assert result.check.passed and result.manifest.adapters["head"].check.endswith("— pass")
+    assert result.manifest.architecture.tie_word_embeddings  # the base stays tied: one matrix, the slot beside it
+    assert "lora.lm_head.A" in slot_inputs(onnx.load(result.folder / "model.onnx"))
+    ids = _docstring_ids(trained_checkpoint, 1, 12)
+    ours = _alone(result.folder, ids, 16, "head")
+    assert ours == _alone(merged_head.folder, ids, 16, None)
+    assert ours != _alone(result.folder, ids, 16, None)
+
+
+@pytest.fixture(scope="module")
+def switchable_int8_head(trained_checkpoint, lora, head_lora, tmp_path_factory):
+    from gpt2onnx.exporters.switchable import export_switchable
+    from gpt2onnx.precisions.quantize_options import QuantizeOptions
+
+    out = tmp_path_factory.mktemp("switchable-int8-head") / "m"
+    options = ExportOptions(quantization=QuantizeOptions("int8"))
+    return export_switchable(str(trained_checkpoint), out, adapters={"docs": lora, "head": head_lora}, options=options)
+
+
+def test_switchable_int8_with_a_head_adapter_passes_against_peft(switchable_int8_head, head_peft, trained_checkpoint):
+    """--quantize int8 with 'docs' (blocks) and 'head' (c_attn and the head) in one folder: each passed against
+    PEFT with it; the head is still quantized (the quantizer finds it through its slot's Add: 9 MatMulInteger, 8
+    block weights and the head), its slot fp32 beside it. Independently, as for 'rs' above (same gates, same
+    reasons): with 'head' active the mean KL to PEFT's model within int8's gate (7e-4) and the argmax agreeing at
+    int8's top-1 gate (0.92); without it more than 5× that gate away."""
+    import onnx
+
+    from gpt2onnx.passes.lora_slots import slot_dtypes
+
+    result = switchable_int8_head
+    assert result.check.passed and result.manifest.quantization.method == "int8"
+    for name in ("docs", "head"):
+        check = result.manifest.adapters[name].check
+        assert f"against PEFT with adapter '{name}'" in check and check.endswith("— pass")
+    model = onnx.load(result.folder / "model.onnx")
+    assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == 9
+    dtypes = slot_dtypes(model)
+    assert len(dtypes) == 2 * 9 and {np.dtype(t) for t in dtypes.values()} == {np.dtype(np.float32)}  # 8 + the head
+
+    ids = _docstring_ids(trained_checkpoint, 2, 48)
+    with torch.no_grad():
+        expected = head_peft(ids).logits.log_softmax(-1)
+
+    def kl(logits: torch.Tensor) -> float:  # KL(PEFT ‖ ours), mean over positions
+        return float((expected.exp() * (expected - logits.log_softmax(-1))).sum(-1).mean())
+
+    with_head = _prefill_logits(result.folder, ids.numpy(), result.folder / "head.onnx_adapter")
+    alone = _prefill_logits(result.folder, ids.numpy(), None)
+    assert kl(with_head) < 7e-4, kl(with_head)
+    assert (with_head.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.92
+    assert kl(alone) > 5 * 7e-4, kl(alone)
+
+
+# -- switchable on an fp16 base with a fused profile: fp16 slots and adapter files, the fusions around them ------
+@pytest.fixture(scope="module")
+def switchable_fp16(trained_checkpoint, lora, head_lora, tmp_path_factory):
+    from gpt2onnx.exporters.switchable import export_switchable
+
+    out = tmp_path_factory.mktemp("switchable-fp16") / "m"
+    options = ExportOptions(dtype="fp16", fusion="ort")
+    return export_switchable(str(trained_checkpoint), out, adapters={"docs": lora, "head": head_lora}, options=options)
+
+
+def _peft_factors(folder: Path) -> dict[str, np.ndarray]:
+    """What a switchable file must hold for PEFT adapter ``folder``, read from its safetensors here: per module,
+    lora.MODULE.A = Aᵀ and lora.MODULE.B = (alpha / r) · Bᵀ (fp32; no rsLoRA or patterns in these adapters)."""
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    factors = {}
+    for key, tensor in load_file(folder / "adapter_model.safetensors").items():
+        module, _, factor = key.removeprefix("base_model.model.").removeprefix("transformer.").rpartition(".lora_")
+        if factor == "A.weight":
+            factors[f"lora.{module}.A"] = tensor.T.numpy()
+        elif factor == "B.weight":
+            factors[f"lora.{module}.B"] = (tensor.T * scale).numpy()
+    return factors
+
+
+def test_switchable_fp16_fused_has_fp16_slots_and_files(switchable_fp16, lora, head_lora):
+    """--dtype fp16 --fusion ort with 'docs' and 'head': each adapter passed against PEFT with it (fp16's gates,
+    the "fp16 as on a GPU" emulation with the adapter bound too); the ort fusions happened around the slots (a
+    MultiHeadAttention per layer, SkipLayerNormalization); the graph's slot inputs are fp16, read by MatMuls,
+    and each adapter file holds fp16 arrays, PEFT's factors rounded once to fp16 (within half an fp16 ulp,
+    2⁻¹¹ relative, of the fp32 factor; B's scale folded in before rounding may add one more fp32 rounding, so
+    2⁻¹⁰; 2⁻²⁴ absolute for fp16's subnormals)."""
+    import onnx
+    import onnxruntime as ort
+
+    from gpt2onnx.passes.lora_slots import slot_dtypes
+
+    result = switchable_fp16
+    assert result.check.passed and result.manifest.dtype == "float16"
+    for name in ("docs", "head"):
+        check = result.manifest.adapters[name].check
+        assert check.startswith(f"float16 against PEFT with adapter '{name}'") and check.endswith("— pass")
+        assert "fp16 as on a GPU" in check
+    ops = result.manifest.fusion.op_counts
+    assert ops["com.microsoft::MultiHeadAttention"] == 2 and ops["com.microsoft::SkipLayerNormalization"] >= 2
+    model = onnx.load(result.folder / "model.onnx")
+    assert sum(n.op_type == "MultiHeadAttention" for n in model.graph.node) == 2
+    dtypes = slot_dtypes(model)
+    assert len(dtypes) == 2 * 9 and {np.dtype(t) for t in dtypes.values()} == {np.dtype(np.float16)}
+    readers = [n for n in model.graph.node if set(dtypes) & set(n.input)]
+    assert len(readers) == len(dtypes) and {n.op_type for n in readers} == {"MatMul"}
+    for name, folder in (("docs", lora), ("head", head_lora)):
+        stored = ort.AdapterFormat.read_adapter(str(result.folder / f"{name}.onnx_adapter")).get_parameters()
+        expected = _peft_factors(folder)
+        assert set(stored) == set(expected)
+        for slot, value in stored.items():
+            array = value.numpy()
+            assert array.dtype == np.float16, slot
+            np.testing.assert_allclose(array.astype(np.float32), expected[slot], rtol=2**-10, atol=2**-24)
+
+
+# fp16's error on this model's logits: the export's check measures at most ~6e-3 between the fp16 file and PEFT
+FP16_LOGITS = 0.025  # 4× that
+
+
+def test_switchable_fp16_greedy_tokens_equal_peft(switchable_fp16, peft_model, head_peft, trained_checkpoint):
+    """With each adapter active, the fp16 fused file's greedy tokens are PEFT's generate (fp32) on a short prompt,
+    and not the base's. Exact equality is sound only where no step is a near-tie: at every step PEFT's best logit
+    leads its second by more than 2 × FP16_LOGITS (measured: 0.065 for docs, 0.086 for head), so fp16 logits
+    within FP16_LOGITS of PEFT's cannot pick another token; checked here first."""
+    ids = _docstring_ids(trained_checkpoint, 1, 12)
+    for name, reference in (("docs", peft_model), ("head", head_peft)):
+        with torch.no_grad():
+            theirs = reference.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False
+            )
+            top2 = reference(theirs).logits[0, ids.shape[1] - 1 : -1].topk(2, -1).values
+            with reference.disable_adapter():
+                base = reference.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False
+                )
+        assert float((top2[:, 0] - top2[:, 1]).min()) > 2 * FP16_LOGITS, name  # no near-tie on this prompt
+        expected = theirs[0, ids.shape[1] :].tolist()
+        assert _alone(switchable_fp16.folder, ids, 16, name) == expected, name
+        assert expected != base[0, ids.shape[1] :].tolist(), name  # the adapter changes the tokens
