@@ -293,6 +293,11 @@ class Runtime(ABC):
         """Refuse a run this machine cannot hold (where ``capabilities.memory_check``); others check nothing.
         ``extra_bytes``: what the caller's loop allocates beside the runtime (beam search's arrays)."""
 
+    def activate_adapter(self, path: Path | None) -> None:
+        """Make a switchable LoRA adapter file active on every later run (where ``capabilities.adapters``: the
+        resolver refuses the others first); None: the base."""
+        raise RuntimeUnavailable(f"the {self.runtime} runtime binds no LoRA adapter: use --runtime onnxruntime")
+
     def close(self) -> None:
         """Free what the runtime holds (a worker process, temporary files); a no-op where it holds nothing."""
 

@@ -125,6 +125,20 @@ def exact_rows(facts) -> int | None:
     return kernel_of(facts.quantized_ops).declared.ensures.get("exact_step_rows")
 
 
+def read_adapter(path: Path, slots: set[str]) -> dict:
+    """An adapter file's factors by slot name (OrtValues), each name one of ``slots`` (the graph's): one line for a
+    damaged file or another model's (the onnxruntime and genai runtimes both read it so before binding it)."""
+    try:
+        values = dict(ort.AdapterFormat.read_adapter(str(path)).get_parameters())
+    except Exception as err:  # onnxruntime raises its own types for a damaged file
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise BadInput(f"'{path}' is not an onnxruntime adapter file ({reason}): export the folder again") from None
+    unknown = sorted(set(values) - slots)
+    if unknown:
+        raise BadInput(f"'{path}' fills {unknown[0]}, which this model has no slot for: it belongs to another model")
+    return values
+
+
 def cpu_decoder(model_path: Path, *, n_positions: int | None = None, adapter: Path | None = None) -> "OnnxDecoder":
     """A decoder on the cpu provider for a bare model file (the checks export and optimize run before writing);
     ``adapter``: a LoRA adapter file made active."""
@@ -230,18 +244,7 @@ class OnnxDecoder(StepRuntime):
     def adapter_factors(self, path: Path) -> dict:
         """An adapter file's factors by slot name (OrtValues), checked against this graph's slots: what
         activate_adapter binds, and what the batching engine binds per run for each request's adapter."""
-        try:
-            values = dict(ort.AdapterFormat.read_adapter(str(path)).get_parameters())
-        except Exception as err:  # onnxruntime raises its own types for a damaged file
-            reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-            raise BadInput(f"'{path}' is not an onnxruntime adapter file ({reason}): export the folder again") from None
-        slots = {i.name for i in self.session.get_overridable_initializers()}
-        unknown = sorted(set(values) - slots)
-        if unknown:
-            raise BadInput(
-                f"'{path}' fills {unknown[0]}, which this model has no slot for: it belongs to another model"
-            )
-        return values
+        return read_adapter(path, {i.name for i in self.session.get_overridable_initializers()})
 
     # -- inputs -------------------------------------------------------------------------------------------
     def cache_bytes(self, batch: int, total_len: int) -> int:

@@ -11,6 +11,9 @@
 - genai runs one prompt at a time here (it pads batches on the right, our contract pads on the left): a batch
   is run row by row. It exposes logits but no presents.
 - Its search options: what its loop can do as transformers does (:func:`genai_search`); the rest is refused.
+- A switchable LoRA adapter (``--adapter``): its NAME.onnx_adapter file, checked against the graph's slots, loaded
+  into genai's ``Adapters`` once and made active on each run's generator (``set_active_adapter``, genai's
+  multi-LoRA): genai feeds its factors to the graph's slots as onnxruntime's runtime binds them.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from gpt2onnx.artifact.generation import (
     Sampling,
     request_declared,
 )
+from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.capabilities import Lacks, Need, resolve
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
-from gpt2onnx.runtimes.base import Continuations, LoopResult, LoopRuntime, RuntimeSpec, ThreadSettings
-from gpt2onnx.runtimes.decoder import file_shape
+from gpt2onnx.runtimes.base import Capabilities, Continuations, LoopResult, LoopRuntime, RuntimeSpec, ThreadSettings
+from gpt2onnx.runtimes.decoder import file_shape, read_adapter
 from gpt2onnx.runtimes.worker_process import WorkerProcess
 
 CONFIG_FILE = config_writer.CONFIG_NAME
@@ -139,14 +143,27 @@ class GenaiRunner(LoopRuntime):
     """The :class:`~gpt2onnx.runtimes.base.LoopRuntime` interface on onnxruntime-genai."""
 
     runtime = "genai"
+    capabilities = Capabilities(owns_loop=True, presents=False, adapters=True)
 
     def __init__(self, backend, shape, model: ModelFolder, *, tmp: Path, overlay: bool):
-        self.backend, self.shape, self.tmp = backend, shape, tmp
+        self.backend, self.shape, self.tmp, self.model_path = backend, shape, tmp, model.model_path
+        self.adapter: str | None = None  # the active LoRA adapter file's path (activate_adapter); None: the base
         self.n_layer, self.vocab_size, self.n_positions = shape.n_layer, shape.vocab_size, model.n_positions
         self.provider = "cpu"
         self.config_written = overlay  # always True: genai_config.json is written by us for every run
         self.version = backend.version
         self.mode = backend.mode  # "in-process" or "worker (<python>)"
+
+    def activate_adapter(self, path: Path | None) -> None:
+        """Make a LoRA adapter file (onnxruntime's adapter format) active on every later run, as the onnxruntime
+        runtime binds it: checked against the graph's slots (one line for a damaged file or another model's),
+        loaded into genai once, set active on each run's generator; None: the base (the slots' defaults)."""
+        if path is not None:
+            graph = load_graph(self.model_path).graph
+            initializers = {init.name for init in graph.initializer}
+            read_adapter(path, {i.name for i in graph.input if i.name in initializers})  # overridable ones
+            self.backend.load_adapter(str(path))
+        self.adapter = None if path is None else str(path)
 
     def run_loop(self, prompt, *, max_new_tokens, forced=None, return_logits=False, search=None) -> LoopResult:
         """One prompt through genai's loop: greedy (or ``search``, genai's options), or ``forced`` tokens."""
@@ -159,6 +176,7 @@ class GenaiRunner(LoopRuntime):
             "forced": None if forced is None else [int(t) for t in forced],
             "return_logits": return_logits,
             "search": search or {},
+            "adapter": self.adapter,
         }
         out = self.backend.run(request)
         return LoopResult(
@@ -208,12 +226,19 @@ class _InProcess:
             raise RuntimeUnavailable(
                 f"onnxruntime-genai cannot open '{folder}': {str(exc).strip().splitlines()[0]}"
             ) from None
+        self.adapters = genai_worker.Adapters(self.model)
+
+    def load_adapter(self, path: str) -> None:
+        try:
+            self.adapters.load(path)
+        except Exception as exc:  # noqa: BLE001 - genai raises RuntimeError for a file it cannot load
+            raise BadInput(f"onnxruntime-genai cannot load the adapter '{path}': {_first_line(exc)}") from None
 
     def run(self, request: dict) -> dict:
-        return self.worker.run_loop(self.model, request.pop("prompt"), **request)
+        return self.worker.run_loop(self.model, request.pop("prompt"), adapters=self.adapters, **request)
 
     def close(self) -> None:
-        self.model = None
+        self.adapters = self.model = None  # the adapters before the model they were loaded into
 
 
 class _Worker:
@@ -254,6 +279,12 @@ class _Worker:
             answer["logits"] = [arrays[f"logits_{i}"] for i in range(len(arrays))]
         return answer
 
+    def load_adapter(self, path: str) -> None:
+        try:
+            self._ask({"op": "adapter", "path": path})
+        except RuntimeUnavailable as exc:
+            raise BadInput(f"onnxruntime-genai cannot load the adapter '{path}': {exc}") from None
+
     def run(self, request: dict) -> dict:
         try:
             return self._ask({"op": "run", **request})
@@ -264,6 +295,11 @@ class _Worker:
         if self.worker is not None:
             self.worker.close()
         self.worker = None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 # what onnxruntime-genai's own loop takes from Decoding: our option → its search option

@@ -7,7 +7,8 @@ onnxruntime_genai is importable in its own process.
 
 The worker protocol (stdin/stdout, binary): one JSON request per line; each answer is one JSON line, then,
 when the line has ``"npz": N``, N bytes of an .npz archive with the arrays (``logits_0``, ``logits_1``, …).
-Requests: ``{"op": "open", "folder": F}``, ``{"op": "run", ...run_loop's arguments...}``, ``{"op": "close"}``.
+Requests: ``{"op": "open", "folder": F}``, ``{"op": "adapter", "path": P}`` (a LoRA adapter file loaded, once),
+``{"op": "run", ...run_loop's arguments, "adapter": P or null...}``, ``{"op": "close"}``.
 An error answers ``{"error": "one line"}``.
 """
 
@@ -28,17 +29,53 @@ def open_model(folder: str):
     return og.Model(folder)
 
 
+class Adapters:
+    """genai's Adapters of one model: each LoRA adapter file (onnxruntime's adapter format) loaded once, named by
+    its path; a run makes one active on its generator (genai's multi-LoRA)."""
+
+    def __init__(self, model):
+        self.model, self.loaded = model, None
+
+    def load(self, path: str) -> None:
+        import onnxruntime_genai as og
+
+        if self.loaded is None:
+            self.loaded = (og.Adapters(self.model), set())
+        adapters, names = self.loaded
+        if path not in names:
+            adapters.load(path, path)
+            names.add(path)
+
+    def activate(self, generator, path: str | None) -> None:
+        """Make the adapter file ``path`` (loaded) active on ``generator``; None: the base (the slots' defaults)."""
+        if path is not None:
+            self.load(path)
+            generator.set_active_adapter(self.loaded[0], path)
+
+
 def peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_loop(model, prompt, *, max_new_tokens, forced=None, return_logits=False, search=None, max_length=None) -> dict:
+def run_loop(
+    model,
+    prompt,
+    *,
+    max_new_tokens,
+    forced=None,
+    return_logits=False,
+    search=None,
+    max_length=None,
+    adapter=None,
+    adapters=None,
+) -> dict:
     """Greedy (or ``search``'s sampling) continuation of one prompt on genai's own loop.
 
     ``forced``: tokens appended one at a time instead of the loop's choices (parity's lockstep): the prompt's
     logits come right after append_tokens, then one decode step per forced token (len(forced) + 1 passes).
     Otherwise the loop runs ``max_new_tokens`` generate_next_token calls (it stops early at end-of-sequence).
     ``max_length``: genai's total length limit (default: what the run needs, plus one).
+    ``adapter``: the path of a LoRA adapter file active on this run, from ``adapters`` (:class:`Adapters`).
     Returns {"tokens", "step_seconds" ([0]: prompt step), "logits" (per forward pass, [positions, vocab])}, and
     "sequences" (the returned beams' new tokens, best first) when ``search`` asks for beams.
     """
@@ -50,6 +87,8 @@ def run_loop(model, prompt, *, max_new_tokens, forced=None, return_logits=False,
         **{"do_sample": False, **(search or {}), "max_length": max_length or len(prompt) + new + 1, "batch_size": 1}
     )
     generator = og.Generator(model, params)
+    if adapter is not None:
+        adapters.activate(generator, adapter)  # before the prompt: every pass runs with its factors
     tokens, seconds, logits = [], [], []
 
     def keep():
@@ -99,7 +138,7 @@ def _answer(out, header: dict, arrays: dict | None = None) -> None:
 def serve(inp=None, out=None) -> None:
     """Answer requests until "close" or end of input."""
     inp, out = inp or sys.stdin.buffer, out or sys.stdout.buffer
-    model = None
+    model = adapters = None
     for line in inp:
         try:
             request = json.loads(line)
@@ -108,9 +147,13 @@ def serve(inp=None, out=None) -> None:
                 import onnxruntime_genai as og
 
                 model = open_model(request["folder"])
+                adapters = Adapters(model)
                 _answer(out, {"ok": True, "version": og.__version__, "peak_bytes": peak_bytes()})
+            elif op == "adapter":
+                adapters.load(request["path"])
+                _answer(out, {"ok": True})
             elif op == "run":
-                result = run_loop(model, request.pop("prompt"), **request)
+                result = run_loop(model, request.pop("prompt"), adapters=adapters, **request)
                 arrays = {f"logits_{i}": a for i, a in enumerate(result.pop("logits"))}
                 _answer(out, {**result, "peak_bytes": peak_bytes()}, arrays)
             elif op == "close":
