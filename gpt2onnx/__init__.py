@@ -34,7 +34,7 @@ _HOMES = {
     "inspect": ("gpt2onnx.artifact.inspect", "inspect"),
     "generate": ("gpt2onnx.decoding.generate", "generate"),
     "parity": ("gpt2onnx.verify.parity", "parity"),
-    "bench": ("gpt2onnx.bench.bench", "bench"),
+    "bench": ("gpt2onnx.benchmarks.bench", "bench"),
     "deploy": ("gpt2onnx.targets.deploy", "deploy"),
     "eval": ("gpt2onnx.verify.evaluate", "evaluate"),
     # their options and results
@@ -43,25 +43,25 @@ _HOMES = {
     "OptimizeResult": ("gpt2onnx.exporters.optimize", "OptimizeResult"),
     "DeployResult": ("gpt2onnx.targets.deploy", "DeployResult"),
     "ModelDescription": ("gpt2onnx.artifact.inspect", "ModelDescription"),
-    "BenchReport": ("gpt2onnx.bench.bench", "BenchReport"),
+    "BenchReport": ("gpt2onnx.benchmarks.bench", "BenchReport"),
     "Manifest": ("gpt2onnx.artifact.manifest", "Manifest"),
     "QuantizeOptions": ("gpt2onnx.precisions.quantize_options", "QuantizeOptions"),
     "ProviderConfig": ("gpt2onnx.runtimes.providers", "ProviderConfig"),
-    "RuntimeOptions": ("gpt2onnx.runtimes.base", "RuntimeOptions"),
+    "RuntimeOptions": ("gpt2onnx.runtimes.all_runtimes", "RuntimeOptions"),
     "Sampling": ("gpt2onnx.artifact.generation", "Sampling"),
     "Decoding": ("gpt2onnx.artifact.generation", "Decoding"),
     "TextGeneration": ("gpt2onnx.decoding.generate", "TextGeneration"),
     "Speculation": ("gpt2onnx.decoding.speculative", "Speculation"),  # generate(speculation=): prompt lookup, a draft
     "Constraint": ("gpt2onnx.decoding.constraints", "Constraint"),  # generate(constraint=): JSON schema, regex, grammar
     "Acceptance": ("gpt2onnx.decoding.speculative", "Acceptance"),
-    "BenchConfig": ("gpt2onnx.bench.timing", "BenchConfig"),
+    "BenchConfig": ("gpt2onnx.benchmarks.timing", "BenchConfig"),
     "CheckReport": ("gpt2onnx.artifact.report", "CheckReport"),
     "EvalGates": ("gpt2onnx.verify.gates", "EvalGates"),
     "EvalReport": ("gpt2onnx.verify.evaluate", "EvalReport"),
     # lower level: a folder, a decoder on it, the decode loop, a checkpoint
     "open_folder": ("gpt2onnx.artifact.folder", "open_folder"),
     "open_decoder": ("gpt2onnx.runtimes.decoder", "open_decoder"),
-    "open_runtime": ("gpt2onnx.runtimes.base", "open_runtime"),
+    "open_runtime": ("gpt2onnx.runtimes.all_runtimes", "open_runtime"),
     "decode": ("gpt2onnx.decoding.generate", "decode"),
     "BatchingEngine": ("gpt2onnx.serving.engine", "BatchingEngine"),  # continuous batching, in-process
     "load_checkpoint": ("gpt2onnx.pytorch.checkpoint", "load_checkpoint"),

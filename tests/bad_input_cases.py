@@ -921,7 +921,7 @@ CASES: list[Case] = [
         "options",
         ("deploy", "{exp}", "--target", "onnxruntime-web", "-o", "out"),
         B,
-        match="unknown deploy target",
+        match="unknown --target",
     ),
     Case(
         "deploy-out-inside-source",
@@ -2134,7 +2134,7 @@ CASES += [
     Case("check-folder-and-plan", "options", ("check", "{exp}", "--fusion", "ort"), B, match="drop the planned"),
     Case("check-model-typo", "message", ("check", "--model", "./nope", "--fusion", "ort"), B, match="no such file"),
     Case("check-draft-missing", "message", ("check", "{exp}", "--draft", "nope"), B, match="draft.*does not exist"),
-    Case("check-target-bogus", "options", ("check", "{exp}", "--target", "bogus"), B, match="unknown deploy target"),
+    Case("check-target-bogus", "options", ("check", "{exp}", "--target", "bogus"), B, match="unknown --target"),
     Case(
         "check-config-fifo",
         "hang",
@@ -4088,6 +4088,10 @@ OUTPUT_INPUTS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "bench served": {
         "folder": (("bench", "served", "{in}"), "export"),
         "gguf": (("bench", "served", "{exp}", "--server", "openai", "--gguf", "{in}"), "text"),
+        "llama_server": (
+            ("bench", "served", "{exp}", "--server", "openai", "--gguf", "m.gguf", "--llama-server", "{in}"),
+            "text",
+        ),
     },
     "compare": {
         "model": (("compare", "{in}", "--only", "gpt2onnx:fp32", "--work", "w"), "checkpoint"),

@@ -249,8 +249,10 @@ def test_the_registries_of_runtimes_and_targets():
 
     from gpt2onnx.cli import app
     from gpt2onnx.params import flags_of
-    from gpt2onnx.runtimes.base import RUNTIMES, LoopRuntime, RuntimeSpec, StepRuntime, runtime_spec
-    from gpt2onnx.targets.registry import TARGETS, TargetSpec, target_spec
+    from gpt2onnx.runtimes.all_runtimes import RUNTIMES, runtime_spec
+    from gpt2onnx.runtimes.runtime import LoopRuntime, RuntimeSpec, StepRuntime
+    from gpt2onnx.targets.all_targets import TARGETS, target_spec
+    from gpt2onnx.targets.target import TargetSpec
 
     assert list(RUNTIMES) == ["onnxruntime", "openvino", "genai", "ort-generate"]
     assert list(TARGETS) == ["genai", "transformers-js", "triton", "ort-generate", "mobile", "web", "server"]
@@ -264,10 +266,17 @@ def test_the_registries_of_runtimes_and_targets():
                 for node in tree.body
             )
         }
-        assert declaring == set(registry.values()), folder
-        for name, module in registry.items():
-            spec = importlib.import_module(module).SPEC
+        specs = {module: importlib.import_module(module).SPEC for module in declaring}
+        assert len(specs) == len(registry) and all(registry.get(s.name) is s for s in specs.values()), folder
+        for name, spec in registry.items():
             assert isinstance(spec, kind) and spec.name == name
+    modules = {  # each runtime's module, by the name its SPEC registers
+        name: module
+        for module, (_, tree) in parsed_package().items()
+        if module.startswith("gpt2onnx.runtimes.")
+        for name in [getattr(getattr(importlib.import_module(module), "SPEC", None), "name", None)]
+        if name in RUNTIMES
+    }
     for name in RUNTIMES:
         spec = runtime_spec(name)
         settings = spec.settings()  # each runtime's settings: a frozen dataclass, valid at its defaults
@@ -277,7 +286,7 @@ def test_the_registries_of_runtimes_and_targets():
     # the interface each runtime's class implements is the one its declared capabilities promise
     classes = {"onnxruntime": "OnnxDecoder", "openvino": "OpenVinoDecoder", "genai": "GenaiRunner"}
     for name, spec in ((n, runtime_spec(n)) for n in RUNTIMES):
-        opened = getattr(importlib.import_module(RUNTIMES[name]), classes.get(name, "OrtGenerator"), None)
+        opened = getattr(importlib.import_module(modules[name]), classes.get(name, "OrtGenerator"), None)
         interface = LoopRuntime if spec.capabilities.owns_loop else StepRuntime
         assert issubclass(opened, interface) and opened.capabilities == spec.capabilities, name
     assert all(target_spec(name).needs == () or set(target_spec(name).needs) < set(TARGETS) for name in TARGETS)
@@ -285,3 +294,18 @@ def test_the_registries_of_runtimes_and_targets():
         CliRunner().invoke(app, [command, "--help"], terminal_width=200).output for command in ("generate", "deploy")
     ]
     assert all(name in helps[0] for name in RUNTIMES) and all(name in helps[1] for name in TARGETS)
+
+
+def test_every_api_name_resolves_to_what_it_names_not_to_a_room():
+    """The Python API's names (gpt2onnx.__init__'s lazy table) are functions and types: a room (a subpackage) of the
+    same name would shadow one once imported (gpt2onnx.bench, the function, beside a bench/ package)."""
+    import importlib
+    import types
+
+    import gpt2onnx
+
+    for name, (module, attribute) in gpt2onnx._HOMES.items():
+        importlib.import_module(module)  # the room that defines it, imported: its parent's attributes set
+        value = getattr(gpt2onnx, name)
+        assert not isinstance(value, types.ModuleType), f"gpt2onnx.{name} is a module, not {module}.{attribute}"
+        assert value is getattr(importlib.import_module(module), attribute), name

@@ -367,6 +367,7 @@ INPUT_PATHS = {
     ("compare", "model"),
     ("bench served", "folder"),
     ("bench served", "gguf"),
+    ("bench served", "llama_server"),
     ("bench web", "folder"),
     ("compare", "text"),
 }

@@ -14,7 +14,7 @@ from gpt2onnx.decoding.generate import decode, generate
 from gpt2onnx.decoding.gpt2_tokenizer import load_gpt2_tokenizer
 from gpt2onnx.decoding.prompts import load_tokenizer
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 from gpt2onnx.serving.engine import BatchingEngine
 
 PROMPTS = [

@@ -4,8 +4,8 @@ Only the CPU paths run here; the GPU ones run in scripts/gpu_check.sh."""
 import numpy as np
 import torch
 
-from gpt2onnx.bench.bench import bench_torch, synchronizer, torch_device
-from gpt2onnx.bench.timing import BenchConfig
+from gpt2onnx.benchmarks.bench import bench_torch, synchronizer, torch_device
+from gpt2onnx.benchmarks.timing import BenchConfig
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import model_device, reference_model, reference_step
 from gpt2onnx.runtimes.providers import ProviderConfig
@@ -55,7 +55,7 @@ def test_bench_torch_records_where_and_in_what_it_ran(tiny_folder):
 
 
 def test_the_baseline_takes_the_sessions_tf32_setting_and_gives_it_back():
-    from gpt2onnx.bench.bench import matmul_tf32
+    from gpt2onnx.benchmarks.bench import matmul_tf32
 
     before = torch.get_float32_matmul_precision()
     with matmul_tf32(True):

@@ -138,11 +138,11 @@ _NOT_A_PROFILE = {
     ("exporters/optimize.py", '"kind": "onnx"'): "a source's kind: an ONNX file",
     ("artifact/folder.py", '("torch", "onnx", "transformers")'): "the onnx package",
     ("__main__.py", '"onnxruntime", "transformers", "onnx", "openvino"'): "the onnx package",
-    ("bench/compare/engine_worker.py", '"export", "onnx", "--model"'): "optimum-cli's export to ONNX",
+    ("benchmarks/compare/engine_worker.py", '"export", "onnx", "--model"'): "optimum-cli's export to ONNX",
     ("runtimes/providers.py", "tensorrt"): "the TensorRT execution provider",
     ("runtimes/decoder.py", '"tensorrt"'): "the TensorRT execution provider",
-    ("runtimes/base.py", '"tensorrt"'): "the TensorRT execution provider, in a comment",
-    ("bench/bench.py", '"tensorrt"'): "the TensorRT execution provider",
+    ("runtimes/runtime.py", '"tensorrt"'): "the TensorRT execution provider, in a comment",
+    ("benchmarks/bench.py", '"tensorrt"'): "the TensorRT execution provider",
     ("artifact/manifest.py", '"shared"'): "a comment on the manifest's record of the layout's name",
 }
 
@@ -186,7 +186,7 @@ def _declared_flags() -> Counter:
 def _declaring_classes() -> list[type]:
     from gpt2onnx.artifact.generation import Decoding, Sampling
     from gpt2onnx.precisions.quantize_options import QuantizeOptions
-    from gpt2onnx.runtimes.base import RUNTIMES, runtime_spec
+    from gpt2onnx.runtimes.all_runtimes import RUNTIMES, runtime_spec
 
     found = {Sampling, Decoding, QuantizeOptions, *(spec.options for spec in PROPOSERS.values())}
     found |= {runtime_spec(name).settings for name in RUNTIMES}
@@ -217,7 +217,8 @@ def test_each_option_is_declared_once():
 def test_runtimes_holds_the_engines_only():
     engines = {p.stem for p in (PACKAGE / "runtimes").glob("*.py")} - {"__init__"}
     assert engines == {
-        "base",
+        "runtime",  # what a runtime is
+        "all_runtimes",  # the registry, RuntimeOptions, the resolver's call before one opens
         "decoder",
         "providers",
         "onnxruntime",

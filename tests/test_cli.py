@@ -160,7 +160,7 @@ def test_export_with_fusion_and_optimize(tmp_path, tiny_folder):
 
 def test_fusion_bad_inputs(tmp_path, tiny_folder):
     assert_one_line_error(
-        run("export", "-m", tiny_folder, "-o", tmp_path / "f", "--fusion", "max"), "unknown fusion profile 'max'"
+        run("export", "-m", tiny_folder, "-o", tmp_path / "f", "--fusion", "max"), "unknown --fusion 'max'"
     )
     assert_one_line_error(run("optimize", tmp_path / "nothing", "--out", tmp_path / "o"), "no such file or folder")
     (tmp_path / "bad.onnx").write_text("nope")

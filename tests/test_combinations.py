@@ -40,7 +40,7 @@ from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.preflight.check import preflight
 from gpt2onnx.preflight.matrix import markdown, plans, run_columns
-from gpt2onnx.runtimes.base import RuntimeOptions
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions
 from gpt2onnx.runtimes.providers import unsupported_nodes
 from gpt2onnx.serving.engine import BatchingEngine
 from gpt2onnx.verify.parity import parity

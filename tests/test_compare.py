@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2onnx.bench.compare.compare import (
+from gpt2onnx.benchmarks.compare.compare import (
     ENGINES,
     SOURCE_RECORD,
     Settings,
@@ -30,7 +30,7 @@ from gpt2onnx.bench.compare.compare import (
     engines_python,
     installed,
 )
-from gpt2onnx.bench.compare.work_folder import build_source, claim_work
+from gpt2onnx.benchmarks.compare.work_folder import build_source, claim_work
 from gpt2onnx.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,7 +214,7 @@ def test_the_engine_worker_imports_only_numpy_at_its_top():
     folders under gpt2onnx's Python) is imported only inside that engine's code."""
     import ast
 
-    from gpt2onnx.bench.compare.compare import WORKER
+    from gpt2onnx.benchmarks.compare.compare import WORKER
 
     tree = ast.parse(Path(WORKER).read_text())
     top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
@@ -225,7 +225,7 @@ def test_the_engine_worker_imports_only_numpy_at_its_top():
 def test_our_formats_alone_never_probe_the_engines_python(monkeypatch):
     """Another user, who may not read the engines' environment, compares our formats alone: its Python is not
     looked for (once: the look-up failed the run)."""
-    import gpt2onnx.bench.compare.compare as module
+    import gpt2onnx.benchmarks.compare.compare as module
 
     def unreadable():
         raise PermissionError(13, "Permission denied", ".venv-engines")

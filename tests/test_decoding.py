@@ -24,7 +24,7 @@ from gpt2onnx.decoding import processors
 from gpt2onnx.decoding.generate import decode, generate
 from gpt2onnx.decoding.processors import warp
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import open_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig
 

@@ -16,8 +16,8 @@ import pytest
 from gpt2onnx.artifact.contract import graph_io
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.errors import BadInput, ContractError
+from gpt2onnx.targets.all_targets import parse_targets
 from gpt2onnx.targets.deploy import deploy
-from gpt2onnx.targets.registry import parse_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 GENAI_PYTHON = ROOT / ".venv-genai" / "bin" / "python"
@@ -438,7 +438,7 @@ def test_genai_config_token_ids_and_shared_cache(tiny_export, tmp_path):
 def test_deploy_refuses_what_it_cannot_deploy(tiny_folder, tiny_export, tmp_path):
     from gpt2onnx.exporters.export import ExportOptions, export
 
-    with pytest.raises(BadInput, match="unknown deploy target"):
+    with pytest.raises(BadInput, match="unknown --target"):
         parse_targets("genai,onnxruntime-web")
     block = export(str(tiny_folder), tmp_path / "block", options=ExportOptions(block=0, validate=False)).folder
     with pytest.raises(ContractError, match="single-block"):

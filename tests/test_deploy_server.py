@@ -186,7 +186,7 @@ def test_the_server_column_is_the_batching_engines_on_cpu():
     target does not follow fails here)."""
     from gpt2onnx.preflight.check import preflight
     from gpt2onnx.preflight.matrix import plans
-    from gpt2onnx.runtimes.base import RuntimeOptions
+    from gpt2onnx.runtimes.all_runtimes import RuntimeOptions
 
     allowed = [passes for *_, passes, _ in plans() if passes is not None]
     assert len(allowed) > 20

@@ -114,7 +114,7 @@ def test_fp32_perplexity_equals_pytorch(eval_setup, last_export):
 def test_other_runtimes_give_the_same_perplexity(eval_setup, last_export, tmp_path, runtime):
     """genai gets the window forced into its own loop (all positions' logits from the prompt, or one forced token
     per pass for --logits last); OpenVINO is a stepper like onnxruntime."""
-    from gpt2onnx.runtimes.base import RuntimeOptions
+    from gpt2onnx.runtimes.all_runtimes import RuntimeOptions
 
     checkpoint, fp32, text = eval_setup
     short = tmp_path / "short.txt"

@@ -346,7 +346,7 @@ def test_partial_fusion_names_the_fusion_and_the_node(tiny_export, tmp_path):
 
 
 def test_optimize_bad_inputs(tiny_export, tmp_path):
-    with pytest.raises(Gpt2OnnxError, match="unknown fusion profile 'fast'"):
+    with pytest.raises(Gpt2OnnxError, match="unknown --fusion 'fast'"):
         optimize(tiny_export, tmp_path / "o", fusion="fast")
     (tmp_path / "junk.onnx").write_text("not onnx")
     with pytest.raises(Gpt2OnnxError, match="is not an ONNX model"):

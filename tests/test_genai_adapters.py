@@ -21,7 +21,7 @@ from gpt2onnx.cli.app import app  # noqa: E402
 from gpt2onnx.errors import BadInput  # noqa: E402
 from gpt2onnx.files import sha256_file  # noqa: E402
 from gpt2onnx.runtimes import genai  # noqa: E402
-from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime  # noqa: E402
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime  # noqa: E402
 
 if not (genai.in_process() or genai.genai_python()):
     pytest.skip(

@@ -20,7 +20,7 @@ from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_con
 from gpt2onnx.decoding.beam import beam_search_bytes
 from gpt2onnx.decoding.generate import decode, generate
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 from gpt2onnx.targets.ort_generate import fixed_settings
 from gpt2onnx.verify import text as text_module
 

@@ -188,7 +188,7 @@ def test_llama_cpp_files_give_llama_cpps_greedy_tokens(tmp_path, kind):
     greedy tokens on it equal llama.cpp's own on the same file."""
     prompt, new = [464, 300, 17, 42], 16
     path = tmp_path / f"tiny-{kind}.gguf"
-    worker = Path(__file__).resolve().parents[1] / "gpt2onnx" / "bench" / "compare"
+    worker = Path(__file__).resolve().parents[1] / "gpt2onnx" / "benchmarks" / "compare"
     done = subprocess.run(
         [ENGINES, "-c", _GREEDY, worker, FIXTURE, path, kind, json.dumps(prompt), str(new)],
         capture_output=True,
@@ -247,7 +247,7 @@ def test_compare_from_a_gguf_names_it_and_refuses_a_changed_file(tmp_path):
     converters), scored against PyTorch on the same weights (fp32 both: KL under the fp32 gate's 1e-6, only the
     sums' order differs); the report and the work folder's record name the GGUF by sha256, and the same path holding
     another file is refused before any work (its record differs in the checkpoint's weights)."""
-    from gpt2onnx.bench.compare.compare import Settings, compare
+    from gpt2onnx.benchmarks.compare.compare import Settings, compare
 
     path = write_gguf(tmp_path / "tiny.gguf", matrices="F16")
     text = tmp_path / "text.txt"
@@ -273,7 +273,7 @@ def test_compare_from_a_gguf_names_it_and_refuses_a_changed_file(tmp_path):
 
 def test_compare_from_a_gguf_runs_llama_cpp_on_that_file_alone(files):
     """llama.cpp's row is the file itself, named by its type; another llama.cpp type is refused in one line."""
-    from gpt2onnx.bench.compare.compare import source_gguf, variants_of
+    from gpt2onnx.benchmarks.compare.compare import source_gguf, variants_of
 
     gguf_source = source_gguf(str(files["Q8_0"]), random_init=False)
     assert gguf_source == (files["Q8_0"].resolve(), "Q8_0")

@@ -1,4 +1,4 @@
-"""The benchmark harness (gpt2onnx.bench.harness): warm-ups each variant's own, rounds in rotating order, medians
+"""The benchmark harness (gpt2onnx.benchmarks.harness): warm-ups each variant's own, rounds in rotating order, medians
 with quartiles, ratios taken round by round, the load and the machine; and bench over it, folders interleaved.
 The variants here return set figures (no clock), so every assertion is exact."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from gpt2onnx.bench.harness import Spread, interleave, rotated
+from gpt2onnx.benchmarks.harness import Spread, interleave, rotated
 from gpt2onnx.cli import app
 from gpt2onnx.errors import BadInput
 
@@ -77,7 +77,7 @@ def test_bad_arguments_are_refused():
 def test_bench_interleaves_the_folders_round_by_round(tiny_export, trained_export, tmp_path, monkeypatch):
     """Two folders: each one's warm-ups, then rounds in rotating order (observed through the decode calls), each
     run's ratios to the first folder in the JSON and the tables, and the CSV and Markdown tables written."""
-    import gpt2onnx.bench.timing as timing
+    import gpt2onnx.benchmarks.timing as timing
 
     seen, real = [], timing.decode
     monkeypatch.setattr(timing, "decode", lambda decoder, *a, **k: seen.append(id(decoder)) or real(decoder, *a, **k))

@@ -210,7 +210,7 @@ def test_refused_in_one_line(options, message, tmp_path):
 
 
 def test_an_unknown_cache_type_is_refused():
-    with pytest.raises(BadInput, match="unknown --kv-cache 'int3': choose float, int8"):
+    with pytest.raises(BadInput, match="unknown --kv-cache 'int3': choose one of float, int8"):
         ExportOptions(fusion="ort-shared-kv", kv_cache="int3")
     with pytest.raises(BadInput, match="which no attention op quantizes"):
         optimize("nowhere", "elsewhere", fusion="ort", quantization=QuantizeOptions(), kv_cache="int8")

@@ -27,7 +27,7 @@ def test_previous_release_manifests_read_and_write_back_unchanged(name):
     data = fixture(name)
     manifest = Manifest.from_dict(data)
     assert manifest.as_dict() == data and list(manifest.as_dict()) == list(data)  # same keys, same order
-    assert manifest.check.passed and manifest.precision == "float32" and manifest.kv_cache == "concat"
+    assert manifest.check.passed and manifest.precision == "float32" and manifest.cache_layout == "concat"
     assert manifest.io.input_names[:3] == ["input_ids", "attention_mask", "position_ids"]
     assert (
         manifest.model_files.keys() == {"model.onnx"} and manifest.model_bytes == data["files"]["model.onnx"]["bytes"]
@@ -48,7 +48,7 @@ def test_first_release_manifest_and_unknown_keys():
     data["parity"] = {"passed": True, "max_abs_logits": 3e-7, "max_abs_present": 1e-7, "tolerance": 1e-4}
     data["from_a_newer_release"] = {"x": 1}
     manifest = Manifest.from_dict(data)
-    assert manifest.fusion is None and manifest.kv_cache is None and manifest.check is None
+    assert manifest.fusion is None and manifest.cache_layout is None and manifest.check is None
     assert manifest.check_summary == "unreadable"
     written = manifest.as_dict()
     assert written["parity"] == data["parity"] and written["from_a_newer_release"] == {"x": 1}

@@ -94,7 +94,7 @@ def test_ort_shared_kv_from_an_ort_folder(exports, tmp_path):
     """A profile that builds on another (ort-shared-kv rewrites ort's MultiHeadAttention) is done, not refused."""
     result = optimize(exports["ort"], tmp_path / "o", fusion="ort-shared-kv", dtype="fp16")
     assert result.check.passed and result.manifest.fusion.applied["shared_kv"] == 2
-    assert result.manifest.kv_cache == "shared"
+    assert result.manifest.cache_layout == "shared"
 
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))

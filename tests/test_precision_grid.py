@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2onnx.bench.compare.precision_grid import DEFAULT, GRID, variants_of
+from gpt2onnx.benchmarks.compare.precision_grid import DEFAULT, GRID, variants_of
 from gpt2onnx.errors import BadInput
 
 TRAINED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "trained-tiny"
@@ -92,7 +92,7 @@ def test_every_row_gives_this_cpu_s_answers_on_an_emulated_avx2_cpu(grid):
 def test_a_second_run_reuses_the_folders_built_from_the_same_source_only(grid, tmp_path):
     """The rows' folders are kept under --work and reused (nothing rebuilt: every file's mtime kept); a run with
     other build options (here --outliers) on that folder is refused before any work, as is another checkpoint."""
-    from gpt2onnx.bench.compare.precision_grid import bench_precision
+    from gpt2onnx.benchmarks.compare.precision_grid import bench_precision
 
     out, _ = grid
     work = out / "work"

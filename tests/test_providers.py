@@ -258,8 +258,8 @@ def test_tensorrt_tf32_switch_is_restored(tiny_export):
 def test_a_bench_that_fell_back_records_the_cpu_it_ran_on(tiny_export):
     """issue 37: bench --provider cuda --allow-fallback on a machine where cuda cannot load runs on the CPU, and
     its machine record says so: no GPU line (it said 'GPU 0 (nvidia-smi not found…)')."""
-    from gpt2onnx.bench.bench import bench
-    from gpt2onnx.bench.timing import BenchConfig
+    from gpt2onnx.benchmarks.bench import bench
+    from gpt2onnx.benchmarks.timing import BenchConfig
 
     if "cuda" in WORKING:
         pytest.skip("cuda loads on this machine")

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.bench.bench import bench
-from gpt2onnx.bench.timing import BenchConfig
+from gpt2onnx.benchmarks.bench import bench
+from gpt2onnx.benchmarks.timing import BenchConfig
 from gpt2onnx.capabilities import UnsupportedRuntime
 from gpt2onnx.cli import app
 from gpt2onnx.decoding.generate import generate
@@ -24,7 +24,7 @@ from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.runtimes import genai
-from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime, parse_runtimes, runtime_options
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime, parse_runtimes, runtime_options
 from gpt2onnx.runtimes.openvino import OpenVinoSettings
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.parity import parity

@@ -50,8 +50,8 @@ def test_bench_served_openai_endpoint_alone(trained_export, tmp_path):
 @pytest.fixture(scope="module")
 def tiny_gguf(trained_checkpoint, tmp_path_factory) -> Path:
     """A GGUF of the trained checkpoint, built by compare's llama.cpp worker in .venv-engines (skipped without)."""
-    from gpt2onnx.bench.compare import engine_worker
-    from gpt2onnx.bench.compare.compare import engines_python
+    from gpt2onnx.benchmarks.compare import engine_worker
+    from gpt2onnx.benchmarks.compare.compare import engines_python
 
     python = engines_python()
     probe = python and subprocess.run([python, "-I", "-c", "import llama_cpp.server.app"], capture_output=True)

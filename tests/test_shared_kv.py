@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding
-from gpt2onnx.bench import timing
+from gpt2onnx.benchmarks import timing
 from gpt2onnx.cli import app
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import RuntimeUnavailable
@@ -118,7 +118,7 @@ def test_precisions_on_the_shared_cache(gpt2_init_export, tmp_path, dtype, quant
     result = optimize(
         gpt2_init_export, tmp_path / "out", fusion="ort-shared-kv", dtype=dtype, quantization=QuantizeOptions(quantize)
     )
-    assert result.manifest.kv_cache == "shared" and result.check.passed
+    assert result.manifest.cache_layout == "shared" and result.check.passed
     report = parity(tmp_path / "out", cases=4, seed=1, max_batch=4)
     assert report.passed, report.failures
 

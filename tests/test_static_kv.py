@@ -209,7 +209,7 @@ def test_onnx_then_static_and_optimize_from_the_plain_export(onnx_export, tiny_e
     """optimize makes onnx-static-kv from an onnx folder (the Attention nodes rewritten) and from an unfused one."""
     for source in (onnx_export, tiny_export):
         result = optimize(source, tmp_path / source.name, fusion="onnx-static-kv")
-        assert result.check.passed and result.manifest.kv_cache == "static"
+        assert result.check.passed and result.manifest.cache_layout == "static"
         assert result.manifest.fusion.golden["static_kv"].found == 4
 
 

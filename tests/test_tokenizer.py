@@ -221,7 +221,7 @@ def test_transformers_js_tokenizer_text_in_text_out(gpt2_deployed, gpt2_vocab, r
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino", "genai"])
 def test_generate_text_in_text_out_in_every_runtime(gpt2_deployed, reference_text, runtime):
     from gpt2onnx.decoding.generate import generate
-    from gpt2onnx.runtimes.base import RuntimeOptions
+    from gpt2onnx.runtimes.all_runtimes import RuntimeOptions
 
     if runtime == "openvino":
         pytest.importorskip("openvino", reason="OpenVINO is not installed: run scripts/setup.sh")

@@ -327,7 +327,7 @@ def _claims(manifest: Manifest, facts: GraphFacts) -> list[str]:
     claims = {
         "dtype": (manifest.dtype, facts.dtype),
         "quantized ops": (_recorded_ops(manifest), sorted(facts.quantized_ops)),
-        "kv_cache": (manifest.kv_cache, facts.layout.name),
+        "kv_cache": (manifest.cache_layout, facts.layout.name),
         "kv_cache_quantization.dtype": (
             manifest.kv_cache_quantization.dtype if manifest.kv_cache_quantization else None,
             facts.kv_dtype,

@@ -398,7 +398,7 @@ _KEYS = (
     "fusion",
     "fp16",
     "quantization",
-    "kv_cache",
+    "kv_cache",  # the cache layout's record (cache_layout), under the key manifests have always used
     "kv_cache_quantization",
     "parity",
     "eval",
@@ -449,7 +449,8 @@ class Manifest:
     fusion: FusionReport | None = None
     fp16: Fp16Record | None = None
     quantization: QuantizationRecord | None = None
-    kv_cache: str | None = None  # "shared" (one buffer, GroupQueryAttention), "static" (TensorScatter) or "concat"
+    # the K/V cache's layout: "shared" (one buffer, GroupQueryAttention), "static" (TensorScatter) or "concat"
+    cache_layout: str | None = None
     kv_cache_quantization: KvCacheRecord | None = None  # a quantized cache (--kv-cache); None: the float cache
     # special token ids the configs give outside the vocabulary ({"eos_token_id": [50256]}): as in transformers
     # they never come; the readers of generation_config.json accept exactly these (artifact.generation)
@@ -505,7 +506,7 @@ class Manifest:
             "fusion": self.fusion.as_dict() if self.fusion else None,
             "fp16": self.fp16.as_dict() if self.fp16 else None,
             "quantization": self.quantization.as_dict() if self.quantization else None,
-            "kv_cache": self.kv_cache,
+            "kv_cache": self.cache_layout,
             "kv_cache_quantization": self.kv_cache_quantization.as_dict() if self.kv_cache_quantization else None,
             "parity": self.check.as_dict() if self.check else None,
             "eval": self.eval.as_dict() if self.eval else None,
@@ -580,7 +581,7 @@ class Manifest:
             fusion=record("fusion", FusionReport.from_dict),
             fp16=record("fp16", Fp16Record.from_dict),
             quantization=record("quantization", QuantizationRecord.from_dict),
-            kv_cache=record("kv_cache", str, str),
+            cache_layout=record("kv_cache", str, str),
             kv_cache_quantization=record("kv_cache_quantization", KvCacheRecord.from_dict),
             outside_vocabulary=record("outside_vocabulary", _outside_from_dict) or {},
             check=check,

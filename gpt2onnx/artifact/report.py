@@ -41,7 +41,7 @@ def _read(cls, data, kinds: dict[str, type] | None = None):
 
 
 @dataclass(frozen=True)
-class Spread:
+class DiffStats:
     """max / p50 / p99 of an absolute difference (a fixed-batch check measures the max only)."""
 
     max: float
@@ -49,7 +49,7 @@ class Spread:
     p99: float | None = None
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> "Spread | None":
+    def from_dict(cls, data: dict | None) -> "DiffStats | None":
         return None if not data else _read(cls, data)
 
 
@@ -96,8 +96,8 @@ class WeightRounding:
 
 # the fields of Figures that hold a record, and how each is read
 _FIGURE_RECORDS = {
-    "logits": Spread,
-    "present": Spread,
+    "logits": DiffStats,
+    "present": DiffStats,
     "kl": KlStats,
     "relative_error": MeanMax,
     "tokens_before_divergence": Divergence,
@@ -132,8 +132,8 @@ class Figures:
     - the K/V path (parity): logits max, agreements, kl, positions_compared, nonfinite.
     """
 
-    logits: Spread | None = None  # |Δlogits| on real positions
-    present: Spread | None = None  # |Δpresent|; None where the runtime exposes no presents
+    logits: DiffStats | None = None  # |Δlogits| on real positions
+    present: DiffStats | None = None  # |Δpresent|; None where the runtime exposes no presents
     top1_agreement: float | None = None
     top5_agreement: float | None = None  # share of positions where the reference's top-1 is in our top-5
     kl: KlStats | None = None
@@ -268,8 +268,8 @@ class ParityCase:
     past: int
     prompt: int
     steps: int
-    logits: Spread
-    present: Spread | None  # None where the runtime exposes no presents
+    logits: DiffStats
+    present: DiffStats | None  # None where the runtime exposes no presents
     top1_agreement: float
     tokens_equal: bool
 
@@ -281,8 +281,8 @@ class ParityCase:
             case["prefix_length"],
             case["prompt_length"],
             case["decode_steps"],
-            Spread.from_dict(data["logits"]),
-            Spread.from_dict(data.get("present")),
+            DiffStats.from_dict(data["logits"]),
+            DiffStats.from_dict(data.get("present")),
             data["top1_agreement"],
             bool(data["tokens_equal"]),
         )

@@ -14,8 +14,8 @@ import typer
 from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.inspect import inspect as run_inspect
 from gpt2onnx.artifact.paths import check_output_files
-from gpt2onnx.bench.bench import bench as run_bench
-from gpt2onnx.bench.timing import BenchConfig, parse_batches
+from gpt2onnx.benchmarks.bench import bench as run_bench
+from gpt2onnx.benchmarks.timing import BenchConfig, parse_batches
 from gpt2onnx.cli import render
 from gpt2onnx.cli.app import DefaultedGroup, app, console, err_console, ignore_interrupts, write_json_output
 from gpt2onnx.cli.options import (
@@ -67,9 +67,10 @@ from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput, CheckFailed
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.profiles.all_profiles import UNFUSED
-from gpt2onnx.runtimes.base import COMMANDS, RuntimeOptions, parse_runtimes, runtime_options
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, parse_runtimes, runtime_options
+from gpt2onnx.runtimes.runtime import COMMANDS
+from gpt2onnx.targets.all_targets import TARGETS
 from gpt2onnx.targets.deploy import deploy as run_deploy
-from gpt2onnx.targets.registry import TARGETS
 from gpt2onnx.targets.server_image import DEFAULT_MAX_BATCH as SERVER_MAX_BATCH
 from gpt2onnx.targets.web_server import is_web_folder, open_server
 from gpt2onnx.verify.gates import EvalGates, parse_gates
@@ -425,7 +426,7 @@ def bench_generate(
     decoding: Decoding = None,
 ) -> None:
     """Generation (greedy, beams) against transformers' generate() with the same options, in interleaved rounds."""
-    from gpt2onnx.bench.generation_speed import bench_generation
+    from gpt2onnx.benchmarks.generation_speed import bench_generation
 
     with render.progress("generation", 2 * (warmup + repeat)) as step:
         report = bench_generation(
@@ -461,7 +462,7 @@ def bench_speculative(
     speculation: Optional[Speculation] = None,
 ) -> None:
     """Speculative decoding on real prompts against greedy, beside transformers' generate() with the same proposer."""
-    from gpt2onnx.bench.speculation import bench_speculation, real_prompts
+    from gpt2onnx.benchmarks.speculation import bench_speculation, real_prompts
 
     if speculation is None:
         raise BadInput("bench speculative times a proposer: give --prompt-lookup N or --draft DIR")
@@ -497,7 +498,7 @@ def bench_constraint(
 ) -> None:
     """A constraint's mask per token beside the decode step without it, batch 1 (default: a JSON schema, any JSON
     object, a regex, a choice)."""
-    from gpt2onnx.bench.constraint_cost import bench_constraint_cost, default_constraints
+    from gpt2onnx.benchmarks.constraint_cost import bench_constraint_cost, default_constraints
 
     files = (given.json_schema, given.grammar)  # never overwritten by an output: checked before they are read
     check_output_files({"--json": json_path, "--md": markdown_path}, inputs=(folder,), files=files)
@@ -557,7 +558,7 @@ def bench_precision_command(
     """What each precision costs: every variant built, scored on real text, held to the gates and timed.
 
     --cpus EPYC-Rome,Nehalem: also each variant's answers on those CPUs (qemu-x86_64) against this one's."""
-    from gpt2onnx.bench.compare.precision_grid import bench_precision
+    from gpt2onnx.benchmarks.compare.precision_grid import bench_precision
 
     with render.progress("precision grid") as step:
         report = bench_precision(
@@ -607,7 +608,7 @@ def bench_served_command(
 ) -> None:
     """The folder served by Triton (.venv-triton) under concurrent streaming clients, beside the in-process loop;
     or behind gpt2onnx's OpenAI endpoint, beside llama.cpp's server on --gguf (.venv-engines)."""
-    from gpt2onnx.bench.served import bench_served
+    from gpt2onnx.benchmarks.served import bench_served
 
     levels = parse_batches(concurrency, what="concurrency (--concurrency)")
     with render.progress("served") as step:
@@ -646,7 +647,7 @@ def bench_web_command(
     markdown_path: MarkdownOpt = None,
 ) -> None:
     """Tokens/s in Chromium (transformers.js, wasm) beside Node and Python on the folder deployed for the web."""
-    from gpt2onnx.bench.web_speed import bench_web
+    from gpt2onnx.benchmarks.web_speed import bench_web
 
     counts = parse_batches(threads, what="threads (--threads)")
     with render.progress("web") as step:
@@ -677,7 +678,7 @@ def bench_memory(
     """Host memory a greedy decode grows by, beside the estimate that guards runs.
 
     Each folder at each batch size in its own process (Linux): the peak resident size less the size before."""
-    from gpt2onnx.bench.memory import measure_memory
+    from gpt2onnx.benchmarks.memory import measure_memory
 
     batches = parse_batches(batch)
     with render.progress("memory", len(folders) * len(batches)) as step:
@@ -735,7 +736,7 @@ def compare_command(
     checkpoint: speed and quality in one window.
 
     The engines run from .venv-engines (bash scripts/setup-engines.sh; llama.cpp: ENGINES_LLAMA=1)."""
-    from gpt2onnx.bench.compare.compare import Settings, compare
+    from gpt2onnx.benchmarks.compare.compare import Settings, compare
 
     settings = Settings(prompt_len, new_tokens, batch, threads, repeat, warmup)
     with render.progress("compare") as step:
@@ -903,7 +904,7 @@ def check(
             "FOLDER": folder is not None,
             "--model": model is not None,
             "--fusion": fusion != defaults["fusion"],
-            "--kv-cache": kv_cache != defaults["kv_cache"],
+            "--kv-cache": kv_cache != defaults["kv_dtype"],
             "--logits": logits != "all",
             "--dtype/--quantize and its options": planned != (defaults["dtype"], defaults["quantization"]),
             "--runtime": runtime is not None,
@@ -932,7 +933,7 @@ def check(
     files = (quantization.calibration_text, wanted.json_schema, wanted.grammar)
     json_output(json_path, reads=(folder, model, draft), files=files)
     constraint = constraint_from(**vars(wanted))
-    passes = {"fusion": fusion, "dtype": dtype, "quantization": quantization, "kv_cache": kv_cache}
+    passes = {"fusion": fusion, "dtype": dtype, "quantization": quantization, "kv_dtype": kv_cache}
     if folder is not None:
         if passes != planned_defaults() or model is not None or logits != "all":
             raise BadInput(f"'{folder}' is an exported folder with its own choices: drop the planned export's options")

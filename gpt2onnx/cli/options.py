@@ -25,7 +25,7 @@ from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, KV_CACHES
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, UNFUSED
 from gpt2onnx.profiles.all_profiles import help_line as fusion_help
-from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, runtime_options, runtime_spec
+from gpt2onnx.runtimes.all_runtimes import RUNTIMES, RuntimeOptions, runtime_options, runtime_spec
 from gpt2onnx.verify.gates import EvalGates, parse_gates
 
 
@@ -294,7 +294,7 @@ def planned_defaults() -> dict:
     """check's planned export when no option is given (every option at its default)."""
     values = {name: p.default for name, p in plan.__signature__.parameters.items()}
     dtype, quantization = plan(**values)
-    return {"fusion": UNFUSED.name, "dtype": dtype, "quantization": quantization, "kv_cache": FLOAT_CACHE}
+    return {"fusion": UNFUSED.name, "dtype": dtype, "quantization": quantization, "kv_dtype": FLOAT_CACHE}
 
 
 # -- what generate, parity, bench and eval share: the runtime's settings -------------------------------------------

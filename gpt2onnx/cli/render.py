@@ -17,7 +17,7 @@ from gpt2onnx.precisions.all_precisions import PRECISIONS
 if TYPE_CHECKING:  # the results' types only: rendering imports no library module that would pull in torch
     from gpt2onnx.artifact.inspect import ModelDescription
     from gpt2onnx.artifact.report import CheckReport, EvalReport, EvalRow
-    from gpt2onnx.bench.bench import BenchReport
+    from gpt2onnx.benchmarks.bench import BenchReport
     from gpt2onnx.decoding.generate import TextGeneration
     from gpt2onnx.exporters.export import ExportResult
     from gpt2onnx.targets.deploy import DeployResult

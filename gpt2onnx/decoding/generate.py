@@ -39,8 +39,9 @@ from gpt2onnx.decoding.results import Generation, check_new_tokens, check_reques
 from gpt2onnx.decoding.speculative import Acceptance, Speculation
 from gpt2onnx.decoding.strategy import Request
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes.base import LoopRuntime, RuntimeOptions, StepRuntime, check_combination, open_runtime
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, check_combination, open_runtime
 from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.runtimes.runtime import LoopRuntime, StepRuntime
 
 
 def _checked(decoder, input_ids, attention_mask, max_new_tokens: int, decoding: Decoding, eos_token_ids):

@@ -51,7 +51,8 @@ from gpt2onnx.decoding.results import Generation
 from gpt2onnx.decoding.strategy import Request, Strategy
 from gpt2onnx.errors import BadInput
 from gpt2onnx.params import options_of
-from gpt2onnx.runtimes.base import StepRuntime, runtime_spec
+from gpt2onnx.runtimes.all_runtimes import runtime_spec
+from gpt2onnx.runtimes.runtime import StepRuntime
 
 # what speculative decoding needs of the runtime, the folder and the request
 NEEDS = (

@@ -339,7 +339,7 @@ def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float], 
     if passes.dtype == "float16":
         logits_dtype = "float32" if "logits" in passes.keep_fp32 else "float16"
         io = decoder_io(spec, last_logits_only=last, dtype=passes.dtype, logits_dtype=logits_dtype)
-    buffers = layout(passed.kv_cache).in_place if kind == "decoder" else False
+    buffers = layout(passed.cache_layout).in_place if kind == "decoder" else False
     if buffers:
         io = buffer_cache_io(io, cache_dtype=passes.cache_format.dtype if passes.cache_format else None)
     if passes.dtype == "float16" or buffers:

@@ -271,7 +271,7 @@ def _manifest(model_path: Path, previous, passes: GraphPasses, passed, facts: di
         dtype=passes.dtype if passes.dtype == "float16" or not previous else previous.dtype,
         # the source's IO record, with the shared cache's dim names when the new graph shares its cache
         io=buffer_cache_io(io, cache_dtype=_cache_dtype(passes))
-        if io is not None and layout(passed.kv_cache).in_place
+        if io is not None and layout(passed.cache_layout).in_place
         else io,
         **facts,
         options={
@@ -279,7 +279,7 @@ def _manifest(model_path: Path, previous, passes: GraphPasses, passed, facts: di
             "fusion": passes.fusion,
             "allow_partial_fusion": passes.allow_partial_fusion,
             "external_data": external,
-            **({"kv_cache": passes.kv_cache} if passes.cache_format is not None else {}),
+            **({"kv_cache": passes.kv_dtype} if passes.cache_format is not None else {}),
         },
         **records,
         outside_vocabulary=previous.outside_vocabulary if previous else {},

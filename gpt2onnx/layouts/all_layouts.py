@@ -8,15 +8,14 @@ from collections.abc import Iterable
 from gpt2onnx.errors import BadInput
 from gpt2onnx.layouts import concat, shared, static
 from gpt2onnx.layouts.layout import CacheLayout
+from gpt2onnx.registry import Registry
 
-LAYOUTS: dict[str, CacheLayout] = {layout.name: layout for layout in (concat.LAYOUT, shared.LAYOUT, static.LAYOUT)}
+LAYOUTS: Registry[CacheLayout] = Registry("K/V cache layout", (concat.LAYOUT, shared.LAYOUT, static.LAYOUT))
 PLAIN = concat.LAYOUT  # what a graph is without a layout's marks
 
 
 def layout(name: str) -> CacheLayout:
-    if name not in LAYOUTS:
-        raise BadInput(f"unknown K/V cache layout '{name}': the layouts are {', '.join(LAYOUTS)}")
-    return LAYOUTS[name]
+    return LAYOUTS.lookup(name)
 
 
 def layout_of(op_types: Iterable[str]) -> CacheLayout:

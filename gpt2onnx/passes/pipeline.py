@@ -48,7 +48,7 @@ class PassResult:
     fp16: Fp16Record | None = None
     quantization: QuantizationRecord | None = None
     # the K/V cache layout's name (gpt2onnx.layouts), read from the result's ops: deployment targets read it
-    kv_cache: str = ""
+    cache_layout: str = ""
     kv_cache_quantization: KvCacheRecord | None = None  # a quantized cache (--kv-cache)
 
     def records(self) -> dict:
@@ -57,7 +57,7 @@ class PassResult:
             "fusion": self.fusion,
             "fp16": self.fp16,
             "quantization": self.quantization,
-            "kv_cache": self.kv_cache,
+            "cache_layout": self.cache_layout,
             "kv_cache_quantization": self.kv_cache_quantization,
         }
 
@@ -154,7 +154,7 @@ class Sequential:
             graph_pass.ensures(result.model)
             setattr(result, graph_pass.record, record)
         op_types = (n.op_type for n in all_nodes(result.model.graph, prompt_body=True))
-        result.kv_cache = layout_of(op_types).name
+        result.cache_layout = layout_of(op_types).name
         return result
 
 
@@ -170,7 +170,7 @@ class GraphPasses:
     dtype: str = FP32.short
     quantization: QuantizeOptions = field(default_factory=QuantizeOptions)
     keep_fp32: tuple[str, ...] | str = FP16_KEEP_GROUPS  # fp16: what stays fp32 (precision.FP16_KEEP_GROUPS)
-    kv_cache: str = FLOAT_CACHE
+    kv_dtype: str = FLOAT_CACHE  # the K/V cache's element type (--kv-cache): float, or a quantized format
 
     def __post_init__(self) -> None:  # an invalid one cannot be built: checked here, and only here
         chosen = profile(self.fusion)
@@ -191,7 +191,7 @@ class GraphPasses:
     @property
     def cache_format(self) -> KvCacheFormat | None:
         """The quantized cache's format (None: the float cache)."""
-        return KV_CACHES.get(self.kv_cache)
+        return KV_CACHES.get(self.kv_dtype)
 
     @property
     def precision(self) -> Precision:
@@ -206,7 +206,7 @@ class GraphPasses:
     def choices(self) -> list[Declared]:
         """What the chosen passes declare: the profile (with its layout), the precision and its options, the cache."""
         precision = self.quantization.choices() or [by_dtype(self.dtype).declared]
-        return [self.profile.declared, *precision, cache_declared(self.kv_cache)]
+        return [self.profile.declared, *precision, cache_declared(self.kv_dtype)]
 
     def verdict(self, *others: Declared) -> Verdict:
         """Whether the passes, with ``others`` (an architecture's facts, optimize's source), work together."""

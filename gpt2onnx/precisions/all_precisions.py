@@ -6,32 +6,37 @@ from __future__ import annotations
 from gpt2onnx.errors import BadInput
 from gpt2onnx.precisions import fp16, fp32, int4, int8, int8_weights
 from gpt2onnx.precisions.precision import Precision
+from gpt2onnx.registry import Registry
 
-PRECISIONS: dict[str, Precision] = {
-    precision.name: precision
-    for precision in (
+PRECISIONS: Registry[Precision] = Registry(
+    "precision",
+    (
         fp32.PRECISION,
         fp32.TF32,
         fp16.PRECISION,
         int8.PRECISION,
         int4.PRECISION,
         int8_weights.PRECISION,
-    )
-}
+    ),
+)
 FP32 = PRECISIONS["float32"]  # the reference's precision, and what an export is before any pass
 TF32 = PRECISIONS["tf32"]  # the gates of fp32 weights run with TF32 matmuls
 FP16 = fp16.PRECISION
 INT8, INT4, INT8_WEIGHTS = int8.PRECISION, int4.PRECISION, int8_weights.PRECISION  # (the grid, compare: by name)
 NO_QUANTIZATION = "none"  # --quantize's value for float weights
-QUANTIZED = {p.method: p for p in PRECISIONS.values() if p.method is not None}  # by --quantize
+QUANTIZED: Registry[Precision] = Registry(  # by --quantize
+    "quantizing precision",
+    (p for p in PRECISIONS.values() if p.method is not None),
+    option="--quantize",
+    key=lambda p: p.method,
+    extra=(NO_QUANTIZATION,),
+)
 FLOAT = {p.short: p for p in PRECISIONS.values() if p.selectable and p.method is None}  # by --dtype
 
 
 def precision(name: str) -> Precision:
     """A precision by its name (a manifest's, a report's, a gate family's)."""
-    if name not in PRECISIONS:
-        raise BadInput(f"no parity gates are defined for precision '{name}'")
-    return PRECISIONS[name]
+    return PRECISIONS.lookup(name)
 
 
 def by_dtype(dtype: str) -> Precision:
@@ -64,4 +69,4 @@ def layer_bits(name: str) -> int:
 
 def quantized_names() -> str:
     """--quantize's choices, for the help and the errors."""
-    return ", ".join([NO_QUANTIZATION, *QUANTIZED])
+    return QUANTIZED.choices()

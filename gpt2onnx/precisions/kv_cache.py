@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpt2onnx.capabilities import Declared, Need
-from gpt2onnx.errors import BadInput
+from gpt2onnx.registry import Registry
 
 FLOAT_CACHE = "float"  # --kv-cache's default: the cache in the model's own dtype
 FLOAT_DECLARED = Declared("K/V cache", FLOAT_CACHE, f"--kv-cache {FLOAT_CACHE}", ensures={"kv_dtype": FLOAT_CACHE})
@@ -94,17 +94,13 @@ INT4 = KvCacheFormat(
     values_per_byte=2,
 )
 
-KV_CACHES: dict[str, KvCacheFormat] = {fmt.name: fmt for fmt in (INT8, INT4)}
+KV_CACHES: Registry[KvCacheFormat] = Registry("K/V cache type", (INT8, INT4), option="--kv-cache", extra=(FLOAT_CACHE,))
 BY_DTYPE = {fmt.dtype: fmt for fmt in KV_CACHES.values()}
 
 
 def kv_cache_format(name: str) -> KvCacheFormat | None:
     """The format ``--kv-cache`` names (None for the float cache); BadInput for another name."""
-    if name == FLOAT_CACHE:
-        return None
-    if name not in KV_CACHES:
-        raise BadInput(f"unknown --kv-cache '{name}': choose {', '.join([FLOAT_CACHE, *KV_CACHES])}")
-    return KV_CACHES[name]
+    return None if name == FLOAT_CACHE else KV_CACHES.lookup(name)
 
 
 def cache_declared(name: str) -> Declared:

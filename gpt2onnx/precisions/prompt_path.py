@@ -35,6 +35,7 @@ from onnx import TensorProto, helper, numpy_helper
 from gpt2onnx.artifact.graph import PROMPT_IF, PROMPT_PATH_MARK
 from gpt2onnx.capabilities import Declared, Need
 from gpt2onnx.precisions.activations import row_quantize_nodes, zero_point_nodes
+from gpt2onnx.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ INT8 = PromptKernel(
         },
     ),
 )
-PROMPT_KERNELS = {kernel.name: kernel for kernel in (NBITS, INT8)}
+PROMPT_KERNELS: Registry[PromptKernel] = Registry("prompt kernel", (NBITS, INT8), option="--prompt-kernel")
 
 
 def kernel_of(quantized_ops) -> PromptKernel:

@@ -88,8 +88,8 @@ class QuantizeOptions:
     )
 
     def __post_init__(self) -> None:  # an invalid one cannot be built: checked here, and only here
-        if self.method != NO_QUANTIZATION and self.method not in QUANTIZED:
-            raise BadInput(f"unknown --quantize '{self.method}': choose one of {quantized_names()}")
+        if self.method != NO_QUANTIZATION:
+            QUANTIZED.lookup(self.method)
         flags = option_flags()
         given = {field: getattr(self, field) for field in flags if getattr(self, field) is not None}
         if self.method == NO_QUANTIZATION:

@@ -9,9 +9,9 @@ from gpt2onnx.artifact.graph import GraphFacts
 from gpt2onnx.artifact.lora import adapter_declared, adapter_files_choice
 from gpt2onnx.capabilities import resolve
 from gpt2onnx.choices.of_folder import folder_choices
-from gpt2onnx.runtimes.base import RUNTIMES, runtime_alternatives, runtime_spec
+from gpt2onnx.runtimes.all_runtimes import RUNTIMES, runtime_alternatives, runtime_spec
 from gpt2onnx.serving.engine import ADAPTER_REQUEST, ENGINE
-from gpt2onnx.targets.registry import target_specs
+from gpt2onnx.targets.all_targets import target_specs
 
 BEGIN = "<!-- generated: gpt2onnx.preflight.adapter_support.markdown() -->"
 END = "<!-- end of generated -->"

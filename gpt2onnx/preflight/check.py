@@ -18,9 +18,10 @@ from gpt2onnx.decoding.generate import open_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.passes.pipeline import GraphPasses
-from gpt2onnx.runtimes.base import RuntimeOptions, command_declared, runtime_alternatives
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, runtime_alternatives
+from gpt2onnx.runtimes.runtime import command_declared
 from gpt2onnx.serving.engine import ENGINE
-from gpt2onnx.targets.registry import parse_targets, target_specs
+from gpt2onnx.targets.all_targets import parse_targets, target_specs
 
 
 @dataclass(frozen=True)

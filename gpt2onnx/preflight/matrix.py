@@ -17,9 +17,9 @@ from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, KV_CACHES
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.preflight.check import preflight
 from gpt2onnx.profiles.all_profiles import PROFILES
-from gpt2onnx.runtimes.base import RUNTIMES, RuntimeOptions, runtime_spec
+from gpt2onnx.runtimes.all_runtimes import RUNTIMES, RuntimeOptions, runtime_spec
 from gpt2onnx.runtimes.providers import PROVIDERS, ProviderConfig
-from gpt2onnx.targets.registry import TARGETS
+from gpt2onnx.targets.all_targets import TARGETS
 
 YES = "✓"
 
@@ -52,7 +52,7 @@ def plans() -> list[tuple[str, str, Precision, GraphPasses | None, str | None]]:
             for precision in precisions():
                 try:
                     passes = GraphPasses(
-                        profile, dtype=precision.dtype, quantization=precision.quantization, kv_cache=cache
+                        profile, dtype=precision.dtype, quantization=precision.quantization, kv_dtype=cache
                     )
                     found.append((profile, cache, precision, passes, None))
                 except (Unsupported, BadInput) as refused:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpt2onnx.errors import BadInput
 from gpt2onnx.profiles import none, onnx_ops, onnx_static_kv, ort, ort_shared_kv, portable, tensorrt
 from gpt2onnx.profiles.profile import Profile
+from gpt2onnx.registry import Registry
 
-PROFILES: dict[str, Profile] = {
-    profile.name: profile
-    for profile in (
+PROFILES: Registry[Profile] = Registry(
+    "fusion profile",
+    (
         none.PROFILE,
         ort.PROFILE,
         ort_shared_kv.PROFILE,
@@ -20,17 +20,16 @@ PROFILES: dict[str, Profile] = {
         tensorrt.PROFILE,
         onnx_ops.PROFILE,
         onnx_static_kv.PROFILE,
-    )
-}
+    ),
+    option="--fusion",
+)
 UNFUSED = none.PROFILE  # export's default
 OPTIMIZE_DEFAULT = ort.PROFILE  # optimize's, where the source holds no profile
 
 
 def profile(name: str) -> Profile:
     """A profile by what --fusion takes; BadInput naming the choices for another name."""
-    if name not in PROFILES:
-        raise BadInput(f"unknown fusion profile '{name}': choose one of {', '.join(PROFILES)}")
-    return PROFILES[name]
+    return PROFILES.lookup(name)
 
 
 def fused_with(ops: Iterable[tuple[str, str]]) -> Profile | None:

@@ -32,7 +32,6 @@ from gpt2onnx.layouts.all_layouts import bound_by
 from gpt2onnx.layouts.layout import GROWING, SHARED_BUFFER, STATIC_BUFFER, CacheLayout
 from gpt2onnx.precisions.kv_cache import cache_format_of, steps_of
 from gpt2onnx.precisions.prompt_path import kernel_of
-from gpt2onnx.runtimes.base import Capabilities, StepRuntime
 from gpt2onnx.runtimes.providers import (
     DEVICE_TYPES,
     TRT_CACHE_DIR,
@@ -46,6 +45,7 @@ from gpt2onnx.runtimes.providers import (
     session_provider,
     session_tf32,
 )
+from gpt2onnx.runtimes.runtime import Capabilities, StepRuntime
 
 
 def session_shape(session: ort.InferenceSession, n_positions: int) -> DecoderShape:

@@ -42,8 +42,8 @@ from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.capabilities import Lacks, Need, resolve
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
-from gpt2onnx.runtimes.base import Capabilities, Continuations, LoopResult, LoopRuntime, RuntimeSpec, ThreadSettings
 from gpt2onnx.runtimes.decoder import file_shape, read_adapter
+from gpt2onnx.runtimes.runtime import Capabilities, Continuations, LoopResult, LoopRuntime, RuntimeSpec, ThreadSettings
 from gpt2onnx.runtimes.worker_process import WorkerProcess
 
 CONFIG_FILE = config_writer.CONFIG_NAME
@@ -140,7 +140,7 @@ def open_runtime(model: ModelFolder, settings: GenaiSettings) -> "GenaiRunner":
 
 
 class GenaiRunner(LoopRuntime):
-    """The :class:`~gpt2onnx.runtimes.base.LoopRuntime` interface on onnxruntime-genai."""
+    """The :class:`~gpt2onnx.runtimes.runtime.LoopRuntime` interface on onnxruntime-genai."""
 
     runtime = "genai"
     capabilities = Capabilities(owns_loop=True, presents=False, adapters=True)

@@ -5,9 +5,9 @@ stepper itself lives in decoder.py, where export and optimize use it too."""
 
 from __future__ import annotations
 
-from gpt2onnx.runtimes.base import RuntimeSpec
 from gpt2onnx.runtimes.decoder import OnnxDecoder, open_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig, provider_alternatives, provider_declared
+from gpt2onnx.runtimes.runtime import RuntimeSpec
 
 SPEC = RuntimeSpec(
     name="onnxruntime",

@@ -23,8 +23,8 @@ from gpt2onnx.capabilities import Lacks, Need
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.params import param
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
-from gpt2onnx.runtimes.base import Capabilities, RuntimeSpec, StepRuntime, check_threads, threads_param
 from gpt2onnx.runtimes.decoder import file_shape
+from gpt2onnx.runtimes.runtime import Capabilities, RuntimeSpec, StepRuntime, check_threads, threads_param
 
 INSTALL = "pip install openvino (or: bash scripts/setup.sh)"
 PRECISIONS = ("f32", "bf16", "f16")
@@ -117,7 +117,7 @@ def _reason(exc: Exception) -> str:
 
 
 class OpenVinoDecoder(StepRuntime):
-    """The :class:`~gpt2onnx.runtimes.base.StepRuntime` interface on an OpenVINO compiled model (host arrays)."""
+    """The :class:`~gpt2onnx.runtimes.runtime.StepRuntime` interface on an OpenVINO compiled model (host arrays)."""
 
     runtime = "openvino"
 

@@ -44,8 +44,8 @@ from gpt2onnx.capabilities import Declared, Lacks, Need
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 from gpt2onnx.files import kind_of
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
-from gpt2onnx.runtimes.base import Capabilities, Continuations, LoopRuntime, RuntimeSpec, ThreadSettings
 from gpt2onnx.runtimes.decoder import file_shape
+from gpt2onnx.runtimes.runtime import Capabilities, Continuations, LoopRuntime, RuntimeSpec, ThreadSettings
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ from gpt2onnx.capabilities import Declared, Lacks, Need
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 from gpt2onnx.params import param
 from gpt2onnx.precisions.all_precisions import PRECISIONS
-from gpt2onnx.runtimes.base import check_threads, threads_param
 from gpt2onnx.runtimes.heap import release_freed_memory
+from gpt2onnx.runtimes.runtime import check_threads, threads_param
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A worker process under another Python (another environment's), asked one JSON line at a time.
 
-The wire, as the workers write it (gpt2onnx.runtimes.genai_worker, gpt2onnx.bench.compare.engine_worker): one JSON
+The wire, as the workers write it (gpt2onnx.runtimes.genai_worker, gpt2onnx.benchmarks.compare.engine_worker): one JSON
 request per line; each answer one JSON line, then, when it has ``"npz": N``, N bytes of an .npz archive, whose arrays
 come back under ``"arrays"``. An answer ``{"error": "..."}`` raises :class:`RuntimeUnavailable` with that line.
 """

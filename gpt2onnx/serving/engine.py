@@ -64,10 +64,11 @@ from gpt2onnx.decoding.prompts import TextStream, has_tokenizer, left_pad
 from gpt2onnx.decoding.results import check_new_tokens, check_request_size
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
-from gpt2onnx.runtimes.base import RuntimeOptions, StepRuntime, open_runtime, runtime_spec
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime, runtime_spec
 from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder
 from gpt2onnx.runtimes.heap import release_freed_memory
 from gpt2onnx.runtimes.providers import ProviderConfig
+from gpt2onnx.runtimes.runtime import StepRuntime
 from gpt2onnx.serving.requests import NOT_SPECULATIVE, PromptReader, whole_number
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ class _Request:
 class BatchingEngine:
     """Generation requests decoded together by one engine thread (continuous batching; module docstring).
 
-    ``decoder``: a stepper (the onnxruntime runtime: :func:`~gpt2onnx.runtimes.base.open_runtime`);
+    ``decoder``: a stepper (the onnxruntime runtime: :func:`~gpt2onnx.runtimes.runtime.open_runtime`);
     ``tokenizer``: for text prompts, text out and stop strings (``None``: token ids only);
     ``max_batch``: the most requests decoded together (more wait for a free row).
     Use :meth:`open` for a folder. Close it (or use it as a context manager) to stop its threads."""

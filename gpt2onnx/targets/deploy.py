@@ -1,5 +1,5 @@
 """``gpt2onnx deploy``: an exported folder made ready for the runtimes users deploy on, one target at a time
-(each a plug-in: :mod:`gpt2onnx.targets.registry`).
+(each a plug-in: :mod:`gpt2onnx.targets.target`).
 
 ``deploy(folder, ["genai", "transformers-js", "triton"])`` writes, next to the plain folder's own files
 (which keep working with onnxruntime and optimum as before):
@@ -55,7 +55,8 @@ from gpt2onnx.choices.of_folder import folder_choices
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.files import link_or_copy
 from gpt2onnx.precisions.all_precisions import precision_of
-from gpt2onnx.targets.registry import Deployment, TargetSpec, parse_targets, target_options, target_specs
+from gpt2onnx.targets.all_targets import owned_paths, parse_targets, target_options, target_specs
+from gpt2onnx.targets.target import Deployment, TargetSpec
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def deploy(
 ) -> DeployResult:
     """Write the deployment ``targets`` for the exported decoder ``folder``, in place or into ``out``.
 
-    ``options``: the targets' own, by name (:mod:`gpt2onnx.targets.registry`): ``triton_name`` (default: the folder's
+    ``options``: the targets' own, by name (:mod:`gpt2onnx.targets.target`): ``triton_name`` (default: the folder's
     name) and ``triton_device`` (cpu or gpu) for triton; ``web_lib`` for web, the node_modules with transformers.js
     that the page's library files are copied from (default: $GPT2ONNX_WEB_LIB, else this repository's
     tests/js/node_modules, else ./node_modules). Returns the folder and its new manifest, whose ``deploy`` record
@@ -108,7 +109,7 @@ def deploy(
     foreign = _foreign(opened.folder, opened.manifest, chosen)
     with staged_folder(target, force=force, protect=(opened.folder,), check=not in_place) as staging:
         _copy_source(opened, staging, foreign)
-        deployment = Deployment(opened, staging, real_location(target).name)
+        deployment = Deployment(opened, staging, real_location(target).name, owned_paths())
         written, records = _write_targets(deployment, chosen, chosen_options)
         record = DeployRecord(
             targets=written,

@@ -17,7 +17,7 @@ from gpt2onnx.capabilities import Need
 from gpt2onnx.errors import ContractError
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.targets.formats import json_text
-from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
+from gpt2onnx.targets.target import Deployment, TargetSpec, Written
 
 
 def write_genai_config(folder: str | Path, out: str | Path, *, outside_vocabulary: dict | None = None) -> Path:

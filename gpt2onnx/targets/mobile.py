@@ -45,7 +45,7 @@ from gpt2onnx.capabilities import Need
 from gpt2onnx.errors import ContractError
 from gpt2onnx.layouts.layout import PAST_BUFFER
 from gpt2onnx.targets.formats import json_text
-from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
+from gpt2onnx.targets.target import Deployment, TargetSpec, Written
 
 log = logging.getLogger(__name__)
 

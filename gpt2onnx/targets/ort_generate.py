@@ -38,7 +38,7 @@ from gpt2onnx.artifact.search_ops import DATA_NAME, FILES, MS_DOMAIN, SEARCHES, 
 from gpt2onnx.capabilities import Need
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
-from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
+from gpt2onnx.targets.target import Deployment, TargetSpec, Written
 
 log = logging.getLogger(__name__)
 

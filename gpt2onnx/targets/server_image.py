@@ -27,7 +27,7 @@ from gpt2onnx.artifact.manifest import MODEL_FILE
 from gpt2onnx.artifact.tokenizer import TOKENIZER_JSON
 from gpt2onnx.errors import BadInput, ContractError, shown
 from gpt2onnx.targets.formats import yaml_string
-from gpt2onnx.targets.registry import Deployment, TargetSpec, Written, target_specs
+from gpt2onnx.targets.target import Deployment, TargetSpec, Written
 
 DOCKERFILE, DOCKERIGNORE, SUBFOLDER = "Dockerfile", ".dockerignore", "kubernetes"
 INFERENCE_SERVICE, DEPLOYMENT = "inferenceservice.yaml", "deployment.yaml"
@@ -306,7 +306,7 @@ def served_files(deployment: Deployment) -> tuple[str, ...]:
     """What the image holds: the source's own top-level files (the model, its config and tokenizer files; the
     manifest, written last), never another target's files or what deploy carried without owning it."""
     source, staging = deployment.source, deployment.staging
-    owned = {path for spec in target_specs() for path in spec.paths}
+    owned = deployment.owned  # every target's paths: another target's files are not the source's
     names = {name for name in source.manifest.files if "/" not in name and name not in owned}
     names |= {TOKENIZER_JSON} & {p.name for p in staging.iterdir()}  # built from vocab.json + merges.txt
     files = sorted(name for name in names if (staging / name).is_file() and not (staging / name).is_symlink())

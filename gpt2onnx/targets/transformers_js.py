@@ -28,7 +28,7 @@ from gpt2onnx.files import link_or_copy
 from gpt2onnx.precisions.all_precisions import PRECISIONS, precision_of
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE, cache_format_of
 from gpt2onnx.targets.formats import json_text
-from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
+from gpt2onnx.targets.target import Deployment, TargetSpec, Written
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from gpt2onnx.files import link_or_copy
 from gpt2onnx.targets import kserve
 from gpt2onnx.targets.formats import pbtxt_string
 from gpt2onnx.targets.kserve import write_kserve
-from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
+from gpt2onnx.targets.target import Deployment, TargetSpec, Written
 from gpt2onnx.targets.triton_generate import DEFAULT_MAX_BATCH, write_generate_models
 
 SUBFOLDER = "triton"

@@ -51,7 +51,7 @@ from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.precisions.prompt_path import without_prompt_path
 from gpt2onnx.targets import transformers_js
 from gpt2onnx.targets.formats import html_text, script_json
-from gpt2onnx.targets.registry import Deployment, TargetSpec, Written
+from gpt2onnx.targets.target import Deployment, TargetSpec, Written
 
 PAGE = "index.html"
 SCRIPT = "gpt2onnx-web.js"

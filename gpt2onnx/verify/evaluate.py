@@ -51,7 +51,7 @@ from gpt2onnx.machine import describe_machine
 from gpt2onnx.precisions.all_precisions import FP32, precision_of
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model, reference_step
-from gpt2onnx.runtimes.base import RuntimeOptions, check_combination, open_runtime
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, check_combination, open_runtime
 from gpt2onnx.runtimes.decoder import file_shape
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.gates import EvalGates
@@ -439,7 +439,7 @@ def folder_scorer(
     label: str, folder: str | Path, threads: int | None = None, runtime: str = "onnxruntime"
 ) -> _RuntimeScorer:
     """An exported folder as eval scores it, on ``runtime`` (onnxruntime: its cpu provider) with ``threads``."""
-    from gpt2onnx.runtimes.base import runtime_options
+    from gpt2onnx.runtimes.all_runtimes import runtime_options
 
     options = runtime_options([runtime], {"--threads": threads} if threads else {})[0]
     return _RuntimeScorer(label, open_folder(folder), options)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpt2onnx.artifact.contract import position_ids_for
-from gpt2onnx.artifact.report import Figures, KlStats, KvPathCheck, KvPathReport, Spread
+from gpt2onnx.artifact.report import DiffStats, Figures, KlStats, KvPathCheck, KvPathReport
 from gpt2onnx.verify.gates import apply_gates
 from gpt2onnx.verify.lockstep import left_padded_batch
 from gpt2onnx.verify.metrics import abs_diff, kl_divergence, top5_hits
@@ -64,7 +64,7 @@ def _measure(name: str, ours: np.ndarray, theirs: np.ndarray, gates: dict) -> Kv
     diff = abs_diff(ours, theirs)
     kl = kl_divergence(theirs, ours)
     measured = Figures(
-        logits=Spread(float(diff.max())),
+        logits=DiffStats(float(diff.max())),
         top1_agreement=float((ours.argmax(-1) == theirs.argmax(-1)).mean()),
         top5_agreement=float(top5_hits(theirs, ours).mean()),
         kl=KlStats(float(kl.mean()), max=float(kl.max())),

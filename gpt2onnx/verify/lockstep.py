@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from gpt2onnx.artifact.contract import position_ids_for
-from gpt2onnx.artifact.report import CheckReport, Figures, Spread
+from gpt2onnx.artifact.report import CheckReport, DiffStats, Figures
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.machine import describe_machine
 from gpt2onnx.precisions.all_precisions import FP32
@@ -37,8 +37,8 @@ def greedy(decoder: OnnxDecoder, input_ids: np.ndarray, attention_mask: np.ndarr
 
 def _fixed_batch_report(worst_logits, worst_present, tolerance, shape, decode_steps, *, against) -> CheckReport:
     measured = Figures(
-        logits=Spread(worst_logits),
-        present=Spread(worst_present),
+        logits=DiffStats(worst_logits),
+        present=DiffStats(worst_present),
         batch=int(shape[0]),
         prompt_length=int(shape[1]),
         decode_steps=decode_steps,

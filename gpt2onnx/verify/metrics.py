@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpt2onnx.artifact.report import Divergence, Figures, KlStats, MeanMax, Spread
+from gpt2onnx.artifact.report import DiffStats, Divergence, Figures, KlStats, MeanMax
 
 _SAMPLE_PER_CASE = 20_000  # |Δ| values kept per case to estimate the pooled percentiles
 
@@ -98,10 +98,10 @@ def summarize(results) -> Figures:
     if with_present:
         pooled = np.concatenate([r.samples["present"] for r in with_present])
         worst = max(r.present["max"] for r in with_present)
-        present = Spread(worst, float(np.percentile(pooled, 50)), float(np.percentile(pooled, 99)))
+        present = DiffStats(worst, float(np.percentile(pooled, 50)), float(np.percentile(pooled, 99)))
     return Figures(
         cases=len(results),
-        logits=Spread(
+        logits=DiffStats(
             max(r.logits["max"] for r in results), float(np.percentile(logits, 50)), float(np.percentile(logits, 99))
         ),
         top1_agreement=weighted(r.top1_agreement for r in results),

@@ -30,7 +30,7 @@ from gpt2onnx.machine import describe_machine
 from gpt2onnx.precisions import all_precisions as precisions
 from gpt2onnx.pytorch.checkpoint import Checkpoint, load_checkpoint, with_adapter
 from gpt2onnx.pytorch.reference import reference_model
-from gpt2onnx.runtimes.base import RuntimeOptions, check_combination, open_runtime
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, check_combination, open_runtime
 from gpt2onnx.runtimes.decoder import cpu_decoder, file_shape
 from gpt2onnx.runtimes.providers import ProviderConfig, cpu_session, session_placement
 from gpt2onnx.verify.gates import (

@@ -5,5 +5,6 @@ from __future__ import annotations
 
 from gpt2onnx.decoding.proposers import draft, prompt_lookup
 from gpt2onnx.decoding.proposers.proposer import ProposerSpec
+from gpt2onnx.registry import Registry
 
-PROPOSERS: dict[str, ProposerSpec] = {spec.name: spec for spec in (prompt_lookup.PROPOSER, draft.PROPOSER)}
+PROPOSERS: Registry[ProposerSpec] = Registry("proposer", (prompt_lookup.PROPOSER, draft.PROPOSER))

@@ -19,7 +19,7 @@ from gpt2onnx.decoding.processors import process_scores
 from gpt2onnx.decoding.proposers.proposer import MAX_PROPOSED, Proposer, ProposerSpec, count
 from gpt2onnx.errors import BadInput
 from gpt2onnx.params import param
-from gpt2onnx.runtimes.base import StepRuntime
+from gpt2onnx.runtimes.runtime import StepRuntime
 
 log = logging.getLogger(__name__)
 ADAPTIVE = "adaptive"

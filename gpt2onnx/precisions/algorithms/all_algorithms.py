@@ -2,15 +2,10 @@
 
 from gpt2onnx.precisions.algorithms import gptq, hqq, k_quant, rtn
 from gpt2onnx.precisions.algorithms.algorithm import Int4Algorithm
+from gpt2onnx.registry import Registry
 
 # the first is the recipe's default (chosen by docs/precision.md's table on the GPT-2-shaped reference)
-ALGORITHMS: dict[str, Int4Algorithm] = {
-    algorithm.name: algorithm
-    for algorithm in (
-        rtn.ALGORITHM,
-        hqq.ALGORITHM,
-        k_quant.ALGORITHM,
-        gptq.ALGORITHM,
-    )
-}
+ALGORITHMS: Registry[Int4Algorithm] = Registry(
+    "int4 algorithm", (rtn.ALGORITHM, hqq.ALGORITHM, k_quant.ALGORITHM, gptq.ALGORITHM), option="--algorithm"
+)
 DEFAULT_ALGORITHM = next(iter(ALGORITHMS))

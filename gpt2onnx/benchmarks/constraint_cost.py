@@ -24,11 +24,11 @@ import numpy as np
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.artifact.paths import check_output_files
-from gpt2onnx.bench.harness import Rounds, Spread, check_runs, interleave, write_outputs
+from gpt2onnx.benchmarks.harness import Rounds, Spread, check_runs, interleave, write_outputs
 from gpt2onnx.decoding.constraints import Constraint, TokenConstraint, vocabulary_of
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 
 PROMPT_TOKENS = 16  # ids 1..16: the same prompt for every variant (the step's cost does not depend on its ids)
 UNCONSTRAINED = "unconstrained"

@@ -1,5 +1,5 @@
 """Benchmarks side by side: exported folders on an onnxruntime provider, and PyTorch eager (the reference) on the
-same workload in the same run. Measurement itself is :mod:`gpt2onnx.bench.timing`; without a torch baseline
+same workload in the same run. Measurement itself is :mod:`gpt2onnx.benchmarks.timing`; without a torch baseline
 nothing here imports torch."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.lora import adapter_declared, adapter_of
 from gpt2onnx.artifact.paths import check_output_files, folder_labels
-from gpt2onnx.bench.harness import csv_of
-from gpt2onnx.bench.timing import (
+from gpt2onnx.benchmarks.harness import csv_of
+from gpt2onnx.benchmarks.timing import (
     TORCH_DEVICE_MEMORY,
     BenchConfig,
     ModelBench,
@@ -36,7 +36,7 @@ from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic, write_text_atomic
 from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.precisions.all_precisions import PRECISIONS
-from gpt2onnx.runtimes.base import RuntimeOptions, check_combination
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, check_combination
 from gpt2onnx.runtimes.providers import TF32_OVERRIDE, ProviderConfig
 
 BASELINES = ("torch",)
@@ -238,7 +238,7 @@ def bench(
 
     Args:
         folders: one exported folder or several, all opened, then measured batch by batch in the harness's
-            interleaved rounds (:mod:`gpt2onnx.bench.harness`: ``config.warmup`` warm-ups each, then
+            interleaved rounds (:mod:`gpt2onnx.benchmarks.harness`: ``config.warmup`` warm-ups each, then
             ``config.repeat`` rounds of one run each in rotating order; ratios to the first, round by round).
         provider: the onnxruntime provider and its options (default: cpu, all cores).
         runtimes: the runtimes, each with its options (default: onnxruntime on ``provider``); every folder is

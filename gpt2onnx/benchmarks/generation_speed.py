@@ -25,12 +25,12 @@ import numpy as np
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_config, request_declared
 from gpt2onnx.artifact.paths import check_output_files
-from gpt2onnx.bench.harness import Rounds, check_runs, interleave, timed, write_outputs
+from gpt2onnx.benchmarks.harness import Rounds, check_runs, interleave, timed, write_outputs
 from gpt2onnx.capabilities import resolve
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import BadInput
 from gpt2onnx.params import options_of
-from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 
 THEIRS = "transformers"
 
@@ -110,7 +110,7 @@ def bench_generation(
     source weights, in interleaved rounds."""
     import torch
 
-    from gpt2onnx.bench.bench import torch_device
+    from gpt2onnx.benchmarks.bench import torch_device
     from gpt2onnx.pytorch.reference import reference_model
     from gpt2onnx.verify.lockstep import left_padded_batch
     from gpt2onnx.verify.parity import reference_checkpoint

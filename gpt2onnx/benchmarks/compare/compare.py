@@ -5,7 +5,7 @@ GGUF, OpenVINO IR with NNCF's weights, CTranslate2), timed in one window and sco
   each precision's recipe); the engines' by their own converters, in the engines' environment (.venv-engines,
   scripts/setup-engines.sh), under ``work``; finished files are kept and reused for the same checkpoint.
 - Speed: every variant in a process of its own (peak RSS is its own), all asked in interleaved rounds through
-  :func:`gpt2onnx.bench.harness.interleave`: each round, every variant, in rotating order, runs greedy generation
+  :func:`gpt2onnx.benchmarks.harness.interleave`: each round, every variant, in rotating order, runs greedy generation
   on fresh seeded prompts (the same for every variant; no engine reuses a cached prefix): b1 × P with 1 new token
   (the prompt, time to first token), b1 × P with N new tokens (decode: the mean of its N − 1 steps, each timed
   inside the engine's loop: ours and llama.cpp's step by step, OpenVINO GenAI's token times, CTranslate2's token
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2onnx.artifact.folder import MANIFEST_NAME
-from gpt2onnx.bench.harness import Rounds, check_runs, csv_of, interleave, write_outputs
+from gpt2onnx.benchmarks.harness import Rounds, check_runs, csv_of, interleave, write_outputs
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import write_text_atomic
 from gpt2onnx.precisions.all_precisions import FP32, INT4, INT8, INT8_WEIGHTS
@@ -786,8 +786,8 @@ def compare(
         BadInput (options, model, work), RuntimeUnavailable (an engine asked for and not installed; none installed).
     """
     from gpt2onnx.artifact.paths import check_output_files, check_output_path
-    from gpt2onnx.bench.compare.work_folder import build_source, claim_work
-    from gpt2onnx.bench.timing import check_plot_path
+    from gpt2onnx.benchmarks.compare.work_folder import build_source, claim_work
+    from gpt2onnx.benchmarks.timing import check_plot_path
     from gpt2onnx.verify.evaluate import Windows, folder_scorer, score_against_checkpoint
 
     outputs = {"--json": json_path, "--md": markdown_path, "--csv": csv_path, "--plot": plot}
@@ -902,7 +902,7 @@ def _told(say: Progress, what: str, run: Callable[[], dict], runs, total: int) -
 
 def plot_compare(report: CompareReport, path) -> None:
     """Decode ms/token (median and quartiles) by variant; beside it, with quality, mean KL against decode ms."""
-    from gpt2onnx.bench.timing import require_matplotlib, save_figure
+    from gpt2onnx.benchmarks.timing import require_matplotlib, save_figure
 
     plt = require_matplotlib()
     panels = 2 if report.quality is not None else 1

@@ -37,7 +37,7 @@ import onnxruntime
 from gpt2onnx.artifact.folder import ModelFolder, open_folder, versions
 from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.report import Placement
-from gpt2onnx.bench.harness import Rounds, check_runs, interleave
+from gpt2onnx.benchmarks.harness import Rounds, check_runs, interleave
 from gpt2onnx.decoding.generate import decode, speculation_draft
 from gpt2onnx.decoding.results import MAX_BATCH_TOKENS
 from gpt2onnx.decoding.speculative import Acceptance, Speculation
@@ -45,7 +45,7 @@ from gpt2onnx.errors import BadInput, OutputError
 from gpt2onnx.files import new_file_mode
 from gpt2onnx.machine import describe_machine
 from gpt2onnx.precisions.all_precisions import precision_of
-from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.providers import gpu_library_versions
 
 
@@ -342,7 +342,7 @@ def measure_batches(
     base_bytes: int,
     progress: Callable[[], None] | None = None,
 ) -> tuple[list[RunStats], Rounds]:
-    """Every folder at one batch size, in the harness's interleaved rounds (:func:`gpt2onnx.bench.harness.
+    """Every folder at one batch size, in the harness's interleaved rounds (:func:`gpt2onnx.benchmarks.harness.
     interleave`: each folder's warm-ups, then ``config.repeat`` rounds of one run each in rotating order, the
     ratios to the first folder round by round), then each one's steps at ``config.pasts`` the same way. A run's
     peak memory is what a process running that folder alone would reach: ``base_bytes`` (this process before any

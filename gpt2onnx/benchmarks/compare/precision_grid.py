@@ -35,7 +35,7 @@ import numpy as np
 
 from gpt2onnx.artifact.folder import MANIFEST_NAME
 from gpt2onnx.artifact.paths import check_output_files, check_output_path
-from gpt2onnx.bench.harness import Rounds, check_runs, csv_of, interleave, write_outputs
+from gpt2onnx.benchmarks.harness import Rounds, check_runs, csv_of, interleave, write_outputs
 from gpt2onnx.errors import BadInput, CheckFailed, RuntimeUnavailable
 from gpt2onnx.files import write_text_atomic
 from gpt2onnx.precisions.all_precisions import FP16, FP32, INT4, INT8, INT8_WEIGHTS, NO_QUANTIZATION
@@ -360,7 +360,7 @@ def time_steps(
     ``prompt_len`` (all positions' logits, from an empty past), in the harness's rotating rounds (figures
     ``decode_ms``, ``prompt_ms``), each run after the harness's pause (30 sessions open: the last one's threads
     spinning would take the cores from the next)."""
-    from gpt2onnx.bench.timing import decode_step_at_past
+    from gpt2onnx.benchmarks.timing import decode_step_at_past
 
     def timed(decoder) -> Callable[[], dict]:
         calls = iter(range(1 << 30))
@@ -509,13 +509,13 @@ def bench_precision(
     before_writing: Callable[[], None] | None = None,
 ) -> PrecisionReport:
     """Build, score, hold to the gates and time every variant named (the module's docstring says how). ``work``
-    is claimed as compare's is (:mod:`gpt2onnx.bench.compare.work_folder`; ``rebuild``); ``progress`` is called with
-    (what, done, total) as each build, stage and timed run goes."""
+    is claimed as compare's is (:mod:`gpt2onnx.benchmarks.compare.work_folder`; ``rebuild``); ``progress`` is
+    called with (what, done, total) as each build, stage and timed run goes."""
     from gpt2onnx.artifact.folder import open_folder
-    from gpt2onnx.bench.compare.work_folder import build_source, claim_work
+    from gpt2onnx.benchmarks.compare.work_folder import build_source, claim_work
     from gpt2onnx.precisions.all_precisions import precision_of
     from gpt2onnx.pytorch.checkpoint import load_checkpoint
-    from gpt2onnx.runtimes.base import RuntimeOptions
+    from gpt2onnx.runtimes.all_runtimes import RuntimeOptions
     from gpt2onnx.runtimes.decoder import open_decoder
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.verify.evaluate import check_greedy_tokens, evaluate

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpt2onnx.artifact.paths import check_output_files
-from gpt2onnx.bench.harness import Rounds, interleave, process_tree, write_outputs
+from gpt2onnx.benchmarks.harness import Rounds, interleave, process_tree, write_outputs
 from gpt2onnx.errors import BadInput, CheckFailed, RuntimeUnavailable
 
 JS = Path(__file__).resolve().parents[2] / "tests" / "js"
@@ -144,7 +144,7 @@ def bench_web(
     from gpt2onnx.artifact.folder import open_folder
     from gpt2onnx.decoding.prompts import load_tokenizer
     from gpt2onnx.precisions.all_precisions import precision_of
-    from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+    from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.targets.deploy import deploy
     from gpt2onnx.targets.web_server import open_server

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpt2onnx.artifact.paths import check_output_files, folder_labels
-from gpt2onnx.bench.harness import write_outputs
+from gpt2onnx.benchmarks.harness import write_outputs
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.machine import MachineRecord
 
@@ -113,7 +113,7 @@ def measure_memory(
     """Every folder at every batch size, each run in a new Python process (this module as its main). json_path,
     markdown_path: the report written there (atomically), checked before any run as every output is."""
     from gpt2onnx.artifact.folder import open_folder
-    from gpt2onnx.bench.timing import machine_info
+    from gpt2onnx.benchmarks.timing import machine_info
 
     if not CLEAR_REFS.exists():
         raise RuntimeUnavailable("bench memory reads a run's peak from /proc (Linux): run it on Linux")
@@ -127,7 +127,7 @@ def measure_memory(
     runs = []
     for folder, label in zip(folders, labels):
         for rows in batches:
-            command = [sys.executable, "-m", "gpt2onnx.bench.memory", str(folder), str(rows)]
+            command = [sys.executable, "-m", "gpt2onnx.benchmarks.memory", str(folder), str(rows)]
             done = subprocess.run(
                 [*command, str(prompt_len), str(new_tokens)], capture_output=True, text=True, check=False
             )

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.artifact.paths import check_output_files
-from gpt2onnx.bench.harness import Rounds, interleave, process_tree, write_outputs
+from gpt2onnx.benchmarks.harness import Rounds, interleave, process_tree, write_outputs
 from gpt2onnx.decoding.prompts import LOAD_PROMPTS as PROMPTS
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 
@@ -97,7 +97,7 @@ def _in_process(folder: Path, new_tokens: int, provider) -> tuple[Callable[[], d
     from gpt2onnx.artifact.generation import Decoding, read_generation_config
     from gpt2onnx.decoding.generate import decode
     from gpt2onnx.decoding.prompts import load_tokenizer
-    from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+    from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 
     model = open_folder(folder)
     tokenizer = load_tokenizer(folder)
@@ -168,7 +168,7 @@ def bench_served(
 ):
     """Serve ``folder`` with Triton and load it with each level of ``concurrency`` beside the in-process loop; with
     ``server`` "openai", behind gpt2onnx's OpenAI endpoint beside llama.cpp's servers on ``gguf`` (its C++
-    ``llama_server`` binary too, where given) (gpt2onnx.bench.served_openai)."""
+    ``llama_server`` binary too, where given) (gpt2onnx.benchmarks.served_openai)."""
     from gpt2onnx.runtimes.providers import ProviderConfig
     from gpt2onnx.targets.deploy import deploy
     from gpt2onnx.targets.triton_server import TritonServer
@@ -182,7 +182,7 @@ def bench_served(
     if server not in SERVERS:
         raise BadInput(f"--server {server!r} is not one of {', '.join(SERVERS)}: give one of them")
     if server == "openai":
-        from gpt2onnx.bench.served_openai import bench_served_openai
+        from gpt2onnx.benchmarks.served_openai import bench_served_openai
 
         if threads is not None:
             raise BadInput("--threads applies to --server triton (gpt2onnx serve takes all cores): drop it")

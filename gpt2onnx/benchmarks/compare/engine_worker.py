@@ -370,7 +370,7 @@ class _Gpt2onnx:
         from importlib.metadata import version
 
         from gpt2onnx.artifact.folder import open_folder
-        from gpt2onnx.runtimes.base import open_runtime, runtime_options
+        from gpt2onnx.runtimes.all_runtimes import open_runtime, runtime_options
 
         self.runner = open_runtime(open_folder(path), runtime_options([runtime], {"--threads": threads})[0])
         self.version = version("onnxruntime-gpu" if runtime == "onnxruntime" else runtime)

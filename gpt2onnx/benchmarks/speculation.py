@@ -23,11 +23,11 @@ from typing import Callable
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_config, request_declared
 from gpt2onnx.artifact.paths import check_output_files
-from gpt2onnx.bench.harness import Rounds, check_runs, interleave, timed, write_outputs
+from gpt2onnx.benchmarks.harness import Rounds, check_runs, interleave, timed, write_outputs
 from gpt2onnx.decoding.generate import decode, open_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
-from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 
 FREE_TEXT = (
     "The village stood at the edge of the forest, and every winter the river froze so hard that the children"

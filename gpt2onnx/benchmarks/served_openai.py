@@ -40,7 +40,7 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.artifact.paths import check_output_files
-from gpt2onnx.bench.harness import Rounds, Spread, interleave, process_tree, write_outputs
+from gpt2onnx.benchmarks.harness import Rounds, Spread, interleave, process_tree, write_outputs
 from gpt2onnx.decoding.prompts import LOAD_PROMPTS as PROMPTS
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.targets.triton_server import free_port
