@@ -4,8 +4,9 @@ A peaked random-weights 2-layer × 64 GPT-2 (GPT-2 config, initializer_range 0.5
 kernel's other arithmetic changes greedy tokens; the trained fixtures hide it) exported with every precision the
 compatibility matrix allows on the cpu provider, each unvalidated (random weights fail the quantized gates). For
 each: prompt B continued alone, as row 2 of ``generate A B``, as every row of ``generate B B B``, and in the
-batching engine among 19 other requests (prefilled together, decoded in steps of 20 rows) gets the same greedy
-tokens; and the precision's declared capability says so (``batch_invariant``, reported by ``check``)."""
+batching engine among 63 other requests (prefilled in groups, decoded in steps of 64 rows) gets the same greedy
+tokens; and the precision's declared capability says so (``batch_invariant``, reported by ``check``). The exports
+cover every precision, int4 algorithm and prompt kernel, fusion profile, cache layout and K/V cache type."""
 
 import pytest
 
@@ -19,14 +20,26 @@ from tests.conftest import write_hf_folder
 NEW = 12
 A = "3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19,71,69,39,93"  # 24 tokens: a prompt step of its own
 B = "7,1,8,2,8"  # 5 tokens: alone, a step of 5 rows
-OTHERS = [[(11 * i + j) % 97 + 1 for j in range(1 + i % 7)] for i in range(19)]
+OTHERS = [[(11 * i + j) % 97 + 1 for j in range(1 + i % 7)] for i in range(63)]  # 64 requests with B
 
+# every precision, int4 algorithm, prompt kernel, fusion profile, cache layout and K/V cache type the compatibility
+# matrix allows on the cpu provider (gptq needs calibration text: its weights are rounded as rtn's, its kernels the
+# same MatMulNBits)
 EXPORTS = {
     "fp32": dict(),
+    "fp16": dict(dtype="fp16"),
     "int8": dict(quantization=QuantizeOptions("int8")),
     "int8-weights": dict(quantization=QuantizeOptions("int8-weights")),
     "int4": dict(quantization=QuantizeOptions("int4")),
+    "int4-hqq": dict(quantization=QuantizeOptions("int4", algorithm="hqq")),
+    "int4-k-quant": dict(quantization=QuantizeOptions("int4", algorithm="k-quant")),
     "int4-prompt-int8": dict(quantization=QuantizeOptions("int4", prompt_kernel="int8")),
+    "ort": dict(fusion="ort"),
+    "ort-shared-kv": dict(fusion="ort-shared-kv"),
+    "ort-shared-kv-int8-cache": dict(fusion="ort-shared-kv", kv_cache="int8"),
+    "ort-shared-kv-int4-cache": dict(fusion="ort-shared-kv", kv_cache="int4"),
+    "onnx-static-kv": dict(fusion="onnx-static-kv"),
+    "int8-ort-shared-kv": dict(fusion="ort-shared-kv", quantization=QuantizeOptions("int8")),
 }
 
 
@@ -53,9 +66,9 @@ def test_a_row_gets_its_tokens_alone_in_a_batch_and_in_the_engine(folder):
     (alone,) = _tokens(folder, B)
     assert _tokens(folder, A, B)[1] == alone
     assert _tokens(folder, B, B, B) == [alone] * 3
-    with BatchingEngine.open(folder, max_batch=32, verify_files=False, tokenizer=None) as engine:
-        # queued before the engine thread wakes (it waits on the lock we hold): one prefill of 20 rows, then
-        # decode steps of 20 rows
+    with BatchingEngine.open(folder, max_batch=64, verify_files=False, tokenizer=None) as engine:
+        # queued before the engine thread wakes (it waits on the lock we hold): the 64 prompts prefilled in groups
+        # (at most 128 padded tokens a step), then decode steps of 64 rows
         with engine._lock:
             streams = [engine.submit(ids, max_new_tokens=NEW) for ids in OTHERS]
             mine = engine.submit([int(t) for t in B.split(",")], max_new_tokens=NEW)
@@ -72,7 +85,7 @@ def test_a_rows_int8_logits_do_not_depend_on_its_neighbour(folder):
 
     from gpt2onnx.artifact.contract import position_ids_for
     from gpt2onnx.artifact.folder import open_folder
-    from gpt2onnx.runtimes.base import RuntimeOptions, open_runtime
+    from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 
     decoder = open_runtime(open_folder(folder, verify_files=False), RuntimeOptions())
     mine = [int(t) for t in B.split(",")]
