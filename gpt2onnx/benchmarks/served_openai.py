@@ -9,7 +9,8 @@ requires: an exported folder with tokenizer files; for llama.cpp's rows, a GGUF 
 .venv-engines (scripts/setup-engines.sh, ENGINES_LLAMA=1); for llama-server's, its binary (``--llama-server``;
 ENGINES_LLAMA_SERVER=1 builds it from the same llama.cpp sources). llama-server gets ``--parallel`` = ``max_batch``
 slots of the folder's whole context each (the promise ours makes: any request up to the context), its K/V cache
-f16 and allocated at load, its prompt cache in RAM off (``--cache-ram 0``: ours keeps none).
+f16 and allocated at load, its prompt caches off (``--cache-ram 0``, and ``cache_prompt: false`` in every request:
+the rounds repeat the same prompts, which a slot's cache would hold whole; ours keeps none).
 
 ensures, per server, concurrency and round: requests per second and output tokens per second (the first request
 sent to the last token received), time to first token, inter-token latency (the gaps between a request's streamed
@@ -77,8 +78,11 @@ def _mb(kib: int) -> float:
 class _Server:
     """A server process on 127.0.0.1, its port and readiness; its standard error kept in a file for the error."""
 
-    def __init__(self, name: str, command: list[str], log_path: Path, ready_path: str, port: int | None = None):
+    def __init__(
+        self, name: str, command: list[str], log_path: Path, ready_path: str, port: int | None = None, extra=None
+    ):
         self.name, self.ready_path, self.log_path = name, ready_path, log_path
+        self.extra = extra or {}  # fields every request to it carries beside OpenAI's
         with open(log_path, "w") as stderr:
             self.process = subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True
@@ -197,16 +201,21 @@ def _llama_cpp(binary: Path, gguf: Path, n_ctx: int, parallel: int, threads: int
     # a slot per batch row, each the whole context; every core for decoding and prompts; no prompt cache in RAM
     command += ["--parallel", str(parallel), "--ctx-size", str(n_ctx * parallel), "--no-kv-unified"]
     command += ["--threads", str(threads), "--threads-batch", str(threads), "--cache-ram", "0"]
-    return _Server(LLAMA_CPP, command, tmp / "llama-cpp-server.log", "/health", port=port)
+    # each slot keeps its last prompt's cache and reuses its longest common prefix (cache_prompt): the rounds repeat
+    # the same 16 prompts, so a request would find its whole prompt cached; ours caches none: off, per request
+    extra = {"cache_prompt": False}
+    return _Server(LLAMA_CPP, command, tmp / "llama-cpp-server.log", "/health", port=port, extra=extra)
 
 
 # -- the clients -------------------------------------------------------------------------------------------------
 def completion_stream(
-    port: int, model: str, prompt: str, new_tokens: int, eos: tuple[int, ...]
+    port: int, model: str, prompt: str, new_tokens: int, eos: tuple[int, ...], extra: dict | None = None
 ) -> tuple[float, list[float]]:
     """One streaming /v1/completions request: its end-to-end seconds and each text chunk's arrival after sending;
-    RuntimeUnavailable unless it ended with finish_reason "length" (exactly ``new_tokens`` tokens)."""
+    RuntimeUnavailable unless it ended with finish_reason "length" (exactly ``new_tokens`` tokens). ``extra``: a
+    server's own fields beside OpenAI's."""
     body = {
+        **(extra or {}),
         "model": model,
         "prompt": prompt,
         "max_tokens": new_tokens,
@@ -251,7 +260,9 @@ def _load(server: _Server, clients: int, requests: int, new_tokens: int, eos) ->
     def run() -> dict:
         def client(index: int) -> list:
             picks = [PROMPTS[(index + r * clients) % len(PROMPTS)] for r in range(requests)]
-            return [completion_stream(server.port, server.model, prompt, new_tokens, eos) for prompt in picks]
+            return [
+                completion_stream(server.port, server.model, prompt, new_tokens, eos, server.extra) for prompt in picks
+            ]
 
         peak, stop = [0], threading.Event()
 
