@@ -233,7 +233,7 @@ def test_switchable_export_checked_per_adapter(switchable):
     manifest lists each adapter file, hashed; the graph has one slot pair per adapted weight (8 + 4 share 8)."""
     import onnx
 
-    from gpt2onnx.passes.lora_slots import slot_inputs
+    from gpt2onnx.artifact.lora import slot_inputs
 
     manifest = switchable.manifest
     assert switchable.check.passed and switchable.check.against == "PyTorch"
@@ -390,7 +390,7 @@ def test_switchable_int8_keeps_fp32_slots_and_passes_against_peft(switchable_int
     import onnx
     from peft import PeftModel
 
-    from gpt2onnx.passes.lora_slots import slot_inputs
+    from gpt2onnx.artifact.lora import slot_inputs
 
     result = switchable_int8
     assert result.check.passed and result.manifest.quantization.method == "int8"
@@ -584,8 +584,8 @@ def test_switchable_head_greedy_tokens_equal_merged(trained_checkpoint, head_lor
     the base's (no adapter active)."""
     import onnx
 
+    from gpt2onnx.artifact.lora import slot_inputs
     from gpt2onnx.exporters.switchable import export_switchable
-    from gpt2onnx.passes.lora_slots import slot_inputs
 
     result = export_switchable(str(trained_checkpoint), tmp_path / "m", adapters={"head": head_lora})
     assert result.check.passed and result.manifest.adapters["head"].check.endswith("— pass")

@@ -45,6 +45,13 @@ class LoraSlot:
         return f"{self.module}.rank"
 
 
+def slot_inputs(model) -> list[str]:
+    """The names of a graph's LoRA slots (an onnx.ModelProto's overridable initializers), empty for a graph
+    without."""
+    initializers = {init.name for init in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name.startswith(SLOT_PREFIX) and i.name in initializers]
+
+
 def check_adapter_name(name: str, what: str = "adapter name") -> str:
     """A name usable as a file name and in a request: letters, digits, '_', '.', '-', at most 64."""
     if not isinstance(name, str) or not ADAPTER_NAME.match(name) or name in (".", ".."):

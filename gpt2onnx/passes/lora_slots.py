@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from gpt2onnx.artifact.lora import SLOT_ADD, SLOT_PREFIX, LoraSlot
+from gpt2onnx.artifact.lora import SLOT_ADD, LoraSlot, slot_inputs
 from gpt2onnx.errors import ContractError
 
 log = logging.getLogger(__name__)
@@ -60,12 +60,6 @@ def add_lora_slots(model: onnx.ModelProto, slots: list[LoraSlot]) -> int:
     graph.node.extend(nodes)
     log.info("added %d LoRA slots", added)
     return added
-
-
-def slot_inputs(model: onnx.ModelProto) -> list[str]:
-    """The names of a graph's LoRA slots (overridable initializers), empty for a graph without."""
-    initializers = {init.name for init in model.graph.initializer}
-    return [i.name for i in model.graph.input if i.name.startswith(SLOT_PREFIX) and i.name in initializers]
 
 
 def slot_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:

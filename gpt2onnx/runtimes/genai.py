@@ -39,6 +39,7 @@ from gpt2onnx.artifact.generation import (
     request_declared,
 )
 from gpt2onnx.artifact.graph import load_graph
+from gpt2onnx.artifact.lora import slot_inputs
 from gpt2onnx.capabilities import Lacks, Need, resolve
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
@@ -148,6 +149,7 @@ class GenaiRunner(LoopRuntime):
     def __init__(self, backend, shape, model: ModelFolder, *, tmp: Path, overlay: bool):
         self.backend, self.shape, self.tmp, self.model_path = backend, shape, tmp, model.model_path
         self.adapter: str | None = None  # the active LoRA adapter file's path (activate_adapter); None: the base
+        self._slots: set[str] | None = None  # the graph's LoRA slots, read on the first activate_adapter
         self.n_layer, self.vocab_size, self.n_positions = shape.n_layer, shape.vocab_size, model.n_positions
         self.provider = "cpu"
         self.config_written = overlay  # always True: genai_config.json is written by us for every run
@@ -159,9 +161,9 @@ class GenaiRunner(LoopRuntime):
         runtime binds it: checked against the graph's slots (one line for a damaged file or another model's),
         loaded into genai once, set active on each run's generator; None: the base (the slots' defaults)."""
         if path is not None:
-            graph = load_graph(self.model_path).graph
-            initializers = {init.name for init in graph.initializer}
-            read_adapter(path, {i.name for i in graph.input if i.name in initializers})  # overridable ones
+            if self._slots is None:  # the graph read once, without its weights
+                self._slots = set(slot_inputs(load_graph(self.model_path)))
+            read_adapter(path, self._slots)
             self.backend.load_adapter(str(path))
         self.adapter = None if path is None else str(path)
 
