@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
+ARCHITECTURE = DOCS / "architecture.md"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 TRAINED_FIXTURE = ROOT / "tests" / "fixtures" / "trained-tiny"
 NOT_RUN = "not run by the docs test:"
@@ -99,6 +100,56 @@ def test_the_readme_links_land_on_pages_and_headings_on_the_site_and_on_github(s
             assert f'id="{anchor}"' in html.read_text(), f"{path}#{anchor}: no such heading on the site"
             headings = [line.lstrip("#").strip() for line in page.read_text().splitlines() if line.startswith("#")]
             assert anchor in {github_anchor(h) for h in headings}, f"{path}#{anchor}: no such heading on GitHub"
+
+
+# -- the architecture page ---------------------------------------------------------------------------------------
+
+
+def test_the_architecture_pages_tree_is_the_package_as_it_is():
+    """docs/architecture.md's tree of the package is scripts/architecture_tree.py's output for the package as it is
+    now, so a module added, moved or renamed, or a docstring's first sentence changed, fails here until the page is
+    written again."""
+    from scripts import architecture_tree
+
+    page = ARCHITECTURE.read_text()
+    assert page.count(architecture_tree.BEGIN) == 1 and page.count(architecture_tree.END) == 1
+    fresh = architecture_tree.with_tree(page, architecture_tree.tree())
+    assert fresh == page, "docs/architecture.md's tree is stale: run python -m scripts.architecture_tree --write"
+
+
+def test_the_tree_names_a_module_added_to_the_package(tmp_path):
+    """The generator walks the folders, not a list: a module dropped into a copy of the package is in its tree, under
+    its room, with its docstring's first sentence (cut at a clause where it is long)."""
+    from scripts import architecture_tree
+
+    package = tmp_path / "gpt2onnx"
+    shutil.copytree(ROOT / "gpt2onnx", package, ignore=shutil.ignore_patterns("__pycache__"))
+    first = "A new kind of thing: " + ", ".join(f"part {i}" for i in range(40)) + ". Not shown."
+    (package / "layouts" / "ring.py").write_text(f'"""{first}"""\n')
+    tree = architecture_tree.tree(package, ARCHITECTURE)
+    assert tree != architecture_tree.tree()
+    lines = tree.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("ring.py"))
+    assert lines[at].startswith("    ring.py ") and "A new kind of thing: part 0, part 1" in lines[at]
+    starts = [i for i, line in enumerate(lines) if line.startswith(("  layouts/", "    layout.py", "    shared.py"))]
+    assert starts[0] < starts[1] < at < starts[2], "ring.py is not in layouts/, between layout.py and shared.py"
+    shown = " ".join(line.strip() for line in lines[at : at + 3])
+    assert shown.endswith("…") and "Not shown" not in tree
+
+
+def test_where_new_things_go_names_every_registry_where_it_is():
+    """The architecture page's "Where new things go" names each kind's Registry (every module-level
+    `NAME: Registry[...]` of the package) with the file it is in, so the recipe cannot name a registry that moved."""
+    page = ARCHITECTURE.read_text()
+    section = page[page.index("## Where new things go") : page.index("## The Python API")]
+    found = []
+    for path in sorted((ROOT / "gpt2onnx").rglob("*.py")):
+        for name in re.findall(r"^([A-Z_]+): Registry\[", path.read_text(), re.M):
+            found.append(name)
+            where = path.relative_to(ROOT / "gpt2onnx").as_posix()
+            assert f"`{name}`" in section, f"{name} ({where}) is not in the page's 'Where new things go'"
+            assert f"`{where}`" in section, f"{where} (where {name} is) is not in the page's 'Where new things go'"
+    assert len(found) >= 10, found
 
 
 # -- the commands -----------------------------------------------------------------------------------------------
