@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${TF5_SET_UP:-0}" = 1 ] || bash scripts/setup-tf5.sh  # (scripts/test.sh's set-up makes it beside the rest)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-TF5_TESTS=(test_checkpoint test_export_parity test_kv_path test_decoding test_generate test_generation_settings
-  test_ort_generate test_tokenizer test_eval test_training test_api test_bench_torch test_cli test_architecture)
+TF5_TESTS=(pytorch/test_checkpoint exporters/test_export_parity verify/test_kv_path decoding/test_decoding
+  decoding/test_generate decoding/test_generation_settings targets/test_ort_generate artifact/test_tokenizer
+  verify/test_eval test_training test_api benchmarks/test_bench_torch cli/test_cli test_architecture)
 exec .venv-tf5/bin/python -m pytest -q -n 2 --dist loadfile -m 'not slow' -W error::FutureWarning $(printf "tests/%s.py " "${TF5_TESTS[@]}") "$@"

@@ -286,7 +286,7 @@ def _loads_triton(out: Path, source: Path) -> None:
         pytest.skip("tritonclient is not installed (.venv-genai): run scripts/setup.sh")
     for config in sorted((out / "triton").rglob("config.pbtxt")):
         proc = subprocess.run(
-            [str(GENAI_PYTHON), str(ROOT / "tests" / "runtimes" / "triton_config.py"), str(config)],
+            [str(GENAI_PYTHON), str(ROOT / "tests" / "workers" / "triton_config.py"), str(config)],
             capture_output=True,
             text=True,
             timeout=120,

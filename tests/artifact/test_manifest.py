@@ -15,7 +15,7 @@ from gpt2onnx.files import stamp
 from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.targets.deploy import deploy
 
-FIXTURES = Path(__file__).parent / "fixtures" / "cf4bc05"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "cf4bc05"
 
 
 def fixture(name: str) -> dict:

@@ -24,7 +24,7 @@ from gpt2onnx.artifact.tokenizer import (
 )
 from gpt2onnx.errors import BadInput
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GENAI_PYTHON = ROOT / ".venv-genai" / "bin" / "python"
 JS = ROOT / "tests" / "js"
 HARD_TEXTS = [
@@ -206,7 +206,7 @@ def run_worker(args: list[str], tmp_path: Path, cwd: Path | None = None) -> dict
 
 def test_genai_tokenizer_text_in_text_out(gpt2_deployed, gpt2_vocab, reference_text, tmp_path):
     need(GENAI_PYTHON, "onnxruntime-genai (.venv-genai)")
-    worker = ROOT / "tests" / "runtimes" / "genai_tokenizer.py"
+    worker = ROOT / "tests" / "workers" / "genai_tokenizer.py"
     result = run_worker([str(GENAI_PYTHON), str(worker), str(gpt2_deployed["folder"])], tmp_path)
     # og.Tokenizer.decode leaves special tokens out, as transformers' decode(skip_special_tokens=True)
     check_target(result, reference_tokenizer(gpt2_vocab), reference_text, skips_special=True)

@@ -77,7 +77,7 @@ def test_bench_served_openai_beside_llama_cpp_server(trained_export, tiny_gguf, 
 def test_bench_served_openai_beside_llama_server_with_parallel_slots(trained_export, tiny_gguf, tmp_path):
     """llama.cpp's C++ server too (--llama-server: .venv-engines/bin/llama-server, ENGINES_LLAMA_SERVER=1), its
     --parallel slots = --max-batch: every request of every server its full length, a ratio row for each llama."""
-    binary = Path(__file__).resolve().parents[1] / ".venv-engines" / "bin" / "llama-server"
+    binary = Path(__file__).resolve().parents[2] / ".venv-engines" / "bin" / "llama-server"
     if not binary.exists():
         pytest.skip("no llama-server binary (ENGINES_LLAMA_SERVER=1 bash scripts/setup-engines.sh)")
     extra = ("--gguf", str(tiny_gguf), "--llama-server", str(binary), "--max-batch", "4")

@@ -6,7 +6,6 @@ import shutil
 import numpy as np
 import onnx
 import pytest
-from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
 from gpt2onnx.cli import app
@@ -14,6 +13,7 @@ from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.providers import working_providers
 from gpt2onnx.verify.lockstep import reference_greedy
+from tests.cli.test_cli import assert_one_line_error
 
 runner = CliRunner()
 

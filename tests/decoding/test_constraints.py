@@ -197,7 +197,7 @@ def test_endpoint_response_format_and_guided_fields(trained_export, tmp_path):
     import shutil
 
     openai = pytest.importorskip("openai")
-    from test_openai_server import CHAT_TEMPLATE, CHATS, KEY, start, with_template
+    from tests.serving.test_openai_server import CHAT_TEMPLATE, CHATS, KEY, start, with_template
 
     folder = tmp_path / "model"  # with a chat template: completions and chat on one server
     shutil.copytree(trained_export, folder)

@@ -346,7 +346,7 @@ def test_adapters_page_holds_the_generated_table():
     from gpt2onnx.preflight.adapter_support import markdown
 
     table = markdown()
-    assert table in (Path(__file__).parents[1] / "docs" / "adapters.md").read_text()
+    assert table in (Path(__file__).parents[2] / "docs" / "adapters.md").read_text()
     assert "| runtime onnxruntime | yes |" in table
     assert "| the batching engine (an adapter per request) | yes |" in table
     assert "| runtime genai | yes |" in table and "| deploy --target genai | yes |" in table

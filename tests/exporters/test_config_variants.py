@@ -11,7 +11,6 @@ import numpy as np
 import onnx
 import pytest
 from conftest import write_hf_folder
-from test_runtimes import runtime_param
 
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.pytorch.architecture import ACTIVATIONS
@@ -19,6 +18,7 @@ from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import cpu_decoder
 from gpt2onnx.verify.lockstep import compare_decoder, greedy, left_padded_batch, reference_greedy
+from tests.runtimes.test_runtimes import runtime_param
 
 # fp32 through the same ops in another order: |Δlogits| of a few 1e-6 measured; 1e-4 as every fp32 check here
 FP32_TOL = 1e-4
@@ -169,11 +169,11 @@ def test_eval_on_a_variant_equals_pytorch(gelu_scaled, tmp_path):
     per-layer scaling) equal to our own PyTorch reference's and the export's, the same top-1 and greedy tokens."""
     import json
 
-    from test_eval import pytorch_perplexity, real_text
     from transformers import GPT2TokenizerFast
     from typer.testing import CliRunner
 
     from gpt2onnx.cli.app import app
+    from tests.verify.test_eval import pytorch_perplexity, real_text
 
     checkpoint, exported = gelu_scaled
     text = tmp_path / "text.txt"

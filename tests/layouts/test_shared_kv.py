@@ -7,7 +7,6 @@ import json
 import numpy as np
 import onnx
 import pytest
-from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
@@ -26,6 +25,7 @@ from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder, check_hos
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 from gpt2onnx.verify.parity import parity
+from tests.cli.test_cli import assert_one_line_error
 
 runner = CliRunner()
 

@@ -9,7 +9,6 @@ import random
 import numpy as np
 import onnx
 import pytest
-from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
@@ -27,6 +26,7 @@ from gpt2onnx.runtimes.providers import ProviderConfig, unsupported_nodes
 from gpt2onnx.serving.engine import BatchingEngine
 from gpt2onnx.verify.lockstep import left_padded_batch, reference_greedy
 from gpt2onnx.verify.parity import parity
+from tests.cli.test_cli import assert_one_line_error
 
 runner = CliRunner()
 NO_COPY = "in-place optimization not activated"  # onnxruntime's warning when TensorScatter copies its buffer
@@ -261,7 +261,7 @@ def test_the_browsers_wasm_kernels_run_the_onnx_profile(onnx_export):
 
     from gpt2onnx.decoding.generate import generate
 
-    script = Path(__file__).parent / "js" / "wasm_greedy.mjs"
+    script = Path(__file__).parents[1] / "js" / "wasm_greedy.mjs"
     node = shutil.which("node")
     if node is None or not (script.parent / "node_modules" / "onnxruntime-web").is_dir():
         message = "Node.js or tests/js/node_modules is missing: run scripts/setup.sh"

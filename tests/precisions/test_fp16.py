@@ -7,7 +7,6 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper
-from test_cli import assert_one_line_error, run
 
 from gpt2onnx.errors import Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
@@ -19,6 +18,7 @@ from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.verify.fp16_emulation import emulate_fp16, tensor_types
 from gpt2onnx.verify.gates import TOLERANCES
 from gpt2onnx.verify.parity import parity
+from tests.cli.test_cli import assert_one_line_error, run
 
 OUTLIERS = 3000.0  # about what GPT-2 small's outlier channels reach in its residual stream
 WRITTEN_OUT_LN = 14  # below opset 17 the exporter writes LayerNorm out as ReduceMean, Sub, Pow, Sqrt, Div, ...

@@ -9,8 +9,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from test_cli import assert_one_line_error, run
-from test_precision_recipes import _damage
 
 import gpt2onnx.precisions.algorithms as int4_package
 from gpt2onnx.errors import CheckFailed
@@ -18,8 +16,10 @@ from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.precisions.algorithms.all_algorithms import ALGORITHMS, DEFAULT_ALGORITHM
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.verify.gates import file_gates_for
+from tests.cli.test_cli import assert_one_line_error, run
+from tests.precisions.test_precision_recipes import _damage
 
-HELDOUT = Path(__file__).parent / "fixtures" / "trained-tiny" / "heldout.txt"
+HELDOUT = Path(__file__).parents[1] / "fixtures" / "trained-tiny" / "heldout.txt"
 
 
 def test_the_registry_lists_one_module_per_algorithm():

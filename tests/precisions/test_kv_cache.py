@@ -9,7 +9,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-from test_cli import assert_one_line_error
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
@@ -24,6 +23,7 @@ from gpt2onnx.runtimes.decoder import SharedCacheDecoder, open_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.verify.lockstep import left_padded_batch
 from gpt2onnx.verify.parity import parity
+from tests.cli.test_cli import assert_one_line_error
 
 runner = CliRunner()
 B, H, D = 2, 2, 64  # the kernel needs head_dim a multiple of 8

@@ -6,11 +6,11 @@ import json
 import onnx
 import pytest
 from onnx import numpy_helper
-from test_cli import assert_one_line_error, run
 
 from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.precisions.weights import embedding_gathers, logits_projection
+from tests.cli.test_cli import assert_one_line_error, run
 
 
 def _attr(node, name, default=None):

@@ -21,7 +21,7 @@ from gpt2onnx.precisions.precision import Precision
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.runtimes.providers import ProviderConfig, check_kernels, unsupported_nodes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_registry_lists_every_precision_module():

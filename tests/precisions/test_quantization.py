@@ -5,7 +5,6 @@ from collections import Counter
 
 import onnx
 import pytest
-from test_cli import assert_one_line_error, run
 
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
 from gpt2onnx.exporters.export import ExportOptions, export
@@ -13,6 +12,7 @@ from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.verify.gates import TOLERANCES
 from gpt2onnx.verify.parity import parity
+from tests.cli.test_cli import assert_one_line_error, run
 
 
 def _ops(folder) -> Counter:

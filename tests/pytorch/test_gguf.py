@@ -159,7 +159,7 @@ def test_refusals_are_one_line(files, tmp_path):
 
 
 # -- against llama.cpp (its converter and its runtime, in .venv-engines; CI has neither) -------------------------
-ENGINES = Path(__file__).resolve().parents[1] / ".venv-engines" / "bin" / "python"
+ENGINES = Path(__file__).resolve().parents[2] / ".venv-engines" / "bin" / "python"
 
 
 def _llama_cpp() -> bool:
@@ -188,7 +188,7 @@ def test_llama_cpp_files_give_llama_cpps_greedy_tokens(tmp_path, kind):
     greedy tokens on it equal llama.cpp's own on the same file."""
     prompt, new = [464, 300, 17, 42], 16
     path = tmp_path / f"tiny-{kind}.gguf"
-    worker = Path(__file__).resolve().parents[1] / "gpt2onnx" / "benchmarks" / "compare"
+    worker = Path(__file__).resolve().parents[2] / "gpt2onnx" / "benchmarks" / "compare"
     done = subprocess.run(
         [ENGINES, "-c", _GREEDY, worker, FIXTURE, path, kind, json.dumps(prompt), str(new)],
         capture_output=True,

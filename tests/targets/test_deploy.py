@@ -19,10 +19,10 @@ from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.targets.all_targets import parse_targets
 from gpt2onnx.targets.deploy import deploy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GENAI_PYTHON = ROOT / ".venv-genai" / "bin" / "python"
 JS = ROOT / "tests" / "js"
-RUNTIMES = Path(__file__).parent / "runtimes"
+WORKERS = Path(__file__).parents[1] / "workers"
 PROMPT = [5, 17, 42, 123, 7, 300, 9, 11]
 NEW = 12
 FP32_TOLERANCE = 1e-4  # fp32 logits against PyTorch
@@ -133,7 +133,7 @@ def test_genai_generates_the_reference_tokens(deployed, tmp_path, request):
     out = tmp_path / "genai.npz"
     args = [
         str(GENAI_PYTHON),
-        str(RUNTIMES / "genai_greedy.py"),
+        str(WORKERS / "genai_greedy.py"),
         str(deployed["folder"]),
         str(out),
         ",".join(map(str, PROMPT)),
@@ -262,7 +262,7 @@ def test_triton_config_parses_with_tritons_schema_and_names_the_graphs_io(deploy
     name = deployed["folder"].name
     repository = deployed["folder"] / "triton" / name
     proc = subprocess.run(
-        [str(GENAI_PYTHON), str(RUNTIMES / "triton_config.py"), str(repository / "config.pbtxt")],
+        [str(GENAI_PYTHON), str(WORKERS / "triton_config.py"), str(repository / "config.pbtxt")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -320,7 +320,7 @@ def test_triton_config_escapes_hostile_tensor_names(tmp_path):
     path = tmp_path / "config.pbtxt"
     path.write_text(config_pbtxt("m", inputs, outputs))
     proc = subprocess.run(
-        [str(GENAI_PYTHON), str(RUNTIMES / "triton_config.py"), str(path)], capture_output=True, text=True, timeout=120
+        [str(GENAI_PYTHON), str(WORKERS / "triton_config.py"), str(path)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     config = json.loads(proc.stdout)
@@ -340,7 +340,7 @@ def test_triton_config_of_a_quantized_cache(tiny_folder, tmp_path, cache):
     deploy(folder, "triton")
     config_file = next((folder / "triton").glob("*/config.pbtxt"))
     proc = subprocess.run(
-        [str(GENAI_PYTHON), str(RUNTIMES / "triton_config.py"), str(config_file)],
+        [str(GENAI_PYTHON), str(WORKERS / "triton_config.py"), str(config_file)],
         capture_output=True,
         text=True,
         timeout=120,

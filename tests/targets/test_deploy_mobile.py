@@ -27,7 +27,7 @@ import pytest
 from gpt2onnx.targets import mobile
 from gpt2onnx.targets.deploy import deploy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARM = ROOT / ".arm64"  # scripts/setup-arm64.sh: Debian's arm64 python3.11 and onnxruntime's aarch64 wheel
 NEW_TOKENS = 12
 LOGITS_TOLERANCE = 1e-4

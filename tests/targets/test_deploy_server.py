@@ -1,6 +1,6 @@
 """deploy --target server: the OpenAI-compatible server's container build file and its KServe and Kubernetes manifests
 (issue 54, item 2). No engine and no cluster here: the Dockerfile is parsed by BuildKit's own parser and the
-manifests are built with the ``kserve`` and ``kubernetes`` packages' model classes (tests/runtimes/
+manifests are built with the ``kserve`` and ``kubernetes`` packages' model classes (tests/workers/
 server_files_check.py, under .venv-triton: skips without it, fails under CI=1); the image's layout (the files its
 COPY names, in /models/NAME) is served by its CMD in a process that cannot import what the image lacks (torch,
 transformers, onnxscript), and answers OpenAI's client; a switchable export's layout serves each adapter as
@@ -25,8 +25,8 @@ from gpt2onnx.targets import server_image as target
 from gpt2onnx.targets.deploy import deploy
 from gpt2onnx.targets.triton_server import triton_python
 
-ROOT = Path(__file__).resolve().parents[1]
-CHECK = ROOT / "tests" / "runtimes" / "server_files_check.py"
+ROOT = Path(__file__).resolve().parents[2]
+CHECK = ROOT / "tests" / "workers" / "server_files_check.py"
 DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # what the image does not install (gpt2onnx's export dependencies): the served process must not import them
 NOT_IN_IMAGE = ("torch", "transformers", "onnxscript", "onnx_ir", "safetensors", "huggingface_hub")

@@ -23,7 +23,7 @@ from gpt2onnx.cli import app
 from gpt2onnx.errors import BadInput
 from gpt2onnx.runtimes import ort_generate as og
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 JS = ROOT / "tests" / "js"
 PROMPTS = [[5, 17, 42, 123, 7, 300], [9, 11, 400], [1, 2, 3, 4, 5, 6, 7, 8, 9], [77, 78]]
 WIDTH = max(len(p) for p in PROMPTS)

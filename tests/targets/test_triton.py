@@ -1,7 +1,7 @@
 """The generation models of deploy --target triton on a real Triton Inference Server: nvidia-pytriton's bundled
 tritonserver (Triton 2.51, Python backend) from .venv-triton, started once for the module on 127.0.0.1, driven
 over HTTP (the generate endpoints, plain JSON and server-sent events, from this process) and gRPC (tritonclient,
-streaming and unary, from tests/runtimes/triton_client.py under .venv-triton's python).
+streaming and unary, from tests/workers/triton_client.py under .venv-triton's python).
 
 Skips, saying why, where .venv-triton is missing (scripts/setup.sh creates it); fails under CI=1. About 25 s
 beyond the shared fixtures: the server starts in about 5 s and stops in about 3 s."""
@@ -25,8 +25,8 @@ from gpt2onnx.errors import RuntimeUnavailable
 from gpt2onnx.targets.deploy import deploy
 from gpt2onnx.targets.triton_server import TritonServer, triton_python
 
-ROOT = Path(__file__).resolve().parents[1]
-CLIENT = ROOT / "tests" / "runtimes" / "triton_client.py"
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT = ROOT / "tests" / "workers" / "triton_client.py"
 NAME = "docs"
 GENERATE, INFER = f"{NAME}-generate", f"{NAME}-infer"
 # 16 prompts of different lengths, each with its own count of new tokens: rows join and leave at different steps
@@ -423,7 +423,7 @@ def test_kserve_inference_service_is_valid_for_kserves_classes(trained_export, t
     """deploy writes the InferenceService for KServe's Triton runtime; kserve's own model classes accept it (no
     Kubernetes here: the classes only), with the repository, the batch and the model size where they belong."""
     python = need_triton()
-    check = ROOT / "tests" / "runtimes" / "kserve_check.py"
+    check = ROOT / "tests" / "workers" / "kserve_check.py"
     for device in ("cpu", "gpu"):
         out = tmp_path / device
         result = deploy(trained_export, "triton", out=out, triton_name="Docs_Model.v1", triton_device=device)

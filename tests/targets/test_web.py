@@ -26,7 +26,7 @@ from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.targets.deploy import deploy
 from gpt2onnx.targets.web_server import ISOLATION_HEADERS, open_server
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 JS = ROOT / "tests" / "js"
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 PROMPT = "Return the number of"

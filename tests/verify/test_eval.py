@@ -12,14 +12,14 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from test_cli import assert_one_line_error, run
-from test_runtimes import runtime_param
 
 from gpt2onnx.errors import CheckFailed
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.verify import text as text_module
 from gpt2onnx.verify.evaluate import EvalGates, GreedyComparison, evaluate
 from gpt2onnx.verify.text import TextSource, sliding_windows, token_pieces, window_count
+from tests.cli.test_cli import assert_one_line_error, run
+from tests.runtimes.test_runtimes import runtime_param
 
 MODULES = ("string", "colorsys", "fnmatch")  # their docstrings: real English text, offline everywhere
 

@@ -39,7 +39,7 @@ import pytest
 
 from gpt2onnx.verify.cpu_worker import OPENBLAS_CORES, emulated_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = ["-m", "gpt2onnx.verify.cpu_worker"]  # run under this Python, on this CPU or an emulated one
 EMULATED = ("EPYC-Rome", "Nehalem", "aarch64")
 ARM = ROOT / ".arm64"  # scripts/setup-arm64.sh: Debian's arm64 python3.11 and onnxruntime's aarch64 wheel

@@ -33,7 +33,7 @@ from gpt2onnx.benchmarks.compare.compare import (
 from gpt2onnx.benchmarks.compare.work_folder import build_source, claim_work
 from gpt2onnx.errors import BadInput
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TRAINED = ROOT / "tests" / "fixtures" / "trained-tiny"
 SETTINGS = ["--repeat", "2", "--warmup", "1", "--prompt-len", "16", "--new-tokens", "8", "--batch", "2"]
 

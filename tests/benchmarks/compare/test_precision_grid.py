@@ -14,7 +14,7 @@ import pytest
 from gpt2onnx.benchmarks.compare.precision_grid import DEFAULT, GRID, variants_of
 from gpt2onnx.errors import BadInput
 
-TRAINED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "trained-tiny"
+TRAINED = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "trained-tiny"
 
 
 def gpt2onnx(*args) -> subprocess.CompletedProcess:
