@@ -3885,7 +3885,7 @@ CASES += [
 
 
 # -- round six: check answers what the command does ----------------------------------------------------------------
-def _ort_generate_folder(c: Ctx) -> None:
+def _og_deployed(c: Ctx) -> None:
     """'og': the shared export deployed for ort-generate (its ops' attributes: greedy's, sampling's defaults)."""
     from typer.testing import CliRunner
 
@@ -3946,7 +3946,7 @@ CASES += [
         "message",
         (*OG_CHECK, "--num-beams", "2"),
         F,
-        _ort_generate_folder,
+        _og_deployed,
         match="length_penalty to 1.0: pass --length-penalty 0",
         creates=("r.json",),
         check=_verdict("length_penalty"),
@@ -3956,7 +3956,7 @@ CASES += [
         "message",
         ("generate", "og", "--runtime", "ort-generate", "--num-beams", "2", "--ids", "1,2", "--max-new-tokens", "1"),
         B,
-        _ort_generate_folder,
+        _og_deployed,
         match="length_penalty to 1.0: pass --length-penalty 0",
     ),
     Case(
@@ -3964,7 +3964,7 @@ CASES += [
         "message",
         (*OG_CHECK, "--no-repeat-ngram-size", "2"),
         F,
-        _ort_generate_folder,
+        _og_deployed,
         match="no_repeat_ngram_size fixed at 0 .* sets no_repeat_ngram_size to 2: set no_repeat_ngram_size in",
         creates=("r.json",),
         check=_verdict("no_repeat_ngram_size"),
@@ -3974,7 +3974,7 @@ CASES += [
         "message",
         (*OG_CHECK, "--sample", "--temperature", "0.7"),
         F,
-        _ort_generate_folder,
+        _og_deployed,
         match="temperature fixed at 1.0 .* sets temperature to 0.7",
         creates=("r.json",),
         check=_verdict("temperature"),
@@ -3984,7 +3984,7 @@ CASES += [
         "message",
         (*OG_CHECK, "--sample", "--top-p", "0.9"),
         F,
-        _ort_generate_folder,
+        _og_deployed,
         match="top_p fixed at 1.0 .* sets top_p to 0.9",
         creates=("r.json",),
         check=_verdict("top_p"),
@@ -4372,7 +4372,7 @@ CASES += [
 
 
 # -- round six: bench's own options ---------------------------------------------------------------------------------
-def _two_named_m(c: Ctx) -> None:
+def _same_export_twice_named_m(c: Ctx) -> None:
     c.copy("exp", "a/m")
     c.copy("exp", "b/m")
 
@@ -4395,7 +4395,7 @@ CASES += [
         "message",
         ("bench", "memory", "a/m", "b/m", *MEMORY_QUICK, "--md", "mem.md"),
         0,
-        _two_named_m,
+        _same_export_twice_named_m,
         creates=("a", "b", "mem.md"),
         check=_both_labels,
     ),
