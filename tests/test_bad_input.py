@@ -1,4 +1,4 @@
-"""The bad-input corpus (tests/bad_input_cases.py): hostile and careless input to every command. Each case
+"""The bad-input corpus (tests/bad_input/, a module per command): hostile and careless input to every command. Each case
 asserts the exit code (2 bad input, 1 failed check, 3 runtime unavailable, 4 cannot write), one line on stderr
 with no traceback, that nothing was written or lost (its own folder and the shared model folders are hashed
 before and after), and that no code from a model folder ran (no marker file anywhere in its folder).
@@ -29,20 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from bad_input_cases import (
-    CASES,
-    MARKER,
-    OUTPUT_COMMANDS,
-    Case,
-    Ctx,
-    Outcome,
-    finish,
-    output_options,
-    path_options,
-)
 from conftest import make_config, write_hf_folder, write_tokenizer
 
 import gpt2onnx
+from tests.bad_input import CASES
+from tests.bad_input.common import MARKER, Case, Ctx, Outcome, finish, path_options
+from tests.bad_input.outputs import OUTPUT_COMMANDS, output_options
 
 REPO = Path(gpt2onnx.__file__).resolve().parent.parent  # the subprocesses import this copy of gpt2onnx
 MEMORY_LIMIT = 3 << 30  # address space per CLI run: a case that allocates without bound fails fast, not the machine

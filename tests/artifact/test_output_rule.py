@@ -1,5 +1,5 @@
 """The one output rule (gpt2onnx.artifact.paths.check_output_path): a file a command writes is never an input, a
-file in a folder read, nor a hard link to either; and the corpus (tests/bad_input_cases.py, OUTPUT_INPUTS) walks
+file in a folder read, nor a hard link to either; and the corpus (tests/bad_input/outputs.py, OUTPUT_INPUTS) walks
 every input of every command that writes a file."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
-from bad_input_cases import OUTPUT_INPUTS, _parameters, output_options, path_options
 
 from gpt2onnx.artifact.paths import check_output_file, check_output_path
 from gpt2onnx.errors import BadInput
+from tests.bad_input.common import _parameters, path_options
+from tests.bad_input.outputs import OUTPUT_INPUTS, output_options
 
 # inputs typed as text (a checkpoint or Hub id, a reference, a calibration file): found by name, not by type
 READ_BY_NAME = {"model", "reference", "calibration"}

@@ -553,7 +553,7 @@ def test_merged_head_adapter_unties_the_head(merged_head, head_lora, head_peft, 
 
     result = merged_head
     assert result.check.passed and not result.manifest.architecture.tie_word_embeddings
-    # PEFT saved the head's weight too: the export checked it is the base's (else refused: bad_input_cases.py)
+    # PEFT saved the head's weight too: the export checked it is the base's (else refused: tests/bad_input/export.py)
     assert "base_model.model.lm_head.base_layer.weight" in load_file(head_lora / "adapter_model.safetensors")
     record = result.manifest.adapter
     assert record.target_modules == ("c_attn", "lm_head") and record.modules == 2 + 1

@@ -460,7 +460,7 @@ def rendered(messages: list[dict]) -> str:
 
 def with_template(folder: Path, template) -> None:
     """``folder``'s tokenizer_config.json given ``template`` as its chat_template, the manifest re-hashed."""
-    from tests.bad_input_cases import rehash
+    from tests.bad_input.common import rehash
 
     path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text())

@@ -13,12 +13,12 @@ import time
 import numpy as np
 import onnx
 import pytest
-from bad_input_cases import rehash, rehash_all
 from onnx import numpy_helper
 
 from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.verify.parity import parity
+from tests.bad_input.common import rehash, rehash_all
 
 
 @pytest.fixture(scope="module")

@@ -193,7 +193,7 @@ def test_an_engine_that_is_not_installed_is_refused_in_one_line_before_work(tmp_
     ],
 )
 def test_bad_options_are_refused_before_work(tmp_path, options, says):
-    """In this process (the CLI's one-line form of a BadInput is the corpus's: tests/bad_input_cases.py)."""
+    """In this process (the CLI's one-line form of a BadInput is the corpus's: tests/bad_input/)."""
     with pytest.raises(BadInput, match=re.escape(says)):
         compare(str(TRAINED), work=tmp_path / "w", **options)
     with pytest.raises(BadInput, match=re.escape("new_tokens (--new-tokens) must be an integer of at least 2")):
