@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # An aarch64 Python with onnxruntime's aarch64 wheel, run by QEMU's user-mode emulator, for the portability tests
-# (tests/test_portability.py runs gpt2onnx.verify.cpu_worker in it as an emulated Neoverse-N1: NEON with the dot-product
+# (tests/verify/test_portability.py runs gpt2onnx.verify.cpu_worker in it as an emulated Neoverse-N1: NEON with the dot-product
 # instructions, the path of Graviton 2 and most ARM servers). Everything goes to .arm64/ (ignored by git):
 #   root/   Debian bookworm's arm64 python3.11 and the libraries it loads, unpacked (apt-get download + dpkg -x)
 #   site/   the aarch64 wheels of what the worker imports (onnxruntime, onnx, numpy and theirs), the versions .venv has

@@ -69,7 +69,7 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
     .venv-genai/bin/python -c "import onnxruntime_genai as og; print('onnxruntime-genai', og.__version__, '(.venv-genai)')"
   }
   job genai setup_genai
-  # Triton Inference Server (deploy --target triton's generation models, tests/test_triton.py, gpt2onnx bench served):
+  # Triton Inference Server (deploy --target triton's generation models, tests/targets/test_triton.py, gpt2onnx bench served):
   # nvidia-pytriton bundles a real tritonserver with its Python backend. Its own venv, .venv-triton: the server's
   # Python, with what the served model imports (onnxruntime CPU, onnx, numpy, tokenizers) and gpt2onnx itself,
   # editable and without its dependencies (no torch, no transformers); tritonclient[all] for the tests' clients
@@ -90,8 +90,8 @@ if [ "${SKIP_DEPLOY_RUNTIMES:-0}" != 1 ]; then
     .venv-triton/bin/python -c "import importlib.metadata as m; print('nvidia-pytriton', m.version('nvidia-pytriton'), '| kserve', m.version('kserve'), '(.venv-triton)')"
   }
   job triton setup_triton
-  # Chromium for the browser tests (tests/test_web.py, driven by playwright-core from tests/js, which downloads no
-  # browser) and QEMU's user-mode emulator for the portability tests (tests/test_portability.py: the same process on
+  # Chromium for the browser tests (tests/targets/test_web.py, driven by playwright-core from tests/js, which downloads no
+  # browser) and QEMU's user-mode emulator for the portability tests (tests/verify/test_portability.py: the same process on
   # an emulated AVX2-only and an SSE4.2-only CPU): Debian's chromium and qemu-user, installed where this runs as root
   # and they are missing (CI); else their tests skip, saying so. CHROMIUM names another binary.
   CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"

@@ -302,7 +302,7 @@ def _loads_mobile(out: Path, source: Path) -> None:
 
 
 def _loads_server(out: Path, source: Path) -> None:
-    """The image's build files and manifests are written (tests/test_deploy_server.py serves the layout with its
+    """The image's build files and manifests are written (tests/targets/test_deploy_server.py serves the layout with its
     own CMD and checks them against BuildKit's parser and kserve's classes); its model runs a step."""
     assert (out / "Dockerfile").is_file() and (out / ".dockerignore").is_file()
     assert all((out / "kubernetes" / name).is_file() for name in ("inferenceservice.yaml", "deployment.yaml"))

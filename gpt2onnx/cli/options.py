@@ -32,7 +32,7 @@ from gpt2onnx.verify.gates import EvalGates, parse_gates
 class OutputPath:
     """The parser of every option that names a path a command writes (--json, --plot, -o, a cache folder): the
     value becomes a Path as it is, and the library checks it with gpt2onnx.artifact.paths.check_output_path
-    before any work. Declared on each such option so that tests find them all (tests/bad_input_cases.py feeds
+    before any work. Declared on each such option so that tests find them all (tests/bad_input/ feeds
     each the same hostile paths)."""
 
     def __init__(self, kind: str):

@@ -3,7 +3,7 @@ needs to turn text into ids and back, with the subset of transformers' tokenizer
 :class:`~gpt2onnx.decoding.prompts.TextStream` and :class:`~gpt2onnx.decoding.processors.StopStrings` call.
 
 It loads the same files as :func:`gpt2onnx.decoding.prompts.load_tokenizer` and gives the same ids and text as
-transformers' ``GPT2TokenizerFast`` on them (tests/test_batching.py compares both): ``tokenizer.json`` when the
+transformers' ``GPT2TokenizerFast`` on them (tests/serving/test_batching.py compares both): ``tokenizer.json`` when the
 folder has one, else the byte-level BPE built from ``vocab.json`` + ``merges.txt``. Each file is a regular file
 inside the folder (:func:`~gpt2onnx.artifact.paths.file_in_folder`); ``tokenizer_config.json`` is read as data,
 and the settings this class does not implement are refused rather than ignored.

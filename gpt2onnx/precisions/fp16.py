@@ -31,11 +31,11 @@ FP16_KEEP_OPS = {"layernorm": ("LayerNormalization", "SkipLayerNormalization"), 
 # --keep-fp32 says. Where attention is written out (fusion none, portable, tensorrt) those nodes stay fp32 here.
 # Where it is fused (ort: MultiHeadAttention, ort-shared-kv: GroupQueryAttention) the scores live inside the op:
 # onnxruntime 1.31's CPU kernels compute them and the softmax in fp32 from fp16 inputs (measured:
-# tests/test_upcast_fp16.py), its CUDA kernels in fp32 when they run flash or memory-efficient attention, but
+# tests/precisions/test_upcast_fp16.py), its CUDA kernels in fp32 when they run flash or memory-efficient attention, but
 # its unfused CUDA kernel (onnxruntime's attention_impl.cu, read, not run here) stores Q·Kᵀ in fp16 before the
 # softmax. The standard Attention of the onnx profiles does not: onnxruntime 1.31's CPU kernel computes the scores
 # of fp16 inputs in fp16 (two scores 1 apart near 2048 get 0.5 and 0.5, past 65504 NaN; softmax_precision = 1
-# changes nothing: tests/test_upcast_fp16.py), so to_fp16 refuses an upcast architecture there.
+# changes nothing: tests/precisions/test_upcast_fp16.py), so to_fp16 refuses an upcast architecture there.
 ATTENTION_SCORES = "attention_scores"
 FUSED_ATTENTION = ("MultiHeadAttention", "GroupQueryAttention")
 

@@ -146,7 +146,7 @@ PRECISION = Precision(
     summary="4-bit block-wise weights (MatMulNBits), chosen by --algorithm, with measured 8-bit layers",
     # recalibrated on a trained model (docs/benchmarks.md): the recipe passes with a margin (trained test model: KL
     # 1.4e-3, top-1 90.7 %; random 124M: KL 7.8e-3, top-1 77 %, top-5 96 %) and 2-bit weights fail (KL 1.75e-2,
-    # top-1 63.8 %), tests/test_precision_recipes.py
+    # top-1 63.8 %), tests/precisions/test_precision_recipes.py
     gates={"kl_mean": 0.012, "top1": 0.72, "top5": 0.94},
     file_gates={"weight_steps": 1.001, "relative_error": 0.05},
     method="int4",

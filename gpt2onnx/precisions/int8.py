@@ -120,7 +120,7 @@ PRECISION = Precision(
     summary="int8 weights and int8 activations quantized at each step (MatMulInteger): fast on CPUs with VNNI",
     # recalibrated on a trained model (docs/benchmarks.md, "What each precision costs"): the recipe passes with a
     # margin (trained test model: KL 5.9e-5, top-1 98.6 %; random 124M: KL 4.1e-4, top-1 93.5 %) and the same
-    # method with 4-bit weights fails (KL 8.2e-4, top-1 89.6 %), tests/test_precision_recipes.py
+    # method with 4-bit weights fails (KL 8.2e-4, top-1 89.6 %), tests/precisions/test_precision_recipes.py
     gates={"kl_mean": 7e-4, "top1": 0.92, "top5": 0.99},
     file_gates={"weight_steps": 1.001, "relative_error": 0.05},
     method="int8",

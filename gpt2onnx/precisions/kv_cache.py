@@ -2,7 +2,8 @@
 (the model's own dtype, the default), int8 or int4, per channel, which onnxruntime's CPU GroupQueryAttention stores
 and reads (a layout whose attention op quantizes its cache: gpt2onnx.layouts.shared).
 
-What onnxruntime 1.31.1's CPU kernel does, measured on a one-node graph against numpy (``tests/test_kv_cache.py``):
+What onnxruntime 1.31.1's CPU kernel does, measured on a one-node graph against numpy
+(``tests/precisions/test_kv_cache.py``):
 with ``kv_cache_bit_width`` 8, ``k_quant_type``/``v_quant_type`` PER_CHANNEL and float ``k_scale``/``v_scale`` of
 [1, kv_heads, 1, head_dim], past and present are int8 and each new K/V value is stored as clip(round(x / scale),
 -128, 127); attention then reads scale × the stored value (the prompt step too), within 1e-6 of that computation in
@@ -74,7 +75,7 @@ INT8 = KvCacheFormat(
     qmax=127,
     # On the checks' random prompts against PyTorch: the trained test model measured mean KL 1.9e-5, top-1 98.2 %,
     # top-5 100 %; the GPT-2-shaped reference (6 × 384) 4.6e-6, 100 %, 100 %. Scales 16× too large (about 4 bits
-    # per value) give 1.4e-4 on the test model, 64× too large 4.1e-3 and top-1 86 % (tests/test_kv_cache.py):
+    # per value) give 1.4e-4 on the test model, 64× too large 4.1e-3 and top-1 86 % (tests/precisions/test_kv_cache.py):
     # the gates catch a broken cache (wrong scales, a wrong layout), with 5× room for a sound one.
     gates=MappingProxyType({"kl_mean": 1e-4, "top1": 0.95, "top5": 0.99}),
 )

@@ -1,7 +1,7 @@
 """Where switchable LoRA adapters work, answered by the resolver from the declarations alone: each runtime with an
 adapter active (a runtime's ``binds_adapters``), the batching engine with an adapter per request, and each deploy
 target given a folder with adapter files (a target's ``carries_adapters``). docs/adapters.md holds this module's
-:func:`markdown` between its markers, never edited by hand (tests/test_adapters.py compares them)."""
+:func:`markdown` between its markers, never edited by hand (tests/exporters/test_adapters.py compares them)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ Each request is decoded as :func:`gpt2onnx.decoding.generate.decode` decodes a b
 processors (:func:`~gpt2onnx.decoding.processors.process_scores`) on its own sequence, its own random generator
 seeded as ``Sampling.seed`` says, the same stop conditions. Its greedy tokens are therefore those that
 ``gpt2onnx generate`` writes for it alone, up to the float rounding of a padded batch (the same as between
-``generate`` with one prompt and with several; tests/test_batching.py checks the tokens). Beam search
+``generate`` with one prompt and with several; tests/serving/test_batching.py checks the tokens). Beam search
 (``num_beams`` > 1) is not batched: each beam request runs alone through
 :func:`~gpt2onnx.decoding.beam.beam_search` on a second thread, one at a time, beside the batch, and returns
 its best beam in one event. ``num_return_sequences`` > 1 is refused: send one request per sequence.

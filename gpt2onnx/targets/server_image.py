@@ -372,7 +372,7 @@ SPEC = TargetSpec(
     record="server",
     aliases=("openai-server", "container"),
     # it runs the batching engine on onnxruntime's CPU provider, which takes every export (the compatibility
-    # matrix's "batching engine" column; tests/test_deploy_server.py holds the two columns equal)
+    # matrix's "batching engine" column; tests/targets/test_deploy_server.py holds the two columns equal)
     requires=(),
     carries_adapters=True,  # served_files copies each NAME.onnx_adapter; gpt2onnx serve takes model "ID:NAME"
 )

@@ -3,7 +3,7 @@
     python -m gpt2onnx.verify.cpu_worker --ids ids.npy --prompts prompts.json --out result.npz FOLDER...
     qemu-x86_64 -cpu Haswell .venv/bin/python -m gpt2onnx.verify.cpu_worker ...    (the same, on an emulated CPU)
 
-(`gpt2onnx bench precision --cpus` and tests/test_portability.py run it.)
+(`gpt2onnx bench precision --cpus` and tests/verify/test_portability.py run it.)
 
 Run under QEMU's user-mode emulator, the process sees the emulated CPU's CPUID, so onnxruntime picks that CPU's
 kernels (AVX2 without VNNI, SSE4.2 only, ...) whatever the host is. For each folder: the logits of every

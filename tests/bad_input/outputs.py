@@ -149,8 +149,8 @@ CASES: list[Case] = [
 # (otherwise valid), and what it is: a copy of {exp} ("export", at 'in'), of {src} ("checkpoint", at 'in'), or a
 # text ('in.txt'). Each of the command's file outputs is pointed at that input's file (a folder's model.onnx or
 # config.json), and --json also at a hard link to it and at it through a symbolic link the input is given by: all
-# refused before any work, nothing written. tests/test_output_rule.py checks that every input a command reads has
-# its row here.
+# refused before any work, nothing written. tests/artifact/test_output_rule.py checks that every input a command
+# reads has its row here.
 GEN_ONE = ("--ids", "1,2", "--max-new-tokens", "1")
 EVAL_T = ("--text", "t.txt", "--greedy-tokens", "0")
 PRECISION_T = ("--text", "t.txt", "--only", "fp32", "--work", "w")

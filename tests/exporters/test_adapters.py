@@ -323,7 +323,7 @@ def test_switchable_eval_and_bench_with_an_adapter(switchable, merged, trained_c
 def test_switchable_adapter_runtimes_and_targets_declared(switchable):
     """Declared, answered before any work: a runtime that binds no adapter is refused (check's verdict, generate's
     one line); a target that would drop the adapter files refuses the folder, nothing written. genai binds and
-    carries them: tests/test_genai_adapters.py."""
+    carries them: tests/runtimes/test_genai_adapters.py."""
     runner = CliRunner()
     folder = str(switchable.folder)
     result = runner.invoke(app, ["check", folder, "--adapter", "docs", "--runtime", "openvino"])

@@ -235,7 +235,8 @@ def test_openvino_runs_onnx_and_refuses_the_static_cache_in_one_line(static_expo
 
 def test_genai_config_shares_the_static_buffer(static_export, onnx_export):
     """genai binds one buffer of the context as past and present where the flag is set, and passes the mask of the
-    tokens so far: the static graph's write column (tests/test_runtimes.py runs it, where genai is installed)."""
+    tokens so far: the static graph's write column (tests/runtimes/test_runtimes.py runs it, where genai is
+    installed)."""
     from gpt2onnx.artifact.genai_config import genai_config
 
     assert genai_config(static_export)["search"]["past_present_share_buffer"] is True

@@ -84,7 +84,8 @@ def test_a_damaged_file_is_refused_under_every_algorithm(
     algorithm, weights, damage, trained_export, gpt2_init_export, tmp_path, monkeypatch
 ):
     """2-bit weights declared 4, or every scale doubled, through the algorithm's own quantizer call: refused by the
-    algorithm's weight_error gate, and nothing is written (round to nearest: tests/test_precision_recipes.py)."""
+    algorithm's weight_error gate, and nothing is written (round to nearest:
+    tests/precisions/test_precision_recipes.py)."""
     source = trained_export if weights == "trained" else gpt2_init_export
     _damage(monkeypatch, "int4", damage)
     with pytest.raises(CheckFailed, match="validation failed: int4") as failed:

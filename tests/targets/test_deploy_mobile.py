@@ -5,8 +5,8 @@ reduced-build configuration names the ops of the converted graph; onnxruntime's 
 the providers.
 
 Tolerances: greedy tokens must be equal (the trained model's top tokens are not near ties at these prompts:
-tests/test_portability.py checks the same on these CPUs). The prompt step's logits of the ORT file against the ONNX
-folder run as ``generate`` runs it (all of onnxruntime's optimizations, so other fused kernels and another order
+tests/verify/test_portability.py checks the same on these CPUs). The prompt step's logits of the ORT file against the
+ONNX folder run as ``generate`` runs it (all of onnxruntime's optimizations, so other fused kernels and another order
 of sums): fp32 within 1e-4, the project's fp32 gate; the int4 file runs the same MatMulNBits kernels in both and
 differs by the float order of the fused ops around them: the same bound.
 """

@@ -75,8 +75,8 @@ def test_the_grid_is_named_and_checked():
 
 def test_every_row_gives_this_cpu_s_answers_on_an_emulated_avx2_cpu(grid):
     """--cpus EPYC-Rome: each row's windows and greedy tokens under qemu-x86_64 against this CPU's. The bound is
-    loose (KL 1e-6; tests/test_portability.py holds each precision to its own, 1e-9 to 1e-8): this checks that the
-    grid runs and reads the emulated CPU, which takes AVX2's kernel paths whatever this CPU is."""
+    loose (KL 1e-6; tests/verify/test_portability.py holds each precision to its own, 1e-9 to 1e-8): this checks that
+    the grid runs and reads the emulated CPU, which takes AVX2's kernel paths whatever this CPU is."""
     if not shutil.which("qemu-x86_64"):
         message = "qemu-x86_64 is missing: run scripts/setup.sh as root (apt-get install qemu-user)"
         pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
