@@ -84,10 +84,11 @@ class ShortHelp(typer.core.TyperGroup):
 
 def _defaults_epilog(command) -> None:
     """Under the --help of a command whose workload sizes default to the library's (gpt2onnx.cli.flags'
-    defaults_from), those defaults: 'Defaults: --warmup 3, --repeat 20.'"""
+    defaults_from), those defaults: 'This command's defaults: --warmup 3, --repeat 20.'"""
     if command.epilog is None and getattr(command.callback, "defaults_from", None):
-        shown = library_defaults(command.callback, [(p.name, p.opts[0]) for p in command.params if p.default is None])
-        command.epilog = "Defaults: " + ", ".join(f"{flag} {value}" for flag, value in shown) + "." if shown else ""
+        left = [(p.name, p.opts[0]) for p in command.params if p.default is None]
+        shown = ", ".join(f"{flag} {value}" for flag, value in library_defaults(command.callback, left))
+        command.epilog = f"This command's defaults: {shown}." if shown else ""
 
 
 class DefaultedGroup(ShortHelp):

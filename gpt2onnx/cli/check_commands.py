@@ -207,31 +207,20 @@ def serve(
     127.0.0.1 with cross-origin isolation (the wasm thread pool needs it); Ctrl-C (or SIGTERM) stops."""
     if endpoint not in ("auto", "openai", "web"):
         raise BadInput(f"--endpoint {endpoint!r} is not one of auto, openai, web: give one of them")
-    openai = {
-        "--host": host,
-        "--api-key": api_key,
-        "--max-batch": max_batch,
-        "--max-queue": max_queue,
-        "--header-timeout": header_timeout,
-        "--body-timeout": body_timeout,
-    }
+    # the OpenAI endpoint's settings, as given (the server's defaults: 127.0.0.1, 16, 256, 10 s, 30 s)
+    openai = given(host=host, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
+                   header_timeout=header_timeout, body_timeout=body_timeout)  # fmt: skip
     if endpoint == "openai" or (endpoint == "auto" and not is_web_folder(folder)):
         from gpt2onnx.serving.openai.server import open_openai_server
 
-        model = open_openai_server(
-            folder,
-            port=port,
-            verify_files=verify_files,
-            **{flag[2:].replace("-", "_"): v for flag, v in openai.items() if v is not None},
-        )
+        model = open_openai_server(folder, port=port, verify_files=verify_files, **openai)
         print(f"serving {model.folder} at {model.url}/v1 (OpenAI API; Ctrl-C stops)", flush=True)
         model.serve_forever()
         return
-    given = [flag for flag, value in openai.items() if value is not None]
-    if given:
+    if openai:
         raise BadInput(
-            f"{', '.join(given)}: for the OpenAI endpoint, and '{folder}' is served as a web folder (it has"
-            " index.html): drop them, or give --endpoint openai"
+            f"{', '.join('--' + name.replace('_', '-') for name in openai)}: for the OpenAI endpoint, and"
+            f" '{folder}' is served as a web folder (it has index.html): drop them, or give --endpoint openai"
         )
     server = open_server(folder, port=port)
     # one line, flushed: scripts and tests read the address from it
@@ -246,7 +235,7 @@ def _print_matrix(*, folder, model, fusion, kv_cache, logits, planned, runtime, 
                   search, speculation, wanted, json_path, adapter) -> None:  # fmt: skip
     """check --matrix prints every combination (Markdown): an option beside it would be ignored, so it is refused."""
     defaults = planned_defaults()
-    given = {
+    options_given = {
         "FOLDER": folder is not None,
         "--model": model is not None,
         "--fusion": fusion != defaults["fusion"],
@@ -264,8 +253,8 @@ def _print_matrix(*, folder, model, fusion, kv_cache, logits, planned, runtime, 
         "--json": json_path is not None,
         "--adapter": adapter is not None,
     }
-    if any(given.values()):
-        dropped = ", ".join(name for name, on in given.items() if on)
+    if any(options_given.values()):
+        dropped = ", ".join(name for name, on in options_given.items() if on)
         raise BadInput(f"--matrix prints every combination (Markdown) and takes no other option: drop {dropped}")
     from gpt2onnx.preflight.matrix import markdown
 
