@@ -201,7 +201,7 @@ KvCacheOpt = Annotated[
     str,
     typer.Option("--kv-cache", metavar="TYPE", help=f"The K/V cache: {', '.join([FLOAT_CACHE, *KV_CACHES])}."),
 ]
-DtypeOpt = Annotated[str, typer.Option(help=f"{', or '.join(FLOAT)} (fp16: see --keep-fp32).")]
+DtypeOpt = Annotated[str, typer.Option(help=f"{', or '.join(FLOAT)}.")]
 KeepFp32Opt = Annotated[
     str,
     typer.Option(
