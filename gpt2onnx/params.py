@@ -1,8 +1,9 @@
 """Each option declared once: its type and default (the dataclass field's), its help, its command-line flag, its
 range (a :class:`Rule`), and where else it is read (transformers' name, a served request, generation_config.json),
 on the field of the typed object that holds it, as Olive declares a pass's config (``PassConfigParam``). The CLI's
-parameters (gpt2onnx.cli.options), the request reader (gpt2onnx.serving.requests) and generation_config.json's reader
-(gpt2onnx.artifact.generation) are generated from these declarations; a test fails where a flag is declared twice.
+parameters (gpt2onnx.cli.flags, beside the CLI's own options), the request reader (gpt2onnx.serving.requests) and
+generation_config.json's reader (gpt2onnx.artifact.generation) are generated from these declarations; a test reads
+every flag from the CLI's command tree and fails where one is declared twice.
 
 A leaf: it imports nothing of the package but the errors.
 """

@@ -309,3 +309,120 @@ def test_every_api_name_resolves_to_what_it_names_not_to_a_room():
         value = getattr(gpt2onnx, name)
         assert not isinstance(value, types.ModuleType), f"gpt2onnx.{name} is a module, not {module}.{attribute}"
         assert value is getattr(importlib.import_module(module), attribute), name
+
+
+# -- each option declared once (gpt2onnx/cli/flags.py, and gpt2onnx.params for the library's) -----------------------
+CLI = PACKAGE / "cli"
+DECLARATIONS = CLI / "flags.py"  # the one module that calls typer.Option and typer.Argument
+# Flags that name two things differing in kind, kept because users' command lines give them; each meaning is one
+# declaration of flags.py (or gpt2onnx.params), and a third is refused.
+TWO_MEANINGS = {
+    "--json": "a file to write (every command), inspect's switch to print JSON",
+    "--adapter": "export's PEFT folder merged into the weights, a switchable adapter's name",
+    "--batch": "bench run's and memory's list of sizes, one size (bench generate, compare)",
+    "--past": "bench run's list of past lengths, bench precision's one",
+    "--threads": "the runtimes' thread count, bench web's list of counts",
+    "--runtime": "one runtime, bench run's list",
+    "--seed": "a fixed seed (random weights, parity's cases; 0), sampling's (none: unseeded)",
+    "--max-batch": "tensorrt's largest batch (a runtime option), the server's batch (serve, bench served)",
+    "--fusion": "export's and check's profile (none), optimize's (default: the source's own)",
+}
+
+
+def _declared_params(command, path=()):
+    """(command path, click parameter) for every option of every command of the CLI, read from the command tree."""
+    if hasattr(command, "commands"):
+        for name, sub in sorted(command.commands.items()):
+            yield from _declared_params(sub, (*path, name))
+    else:
+        for param in command.params:
+            yield " ".join(path), param
+
+
+def _signature(param) -> tuple:
+    """What a flag's declaration fixes: its spellings, value type, help, metavar, and its default ("required"
+    where a command needs the flag: that is the command's, not the flag's)."""
+    import typer
+
+    if not isinstance(param, typer.core.TyperOption):
+        return ()
+    kind = getattr(param.type_descriptor, "annotation", None)
+    names = tuple(sorted(param.opts + param.secondary_opts))
+    metavar = param.metavar if param.metavar not in ("", None) else None
+    return (names, repr(kind), param.help, metavar, "required" if param.required else repr(param.default))
+
+
+def flag_declarations() -> dict[str, set[tuple]]:
+    """Every flag of the CLI (derived from the commands' parameters, not from literal strings), with the distinct
+    declarations the commands give it (a required use counts as the optional one it otherwise matches)."""
+    from typer.main import get_command
+
+    from gpt2onnx.cli import app
+
+    found: dict[str, set[tuple]] = {}
+    for _, param in _declared_params(get_command(app)):
+        for flag in param.opts + param.secondary_opts:
+            if flag.startswith("--") and _signature(param):
+                found.setdefault(flag, set()).add(_signature(param))
+    for flag, signatures in found.items():
+        optional = {s[:4] for s in signatures if s[4] != "required"}
+        found[flag] = {s for s in signatures if s[4] != "required" or s[:4] not in optional}
+    return found
+
+
+def inline_declarations() -> list[str]:
+    """Every typer.Option( or typer.Argument( call (or a bare Option(/Argument( imported from typer) in a CLI module
+    other than the declarations module."""
+    found = []
+    for path in sorted(CLI.glob("*.py")):
+        if path == DECLARATIONS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                owner = getattr(func.value, "id", None) if isinstance(func, ast.Attribute) else None
+                if name in ("Option", "Argument") and owner in ("typer", None):
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {name}(")
+    return found
+
+
+def test_each_flag_is_declared_once():
+    """One flag, one declaration: every command that takes it has the same type, help, metavar and default (a
+    workload size that differs by command is None there, the library's default); only TWO_MEANINGS' flags have
+    two. And no CLI module declares an option inline: they are all in gpt2onnx/cli/flags.py."""
+    declarations = flag_declarations()
+    assert {"--threads", "--seed", "--new-tokens", "--json", "--runtime", "--warmup", "--repeat"} <= set(declarations)
+    twice = {flag: sorted(found, key=repr) for flag, found in declarations.items() if len(found) > 1}
+    wrong = {flag: found for flag, found in twice.items() if flag not in TWO_MEANINGS or len(found) > 2}
+    assert not wrong, "a flag declared more than once (declare it once in gpt2onnx/cli/flags.py):\n" + "\n".join(
+        f"{flag}: {found}" for flag, found in wrong.items()
+    )
+    assert set(TWO_MEANINGS) <= set(twice), f"no longer two meanings: {sorted(set(TWO_MEANINGS) - set(twice))}"
+    assert inline_declarations() == [], "declare these in gpt2onnx/cli/flags.py"
+    # the runtimes' options become one parameter per flag (gpt2onnx.cli.options): two runtimes that take a flag
+    # take the one declaration (--threads: runtimes.runtime.threads_param), or the first would hide the other
+    from gpt2onnx.params import options_of
+    from gpt2onnx.runtimes.all_runtimes import RUNTIMES, runtime_spec
+
+    by_flag: dict[str, set] = {}
+    for name in RUNTIMES:
+        for option in options_of(runtime_spec(name).settings):
+            by_flag.setdefault(option.flag, set()).add((repr(option.type), repr(option.default), option.param))
+    assert {flag: found for flag, found in by_flag.items() if len(found) > 1} == {}
+
+
+def test_the_cli_stays_thin():
+    """Commands build options, call one library function and render: no CLI module over 400 lines but render
+    (its tables), no command function over 60 lines."""
+    too_long = []
+    for path in sorted(CLI.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        lines = len(path.read_text().splitlines())
+        if lines > 400 and path.name != "render.py":
+            too_long.append(f"{path.name}: {lines} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and any("command" in ast.unparse(d) for d in node.decorator_list):
+                if node.end_lineno - node.lineno + 1 > 60:
+                    too_long.append(f"{path.name}: {node.name} {node.end_lineno - node.lineno + 1} lines")
+    assert too_long == []

@@ -2,11 +2,9 @@
 is registered and named only where it is declared, that each option is declared once, and that runtimes/ holds the
 engines only."""
 
-import ast
 import importlib
 import pkgutil
 import re
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,6 @@ from gpt2onnx.decoding.proposers.proposer import ProposerSpec
 from gpt2onnx.decoding.strategy import Strategy
 from gpt2onnx.layouts.all_layouts import LAYOUTS, layout_of
 from gpt2onnx.layouts.layout import CacheLayout
-from gpt2onnx.params import options_of
 from gpt2onnx.profiles.all_profiles import PROFILES, fused_with
 from gpt2onnx.profiles.profile import Profile
 
@@ -161,57 +158,8 @@ def test_no_profile_or_layout_name_outside_its_module_and_registry():
     assert found == []
 
 
-# -- each option declared once -------------------------------------------------------------------------------------
-def _declared_flags() -> Counter:
-    """Every flag a declaration in the package names: a typer.Option's, and a declared option's (gpt2onnx.params:
-    its flag, else its field's name)."""
-    flags = Counter()
-    for path in sorted(PACKAGE.rglob("*.py")):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-            if name == "Option":  # typer.Option("--flag", ...)
-                for arg in node.args:
-                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("--"):
-                        flags[arg.value.split("/")[0]] += 1
-    for cls in _declaring_classes():
-        for option in options_of(cls):
-            if option.flag:
-                flags[option.flag] += 1
-    return flags
-
-
-def _declaring_classes() -> list[type]:
-    from gpt2onnx.artifact.generation import Decoding, Sampling
-    from gpt2onnx.precisions.quantize_options import QuantizeOptions
-    from gpt2onnx.runtimes.all_runtimes import RUNTIMES, runtime_spec
-
-    found = {Sampling, Decoding, QuantizeOptions, *(spec.options for spec in PROPOSERS.values())}
-    found |= {runtime_spec(name).settings for name in RUNTIMES}
-    return sorted(found, key=lambda c: c.__name__)
-
-
-def test_each_option_is_declared_once():
-    flags = _declared_flags()
-    # --threads: one declaration (runtimes.base.threads_param) that every runtime's settings take
-    threads = {c.__name__ for c in _declaring_classes() if any(o.flag == "--threads" for o in options_of(c))}
-    flags["--threads"] -= len(threads) - 1
-    twice = {flag: n for flag, n in flags.items() if n > 1}
-    # options of one name in commands that mean different things, each declared once in its own command
-    twice.pop("--json", None)  # a file to write (generate, eval, check), inspect's switch to print JSON
-    twice.pop("--out", None)  # export's, optimize's, deploy's folder, each with its own default
-    twice.pop("--force", None)  # deploy's own help beside export's and optimize's
-    twice.pop("--model", None)  # export's checkpoint, check's planned export
-    twice.pop("--runtime", None)  # one runtime, or bench's list
-    twice.pop("--target", None)  # deploy's targets, check's
-    twice.pop("--logits", None)  # export's, check's planned export
-    twice.pop("--text", None)  # parity's prompts, eval's text
-    twice.pop("--reference", None)  # eval also takes a folder
-    twice.pop("--seed", None)  # export's random weights, parity's cases
-    twice.pop("--fusion", None)  # optimize's (default: the source's own) beside export's and check's
-    assert twice == {}, "declared more than once: declare it once (gpt2onnx.params) and generate the others"
+# -- each option declared once: tests/test_architecture.py (test_each_flag_is_declared_once) reads every flag from
+# the CLI's command tree
 
 
 def test_runtimes_holds_the_engines_only():

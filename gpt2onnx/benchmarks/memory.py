@@ -102,8 +102,8 @@ def measure_here(folder: str, rows: int, prompt: int, new: int) -> MemoryRun:
 def measure_memory(
     folders: list[str | Path],
     batches: tuple[int, ...],
-    prompt_len: int,
-    new_tokens: int,
+    prompt_len: int = 128,
+    new_tokens: int = 64,
     *,
     json_path: str | Path | None = None,
     markdown_path: str | Path | None = None,

@@ -12,13 +12,12 @@ import signal
 import sys
 import threading
 import typing
-from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
-from gpt2onnx import __version__
+from gpt2onnx.cli.flags import VerboseOpt, VersionOpt, library_defaults
 from gpt2onnx.errors import BadInput, Gpt2OnnxError, shown
 from gpt2onnx.files import write_json_atomic
 
@@ -79,7 +78,17 @@ class ShortHelp(typer.core.TyperGroup):
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             _short_metavars(command, ctx)
+            _defaults_epilog(command)
         return command
+
+
+def _defaults_epilog(command) -> None:
+    """Under the --help of a command whose workload sizes default to the library's (gpt2onnx.cli.flags'
+    defaults_from), those defaults: 'This command's defaults: --warmup 3, --repeat 20.'"""
+    if command.epilog is None and getattr(command.callback, "defaults_from", None):
+        left = [(p.name, p.opts[0]) for p in command.params if p.default is None]
+        shown = ", ".join(f"{flag} {value}" for flag, value in library_defaults(command.callback, left))
+        command.epilog = f"This command's defaults: {shown}." if shown else ""
 
 
 class DefaultedGroup(ShortHelp):
@@ -255,19 +264,8 @@ app = _Process(
 )
 
 
-def _version(value: bool) -> None:
-    if value:
-        console.print(f"gpt2onnx {__version__}")
-        raise typer.Exit()
-
-
 @app.callback()
-def main(
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each step.")] = False,
-    version: Annotated[
-        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
-    ] = None,
-) -> None:
+def main(verbose: VerboseOpt = False, version: VersionOpt = None) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(message)s",

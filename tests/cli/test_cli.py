@@ -214,3 +214,20 @@ def test_a_brand_new_machine_prints_nothing_but_the_tool_output(tiny_export, tmp
     assert good.returncode == 0, good.stderr
     assert good.stderr.strip() == "" and (tmp_path / "p.png").is_file()
     assert any((tmp_path / "MPLCONFIGDIR").iterdir())  # matplotlib did build its cache there, silently
+
+
+def test_a_workload_left_out_takes_the_library_default_and_help_says_it():
+    """--warmup, --repeat, --new-tokens ... are declared once, default None: a command's --help lists the defaults
+    its library function states (bench speculative's --new-tokens 48 beside bench web's 64), read from it."""
+    import inspect
+
+    from gpt2onnx.benchmarks.speculation import bench_speculation
+    from gpt2onnx.benchmarks.web_speed import bench_web
+
+    for command, function in (("speculative", bench_speculation), ("web", bench_web)):
+        defaults = inspect.signature(function).parameters
+        result = CliRunner().invoke(app, ["bench", command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        epilog = " ".join(result.output.split("This command's defaults:")[1].split())
+        for name in ("new_tokens", "warmup", "repeat"):
+            assert f"--{name.replace('_', '-')} {defaults[name].default}" in epilog, (command, epilog)

@@ -745,7 +745,7 @@ class CompareReport:
 def compare(
     model: str,
     *,
-    work: str | Path,
+    work: str | Path = "models/compare",
     only: list[str] | None = None,
     baseline: str | None = None,
     settings: Settings = Settings(),

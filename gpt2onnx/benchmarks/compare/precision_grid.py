@@ -485,7 +485,7 @@ def bench_precision(
     model: str,
     *,
     text: str | Path,
-    work: str | Path,
+    work: str | Path = "models/precision",
     only: list[str] | None = None,
     random_init: bool = False,
     seed: int = 0,
