@@ -16,7 +16,11 @@ from gpt2onnx.registry import Registry
 
 PACKAGE = Path(gpt2onnx.__file__).parent
 # a kind of a few entries keeps its registry in its own module
-IN_THE_KIND_MODULE = {"gpt2onnx.precisions.kv_cache.KV_CACHES", "gpt2onnx.precisions.prompt_path.PROMPT_KERNELS"}
+IN_THE_KIND_MODULE = {
+    "gpt2onnx.precisions.kv_cache.KV_CACHES",
+    "gpt2onnx.precisions.prompt_path.PROMPT_KERNELS",
+    "gpt2onnx.decoding.constraints.CONSTRAINT_KINDS",
+}
 _DEFINED = re.compile(r"^([A-Z_]+): Registry\[", re.M)
 
 

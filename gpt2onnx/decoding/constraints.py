@@ -16,11 +16,13 @@ A row that reaches ``max_new_tokens`` before the constraint is complete ends as 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -28,18 +30,15 @@ from gpt2onnx.artifact.generation import CONSTRAINED  # the decoding feature a c
 from gpt2onnx.capabilities import Declared
 from gpt2onnx.errors import BadInput, shown
 from gpt2onnx.params import param
+from gpt2onnx.registry import Registry
 
 log = logging.getLogger(__name__)
 
 MAX_SPEC_BYTES = 1 << 20  # a schema, regex, grammar or choice list: more is refused before it is read
 MAX_CHOICES = 10_000
-KINDS = ("json_schema", "regex", "grammar", "choice")
 # JSON as json.dumps writes it: ", " and ": ", no other whitespace (llguidance's default lets whitespace run on,
 # where a small model may loop; a schema's own "x-guidance" options override this)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-# how each kind is given on the command line (and in messages)
-FLAGS = {"json_schema": "--json-schema", "regex": "--regex", "grammar": "--grammar", "choice": "--choice"}
-NAMES = {"json_schema": "JSON schema", "regex": "regex", "grammar": "grammar", "choice": "choice"}
 
 
 def _llguidance():
@@ -74,8 +73,8 @@ class Constraint:
     grammar: str = field(default="", repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise BadInput(f"a constraint's kind is one of {', '.join(KINDS)}, got {shown(self.kind)}")
+        if not isinstance(self.kind, str) or self.kind not in CONSTRAINT_KINDS:
+            raise BadInput(f"a constraint's kind is one of {CONSTRAINT_KINDS.choices()}, got {shown(self.kind)}")
         if not isinstance(self.spec, str):
             raise BadInput(f"{self.label} must be text, got {type(self.spec).__name__}")
         size = len(self.spec.encode("utf-8", "surrogatepass"))
@@ -88,7 +87,8 @@ class Constraint:
 
     @property
     def label(self) -> str:
-        return f"the {NAMES[self.kind]} ({self.source or FLAGS[self.kind]})"
+        kind = CONSTRAINT_KINDS[self.kind]
+        return f"the {kind.words} ({self.source or kind.flag})"
 
     # -- the kinds ------------------------------------------------------------------------------------------------
     @classmethod
@@ -171,20 +171,74 @@ def _check_schema(schema, label: str) -> None:
 
 def _compile(kind: str, spec: str, label: str) -> str:
     """llguidance's grammar for the spec, checked without a tokenizer (syntax, support, limits)."""
-    llg = _llguidance()
-    if kind == "json_schema":
-        _check_schema(_loads_schema(spec, label), label)
+    llg, how = _llguidance(), CONSTRAINT_KINDS[kind]
+    if how.check is not None:
+        how.check(spec, label)
     try:
-        if kind == "json_schema":  # one way to write it (json.dumps' separators), not whitespace anywhere
-            grammar = llg.LLMatcher.grammar_from_json_schema(spec, defaults=JSON_STYLE)
-        else:
-            grammar = llg.grammar_from("lark" if kind == "grammar" else kind, spec)
+        grammar = how.grammar(llg, spec)
     except (ValueError, TypeError, RecursionError) as err:
         raise BadInput(f"{label} cannot be read: {_first_line(err)}") from None
     failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
     if failed:
         raise BadInput(f"{label} is refused by llguidance: {_first_line(messages[0] if messages else '')}")
     return grammar
+
+
+# -- the kinds: one entry each in CONSTRAINT_KINDS -------------------------------------------------------------
+@dataclass(frozen=True)
+class ConstraintKind:
+    """One kind of constraint: its name (``Constraint.kind``), its words in messages, its command-line option (the
+    value's type, help and metavar; the flag is ``--`` + the name), how that value becomes a :class:`Constraint`
+    (``from_option``), an optional check of a spec before llguidance reads it, and llguidance's grammar for a spec.
+    A new kind is one entry in CONSTRAINT_KINDS (its option, ``generate``'s and ``bench constraint``'s, follows)."""
+
+    name: str
+    words: str
+    option_type: type
+    help: str
+    metavar: str
+    from_option: Callable[[Any], "Constraint"]
+    grammar: Callable[[Any, str], str]  # (llguidance, spec) -> grammar
+    check: Callable[[str, str], None] | None = None  # (spec, label): BadInput where it is not one
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _from_file(kind: str, build: Callable[..., "Constraint"]) -> Callable[[Path], "Constraint"]:
+    """A kind given as a file on the command line: read (refused before it is read where it is not one), then built."""
+    flag = "--" + kind.replace("_", "-")
+    return lambda path: build(read_spec_file(path, flag), source=f"{flag} {shown(path)}")
+
+
+CONSTRAINT_KINDS: Registry[ConstraintKind] = Registry(
+    "constraint kind",
+    [
+        ConstraintKind(
+            "json_schema", "JSON schema", Path, "Write JSON valid against this schema file.", "FILE",
+            from_option=_from_file("json_schema", lambda spec, source: Constraint.json_schema(spec, source=source)),
+            # one way to write it (json.dumps' separators), not whitespace anywhere
+            grammar=lambda llg, spec: llg.LLMatcher.grammar_from_json_schema(spec, defaults=JSON_STYLE),
+            check=lambda spec, label: _check_schema(_loads_schema(spec, label), label),
+        ),
+        ConstraintKind(
+            "regex", "regex", str, "Write text this regex matches whole.", "REGEX",
+            from_option=lambda pattern: Constraint.regex(pattern),
+            grammar=lambda llg, spec: llg.grammar_from("regex", spec),
+        ),
+        ConstraintKind(
+            "grammar", "grammar", Path, "Write text of this Lark grammar file.", "FILE",
+            from_option=_from_file("grammar", lambda spec, source: Constraint.lark(spec, source=source)),
+            grammar=lambda llg, spec: llg.grammar_from("lark", spec),
+        ),
+        ConstraintKind(
+            "choice", "choice", str, "Write one of these strings (A,B,...).", "A,B",
+            from_option=lambda text: Constraint.choice([c.strip() for c in text.split(",")]),
+            grammar=lambda llg, spec: llg.grammar_from("choice", spec),
+        ),
+    ],
+)  # fmt: skip
 
 
 # -- a model's tokens ----------------------------------------------------------------------------------------------
@@ -351,16 +405,17 @@ class Matchers:
 
 
 # -- the command line: one option per kind, mutually exclusive -----------------------------------------------------
-@dataclass(frozen=True)
-class ConstraintOptions:
-    """generate's constraint options, declared once (gpt2onnx.params); at most one is given."""
-
-    json_schema: Path | None = param(
-        None, "Write JSON valid against this schema file.", metavar="FILE", show_default=False
-    )
-    regex: str | None = param(None, "Write text this regex matches whole.", metavar="REGEX", show_default=False)
-    grammar: Path | None = param(None, "Write text of this Lark grammar file.", metavar="FILE", show_default=False)
-    choice: str | None = param(None, "Write one of these strings (A,B,...).", metavar="A,B", show_default=False)
+# generate's and bench constraint's options, one per kind, declared once (gpt2onnx.params) from CONSTRAINT_KINDS;
+# at most one is given
+ConstraintOptions = dataclasses.make_dataclass(
+    "ConstraintOptions",
+    [
+        (k.name, Optional[k.option_type], param(None, k.help, metavar=k.metavar, show_default=False))
+        for k in CONSTRAINT_KINDS.values()
+    ],
+    frozen=True,
+)
+ConstraintOptions.__module__ = __name__  # make_dataclass's module= is Python 3.12's
 
 
 def read_spec_file(path: Path, option: str) -> str:
@@ -377,22 +432,17 @@ def read_spec_file(path: Path, option: str) -> str:
         raise BadInput(f"{option} {shown(path)} is not UTF-8 text") from None
 
 
-def constraint_from(
-    *, json_schema: Path | None = None, regex: str | None = None, grammar: Path | None = None, choice: str | None = None
-) -> Constraint | None:
-    """The constraint the options give (None: none), refused in one line where two are given or it is invalid."""
-    given = {k: v for k, v in dict(json_schema=json_schema, regex=regex, grammar=grammar, choice=choice).items() if v}
+def constraint_from(**values) -> Constraint | None:
+    """The constraint the options give (one keyword per kind: ConstraintOptions' fields; None: none), refused in
+    one line where two are given, one is empty, or it is invalid."""
+    kinds = {name: CONSTRAINT_KINDS.lookup(name) for name in values}
+    for name, value in values.items():
+        if value == "":
+            raise BadInput(f"{kinds[name].flag} is empty: give a {kinds[name].words}")
+    given = {name: value for name, value in values.items() if value is not None}
     if len(given) > 1:
-        raise BadInput(f"give one constraint: {' and '.join(FLAGS[k] for k in given)} cannot be combined")
+        raise BadInput(f"give one constraint: {' and '.join(kinds[k].flag for k in given)} cannot be combined")
     if not given:
-        if regex == "":
-            raise BadInput("--regex is empty: give a pattern")
         return None
-    if json_schema is not None:
-        where = f"--json-schema {shown(json_schema)}"
-        return Constraint.json_schema(read_spec_file(json_schema, "--json-schema"), source=where)
-    if grammar is not None:
-        return Constraint.lark(read_spec_file(grammar, "--grammar"), source=f"--grammar {shown(grammar)}")
-    if regex is not None:
-        return Constraint.regex(regex)
-    return Constraint.choice([c.strip() for c in choice.split(",")])
+    ((name, value),) = given.items()
+    return kinds[name].from_option(value)

@@ -25,7 +25,7 @@ from gpt2onnx.artifact.generation import (
 from gpt2onnx.artifact.lora import adapter_declared, adapter_of
 from gpt2onnx.decoding.all_strategies import strategy_for
 from gpt2onnx.decoding.beam import beam_search_bytes
-from gpt2onnx.decoding.constraints import FLAGS, Constraint, TokenConstraint, vocabulary_of
+from gpt2onnx.decoding.constraints import CONSTRAINT_KINDS, Constraint, TokenConstraint, vocabulary_of
 from gpt2onnx.decoding.processors import StopStrings
 from gpt2onnx.decoding.prompts import (
     TextStream,
@@ -320,7 +320,8 @@ def generate(
     if speculation is not None:
         settings["speculation"] = speculation.as_dict()
     if constraint is not None:
-        settings["constraint"] = {"kind": constraint.kind, "source": constraint.source or FLAGS[constraint.kind]}
+        source = constraint.source or CONSTRAINT_KINDS[constraint.kind].flag
+        settings["constraint"] = {"kind": constraint.kind, "source": source}
     generation = _text_generation(result, request, settings, text=bool(prompts))
     generation.speculation = result.speculation
     generation.complete = None if result.complete is None else result.complete.tolist()

@@ -260,3 +260,28 @@ def test_bench_constraint_prints_the_rows_and_writes_the_json(trained_export, tm
         figures += [c[k]["median"] for k in ("constrained_step_ms", "mask_and_advance_ms", "mask_share_of_step")]
     assert all(np.isfinite(f) and f > 0 for f in figures), figures
     assert {"load_before", "load_after"} <= set(report["rounds"]["load"]) and report["rounds"]["machine"]
+
+
+def test_each_constraint_kind_is_one_registry_entry_and_its_option_follows(tmp_path):
+    """A kind is one entry of CONSTRAINT_KINDS: the options generate and bench constraint take are made from it
+    (one per kind, its flag, type and help), and constraint_from builds each kind from its option alone."""
+    from gpt2onnx.decoding.constraints import CONSTRAINT_KINDS, ConstraintOptions, constraint_from
+    from gpt2onnx.params import options_of
+
+    declared = options_of(ConstraintOptions)
+    assert [o.flag for o in declared] == [kind.flag for kind in CONSTRAINT_KINDS.values()]
+    assert [o.param.help for o in declared] == [kind.help for kind in CONSTRAINT_KINDS.values()]
+    (tmp_path / "s.json").write_text('{"type": "integer"}')
+    (tmp_path / "g.lark").write_text('start: "yes" | "no"')
+    given = {"json_schema": tmp_path / "s.json", "regex": "[a-c]+", "grammar": tmp_path / "g.lark", "choice": "x, y"}
+    assert set(given) == set(CONSTRAINT_KINDS)
+    for name, value in given.items():
+        built = constraint_from(**{k: (value if k == name else None) for k in CONSTRAINT_KINDS})
+        assert built.kind == name and built.grammar
+    assert constraint_from(regex=None, choice=None) is None
+    with pytest.raises(BadInput, match=r"^--regex is empty: give a regex$"):
+        constraint_from(regex="")
+    with pytest.raises(BadInput, match=r"^give one constraint: --regex and --choice cannot be combined$"):
+        constraint_from(regex="a", choice="b")
+    with pytest.raises(BadInput, match=r"^unknown constraint kind 'xml': choose one of json_schema, regex, "):
+        constraint_from(xml="<a/>")
