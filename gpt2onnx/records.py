@@ -11,10 +11,13 @@ What a folder's format fixed before this module existed is said beside the field
 - ``key``: the JSON key, where it is not the field's name (Manifest.cache_layout is written as "kv_cache");
 - ``omit``: ``OMIT_DEFAULT`` (written only where it differs from its default: a key added in a later release is
   absent from earlier files and stays absent), or a test on the record (QuantizationRecord's recipe group);
+- ``empty``: None is written as {} and {} read as None (a record's absence, as earlier releases wrote it);
 - ``write`` / ``read``: the value written from the record, and the field's value from what was read (a
   report's "failures" are all its failures; it keeps its own gates');
 - ``extra``: a dict field that keeps the keys this release does not know, written back at its place (a key
   already written keeps its own);
+- ``within``: the key of a JSON object the field is written into (RunStats' notes, under "extra" where bench
+  --json has always had them); a dict field written under that key holds the object's other keys;
 - ``order``: a tuple field that keeps the order the keys were read in, so a record read back writes back
   byte-equal.
 
@@ -85,9 +88,21 @@ def computed(key: str, attribute: str | None = None, *, after: str | None = None
     return Computed(key, attribute or key, after)
 
 
-def field(*, key=None, omit=None, write=None, read=None, extra=False, order=False, unreadable=False, **kwargs):
+def field(
+    *,
+    key=None,
+    omit=None,
+    write=None,
+    read=None,
+    within=None,
+    empty=False,
+    extra=False,
+    order=False,
+    unreadable=False,
+    **kwargs,
+):
     """A dataclass field with its JSON rules (see the module's docstring)."""
-    rules = {"key": key, "omit": omit, "write": write, "read": read}
+    rules = {"key": key, "omit": omit, "write": write, "read": read, "within": within, "empty": empty}
     rules |= {"extra": extra, "order": order, "unreadable": unreadable}
     return dataclasses.field(metadata={"json": rules}, **kwargs)
 
@@ -139,7 +154,10 @@ def _record_to_json(record) -> dict:
             omit = rules.get("omit")
             skip = value == _default(f) if omit == OMIT_DEFAULT else bool(omit and omit(record))
             if not skip:
-                out[rules.get("key") or f.name] = to_json(rules["write"](record) if rules.get("write") else value)
+                # a field "within" an object is written into it (the object's own dict field comes first)
+                target = out.setdefault(rules["within"], {}) if rules.get("within") else out
+                written = to_json(rules["write"](record) if rules.get("write") else value)
+                target[rules.get("key") or f.name] = {} if written is None and rules.get("empty") else written
         if f.name in computed_after:
             c = computed_after[f.name]
             out[c.key] = to_json(_attribute(record, c.attribute))
@@ -232,6 +250,10 @@ def _read_record(cls: type, data: Any, where: str) -> Any:
         raise RecordError(f"{where}: not a {cls.__name__} record: {data!r}")
     hints, values, extra_field, seen = _hints(cls), {}, None, set()
     tolerant, damaged = getattr(cls, "json_tolerant", False), {}
+    nested: dict[str, set[str]] = {}  # object key -> the keys of the fields written within it
+    for f in dataclasses.fields(cls):
+        if _rules(f).get("within"):
+            nested.setdefault(_rules(f)["within"], set()).add(_rules(f).get("key") or f.name)
     for f in dataclasses.fields(cls):
         rules = _rules(f)
         if rules.get("extra"):
@@ -242,10 +264,18 @@ def _read_record(cls: type, data: Any, where: str) -> Any:
             continue
         if rules.get("unreadable"):
             continue
-        key = rules.get("key") or f.name
-        seen.add(key)
-        raw = data.get(key)
-        if (key not in data or (tolerant and raw is None)) and not rules.get("read"):
+        key, source = rules.get("key") or f.name, data
+        if rules.get("within"):
+            source = data.get(rules["within"])
+            source = source if isinstance(source, dict) else {}
+        else:
+            seen.add(key)
+        raw = source.get(key)
+        if rules.get("empty") and raw == {}:
+            raw = None
+        if key in nested and isinstance(raw, dict):  # the object's other keys
+            raw = {k: v for k, v in raw.items() if k not in nested[key]}
+        if (key not in source or (tolerant and raw is None)) and not rules.get("read"):
             if _default(f) is not dataclasses.MISSING:
                 continue
             if not _optional(hints[f.name]):

@@ -5,7 +5,8 @@ hashes, versions and date and writes ``as_dict()`` (gpt2onnx.records' one serial
 said on the fields); every reader gets ``Manifest.from_dict`` back. The JSON is the folder format: it has the
 keys every release so far wrote, and every manifest written so far reads back (format version 1 throughout;
 keys added along the way, such as fusion, fp16, quantization, kv_cache and deploy, are absent from older ones
-and read as None). Keys this release does not know are kept as they are and written back (``extra``), so a newer folder deployed again loses nothing.
+and read as None). Keys this release does not know are kept as they are and written back (``extra``), so a
+newer folder deployed again loses nothing.
 """
 
 from __future__ import annotations
@@ -53,14 +54,12 @@ class Architecture(Record):
         return divisor * (layer + 1) if self.scale_attn_by_inverse_layer_idx else divisor
 
 
-
 @dataclass(frozen=True)
 class FileRecord(Record):
     """One file of the folder, as the manifest records it."""
 
     bytes: int
     sha256: str
-
 
 
 def _files_from_json(data: Any) -> dict[str, FileRecord]:
@@ -99,6 +98,7 @@ class FusionReport(Record):
         counts = ", ".join(f"{n} {op.split('::')[-1]}" for op, n in self.op_counts.items()) or "nothing fused"
         return f"{self.profile}: {counts}" + (" (PARTIAL)" if self.partial else "")
 
+
 @dataclass(frozen=True)
 class Fp16Record(Record):
     """What the fp16 conversion kept in fp32: the groups asked for, the nodes and the graph outputs."""
@@ -107,6 +107,7 @@ class Fp16Record(Record):
     kept_fp32_nodes: dict[str, int]
     kept_fp32_io: list[str]
     dtype: str = "float16"
+
 
 @dataclass(frozen=True)
 class KvCacheRecord(Record):
@@ -119,6 +120,7 @@ class KvCacheRecord(Record):
     calibration: str
     largest_key: float
     largest_value: float
+
 
 @dataclass(frozen=True)
 class QuantizationRecord(Record):
@@ -167,6 +169,7 @@ class QuantizationRecord(Record):
             text += f"; {len(self.int8_layers)} layers at 8 bits by measured sensitivity ({share:.0f} % of weights)"
         return text
 
+
 @dataclass(frozen=True)
 class DeployRecord(Record):
     """The deployment targets written into the folder (gpt2onnx deploy), and what they were made from.
@@ -182,6 +185,7 @@ class DeployRecord(Record):
     source_created: str | None = None
     records: dict[str, Any] = field(default_factory=dict, extra=True)  # every other key: a target's own record
     created: str | None = None
+
 
 @dataclass(frozen=True)
 class AdapterRecord(Record):
@@ -205,6 +209,7 @@ class AdapterRecord(Record):
         return (
             f"LoRA {self.form}: rank {self.rank}, alpha {self.alpha:g}, {scaling}, {self.modules} modules ({targets})"
         )
+
 
 def _check_from_json(value: Any) -> CheckReport | None:
     """The check ("parity"); an older release's record, or a damaged one, is refused (and kept as it was)."""

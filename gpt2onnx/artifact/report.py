@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpt2onnx.machine import MachineRecord
-from gpt2onnx.records import OMIT_DEFAULT, Record, RecordError, computed, field, from_json, to_json
+from gpt2onnx.records import OMIT_DEFAULT, Record, RecordError, computed, field, from_json
 
 
 # -- what a check measured ----------------------------------------------------------------------------------
@@ -215,7 +215,6 @@ class Placement(Record):
         return text
 
 
-
 def _own_failures(written) -> tuple[str, ...]:
     """A report's own failures, from all it wrote: the nested checks' have their prefixes."""
     if written is None:
@@ -396,11 +395,6 @@ class EvalProtocol(Record):
         return self.text.get("file") or ":".join(filter(None, named))
 
 
-def _empty_as_none(kind):
-    """Read a record written as {} where there was none (the JSON of earlier releases)."""
-    return lambda value: from_json(kind, value) if value else None
-
-
 @dataclass(frozen=True)
 class EvalRow(Record):
     """One folder's figures (the reference's own row has only the perplexity)."""
@@ -416,14 +410,12 @@ class EvalRow(Record):
     delta_ppl_percent: float | None = None  # (PPL / PPL_ref - 1) × 100, from the mean paired NLL difference
     delta_ppl_stderr: float | None = None  # in percentage points
     # KL(reference ‖ this) per token (None on the reference's own row; written {})
-    kl: KlStats | None = field(default=None, write=lambda r: to_json(r.kl) or {}, read=_empty_as_none(KlStats))
+    kl: KlStats | None = field(default=None, empty=True)
     same_top1: float | None = None  # share of scored tokens with the reference's top-1 token
     rms_dp: float | None = None  # RMS of p(correct token) − p_ref(correct token)
     mean_dp: float | None = None
     nonfinite: int = 0  # positions with a NaN or Inf figure
-    greedy: GreedyComparison | None = field(  # None: not compared (written {})
-        default=None, write=lambda r: to_json(r.greedy) or {}, read=_empty_as_none(GreedyComparison)
-    )
+    greedy: GreedyComparison | None = field(default=None, empty=True)  # None: not compared (written {})
     token_by_token: bool = False  # a --logits last graph, run one token per step
     seconds: float = 0.0  # time spent computing this model's logits
     check: CheckReport | None = None  # the gates, when given
