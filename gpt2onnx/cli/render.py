@@ -370,39 +370,35 @@ def precision_grid(report) -> None:
     s = report.settings
     columns = ("variant", "ΔPPL %", "KL mean", "KL p99", "top-1 %", "MB", "decode ms", "prompt ms")
     table = _table(f"precisions: {report.model}", columns, left=("variant",))
-    for row in report.rows():
+    rounds = report.rounds
+    for name, q in zip(report.recipes, report.quality.rows):
         timing = []
         for figure in ("decode_ms", "prompt_ms"):
-            ratio = row[f"{figure}_ratio"]
-            shown = f"{row[figure]:.3g}"
-            timing.append(
-                shown + (f" ×{ratio:.2f}" if ratio is not None and row["variant"] != report.rounds.baseline else "")
-            )
+            ratio = rounds.ratio(name, figure)
+            shown = f"{rounds.spread(name, figure).median:.3g}"
+            timing.append(shown + (f" ×{ratio.median:.2f}" if ratio is not None and name != rounds.baseline else ""))
         table.add_row(
-            row["variant"],
-            f"{row['delta_ppl_percent']:+.2f}",
-            f"{row['kl_mean']:.2e}",
-            f"{row['kl_p99']:.2e}",
-            f"{100 * row['same_top1']:.1f}",
-            f"{row['file_mb']:.1f}",
+            name,
+            f"{q.delta_ppl_percent:+.2f}",
+            f"{q.kl.mean:.2e}",
+            f"{q.kl.p99:.2e}",
+            f"{100 * q.same_top1:.1f}",
+            f"{report.sizes[name] / 1e6:.1f}",
             *timing,
         )
     console.print(table)
-    line(
-        f"decode b1 at past {s['past']}, prompt b1×{s['prompt_len']}; {report.rounds.machine.summary()};"
-        f" {report.rounds.load.summary()}"
-    )
+    line(f"decode b1 at past {s.past}, prompt b1×{s.prompt_len}; {rounds.machine.summary()}; {rounds.load.summary()}")
     for name, why in report.refused.items():
         line(f"{name}: refused by its own check, not measured: {why}")
     cpus = list(next(iter(report.portability.values()), {}))
     for cpu in cpus:
         by = {name: figures[cpu] for name, figures in report.portability.items()}
-        differ = [name for name, f in by.items() if not f["greedy_equal"]]
-        worst = max(by, key=lambda name: by[name]["kl_mean"])
+        differ = [name for name, f in by.items() if not f.greedy_equal]
+        worst = max(by, key=lambda name: by[name].kl_mean)
         line(
-            f"on {cpu} ({report.cpus_seen[cpu]['model']}): greedy tokens equal for {len(by) - len(differ)} of"
+            f"on {cpu} ({report.cpus_seen[cpu].model}): greedy tokens equal for {len(by) - len(differ)} of"
             f" {len(by)} variants{' (not ' + ', '.join(differ) + ')' if differ else ''}; largest KL against this CPU"
-            f" {by[worst]['kl_mean']:.1e} ({worst})"
+            f" {by[worst].kl_mean:.1e} ({worst})"
         )
 
 
