@@ -36,7 +36,11 @@ ALL = sorted(RECORDS, key=lambda cls: (cls.__module__, cls.__qualname__))
 MUTABLE_ALLOWED: set[type] = set()
 # Reports written and never read back, whose JSON keeps some fields only inside rows it computes: the round trip
 # checks that they are written to JSON text whole, not that they read back.
-WRITE_ONLY = {"PrecisionReport"}  # recipes, sizes and gate figures: in its "summary" rows only
+WRITE_ONLY = {
+    "PrecisionReport",  # recipes, sizes and gate figures: in its "summary" rows only
+    "RuntimeOptions",  # its settings are its runtime's type (runtime_spec(name).settings): only ever written
+    "ModelDescription",  # inspect --json: a summary of the folder's manifest, not the manifest
+}
 
 
 class _Values:
@@ -149,8 +153,34 @@ def _compare_report(values: _Values, full: bool):
     return dataclasses.replace(report, variants=variants, speed=_rounds(values, full))
 
 
+def _provider(values: _Values, full: bool):
+    """Settings refuse a provider or precision they do not know: a known one, every other field moved."""
+    from gpt2onnx.runtimes.providers import ProviderConfig
+
+    return ProviderConfig("cpu", threads=2, spinning=False, arena=False, max_batch=7) if full else ProviderConfig()
+
+
+def _openvino(values: _Values, full: bool):
+    from gpt2onnx.runtimes.openvino import OpenVinoSettings
+
+    return OpenVinoSettings("GPU", "bf16", threads=3) if full else OpenVinoSettings()
+
+
+def _runtime_options(values: _Values, full: bool):
+    from gpt2onnx.runtimes.all_runtimes import RuntimeOptions
+
+    return RuntimeOptions("openvino", _openvino(values, full)) if full else RuntimeOptions()
+
+
 # Records whose fields are bound by an invariant that a value per type cannot keep: built by hand, still whole.
-CONSISTENT = {"Rounds": _rounds, "PrecisionReport": _precision_report, "CompareReport": _compare_report}
+CONSISTENT = {
+    "Rounds": _rounds,
+    "PrecisionReport": _precision_report,
+    "CompareReport": _compare_report,
+    "ProviderConfig": _provider,
+    "OpenVinoSettings": _openvino,
+    "RuntimeOptions": _runtime_options,
+}
 
 
 def round_trip(cls: type, *, full: bool):
