@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
+import os
 import platform
 import shutil
 import subprocess
@@ -229,3 +230,32 @@ def _gpu_name(device_id: int) -> str:
 def describe_machine(provider: str = "cpu", device_id: int = 0) -> MachineRecord:
     """Where a run on ``provider`` computes: the CPU, plus the GPU for a GPU provider."""
     return MachineRecord(describe_cpu(), None if provider in ("cpu", "openvino") else _gpu_name(device_id))
+
+
+@dataclass(frozen=True)
+class MachineInfo(Record):
+    """The machine a folder was measured on: gpt2onnx.machine's record (the CPU as the kernels see it, the GPU)
+    with the platform, Python, CPU count and memory."""
+
+    cpu: CpuRecord
+    gpu: str | None = field(default=None, omit=OMIT_DEFAULT)
+    platform: str = ""
+    python: str = ""
+    cpu_count: int | None = None
+    memory_bytes: int | None = field(default=None, omit=OMIT_DEFAULT)  # None where /proc/meminfo is unread
+
+    @property
+    def record(self) -> MachineRecord:
+        return MachineRecord(self.cpu, self.gpu)
+
+
+def machine_info() -> MachineInfo:
+    """This machine, described (:class:`MachineInfo`)."""
+    memory = None
+    try:
+        with open("/proc/meminfo") as fh:
+            memory = int(fh.readline().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    machine = describe_machine()
+    return MachineInfo(machine.cpu, machine.gpu, platform.platform(), platform.python_version(), os.cpu_count(), memory)

@@ -143,7 +143,14 @@ def to_json(value: Any) -> Any:
 def _record_to_json(record) -> dict:
     out: dict[str, Any] = {}
     order: tuple = ()
-    computed_after = {c.after: c for c in getattr(record, "json_computed", ()) if c.after}
+    computed = getattr(record, "json_computed", ())
+
+    def computed_after(name: str) -> None:  # the keys computed after a field, or after another computed key
+        for c in computed:
+            if c.after == name:
+                out[c.key] = to_json(_attribute(record, c.attribute))
+                computed_after(c.key)
+
     for f in dataclasses.fields(record):
         rules, value = _rules(f), getattr(record, f.name)
         if rules.get("extra"):
@@ -158,10 +165,8 @@ def _record_to_json(record) -> dict:
                 target = out.setdefault(rules["within"], {}) if rules.get("within") else out
                 written = to_json(rules["write"](record) if rules.get("write") else value)
                 target[rules.get("key") or f.name] = {} if written is None and rules.get("empty") else written
-        if f.name in computed_after:
-            c = computed_after[f.name]
-            out[c.key] = to_json(_attribute(record, c.attribute))
-    for c in getattr(record, "json_computed", ()):
+        computed_after(f.name)
+    for c in computed:
         if not c.after:
             out[c.key] = to_json(_attribute(record, c.attribute))
     if order:

@@ -40,6 +40,7 @@ WRITE_ONLY = {
     "PrecisionReport",  # recipes, sizes and gate figures: in its "summary" rows only
     "RuntimeOptions",  # its settings are its runtime's type (runtime_spec(name).settings): only ever written
     "ModelDescription",  # inspect --json: a summary of the folder's manifest, not the manifest
+    "ConstraintCostReport",  # each constraint written with its figures from the rounds
 }
 
 
@@ -95,9 +96,11 @@ class _Values:
     def machine(self):
         from gpt2onnx.machine import MachineRecord
 
-        return self.record(MachineRecord)
+        return self.record(MachineRecord, 1)
 
     def record(self, cls: type, depth: int = 0):
+        if cls.__qualname__ in CONSISTENT and depth > 0:  # nested: built whole too
+            return CONSISTENT[cls.__qualname__](self, self.full)
         hints, values = typing.get_type_hints(cls), {}
         for f in dataclasses.fields(cls):
             rules = f.metadata.get("json") or {}
@@ -109,13 +112,23 @@ class _Values:
         return cls(**values)
 
 
-def _rounds(values: _Values, full: bool):
+def _rounds(values: _Values, full: bool, names=("a", "b"), figures=("ms", "tokens_per_s")):
     """Rounds computes its summary from its series: every variant has every figure, the baseline is a variant."""
     from gpt2onnx.benchmarks.harness import Load, Rounds, Series
 
-    series = tuple(Series(v, f, (1.0 + i, 2.5)) for i, v in enumerate("ab") for f in ("ms", "tokens_per_s"))
-    load = values.record(Load)
-    return Rounds(("a", "b"), "a" if full else None, 1, (("a", "b"), ("b", "a")), series, load, values.machine())
+    series = tuple(Series(v, f, (1.0 + i, 2.5)) for i, v in enumerate(names) for f in figures)
+    load = values.record(Load, 1)
+    orders = (tuple(names), tuple(reversed(names)))
+    return Rounds(tuple(names), names[0] if full else None, 1, orders, series, load, values.machine())
+
+
+def _constraint_cost(values: _Values, full: bool):
+    """Its constraints' figures are read from its rounds, by the constraint's name and its mask's."""
+    from gpt2onnx.benchmarks.constraint_cost import FIGURE, UNCONSTRAINED, ConstraintCostReport, ConstraintRun
+
+    run = dataclasses.replace(values.record(ConstraintRun, 1), name="regex")
+    names = (UNCONSTRAINED, run.name, run.mask_variant)
+    return ConstraintCostReport("folder", 3, 1, (run,), _rounds(values, True, names, (FIGURE,)))
 
 
 def _precision_report(values: _Values, full: bool):
@@ -175,6 +188,7 @@ def _runtime_options(values: _Values, full: bool):
 # Records whose fields are bound by an invariant that a value per type cannot keep: built by hand, still whole.
 CONSISTENT = {
     "Rounds": _rounds,
+    "ConstraintCostReport": _constraint_cost,
     "PrecisionReport": _precision_report,
     "CompareReport": _compare_report,
     "ProviderConfig": _provider,
@@ -187,7 +201,10 @@ def round_trip(cls: type, *, full: bool):
     values = _Values(full)
     build = CONSISTENT.get(cls.__qualname__)
     record = build(values, full) if build else values.record(cls)
-    text = json.dumps(to_json(record), allow_nan=False)
+    written = to_json(record)
+    missing = {c.key for c in cls.json_computed} - written.keys()
+    assert not missing, f"{cls.__qualname__}: computed keys not written: {sorted(missing)}"
+    text = json.dumps(written, allow_nan=False)
     if cls.__qualname__ in WRITE_ONLY:
         return
     again = from_json(cls, json.loads(text))

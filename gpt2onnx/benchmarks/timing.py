@@ -21,7 +21,6 @@ decode step timed at each past length on a zero-filled cache, without running a 
 from __future__ import annotations
 
 import os
-import platform
 import re
 import resource
 import tempfile
@@ -43,7 +42,7 @@ from gpt2onnx.decoding.results import MAX_BATCH_TOKENS
 from gpt2onnx.decoding.speculative import Acceptance, Speculation
 from gpt2onnx.errors import BadInput, OutputError
 from gpt2onnx.files import new_file_mode
-from gpt2onnx.machine import describe_machine
+from gpt2onnx.machine import MachineInfo, machine_info
 from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.records import OMIT_DEFAULT, Record, field
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
@@ -501,23 +500,6 @@ def _device_used(device: str, device_id: int) -> int | None:
         return None
 
 
-def machine_info() -> dict:
-    """The machine a folder was measured on: gpt2onnx.machine's record (the CPU as the kernels see it, the GPU)
-    with the platform, Python, CPU count and memory."""
-    info = {
-        **describe_machine().as_dict(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-    }
-    try:
-        with open("/proc/meminfo") as fh:
-            info["memory_bytes"] = int(fh.readline().split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return info
-
-
 def require_matplotlib():
     try:
         import matplotlib  # lazy: an optional extra, imported only for --plot
@@ -593,7 +575,7 @@ class ModelBench(Record):
     provider_options: dict
     session_providers: tuple[str, ...]
     config: BenchConfig
-    machine: dict
+    machine: MachineInfo
     versions: dict
     model_bytes: int
     precision: str
