@@ -28,10 +28,10 @@ records, are what a folder is checked by. A record writes a figure it computes (
 
 Why one generic function over pydantic (installed for FastAPI) or cattrs/msgspec (not installed): the JSON is a
 folder format older than the types, and its rules are per field (a key written only where set, a group written
-together, keys kept in read order, unknown keys kept); pydantic's ``TypeAdapter`` would need most of these as
-serializer hooks anyway, coerces in its lax mode ("3" to 3) and refuses a JSON list for a tuple in strict Python
-mode, and builds a schema per record at import, on the run path that is kept light. The whole serializer is the
-two functions below, about 150 lines, with no dependency.
+together, keys kept in read order, unknown keys kept, a damaged manifest record kept and named); pydantic's
+``TypeAdapter`` would take most of these as hand-written serializer and validator hooks anyway, and its reading is
+either lax (it coerces: "3" reads as 3) or, strict, refuses a dict for a dataclass (checked with pydantic 2.14).
+The serializer is the two functions below and their rules, with no dependency and nothing built at import.
 """
 
 from __future__ import annotations

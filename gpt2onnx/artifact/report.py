@@ -170,15 +170,16 @@ class ParityCase:
     tokens_equal: bool
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ParityCase":
+    def of(cls, data: dict) -> ParityCase:
+        """The view of one case record (gpt2onnx.verify.lockstep.CaseResult, as written): {} where no presents."""
         case = data["case"]
         return cls(
             case["batch"],
             case["prefix_length"],
             case["prompt_length"],
             case["decode_steps"],
-            DiffStats.from_dict(data["logits"]),
-            DiffStats.from_dict(data.get("present")),
+            from_json(DiffStats, data["logits"]),
+            from_json(DiffStats, data["present"]) if data.get("present") else None,
             data["top1_agreement"],
             bool(data["tokens_equal"]),
         )
@@ -325,7 +326,7 @@ class CheckReport(Record):
 
     def parity_cases(self) -> list[ParityCase]:
         """The per-case records of a parity run, typed."""
-        return [ParityCase.from_dict(record) for record in self.cases]
+        return [ParityCase.of(record) for record in self.cases]
 
     @classmethod
     def from_dict(cls, data: dict | None) -> CheckReport | None:
