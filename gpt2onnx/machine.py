@@ -14,11 +14,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
+import os
 import platform
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from gpt2onnx.records import OMIT_DEFAULT, Record, field
 
 # x86-64 System V: void cpuid(uint32 leaf, uint32 subleaf, uint32 out[4]); rbx is callee-saved, so kept.
 _CPUID_CODE = bytes.fromhex(
@@ -76,25 +79,13 @@ _ARM_FEATURES = {"asimd": (_AT_HWCAP, 1), "asimddp": (_AT_HWCAP, 20), "sve": (_A
 
 
 @dataclass(frozen=True)
-class CpuRecord:
+class CpuRecord(Record):
     """A CPU as onnxruntime's kernels see it: its model, architecture, features, and the int8 kernel path."""
 
     model: str
     arch: str
     features: tuple[str, ...] = ()
     int8_path: str = "unknown"
-
-    def as_dict(self) -> dict:
-        return {"model": self.model, "arch": self.arch, "features": list(self.features), "int8_path": self.int8_path}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "CpuRecord":
-        return cls(
-            str(data.get("model", "?")),
-            str(data.get("arch", "?")),
-            tuple(str(f) for f in data.get("features", ())),
-            str(data.get("int8_path", "unknown")),
-        )
 
     def short(self) -> str:
         """The model and the int8 kernel family, e.g. 'AMD EPYC 7B13, AVX2'."""
@@ -106,23 +97,11 @@ class CpuRecord:
 
 
 @dataclass(frozen=True)
-class MachineRecord:
+class MachineRecord(Record):
     """Where a check or a measurement ran: the CPU always, the GPU when the provider was one."""
 
     cpu: CpuRecord
-    gpu: str | None = None
-    extra: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        data = {"cpu": self.cpu.as_dict()}
-        if self.gpu is not None:
-            data["gpu"] = self.gpu
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "MachineRecord":
-        gpu = data.get("gpu")
-        return cls(CpuRecord.from_dict(dict(data.get("cpu") or {})), str(gpu) if gpu is not None else None)
+    gpu: str | None = field(default=None, omit=OMIT_DEFAULT)
 
     def summary(self) -> str:
         return f"{self.gpu} (host CPU {self.cpu.model})" if self.gpu else self.cpu.summary()
@@ -251,3 +230,32 @@ def _gpu_name(device_id: int) -> str:
 def describe_machine(provider: str = "cpu", device_id: int = 0) -> MachineRecord:
     """Where a run on ``provider`` computes: the CPU, plus the GPU for a GPU provider."""
     return MachineRecord(describe_cpu(), None if provider in ("cpu", "openvino") else _gpu_name(device_id))
+
+
+@dataclass(frozen=True)
+class MachineInfo(Record):
+    """The machine a folder was measured on: gpt2onnx.machine's record (the CPU as the kernels see it, the GPU)
+    with the platform, Python, CPU count and memory."""
+
+    cpu: CpuRecord
+    gpu: str | None = field(default=None, omit=OMIT_DEFAULT)
+    platform: str = ""
+    python: str = ""
+    cpu_count: int | None = None
+    memory_bytes: int | None = field(default=None, omit=OMIT_DEFAULT)  # None where /proc/meminfo is unread
+
+    @property
+    def record(self) -> MachineRecord:
+        return MachineRecord(self.cpu, self.gpu)
+
+
+def machine_info() -> MachineInfo:
+    """This machine, described (:class:`MachineInfo`)."""
+    memory = None
+    try:
+        with open("/proc/meminfo") as fh:
+            memory = int(fh.readline().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    machine = describe_machine()
+    return MachineInfo(machine.cpu, machine.gpu, platform.platform(), platform.python_version(), os.cpu_count(), memory)

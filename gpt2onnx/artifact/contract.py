@@ -16,6 +16,7 @@ import numpy as np
 
 from gpt2onnx.errors import ContractError
 from gpt2onnx.layouts.layout import MASK_WIDTH, PAST_BUFFER, PRESENT_BUFFER
+from gpt2onnx.records import Record
 
 
 class DecoderDims(Protocol):
@@ -62,17 +63,14 @@ PACKED_VALUES = {"uint8": 2}
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class TensorSpec(Record):
     name: str
     dtype: str  # numpy dtype name
     dims: tuple[str | int, ...]
 
-    def as_dict(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "dims": list(self.dims)}
-
 
 @dataclass(frozen=True)
-class IOSpec:
+class IOSpec(Record):
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
 
@@ -89,9 +87,6 @@ class IOSpec:
             t.name: {axis: dim for axis, dim in enumerate(t.dims) if isinstance(dim, str)}
             for t in (*self.inputs, *self.outputs)
         }
-
-    def as_dict(self) -> dict:
-        return {"inputs": [t.as_dict() for t in self.inputs], "outputs": [t.as_dict() for t in self.outputs]}
 
 
 def past_names(n_layer: int) -> list[str]:

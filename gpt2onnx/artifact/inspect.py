@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -15,6 +15,7 @@ from gpt2onnx.artifact.graph import external_data_files, load_graph, resolve_mod
 from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.artifact.paths import file_in_folder
 from gpt2onnx.errors import ContractError
+from gpt2onnx.records import Record, field, to_json
 
 _BLOCK_PARAM = re.compile(r"^(?:transformer\.)?h\.(\d+)\.(.+)\.(weight|bias)$")
 _TOP_PARAM = re.compile(r"^(?:transformer\.)?(wte|wpe|ln_f|lm_head)(?:\.(weight|bias))?$")
@@ -22,7 +23,7 @@ _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorPro
 
 
 @dataclass(frozen=True)
-class ComponentParameters:
+class ComponentParameters(Record):
     """The parameters of one component (h.attn.c_attn, wte, ...): per instance, instances, total."""
 
     component: str
@@ -33,7 +34,7 @@ class ComponentParameters:
 
 
 @dataclass(frozen=True)
-class UnnamedParameter:
+class UnnamedParameter(Record):
     """A float initializer whose name maps to no GPT-2 component."""
 
     name: str
@@ -42,27 +43,41 @@ class UnnamedParameter:
 
 
 @dataclass(frozen=True)
-class ParameterAccounting:
+class ParameterAccounting(Record):
     components: list[ComponentParameters]
     unnamed: list[UnnamedParameter]
     total: int
     constant_elements: int  # elements of non-float or scalar initializers, not counted as parameters
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class OpCount:
+class OpCount(Record):
     domain: str
     op_type: str
     count: int
 
 
-@dataclass
-class ModelDescription:
-    """What :func:`inspect` returns: what an ONNX file holds, and its folder's manifest (None for a file
-    outside a gpt2onnx folder, or an optimum folder)."""
+def _manifest_summary(description: ModelDescription) -> dict | None:
+    """What inspect --json shows of the folder's manifest: its main records, the targets, the check."""
+    manifest = description.manifest
+    if manifest is None:
+        return None
+    recorded = to_json(manifest)
+    return {
+        **{k: recorded[k] for k in ("kind", "name", "source", "dtype", "opset", "options")},
+        **{k: recorded[k] for k in ("fusion", "quantization", "fp16")},
+        "targets": manifest.deploy.targets if manifest.deploy else None,
+        "checks": to_json(manifest.check),
+        "check_summary": manifest.check_summary,
+        "unreadable": manifest.unreadable,  # records of a damaged manifest, not shown
+    }
+
+
+@dataclass(frozen=True)
+class ModelDescription(Record):
+    """What :func:`inspect` returns (its ``as_dict()`` is ``gpt2onnx inspect --json``): what an ONNX file holds,
+    and its folder's manifest (None for a file outside a gpt2onnx folder, or an optimum folder), of which the
+    JSON shows a summary."""
 
     path: str
     ir_version: int
@@ -75,37 +90,7 @@ class ModelDescription:
     files: dict[str, int | None]  # file → bytes (None: missing)
     external_data: list[str]
     parameters: ParameterAccounting
-    manifest: Manifest | None
-
-    def as_dict(self) -> dict:
-        """The JSON of ``gpt2onnx inspect --json``."""
-        manifest = self.manifest
-        recorded = manifest.as_dict() if manifest else {}
-        return {
-            "path": self.path,
-            "ir_version": self.ir_version,
-            "producer": self.producer,
-            "opset_imports": self.opset_imports,
-            "inputs": [t.as_dict() for t in self.inputs],
-            "outputs": [t.as_dict() for t in self.outputs],
-            "op_histogram": [asdict(row) for row in self.op_histogram],
-            "node_count": self.node_count,
-            "files": self.files,
-            "external_data": self.external_data,
-            "parameters": self.parameters.as_dict(),
-            "manifest": (
-                {
-                    **{k: recorded[k] for k in ("kind", "name", "source", "dtype", "opset", "options")},
-                    **{k: recorded[k] for k in ("fusion", "quantization", "fp16")},
-                    "targets": manifest.deploy.targets if manifest.deploy else None,
-                    "checks": manifest.check.as_dict() if manifest.check else None,
-                    "check_summary": manifest.check_summary,
-                    "unreadable": manifest.unreadable,  # records of a damaged manifest, not shown
-                }
-                if manifest
-                else None
-            ),
-        }
+    manifest: Manifest | None = field(write=_manifest_summary)
 
 
 def parameter_accounting(model: onnx.ModelProto) -> ParameterAccounting:

@@ -7,74 +7,41 @@ back by ``inspect``; :mod:`gpt2onnx.verify` produces it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpt2onnx.machine import MachineRecord
+from gpt2onnx.records import OMIT_DEFAULT, Record, RecordError, computed, field, from_json
 
 
 # -- what a check measured ----------------------------------------------------------------------------------
-def _number(value, kind=float):
-    """A figure read back: a JSON number (an int where ``kind`` is int), never a bool or a string."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise TypeError(f"not a number: {value!r}")
-    return value
-
-
-def _compact(record) -> dict:
-    """A record's figures as written: the ones measured, in field order (the order every release wrote)."""
-    return {k: v for k, v in asdict(record).items() if v is not None}
-
-
-def _read(cls, data, kinds: dict[str, type] | None = None):
-    """``cls`` from its written dict; every key must be one of its fields and every figure a number (``kinds``
-    names the fields of another type), so a damaged record is refused whole rather than half read."""
-    if not isinstance(data, dict) or not data.keys() <= cls.__dataclass_fields__.keys():
-        raise ValueError(f"not a {cls.__name__} record: {data!r}")
-    kinds = kinds or {}
-
-    def figure(name, value):
-        kind = kinds.get(name, float)
-        return value if kind is str and isinstance(value, str) else _number(value, int if kind is int else float)
-
-    return cls(**{k: figure(k, v) for k, v in data.items()})
-
-
 @dataclass(frozen=True)
-class DiffStats:
+class DiffStats(Record):
     """max / p50 / p99 of an absolute difference (a fixed-batch check measures the max only)."""
 
     max: float
-    p50: float | None = None
-    p99: float | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> "DiffStats | None":
-        return None if not data else _read(cls, data)
+    p50: float | None = field(default=None, omit=OMIT_DEFAULT)
+    p99: float | None = field(default=None, omit=OMIT_DEFAULT)
 
 
 @dataclass(frozen=True)
-class KlStats:
+class KlStats(Record):
     """KL(reference ‖ this) of the next-token distributions, per scored token (parity measures mean and max)."""
 
     mean: float
-    stderr: float | None = None
-    p99: float | None = None  # from a log-spaced histogram (2.3 % resolution)
-    max: float | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "KlStats | None":
-        return _read(cls, data) if data else None
+    stderr: float | None = field(default=None, omit=OMIT_DEFAULT)
+    p99: float | None = field(default=None, omit=OMIT_DEFAULT)  # from a log-spaced histogram (2.3 % resolution)
+    max: float | None = field(default=None, omit=OMIT_DEFAULT)
 
 
 @dataclass(frozen=True)
-class MeanMax:
+class MeanMax(Record):
     mean: float
     max: float
 
 
 @dataclass(frozen=True)
-class Divergence:
+class Divergence(Record):
     """Greedy tokens generated before the first one that differs: the worst case and the mean."""
 
     min: int
@@ -82,45 +49,25 @@ class Divergence:
 
 
 @dataclass(frozen=True)
-class WeightRounding:
+class WeightRounding(Record):
     """A quantized file's weights against the declared rounding of the source's (verify.rounding)."""
 
     max_steps: float  # the largest error, in declared quantization steps
-    worst: str | None  # that tensor
+    worst: str | None = field(omit=lambda r: r.worst is None)  # that tensor
     tensors: int  # how many were compared
     # the largest RMS error of a tensor over round-to-nearest's at the declared width (the weight_error gate of an
     # algorithm that moves weights on purpose: HQQ, k-quant, GPTQ); files before it was measured have none
-    rms_ratio: float | None = None
-    rms_worst: str | None = None  # that tensor
+    rms_ratio: float | None = field(default=None, omit=OMIT_DEFAULT)
+    rms_worst: str | None = field(default=None, omit=OMIT_DEFAULT)  # that tensor
 
 
-# the fields of Figures that hold a record, and how each is read
-_FIGURE_RECORDS = {
-    "logits": DiffStats,
-    "present": DiffStats,
-    "kl": KlStats,
-    "relative_error": MeanMax,
-    "tokens_before_divergence": Divergence,
-    "weights": WeightRounding,
-}
-_FIGURE_KINDS = {
-    "tokens_before_divergence": {"min": int},
-    "weights": {"worst": str, "tensors": int, "rms_worst": str},
-}
-_INT_FIGURES = {
-    "positions_compared",
-    "nonfinite",
-    "cases",
-    "tokens_equal_cases",
-    "batch",
-    "prompt_length",
-    "decode_steps",
-    "tokens",
-}
+def _figure():
+    """A figure: written where it was measured."""
+    return field(default=None, omit=OMIT_DEFAULT)
 
 
 @dataclass(frozen=True)
-class Figures:
+class Figures(Record):
     """What a check measured, typed. Each check measures its own subset; the rest are None and not written.
 
     - randomized cases (parity; export's and optimize's reduced-precision checks): logits, present, agreements,
@@ -132,77 +79,47 @@ class Figures:
     - the K/V path (parity): logits max, agreements, kl, positions_compared, nonfinite.
     """
 
-    logits: DiffStats | None = None  # |Δlogits| on real positions
-    present: DiffStats | None = None  # |Δpresent|; None where the runtime exposes no presents
-    top1_agreement: float | None = None
-    top5_agreement: float | None = None  # share of positions where the reference's top-1 is in our top-5
-    kl: KlStats | None = None
-    relative_error: MeanMax | None = None  # ‖Δlogits‖ / ‖logits − mean‖ per position
-    positions_compared: int | None = None
-    nonfinite: int | None = None  # NaN/Inf values (eval: tokens with NaN/Inf figures)
-    cases: int | None = None
-    tokens_equal_cases: int | None = None
-    tokens_before_divergence: Divergence | None = None
-    weights: WeightRounding | None = None
-    prompts: str | None = None  # "random token ids" or the text the cases were cut from
+    logits: DiffStats | None = _figure()  # |Δlogits| on real positions
+    present: DiffStats | None = _figure()  # |Δpresent|; None where the runtime exposes no presents
+    top1_agreement: float | None = _figure()
+    top5_agreement: float | None = _figure()  # share of positions where the reference's top-1 is in our top-5
+    kl: KlStats | None = _figure()
+    relative_error: MeanMax | None = _figure()  # ‖Δlogits‖ / ‖logits − mean‖ per position
+    positions_compared: int | None = _figure()
+    nonfinite: int | None = _figure()  # NaN/Inf values (eval: tokens with NaN/Inf figures)
+    cases: int | None = _figure()
+    tokens_equal_cases: int | None = _figure()
+    tokens_before_divergence: Divergence | None = _figure()
+    weights: WeightRounding | None = _figure()
+    prompts: str | None = _figure()  # "random token ids" or the text the cases were cut from
     # how far the reference's next-token distributions are from uniform (ln V − entropy, nats): near 0 on random
     # weights, where KL and top-k agreement measure nothing (verify.gates.FLAT_NATS)
-    reference_information: float | None = None
-    batch: int | None = None
-    prompt_length: int | None = None
-    decode_steps: int | None = None
-    ppl: float | None = None
-    delta_ppl_percent: float | None = None
-    same_top1: float | None = None
-    rms_dp: float | None = None
-    tokens: int | None = None
+    reference_information: float | None = _figure()
+    batch: int | None = _figure()
+    prompt_length: int | None = _figure()
+    decode_steps: int | None = _figure()
+    ppl: float | None = _figure()
+    delta_ppl_percent: float | None = _figure()
+    same_top1: float | None = _figure()
+    rms_dp: float | None = _figure()
+    tokens: int | None = _figure()
     # figures this version does not know (a later release's), kept as read and written back
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, extra=True)
     # the order the keys were read in, so a record read back writes back byte-equal; new ones use field order
-    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
-
-    def as_dict(self) -> dict:
-        known = {
-            name: _compact(value) if name in _FIGURE_RECORDS else value
-            for name, value in ((f, getattr(self, f)) for f in _FIGURE_FIELDS)
-            if value is not None
-        }
-        known.update(self.extra)
-        ordered = {k: known[k] for k in self.key_order if k in known}
-        return {**ordered, **{k: v for k, v in known.items() if k not in ordered}}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Figures":
-        """Figures read back from a manifest or a report; ValueError/TypeError where a known one is damaged."""
-        if not isinstance(data, dict):
-            raise TypeError(f"not a record of figures: {data!r}")
-        fields, extra = {}, {}
-        for name, value in data.items():
-            if name in _FIGURE_RECORDS:
-                fields[name] = _read(_FIGURE_RECORDS[name], value, _FIGURE_KINDS.get(name))
-            elif name == "prompts":
-                if not isinstance(value, str):
-                    raise TypeError(f"prompts: not a text: {value!r}")
-                fields[name] = value
-            elif name in _FIGURE_FIELDS:
-                fields[name] = _number(value, int if name in _INT_FIGURES else float)
-            else:
-                extra[name] = value
-        return cls(**fields, extra=extra, key_order=tuple(data))
+    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False, order=True)
 
 
-_FIGURE_FIELDS = tuple(f for f in Figures.__dataclass_fields__ if f not in ("extra", "key_order"))
-
-
-@dataclass
-class KvPathCheck:
+@dataclass(frozen=True)
+class KvPathCheck(Record):
     """One consistency check of a model against itself along the K/V path (:mod:`gpt2onnx.verify.kv_path`)."""
 
     name: str  # past, batch or chunks
     description: str
     measured: Figures  # logits max, top1/top5 agreement, kl mean and max, positions_compared, nonfinite
     gates: dict[str, Any]
-    failures: list[str] = field(default_factory=list)
+    failures: tuple[str, ...] = ()
+
+    json_computed = (computed("passed"),)
 
     @property
     def passed(self) -> bool:
@@ -217,12 +134,12 @@ class KvPathCheck:
         )
 
 
-@dataclass
-class KvPathReport:
+@dataclass(frozen=True)
+class KvPathReport(Record):
     """The three K/V-path checks of one precision, or why they were not run (a runtime with its own loop)."""
 
-    checks: list[KvPathCheck] = field(default_factory=list)
     skipped: str | None = None
+    checks: tuple[KvPathCheck, ...] = ()
 
     @property
     def failures(self) -> list[str]:
@@ -237,27 +154,6 @@ class KvPathReport:
             for c in self.checks
         ]
         return "K/V path, max |Δlogits|: " + ", ".join(parts) + (" — pass" if not self.failures else " — FAIL")
-
-    def as_dict(self) -> dict:
-        return {
-            "skipped": self.skipped,
-            "checks": [{**asdict(c), "measured": c.measured.as_dict(), "passed": c.passed} for c in self.checks],
-        }
-
-    @classmethod
-    def from_dict(cls, data) -> "KvPathReport | None":
-        if data is None:
-            return None
-        if not isinstance(data, dict):
-            raise TypeError(f"not a K/V path record: {data!r}")
-        fields = KvPathCheck.__dataclass_fields__
-        checks = [
-            KvPathCheck(
-                **{k: c[k] for k in fields if k in c and k != "measured"}, measured=Figures.from_dict(c["measured"])
-            )
-            for c in data.get("checks") or []
-        ]
-        return cls(checks=checks, skipped=data.get("skipped"))
 
 
 @dataclass(frozen=True)
@@ -274,22 +170,23 @@ class ParityCase:
     tokens_equal: bool
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ParityCase":
+    def of(cls, data: dict) -> ParityCase:
+        """The view of one case record (gpt2onnx.verify.lockstep.CaseResult, as written): {} where no presents."""
         case = data["case"]
         return cls(
             case["batch"],
             case["prefix_length"],
             case["prompt_length"],
             case["decode_steps"],
-            DiffStats.from_dict(data["logits"]),
-            DiffStats.from_dict(data.get("present")),
+            from_json(DiffStats, data["logits"]),
+            from_json(DiffStats, data["present"]) if data.get("present") else None,
             data["top1_agreement"],
             bool(data["tokens_equal"]),
         )
 
 
 @dataclass(frozen=True)
-class Placement:
+class Placement(Record):
     """Where onnxruntime put a session's nodes (its graph-assignment record, after its basic optimizations).
 
     ``nodes``: per onnxruntime provider, how many nodes it runs. Where a GPU provider was asked for, ``cpu_ops``
@@ -318,14 +215,14 @@ class Placement:
             text += " (on the CPU: shape and mask arithmetic)"
         return text
 
-    def as_dict(self) -> dict:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data) -> "Placement | None":
-        if not isinstance(data, dict) or not isinstance(data.get("nodes"), dict):
-            return None
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+def _own_failures(written) -> tuple[str, ...]:
+    """A report's own failures, from all it wrote: the nested checks' have their prefixes."""
+    if written is None:
+        return ()
+    if not isinstance(written, list) or not all(isinstance(f, str) for f in written):
+        raise RecordError(f"failures: not a list of texts: {written!r}")
+    return tuple(f for f in written if not f.startswith((FP16_EMULATED, ROUNDED, KV_PATH)))
 
 
 # How a nested check's failures read among its report's (and how a report read back tells them from its own)
@@ -335,7 +232,7 @@ KV_PATH = "K/V path ("
 
 
 @dataclass(frozen=True)
-class CheckReport:
+class CheckReport(Record):
     """A check's verdict, frozen: its own gates' failures (computed from the gates and the figures by the check
     that built it, gpt2onnx.verify.gates.apply_gates) and those of the checks nested in it (fp16 emulated, the
     file against its own rounded weights, the K/V path), read from them: :attr:`failures`. A later step makes a
@@ -345,18 +242,26 @@ class CheckReport:
     against: str  # what the model was compared with: "PyTorch" (GPT2LMHeadModel) or "source ONNX model"
     gates: dict[str, Any]  # name → threshold (logits, present, top1, top5, kl_mean, tokens_equal)
     measured: Figures
-    gate_failures: tuple[str, ...] = ()  # its own gates' failures, in the gate table's order
+    # its own gates' failures, in the gate table's order; written as every release wrote it, with all the
+    # failures (read back, the nested checks' are told apart by their prefixes)
+    gate_failures: tuple[str, ...] = field(default=(), key="failures", write=lambda r: r.failures, read=_own_failures)
     provider: str = "cpu"
     runtime: str = "onnxruntime"
-    cases: list[dict] = field(default_factory=list)  # per case, where the check kept them (parity)
-    fp16_emulated: "CheckReport | None" = None  # fp16: the same gates with fp16 arithmetic as a GPU does it
-    kv_path: KvPathReport | None = None  # parity: the model against itself along the K/V path
+    cases: tuple[dict, ...] = ()  # per case, where the check kept them (parity)
+    fp16_emulated: CheckReport | None = None  # fp16: the same gates with fp16 arithmetic as a GPU does it
+    # the records added since are written where present, so earlier manifests write back unchanged
+    kv_path: KvPathReport | None = field(default=None, omit=OMIT_DEFAULT)  # parity: the model against itself
     # int8/int4: the file judged by itself (verify.rounding): its weights against the declared rounding of the
     # source's, its logits against the reference run with its own rounded weights
-    rounded: "CheckReport | None" = None
-    quality_gates: str | None = None  # int8/int4: whether the quality gates (KL, top-k) were applied, and why
-    machine: MachineRecord | None = None  # where it ran: the CPU's model and features, the GPU
-    placement: Placement | None = None  # where the checked session's nodes ran (onnxruntime)
+    rounded: CheckReport | None = field(default=None, omit=OMIT_DEFAULT)
+    # int8/int4: whether the quality gates (KL, top-k) were applied, and why
+    quality_gates: str | None = field(default=None, omit=OMIT_DEFAULT)
+    # where it ran: the CPU's model and features, the GPU
+    machine: MachineRecord | None = field(default=None, omit=OMIT_DEFAULT)
+    # where the checked session's nodes ran (onnxruntime)
+    placement: Placement | None = field(default=None, omit=OMIT_DEFAULT)
+
+    json_computed = (computed("passed"),)
 
     @property
     def failures(self) -> list[str]:
@@ -421,77 +326,23 @@ class CheckReport:
 
     def parity_cases(self) -> list[ParityCase]:
         """The per-case records of a parity run, typed."""
-        return [ParityCase.from_dict(record) for record in self.cases]
-
-    def as_dict(self) -> dict:
-        # written as every release wrote it: all the failures after the figures (read back, the nested checks'
-        # are told apart by their prefixes)
-        fields = asdict(self)
-        data = {}
-        for key, value in fields.items():
-            if key == "gate_failures":
-                data["failures"] = self.failures
-            else:
-                data[key] = value
-        data["measured"] = self.measured.as_dict()
-        data["passed"] = self.passed
-        data["fp16_emulated"] = self.fp16_emulated.as_dict() if self.fp16_emulated else None
-        if self.kv_path is not None:  # parity's own checks; export and older releases never wrote the key
-            data["kv_path"] = self.kv_path.as_dict()
-        else:
-            del data["kv_path"]
-        # records added since: written where present, so earlier manifests write back unchanged
-        for key, value in (("rounded", self.rounded), ("machine", self.machine)):
-            if value is None:
-                del data[key]
-            else:
-                data[key] = value.as_dict()
-        if self.quality_gates is None:
-            del data["quality_gates"]
-        if self.placement is not None:  # written where it was recorded; earlier releases never wrote the key
-            data["placement"] = self.placement.as_dict()
-        else:
-            del data["placement"]
-        return data
+        return [ParityCase.of(record) for record in self.cases]
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> "CheckReport | None":
+    def from_dict(cls, data: dict | None) -> CheckReport | None:
         """A report read back from a manifest; None for a folder written without one (or by an older version),
         or whose figures are damaged (a hand-edited manifest: the caller keeps the record as it was)."""
         if not isinstance(data, dict) or not {"precision", "gates", "measured"} <= data.keys():
             return None
         try:
-            return cls._from_dict(data)
-        except (KeyError, TypeError, ValueError, AttributeError):
+            return from_json(cls, {"against": "?", **data})
+        except RecordError:
             return None
-
-    @classmethod
-    def _from_dict(cls, data: dict) -> "CheckReport":
-        """Raises where a part is damaged, nested reports included, so that nothing is dropped on a rewrite."""
-
-        def nested_report(value) -> "CheckReport | None":
-            return None if value is None else cls._from_dict(value)
-
-        nested = ("measured", "fp16_emulated", "kv_path", "rounded", "machine", "placement", "gate_failures")
-        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k not in nested}
-        own = [f for f in data.get("failures", []) if not str(f).startswith((FP16_EMULATED, ROUNDED, KV_PATH))]
-        kv_path = KvPathReport.from_dict(data.get("kv_path"))
-        machine = MachineRecord.from_dict(data["machine"]) if isinstance(data.get("machine"), dict) else None
-        return cls(
-            **{"against": "?", **known},
-            gate_failures=tuple(own),
-            measured=Figures.from_dict(data["measured"]),
-            fp16_emulated=nested_report(data.get("fp16_emulated")),
-            kv_path=kv_path,
-            rounded=nested_report(data.get("rounded")),
-            machine=machine,
-            placement=Placement.from_dict(data.get("placement")),
-        )
 
 
 # -- quality on real text (gpt2onnx eval; export's and optimize's --eval-text) ------------------------------
 @dataclass(frozen=True)
-class GreedyComparison:
+class GreedyComparison(Record):
     """Greedy continuation of the text's first tokens, against the reference's."""
 
     prompt_tokens: int
@@ -499,15 +350,17 @@ class GreedyComparison:
     matching_tokens: int
     first_divergence: int | None  # None: all new_tokens equal
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "GreedyComparison | None":
-        if not data:
-            return None
-        return cls(data["prompt_tokens"], data["new_tokens"], data["matching_tokens"], data["first_divergence"])
+
+@dataclass(frozen=True)
+class GreedySettings(Record):
+    """The greedy comparison's protocol: the text's first ``prompt_tokens``, ``new_tokens`` generated."""
+
+    prompt_tokens: int
+    new_tokens: int
 
 
 @dataclass(frozen=True)
-class EvalProtocol:
+class EvalProtocol(Record):
     """How the figures were measured: stated beside them in every report."""
 
     method: str
@@ -519,10 +372,22 @@ class EvalProtocol:
     text: dict  # where the text came from (file, or dataset, config, split) and its sha256
     tokenizer: str | None
     reference: str
-    greedy_prompt_tokens: int
-    greedy_new_tokens: int
+    greedy: GreedySettings
     gates: dict
-    machine: MachineRecord | None = None  # where the folders ran: the CPU (model, features), the GPU
+    machine: MachineRecord | None = field(default=None, omit=OMIT_DEFAULT)  # where the folders ran: CPU, GPU
+
+    # the protocol's words, written beside the figures every time
+    ppl_stderr = "PPL × standard error of the mean NLL, tokens taken as independent"
+    kl = "KL(reference ‖ folder) of the next-token distributions; p99 from a log-spaced histogram (2.3 %)"
+    json_computed = (computed("ppl_stderr", after="reference"), computed("kl", after="ppl_stderr"))
+
+    @property
+    def greedy_prompt_tokens(self) -> int:
+        return self.greedy.prompt_tokens
+
+    @property
+    def greedy_new_tokens(self) -> int:
+        return self.greedy.new_tokens
 
     @property
     def source(self) -> str:
@@ -530,40 +395,9 @@ class EvalProtocol:
         named = (self.text.get(k) for k in ("dataset", "config", "split"))
         return self.text.get("file") or ":".join(filter(None, named))
 
-    def as_dict(self) -> dict:
-        return {
-            "method": self.method,
-            "context": self.context,
-            "stride": self.stride,
-            "tokens": self.tokens,
-            "scored_tokens": self.scored_tokens,
-            "windows": self.windows,
-            "text": self.text,
-            "tokenizer": self.tokenizer,
-            "reference": self.reference,
-            "ppl_stderr": "PPL × standard error of the mean NLL, tokens taken as independent",
-            "kl": "KL(reference ‖ folder) of the next-token distributions; p99 from a log-spaced histogram (2.3 %)",
-            "greedy": {"prompt_tokens": self.greedy_prompt_tokens, "new_tokens": self.greedy_new_tokens},
-            "gates": self.gates,
-            **({"machine": self.machine.as_dict()} if self.machine else {}),
-        }
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "EvalProtocol":
-        machine = data.get("machine")
-        return cls(
-            **{k: data[k] for k in ("method", "context", "stride", "tokens", "scored_tokens", "windows", "text")},
-            tokenizer=data["tokenizer"],
-            reference=data["reference"],
-            greedy_prompt_tokens=data["greedy"]["prompt_tokens"],
-            greedy_new_tokens=data["greedy"]["new_tokens"],
-            gates=data["gates"],
-            machine=MachineRecord.from_dict(machine) if isinstance(machine, dict) else None,
-        )
-
-
-@dataclass
-class EvalRow:
+@dataclass(frozen=True)
+class EvalRow(Record):
     """One folder's figures (the reference's own row has only the perplexity)."""
 
     label: str  # the folder
@@ -576,40 +410,27 @@ class EvalRow:
     nll_mean: float
     delta_ppl_percent: float | None = None  # (PPL / PPL_ref - 1) × 100, from the mean paired NLL difference
     delta_ppl_stderr: float | None = None  # in percentage points
-    kl: KlStats | None = None  # KL(reference ‖ this) per token (None on the reference's own row)
+    # KL(reference ‖ this) per token (None on the reference's own row; written {})
+    kl: KlStats | None = field(default=None, empty=True)
     same_top1: float | None = None  # share of scored tokens with the reference's top-1 token
     rms_dp: float | None = None  # RMS of p(correct token) − p_ref(correct token)
     mean_dp: float | None = None
     nonfinite: int = 0  # positions with a NaN or Inf figure
-    greedy: GreedyComparison | None = None  # None: not compared
+    greedy: GreedyComparison | None = field(default=None, empty=True)  # None: not compared (written {})
     token_by_token: bool = False  # a --logits last graph, run one token per step
     seconds: float = 0.0  # time spent computing this model's logits
     check: CheckReport | None = None  # the gates, when given
 
-    def as_dict(self) -> dict:
-        data = asdict(self)
-        data["kl"], data["greedy"] = data["kl"] or {}, data["greedy"] or {}  # the JSON of earlier releases
-        data["check"] = self.check.as_dict() if self.check else None
-        return data
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "EvalRow":
-        plain = {f: data[f] for f in cls.__dataclass_fields__ if f not in ("kl", "greedy", "check")}
-        return cls(
-            **plain,
-            kl=KlStats.from_dict(data["kl"]),
-            greedy=GreedyComparison.from_dict(data["greedy"]),
-            check=CheckReport.from_dict(data["check"]),
-        )
-
-
-@dataclass
-class EvalReport:
+@dataclass(frozen=True)
+class EvalReport(Record):
     """What :func:`evaluate` returns: the protocol, the reference's perplexity, one row per folder."""
 
     protocol: EvalProtocol
     reference: EvalRow
-    rows: list[EvalRow]
+    rows: tuple[EvalRow, ...]
+
+    json_computed = (computed("failures"), computed("passed"))
 
     @property
     def failures(self) -> list[str]:
@@ -618,24 +439,6 @@ class EvalReport:
     @property
     def passed(self) -> bool:
         return not self.failures
-
-    def as_dict(self) -> dict:
-        return {
-            "protocol": self.protocol.as_dict(),
-            "reference": self.reference.as_dict(),
-            "rows": [r.as_dict() for r in self.rows],
-            "failures": self.failures,
-            "passed": self.passed,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "EvalReport":
-        """A report read back from a manifest (export's and optimize's --eval-text)."""
-        return cls(
-            EvalProtocol.from_dict(data["protocol"]),
-            EvalRow.from_dict(data["reference"]),
-            [EvalRow.from_dict(row) for row in data["rows"]],
-        )
 
     def summary(self) -> str:
         """One line per folder is too long for a manifest summary: the verdict and the worst figures."""

@@ -17,6 +17,7 @@ from onnx import helper
 
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.errors import ContractError
+from gpt2onnx.records import Record
 
 SUBFOLDER = "ort-generate"
 DATA_NAME = "weights.onnx_data"
@@ -26,7 +27,7 @@ MS_DOMAIN = "com.microsoft"
 
 
 @dataclass(frozen=True)
-class FixedSettings:
+class FixedSettings(Record):
     """The settings the ops take as attributes: fixed in the files when the folder is deployed."""
 
     eos_token_id: int
@@ -35,9 +36,6 @@ class FixedSettings:
     early_stopping: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
-
-    def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def deployed_settings(folder: str | Path) -> FixedSettings:

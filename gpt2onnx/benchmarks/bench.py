@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -36,27 +36,22 @@ from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic, write_text_atomic
 from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.precisions.all_precisions import PRECISIONS
+from gpt2onnx.records import OMIT_DEFAULT, Record, field
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, check_combination
 from gpt2onnx.runtimes.providers import TF32_OVERRIDE, ProviderConfig
 
 BASELINES = ("torch",)
 
 
-@dataclass
-class BenchReport:
-    """What :func:`bench` returns: every folder on every runtime (with its runs), and every run in order,
-    the torch baseline's included."""
+@dataclass(frozen=True)
+class BenchReport(Record):
+    """What :func:`bench` returns (its ``as_dict()`` is ``bench --json``): every folder on every runtime (with
+    its runs), and every run in order, the torch baseline's included."""
 
-    models: list[ModelBench]
-    runs: list[RunStats]
-    machine: MachineRecord | None = None  # where it ran: the CPU (model, features), the GPU
-
-    def as_dict(self) -> dict:
-        """The JSON of ``bench --json``."""
-        data = {"models": [model.as_dict() for model in self.models], "runs": [run.as_dict() for run in self.runs]}
-        if self.machine is not None:
-            data["machine"] = self.machine.as_dict()
-        return data
+    models: tuple[ModelBench, ...]
+    runs: tuple[RunStats, ...]
+    # where it ran: the CPU (model, features), the GPU
+    machine: MachineRecord | None = field(default=None, omit=OMIT_DEFAULT)
 
     def rows(self) -> list[dict]:
         """A row per run: its figures (ms medians, tokens/s, peak MB) and, measured with others, its ratios to the
@@ -77,9 +72,9 @@ class BenchReport:
                 row[f"decode_ms_at_past_{past}"] = round(ms, 4)
             for past, held in run.kv_cache_bytes_at_past:
                 row[f"kv_cache_mb_at_past_{past}"] = round(held / 1e6, 3)
-            for figure, ratio in run.extra.get("rounds", {}).get("ratio_to_baseline", {}).items():
-                row.update({f"{figure}_ratio": ratio["median"], f"{figure}_ratio_low": ratio["low"]})
-                row[f"{figure}_ratio_high"] = ratio["high"]
+            for figure, ratio in (run.rounds.ratio_to_baseline if run.rounds else {}).items():
+                row.update({f"{figure}_ratio": ratio.median, f"{figure}_ratio_low": ratio.low})
+                row[f"{figure}_ratio_high"] = ratio.high
             rows.append(row)
         return rows
 
@@ -89,7 +84,7 @@ class BenchReport:
     def markdown(self) -> str:
         """The table of ``bench --md``: a run a row (ratios to the first folder, round by round, where several were
         measured), then the workload, the machine and the load it ran under."""
-        ratios = any("rounds" in run.extra for run in self.runs)
+        ratios = any(run.rounds is not None for run in self.runs)
         head = ["model", "runtime", "batch", "prompt ms", "decode ms p50", "tok/s", "peak MB"]
         head += ["decode ×first (quartiles)", "tok/s ×first (quartiles)"] if ratios else []
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -98,16 +93,15 @@ class BenchReport:
             cells += [f"{run.decode_ms.p50:.3f}" if run.decode_ms else "-", f"{run.tokens_per_s:.1f}"]
             cells.append(f"{run.peak_host_bytes / 1e6:.0f}")
             if ratios:
-                found = run.extra.get("rounds", {}).get("ratio_to_baseline", {})
                 for key in ("decode_ms", "tokens_per_s"):
-                    r = found.get(key)
-                    cells.append(f"{r['median']:.3g} ({r['low']:.3g}–{r['high']:.3g})" if r else "-")
+                    r = run.ratio(key)
+                    cells.append(r.shown() if r else "-")
             lines.append("| " + " | ".join(cells) + " |")
         config = self.models[0].config if self.models else None
         lines += self._markdown_at_past(ratios)
         where = self.machine.summary() if self.machine is not None else "an unrecorded machine"
-        loads = [run.extra["load"] for run in self.runs if "load" in run.extra]
-        load = f"; load {loads[0]['load_before']:.2f} → {loads[-1]['load_after']:.2f}" if loads else ""
+        loads = [run.load for run in self.runs if run.load is not None]
+        load = f"; load {loads[0].before:.2f} → {loads[-1].after:.2f}" if loads else ""
         if config is not None:
             lines += [
                 "",
@@ -125,12 +119,11 @@ class BenchReport:
         head = ["model", "batch", "past", "decode ms", "K/V cache MB", *(["×first (quartiles)"] if ratios else [])]
         lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for run in runs:
-            found = run.extra.get("rounds", {}).get("ratio_to_baseline", {})
             for (past, ms), (_, held) in zip(run.decode_ms_at_past, run.kv_cache_bytes_at_past):
                 cells = [run.label, str(run.batch), str(past), f"{ms:.3f}", f"{held / 1e6:.3g}"]
                 if ratios:
-                    r = found.get(f"decode_ms_at_past_{past}")
-                    cells.append(f"{r['median']:.3g} ({r['low']:.3g}–{r['high']:.3g})" if r else "-")
+                    r = run.ratio(f"decode_ms_at_past_{past}")
+                    cells.append(r.shown() if r else "-")
                 lines.append("| " + " | ".join(cells) + " |")
         return lines
 
@@ -205,9 +198,10 @@ def bench_torch(
     # reserved, not allocated: onnxruntime's arena is measured the same way (what the allocator took and keeps)
     device_peak = int(torch.cuda.max_memory_reserved(device) - reserved) if on_gpu else None
     stats = summarize_runs("torch", batch, config.prompt_len, runs, memory.peak_bytes, device_peak)
-    stats.extra.update(device=str(device), dtype=str(next(model.parameters()).dtype).removeprefix("torch."))
+    stats = replace(stats, device=str(device), dtype=str(next(model.parameters()).dtype).removeprefix("torch."))
     if on_gpu:
-        stats.extra.update(
+        stats = replace(
+            stats,
             device_memory=TORCH_DEVICE_MEMORY,
             device_allocated_peak_bytes=int(torch.cuda.max_memory_allocated(device) - resident),
             tf32=bool(torch.backends.cuda.matmul.allow_tf32) and os.environ.get(TF32_OVERRIDE) != "0",
@@ -313,9 +307,10 @@ def bench(
     if baseline == "torch":
         runs += _torch_baseline(folders[0], results, provider, config, reference, progress)
     # the machine that ran, not the one asked for: a GPU only where a run really used it (a fallback ran on the CPU)
-    ran = [r.provider for r in results] + [run.extra.get("device") or "" for run in runs]
+    ran = [r.provider for r in results] + [run.device or "" for run in runs]
     on_gpu = any(str(where).lower() in ("cuda", "tensorrt") or str(where).startswith("cuda:") for where in ran)
-    report = BenchReport(results, runs, describe_machine(provider.name if on_gpu else "cpu", provider.device_id))
+    machine = describe_machine(provider.name if on_gpu else "cpu", provider.device_id)
+    report = BenchReport(tuple(results), tuple(runs), machine)
     if before_writing is not None and any(p is not None for p in outputs.values()):
         before_writing()
     if plot is not None:  # first: the one more likely to fail, and then nothing is written
@@ -370,15 +365,15 @@ def _torch_baseline(
     check_reference_matches(model, ckpt)  # the baseline must run the same architecture
     ref = reference_model(ckpt, device=device, dtype=torch.float16 if half else None)
     # TF32 as the ONNX session really has it (off unless --tf32), recorded on both sides per run
-    tf32 = next((r.extra["tf32"] for r in results[0].runs if r.extra.get("tf32") is not None), provider.tf32)
+    tf32 = next((r.tf32 for r in results[0].runs if r.tf32 is not None), provider.tf32)
     runs = []
     for batch in config.batches:
         with matmul_tf32(tf32):
             stats = bench_torch(ref, config, batch, vocab_size=results[0].vocab_size, progress=progress)
-        stats.label = "torch eager" if device == "cpu" else f"torch eager ({device}, {'fp16' if half else 'fp32'})"
-        stats.runtime = "torch"
+        label = "torch eager" if device == "cpu" else f"torch eager ({device}, {'fp16' if half else 'fp32'})"
+        note = None
         if provider.name != "cpu" and device == "cpu":
-            stats.note = f"torch sees no GPU here: the baseline ran on the CPU while onnxruntime ran on {provider.name}"
+            note = f"torch sees no GPU here: the baseline ran on the CPU while onnxruntime ran on {provider.name}"
 
         def speedup(ours: RunStats) -> Speedup:
             return Speedup(
@@ -388,7 +383,7 @@ def _torch_baseline(
             )
 
         ours = [r for result in results for r in result.runs if r.batch == batch]
-        stats.speedup_of_onnx = speedup(ours[0])
-        stats.speedup_by_label = {r.label: speedup(r) for r in ours}
-        runs.append(stats)
+        by_label = {r.label: speedup(r) for r in ours}
+        ran = replace(stats, label=label, runtime="torch", note=note, speedup_of_onnx=speedup(ours[0]))
+        runs.append(replace(ran, speedup_by_label=by_label))
     return runs

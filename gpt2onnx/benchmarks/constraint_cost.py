@@ -28,6 +28,7 @@ from gpt2onnx.benchmarks.harness import Rounds, Spread, check_runs, interleave, 
 from gpt2onnx.decoding.constraints import Constraint, TokenConstraint, vocabulary_of
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import BadInput
+from gpt2onnx.records import Record, computed, field, to_json
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 
 PROMPT_TOKENS = 16  # ids 1..16: the same prompt for every variant (the step's cost does not depend on its ids)
@@ -52,7 +53,7 @@ def default_constraints() -> dict[str, Constraint]:
 
 
 @dataclass(frozen=True)
-class ConstraintRun:
+class ConstraintRun(Record):
     """One constraint's untimed pass: what it is, the tokens the constrained loop wrote, whether they complete it."""
 
     name: str
@@ -65,13 +66,35 @@ class ConstraintRun:
         return f"{self.name}: mask + advance"
 
 
+def _constraints(report: ConstraintCostReport) -> list[dict]:
+    """Each constraint's run with its step, its mask and advance, and their ratios (written, never read back)."""
+    return [
+        {
+            **to_json(run),
+            "constrained_step_ms": to_json(report.constrained(run)),
+            "mask_and_advance_ms": to_json(report.mask(run)),
+            "mask_share_of_step": to_json(report.share(run)),
+            "constrained_over_unconstrained": to_json(report.overhead(run)),
+        }
+        for run in report.runs
+    ]
+
+
 @dataclass(frozen=True)
-class ConstraintCostReport:
+class ConstraintCostReport(Record):
     folder: str
     new_tokens: int
     threads: int | None
-    runs: tuple[ConstraintRun, ...]
+    runs: tuple[ConstraintRun, ...] = field(key="constraints", write=_constraints)
     rounds: Rounds  # ms_per_token of every variant, ratios to the unconstrained step
+
+    batch = 1
+    prompt_tokens = PROMPT_TOKENS
+    json_computed = (
+        computed("batch", after="folder"),
+        computed("prompt_tokens", after="batch"),
+        computed("decode_step_ms", "step", after="threads"),
+    )
 
     def step(self) -> Spread:
         """The unconstrained decode step, ms per token."""
@@ -90,28 +113,6 @@ class ConstraintCostReport:
     def overhead(self, run: ConstraintRun) -> Spread:
         """The constrained decode step over the unconstrained one, round by round."""
         return self.rounds.ratio(run.name, FIGURE)
-
-    def as_dict(self) -> dict:
-        step = self.step()
-        return {
-            "folder": self.folder,
-            "batch": 1,
-            "prompt_tokens": PROMPT_TOKENS,
-            "new_tokens": self.new_tokens,
-            "threads": self.threads,
-            "decode_step_ms": step.as_dict(),
-            "constraints": [
-                {
-                    **run.__dict__,
-                    "constrained_step_ms": self.constrained(run).as_dict(),
-                    "mask_and_advance_ms": self.mask(run).as_dict(),
-                    "mask_share_of_step": self.share(run).as_dict(),
-                    "constrained_over_unconstrained": self.overhead(run).as_dict(),
-                }
-                for run in self.runs
-            ],
-            "rounds": self.rounds.as_dict(),
-        }
 
     def markdown(self) -> str:
         step = self.step()

@@ -30,13 +30,14 @@ from gpt2onnx.capabilities import resolve
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import BadInput
 from gpt2onnx.params import options_of
+from gpt2onnx.records import Record
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 
 THEIRS = "transformers"
 
 
 @dataclass(frozen=True)
-class GenerationReport:
+class GenerationReport(Record):
     folder: str
     runtime: str
     batch: int
@@ -48,21 +49,6 @@ class GenerationReport:
     torch_device: str
     rounds: Rounds  # figures: seconds (per run), beam_steps_per_s (batch × beams × new tokens / seconds)
     exact_length: bool = True  # both sides decoded new_tokens exactly (False: up to it, each row to its end)
-
-    def as_dict(self) -> dict:
-        return {
-            "folder": self.folder,
-            "runtime": self.runtime,
-            "batch": self.batch,
-            "beams": self.beams,
-            "prompt_len": self.prompt_len,
-            "new_tokens": self.new_tokens,
-            "options": self.options,
-            "same_tokens": self.same_tokens,
-            "torch_device": self.torch_device,
-            "rounds": self.rounds.as_dict(),
-            "exact_length": self.exact_length,
-        }
 
     def markdown(self) -> str:
         return (

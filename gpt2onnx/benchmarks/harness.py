@@ -23,12 +23,13 @@ import numpy as np
 from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic, write_text_atomic
 from gpt2onnx.machine import MachineRecord, describe_machine
+from gpt2onnx.records import Record, computed, field, to_json
 
 Figures = Mapping[str, float]  # one run's figures by name ("decode_ms": 4.1, "tokens_per_s": 240.0)
 
 
 @dataclass(frozen=True)
-class Spread:
+class Spread(Record):
     """A figure over the rounds: its median and quartiles (the 25th and 75th percentiles), and how many values."""
 
     median: float
@@ -42,25 +43,19 @@ class Spread:
         low, median, high = np.percentile(values, [25, 50, 75])
         return cls(float(median), float(low), float(high), int(values.size))
 
-    def as_dict(self) -> dict:
-        return {"median": self.median, "low": self.low, "high": self.high, "n": self.n}
-
     def shown(self, digits: int = 3) -> str:
         """'4.13 (4.05–4.30)'."""
         return f"{self.median:.{digits}g} ({self.low:.{digits}g}–{self.high:.{digits}g})"
 
 
 @dataclass(frozen=True)
-class Load:
+class Load(Record):
     """The machine around the rounds: the 1-minute load average before and after, and the share of all CPUs'
     time that other processes used while the rounds ran (0: the machine was ours; 0.5 on 2 CPUs: one was busy)."""
 
-    before: float
-    after: float
-    others: float | None  # None where /proc/stat cannot be read
-
-    def as_dict(self) -> dict:
-        return {"load_before": self.before, "load_after": self.after, "other_processes_cpu": self.others}
+    before: float = field(key="load_before")
+    after: float = field(key="load_after")
+    others: float | None = field(key="other_processes_cpu")  # None where /proc/stat cannot be read
 
     def summary(self) -> str:
         others = "" if self.others is None else f", other processes {100 * self.others:.0f} % of the CPUs"
@@ -128,7 +123,7 @@ class _CpuTime:
 
 
 @dataclass(frozen=True)
-class Series:
+class Series(Record):
     """One variant's values of one figure, a value per round (in round order)."""
 
     variant: str
@@ -137,17 +132,24 @@ class Series:
 
 
 @dataclass(frozen=True)
-class Rounds:
+class Rounds(Record):
     """What :func:`interleave` measured: every variant's figures round by round, the order each round ran the
     variants in, the baseline of the ratios, the load around the rounds and the machine."""
 
     variants: tuple[str, ...]
-    series: tuple[Series, ...]
-    orders: tuple[tuple[str, ...], ...]
-    warmup: int
     baseline: str | None
+    warmup: int
+    orders: tuple[tuple[str, ...], ...]
+    series: tuple[Series, ...]
     load: Load
     machine: MachineRecord
+
+    json_computed = (computed("rounds", "count", after="baseline"), computed("summary", "rows", after="series"))
+
+    @property
+    def count(self) -> int:
+        """How many rounds ran."""
+        return len(self.orders)
 
     def values(self, variant: str, figure: str) -> tuple[float, ...]:
         found = next((s.values for s in self.series if s.variant == variant and s.figure == figure), None)
@@ -177,24 +179,11 @@ class Rounds:
         for variant in self.variants:
             for figure in self.figures:
                 spread, ratio = self.spread(variant, figure), self.ratio(variant, figure)
-                row = {"variant": variant, "figure": figure, **{k: v for k, v in spread.as_dict().items()}}
+                row = {"variant": variant, "figure": figure, **to_json(spread)}
                 if ratio is not None:
                     row.update(ratio=ratio.median, ratio_low=ratio.low, ratio_high=ratio.high)
                 rows.append(row)
         return rows
-
-    def as_dict(self) -> dict:
-        return {
-            "variants": list(self.variants),
-            "baseline": self.baseline,
-            "rounds": len(self.orders),
-            "warmup": self.warmup,
-            "orders": [list(order) for order in self.orders],
-            "series": [{"variant": s.variant, "figure": s.figure, "values": list(s.values)} for s in self.series],
-            "summary": self.rows(),
-            "load": self.load.as_dict(),
-            "machine": self.machine.as_dict(),
-        }
 
     def csv(self) -> str:
         return csv_of(self.rows())
@@ -312,7 +301,15 @@ def interleave(
         if any(list(figures) != keys for figures in measured[name]):
             raise ValueError(f"{name}: its runs gave different figures")
         series += [Series(name, key, tuple(float(f[key]) for f in measured[name])) for key in keys]
-    return Rounds(names, tuple(series), tuple(orders), warmup, baseline, load, machine)
+    return Rounds(
+        variants=names,
+        baseline=baseline,
+        warmup=warmup,
+        orders=tuple(orders),
+        series=tuple(series),
+        load=load,
+        machine=machine,
+    )
 
 
 def write_outputs(report, *, json_path=None, markdown_path=None, before_writing: Callable[[], None] | None = None):

@@ -13,20 +13,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from gpt2onnx.artifact.paths import check_output_files, folder_labels
 from gpt2onnx.benchmarks.harness import write_outputs
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
-from gpt2onnx.machine import MachineRecord
+from gpt2onnx.machine import MachineInfo, machine_info
+from gpt2onnx.records import Record, computed, from_json, to_json
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 @dataclass(frozen=True)
-class MemoryRun:
+class MemoryRun(Record):
     """One greedy decode of ``rows`` × ``prompt`` + ``new`` tokens, in bytes."""
 
     folder: str
@@ -38,6 +39,8 @@ class MemoryRun:
     cache_bytes: int  # the K/V cache at the end, for scale
     label: str = ""  # the folder as the table names it (folder_labels: 'a/model' and 'b/model' kept apart)
 
+    json_computed = (computed("of_estimate"),)
+
     @property
     def of_estimate(self) -> float:
         """Growth over the estimate: under 1 where the estimate holds."""
@@ -45,12 +48,9 @@ class MemoryRun:
 
 
 @dataclass(frozen=True)
-class MemoryReport:
+class MemoryReport(Record):
+    machine: MachineInfo
     runs: tuple[MemoryRun, ...]
-    machine: dict
-
-    def as_dict(self) -> dict:
-        return {"machine": self.machine, "runs": [{**asdict(r), "of_estimate": r.of_estimate} for r in self.runs]}
 
     def markdown(self) -> str:
         lines = [
@@ -62,8 +62,7 @@ class MemoryReport:
                 f"| {r.label or Path(r.folder).name} | {r.rows} × {r.prompt} + {r.new} | {r.grown_bytes / 1e6:,.1f} |"
                 f" {r.estimate_bytes / 1e6:,.1f} | {r.of_estimate:.2f} | {r.cache_bytes / 1e6:,.1f} |"
             )
-        where = MachineRecord.from_dict(self.machine).summary()
-        cores = self.machine.get("cpu_count")
+        where, cores = self.machine.record.summary(), self.machine.cpu_count
         lines += ["", f"Greedy decode, onnxruntime cpu, each run in its own process; {where}, {cores} cores."]
         return "\n".join(lines) + "\n"
 
@@ -113,7 +112,6 @@ def measure_memory(
     """Every folder at every batch size, each run in a new Python process (this module as its main). json_path,
     markdown_path: the report written there (atomically), checked before any run as every output is."""
     from gpt2onnx.artifact.folder import open_folder
-    from gpt2onnx.benchmarks.timing import machine_info
 
     if not CLEAR_REFS.exists():
         raise RuntimeUnavailable("bench memory reads a run's peak from /proc (Linux): run it on Linux")
@@ -139,10 +137,10 @@ def measure_memory(
                 said = answer.get("error") if isinstance(answer, dict) else None
                 said = said or (done.stderr.strip().splitlines() or ["no output"])[-1]
                 raise BadInput(f"the run of '{folder}' at batch {rows} failed: {said}")
-            runs.append(MemoryRun(**{**answer, "label": label}))
+            runs.append(from_json(MemoryRun, {**answer, "label": label}))
             if progress is not None:
                 progress()
-    report = MemoryReport(tuple(runs), machine_info())
+    report = MemoryReport(machine=machine_info(), runs=tuple(runs))
     return write_outputs(report, json_path=json_path, markdown_path=markdown_path, before_writing=before_writing)
 
 
@@ -152,7 +150,7 @@ def _main(argv: list[str]) -> None:
 
     folder, rows, prompt, new = argv[0], *map(int, argv[1:4])
     try:
-        found = asdict(measure_here(folder, rows, prompt, new))
+        found = to_json(measure_here(folder, rows, prompt, new))
     except Gpt2OnnxError as err:
         found = {"error": str(err)}
     print(json.dumps(found))

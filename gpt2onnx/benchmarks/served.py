@@ -28,6 +28,7 @@ from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.benchmarks.harness import Rounds, interleave, process_tree, write_outputs
 from gpt2onnx.decoding.prompts import LOAD_PROMPTS as PROMPTS
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.records import Record
 
 NAME = "bench"
 SERVERS = ("triton", "openai")  # bench served --server: Triton's generation model, or gpt2onnx's OpenAI endpoint
@@ -122,23 +123,13 @@ def _in_process(folder: Path, new_tokens: int, provider) -> tuple[Callable[[], d
 
 
 @dataclass(frozen=True)
-class ServedReport:
+class ServedReport(Record):
     folder: str
     concurrency: tuple[int, ...]
     requests: int
     new_tokens: int
     threads: int | None
     rounds: Rounds
-
-    def as_dict(self) -> dict:
-        return {
-            "folder": self.folder,
-            "concurrency": list(self.concurrency),
-            "requests": self.requests,
-            "new_tokens": self.new_tokens,
-            "threads": self.threads,
-            "rounds": self.rounds.as_dict(),
-        }
 
     def markdown(self) -> str:
         return (

@@ -44,6 +44,7 @@ from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.benchmarks.harness import Rounds, Spread, interleave, process_tree, write_outputs
 from gpt2onnx.decoding.prompts import LOAD_PROMPTS as PROMPTS
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.records import Record, computed
 from gpt2onnx.targets.triton_server import free_port
 
 log = logging.getLogger(__name__)
@@ -303,7 +304,7 @@ RATIO_FIGURES = ("tokens_per_s", "first_token_p99_ms", "per_token_p99_ms", "peak
 
 
 @dataclass(frozen=True)
-class OpenAIServedReport:
+class OpenAIServedReport(Record):
     folder: str
     gguf: str | None
     concurrency: tuple[int, ...]
@@ -313,6 +314,8 @@ class OpenAIServedReport:
     servers: tuple[str, ...]
     memory: dict  # server -> {"at_rest": {rss_mb, hwm_mb}, "after": {rss_mb, hwm_mb}}
     rounds: Rounds
+
+    json_computed = (computed("ratios", after="memory"),)
 
     @property
     def llamas(self) -> tuple[str, ...]:
@@ -328,21 +331,11 @@ class OpenAIServedReport:
         with np.errstate(divide="ignore", invalid="ignore"):
             return Spread.of(ours / theirs)
 
-    def as_dict(self) -> dict:
+    def ratios(self) -> dict[str, dict[str, dict[str, Spread]]]:
+        """Per llama.cpp server, per client count, gpt2onnx's figures over its (--json's "ratios")."""
         return {
-            "folder": self.folder,
-            "gguf": self.gguf,
-            "concurrency": list(self.concurrency),
-            "requests": self.requests,
-            "new_tokens": self.new_tokens,
-            "max_batch": self.max_batch,
-            "servers": list(self.servers),
-            "memory": self.memory,
-            "ratios": {
-                llama: {str(c): {f: self.ratio(c, f, llama).as_dict() for f in RATIO_FIGURES} for c in self.concurrency}
-                for llama in self.llamas
-            },
-            "rounds": self.rounds.as_dict(),
+            llama: {str(c): {f: self.ratio(c, f, llama) for f in RATIO_FIGURES} for c in self.concurrency}
+            for llama in self.llamas
         }
 
     def table(self) -> str:

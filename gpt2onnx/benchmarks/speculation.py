@@ -27,6 +27,7 @@ from gpt2onnx.benchmarks.harness import Rounds, check_runs, interleave, timed, w
 from gpt2onnx.decoding.generate import decode, open_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
+from gpt2onnx.records import Record, RecordError, field, from_json
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 
 FREE_TEXT = (
@@ -57,7 +58,7 @@ def real_prompts() -> dict[str, list[str]]:
 
 
 @dataclass(frozen=True)
-class SpeculativeRun:
+class SpeculativeRun(Record):
     """One run's untimed pass over one kind of prompts."""
 
     kind: str
@@ -68,22 +69,20 @@ class SpeculativeRun:
     same_tokens: bool  # the tokens of gpt2onnx's greedy
 
 
+def _rounds_by_kind(data) -> tuple[tuple[str, Rounds], ...]:
+    if not isinstance(data, dict):
+        raise RecordError(f"rounds: not an object of kinds: {data!r}")
+    return tuple((str(kind), from_json(Rounds, rounds)) for kind, rounds in data.items())
+
+
 @dataclass(frozen=True)
-class SpeculativeReport:
+class SpeculativeReport(Record):
     proposer: str
     prompt_tokens: int
     new_tokens: int
     runs: tuple[SpeculativeRun, ...]
-    rounds: tuple[tuple[str, Rounds], ...]  # per kind of prompt: seconds, tokens_per_s
-
-    def as_dict(self) -> dict:
-        return {
-            "proposer": self.proposer,
-            "prompt_tokens": self.prompt_tokens,
-            "new_tokens": self.new_tokens,
-            "runs": [run.__dict__ for run in self.runs],
-            "rounds": {kind: rounds.as_dict() for kind, rounds in self.rounds},
-        }
+    # per kind of prompt: seconds, tokens_per_s (written as an object, kind -> rounds)
+    rounds: tuple[tuple[str, Rounds], ...] = field(write=lambda r: dict(r.rounds), read=_rounds_by_kind)
 
     def markdown(self) -> str:
         head = "| prompts | run | new tokens / s | × gpt2onnx greedy | tokens per target step | kept | same tokens |"

@@ -21,15 +21,14 @@ decode step timed at each past length on a zero-filled cache, without running a 
 from __future__ import annotations
 
 import os
-import platform
 import re
 import resource
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import onnxruntime
@@ -37,20 +36,21 @@ import onnxruntime
 from gpt2onnx.artifact.folder import ModelFolder, open_folder, versions
 from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.report import Placement
-from gpt2onnx.benchmarks.harness import Rounds, check_runs, interleave
+from gpt2onnx.benchmarks.harness import Load, Rounds, Spread, check_runs, interleave
 from gpt2onnx.decoding.generate import decode, speculation_draft
 from gpt2onnx.decoding.results import MAX_BATCH_TOKENS
 from gpt2onnx.decoding.speculative import Acceptance, Speculation
 from gpt2onnx.errors import BadInput, OutputError
 from gpt2onnx.files import new_file_mode
-from gpt2onnx.machine import describe_machine
+from gpt2onnx.machine import MachineInfo, machine_info
 from gpt2onnx.precisions.all_precisions import precision_of
+from gpt2onnx.records import OMIT_DEFAULT, Record, field
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.providers import gpu_library_versions
 
 
 @dataclass(frozen=True)
-class BenchConfig:
+class BenchConfig(Record):
     batches: tuple[int, ...] = (1, 8)
     prompt_len: int = 128
     new_tokens: int = 64
@@ -149,7 +149,7 @@ class PeakMemory:
 
 
 @dataclass(frozen=True)
-class Percentiles:
+class Percentiles(Record):
     """Milliseconds: the median, p90 and p99 of a set of timings."""
 
     p50: float
@@ -158,7 +158,7 @@ class Percentiles:
 
 
 @dataclass(frozen=True)
-class Speedup:
+class Speedup(Record):
     """How many times faster a run is than PyTorch eager on the same workload (> 1: faster)."""
 
     prompt: float
@@ -166,47 +166,65 @@ class Speedup:
     tokens_per_s: float
 
 
-@dataclass
-class RunStats:
+@dataclass(frozen=True)
+class RoundsNote(Record):
+    """How a run was measured beside other folders: the rounds, in rotating order, and its ratios to the baseline
+    per figure, taken round by round (median and quartiles)."""
+
+    rounds: int
+    order: str
+    baseline: str | None
+    ratio_to_baseline: dict[str, Spread]
+
+
+def _note():
+    """A note on a run, written under "extra" (where bench --json has always had them) where it is set."""
+    return field(default=None, within="extra", omit=OMIT_DEFAULT)
+
+
+@dataclass(frozen=True)
+class RunStats(Record):
     """One measured run (a folder on a runtime, or PyTorch eager) at one batch size."""
 
     engine: str  # the runtime ("onnxruntime", "openvino", "genai") or "torch"
     batch: int
     prompt_ms: Percentiles  # the prompt step (time to first token)
-    decode_ms: Percentiles | None  # one decode step, over all steps and repeats (None: one new token only)
+    # one decode step, over all steps and repeats (None: one new token only; written {})
+    decode_ms: Percentiles | None = field(empty=True)
     decode_growth_ms_per_100_past: float  # slope of decode latency against past length
-    decode_ms_by_past: list[tuple[int, float]]  # (past length, median ms), for plots
+    decode_ms_by_past: tuple[tuple[int, float], ...]  # (past length, median ms), for plots
     tokens_per_s: float  # batch × new tokens / (prompt + decode time), median run
     decode_tokens_per_s: float  # batch / median decode step
     peak_host_bytes: int
     peak_device_bytes: int | None = None
-    decode_ms_at_past: list[tuple[int, float]] = field(default_factory=list)  # (past, median ms): BenchConfig.pasts
-    kv_cache_bytes_at_past: list[tuple[int, int]] = field(default_factory=list)  # (past, the cache the step holds)
-    extra: dict = field(default_factory=dict)  # labels of the run: device, dtype, rows, peak_memory_of
+    # (past, median ms): BenchConfig.pasts; (past, the cache the step holds)
+    decode_ms_at_past: tuple[tuple[int, float], ...] = ()
+    kv_cache_bytes_at_past: tuple[tuple[int, int], ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)  # other labels of the run; the notes below go in it too
     label: str = ""  # the folder's name (with the runtime when several), or "torch eager"
     runtime: str = ""
-    note: str | None = None  # something the reader of the figures must know
-    speedup_of_onnx: Speedup | None = None  # torch baseline: the first folder's speed-up over it
-    speedup_by_label: dict[str, Speedup] = field(default_factory=dict)  # torch baseline: every run's
-    speculation: Acceptance | None = None  # a speculative run: how its proposals fared (one timed run, every row)
-    speedup_over_plain: float | None = None  # a speculative run: its tokens/s over the plain run's (same batch)
+    # -- notes, under "extra" --
+    device: str | None = _note()  # torch: where it ran, and its dtype
+    dtype: str | None = _note()
+    rows: str | None = _note()  # a runtime that owns its loop: "single", or "one at a time"
+    peak_memory_of: str | None = _note()  # genai: its worker process or this one
+    device_memory: str | None = _note()  # what peak_device_bytes is (ONNX_DEVICE_MEMORY, TORCH_DEVICE_MEMORY)
+    device_allocated_peak_bytes: int | None = _note()  # torch on a GPU
+    tf32: bool | None = _note()  # TF32 matmuls, where the provider has them
+    rounds: RoundsNote | None = _note()  # measured beside other folders
+    load: Load | None = _note()  # the machine around the rounds
+    proposer: dict[str, Any] | None = _note()  # a speculative run: its proposer and options (Speculation.as_dict)
+    same_tokens: bool | None = _note()  # a speculative run: whether it made the plain run's tokens
+    note: str | None = _note()  # something the reader of the figures must know
+    speedup_of_onnx: Speedup | None = _note()  # torch baseline: the first folder's speed-up over it
+    # torch baseline: every run's speed-up over it
+    speedup_by_label: dict[str, Speedup] = field(default_factory=dict, within="extra", omit=OMIT_DEFAULT)
+    speculation: Acceptance | None = _note()  # a speculative run: how its proposals fared (one timed run, every row)
+    speedup_over_plain: float | None = _note()  # a speculative run: its tokens/s over the plain run's (same batch)
 
-    def as_dict(self) -> dict:
-        """The JSON of ``bench --json``: the note and speed-ups under "extra", where they have always been, and
-        a speculative run's acceptance and speed-up over plain decoding beside them."""
-        data = asdict(self)
-        data["decode_ms"] = data["decode_ms"] or {}
-        note, by_onnx, by_label = data.pop("note"), data.pop("speedup_of_onnx"), data.pop("speedup_by_label")
-        data.pop("speculation"), data.pop("speedup_over_plain")
-        data["extra"] = {
-            **self.extra,
-            **({"note": note} if note else {}),
-            **({"speedup_of_onnx": by_onnx} if by_onnx else {}),
-            **({"speedup_by_label": by_label} if by_label else {}),
-            **({"speculation": self.speculation.as_dict()} if self.speculation is not None else {}),
-            **({"speedup_over_plain": self.speedup_over_plain} if self.speedup_over_plain is not None else {}),
-        }
-        return data
+    def ratio(self, figure: str) -> Spread | None:
+        """Its ratio to the baseline on ``figure``, measured beside other folders; None where it was not."""
+        return self.rounds.ratio_to_baseline.get(figure) if self.rounds is not None else None
 
 
 def _percentiles(values_ms) -> Percentiles:
@@ -232,7 +250,7 @@ def summarize_runs(
         prompt_ms=_percentiles(prompt),
         decode_ms=_percentiles(steps.ravel()) if steps.size else None,
         decode_growth_ms_per_100_past=slope,
-        decode_ms_by_past=[(int(p), float(v)) for p, v in zip(pasts, by_past)],
+        decode_ms_by_past=tuple((int(p), float(v)) for p, v in zip(pasts, by_past)),
         tokens_per_s=batch * new_tokens / float(np.median(totals)),
         decode_tokens_per_s=batch * 1e3 / decode_p50 if steps.size else float("nan"),
         peak_host_bytes=int(peak),
@@ -367,22 +385,16 @@ def measure_batches(
         stats = summarize_runs(
             decoder.runtime, batch, config.prompt_len, record.steps[config.warmup :], peak, record.device_peak
         )
+        notes: dict[str, Any] = dict(tf32=decoder.tf32, load=rounds.load)
         if decoder.capabilities.owns_loop:
-            stats.extra["rows"] = "one at a time" if batch > 1 else "single"
-            stats.extra["peak_memory_of"] = "genai worker process" if record.worker_peak else "this process"
+            notes["rows"] = "one at a time" if batch > 1 else "single"
+            notes["peak_memory_of"] = "genai worker process" if record.worker_peak else "this process"
         if record.device_peak is not None:
-            stats.extra["device_memory"] = ONNX_DEVICE_MEMORY
-        if decoder.tf32 is not None:
-            stats.extra["tf32"] = decoder.tf32
+            notes["device_memory"] = ONNX_DEVICE_MEMORY
         if len(subjects) > 1:
-            stats.extra["rounds"] = {
-                "rounds": config.repeat,
-                "order": "rotating",
-                "baseline": rounds.baseline,
-                "ratio_to_baseline": {f: rounds.ratio(subject.label, f).as_dict() for f in rounds.figures},
-            }
-        stats.extra["load"] = rounds.load.as_dict()
-        found.append(stats)
+            ratios = {f: rounds.ratio(subject.label, f) for f in rounds.figures}
+            notes["rounds"] = RoundsNote(config.repeat, "rotating", rounds.baseline, ratios)
+        found.append(replace(stats, **notes))
     for past in config.pasts:
         seeds = {s.label: iter(range(config.seed, config.seed + config.warmup + config.repeat)) for s in subjects}
 
@@ -406,12 +418,17 @@ def measure_batches(
             baseline=subjects[0].label,
             machine=rounds.machine,
         )
-        for subject, stats in zip(subjects, found):
-            stats.decode_ms_at_past.append((past, timed.spread(subject.label, "ms").median))
-            stats.kv_cache_bytes_at_past.append((past, held_cache_bytes(subject.decoder, batch, past, config.capacity)))
-            ratio = timed.ratio(subject.label, "ms")
-            if ratio is not None and "rounds" in stats.extra:
-                stats.extra["rounds"]["ratio_to_baseline"][f"decode_ms_at_past_{past}"] = ratio.as_dict()
+        for index, (subject, stats) in enumerate(zip(subjects, found)):
+            held = held_cache_bytes(subject.decoder, batch, past, config.capacity)
+            ratio, note = timed.ratio(subject.label, "ms"), stats.rounds
+            if ratio is not None and note is not None:
+                note = replace(note, ratio_to_baseline={**note.ratio_to_baseline, f"decode_ms_at_past_{past}": ratio})
+            found[index] = replace(
+                stats,
+                decode_ms_at_past=(*stats.decode_ms_at_past, (past, timed.spread(subject.label, "ms").median)),
+                kv_cache_bytes_at_past=(*stats.kv_cache_bytes_at_past, (past, held)),
+                rounds=note,
+            )
     return found, rounds
 
 
@@ -448,13 +465,11 @@ def measure_speculative(
         prompt_ms=_percentiles([r[0] * 1e3 for r in runs]),  # the rows' prompt steps, one after another
         decode_ms=None,
         decode_growth_ms_per_100_past=0.0,
-        decode_ms_by_past=[],
+        decode_ms_by_past=(),
         tokens_per_s=batch * config.new_tokens / float(np.median(totals)),
         decode_tokens_per_s=batch * (config.new_tokens - 1) / float(np.median(decode_totals)),
         peak_host_bytes=int(memory.peak_bytes),
         speculation=acceptance,
-    )
-    stats.extra.update(
         rows="one at a time" if batch > 1 else "single",
         proposer=speculation.as_dict(),
         same_tokens=bool(np.array_equal(tokens, plain)),
@@ -483,23 +498,6 @@ def _device_used(device: str, device_id: int) -> int | None:
         return int(total - free)
     except Exception:  # a CPU-only torch, or no driver
         return None
-
-
-def machine_info() -> dict:
-    """The machine a folder was measured on: gpt2onnx.machine's record (the CPU as the kernels see it, the GPU)
-    with the platform, Python, CPU count and memory."""
-    info = {
-        **describe_machine().as_dict(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-    }
-    try:
-        with open("/proc/meminfo") as fh:
-            info["memory_bytes"] = int(fh.readline().split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return info
 
 
 def require_matplotlib():
@@ -565,8 +563,8 @@ def save_figure(plt, fig, path) -> None:
         plt.close(fig)
 
 
-@dataclass
-class ModelBench:
+@dataclass(frozen=True)
+class ModelBench(Record):
     """One folder measured on one runtime: what ran where, and one run per batch size."""
 
     model: str  # the model file
@@ -575,19 +573,16 @@ class ModelBench:
     runtime_mode: str  # "in-process", or the worker genai runs in
     provider: str  # where it really ran
     provider_options: dict
-    session_providers: list[str]
+    session_providers: tuple[str, ...]
     config: BenchConfig
-    machine: dict
+    machine: MachineInfo
     versions: dict
     model_bytes: int
     precision: str
     n_positions: int
     vocab_size: int
-    runs: list[RunStats]
+    runs: tuple[RunStats, ...]
     placement: Placement | None = None  # onnxruntime: nodes per provider, and compute nodes on the CPU
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "runs": [run.as_dict() for run in self.runs]}
 
 
 @dataclass
@@ -649,7 +644,7 @@ def measure_folders(
     for batch in config.batches:
         plain, _ = measure_batches(subjects, config, batch, base_bytes=base_bytes, progress=progress)
         for subject, stats in zip(subjects, plain):
-            stats.label = subject.label
+            stats = replace(stats, label=subject.label)
             runs[subject.label].append(stats)
             if speculation is not None:
                 run = measure_speculative(
@@ -661,15 +656,13 @@ def measure_folders(
                     vocab_size=subject.vocab_size,
                     progress=progress,
                 )
-                run.label = f"{subject.label} {speculation.label}"
-                run.speedup_over_plain = run.tokens_per_s / stats.tokens_per_s
-                runs[subject.label].append(run)
+                label, over_plain = f"{subject.label} {speculation.label}", run.tokens_per_s / stats.tokens_per_s
+                runs[subject.label].append(replace(run, label=label, speedup_over_plain=over_plain))
     machine = machine_info()
     found = []
     for subject in subjects:
         decoder, runtime = subject.decoder, subject.runtime
-        for run in runs[subject.label]:
-            run.runtime = runtime.name
+        runs[subject.label] = [replace(run, runtime=runtime.name) for run in runs[subject.label]]
         found.append(
             ModelBench(
                 model=str(subject.model.model_path),
@@ -678,7 +671,7 @@ def measure_folders(
                 runtime_mode=decoder.mode,
                 provider=decoder.provider,
                 provider_options=runtime.settings.as_dict(),
-                session_providers=decoder.session_providers(),
+                session_providers=tuple(decoder.session_providers()),
                 config=config,
                 machine=machine,
                 versions={**versions(), **_runtime_versions(runtime.name, decoder)},
@@ -686,7 +679,7 @@ def measure_folders(
                 precision=precision_of(subject.model.facts).name,
                 n_positions=subject.model.n_positions,
                 vocab_size=subject.vocab_size,
-                runs=runs[subject.label],
+                runs=tuple(runs[subject.label]),
                 placement=decoder.placement,
             )
         )

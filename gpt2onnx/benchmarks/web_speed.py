@@ -24,6 +24,7 @@ from typing import Callable
 from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.benchmarks.harness import Rounds, interleave, process_tree, write_outputs
 from gpt2onnx.errors import BadInput, CheckFailed, RuntimeUnavailable
+from gpt2onnx.records import Record, computed
 
 JS = Path(__file__).resolve().parents[2] / "tests" / "js"
 PROMPT = "The quick brown fox jumps over the lazy dog. In the browser, the model"
@@ -103,22 +104,15 @@ def _python(runner, tokenizer, new_tokens: int) -> dict:
 
 
 @dataclass(frozen=True)
-class WebReport:
+class WebReport(Record):
     folder: str
     precision: str
     new_tokens: int
     same_tokens: bool
     rounds: Rounds  # decode_tokens_per_s, first_token_ms
 
-    def as_dict(self) -> dict:
-        return {
-            "folder": self.folder,
-            "precision": self.precision,
-            "new_tokens": self.new_tokens,
-            "prompt": PROMPT,
-            "same_tokens": self.same_tokens,
-            "rounds": self.rounds.as_dict(),
-        }
+    prompt = PROMPT
+    json_computed = (computed("prompt", after="new_tokens"),)
 
     def markdown(self) -> str:
         return (

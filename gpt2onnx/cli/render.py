@@ -264,12 +264,11 @@ def benched(report: BenchReport, plot: Path | None) -> None:
         by_past = _table(title, columns, left=("model",))
         for run in report.runs:
             if run.decode_ms_at_past:
-                ratios = run.extra.get("rounds", {}).get("ratio_to_baseline", {})
                 cells = []
                 for past, ms in run.decode_ms_at_past:
-                    ratio = ratios.get(f"decode_ms_at_past_{past}")
-                    shown = ratio is not None and run.label != run.extra["rounds"]["baseline"]
-                    cells.append(f"{ms:.2f}" + (f" (×{ratio['median']:.2f})" if shown else ""))
+                    ratio = run.ratio(f"decode_ms_at_past_{past}")
+                    shown = ratio is not None and run.label != run.rounds.baseline
+                    cells.append(f"{ms:.2f}" + (f" (×{ratio.median:.2f})" if shown else ""))
                 held = run.kv_cache_bytes_at_past[-1][1] / 1e6 if run.kv_cache_bytes_at_past else float("nan")
                 by_past.add_row(run.label, str(run.batch), *cells, f"{held:.3g}")
         console.print(by_past)
@@ -371,39 +370,35 @@ def precision_grid(report) -> None:
     s = report.settings
     columns = ("variant", "ΔPPL %", "KL mean", "KL p99", "top-1 %", "MB", "decode ms", "prompt ms")
     table = _table(f"precisions: {report.model}", columns, left=("variant",))
-    for row in report.rows():
+    rounds = report.rounds
+    for name, q in zip(report.recipes, report.quality.rows):
         timing = []
         for figure in ("decode_ms", "prompt_ms"):
-            ratio = row[f"{figure}_ratio"]
-            shown = f"{row[figure]:.3g}"
-            timing.append(
-                shown + (f" ×{ratio:.2f}" if ratio is not None and row["variant"] != report.rounds.baseline else "")
-            )
+            ratio = rounds.ratio(name, figure)
+            shown = f"{rounds.spread(name, figure).median:.3g}"
+            timing.append(shown + (f" ×{ratio.median:.2f}" if ratio is not None and name != rounds.baseline else ""))
         table.add_row(
-            row["variant"],
-            f"{row['delta_ppl_percent']:+.2f}",
-            f"{row['kl_mean']:.2e}",
-            f"{row['kl_p99']:.2e}",
-            f"{100 * row['same_top1']:.1f}",
-            f"{row['file_mb']:.1f}",
+            name,
+            f"{q.delta_ppl_percent:+.2f}",
+            f"{q.kl.mean:.2e}",
+            f"{q.kl.p99:.2e}",
+            f"{100 * q.same_top1:.1f}",
+            f"{report.sizes[name] / 1e6:.1f}",
             *timing,
         )
     console.print(table)
-    line(
-        f"decode b1 at past {s['past']}, prompt b1×{s['prompt_len']}; {report.rounds.machine.summary()};"
-        f" {report.rounds.load.summary()}"
-    )
+    line(f"decode b1 at past {s.past}, prompt b1×{s.prompt_len}; {rounds.machine.summary()}; {rounds.load.summary()}")
     for name, why in report.refused.items():
         line(f"{name}: refused by its own check, not measured: {why}")
     cpus = list(next(iter(report.portability.values()), {}))
     for cpu in cpus:
         by = {name: figures[cpu] for name, figures in report.portability.items()}
-        differ = [name for name, f in by.items() if not f["greedy_equal"]]
-        worst = max(by, key=lambda name: by[name]["kl_mean"])
+        differ = [name for name, f in by.items() if not f.greedy_equal]
+        worst = max(by, key=lambda name: by[name].kl_mean)
         line(
-            f"on {cpu} ({report.cpus_seen[cpu]['model']}): greedy tokens equal for {len(by) - len(differ)} of"
+            f"on {cpu} ({report.cpus_seen[cpu].model}): greedy tokens equal for {len(by) - len(differ)} of"
             f" {len(by)} variants{' (not ' + ', '.join(differ) + ')' if differ else ''}; largest KL against this CPU"
-            f" {by[worst]['kl_mean']:.1e} ({worst})"
+            f" {by[worst].kl_mean:.1e} ({worst})"
         )
 
 
@@ -490,28 +485,23 @@ def memory(report) -> None:
 def _bench_rounds(report: BenchReport) -> None:
     """Several folders: each one's ratios to the first, taken round by round (median and quartiles); the load."""
     shown = {"decode_ms": "decode", "prompt_ms": "prompt", "tokens_per_s": "tokens/s"}
-    interleaved = [run for run in report.runs if "rounds" in run.extra]
+    interleaved = [run for run in report.runs if run.rounds is not None]
     if interleaved:
-        first = interleaved[0].extra["rounds"]
+        first = interleaved[0].rounds
         line(
-            f"{first['rounds']} rounds in rotating order; each folder against {first['baseline']}, round by round"
+            f"{first.rounds} rounds in rotating order; each folder against {first.baseline}, round by round"
             " (median, quartiles):"
         )
     for run in interleaved:
-        if run.label == run.extra["rounds"]["baseline"]:
+        if run.label == run.rounds.baseline:
             continue
-        ratios = run.extra["rounds"]["ratio_to_baseline"]
-        parts = [
-            f"{name} ×{r['median']:.3g} ({r['low']:.3g}–{r['high']:.3g})"
-            for key, name in shown.items()
-            if (r := ratios.get(key)) is not None
-        ]
+        parts = [f"{name} ×{r.shown()}" for key, name in shown.items() if (r := run.ratio(key)) is not None]
         line(f"  {run.label} batch {run.batch}: " + ", ".join(parts))
-    loads = [run.extra["load"] for run in report.runs if "load" in run.extra]
+    loads = [run.load for run in report.runs if run.load is not None]
     if loads:
-        others = [x["other_processes_cpu"] for x in loads if x["other_processes_cpu"] is not None]
+        others = [x.others for x in loads if x.others is not None]
         busy = f", other processes up to {100 * max(others):.0f} % of the CPUs" if others else ""
-        line(f"load {loads[0]['load_before']:.2f} → {loads[-1]['load_after']:.2f}{busy}")
+        line(f"load {loads[0].before:.2f} → {loads[-1].after:.2f}{busy}")
 
 
 def _bench_notes(report: BenchReport, runtimes: int, plot: Path | None) -> None:
@@ -521,13 +511,13 @@ def _bench_notes(report: BenchReport, runtimes: int, plot: Path | None) -> None:
         text = f"{name}: {model.precision}, {size(model.model_bytes)}"
         line(text + (f"; {model.placement.summary()}" if model.placement is not None else ""))
     _bench_rounds(report)
-    tf32 = {run.runtime or run.engine: run.extra["tf32"] for run in report.runs if "tf32" in run.extra}
+    tf32 = {run.runtime or run.engine: run.tf32 for run in report.runs if run.tf32 is not None}
     if tf32:
         console.print("TF32 in fp32 matmuls: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in tf32.items()))
     for run in report.runs:
         if run.speculation is not None:
             rows = " (rows one at a time)" if run.batch > 1 else ""
-            same = "" if run.extra.get("same_tokens", True) else "; NOT the plain run's tokens"
+            same = "" if run.same_tokens in (True, None) else "; NOT the plain run's tokens"
             console.print(
                 f"batch {run.batch}: {run.label}: tokens/s ×{run.speedup_over_plain:.2f} vs plain decoding{rows};"
                 f" {run.speculation.summary()}{same}",

@@ -51,6 +51,7 @@ from gpt2onnx.decoding.results import Generation
 from gpt2onnx.decoding.strategy import Request, Strategy
 from gpt2onnx.errors import BadInput
 from gpt2onnx.params import options_of
+from gpt2onnx.records import Record, computed
 from gpt2onnx.runtimes.all_runtimes import runtime_spec
 from gpt2onnx.runtimes.runtime import StepRuntime
 
@@ -151,7 +152,7 @@ def speculation_from(**given) -> Speculation | None:
 
 
 @dataclass(frozen=True)
-class Acceptance:
+class Acceptance(Record):
     """How the proposals fared: over every round of every row."""
 
     kind: str  # "prompt-lookup" or "draft"
@@ -160,6 +161,11 @@ class Acceptance:
     accepted: int  # proposals the target kept
     tokens: int  # new tokens made by those rounds and the prompt step
     draft_steps: int = 0  # the draft's own steps
+
+    json_computed = (
+        computed("acceptance_rate", "rate", after="accepted"),
+        computed("tokens_per_target_step", "tokens_per_step", after="tokens"),
+    )
 
     @property
     def rate(self) -> float | None:
@@ -170,18 +176,6 @@ class Acceptance:
     def tokens_per_step(self) -> float:
         """New tokens per target step, the prompt step included (plain decoding: 1)."""
         return self.tokens / (self.rounds + 1)
-
-    def as_dict(self) -> dict:
-        return {
-            "kind": self.kind,
-            "rounds": self.rounds,
-            "proposed": self.proposed,
-            "accepted": self.accepted,
-            "acceptance_rate": self.rate,
-            "tokens": self.tokens,
-            "tokens_per_target_step": self.tokens_per_step,
-            "draft_steps": self.draft_steps,
-        }
 
     def summary(self) -> str:
         rate = "nothing proposed" if self.rate is None else f"{100 * self.rate:.1f}% of {self.proposed} proposed"

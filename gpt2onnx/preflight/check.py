@@ -5,8 +5,9 @@ against the provider's kernel table; no session is made, no weights are read."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.generation import Decoding, Sampling, request_declared
@@ -18,6 +19,7 @@ from gpt2onnx.decoding.generate import open_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.passes.pipeline import GraphPasses
+from gpt2onnx.records import Record, field
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, runtime_alternatives
 from gpt2onnx.runtimes.runtime import command_declared
 from gpt2onnx.serving.engine import ENGINE
@@ -25,28 +27,19 @@ from gpt2onnx.targets.all_targets import parse_targets, target_specs
 
 
 @dataclass(frozen=True)
-class Preflight:
+class Preflight(Record):
     """The answer: the choices asked about (as the resolver names them), whether they work together, each conflict
     in one line, and what a GPU provider's kernel table says of the folder's ops."""
 
     question: tuple[str, ...]
-    ok: bool
+    ok: bool = field(key="supported")
     conflicts: tuple[str, ...] = ()
     kernels: tuple[str, ...] = ()  # ops a GPU provider has no kernel for (op ×count: reason)
-    facts: dict = field(default_factory=dict)  # what the choices make (the resolver's facts, as text)
+    facts: dict[str, Any] = field(default_factory=dict)  # what the choices make (the resolver's facts, as text)
 
     @property
     def line(self) -> str:
         return "supported" if self.ok else self.conflicts[0]
-
-    def as_dict(self) -> dict:
-        return {
-            "question": list(self.question),
-            "supported": self.ok,
-            "conflicts": list(self.conflicts),
-            "kernels": list(self.kernels),
-            "facts": self.facts,
-        }
 
 
 def architecture_of(model: str | None) -> Declared | None:

@@ -14,6 +14,7 @@ from gpt2onnx.choices.axes import graph_alternatives
 from gpt2onnx.choices.of_folder import folder_choices
 from gpt2onnx.errors import BadInput
 from gpt2onnx.params import flags_of, options_of
+from gpt2onnx.records import Record
 from gpt2onnx.registry import Registry
 from gpt2onnx.runtimes import genai, onnxruntime, openvino, ort_generate
 from gpt2onnx.runtimes.runtime import Runtime, RuntimeSpec, command_declared
@@ -28,7 +29,7 @@ def runtime_spec(name: str) -> RuntimeSpec:
 
 
 @dataclass(frozen=True)
-class RuntimeOptions:
+class RuntimeOptions(Record):
     """A runtime and its settings (default: the runtime's defaults), checked when built."""
 
     name: str = "onnxruntime"
@@ -72,9 +73,6 @@ class RuntimeOptions:
         verdict = resolve([*self.declared, command_declared(command)], alternatives=runtime_alternatives())
         if not verdict.ok:
             raise BadInput(verdict.conflicts[0].line)
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "settings": self.settings.as_dict()}
 
 
 def runtime_options(names: list[str], flags: dict[str, Any]) -> list[RuntimeOptions]:

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ from gpt2onnx.capabilities import Lacks, Need
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.params import param
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
+from gpt2onnx.records import Record
 from gpt2onnx.runtimes.decoder import file_shape
 from gpt2onnx.runtimes.runtime import Capabilities, RuntimeSpec, StepRuntime, check_threads, threads_param
 
@@ -33,7 +33,7 @@ GROUPED_ATTENTION = ("com.microsoft", "GroupQueryAttention")  # OpenVINO runs it
 
 
 @dataclass(frozen=True)
-class OpenVinoSettings:
+class OpenVinoSettings(Record):
     """The device to compile for, the precision it may compute in (INFERENCE_PRECISION_HINT: f32 unless asked),
     and its thread count (None: OpenVINO's default)."""
 
@@ -47,9 +47,6 @@ class OpenVinoSettings:
             raise BadInput(f"OpenVINO precision '{self.precision}' is unknown: choose f32, bf16 or fp16")
         object.__setattr__(self, "precision", precision)
         check_threads(self.threads)
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def _openvino():

@@ -22,7 +22,7 @@ import re
 import tempfile
 import weakref
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnxruntime as ort
@@ -35,6 +35,7 @@ from gpt2onnx.capabilities import Declared, Lacks, Need
 from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
 from gpt2onnx.params import param
 from gpt2onnx.precisions.all_precisions import PRECISIONS
+from gpt2onnx.records import Record
 from gpt2onnx.runtimes.heap import release_freed_memory
 from gpt2onnx.runtimes.runtime import check_threads, threads_param
 
@@ -50,7 +51,7 @@ TRT_DUMMY_PAST = 1
 
 
 @dataclass(frozen=True)
-class ProviderConfig:
+class ProviderConfig(Record):
     """The onnxruntime runtime's settings: the execution provider and its options, checked when built."""
 
     name: str = param("cpu", "cpu, cuda or tensorrt.", flag="--provider", short="-p")
@@ -108,9 +109,6 @@ class ProviderConfig:
         if self.trt_cache_dir is not None:  # a folder TensorRT writes into (never replaced)
             check_output_path(Path(self.trt_cache_dir), option="--trt-cache-dir", kind="folder", replaced=False)
         return self
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 # NVIDIA's libraries read it: 0 turns TF32 off in cuBLAS, cuDNN and TensorRT, whatever the caller asked for.

@@ -21,7 +21,6 @@ another runtime.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.capabilities import Declared, Need
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.params import param
+from gpt2onnx.records import Record
 
 MAX_THREADS = 256
 # What each command that runs a folder needs of its runtime beyond a request's options, declared once: the command
@@ -126,16 +126,13 @@ def threads_param():
 
 
 @dataclass(frozen=True)
-class ThreadSettings:
+class ThreadSettings(Record):
     """The settings of a runtime whose only option is its thread count (genai, ort-generate)."""
 
     threads: int | None = threads_param()
 
     def __post_init__(self) -> None:
         check_threads(self.threads)  # an invalid one cannot be built
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 class Runtime(ABC):

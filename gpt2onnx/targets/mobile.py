@@ -44,6 +44,7 @@ from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.capabilities import Need
 from gpt2onnx.errors import ContractError
 from gpt2onnx.layouts.layout import PAST_BUFFER
+from gpt2onnx.records import Record, field
 from gpt2onnx.targets.formats import json_text
 from gpt2onnx.targets.target import Deployment, TargetSpec, Written
 
@@ -94,7 +95,7 @@ FULL_PACKAGES = "onnxruntime-android, onnxruntime-c, onnxruntime-objc"
 
 
 @dataclass(frozen=True)
-class Usability:
+class Usability(Record):
     """One provider's estimate by onnxruntime's checker: how many nodes it could take, in how many partitions, and
     its verdict (YES, MAYBE, NO), for the graph as exported (dynamic shapes) and with every shape fixed."""
 
@@ -109,10 +110,8 @@ class Usability:
     fixed_partitions: int
     fixed_suitability: str
     caveats: tuple[str, ...]
-    analysis: str  # the checker's own words
-
-    def as_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items() if k != "analysis"}
+    # the checker's own words (not written)
+    analysis: str = field(default="", compare=False, omit=lambda usability: True)
 
     def line(self) -> str:
         parts = f"{self.partitions} partition{'s' if self.partitions != 1 else ''}"

@@ -25,7 +25,7 @@ import hashlib
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -41,6 +41,7 @@ from gpt2onnx.artifact.report import (
     EvalRow,
     Figures,
     GreedyComparison,
+    GreedySettings,
     KlStats,
 )
 from gpt2onnx.decoding.generate import decode
@@ -562,8 +563,9 @@ def _run(
     ref_tally, tallies, count = _score(candidates, ref, text, windows, summary.tokens, on_window)
     greedy = _greedy(candidates, ref, summary.head, greedy_tokens=greedy_tokens, context=windows.context)
     ppl, ppl_se, nll = ref_tally.perplexity()
-    ref_row = EvalRow(ref.label, ref.precision, ref.runtime, ref.provider, ref_tally.n, ppl, ppl_se, nll)
-    ref_row.seconds = ref.seconds
+    ref_row = EvalRow(
+        ref.label, ref.precision, ref.runtime, ref.provider, ref_tally.n, ppl, ppl_se, nll, seconds=ref.seconds
+    )
     rows = [
         _row(scorer, tally, greedy_row, gates, against=ref.label)
         for scorer, tally, greedy_row in zip(candidates, tallies, greedy)
@@ -578,12 +580,11 @@ def _run(
         text={**text.source.describe(), "sha256": summary.sha256},
         tokenizer=str(text.tokenizer_folder) if text.tokenizer_folder else None,
         reference=ref.label,
-        greedy_prompt_tokens=int(min(GREEDY_PROMPT, len(summary.head))),
-        greedy_new_tokens=greedy_tokens,
+        greedy=GreedySettings(int(min(GREEDY_PROMPT, len(summary.head))), greedy_tokens),
         gates=gates.as_dict(),
         machine=describe_machine(candidates[0].provider if candidates else "cpu"),
     )
-    return EvalReport(protocol, ref_row, rows)
+    return EvalReport(protocol, ref_row, tuple(rows))
 
 
 def _score(candidates, ref, text: _Text, windows: Windows, tokens: int, on_window) -> tuple[_Tally, list[_Tally], int]:
@@ -622,9 +623,7 @@ def _row(scorer, tally: _Tally, greedy: GreedyComparison | None, gates: EvalGate
         token_by_token=scorer.last_logits,
         seconds=scorer.seconds,
     )
-    if gates.active:
-        row.check = _gate(row, gates, against=against)
-    return row
+    return replace(row, check=_gate(row, gates, against=against)) if gates.active else row
 
 
 def _compare(logits: np.ndarray, ref_logits: np.ndarray, targets: np.ndarray, tally: _Tally) -> None:

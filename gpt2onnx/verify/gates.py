@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from gpt2onnx.artifact.report import Figures
 from gpt2onnx.errors import BadInput, ContractError
 from gpt2onnx.precisions.all_precisions import PRECISIONS, precision
 from gpt2onnx.precisions.kv_cache import cache_format_of
+from gpt2onnx.records import OMIT_DEFAULT, Record, field
 
 # Each precision's gates are declared by its module (gpt2onnx.precisions: Precision.gates and .file_gates, with
 # the measurements that set them); the tables below are views of the registry, by precision name.
@@ -225,12 +226,12 @@ def apply_gates(measured: Figures, gates: dict, *, cases: int = 1) -> list[str]:
 
 
 @dataclass(frozen=True)
-class EvalGates:
+class EvalGates(Record):
     """Thresholds on the figures against the reference: the most ΔPPL (percent) and mean KL accepted; checked
     when built."""
 
-    max_ppl_increase: float | None = None
-    max_kl: float | None = None
+    max_ppl_increase: float | None = field(default=None, omit=OMIT_DEFAULT)
+    max_kl: float | None = field(default=None, omit=OMIT_DEFAULT)
 
     def __post_init__(self) -> None:  # an invalid one cannot be built
         for name, value in (("max_ppl_increase", self.max_ppl_increase), ("max_kl", self.max_kl)):
@@ -245,6 +246,3 @@ class EvalGates:
     @property
     def active(self) -> bool:
         return self.max_ppl_increase is not None or self.max_kl is not None
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}

@@ -71,7 +71,7 @@ def _measure(name: str, ours: np.ndarray, theirs: np.ndarray, gates: dict) -> Kv
         positions_compared=int(ours.shape[0]),
         nonfinite=int((~np.isfinite(ours)).sum()),
     )
-    return KvPathCheck(name, CHECKS[name], measured, gates, apply_gates(measured, gates))
+    return KvPathCheck(name, CHECKS[name], measured, gates, tuple(apply_gates(measured, gates)))
 
 
 def kv_path_gates(tolerances: dict) -> dict:
@@ -128,4 +128,4 @@ def check_kv_path(
     splits = sorted({first, (first + length) // 2, length})
     chunked = _run_sequence(decoder, ids, mask, splits)
     checks.append(_measure("chunks", chunked, _recomputed(decoder, ids, mask, splits), gates))
-    return KvPathReport(checks=checks)
+    return KvPathReport(checks=tuple(checks))

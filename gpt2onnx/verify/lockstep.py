@@ -6,7 +6,7 @@ sides), and their outputs compared. The reference is transformers' GPT2LMHeadMod
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ from gpt2onnx.decoding.generate import decode
 from gpt2onnx.machine import describe_machine
 from gpt2onnx.precisions.all_precisions import FP32
 from gpt2onnx.pytorch.reference import cache_as_arrays, reference_step
+from gpt2onnx.records import Record, field
 from gpt2onnx.runtimes.decoder import OnnxDecoder
 from gpt2onnx.verify.gates import apply_gates
 from gpt2onnx.verify.metrics import (
@@ -51,7 +52,7 @@ def _fixed_batch_report(worst_logits, worst_present, tolerance, shape, decode_st
 
 
 @dataclass(frozen=True)
-class Case:
+class Case(Record):
     batch: int
     prefix_length: int  # tokens run first with an empty past, so the prompt step starts with a real past
     prompt_length: int
@@ -60,37 +61,26 @@ class Case:
     seed: int
 
 
-@dataclass
-class CaseResult:
+@dataclass(frozen=True)
+class CaseResult(Record):
+    """One case of a lockstep check; written per case into a parity report's cases (its samples are not)."""
+
     case: Case
-    logits: dict  # max, p50, p99 of |Δlogits| on real positions
-    present: dict  # max, p50, p99 of |Δpresent| on real positions
+    logits: dict[str, float]  # max, p50, p99 of |Δlogits| on real positions
+    present: dict[str, float]  # max, p50, p99 of |Δpresent| on real positions
     top1_agreement: float
     positions_compared: int
     nonfinite: int
     tokens_equal: bool
     top5_agreement: float = 1.0  # share of positions where the reference's top-1 is in our top-5
-    kl: dict = field(default_factory=dict)  # KL(reference ‖ ours) of the next-token distributions: mean, max
+    # KL(reference ‖ ours) of the next-token distributions: mean, max
+    kl: dict[str, float] = field(default_factory=dict)
     tokens_before_divergence: int = 0  # greedy tokens generated before the first one that differs (min over rows)
-    samples: dict = field(default_factory=dict, repr=False)  # subsampled |Δ| values, for pooled percentiles
-    relative_error: dict = field(default_factory=dict)  # ‖Δlogits‖ / ‖logits − mean‖ per position: mean, max
+    # subsampled |Δ| values (arrays), for pooled percentiles: kept in memory, never written
+    samples: dict = field(default_factory=dict, repr=False, compare=False, omit=lambda result: True)
+    # ‖Δlogits‖ / ‖logits − mean‖ per position: mean, max
+    relative_error: dict[str, float] = field(default_factory=dict)
     reference_information: float | None = None  # the reference's ln V − entropy, nats, mean over positions
-
-    def as_dict(self) -> dict:
-        return {
-            "case": asdict(self.case),
-            "logits": self.logits,
-            "present": self.present,
-            "top1_agreement": self.top1_agreement,
-            "positions_compared": self.positions_compared,
-            "nonfinite": self.nonfinite,
-            "tokens_equal": self.tokens_equal,
-            "top5_agreement": self.top5_agreement,
-            "kl": self.kl,
-            "tokens_before_divergence": self.tokens_before_divergence,
-            "relative_error": self.relative_error,
-            "reference_information": self.reference_information,
-        }
 
 
 def left_padded_batch(vocab_size: int, *, batch: int, length: int, seed: int = 0):

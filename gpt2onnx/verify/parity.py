@@ -82,7 +82,7 @@ def gate_report(
     if weights is not None:
         measured = dataclasses.replace(measured, weights=weights)
     failures = tuple(apply_gates(measured, gates, cases=len(results)))
-    cases = [r.as_dict() for r in results] if keep_cases else []
+    cases = tuple(r.as_dict() for r in results) if keep_cases else ()
     machine = describe_machine(provider.split(" ")[0])
     return CheckReport(
         precision,

@@ -50,7 +50,7 @@ def test_bench_torch_records_where_and_in_what_it_ran(tiny_folder):
     stats = bench_torch(
         ref, BenchConfig(batches=(2,), prompt_len=4, new_tokens=3, warmup=0, repeat=1), 2, vocab_size=1000
     )
-    assert stats.extra == {"device": "cpu", "dtype": "float32"} and stats.peak_device_bytes is None
+    assert stats.as_dict()["extra"] == {"device": "cpu", "dtype": "float32"} and stats.peak_device_bytes is None
     assert [p for p, _ in stats.decode_ms_by_past] == [4, 5]
 
 

@@ -34,12 +34,14 @@ from pathlib import Path
 import numpy as np
 
 from gpt2onnx.artifact.folder import MANIFEST_NAME
+from gpt2onnx.artifact.report import EvalReport
 from gpt2onnx.benchmarks.harness import Rounds, check_runs, csv_of, interleave, write_outputs
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import write_text_atomic
 from gpt2onnx.precisions.all_precisions import FP32, INT4, INT8, INT8_WEIGHTS
 from gpt2onnx.profiles import ort_shared_kv
 from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, UNFUSED
+from gpt2onnx.records import Record, computed
 from gpt2onnx.runtimes.worker_process import ENGINES_PYTHON_ENV, WorkerProcess, engines_python
 
 log = logging.getLogger(__name__)
@@ -471,7 +473,7 @@ def _worker(python: str | None, variant: Variant) -> WorkerProcess:
 
 # -- the runs ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Settings:
+class Settings(Record):
     prompt_len: int = 128
     new_tokens: int = 64
     batch: int = 8
@@ -511,9 +513,6 @@ class Settings:
                 f"batch {self.batch} × {self.prompt_len + self.new_tokens} tokens is more than {MAX_BATCH_TOKENS:,}"
                 " tokens at once: use a smaller --batch or shorter runs"
             )
-
-    def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("prompt_len", "new_tokens", "batch", "threads", "rounds", "warmup")}
 
 
 class _Running:
@@ -616,7 +615,7 @@ class _EngineScorer:
 
 
 @dataclass(frozen=True)
-class VariantRecord:
+class VariantRecord(Record):
     name: str
     engine: str
     format: str
@@ -627,12 +626,9 @@ class VariantRecord:
     info: dict = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
-    def as_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
-
 
 @dataclass(frozen=True)
-class CompareReport:
+class CompareReport(Record):
     """What compare measured: the variants' files and processes, the speed rounds, the quality on the text."""
 
     checkpoint: str
@@ -640,8 +636,10 @@ class CompareReport:
     settings: Settings
     variants: tuple[VariantRecord, ...]
     speed: Rounds
-    quality: object | None  # an EvalReport
+    quality: EvalReport | None
     missing: tuple[str, ...]
+
+    json_computed = (computed("summary", "rows", after="variants"),)
 
     def quality_row(self, name: str):
         """The variant's quality figures (an eval row), or None when unscored."""
@@ -672,18 +670,6 @@ class CompareReport:
                 )
             rows.append(row)
         return rows
-
-    def as_dict(self) -> dict:
-        return {
-            "checkpoint": self.checkpoint,
-            "source": self.source,
-            "settings": self.settings.as_dict(),
-            "variants": [v.as_dict() for v in self.variants],
-            "summary": self.rows(),
-            "speed": self.speed.as_dict(),
-            "quality": self.quality.as_dict() if self.quality is not None else None,
-            "missing": list(self.missing),
-        }
 
     def csv(self) -> str:
         return csv_of(self.rows())

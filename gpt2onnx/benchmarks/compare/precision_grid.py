@@ -35,12 +35,15 @@ import numpy as np
 
 from gpt2onnx.artifact.folder import MANIFEST_NAME
 from gpt2onnx.artifact.paths import check_output_files, check_output_path
+from gpt2onnx.artifact.report import EvalReport
 from gpt2onnx.benchmarks.harness import Rounds, check_runs, csv_of, interleave, write_outputs
 from gpt2onnx.errors import BadInput, CheckFailed, RuntimeUnavailable
 from gpt2onnx.files import write_text_atomic
+from gpt2onnx.machine import CpuRecord
 from gpt2onnx.precisions.all_precisions import FP16, FP32, INT4, INT8, INT8_WEIGHTS, NO_QUANTIZATION
 from gpt2onnx.profiles import portable
 from gpt2onnx.profiles.all_profiles import OPTIMIZE_DEFAULT, UNFUSED
+from gpt2onnx.records import Record, computed, field, from_json
 
 log = logging.getLogger(__name__)
 
@@ -214,19 +217,67 @@ def build(
 
 
 @dataclass(frozen=True)
-class PrecisionReport:
+class GridSettings(Record):
+    """What bench precision was asked to do (its --json's "settings")."""
+
+    text: str
+    chars: int  # of the text, scored
+    threads: int | None
+    past: int
+    prompt_len: int
+    gate_cases: int
+    calibration: str | None
+    random_init: bool
+    seed: int
+    outliers: float
+    cpus: tuple[str, ...]
+    cpu_tokens: int
+
+
+@dataclass(frozen=True)
+class GateFigures(Record):
+    """A variant's gate statistics on randomized ids (parity's, the gates opened)."""
+
+    kl_mean: float
+    top1: float
+    top5: float
+
+
+@dataclass(frozen=True)
+class CpuFigures(Record):
+    """A variant on this CPU against another: mean KL(this ‖ that), the share with the same top-1, greedy equal."""
+
+    kl_mean: float
+    same_top1: float
+    greedy_equal: bool
+
+
+def _in_rows():
+    """A figure written only in the summary rows (--json has never had its own key for it)."""
+    return field(omit=lambda report: True)
+
+
+@dataclass(frozen=True)
+class PrecisionReport(Record):
+    """What bench precision measured; its --json is written, never read back (recipes, sizes and gate figures
+    are in its summary rows only)."""
+
     model: str
-    recipes: dict  # name → the recipe in words
-    sizes: dict  # name → model file bytes
-    quality: object  # the EvalReport (one row per variant, in order)
-    gates: dict  # name → the gate statistics on randomized ids
+    settings: GridSettings
+    recipes: dict[str, str] = _in_rows()  # name → the recipe in words
+    sizes: dict[str, int] = _in_rows()  # name → model file bytes
+    quality: EvalReport = field(key="eval")  # one row per variant, in order
+    gates: dict[str, GateFigures] = _in_rows()  # name → the gate statistics on randomized ids
     rounds: Rounds  # decode_ms, prompt_ms
-    refused: dict  # name → why its own check refused it
-    settings: dict
-    portability: dict = dataclasses.field(default_factory=dict)  # name → emulated CPU → KL, top-1, greedy equal
-    cpus_seen: dict = dataclasses.field(default_factory=dict)  # each CPU as its process described it
+    refused: dict[str, str]  # name → why its own check refused it
+    # name → emulated CPU → KL, top-1, greedy equal
+    portability: dict[str, dict[str, CpuFigures]] = field(default_factory=dict)
+    cpus_seen: dict[str, CpuRecord] = field(default_factory=dict, key="cpus")  # each CPU as its process saw itself
+
+    json_computed = (computed("summary", "rows", after="settings"),)
 
     def rows(self) -> list[dict]:
+        """A row per variant (--csv, and --json's "summary"): its recipe, quality, size, speed and gate figures."""
         rows = []
         for name, q in zip(self.recipes, self.quality.rows):
             row = {
@@ -244,23 +295,11 @@ class PrecisionReport:
                 row[figure] = self.rounds.spread(name, figure).median
                 ratio = self.rounds.ratio(name, figure)
                 row[f"{figure}_ratio"] = ratio.median if ratio is not None else None
-            row.update({f"gate_{k}": v for k, v in self.gates[name].items()})
+            row.update({f"gate_{k}": v for k, v in self.gates[name].as_dict().items()})
             for cpu, figures in self.portability.get(name, {}).items():
-                row.update({f"{cpu}_{k}": v for k, v in figures.items()})
+                row.update({f"{cpu}_{k}": v for k, v in figures.as_dict().items()})
             rows.append(row)
         return rows
-
-    def as_dict(self) -> dict:
-        return {
-            "model": self.model,
-            "settings": self.settings,
-            "summary": self.rows(),
-            "eval": self.quality.as_dict(),
-            "rounds": self.rounds.as_dict(),
-            "refused": self.refused,
-            "portability": self.portability,
-            "cpus": self.cpus_seen,
-        }
 
     def csv(self) -> str:
         return csv_of(self.rows())
@@ -277,8 +316,8 @@ class PrecisionReport:
             "same top-1",
             "greedy diverges at",
             "file MB",
-            f"decode b1 @{s['past']} ms",
-            f"prompt b1×{s['prompt_len']} ms",
+            f"decode b1 @{s.past} ms",
+            f"prompt b1×{s.prompt_len} ms",
             "gate KL (random ids)",
             "gate top-5",
         ]
@@ -316,12 +355,12 @@ class PrecisionReport:
             )
         lines.append("")
         lines.append(
-            f"Quality: the first {s['chars']:,} characters of {s['text']}, {p.scored_tokens} scored tokens in windows"
+            f"Quality: the first {s.chars:,} characters of {s.text}, {p.scored_tokens} scored tokens in windows"
             f" of {p.context} (stride {p.stride}) against PyTorch fp32; greedy: {p.greedy_new_tokens} new tokens from"
-            f" the text's first {p.greedy_prompt_tokens}. Gate figures: {s['gate_cases']} randomized cases. Calibration"
-            f" (gptq, mixed): {s['calibration'] or 'gpt2onnx default (the standard library docstrings)'}."
+            f" the text's first {p.greedy_prompt_tokens}. Gate figures: {s.gate_cases} randomized cases. Calibration"
+            f" (gptq, mixed): {s.calibration or 'gpt2onnx default (the standard library docstrings)'}."
         )
-        lines.append(f"Speed: onnxruntime cpu, {s['threads']} threads; " + self.rounds.markdown().splitlines()[-1])
+        lines.append(f"Speed: onnxruntime cpu, {s.threads} threads; " + self.rounds.markdown().splitlines()[-1])
         lines += [f"{name}: refused by its own check, not measured: {why}" for name, why in self.refused.items()]
         if self.portability:
             lines += ["", self._portability_markdown()]
@@ -335,13 +374,9 @@ class PrecisionReport:
             cells = [name]
             for cpu in cpus:
                 f = by_cpu[cpu]
-                cells += [
-                    f"{f['kl_mean']:.1e}",
-                    f"{100 * f['same_top1']:.2f} %",
-                    "yes" if f["greedy_equal"] else "**no**",
-                ]
+                cells += [f"{f.kl_mean:.1e}", f"{100 * f.same_top1:.2f} %", "yes" if f.greedy_equal else "**no**"]
             lines.append("| " + " | ".join(cells) + " |")
-        seen = "; ".join(f"{label}: {cpu['model']} (int8: {cpu['int8_path']})" for label, cpu in self.cpus_seen.items())
+        seen = "; ".join(f"{label}: {cpu.model} (int8: {cpu.int8_path})" for label, cpu in self.cpus_seen.items())
         lines += ["", f"The same windows and greedy tokens on each CPU, one thread, emulated by QEMU: {seen}."]
         return "\n".join(lines)
 
@@ -440,16 +475,16 @@ def portability(folders: dict[str, Path], ids: np.ndarray, cpus: tuple[str, ...]
         out = "cpu-host.npz" if name == "this CPU" else f"cpu-{name}.npz"
         results[name] = dict(np.load(work / out))
     host = results.pop("this CPU")
-    seen = {"this CPU": json.loads(str(host["cpu"]))} | {c: json.loads(str(r["cpu"])) for c, r in results.items()}
+    seen = {name: from_json(CpuRecord, json.loads(str(r["cpu"]))) for name, r in {"this CPU": host, **results}.items()}
     figures = {}
     for index, name in enumerate(folders):
         ours = host[f"logits_{index}"]
         figures[name] = {
-            cpu: {
-                "kl_mean": float(kl_divergence(ours, other[f"logits_{index}"]).mean()),
-                "same_top1": float((ours.argmax(-1) == other[f"logits_{index}"].argmax(-1)).mean()),
-                "greedy_equal": bool(np.array_equal(host[f"tokens_{index}"], other[f"tokens_{index}"])),
-            }
+            cpu: CpuFigures(
+                kl_mean=float(kl_divergence(ours, other[f"logits_{index}"]).mean()),
+                same_top1=float((ours.argmax(-1) == other[f"logits_{index}"].argmax(-1)).mean()),
+                greedy_equal=bool(np.array_equal(host[f"tokens_{index}"], other[f"tokens_{index}"])),
+            )
             for cpu, other in results.items()
         }
     return figures, seen
@@ -579,7 +614,7 @@ def bench_precision(
         precision = precision_of(open_folder(folders[v.name]).facts).name
         opened = {"logits": 1e9, "present": 1e9} if precision == "float32" else OPEN_GATES
         measured = parity(folders[v.name], cases=gate_cases, gates=opened, provider=provider).measured
-        gates[v.name] = {"kl_mean": measured.kl.mean, "top1": measured.top1_agreement, "top5": measured.top5_agreement}
+        gates[v.name] = GateFigures(measured.kl.mean, measured.top1_agreement, measured.top5_agreement)
     n_positions = quality.protocol.context
     past, prompt_len = min(past, n_positions - 2), min(prompt_len, n_positions - 1)
     decoders = {v.name: open_decoder(open_folder(folders[v.name]), provider) for v in variants}
@@ -599,22 +634,33 @@ def bench_precision(
         head = content[: 16 * cpu_tokens]  # enough characters for the tokens (a whole text would only be cut)
         ids = np.asarray(load_tokenizer(folders[F32]).encode(head)[:cpu_tokens], np.int64)
         moved, seen = portability({v.name: folders[v.name] for v in variants}, ids, tuple(cpus), work)
-    settings = {
-        "text": str(text),
-        "chars": len(content),
-        "threads": threads,
-        "past": past,
-        "prompt_len": prompt_len,
-        "gate_cases": gate_cases,
-        "calibration": calibration,
-        "random_init": random_init,
-        "seed": seed,
-        "outliers": outliers,
-        "cpus": list(cpus),
-        "cpu_tokens": cpu_tokens,
-    }
+    settings = GridSettings(
+        text=str(text),
+        chars=len(content),
+        threads=threads,
+        past=past,
+        prompt_len=prompt_len,
+        gate_cases=gate_cases,
+        calibration=calibration,
+        random_init=random_init,
+        seed=seed,
+        outliers=outliers,
+        cpus=tuple(cpus),
+        cpu_tokens=cpu_tokens,
+    )
     recipes = {v.name: v.recipe() for v in variants}
-    report = PrecisionReport(str(model), recipes, sizes, quality, gates, rounds, refused, settings, moved, seen)
+    report = PrecisionReport(
+        model=str(model),
+        settings=settings,
+        recipes=recipes,
+        sizes=sizes,
+        quality=quality,
+        gates=gates,
+        rounds=rounds,
+        refused=refused,
+        portability=moved,
+        cpus_seen=seen,
+    )
     write_outputs(report, json_path=json_path, markdown_path=markdown_path, before_writing=before_writing)
     if csv_path is not None:
         write_text_atomic(csv_path, report.csv())
