@@ -11,6 +11,7 @@ A leaf: it imports nothing of the package but the errors.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import struct
@@ -142,14 +143,15 @@ class Option:
         return self.param.name or self.field
 
 
-def options_of(cls) -> list[Option]:
+@functools.cache  # a class's declarations do not change; the server checks every request's options by them
+def options_of(cls) -> tuple[Option, ...]:
     """The declared options of a dataclass, in field order (fields without a declaration are left out)."""
     hints = typing.get_type_hints(cls)
-    return [
+    return tuple(
         Option(f.name, hints[f.name], f.default, f.metadata["param"])
         for f in dataclasses.fields(cls)
         if "param" in f.metadata
-    ]
+    )
 
 
 def flags_of(cls) -> dict[str, str]:

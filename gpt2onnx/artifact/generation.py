@@ -10,6 +10,7 @@ field"), one from the command line naming the option. JSON's NaN and Infinity (P
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -43,6 +44,7 @@ def check_option(name: str, value, *, vocab_size: int | None = None):
     return rules()[name].check(value, name=name, source=f"(--{name.replace('_', '-')})", vocab_size=vocab_size)
 
 
+@functools.cache  # read for every option of every request
 def rules() -> dict[str, Rule]:
     """Every setting's rule by transformers' name: the declared options' and MORE_RULES."""
     declared = [*options_of(Sampling), *options_of(Decoding), MAX_NEW_TOKENS]
