@@ -279,6 +279,31 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
                 label=label,
                 precision=options.precision,
             )
+    adapter = ckpt.adapter.record if ckpt.adapter is not None else None
+    facts = dict(io=io, kind=kind, graph_facts=graph_facts, model_files=model_files, outside=outside, timings=timings)
+    return (
+        write_export_manifest(folder, ckpt, options, passed, **facts, check=check, eval=quality, adapter=adapter),
+        check,
+        quality,
+    )
+
+
+def write_export_manifest(
+    folder: Path,
+    ckpt: Checkpoint,
+    options: ExportOptions,
+    passed,
+    *,
+    io,
+    kind: str,
+    graph_facts: dict,
+    model_files: list,
+    outside,
+    timings: dict,
+    **records,
+) -> Manifest:
+    """The manifest of an export written into ``folder`` (what every export writes last): the checkpoint, the
+    options, the graph's facts, the passes' records and ``records`` (check, eval, adapter or adapters)."""
     manifest = Manifest(
         kind=kind,
         name=ckpt.name,
@@ -290,12 +315,10 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
         options={**options.as_dict(), "external_data": len(model_files) > 1},
         **passed.records(),
         outside_vocabulary=outside,
-        check=check,
-        eval=quality,
-        adapter=ckpt.adapter.record if ckpt.adapter is not None else None,
         timings=timings,
+        **records,
     )
-    return write_manifest(folder, manifest), check, quality
+    return write_manifest(folder, manifest)
 
 
 def _graph(ckpt: Checkpoint, options: ExportOptions, timings: dict[str, float], *, before_passes=None):

@@ -10,10 +10,9 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from gpt2onnx.artifact.folder import MODEL_FILE, check_output, staged_folder, write_manifest
+from gpt2onnx.artifact.folder import MODEL_FILE, check_output, staged_folder
 from gpt2onnx.artifact.graph import graph_summary, save_onnx
 from gpt2onnx.artifact.lora import adapter_file, check_adapter_name
-from gpt2onnx.artifact.manifest import Manifest
 from gpt2onnx.errors import BadInput
 from gpt2onnx.exporters.export import (
     DEFAULT_OUTPUT_ROOT,
@@ -23,6 +22,7 @@ from gpt2onnx.exporters.export import (
     _special_tokens_outside,
     _write_companions,
     passed_or_refused,
+    write_export_manifest,
 )
 from gpt2onnx.passes.lora_slots import LoraSlot, add_lora_slots, slot_dtypes, write_adapter_file
 from gpt2onnx.passes.pipeline import timed
@@ -142,19 +142,6 @@ def _export_into(folder: Path, base: Checkpoint, adapted: dict, slots, options: 
             report = passed_or_refused(dataclasses.replace(report, against=f"PEFT with adapter {name!r}"))
             records[name] = dataclasses.replace(ckpt.adapter.record, form="switchable", check=report.summary())
     _write_companions(folder, base)
-    manifest = Manifest(
-        kind=kind,
-        name=base.name,
-        source=base.source,
-        architecture=base.spec,
-        dtype=options.passes.dtype,
-        io=io,
-        **graph_facts,
-        options={**options.as_dict(), "external_data": len(model_files) > 1},
-        **passed.records(),
-        outside_vocabulary=_special_tokens_outside(folder, base.spec.vocab_size),
-        check=check,
-        adapters=records,
-        timings=timings,
-    )
-    return write_manifest(folder, manifest), check
+    outside = _special_tokens_outside(folder, base.spec.vocab_size)
+    facts = dict(io=io, kind=kind, graph_facts=graph_facts, model_files=model_files, outside=outside, timings=timings)
+    return write_export_manifest(folder, base, options, passed, **facts, check=check, adapters=records), check
