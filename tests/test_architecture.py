@@ -413,13 +413,13 @@ def test_each_flag_is_declared_once():
 
 
 def test_the_cli_stays_thin():
-    """Commands build options, call one library function and render: no CLI module over 400 lines but render
-    (its tables), no command function over 60 lines."""
+    """Commands build options, call one library function and render: no CLI module over 400 lines (the
+    renderers too: render.py and render_bench.py), no command function over 60 lines."""
     too_long = []
     for path in sorted(CLI.glob("*.py")):
         tree = ast.parse(path.read_text())
         lines = len(path.read_text().splitlines())
-        if lines > 400 and path.name != "render.py":
+        if lines > 400:
             too_long.append(f"{path.name}: {lines} lines")
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and any("command" in ast.unparse(d) for d in node.decorator_list):

@@ -14,7 +14,7 @@ from gpt2onnx.artifact.generation import Decoding
 from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.benchmarks.bench import bench as run_bench
 from gpt2onnx.benchmarks.timing import BenchConfig, parse_batches
-from gpt2onnx.cli import render
+from gpt2onnx.cli import render, render_bench
 from gpt2onnx.cli.app import DefaultedGroup, app, ignore_interrupts
 from gpt2onnx.cli.flags import (
     AdapterNameOpt,
@@ -120,7 +120,7 @@ def bench(
             adapter=adapter,
             **_OUTPUTS,
         )
-    render.benched(report, plot)
+    render_bench.benched(report, plot)
 
 
 @bench_app.command("generate")
@@ -159,7 +159,7 @@ def bench_generate(
             **workload,
             **_OUTPUTS,
         )
-    render.generation(report)
+    render_bench.generation(report)
 
 
 @bench_app.command("speculative")
@@ -198,7 +198,7 @@ def bench_speculative(
             **workload,
             **_OUTPUTS,
         )
-    render.speculative(report)
+    render_bench.speculative(report)
 
 
 @bench_app.command("constraint")
@@ -237,7 +237,7 @@ def bench_constraint(
             **workload,
             **_OUTPUTS,
         )
-    render.constraint_cost(report)
+    render_bench.constraint_cost(report)
 
 
 @bench_app.command("precision")
@@ -253,7 +253,7 @@ def bench_precision_command(model: CheckpointArg, grid: PrecisionGrid = None) ->
         report = bench_precision(
             str(model), **grid.keywords(), progress=lambda what, done, total: step(done, total, what=what), **_OUTPUTS
         )
-    render.precision_grid(report)
+    render_bench.precision_grid(report)
 
 
 @bench_app.command("served")
@@ -300,9 +300,9 @@ def bench_served_command(
             **_OUTPUTS,
         )
     if server == "openai":
-        render.served_openai(report)
+        render_bench.served_openai(report)
     else:
-        render.served(report)
+        render_bench.served(report)
 
 
 @bench_app.command("web")
@@ -331,7 +331,7 @@ def bench_web_command(
             **given(threads=counts, new_tokens=new_tokens, warmup=warmup, repeat=repeat),
             **_OUTPUTS,
         )
-    render.web(report)
+    render_bench.web(report)
 
 
 @bench_app.command("memory")
@@ -360,4 +360,4 @@ def bench_memory(
             **given(prompt_len=prompt_len, new_tokens=new_tokens),
             **_OUTPUTS,
         )
-    render.memory(report)
+    render_bench.memory(report)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from gpt2onnx.artifact.generation import Decoding, Sampling
-from gpt2onnx.cli import render
+from gpt2onnx.cli import render, render_bench
 from gpt2onnx.cli.app import app, console, ignore_interrupts, write_json_output
 from gpt2onnx.cli.flags import (
     AdapterNameOpt,
@@ -143,7 +143,7 @@ def compare_command(
             **given(work=work, context=context),
             before_writing=ignore_interrupts,
         )
-    render.compared(report)
+    render_bench.compared(report)
 
 
 @app.command("eval")
