@@ -161,7 +161,7 @@ def _check_constraint(decoder, constraint, eos_ids) -> None:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class TextGeneration:
     """What :func:`generate` returns: per returned sequence (``num_return_sequences`` per prompt, best beam
     first), the prompt as shown, the new token ids, the new text and its score."""
@@ -322,10 +322,7 @@ def generate(
     if constraint is not None:
         source = constraint.source or CONSTRAINT_KINDS[constraint.kind].flag
         settings["constraint"] = {"kind": constraint.kind, "source": source}
-    generation = _text_generation(result, request, settings, text=bool(prompts))
-    generation.speculation = result.speculation
-    generation.complete = None if result.complete is None else result.complete.tolist()
-    return generation
+    return _text_generation(result, request, settings, text=bool(prompts))
 
 
 def speculation_draft(model, speculation, sampling, decoding, options, verify_files):
@@ -399,4 +396,6 @@ def _text_generation(result: Generation, request: _Request, settings: dict, *, t
         [row[m > 0].tolist() for row, m in zip(request.input_ids, request.mask)],
         scores,
         settings,
+        speculation=result.speculation,
+        complete=None if result.complete is None else result.complete.tolist(),
     )
