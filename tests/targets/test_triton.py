@@ -10,9 +10,11 @@ import concurrent.futures
 import http.client
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -59,14 +61,23 @@ def need_triton() -> str:
 
 
 @pytest.fixture(scope="module")
-def served(trained_export, tmp_path_factory):
-    python = need_triton()
+def repository(trained_export, tmp_path_factory) -> Path:
+    need_triton()
     out = tmp_path_factory.mktemp("triton") / "model"
     deploy(trained_export, "triton", out=out, triton_name=NAME)
+    return out / "triton"
+
+
+def start(repository: Path) -> TritonServer:
     try:
-        server = TritonServer(out / "triton", models=[GENERATE, INFER], python=python)
+        return TritonServer(repository, models=[GENERATE, INFER], python=need_triton())
     except RuntimeUnavailable as err:
         pytest.fail(str(err)) if os.environ.get("CI") else pytest.skip(str(err))
+
+
+@pytest.fixture(scope="module")
+def served(repository):
+    server = start(repository)
     yield server
     server.stop()
 
@@ -189,7 +200,34 @@ def test_sixteen_concurrent_streaming_clients_each_get_their_own_text(served, ex
         assert result["responses"] == len(result["ids"])
 
 
-def test_clients_that_leave_mid_stream_harm_no_other(served, expected):
+def test_clients_that_leave_mid_stream_harm_no_other(repository, expected):
+    """On a server of its own: Triton 2.51 (nvidia-pytriton 0.7.0's, the newest on PyPI) has known races between a
+    gRPC stream's cancellation and the response it is sending, which crash tritonserver itself with SIGSEGV
+    (triton-inference-server/server#7840, fixed in r24.12; #8034/#8078, fixed in March 2025); seen once in CI
+    (1 in 190 runs here). The model's own code runs in the Python-backend stub, another process, so a SIGSEGV of
+    the server is that race: the scenario runs again once on a fresh server, and must then pass."""
+    for attempt in (1, 2):
+        server = start(repository)
+        try:
+            leave_mid_stream(server, expected)
+            return
+        except (AssertionError, OSError, http.client.HTTPException):
+            if attempt == 2 or not crashed(server):
+                raise
+            warnings.warn("tritonserver crashed with SIGSEGV on a cancellation (Triton 2.51's race): run again")
+        finally:
+            server.stop()
+
+
+def crashed(server: TritonServer) -> bool:
+    try:
+        server.process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return False
+    return server.process.returncode == -signal.SIGSEGV and "Signal (11) received" in server.log_tail(200)
+
+
+def leave_mid_stream(served, expected):
     long = [(p, n) for p, n in PROMPTS if n >= 20][:4]
     process = grpc_jobs(
         served,
