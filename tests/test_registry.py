@@ -20,6 +20,7 @@ IN_THE_KIND_MODULE = {
     "gpt2onnx.precisions.kv_cache.KV_CACHES",
     "gpt2onnx.precisions.prompt_path.PROMPT_KERNELS",
     "gpt2onnx.decoding.constraints.CONSTRAINT_KINDS",
+    "gpt2onnx.exporters.adapter_forms.ADAPTER_FORMS",
 }
 _DEFINED = re.compile(r"^([A-Z_]+): Registry\[", re.M)
 

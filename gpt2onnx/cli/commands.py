@@ -78,7 +78,7 @@ from gpt2onnx.cli.options import (
 from gpt2onnx.decoding.constraints import ConstraintOptions, constraint_from
 from gpt2onnx.decoding.generate import generate as run_generate
 from gpt2onnx.decoding.speculative import Speculation
-from gpt2onnx.errors import BadInput, CheckFailed
+from gpt2onnx.errors import CheckFailed
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.profiles.all_profiles import UNFUSED
 from gpt2onnx.targets.deploy import deploy as run_deploy
@@ -110,7 +110,8 @@ def export(
     precision: Precision = None,
 ) -> None:
     """Export a checkpoint to an ONNX decoder with past key/values, checked against PyTorch."""
-    from gpt2onnx.exporters.export import ExportOptions, export  # lazy: torch
+    from gpt2onnx.exporters.adapter_forms import chosen_form, export_adapted  # lazy: torch
+    from gpt2onnx.exporters.export import ExportOptions
 
     options = ExportOptions(
         logits=logits,
@@ -125,27 +126,19 @@ def export(
         **given(opset=opset),
         **precision.keywords(),
     )
-    if adapters is not None:
-        from gpt2onnx.exporters.switchable import export_switchable, parse_adapters  # lazy: torch
-
-        if adapter is not None or random_init:
-            raise BadInput("--adapters exports switchable adapters over a checkpoint: drop --adapter/--random-init")
-        with err_console.status(f"exporting {model} with switchable adapters…"):
-            result = export_switchable(
-                model, out, adapters=parse_adapters(adapters), revision=revision, options=options
-            )
-    else:
-        with err_console.status(f"exporting {model}…"):
-            result = export(
-                model,
-                out,
-                random_init=random_init,
-                seed=seed,
-                revision=revision,
-                outliers=outliers,
-                adapter=adapter,
-                options=options,
-            )
+    forms = {"--adapter": adapter, "--adapters": adapters}  # each selects an adapter form (exporters.adapter_forms)
+    chosen = chosen_form(forms, random_init=random_init)
+    with err_console.status(f"exporting {model}{f' with {chosen[0].words}' if chosen else ''}…"):
+        result = export_adapted(
+            model,
+            out,
+            given=forms,
+            random_init=random_init,
+            seed=seed,
+            revision=revision,
+            outliers=outliers,
+            options=options,
+        )
     render.exported(result, block)
 
 

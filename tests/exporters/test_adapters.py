@@ -18,6 +18,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from gpt2onnx.cli.app import app  # noqa: E402
 from gpt2onnx.errors import BadInput  # noqa: E402
+from gpt2onnx.exporters.adapter_forms import ADAPTER_FORMS, export_adapted  # noqa: E402
 from gpt2onnx.exporters.export import ExportOptions, export  # noqa: E402
 from gpt2onnx.files import sha256_file  # noqa: E402
 from gpt2onnx.verify.gates import TOLERANCES  # noqa: E402
@@ -84,8 +85,10 @@ def peft_model(trained_checkpoint, lora):
 
 @pytest.fixture(scope="module")
 def merged(trained_checkpoint, lora, tmp_path_factory):
-    """The base with the adapter, exported fp32 (its check: against PeftModel)."""
-    return export(str(trained_checkpoint), tmp_path_factory.mktemp("merged") / "m", adapter=str(lora))
+    """The base with the adapter, exported fp32 (its check: against PeftModel), through the adapter forms' registry
+    as ``export --adapter`` does."""
+    out = tmp_path_factory.mktemp("merged") / "m"
+    return export_adapted(str(trained_checkpoint), out, given={"--adapter": str(lora)})
 
 
 def _onnx_prefill(folder: Path, ids: np.ndarray) -> list[np.ndarray]:
@@ -222,10 +225,9 @@ def second_lora(trained_checkpoint, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def switchable(trained_checkpoint, lora, second_lora, tmp_path_factory):
-    from gpt2onnx.exporters.switchable import export_switchable
-
+    """Adapters docs and rs, switchable, through the adapter forms' registry as ``export --adapters`` does."""
     out = tmp_path_factory.mktemp("switchable") / "m"
-    return export_switchable(str(trained_checkpoint), out, adapters={"docs": lora, "rs": second_lora})
+    return export_adapted(str(trained_checkpoint), out, given={"--adapters": f"docs={lora},rs={second_lora}"})
 
 
 def test_switchable_export_checked_per_adapter(switchable):
@@ -273,6 +275,36 @@ def test_switchable_refusals(switchable, merged):
     assert result.exit_code == 2 and "has no adapter 'docs'" in result.output
     result = runner.invoke(app, ["generate", str(switchable.folder), "--ids", "1,2", "--adapter", "other"])
     assert result.exit_code == 2 and "its adapters: docs, rs" in result.output
+
+
+def test_adapter_forms_are_registry_entries_that_export_reaches(merged, switchable, lora, tmp_path):
+    """Each form is an ADAPTER_FORMS entry pointing at its module's export function and selected by its own flag of
+    ``gpt2onnx export``; the two fixtures above were exported through the registry (export_adapted, as the command
+    does) and their manifests name their form; what a form refuses is refused through it, before any export."""
+    from typer.main import get_command
+
+    from gpt2onnx.artifact.lora import adapter_files_choice
+    from gpt2onnx.exporters.switchable import export_switchable
+
+    assert list(ADAPTER_FORMS) == ["merged", "switchable"]
+    assert ADAPTER_FORMS["merged"].export is export and ADAPTER_FORMS["switchable"].export is export_switchable
+    flags = {flag for param in get_command(app).commands["export"].params for flag in param.opts}
+    assert {form.option for form in ADAPTER_FORMS.values()} <= flags
+    assert merged.manifest.adapter.form == "merged" and not merged.manifest.adapters
+    assert switchable.manifest.adapter is None
+    assert {record.form for record in switchable.manifest.adapters.values()} == {"switchable"}
+    # what the switchable form declares is what check and deploy read from the folder it writes
+    assert dict(ADAPTER_FORMS["switchable"].declared.ensures) == dict(adapter_files_choice("F", ("x",)).ensures)
+    with pytest.raises(BadInput, match="as a whole decoder and checked per adapter: drop --block"):  # switchable's
+        export_adapted("tiny", tmp_path / "s", given={"--adapters": f"x={lora}"}, options=ExportOptions(block=0))
+    with pytest.raises(BadInput, match="no such folder"):  # merged's: the base loaded, the adapter folder missing
+        export_adapted("tiny", tmp_path / "m", given={"--adapter": tmp_path / "nope"}, random_init=True)
+    runner = CliRunner()
+    for other in (["--random-init"], ["--adapter", str(lora)]):
+        argv = ["export", "--model", "tiny", "--adapters", f"x={lora}", *other, "-o", str(tmp_path / "x")]
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 2 and "over a checkpoint: drop --adapter/--random-init" in result.output
+    assert not any(tmp_path.iterdir())  # nothing written
 
 
 # -- parity, eval, bench, check and deploy with a switchable adapter -------------------------------------------

@@ -15,7 +15,6 @@ from gpt2onnx.benchmarks import timing
 from gpt2onnx.cli import app
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import RuntimeUnavailable
-from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
 from gpt2onnx.layouts.shared import LAYOUT as SHARED_LAYOUT
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
@@ -28,13 +27,6 @@ from gpt2onnx.verify.parity import parity
 from tests.cli.test_cli import assert_one_line_error
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def shared_export(tiny_folder, tmp_path_factory):
-    return export(
-        str(tiny_folder), tmp_path_factory.mktemp("shared") / "skv", options=ExportOptions(fusion="ort-shared-kv")
-    ).folder
 
 
 def test_graph_manifest_and_contract(shared_export):
@@ -138,13 +130,17 @@ def test_refuses_a_second_shared_rewrite(shared_export, tmp_path):
     assert_one_line_error(result, "is fused with the ort-shared-kv profile")
 
 
-def test_bench_at_past_lengths(shared_export, tiny_export, tmp_path):
+@pytest.mark.parametrize("layout", ["shared_export", "static_export"])  # the two preallocated layouts (conftest.py)
+def test_bench_at_past_lengths(layout, tiny_export, tmp_path, request):
+    """bench --past on a preallocated cache beside the growing one: a decode step timed at each past length; a past
+    the buffer cannot hold is refused in one line."""
+    folder = request.getfixturevalue(layout)
     result = runner.invoke(
         app,
         [
             "bench",
             str(tiny_export),
-            str(shared_export),
+            str(folder),
             "--batch",
             "1,3",
             "--prompt-len",
@@ -164,7 +160,7 @@ def test_bench_at_past_lengths(shared_export, tiny_export, tmp_path):
     assert result.exit_code == 0, result.output
     runs = json.loads((tmp_path / "b.json").read_text())["runs"]
     assert len(runs) == 4 and all([p for p, _ in r["decode_ms_at_past"]] == [8, 120] for r in runs)
-    refused = runner.invoke(app, ["bench", str(shared_export), "--past", "128"])
+    refused = runner.invoke(app, ["bench", str(folder), "--past", "128"])
     assert refused.exit_code == 2
     assert_one_line_error(refused, "at most 127")
 

@@ -1,7 +1,7 @@
 """The onnx profiles: the standard Attention (onnx) and its fixed-size K/V cache (onnx-static-kv: TensorScatter
 writes each step's K/V in place into one buffer per layer, bound as past and present by StaticCacheDecoder),
-against transformers on left-padded cases; generate, beams, the batching engine and bench on it; OpenVINO and
-the providers that refuse it, in one line."""
+against transformers on left-padded cases; generate, beams and the batching engine on it (bench at past lengths:
+test_shared_kv.py, on both preallocated layouts); OpenVINO and the providers that refuse it, in one line."""
 
 import json
 import random
@@ -30,13 +30,6 @@ from tests.cli.test_cli import assert_one_line_error
 
 runner = CliRunner()
 NO_COPY = "in-place optimization not activated"  # onnxruntime's warning when TensorScatter copies its buffer
-
-
-@pytest.fixture(scope="module")
-def static_export(tiny_folder, tmp_path_factory):
-    return export(
-        str(tiny_folder), tmp_path_factory.mktemp("static") / "skv", options=ExportOptions(fusion="onnx-static-kv")
-    ).folder
 
 
 @pytest.fixture(scope="module")
@@ -164,33 +157,6 @@ def test_the_batching_engine_runs_the_static_cache(static_export, tiny_export):
         for prompt, n, stream in zip(prompts, lengths, streams):
             alone = decode(concat, np.asarray([prompt]), max_new_tokens=n).tokens[0].tolist()
             assert stream.result(timeout=60).tokens == alone[: len(stream.result().tokens)]
-
-
-def test_bench_at_past_lengths(static_export, tmp_path):
-    result = runner.invoke(
-        app,
-        [
-            "bench",
-            str(static_export),
-            "--batch",
-            "1,3",
-            "--prompt-len",
-            "4",
-            "--new-tokens",
-            "3",
-            "--warmup",
-            "0",
-            "--repeat",
-            "2",
-            "--past",
-            "8,120",
-            "--json",
-            str(tmp_path / "b.json"),
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    runs = json.loads((tmp_path / "b.json").read_text())["runs"]
-    assert len(runs) == 2 and all([p for p, _ in r["decode_ms_at_past"]] == [8, 120] for r in runs)
 
 
 def test_refusals_in_one_line(static_export, tmp_path):
