@@ -26,9 +26,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from gpt2onnx.artifact.generation import CONSTRAINED  # the decoding feature a constrained request uses
 from gpt2onnx.capabilities import Declared
 from gpt2onnx.errors import BadInput, shown
+from gpt2onnx.generation_options import CONSTRAINED  # the decoding feature a constrained request uses
 from gpt2onnx.params import param
 from gpt2onnx.registry import Registry
 
