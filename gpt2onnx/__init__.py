@@ -48,8 +48,8 @@ _HOMES = {
     "QuantizeOptions": ("gpt2onnx.precisions.quantize_options", "QuantizeOptions"),
     "ProviderConfig": ("gpt2onnx.runtimes.providers", "ProviderConfig"),
     "RuntimeOptions": ("gpt2onnx.runtimes.all_runtimes", "RuntimeOptions"),
-    "Sampling": ("gpt2onnx.artifact.generation", "Sampling"),
-    "Decoding": ("gpt2onnx.artifact.generation", "Decoding"),
+    "Sampling": ("gpt2onnx.generation_options", "Sampling"),
+    "Decoding": ("gpt2onnx.generation_options", "Decoding"),
     "TextGeneration": ("gpt2onnx.decoding.generate", "TextGeneration"),
     "Speculation": ("gpt2onnx.decoding.speculative", "Speculation"),  # generate(speculation=): prompt lookup, a draft
     "Constraint": ("gpt2onnx.decoding.constraints", "Constraint"),  # generate(constraint=): JSON schema, regex, grammar

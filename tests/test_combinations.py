@@ -32,11 +32,11 @@ import pytest
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import Decoding
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.cli import app
 from gpt2onnx.decoding.generate import generate
 from gpt2onnx.decoding.speculative import Speculation
+from gpt2onnx.generation_options import Decoding
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.preflight.check import preflight
 from gpt2onnx.preflight.matrix import markdown, plans, run_columns

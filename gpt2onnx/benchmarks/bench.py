@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Callable
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.lora import adapter_declared, adapter_of
 from gpt2onnx.artifact.paths import check_output_files, folder_labels
 from gpt2onnx.benchmarks.harness import csv_of
@@ -34,6 +33,7 @@ from gpt2onnx.decoding.generate import speculation_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.files import write_json_atomic, write_text_atomic
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.machine import MachineRecord, describe_machine
 from gpt2onnx.precisions.all_precisions import PRECISIONS
 from gpt2onnx.records import OMIT_DEFAULT, Record, field

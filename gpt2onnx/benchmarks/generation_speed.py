@@ -23,12 +23,13 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_config, request_declared
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.benchmarks.harness import Rounds, check_runs, interleave, timed, write_outputs
 from gpt2onnx.capabilities import resolve
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding, Sampling, request_declared
 from gpt2onnx.params import options_of
 from gpt2onnx.records import Record
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime

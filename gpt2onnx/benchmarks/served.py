@@ -95,9 +95,10 @@ def _served(port: int, clients: int, requests: int, new_tokens: int) -> Callable
 
 def _in_process(folder: Path, new_tokens: int, provider) -> tuple[Callable[[], dict], Callable[[], None]]:
     from gpt2onnx.artifact.folder import open_folder
-    from gpt2onnx.artifact.generation import Decoding, read_generation_config
+    from gpt2onnx.artifact.generation import read_generation_config
     from gpt2onnx.decoding.generate import decode
     from gpt2onnx.decoding.prompts import load_tokenizer
+    from gpt2onnx.generation_options import Decoding
     from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 
     model = open_folder(folder)

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Callable
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_config, request_declared
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.benchmarks.harness import Rounds, check_runs, interleave, timed, write_outputs
 from gpt2onnx.decoding.generate import decode, open_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding, Sampling, request_declared
 from gpt2onnx.records import Record, RecordError, field, from_json
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 

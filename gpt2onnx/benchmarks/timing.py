@@ -34,7 +34,6 @@ import numpy as np
 import onnxruntime
 
 from gpt2onnx.artifact.folder import ModelFolder, open_folder, versions
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.report import Placement
 from gpt2onnx.benchmarks.harness import Load, Rounds, Spread, check_runs, interleave
 from gpt2onnx.decoding.generate import decode, speculation_draft
@@ -42,6 +41,7 @@ from gpt2onnx.decoding.results import MAX_BATCH_TOKENS
 from gpt2onnx.decoding.speculative import Acceptance, Speculation
 from gpt2onnx.errors import BadInput, OutputError
 from gpt2onnx.files import new_file_mode
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.machine import MachineInfo, machine_info
 from gpt2onnx.precisions.all_precisions import precision_of
 from gpt2onnx.records import OMIT_DEFAULT, Record, field

@@ -10,7 +10,6 @@ from typing import Optional
 
 import typer
 
-from gpt2onnx.artifact.generation import Decoding
 from gpt2onnx.artifact.paths import check_output_files
 from gpt2onnx.benchmarks.bench import bench as run_bench
 from gpt2onnx.benchmarks.timing import BenchConfig, parse_batches
@@ -56,6 +55,7 @@ from gpt2onnx.cli.options import PrecisionGrid, RunOptions, run_options, specula
 from gpt2onnx.decoding.constraints import ConstraintOptions, constraint_from
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding
 from gpt2onnx.runtimes.all_runtimes import parse_runtimes, runtime_options
 
 bench_app = typer.Typer(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.cli import render, render_bench
 from gpt2onnx.cli.app import app, console, ignore_interrupts, write_json_output
 from gpt2onnx.cli.flags import (
@@ -77,6 +76,7 @@ from gpt2onnx.cli.options import (
 from gpt2onnx.decoding.constraints import ConstraintOptions, constraint_from
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput, CheckFailed
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.profiles.all_profiles import UNFUSED
 from gpt2onnx.targets.web_server import is_web_folder, open_server

@@ -14,7 +14,6 @@ from typing import Optional
 
 import typer
 
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.inspect import inspect as run_inspect
 from gpt2onnx.cli import render
 from gpt2onnx.cli.app import app, console, err_console, write_json_output
@@ -79,6 +78,7 @@ from gpt2onnx.decoding.constraints import ConstraintOptions, constraint_from
 from gpt2onnx.decoding.generate import generate as run_generate
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import CheckFailed
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.profiles.all_profiles import UNFUSED
 from gpt2onnx.targets.deploy import deploy as run_deploy

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.artifact.paths import check_output_file
 from gpt2onnx.capabilities import RefusedOptions, Unsupported
 from gpt2onnx.cli.flags import (
@@ -51,6 +50,7 @@ from gpt2onnx.cli.flags import (
 )
 from gpt2onnx.decoding.proposers.all_proposers import PROPOSERS
 from gpt2onnx.decoding.speculative import Speculation, speculation_from
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.params import Option, options_of
 from gpt2onnx.precisions.all_precisions import FP32
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE

@@ -21,11 +21,11 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.artifact.contract import position_ids_for
-from gpt2onnx.artifact.generation import Sampling
 from gpt2onnx.decoding import processors as logits
 from gpt2onnx.decoding.processors import process_scores
 from gpt2onnx.decoding.results import Generation
 from gpt2onnx.decoding.strategy import Request, Strategy
+from gpt2onnx.generation_options import Sampling
 
 NEG = np.float32(-1.0e9)  # transformers' "impossible" score
 

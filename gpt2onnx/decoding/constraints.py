@@ -26,9 +26,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from gpt2onnx.artifact.generation import CONSTRAINED  # the decoding feature a constrained request uses
 from gpt2onnx.capabilities import Declared
 from gpt2onnx.errors import BadInput, shown
+from gpt2onnx.generation_options import CONSTRAINED  # the decoding feature a constrained request uses
 from gpt2onnx.params import param
 from gpt2onnx.registry import Registry
 
@@ -207,9 +207,14 @@ class ConstraintKind:
 
 
 def _from_file(kind: str, build: Callable[..., "Constraint"]) -> Callable[[Path], "Constraint"]:
-    """A kind given as a file on the command line: read (refused before it is read where it is not one), then built."""
-    flag = "--" + kind.replace("_", "-")
-    return lambda path: build(read_spec_file(path, flag), source=f"{flag} {shown(path)}")
+    """A kind given as a file on the command line (its flag: the kind's): read (refused before it is read where it is
+    not one), then built."""
+
+    def read(path: Path) -> "Constraint":
+        flag = CONSTRAINT_KINDS[kind].flag  # registered by the time an option is read
+        return build(read_spec_file(path, flag), source=f"{flag} {shown(path)}")
+
+    return read
 
 
 CONSTRAINT_KINDS: Registry[ConstraintKind] = Registry(

@@ -15,13 +15,7 @@ from typing import Callable
 import numpy as np
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import (
-    Decoding,
-    Sampling,
-    check_pair,
-    read_generation_config,
-    request_declared,
-)
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.artifact.lora import adapter_declared, adapter_of
 from gpt2onnx.decoding.all_strategies import strategy_for
 from gpt2onnx.decoding.beam import beam_search_bytes
@@ -39,6 +33,7 @@ from gpt2onnx.decoding.results import Generation, check_new_tokens, check_reques
 from gpt2onnx.decoding.speculative import Acceptance, Speculation
 from gpt2onnx.decoding.strategy import Request
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding, Sampling, check_pair, request_declared
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, check_combination, open_runtime
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.runtimes.runtime import LoopRuntime, StepRuntime

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.params import Rule, options_of, param
 
 MAX_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties

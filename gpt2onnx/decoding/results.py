@@ -1,6 +1,6 @@
 """What a decode loop gives back (a :class:`Generation`), the rows a runtime-owned loop returned made into one,
 and the limits every strategy applies to a request's size. The options a loop is asked for (Sampling, Decoding)
-are the generation settings of :mod:`gpt2onnx.artifact.generation`."""
+are a request's, :mod:`gpt2onnx.generation_options`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Callable
 
 import numpy as np
 
-from gpt2onnx.artifact.generation import Decoding
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding
 
 
 @dataclass

@@ -41,7 +41,6 @@ from typing import Callable
 
 import numpy as np
 
-from gpt2onnx.artifact.generation import BEAMS, Decoding, Sampling, request_declared
 from gpt2onnx.capabilities import Declared, Lacks, Need, resolve
 from gpt2onnx.decoding import processors as logits
 from gpt2onnx.decoding.processors import process_scores
@@ -50,6 +49,7 @@ from gpt2onnx.decoding.proposers.proposer import Context, fields
 from gpt2onnx.decoding.results import Generation
 from gpt2onnx.decoding.strategy import Request, Strategy
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import BEAMS, Decoding, Sampling, request_declared
 from gpt2onnx.params import options_of
 from gpt2onnx.records import Record, computed
 from gpt2onnx.runtimes.all_runtimes import runtime_spec

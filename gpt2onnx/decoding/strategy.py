@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.capabilities import Declared
+from gpt2onnx.generation_options import Decoding, Sampling
 
 
 @dataclass(frozen=True)

@@ -280,12 +280,22 @@ def _export_into(folder: Path, ckpt: Checkpoint, options: ExportOptions, timings
                 precision=options.precision,
             )
     adapter = ckpt.adapter.record if ckpt.adapter is not None else None
-    facts = dict(io=io, kind=kind, graph_facts=graph_facts, model_files=model_files, outside=outside, timings=timings)
-    return (
-        write_export_manifest(folder, ckpt, options, passed, **facts, check=check, eval=quality, adapter=adapter),
-        check,
-        quality,
+    manifest = write_export_manifest(
+        folder,
+        ckpt,
+        options,
+        passed,
+        io=io,
+        kind=kind,
+        graph_facts=graph_facts,
+        model_files=model_files,
+        outside=outside,
+        timings=timings,
+        check=check,
+        eval=quality,
+        adapter=adapter,
     )
+    return manifest, check, quality
 
 
 def write_export_manifest(

@@ -143,5 +143,18 @@ def _export_into(folder: Path, base: Checkpoint, adapted: dict, slots, options: 
             records[name] = dataclasses.replace(ckpt.adapter.record, form="switchable", check=report.summary())
     _write_companions(folder, base)
     outside = _special_tokens_outside(folder, base.spec.vocab_size)
-    facts = dict(io=io, kind=kind, graph_facts=graph_facts, model_files=model_files, outside=outside, timings=timings)
-    return write_export_manifest(folder, base, options, passed, **facts, check=check, adapters=records), check
+    manifest = write_export_manifest(
+        folder,
+        base,
+        options,
+        passed,
+        io=io,
+        kind=kind,
+        graph_facts=graph_facts,
+        model_files=model_files,
+        outside=outside,
+        timings=timings,
+        check=check,
+        adapters=records,
+    )
+    return manifest, check

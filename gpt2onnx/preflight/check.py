@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import Decoding, Sampling, request_declared
 from gpt2onnx.artifact.graph import load_graph
 from gpt2onnx.artifact.lora import adapter_declared, adapter_files_declared, adapter_of
 from gpt2onnx.capabilities import Declared, Need, RefusedOptions, Unsupported, resolve
@@ -18,6 +17,7 @@ from gpt2onnx.choices.of_folder import folder_choices
 from gpt2onnx.decoding.generate import open_draft
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding, Sampling, request_declared
 from gpt2onnx.passes.pipeline import GraphPasses
 from gpt2onnx.records import Record, field
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, runtime_alternatives

@@ -26,7 +26,11 @@ from pathlib import Path
 
 from gpt2onnx.artifact import genai_config as config_writer
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.artifact.generation import (
+from gpt2onnx.artifact.graph import load_graph
+from gpt2onnx.artifact.lora import slot_inputs
+from gpt2onnx.capabilities import Lacks, Need, resolve
+from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.generation_options import (
     BEAMS_WITH_PENALTY,
     BEAMS_WITH_STOP,
     CONSTRAINED,
@@ -38,10 +42,6 @@ from gpt2onnx.artifact.generation import (
     Sampling,
     request_declared,
 )
-from gpt2onnx.artifact.graph import load_graph
-from gpt2onnx.artifact.lora import slot_inputs
-from gpt2onnx.capabilities import Lacks, Need, resolve
-from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.runtimes.decoder import file_shape, read_adapter
 from gpt2onnx.runtimes.runtime import Capabilities, Continuations, LoopResult, LoopRuntime, RuntimeSpec, ThreadSettings

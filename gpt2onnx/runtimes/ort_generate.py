@@ -1,8 +1,8 @@
 """The ort-generate runtime: a folder deployed with ``--target ort-generate`` run by onnxruntime's generation ops
 (GreedySearch, BeamSearch, Sampling), the whole decoding loop in one ``session.run``.
 
-It takes the decode loop's :class:`~gpt2onnx.artifact.generation.Sampling` and
-:class:`~gpt2onnx.artifact.generation.Decoding` and refuses, in one line, a setting the op cannot express as
+It takes the decode loop's :class:`~gpt2onnx.generation_options.Sampling` and
+:class:`~gpt2onnx.generation_options.Decoding` and refuses, in one line, a setting the op cannot express as
 transformers means it: top-k (no op has it), ``early_stopping='never'``, a setting the op takes as an attribute
 (no_repeat_ngram_size; early_stopping with beams; temperature and top_p when sampling) other than the deployed one,
 a length_penalty other than 0 with beams (BeamSearch divides by the whole length, prompt and padding included,
@@ -29,20 +29,20 @@ from gpt2onnx.artifact.folder import (
     graph_data_files,
     open_folder,
 )
-from gpt2onnx.artifact.generation import (
+from gpt2onnx.artifact.search_ops import FILES, SUBFOLDER, FixedSettings, deployed_settings
+from gpt2onnx.capabilities import Declared, Lacks, Need
+from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
+from gpt2onnx.files import kind_of
+from gpt2onnx.generation_options import (
     BEAMS_WITH_STOP,
     CONSTRAINED,
-    COUNT_MAX,
     EARLY_STOPPING_NEVER,
     TOP_K,
     Decoding,
     Sampling,
     check_pair,
 )
-from gpt2onnx.artifact.search_ops import FILES, SUBFOLDER, FixedSettings, deployed_settings
-from gpt2onnx.capabilities import Declared, Lacks, Need
-from gpt2onnx.errors import BadInput, ContractError, RuntimeUnavailable
-from gpt2onnx.files import kind_of
+from gpt2onnx.params import COUNT_MAX
 from gpt2onnx.precisions.kv_cache import FLOAT_CACHE
 from gpt2onnx.runtimes.decoder import file_shape
 from gpt2onnx.runtimes.runtime import Capabilities, Continuations, LoopRuntime, RuntimeSpec, ThreadSettings

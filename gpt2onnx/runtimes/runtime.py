@@ -9,7 +9,7 @@ two interfaces, every method a caller uses declared on it:
 - a :class:`StepRuntime`: the decoder as one forward pass at a time (prompt with an empty past, then one token per
   step with its cache); the decode loop, parity's lockstep comparison and bench drive it (onnxruntime, OpenVINO);
 - a :class:`LoopRuntime`: the runtime owns the whole generation loop and its cache; it generates with the same
-  :class:`~gpt2onnx.artifact.generation.Sampling` and :class:`~gpt2onnx.artifact.generation.Decoding` as the decode
+  :class:`~gpt2onnx.generation_options.Sampling` and :class:`~gpt2onnx.generation_options.Decoding` as the decode
   loop, refusing in one line what it cannot do as transformers does (onnxruntime-genai, onnxruntime's generation
   ops). It exposes no presents; where it can force tokens it also gives each forward pass's logits and time
   (``run_loop``), so parity compares logits, KL, top-k and tokens.
@@ -30,9 +30,9 @@ from typing import Any, Callable
 import numpy as np
 
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.capabilities import Declared, Need
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.params import param
 from gpt2onnx.records import Record
 

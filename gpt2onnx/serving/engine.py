@@ -48,14 +48,7 @@ import numpy as np
 
 from gpt2onnx.artifact.contract import position_ids_for
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import (
-    SEVERAL_SEQUENCES,
-    Decoding,
-    Sampling,
-    check_pair,
-    read_generation_config,
-    request_declared,
-)
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.capabilities import Declared, Lacks, Need, resolve
 from gpt2onnx.decoding.constraints import Constraint, vocabulary_of
 from gpt2onnx.decoding.generate import decode
@@ -64,6 +57,7 @@ from gpt2onnx.decoding.prompts import TextStream, has_tokenizer, left_pad
 from gpt2onnx.decoding.results import check_new_tokens, check_request_size
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
+from gpt2onnx.generation_options import SEVERAL_SEQUENCES, Decoding, Sampling, check_pair, request_declared
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime, runtime_spec
 from gpt2onnx.runtimes.decoder import OnnxDecoder, SharedCacheDecoder
 from gpt2onnx.runtimes.heap import release_freed_memory

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpt2onnx.artifact.generation import EARLY_STOPPING, MAX_NEW_TOKENS, Decoding, Sampling, check_pair
 from gpt2onnx.decoding.prompts import MAX_TOKEN_ID
 from gpt2onnx.decoding.proposers.all_proposers import PROPOSERS
 from gpt2onnx.decoding.results import check_new_tokens
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import EARLY_STOPPING, MAX_NEW_TOKENS, Decoding, Sampling, check_pair
 from gpt2onnx.params import options_of
 
 BYTES_PER_POSITION = 64  # a byte-level BPE token is a few bytes; no prompt that fits the context needs more

@@ -18,12 +18,13 @@ import transformers
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_config
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.cli import app
 from gpt2onnx.decoding import processors
 from gpt2onnx.decoding.generate import decode, generate
 from gpt2onnx.decoding.processors import warp
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 from gpt2onnx.runtimes.decoder import open_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig

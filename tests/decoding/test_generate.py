@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import Sampling
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import Gpt2OnnxError
+from gpt2onnx.generation_options import Sampling
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
 from gpt2onnx.runtimes.decoder import open_decoder

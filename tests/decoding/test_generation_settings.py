@@ -16,10 +16,11 @@ from conftest import write_tokenizer
 
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.genai_config import genai_config
-from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_config
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.decoding.beam import beam_search_bytes
 from gpt2onnx.decoding.generate import decode, generate
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 from gpt2onnx.targets.ort_generate import fixed_settings
 from gpt2onnx.verify import text as text_module
@@ -129,7 +130,7 @@ def test_float_settings_are_checked_in_float32_the_type_the_runtimes_store():
     """issue 37: top_p 1e-46 passes (0, 1] as a double but is 0.0 in float32 (sampling.onnx's attribute, the
     processors' scores): refused. The bounds themselves stay valid (1e-6 is below 1e-6 once rounded, as its
     bound is)."""
-    from gpt2onnx.artifact.generation import check_option
+    from gpt2onnx.generation_options import check_option
 
     with pytest.raises(BadInput, match="top_p 1e-46 .* is 0 as a float32"):
         check_option("top_p", 1e-46)

@@ -11,7 +11,6 @@ import pytest
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.cli import app
 from gpt2onnx.decoding.generate import decode, generate
 from gpt2onnx.decoding.processors import softmax, warp
@@ -20,6 +19,7 @@ from gpt2onnx.decoding.proposers.prompt_lookup import lookup
 from gpt2onnx.decoding.speculative import Speculation
 from gpt2onnx.errors import BadInput
 from gpt2onnx.exporters.export import ExportOptions, export
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.runtimes.decoder import open_decoder
 from gpt2onnx.runtimes.providers import ProviderConfig
 

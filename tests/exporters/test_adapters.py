@@ -485,7 +485,7 @@ def test_engine_serves_an_adapter_per_request_in_one_batch(served, merged, train
     docs' the merged export's; the three give three different continuations of one prompt, so an adapter left
     bound for another group's rows, or not bound at all, fails the test. A beam request with 'hot' (run beside the
     batch) gets generate's beams with hot, which differ from the base's."""
-    from gpt2onnx.artifact.generation import Decoding
+    from gpt2onnx.generation_options import Decoding
     from gpt2onnx.serving.engine import BatchingEngine
 
     ids = _docstring_ids(trained_checkpoint, 2, 10)

@@ -10,12 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import Decoding
 from gpt2onnx.benchmarks import timing
 from gpt2onnx.cli import app
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import RuntimeUnavailable
 from gpt2onnx.exporters.optimize import optimize
+from gpt2onnx.generation_options import Decoding
 from gpt2onnx.layouts.shared import LAYOUT as SHARED_LAYOUT
 from gpt2onnx.precisions.quantize_options import QuantizeOptions
 from gpt2onnx.pytorch.checkpoint import load_checkpoint

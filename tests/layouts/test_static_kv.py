@@ -12,12 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import Decoding
 from gpt2onnx.cli import app
 from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
+from gpt2onnx.generation_options import Decoding
 from gpt2onnx.layouts.static import LAYOUT as STATIC_LAYOUT
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from gpt2onnx.artifact.folder import open_folder
-from gpt2onnx.artifact.generation import Decoding, Sampling, read_generation_config
+from gpt2onnx.artifact.generation import read_generation_config
 from gpt2onnx.decoding.generate import decode, generate
 from gpt2onnx.decoding.gpt2_tokenizer import load_gpt2_tokenizer
 from gpt2onnx.decoding.prompts import load_tokenizer
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.runtimes.all_runtimes import RuntimeOptions, open_runtime
 from gpt2onnx.serving.engine import BatchingEngine
 

@@ -18,9 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gpt2onnx.artifact import search_ops
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.cli import app
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.runtimes import ort_generate as og
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import torch
 
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.decoding.generate import generate
 from gpt2onnx.errors import RuntimeUnavailable
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.targets.deploy import deploy
 from gpt2onnx.targets.triton_server import TritonServer, triton_python
 

@@ -13,11 +13,11 @@ from typing import Optional
 
 import numpy as np
 
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.decoding import processors as logits
 from gpt2onnx.decoding.processors import process_scores
 from gpt2onnx.decoding.proposers.proposer import MAX_PROPOSED, Proposer, ProposerSpec, count
 from gpt2onnx.errors import BadInput
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.params import param
 from gpt2onnx.runtimes.runtime import StepRuntime
 

@@ -31,9 +31,9 @@ from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from openai.types.chat.chat_completion_token_logprob import TopLogprob
 
-from gpt2onnx.artifact.generation import Decoding, Sampling
 from gpt2onnx.decoding.processors import Bias
 from gpt2onnx.errors import BadInput, Gpt2OnnxError
+from gpt2onnx.generation_options import Decoding, Sampling
 from gpt2onnx.serving.engine import BatchingEngine, GenerationStream, TokenEvent
 from gpt2onnx.serving.openai.chat import chat_messages
 from gpt2onnx.serving.openai.guided import GUIDED_FIELDS, constraint_of
