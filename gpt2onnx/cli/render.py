@@ -160,7 +160,7 @@ def streamed(kind: str, text: str) -> None:
 def generated(result: TextGeneration) -> None:
     """stdout: the text alone. One sequence: its prompt and continuation (a line break after the stream); several:
     each continuation labelled (prompt.sequence). stderr: the beams' scores and how many proposals were kept."""
-    beams, per_prompt = result.settings["num_beams"], result.settings["num_return_sequences"]
+    beams, per_prompt = result.settings.decoding.num_beams, result.settings.decoding.num_return_sequences
     notes = []
     if len(result.texts) == 1:
         if beams > 1:  # not streamed: beam search chooses its sequence at the end

@@ -157,6 +157,38 @@ def _check_constraint(decoder, constraint, eos_ids) -> None:
 
 
 @dataclass(frozen=True)
+class GenerationSettings:
+    """What a :func:`generate` call decoded with: its options, the eos and pad ids and the runtime used, the
+    speculation and the constraint where given. :meth:`as_dict` is ``generate --json``'s settings object."""
+
+    sampling: Sampling
+    decoding: Decoding
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    runtime: str
+    speculation: Speculation | None = None
+    constraint_kind: str | None = None  # a constraint's kind (gpt2onnx.decoding.constraints.CONSTRAINT_KINDS)
+    constraint_source: str | None = None  # where its text came from: a file, or the option that gave it
+
+    def as_dict(self) -> dict:
+        out = {
+            **asdict(self.decoding),
+            **asdict(self.sampling),
+            "max_new_tokens": self.max_new_tokens,
+            "eos_token_id": list(self.eos_token_ids),
+            "pad_token_id": self.pad_token_id,
+            "runtime": self.runtime,
+            "stop": list(self.decoding.stop),
+        }
+        if self.speculation is not None:
+            out["speculation"] = self.speculation.as_dict()
+        if self.constraint_kind is not None:
+            out["constraint"] = {"kind": self.constraint_kind, "source": self.constraint_source}
+        return out
+
+
+@dataclass(frozen=True)
 class TextGeneration:
     """What :func:`generate` returns: per returned sequence (``num_return_sequences`` per prompt, best beam
     first), the prompt as shown, the new token ids, the new text and its score."""
@@ -169,7 +201,7 @@ class TextGeneration:
     prompt_index: list[int] = field(default_factory=list)  # per row: which prompt it continues
     prompt_ids: list[list[int]] = field(default_factory=list)  # per prompt: its real token ids
     scores: list[float | None] = field(default_factory=list)  # per row: see Generation.scores
-    settings: dict = field(default_factory=dict)  # the decoding settings, eos and pad ids used
+    settings: GenerationSettings | None = None  # the decoding settings, eos and pad ids used
     speculation: Acceptance | None = None  # speculative decoding: how many proposals the model kept
     complete: list[bool] | None = None  # with a constraint: per row, its text is a complete match
 
@@ -194,7 +226,8 @@ class TextGeneration:
                     ],
                 }
             )
-        out = {"settings": self.settings, "prompts": prompts, "step_seconds": self.step_seconds}
+        settings = {} if self.settings is None else self.settings.as_dict()
+        out = {"settings": settings, "prompts": prompts, "step_seconds": self.step_seconds}
         if self.speculation is not None:
             out["speculation"] = self.speculation.as_dict()
         return out
@@ -303,20 +336,17 @@ def generate(
         decoder.close()
         if draft is not None:
             draft.close()
-    settings = {
-        **asdict(decoding),
-        **asdict(sampling),
-        "max_new_tokens": max_new_tokens,
-        "eos_token_id": list(request.eos_ids),
-        "pad_token_id": request.pad_id,
-        "runtime": decoder.runtime,
-        "stop": list(decoding.stop),
-    }
-    if speculation is not None:
-        settings["speculation"] = speculation.as_dict()
-    if constraint is not None:
-        source = constraint.source or CONSTRAINT_KINDS[constraint.kind].flag
-        settings["constraint"] = {"kind": constraint.kind, "source": source}
+    settings = GenerationSettings(
+        sampling,
+        decoding,
+        max_new_tokens,
+        tuple(request.eos_ids),
+        request.pad_id,
+        decoder.runtime,
+        speculation=speculation,
+        constraint_kind=None if constraint is None else constraint.kind,
+        constraint_source=None if constraint is None else constraint.source or CONSTRAINT_KINDS[constraint.kind].flag,
+    )
     return _text_generation(result, request, settings, text=bool(prompts))
 
 
@@ -374,7 +404,9 @@ def _request(model, prompts: list[str] | None, ids: list[str] | None, decoding: 
     return _Request(tokenizer, input_ids, mask, shown, tuple(eos_ids), pad_id)
 
 
-def _text_generation(result: Generation, request: _Request, settings: dict, *, text: bool) -> TextGeneration:
+def _text_generation(
+    result: Generation, request: _Request, settings: GenerationSettings, *, text: bool
+) -> TextGeneration:
     """The decode loop's rows as generate's result: per returned sequence its prompt, new ids, text and score."""
     lengths = result.lengths if result.lengths is not None else [result.tokens.shape[1]] * len(result.tokens)
     new = [row[:length] for row, length in zip(result.tokens.tolist(), lengths)]

@@ -87,7 +87,7 @@ def test_genai_generate_with_each_adapter_equals_onnxruntime(switchable, rows, o
     assert theirs[None] != theirs["a"] and theirs[None] != theirs["b"] and theirs["a"] != theirs["b"]
     for name in (None, "a", "b"):
         ours = generate(switchable, ids=rows, max_new_tokens=NEW, adapter=name, runtime=GENAI)
-        assert ours.settings["runtime"] == "genai"
+        assert ours.settings.runtime == "genai"
         assert ours.tokens == theirs[name], name
 
 

@@ -281,7 +281,7 @@ def test_the_registered_runtime_generates_as_the_decode_loop(deployed, settings)
     ours = gpt2onnx.generate(deployed, ids=ids, max_new_tokens=8, decoding=Decoding(**settings))
     runtime = gpt2onnx.RuntimeOptions("ort-generate", og.OrtGenerateSettings(threads=1))
     theirs = gpt2onnx.generate(deployed, ids=ids, max_new_tokens=8, decoding=Decoding(**settings), runtime=runtime)
-    assert theirs.tokens == ours.tokens and theirs.settings["runtime"] == "ort-generate"
+    assert theirs.tokens == ours.tokens and theirs.settings.runtime == "ort-generate"
     if settings:
         np.testing.assert_allclose(theirs.scores, ours.scores, atol=SCORE_TOLERANCE, rtol=0)
 
