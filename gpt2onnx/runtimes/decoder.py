@@ -18,7 +18,6 @@ Three steppers, chosen from the graph by :func:`open_decoder`:
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 
 import numpy as np
@@ -291,13 +290,9 @@ class OnnxDecoder(StepRuntime):
         return mask
 
     # -- running ------------------------------------------------------------------------------------------
-    def run(self, input_ids, attention_mask, position_ids, past, *, last_logits_only: bool = True, presents_into=None):
+    def run(self, input_ids, attention_mask, position_ids, past, *, last_logits_only: bool = True):
         """One step through IO binding. ``past``: arrays or the OrtValues a previous step returned.
-        Returns (logits as numpy: last position only unless asked otherwise, presents as OrtValues).
-        ``presents_into`` (host runs of a graph whose presents are the past plus the step's tokens, see
-        :attr:`presents_grow`): C-contiguous arrays of the presents' shapes that the step writes its presents
-        into, returned as the presents: the caller owns the memory (the batching engine's two alternating
-        buffers), so no step allocates a cache."""
+        Returns (logits as numpy: last position only unless asked otherwise, presents as OrtValues)."""
         binding = self.session.io_binding()
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
         binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=np.int64))
@@ -311,12 +306,8 @@ class OnnxDecoder(StepRuntime):
         for name, value in self.bound.items():
             binding.bind_ortvalue_input(name, value)
         binding.bind_output("logits", "cpu")
-        for i, name in enumerate(self.present_names):
-            if presents_into is None:
-                binding.bind_output(name, self.device, self.device_id)
-            else:
-                out = presents_into[i]
-                binding.bind_output(name, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+        for name in self.present_names:
+            binding.bind_output(name, self.device, self.device_id)
         try:
             self.session.run_with_iobinding(binding)
         except Exception as err:  # a provider's failure at run time (EPFail, CUDA): exit code 3, onnxruntime's words
@@ -326,16 +317,7 @@ class OnnxDecoder(StepRuntime):
             raise failure from None
         values = binding.get_outputs()
         logits = values[0].numpy()
-        return (logits[:, -1:] if last_logits_only else logits), values[1:] if presents_into is None else presents_into
-
-    @functools.cached_property
-    def presents_grow(self) -> bool:
-        """Each present is its past with the step's tokens appended ([rows, heads, past + tokens, row]), on the
-        host: what :meth:`run`'s ``presents_into`` needs to size its buffers."""
-        outputs = {o.name: o.shape for o in self.session.get_outputs()}
-        return self.device == "cpu" and all(
-            len(outputs[n]) == 4 and isinstance(outputs[n][2], str) and "+" in outputs[n][2] for n in self.present_names
-        )
+        return (logits[:, -1:] if last_logits_only else logits), values[1:]
 
     def reorder_past(self, past, rows: np.ndarray) -> list:
         """The cache with its batch rows picked (``rows``: [new batch] indices, repeats allowed): beam search's

@@ -70,7 +70,6 @@ ONE_SEQUENCE = "send one request per sequence (with seeds)"
 
 MAX_ROWS = 256  # the most requests decoded together
 PREFILL_TOKENS = 128  # the most padded prompt tokens one joining step runs (more: several steps; _prefill)
-GROWTH_COLUMNS = 16  # a cache buffer's room to grow (CacheBuffers): it serves 16 more steps at least
 MAX_LOGPROBS = 20  # the most top tokens a request may ask the log-probabilities of (vLLM's default limit)
 # What the engine needs: a stepper whose rows can join and leave a running batch; one sequence per request
 ENGINE = Declared(
@@ -280,13 +279,6 @@ class BatchingEngine:
         self._closed = False
         self._rows: list[_Request] = []  # the running batch, in cache row order (engine thread only)
         self._past: list | None = None  # per layer K and V: [rows, heads, P, head_dim]
-        self._buffers = (
-            CacheBuffers()
-            if isinstance(self.stepper, OnnxDecoder)
-            and not self.stepper.capabilities.preallocates
-            and self.stepper.presents_grow
-            else None
-        )
         self._mask: np.ndarray | None = None  # [rows, P]
         self.steps = 0  # decode steps run (each over the whole batch)
         self.rows_stepped = 0  # the sum of their batch sizes: rows_stepped / steps is the mean batch
@@ -509,8 +501,6 @@ class BatchingEngine:
                     rows, self._rows, self._past, self._mask = self._rows, [], None, None
                     self._fail(rows, err)
                 if not self._rows:  # the batch drained: its caches and buffers go back to the system (heap.py)
-                    if self._buffers is not None:
-                        self._buffers.clear()
                     release_freed_memory()
         for request in [*self._rows, *waiting]:
             self._end(request, "cancelled")
@@ -591,11 +581,7 @@ class BatchingEngine:
         groups = list(_by_adapter(range(len(rows)), key=lambda i: rows[i].adapter).values())
         if len(groups) == 1:  # one adapter (or none): the whole batch in one run, its presents bound as they are
             _bind_factors(self.stepper, rows[0].factors)
-            if self._buffers is None:
-                logits, self._past = self.stepper.run(ids, mask, positions, self._past)
-            else:
-                into = self._buffers.presents(self._past, ids.shape[1])
-                logits, self._past = self.stepper.run(ids, mask, positions, self._past, presents_into=into)
+            logits, self._past = self.stepper.run(ids, mask, positions, self._past)
         else:
             logits, self._past = self._run_groups(groups, ids, mask, positions)
         self._mask = mask
@@ -812,45 +798,6 @@ class BatchingEngine:
         text = request.text.text(request.tokens)
         request.stream._emit(TokenEvent(request.id, tuple(request.tokens), text, 0, reason))
         request.stream._finish(_completion(request, text, reason, None))
-
-
-class CacheBuffers:
-    """The running batch's cache in two host buffers per tensor, taken in turn: a step reads its past from one
-    and writes its presents into the other (:meth:`OnnxDecoder.run`'s ``presents_into``). Allocated by the step,
-    each present is one column longer than the last and freed a step later: under load that churn left the
-    allocator holding several times the cache (docs/serving.md, memory). A buffer has a quarter more columns than it
-    first needed (GROWTH_COLUMNS at least), so it serves the next steps until the rows outgrow it; a join, leave
-    or trim makes new arrays (their buffers take the next turn)."""
-
-    def __init__(self) -> None:
-        self._free: list[np.ndarray] | None = None  # per tensor: the flat buffer the next step writes into
-
-    def presents(self, past: list[np.ndarray], tokens: int) -> list[np.ndarray]:
-        """The arrays this step's presents go into (past's shapes with ``tokens`` more columns); the past's own
-        buffers are the next step's."""
-        out = []
-        for i, value in enumerate(past):
-            shape = (value.shape[0], value.shape[1], value.shape[2] + tokens, value.shape[3])
-            size = int(np.prod(shape))
-            flat = self._free[i] if self._free is not None else None
-            if flat is None or flat.size < size or flat.dtype != value.dtype:
-                room = max(GROWTH_COLUMNS, shape[2] // 4)  # columns to grow by before the next allocation
-                flat = np.empty(size + room * shape[0] * shape[1] * shape[3], value.dtype)
-            out.append(flat[:size].reshape(shape))
-        self._free = [_flat_buffer(value) for value in past]
-        return out
-
-    def clear(self) -> None:
-        self._free = None
-
-
-def _flat_buffer(value) -> np.ndarray | None:
-    """The whole flat buffer a cache array lives in (one of CacheBuffers', or its own), None for an OrtValue."""
-    if not isinstance(value, np.ndarray):
-        return None
-    if isinstance(value.base, np.ndarray) and value.base.ndim == 1 and value.base.flags.c_contiguous:
-        return value.base
-    return value.reshape(-1) if value.flags.c_contiguous else None
 
 
 def _completion(request: _Request, text: str, reason: str, error: Gpt2OnnxError | None) -> Completion:

@@ -423,26 +423,3 @@ def test_requests_joining_mid_stream_get_their_alone_tokens_on_every_layout(peak
     assert not wrong, (
         f"{len(wrong)} of {count} requests differ from decode() alone (request, prompt length, first token)"
     )
-
-
-def test_the_running_batch_writes_its_cache_into_two_buffers_in_turn(tiny_export):
-    """A step reads its past from one host buffer and writes its presents into the other (CacheBuffers): over 40
-    steps of one request the presents go to a handful of buffers, each step's past is the last step's presents
-    (no copy), and the tokens are decode()'s alone."""
-    prompt = [5, 17, 300]
-    with BatchingEngine.open(tiny_export, max_batch=4) as engine:
-        run, seen = engine.stepper.run, []
-
-        def recording(ids, mask, positions, past, **kwargs):
-            into = kwargs.get("presents_into")
-            seen.append((past[0].ctypes.data if isinstance(past[0], np.ndarray) else None, into))
-            return run(ids, mask, positions, past, **kwargs)
-
-        engine.stepper.run = recording
-        result = engine.generate(prompt, max_new_tokens=41)
-    prompt_step, *steps = seen  # the prompt step's presents are the runtime's (they join the batch as arrays)
-    assert prompt_step[1] is None and len(steps) == 40 and all(into is not None for _, into in steps)
-    written = [into[0].ctypes.data for _, into in steps]
-    assert all(past == before for (past, _), before in zip(steps[1:], written))  # the past is the last presents
-    assert len(set(written)) <= 6  # two buffers, each replaced by a wider one twice over 40 columns (16 of room)
-    assert result.tokens == alone(tiny_export, prompt, 41)
