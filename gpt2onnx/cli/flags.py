@@ -276,7 +276,11 @@ PortOpt = Annotated[int, typer.Option(help="Port (0: any free port).")]
 HostOpt = Annotated[Optional[str], typer.Option(help="Address to listen on \\[127.0.0.1].")]
 ApiKeyOpt = Annotated[Optional[str], typer.Option(envvar="GPT2ONNX_API_KEY", help="Key clients send as 'Bearer KEY'.")]
 ServedBatchOpt = Annotated[
-    Optional[int], typer.Option("--max-batch", help="Requests the server decodes together \\[16].")
+    Optional[int],
+    typer.Option(
+        "--max-batch",
+        help="Requests the server decodes together \\[16]; each holds its K/V cache: fewer use less memory.",
+    ),
 ]
 MaxQueueOpt = Annotated[Optional[int], typer.Option(help="Requests waiting beyond those \\[256].")]
 HeaderTimeoutOpt = Annotated[
