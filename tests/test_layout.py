@@ -34,3 +34,11 @@ def test_the_helper_folders_hold_no_tests():
 def test_no_two_test_files_share_a_name():
     twice = [name for name, n in Counter(p.name for p in found_test_files()).items() if n > 1]
     assert not twice, f"test files with the same name in two folders: {twice}"
+
+
+def test_one_conftest_at_the_top():
+    """Test files import the shared helpers with ``from conftest import ...``: a second conftest.py in a room is
+    a second module named ``conftest``, and whichever a worker imports first shadows the other (a layouts/
+    conftest.py once failed 19 tests in CI that way, depending on which files a worker ran first)."""
+    found = sorted(str(p.relative_to(TESTS)) for p in TESTS.rglob("conftest.py") if "node_modules" not in p.parts)
+    assert found == ["conftest.py"], found
