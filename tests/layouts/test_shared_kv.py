@@ -219,14 +219,15 @@ def test_bench_capacity_is_the_buffer_of_a_preallocating_cache(shared_export, ti
         assert_one_line_error(refused, says)
 
 
-def test_beam_search_reorders_the_shared_buffers_in_place(shared_export, tiny_export):
-    """Beam search on the shared cache (rows picked inside the bound buffers) gives the concat graph's beams."""
+@pytest.mark.parametrize("layout", ["shared_export", "static_export"])  # the two preallocated layouts (conftest.py)
+def test_beam_search_reorders_the_preallocated_buffers_in_place(layout, tiny_export, request):
+    """Beam search on a preallocated cache (rows picked inside the bound buffers) gives the concat graph's beams."""
     ids = np.array([[5, 17, 301, 44], [0, 0, 33, 402]])
     mask = (np.arange(4)[None] >= np.array([[0], [2]])).astype(np.int64)
     decoding = Decoding(num_beams=3, num_return_sequences=3, no_repeat_ngram_size=2)
     results = [
         decode(open_decoder(open_folder(f), ProviderConfig()), ids, mask, max_new_tokens=8, decoding=decoding)
-        for f in (tiny_export, shared_export)
+        for f in (tiny_export, request.getfixturevalue(layout))
     ]
     np.testing.assert_array_equal(results[0].tokens, results[1].tokens)
     np.testing.assert_allclose(results[0].scores, results[1].scores, atol=1e-4)

@@ -1,6 +1,6 @@
 """The onnx profiles: the standard Attention (onnx) and its fixed-size K/V cache (onnx-static-kv: TensorScatter
 writes each step's K/V in place into one buffer per layer, bound as past and present by StaticCacheDecoder),
-against transformers on left-padded cases; generate, beams and the batching engine on it (bench at past lengths:
+against transformers on left-padded cases; generate and the batching engine on it (beams and bench at past lengths:
 test_shared_kv.py, on both preallocated layouts); OpenVINO and the providers that refuse it, in one line."""
 
 import json
@@ -17,7 +17,6 @@ from gpt2onnx.decoding.generate import decode
 from gpt2onnx.errors import RuntimeUnavailable
 from gpt2onnx.exporters.export import ExportOptions, export
 from gpt2onnx.exporters.optimize import optimize
-from gpt2onnx.generation_options import Decoding
 from gpt2onnx.layouts.static import LAYOUT as STATIC_LAYOUT
 from gpt2onnx.pytorch.checkpoint import load_checkpoint
 from gpt2onnx.pytorch.reference import reference_model
@@ -130,18 +129,6 @@ def test_a_step_reads_the_whole_buffer_whatever_the_past(static_export, tiny_exp
         _, cache = classic.step(ids[:, :past], mask[:, :past], positions[:, :past], classic.empty_past(3))
         theirs, _ = classic.step(ids[:, past:], mask, positions[:, past:], cache)
         assert np.abs(ours - theirs)[mask[:, past:].astype(bool)].max() < 1e-4
-
-
-def test_beam_search_equals_the_concat_graphs(static_export, tiny_export):
-    ids = np.array([[5, 17, 301, 44], [0, 0, 33, 402]])
-    mask = (np.arange(4)[None] >= np.array([[0], [2]])).astype(np.int64)
-    decoding = Decoding(num_beams=3, num_return_sequences=3, no_repeat_ngram_size=2)
-    results = [
-        decode(open_decoder(open_folder(f), ProviderConfig()), ids, mask, max_new_tokens=8, decoding=decoding)
-        for f in (tiny_export, static_export)
-    ]
-    np.testing.assert_array_equal(results[0].tokens, results[1].tokens)
-    np.testing.assert_allclose(results[0].scores, results[1].scores, atol=1e-4)
 
 
 def test_the_batching_engine_runs_the_static_cache(static_export, tiny_export):
