@@ -44,12 +44,23 @@ def _contrib(values: Mapping[str, object]) -> bool:
     return bool(_contrib_ops(values))
 
 
-def _invariant(values: Mapping[str, object]) -> bool:
+def _separable(values: Mapping[str, object]) -> bool:
     return not values.get("batch_dependent")
 
 
+def _invariant(values: Mapping[str, object]) -> bool:
+    return _separable(values) and not values.get("padding_dependent")
+
+
 def _dependent(values: Mapping[str, object]) -> list[str]:
-    return sorted(values.get("batch_dependent", ()))
+    padding = [PADDING_SUMS] if values.get("padding_dependent") else []
+    return sorted(values.get("batch_dependent", ())) + padding
+
+
+PADDING_SUMS = (
+    "attention sums that follow a row's left padding"
+    " (a fused attention kernel's, or a graph exported before 2026-12-07)"
+)
 
 
 def _contrib_ops(values: Mapping[str, object]) -> list[str]:
@@ -71,12 +82,23 @@ FACTS: dict[str, Fact] = {
         Fact("body_in_if", False, "the block stack inside an If"),  # int4's prompt path holds it in an If
         Fact("exact_step_rows", None, "rows a step computes on its own weights"),  # None: any
         # what of a step's arithmetic depends on its other rows (a per-tensor activation scale, a kernel chosen by
-        # the row count): empty, a row gets the same logits alone, batched and left-padded (issue 54)
+        # the row count): empty, a row gets the same logits alone and batched (issue 54)
         Fact("batch_dependent", frozenset(), "arithmetic that depends on the other rows", is_set=True, verb="has"),
+        # a fused attention kernel sums along the key axis in an order tied to the column index: a left-padded
+        # row's sums change unless its padding changes by a multiple of 16 columns (passes/batch_invariance.py
+        # aligns unfused attention in the graph; the batching engine runs such rows in groups by their padding)
+        Fact("padding_dependent", False, PADDING_SUMS),
+        Fact(
+            "batch_separable",
+            True,
+            "arithmetic that depends on the other rows of a step",
+            derive=_separable,
+            detail=lambda values: sorted(values.get("batch_dependent", ())),
+        ),
         Fact(
             "batch_invariant",
             True,
-            "a row's arithmetic independent of its batch",
+            "a row's arithmetic independent of its batch and its padding",
             derive=_invariant,
             detail=_dependent,
         ),

@@ -171,7 +171,9 @@ class GraphFacts:
     last); ``vocab_size``: the logits' last dimension, when fixed; ``data_files``: the external data files its
     weights are read from; ``kv_dtype``: the cache's element type (``dtype``, or int8/uint8 for a quantized
     cache: --kv-cache); ``ops``: (domain, op type) of every node, subgraphs included (ai.onnx's domain is "");
-    ``layout``: its K/V cache layout (gpt2onnx.layouts), told by its ops."""
+    ``layout``: its K/V cache layout (gpt2onnx.layouts), told by its ops; ``padding_dependent``: its attention
+    sums follow a row's left padding (a fused attention op, or attention the batch-invariance pass did not align);
+    ``batch_dependent``: what else of a row's arithmetic depends on its batch (gpt2onnx.passes.batch_invariance)."""
 
     dtype: str = "float32"
     quantized_ops: frozenset[str] = frozenset()
@@ -181,11 +183,26 @@ class GraphFacts:
     position_rows: int | None = None
     kv_dtype: str = "float32"
     ops: frozenset[tuple[str, str]] = frozenset()
+    padding_dependent: bool = False
+    batch_dependent: frozenset[str] = frozenset()
 
     @property
     def layout(self) -> CacheLayout:
         """The graph's K/V cache layout, told by its ops (a manifest's kv_cache is the layout's name)."""
         return layout_of(op for _, op in self.ops)
+
+
+# the names of the nodes gpt2onnx.passes.batch_invariance writes (a graph read here says whether it has them), and
+# the padding, in columns, its alignment makes every row's (a multiple of every CPU's vector width in floats)
+ALIGNED, PAIRED = "aligned_attention/", "paired_rows/"
+PADDING_PERIOD = 16
+FUSED_ATTENTION = {
+    ("", "Attention"),
+    ("com.microsoft", "Attention"),
+    ("com.microsoft", "MultiHeadAttention"),
+    ("com.microsoft", "GroupQueryAttention"),
+}
+LONE_ROWS = "MatMulNBits' one-row kernel, which a lone row of a step goes through (a graph exported before 2026-12-07)"
 
 
 def all_nodes(graph: onnx.GraphProto, *, prompt_body: bool = False):
@@ -231,6 +248,10 @@ def graph_facts(model: onnx.ModelProto) -> GraphFacts:
         for node in all_nodes(model.graph, prompt_body=True)
     }
     dims = logits.dims if logits is not None else ()
+    names = [node.name for node in all_nodes(model.graph, prompt_body=True)]
+    aligned = any(name.startswith(ALIGNED) for name in names)
+    paired = any(name.startswith(PAIRED) for name in names)
+    softmax = ("", "Softmax") in ops
     return GraphFacts(
         dtype=dtype,
         quantized_ops=frozenset(quantized_op_counts(model)),
@@ -240,6 +261,8 @@ def graph_facts(model: onnx.ModelProto) -> GraphFacts:
         position_rows=position_table_rows(model),
         kv_dtype=kv_dtype,
         ops=frozenset(ops),
+        padding_dependent=bool(ops & FUSED_ATTENTION) or (softmax and not aligned),
+        batch_dependent=frozenset([LONE_ROWS] if ("com.microsoft", "MatMulNBits") in ops and not paired else []),
     )
 
 

@@ -27,6 +27,8 @@ def folder_choices(facts: GraphFacts, folder: str) -> list[Declared]:
             "ops": facts.ops,
             "logits": "last" if facts.logits_last else "all",
             "data_files": len(facts.data_files),
+            "padding_dependent": facts.padding_dependent,
+            "batch_dependent": facts.batch_dependent,
         },
         says={
             "logits": "returns the last position's logits only (exported with --logits last)"

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from gpt2onnx.capabilities import PADDING_SUMS
 from gpt2onnx.cli.app import console, err_console
 from gpt2onnx.precisions.all_precisions import PRECISIONS
 
@@ -299,9 +300,14 @@ def preflighted(result) -> None:
     for kernel in result.kernels:
         table.add_row("kernels", kernel)
     if "batch_invariant" in result.facts:  # a row's tokens alone and among others (issue 54)
-        invariant = result.facts["batch_invariant"]
-        depends = result.facts.get("batch_dependent") or ""
+        dependent = result.facts.get("batch_dependent") or ()
+        reasons = [dependent] if isinstance(dependent, str) else sorted(dependent)
+        if result.facts.get("padding_dependent"):
+            reasons.append(f"{PADDING_SUMS} (the batching engine runs such rows in groups by their padding)")
         table.add_row(
-            "batch", "invariant: a row computes the same alone and batched" if invariant else f"depends: {depends}"
+            "batch",
+            "invariant: a row computes the same alone, batched and left-padded"
+            if result.facts["batch_invariant"]
+            else "depends: " + "; ".join(reasons),
         )
     console.print(table)

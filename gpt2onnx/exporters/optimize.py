@@ -32,6 +32,7 @@ from gpt2onnx.choices.of_folder import folder_choices
 from gpt2onnx.errors import BadInput
 from gpt2onnx.exporters.export import ExportResult, passed_or_refused
 from gpt2onnx.layouts.all_layouts import layout
+from gpt2onnx.passes.batch_invariance import strip as strip_batch_invariance
 from gpt2onnx.passes.pipeline import GraphPasses, timed
 from gpt2onnx.precisions.all_precisions import FP32
 from gpt2onnx.precisions.fp16 import FP16_KEEP_GROUPS
@@ -121,7 +122,7 @@ def optimize(
     passes.verdict(OPTIMIZE, *(as_source(c) for c in folder_choices(facts, str(model_path.parent)))).check()
     _refuse_a_fused_copy(facts, passes, model_path)
     timings = {}
-    model = load_model(model_path)
+    model = strip_batch_invariance(load_model(model_path))  # the fusion rules match the plain patterns
     previous = read_manifest(model_path.parent)
     architecture = previous.architecture if previous else None  # None: a folder this tool did not write
     passed = passes.apply(

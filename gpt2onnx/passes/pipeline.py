@@ -50,6 +50,7 @@ class PassResult:
     # the K/V cache layout's name (gpt2onnx.layouts), read from the result's ops: deployment targets read it
     cache_layout: str = ""
     kv_cache_quantization: KvCacheRecord | None = None  # a quantized cache (--kv-cache)
+    batch_invariance: tuple[int, int] = (0, 0)  # attentions aligned, MatMulNBits paired (the graph shows them)
 
     def records(self) -> dict:
         """The manifest's records of the passes, by their keys."""
@@ -140,6 +141,20 @@ class KvCachePass(GraphPass):
 
 
 @dataclass(frozen=True)
+class BatchInvariancePass(GraphPass):
+    """A row's sums independent of its batch: unfused attention aligned against left padding, MatMulNBits fed
+    rows in pairs (gpt2onnx.passes.batch_invariance); the last pass, on what the others left."""
+
+    record: ClassVar[str] = "batch_invariance"
+    timing: ClassVar[str] = "batch_invariance"
+
+    def call(self, model):
+        from gpt2onnx.passes.batch_invariance import make_batch_invariant
+
+        return make_batch_invariant(model)
+
+
+@dataclass(frozen=True)
 class Sequential:
     """Passes run in order, each ``requires`` checked before it and ``ensures`` after it."""
 
@@ -216,7 +231,7 @@ class GraphPasses:
         self, *, activation: str = "gelu_new", upcast_attention: bool = False, calibration=None, kv_calibration=None
     ) -> Sequential:
         """The passes in order: fusion profile, fp16, weight quantization, K/V cache quantization (those that do
-        something)."""
+        something), then the batch-invariance rewrites (always)."""
         passes: list[GraphPass] = []
         if self.profile.fusions or self.profile.layout.rewrite is not None:
             passes.append(FusionPass(self.profile, self.allow_partial_fusion, activation))
@@ -226,6 +241,7 @@ class GraphPasses:
             passes.append(QuantizePass(self.quantization, calibration))
         if self.cache_format is not None:
             passes.append(KvCachePass(self.cache_format, kv_calibration))
+        passes.append(BatchInvariancePass())
         return Sequential(tuple(passes))
 
     def apply(

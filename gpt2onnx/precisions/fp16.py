@@ -9,7 +9,7 @@ from collections import Counter
 
 import onnx
 
-from gpt2onnx.artifact.graph import sort_topologically
+from gpt2onnx.artifact.graph import ALIGNED, sort_topologically
 from gpt2onnx.artifact.manifest import Fp16Record
 from gpt2onnx.errors import BadInput
 from gpt2onnx.precisions.precision import Precision
@@ -111,10 +111,16 @@ def written_out_attention_scores(graph: onnx.GraphProto) -> list[list[onnx.NodeP
         node = producer.get(name)
         return (node is not None and node.op_type == "Constant") or name in initializers
 
+    def scores(name: str):  # the mask's Add, or behind the columns a batch-invariant graph puts in front of it
+        aligned = made_by(name, "Concat")
+        if aligned is not None and aligned.name.startswith(ALIGNED):
+            name = aligned.input[1]
+        return made_by(name, "Add")
+
     initializers = {i.name for i in graph.initializer}
     found = []
     for softmax in graph.node:
-        add = softmax.op_type == "Softmax" and made_by(softmax.input[0], "Add")
+        add = softmax.op_type == "Softmax" and scores(softmax.input[0])
         if not add:
             continue
         for name in add.input:

@@ -164,6 +164,9 @@ class Profile:
                 **self.layout.declared.ensures,
                 "ops": ops | set(self.layout.declared.ensures["ops"]),
                 "profile": self.name if fused else None,
+                # a fused attention op sums inside its kernel, which the batch-invariance pass cannot align (an
+                # unfused graph's own facts say whether the pass aligned it)
+                **({"padding_dependent": True} if self.attention is not None else {}),
             },
             requires=tuple(requires),
             says={**self.layout.says, **self.says, "profile": f"is fused with the {self.name} profile"},

@@ -25,7 +25,14 @@ import onnxruntime as ort
 
 from gpt2onnx.artifact.contract import ORT_DTYPES, DecoderShape, TensorSpec, decoder_shape, graph_io
 from gpt2onnx.artifact.folder import ModelFolder
-from gpt2onnx.artifact.graph import QUANTIZED_CACHE_OP, all_nodes, cache_scales, graph_facts, load_graph
+from gpt2onnx.artifact.graph import (
+    PADDING_PERIOD,
+    QUANTIZED_CACHE_OP,
+    all_nodes,
+    cache_scales,
+    graph_facts,
+    load_graph,
+)
 from gpt2onnx.errors import BadInput, RuntimeUnavailable
 from gpt2onnx.files import available_memory
 from gpt2onnx.layouts.all_layouts import bound_by
@@ -101,6 +108,7 @@ def open_decoder(model: ModelFolder, provider: ProviderConfig) -> "OnnxDecoder":
     else:
         decoder = kind(session, n_positions=model.n_positions, device_id=provider.device_id)
     decoder.exact_step_rows = exact_rows(model.facts)
+    decoder.padding_period = padding_period(model.facts)
     return decoder
 
 
@@ -118,6 +126,12 @@ def _scales_held(graph, model: ModelFolder):
         if init.name in names:
             model.fill_external(init)
     return graph
+
+
+def padding_period(facts) -> int | None:
+    """Where a row's sums follow its left padding (a fused attention kernel, or attention the batch-invariance pass
+    did not align): the period, in columns, of the padding that leaves them as they are alone; None: any."""
+    return PADDING_PERIOD if facts.padding_dependent else None
 
 
 def exact_rows(facts) -> int | None:
@@ -153,6 +167,7 @@ def cpu_decoder(model_path: Path, *, n_positions: int | None = None, adapter: Pa
     else:
         decoder = kind(cpu_session(model_path), n_positions=n_positions)
     decoder.exact_step_rows = exact_rows(facts)
+    decoder.padding_period = padding_period(facts)
     decoder.activate_adapter(adapter)
     return decoder
 
@@ -224,6 +239,7 @@ class OnnxDecoder(StepRuntime):
         beam requests beside its batch)."""
         twin = type(self)(self.session, n_positions=self.n_positions, device_id=self.device_id)
         twin.exact_step_rows = self.exact_step_rows
+        twin.padding_period = self.padding_period
         twin.bound = self.bound
         return twin
 
@@ -420,6 +436,7 @@ class SharedCacheDecoder(OnnxDecoder):
         scales = dict(zip(self.past_names, self.scales)) if self.scales is not None else None
         twin = SharedCacheDecoder(self.session, n_positions=self.n_positions, cache_scales=scales)
         twin.exact_step_rows = self.exact_step_rows
+        twin.padding_period = self.padding_period
         return twin
 
     def empty_past(self, batch: int, capacity: int | None = None) -> list[ort.OrtValue]:

@@ -144,6 +144,7 @@ class Runtime(ABC):
     device_id: int = 0
     dummy_past: int = 0  # masked past slots in front of the prompt step (TensorRT); 0 elsewhere
     exact_step_rows: int | None = None  # a step of more rows computes on other weights (int4's prompt path)
+    padding_period: int | None = None  # a row's sums as alone only where its left padding is a multiple of it
     capabilities: Capabilities = Capabilities()
     placement = None  # onnxruntime: which provider got each node (an artifact.report.Placement); None elsewhere
     tf32: bool | None = None  # onnxruntime on a GPU: whether fp32 matmuls may use TF32; None elsewhere

@@ -19,8 +19,11 @@ prompts' width): run on the batch's own, a prompt would write over the running r
 Each request is decoded as :func:`gpt2onnx.decoding.generate.decode` decodes a batch of one: the same logits
 processors (:func:`~gpt2onnx.decoding.processors.process_scores`) on its own sequence, its own random generator
 seeded as ``Sampling.seed`` says, the same stop conditions. Its greedy tokens are therefore those that
-``gpt2onnx generate`` writes for it alone, up to the float rounding of a padded batch (the same as between
-``generate`` with one prompt and with several; tests/serving/test_batching.py checks the tokens). Beam search
+``gpt2onnx generate`` writes for it alone, and its logits the same floats: a row's arithmetic does not depend on
+its batch (:mod:`gpt2onnx.passes.batch_invariance` aligns the attention of every export against its padding),
+except where attention is a fused kernel whose sums follow the padding (the stepper's ``padding_period``): then
+a step runs its rows in groups whose lengths agree modulo the period, each group's padding cut to whole periods
+(:meth:`_run_groups`; tests/serving/test_batch_invariance.py checks tokens and log-probabilities bitwise). Beam search
 (``num_beams`` > 1) is not batched: each beam request runs alone through
 :func:`~gpt2onnx.decoding.beam.beam_search` on a second thread, one at a time, beside the batch, and returns
 its best beam in one event. ``num_return_sequences`` > 1 is refused: send one request per sequence.
@@ -77,7 +80,12 @@ ENGINE = Declared(
     "batching",
     requires=(
         Need("batches_rows", allowed={True}, why="decodes rows that join and leave a running batch"),
-        Need("batch_invariant", allowed={True}, why="gives each request the tokens it gets alone, whatever its batch"),
+        Need(
+            "batch_separable",
+            allowed={True},
+            why="gives each request the tokens it gets alone, whatever its batch",
+            fix="export the folder again (this gpt2onnx writes graphs whose rows do not depend on their batch)",
+        ),
         Lacks("features", {SEVERAL_SEQUENCES: "serves one sequence per request, not"}, fix=ONE_SEQUENCE),
     ),
     ensures={"adapter_per_request": True},  # binds each run's LoRA factors itself (module docstring)
@@ -254,11 +262,10 @@ class BatchingEngine:
         # the batch runs the concat way on every graph (module docstring), beams on a stepper of their own: two
         # threads never share a stepper's buffers (a static cache's are rebound by every step)
         self.decoder = decoder.twin() if isinstance(decoder, OnnxDecoder) else decoder
-        self.stepper = (
-            OnnxDecoder(decoder.session, n_positions=decoder.n_positions, device_id=decoder.device_id)
-            if isinstance(decoder, SharedCacheDecoder)
-            else decoder
-        )
+        self.stepper = decoder
+        if isinstance(decoder, SharedCacheDecoder):
+            self.stepper = OnnxDecoder(decoder.session, n_positions=decoder.n_positions, device_id=decoder.device_id)
+            self.stepper.padding_period = decoder.padding_period  # the same graph's kernels
         # the joining prompts run on a stepper of their own where the batch's presents are views of its stepper's
         # buffers (a static cache): a prompt run on those would write over the running rows' K/V before they join
         self.prompter = self.stepper.twin() if self.stepper.capabilities.preallocates else self.stepper
@@ -527,7 +534,9 @@ class BatchingEngine:
         its peak in the 124M int8 server (309 MB at rest); groups bound it, and a row's tokens do not depend on
         its group (per-token activations, issue 54)."""
         requests = [r for r in requests if not self._cancelled_now(r)]
-        for same in _by_adapter(requests).values():  # one adapter's factors per run
+        period = self.stepper.padding_period  # where sums follow the padding: prompts padded by multiples of it
+        key = (lambda r: (r.adapter, len(r.prompt) % period)) if period else (lambda r: r.adapter)
+        for same in _by_adapter(requests, key).values():  # one adapter's factors per run
             group: list[_Request] = []
             for request in same:
                 longest = max([len(request.prompt), *(len(r.prompt) for r in group)])
@@ -578,8 +587,13 @@ class BatchingEngine:
         ids = np.array([[r.tokens[-1]] for r in rows], dtype=np.int64)
         positions = self._mask.sum(axis=1, keepdims=True).astype(np.int64)  # each row's count of real tokens
         mask = np.concatenate([self._mask, np.ones((len(rows), 1), np.int64)], axis=1)
-        groups = list(_by_adapter(range(len(rows)), key=lambda i: rows[i].adapter).values())
-        if len(groups) == 1:  # one adapter (or none): the whole batch in one run, its presents bound as they are
+        period = self.stepper.padding_period
+        if period:  # sums that follow the padding: rows whose lengths agree modulo the period run together
+            lengths = mask.sum(axis=1)
+            groups = list(_by_adapter(range(len(rows)), key=lambda i: (rows[i].adapter, lengths[i] % period)).values())
+        else:
+            groups = list(_by_adapter(range(len(rows)), key=lambda i: rows[i].adapter).values())
+        if len(groups) == 1 and not period:  # one adapter (or none): the whole batch in one run, presents as they are
             _bind_factors(self.stepper, rows[0].factors)
             logits, self._past = self.stepper.run(ids, mask, positions, self._past)
         else:
@@ -592,21 +606,27 @@ class BatchingEngine:
             self._leave(keep)
 
     def _run_groups(self, groups: list[list[int]], ids, mask, positions) -> tuple[np.ndarray, list[np.ndarray]]:
-        """A step whose rows use several adapters: one run per adapter on its rows of the padded past (picked on
-        the host), the logits and presents put back in row order (copied out before the next run: a static
-        cache's presents are views of buffers the next run writes)."""
+        """A step whose rows use several adapters, or whose sums follow the padding: one run per group on its rows
+        of the padded past (picked on the host), the logits and presents put back in row order (copied out before
+        the next run: a static cache's presents are views of buffers the next run writes). Where the stepper has
+        a padding period, each group's leading columns are cut so that every row's padding is a multiple of it
+        (its rows' lengths agree modulo the period), as alone it has none."""
         past = [_host(p) for p in self._past]
+        period, width = self.stepper.padding_period, mask.shape[1]
         logits, presents = None, None
         for rows in groups:
+            cut = (width - int(mask[rows[0]].sum())) % period if period else 0  # the padding past a whole period
             _bind_factors(self.stepper, self._rows[rows[0]].factors)
-            part, values = self.stepper.run(ids[rows], mask[rows], positions[rows], [p[rows] for p in past])
+            part, values = self.stepper.run(
+                ids[rows], mask[rows, cut:], positions[rows], [p[rows][:, :, cut:] for p in past]
+            )
             values = [_host(v) for v in values]
             if logits is None:
                 logits = np.empty((len(ids), *part.shape[1:]), part.dtype)
-                presents = [np.empty((len(ids), *v.shape[1:]), v.dtype) for v in values]
+                presents = [np.zeros((len(ids), v.shape[1], width, *v.shape[3:]), v.dtype) for v in values]
             logits[rows] = part
             for whole, value in zip(presents, values):
-                whole[rows] = value
+                whole[rows, :, cut:] = value
         return logits, presents
 
     def _choose(self, requests: list[_Request], last: np.ndarray) -> list[int]:

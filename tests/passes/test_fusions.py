@@ -36,7 +36,10 @@ def _ops(model) -> Counter:
 
 
 def _apply(model: onnx.ModelProto, fusion) -> tuple[onnx.ModelProto, int]:
-    graph = ir.from_proto(onnx.shape_inference.infer_shapes(model))
+    """One fusion's rules on an exported graph, its batch-invariance rewrites undone first (as fuse() does)."""
+    from gpt2onnx.passes.batch_invariance import strip
+
+    graph = ir.from_proto(onnx.shape_inference.infer_shapes(strip(model)))
     count = pattern.RewriteRuleSet(list(rule_set(fusion)), commute=True).apply_to_model(graph)
     out = ir.to_proto(graph)
     out.ir_version = model.ir_version

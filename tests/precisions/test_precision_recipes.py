@@ -23,7 +23,7 @@ def _layers(folder):
     weights = {init.name: init for init in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
     node = producer["logits"]
-    while node.op_type in ("Reshape", "Cast"):
+    while node.op_type in ("Reshape", "Cast", "Slice"):  # Slice: the head's rows in pairs (passes/batch_invariance.py)
         node = producer[node.input[0]]
 
     def kind(node):

@@ -18,6 +18,7 @@ from gpt2onnx.artifact.graph import all_nodes
 from gpt2onnx.artifact.graph_tools import infer_value_info
 from gpt2onnx.artifact.manifest import FusionReport, GoldenCount
 from gpt2onnx.errors import BadInput, CheckFailed, ContractError
+from gpt2onnx.passes.batch_invariance import strip as strip_batch_invariance
 from gpt2onnx.passes.fusions.shape_anchoring import anchor_shapes
 from gpt2onnx.profiles.all_profiles import UNFUSED, fused_with
 from gpt2onnx.profiles.profile import Fusion, Profile
@@ -115,7 +116,10 @@ def fuse(
 ) -> tuple[onnx.ModelProto, FusionReport]:
     """Apply a profile's fusions in order, then its layout's rewrite; fail below the golden counts unless
     ``allow_partial``. A graph that already holds the profile's fused ops comes back as it is (fusing what is fused
-    is a no-op). ``activation``: the MLP's (the Architecture's canonical name), which fixes the gelu check's op."""
+    is a no-op). ``activation``: the MLP's (the Architecture's canonical name), which fixes the gelu check's op.
+    A folder's graph holds the batch-invariance rewrites: they are undone first (the rules match the plain
+    patterns; the export's last pass writes them again)."""
+    model = strip_batch_invariance(model)
     n_layer = count_layers(model)
     if not profile.fusions and profile.layout.rewrite is None:
         return model, FusionReport(profile.name, {}, {}, {})
