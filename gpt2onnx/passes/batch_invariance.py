@@ -141,7 +141,9 @@ def _shared_nodes() -> list[onnx.NodeProto]:
         _const(p + "zero", np.zeros(1, np.int64)),
         _const(p + "zeros2", np.zeros(2, np.int64)),
         # [B, S, K] gains a row of batch where B × S is odd (B and S are then odd: (B + 1) × S is even)
-        helper.make_node("Concat", [p + "zero", p + "zeros2", p + "odd", p + "zeros2"], [p + "pads3"], axis=0),
+        helper.make_node(
+            "Concat", [p + "zero", p + "zeros2", p + "odd", p + "zeros2"], [p + "pads3"], axis=0, name=p + "pads3"
+        ),
     ]
 
 
@@ -154,12 +156,18 @@ def _fills(scores: str, values: str, types, cache_dtype: int, g: int) -> list[on
     zero = numpy_helper.from_array(np.zeros(1, _FLOATS.get(cache_dtype, np.float32)))
     return [
         *_dims(scores, p + "scores_lead", 0, 3),
-        helper.make_node("Concat", [p + "scores_lead", ALIGNED + "pad"], [p + "scores_shape"], axis=0),
+        helper.make_node(
+            "Concat", [p + "scores_lead", ALIGNED + "pad"], [p + "scores_shape"], axis=0, name=p + "scores_shape"
+        ),
         helper.make_node("ConstantOfShape", [p + "scores_shape"], [p + "scores"], value=lowest, name=p + "scores"),
         *_dims(values, p + "values_lead", 0, 2),
         *_dims(values, p + "values_dim", 3),
         helper.make_node(
-            "Concat", [p + "values_lead", ALIGNED + "pad", p + "values_dim"], [p + "values_shape"], axis=0
+            "Concat",
+            [p + "values_lead", ALIGNED + "pad", p + "values_dim"],
+            [p + "values_shape"],
+            axis=0,
+            name=p + "values_shape",
         ),
         helper.make_node("ConstantOfShape", [p + "values_shape"], [p + "values"], value=zero, name=p + "values"),
     ]
@@ -188,9 +196,14 @@ def _paired(node, rank: int | None, i: int) -> tuple[list[onnx.NodeProto], list[
         before = [
             *_dims(a, p + "rows", 0, 1),
             helper.make_node("Mod", [p + "rows", PAIRED + "two"], [p + "odd"], name=p + "odd"),
-            helper.make_node("Concat", [PAIRED + "zero", p + "odd", PAIRED + "zero"], [p + "pads"], axis=0),
-            helper.make_node("Concat", [PAIRED + "zero", p + "pads"], [p + "pads2"], axis=0, name=p + "pads2"),
-            helper.make_node("Pad", [a, p + "pads2"], [p + "a"], name=p + "a"),
+            helper.make_node(
+                "Concat",
+                [PAIRED + "zero", PAIRED + "zero", p + "odd", PAIRED + "zero"],
+                [p + "pads"],
+                axis=0,
+                name=p + "pads",
+            ),
+            helper.make_node("Pad", [a, p + "pads"], [p + "a"], name=p + "a"),
         ]
         ends = p + "rows"
     after = [helper.make_node("Slice", [p + "y", PAIRED + "zero", ends, PAIRED + "zero"], [y], name=p + "y")]
@@ -272,16 +285,12 @@ def _strip_graph(graph: onnx.GraphProto) -> None:
             source[node.output[0]] = node.input[0]
         elif node.op_type == "Slice" and node.name.endswith("/y"):  # its output's
             renamed[node.input[0]] = node.output[0]
-    kept = [n for n in graph.node if not n.name.startswith((ALIGNED, PAIRED)) and not _shared_name(n)]
+    kept = [n for n in graph.node if not n.name.startswith((ALIGNED, PAIRED))]
     for node in kept:
         node.input[:] = [source.get(name, name) for name in node.input]
         node.output[:] = [renamed.get(name, name) for name in node.output]
     del graph.node[:]
     graph.node.extend(kept)
-
-
-def _shared_name(node: onnx.NodeProto) -> bool:
-    return any(o.startswith((ALIGNED, PAIRED)) for o in node.output)
 
 
 def strip(model: onnx.ModelProto) -> onnx.ModelProto:
