@@ -35,3 +35,30 @@ def release_freed_memory() -> bool:
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
     return True
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+LARGE_BLOCK = 4 << 20  # bytes: a prompt step's activations and logits, not a decode step's cache rows
+
+
+@functools.cache
+def _mallopt():
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+def map_large_blocks(threshold: int = LARGE_BLOCK) -> bool:
+    """Blocks of ``threshold`` bytes or more each come from a mapping of their own, given back to the system when
+    freed (glibc's M_MMAP_THRESHOLD, fixed: left to itself glibc raises it up to 32 MB as such blocks are freed,
+    and a prompt step's buffers then stay in the heap as free blocks); whether it could. For a long-running server
+    process: measured in the batching engine alone (124M int4, 4 rows, 3 rounds of 12 prompts and 32 new tokens,
+    2-vCPU Intel Xeon), the peak grew by 62 and 72 MB over rest against 100 and 103 without, the decode steps as
+    long (a 128 KB threshold, glibc's first, halved tokens/s: every step's cache rows mapped anew)."""
+    mallopt = _mallopt()
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, threshold))

@@ -23,6 +23,7 @@ from pathlib import Path
 from gpt2onnx.artifact.folder import open_folder
 from gpt2onnx.artifact.manifest import MODEL_FILE
 from gpt2onnx.errors import BadInput, Gpt2OnnxError, OutputError
+from gpt2onnx.runtimes.heap import map_large_blocks
 from gpt2onnx.runtimes.providers import ProviderConfig
 from gpt2onnx.serving.engine import MAX_ROWS, BatchingEngine
 
@@ -49,7 +50,10 @@ class OpenAIServer:
     _failure: Gpt2OnnxError | None = None
 
     def serve_forever(self) -> None:
-        """Serve until stopped; raises the error the model could not be loaded with (after the server stopped)."""
+        """Serve until stopped; raises the error the model could not be loaded with (after the server stopped).
+        The process's large blocks are mapped on their own from here (:func:`~gpt2onnx.runtimes.heap.map_large_blocks`:
+        a served model's peak under load nearer its rest)."""
+        map_large_blocks()
         try:
             self._server.run(sockets=[self._socket])
         finally:
