@@ -6,10 +6,11 @@ AVX-512 Xeon (tests/serving/test_batch_invariance.py holds the bitwise checks):
 1. **Left padding.** A left-padded row's scores and values sit ``pad`` columns further right than alone. Softmax
    and MatMul sum along that axis in an order tied to the column index and the row's address: their results
    change unless ``pad`` is a multiple of 4 there (the period is the kernels' vector width and unrolling, so it
-   differs between CPUs). :func:`align_attention` pads both at the front, in the graph, to a multiple of ALIGN::
+   differs between CPUs). The first rewrite puts columns in front of both, in the graph, to a multiple of ALIGN::
 
        Softmax(scores) → P;  MatMul(P, V)
-    ⇒ Softmax(Pad(scores, front: (−T) mod ALIGN, lowest)) → P';  MatMul(P', Pad(V, front: the same, zeros))
+    ⇒ Softmax(Concat(lowest [B, H, S, pad], scores)) → P';  MatMul(P', Concat(zeros [B, H, pad, D], V))
+       pad = (−T) mod ALIGN
 
    T is the mask's width (the scores' last axis). Whatever a row's own padding, its real columns then sit at the
    same index modulo ALIGN as alone, every row starts aligned, and a batch adds whole blocks of ALIGN masked
@@ -18,13 +19,13 @@ AVX-512 Xeon (tests/serving/test_batch_invariance.py holds the bitwise checks):
    GroupQueryAttention, Attention) sums inside its kernel, which no rewrite reaches: its profile declares so
    (the capability ``padding_dependent``) and the batching engine runs such rows in groups by their padding.
 2. **Odd row counts.** ``MatMulNBits`` (int4, int8-weights) computes rows in pairs, and a lone row (a step of
-   one row, or the last of an odd count) through another kernel whose rounding differs. :func:`pair_rows` pads
+   one row, or the last of an odd count) through another kernel whose rounding differs. The second rewrite pads
    its input to an even number of rows (one zero row, sliced off its output), so every row goes through the
    pair kernel.
 
-Both run last (after the fusions, fp16 and quantization) and add two small nodes per attention and per
-``MatMulNBits`` (the shared lengths computed once from the graph inputs). :func:`strip` undoes them (optimize
-re-fuses a folder's graph, and the fusion rules match the plain patterns).
+:func:`make_batch_invariant` writes both, the last pass (after the fusions, fp16 and quantization): two small nodes
+per attention and per ``MatMulNBits``, the lengths and fills computed once per graph. :func:`strip` undoes them
+(fuse() and optimize read a folder's graph, and the fusion rules match the plain patterns).
 """
 
 from __future__ import annotations
