@@ -44,6 +44,9 @@ EXPORTS = {
     "int4-k-quant": dict(quantization=QuantizeOptions("int4", algorithm="k-quant")),
     "int4-prompt-int8": dict(quantization=QuantizeOptions("int4", prompt_kernel="int8")),
     "ort": dict(fusion="ort"),
+    "portable": dict(fusion="portable"),  # attention left unfused (aligned), LayerNorm and Gelu fused
+    "tensorrt": dict(fusion="tensorrt"),  # LayerNorm only: TensorRT fuses the rest itself
+    "onnx": dict(fusion="onnx"),  # the standard Attention op, concat layout
     "ort-shared-kv": dict(fusion="ort-shared-kv"),
     "ort-shared-kv-int8-cache": dict(fusion="ort-shared-kv", kv_cache="int8"),
     "ort-shared-kv-int4-cache": dict(fusion="ort-shared-kv", kv_cache="int4"),
@@ -53,6 +56,7 @@ EXPORTS = {
 # attention in a fused kernel: a row's sums follow its padding (declared), and the engine isolates such rows
 FUSED = {
     "ort",
+    "onnx",
     "ort-shared-kv",
     "ort-shared-kv-int8-cache",
     "ort-shared-kv-int4-cache",
