@@ -1,8 +1,10 @@
-"""Helpers shared by the fusion rules."""
+"""Helpers shared by the graph rewrites (the fusion rules, the cache layouts, the precisions' passes)."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 
 
 def constant_value(value) -> float | None:
@@ -53,3 +55,8 @@ def infer_value_info(model) -> None:
     inferred = onnx.shape_inference.infer_shapes(skeleton(model))
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
+
+
+def constant_node(name: str, value) -> onnx.NodeProto:
+    """A Constant node named ``name`` whose output, also ``name``, holds ``value`` (an array or a scalar)."""
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name), name=name)

@@ -35,14 +35,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from gpt2onnx.artifact.graph import ALIGNED, PADDING_PERIOD, PAIRED, all_nodes
+from gpt2onnx.artifact.graph_tools import constant_node
 
 ALIGN = PADDING_PERIOD
 MASK, IDS = "attention_mask", "input_ids"  # the contract's inputs the shared lengths come from
 _FLOATS = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
-
-
-def _const(name: str, array: np.ndarray) -> onnx.NodeProto:
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name), name=name)
 
 
 def _dims(source: str, out: str, start: int, end: int | None = None) -> list[onnx.NodeProto]:
@@ -50,8 +47,8 @@ def _dims(source: str, out: str, start: int, end: int | None = None) -> list[onn
     bounds = [out + "/start", out + "/end"]
     return [
         helper.make_node("Shape", [source], [out + "/shape"], name=out + "/shape"),
-        _const(bounds[0], np.array([start], np.int64)),
-        _const(bounds[1], np.array([end if end is not None else 2**62], np.int64)),
+        constant_node(bounds[0], np.array([start], np.int64)),
+        constant_node(bounds[1], np.array([end if end is not None else 2**62], np.int64)),
         helper.make_node("Slice", [out + "/shape", *bounds], [out], name=out),
     ]
 
@@ -131,16 +128,16 @@ def _shared_nodes() -> list[onnx.NodeProto]:
     a, p = ALIGNED, PAIRED
     return [
         *_dims(MASK, a + "width", -1),
-        _const(a + "align", np.array([ALIGN], np.int64)),
+        constant_node(a + "align", np.array([ALIGN], np.int64)),
         helper.make_node("Neg", [a + "width"], [a + "minus_width"], name=a + "minus_width"),
         helper.make_node("Mod", [a + "minus_width", a + "align"], [a + "pad"], name=a + "pad"),
         *_dims(IDS, p + "batch", 0, 1),
         helper.make_node("Shape", [IDS], [p + "shape"], name=p + "shape"),
         helper.make_node("ReduceProd", [p + "shape"], [p + "rows"], keepdims=1, name=p + "rows"),
-        _const(p + "two", np.array([2], np.int64)),
+        constant_node(p + "two", np.array([2], np.int64)),
         helper.make_node("Mod", [p + "rows", p + "two"], [p + "odd"], name=p + "odd"),
-        _const(p + "zero", np.zeros(1, np.int64)),
-        _const(p + "zeros2", np.zeros(2, np.int64)),
+        constant_node(p + "zero", np.zeros(1, np.int64)),
+        constant_node(p + "zeros2", np.zeros(2, np.int64)),
         # [B, S, K] gains a row of batch where B × S is odd (B and S are then odd: (B + 1) × S is even)
         helper.make_node(
             "Concat", [p + "zero", p + "zeros2", p + "odd", p + "zeros2"], [p + "pads3"], axis=0, name=p + "pads3"

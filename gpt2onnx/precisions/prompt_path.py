@@ -30,9 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from gpt2onnx.artifact.graph import PROMPT_IF, PROMPT_PATH_MARK
+from gpt2onnx.artifact.graph_tools import constant_node
 from gpt2onnx.capabilities import Declared, Need
 from gpt2onnx.precisions.activations import row_quantize_nodes, zero_point_nodes
 from gpt2onnx.registry import Registry
@@ -101,10 +102,6 @@ def foldable(node: onnx.NodeProto) -> bool:
     return _attrs(node).get("bits", 4) == BITS and not any(node.input[3:])
 
 
-def _const(name: str, value) -> onnx.NodeProto:
-    return helper.make_node("Constant", [], [name], name=name, value=numpy_helper.from_array(np.asarray(value), name))
-
-
 def int8_weight_nodes(node: onnx.NodeProto, p: str, *, opset: int) -> tuple[list[onnx.NodeProto], str, str]:
     """Standard ops computing, from a symmetric 4-bit MatMulNBits' packed weight [N, blocks, block/2] and scales,
     an int8 [K, N] weight at 7 bits per output column and its column scales [N]; returns (nodes, weight, scales).
@@ -126,52 +123,52 @@ def int8_weight_nodes(node: onnx.NodeProto, p: str, *, opset: int) -> tuple[list
         # int32 Div and Mul, not uint8 BitShift or Div: OpenVINO 2026.4 rounds both on uint8 (143 >> 4 and 143 / 16
         # gave 9), and BitwiseAnd needs opset 18
         op("Cast", [packed], "packed32", to=TensorProto.INT32),
-        _const(f"{p}/sixteen", np.int32(16)),
+        constant_node(f"{p}/sixteen", np.int32(16)),
         op("Div", [f"{p}/packed32", f"{p}/sixteen"], "high32"),
         op("Mul", [f"{p}/high32", f"{p}/sixteen"], "high_back"),
         op("Sub", [f"{p}/packed32", f"{p}/high_back"], "low32"),
         op("Cast", [f"{p}/high32"], "high", to=TensorProto.UINT8),
         op("Cast", [f"{p}/low32"], "low", to=TensorProto.UINT8),
-        _const(f"{p}/last", np.array([-1], np.int64)),
+        constant_node(f"{p}/last", np.array([-1], np.int64)),
         op("Unsqueeze", [f"{p}/low", f"{p}/last"], "low1"),
         op("Unsqueeze", [f"{p}/high", f"{p}/last"], "high1"),
         op("Concat", [f"{p}/low1", f"{p}/high1"], "pairs", axis=-1),  # the low nibble first
-        _const(f"{p}/blocked", np.array([n, blocks, block], np.int64)),
+        constant_node(f"{p}/blocked", np.array([n, blocks, block], np.int64)),
         op("Reshape", [f"{p}/pairs", f"{p}/blocked"], "q"),  # [N, blocks, block], 0..15
         op("Cast", [f"{p}/q"], "q8", to=TensorProto.INT8),
-        _const(f"{p}/eight", np.int8(8)),
+        constant_node(f"{p}/eight", np.int8(8)),
         op("Sub", [f"{p}/q8", f"{p}/eight"], "centred"),  # -8..7
         op("Cast", [f"{p}/centred"], "centred_float", to=TensorProto.FLOAT),
-        _const(f"{p}/scale_shape", np.array([n, blocks, 1], np.int64)),
+        constant_node(f"{p}/scale_shape", np.array([n, blocks, 1], np.int64)),
         op("Reshape", [scales, f"{p}/scale_shape"], "block_scales"),
         op("Abs", [f"{p}/block_scales"], "block_abs"),
         *(
-            [_const(f"{p}/blocks_axis", np.array([1], np.int64))]
+            [constant_node(f"{p}/blocks_axis", np.array([1], np.int64))]
             + [op("ReduceMax", [f"{p}/block_abs", f"{p}/blocks_axis"], "largest0", keepdims=1)]  # [N, 1, 1]
             if opset >= 18
             else [op("ReduceMax", [f"{p}/block_abs"], "largest0", axes=[1], keepdims=1)]
         ),
-        _const(f"{p}/tiny", np.float32(1e-30)),
+        constant_node(f"{p}/tiny", np.float32(1e-30)),
         op("Max", [f"{p}/largest0", f"{p}/tiny"], "largest"),
-        _const(f"{p}/eight_float", np.float32(8)),
+        constant_node(f"{p}/eight_float", np.float32(8)),
         op("Mul", [f"{p}/block_scales", f"{p}/eight_float"], "block_scales8"),
         op("Div", [f"{p}/block_scales8", f"{p}/largest"], "ratio"),  # [N, blocks, 1], within [-8, 8]
         op("Mul", [f"{p}/centred_float", f"{p}/ratio"], "steps"),
         op("Round", [f"{p}/steps"], "rounded"),
         op("Cast", [f"{p}/rounded"], "int8_blocked", to=TensorProto.INT8),
-        _const(f"{p}/rows", np.array([n, blocks * block], np.int64)),
+        constant_node(f"{p}/rows", np.array([n, blocks * block], np.int64)),
         op("Reshape", [f"{p}/int8_blocked", f"{p}/rows"], "int8_nk"),
-        _const(f"{p}/columns", np.array([n], np.int64)),
+        constant_node(f"{p}/columns", np.array([n], np.int64)),
         op("Reshape", [f"{p}/largest", f"{p}/columns"], "largest_n"),
-        _const(f"{p}/column_steps", np.float32(INT8_STEPS / 8)),
+        constant_node(f"{p}/column_steps", np.float32(INT8_STEPS / 8)),
         op("Div", [f"{p}/largest_n", f"{p}/column_steps"], "column_scales"),  # largest × 8 / 64
     ]
     weight = f"{p}/int8_nk"
     if blocks * block != k:  # the last block padded: keep K columns
         nodes += [
-            _const(f"{p}/start", np.array([0], np.int64)),
-            _const(f"{p}/k", np.array([k], np.int64)),
-            _const(f"{p}/axis1", np.array([1], np.int64)),
+            constant_node(f"{p}/start", np.array([0], np.int64)),
+            constant_node(f"{p}/k", np.array([k], np.int64)),
+            constant_node(f"{p}/axis1", np.array([1], np.int64)),
             op("Slice", [weight, f"{p}/start", f"{p}/k", f"{p}/axis1"], "int8_nk_cut"),
         ]
         weight = f"{p}/int8_nk_cut"
@@ -236,7 +233,7 @@ def _starts_a_sequence(graph: onnx.GraphProto, ids: str) -> list[onnx.NodeProto]
     if "position_ids" in inputs:
         return [
             helper.make_node("ReduceMin", ["position_ids"], [f"{c}/first"], name=f"{c}/first", keepdims=0),
-            _const(f"{c}/zero", np.int64(0)),
+            constant_node(f"{c}/zero", np.int64(0)),
             helper.make_node("Equal", [f"{c}/first", f"{c}/zero"], [f"{c}/many"], name=f"{c}/many"),
         ]
     mask = next(i.name for i in graph.input if i.name == "attention_mask")
@@ -244,7 +241,7 @@ def _starts_a_sequence(graph: onnx.GraphProto, ids: str) -> list[onnx.NodeProto]
         helper.make_node("Shape", [ids], [f"{c}/ids_shape"], name=f"{c}/ids_shape"),
         helper.make_node("Shape", [mask], [f"{c}/mask_shape"], name=f"{c}/mask_shape"),
         helper.make_node("Equal", [f"{c}/ids_shape", f"{c}/mask_shape"], [f"{c}/same"], name=f"{c}/same"),
-        _const(f"{c}/one", np.int64(1)),
+        constant_node(f"{c}/one", np.int64(1)),
         helper.make_node("Gather", [f"{c}/same", f"{c}/one"], [f"{c}/many"], name=f"{c}/many", axis=0),
     ]
 
