@@ -593,7 +593,7 @@ class BatchingEngine:
             groups = list(_by_adapter(range(len(rows)), key=lambda i: (rows[i].adapter, lengths[i] % period)).values())
         else:
             groups = list(_by_adapter(range(len(rows)), key=lambda i: rows[i].adapter).values())
-        if len(groups) == 1 and not period:  # one adapter (or none): the whole batch in one run, presents as they are
+        if len(groups) == 1 and not self._cut(mask, groups[0]):  # one run, its presents bound as they are
             _bind_factors(self.stepper, rows[0].factors)
             logits, self._past = self.stepper.run(ids, mask, positions, self._past)
         else:
@@ -612,10 +612,10 @@ class BatchingEngine:
         a padding period, each group's leading columns are cut so that every row's padding is a multiple of it
         (its rows' lengths agree modulo the period), as alone it has none."""
         past = [_host(p) for p in self._past]
-        period, width = self.stepper.padding_period, mask.shape[1]
+        width = mask.shape[1]
         logits, presents = None, None
         for rows in groups:
-            cut = (width - int(mask[rows[0]].sum())) % period if period else 0  # the padding past a whole period
+            cut = self._cut(mask, rows)
             _bind_factors(self.stepper, self._rows[rows[0]].factors)
             part, values = self.stepper.run(
                 ids[rows], mask[rows, cut:], positions[rows], [p[rows][:, :, cut:] for p in past]
@@ -628,6 +628,12 @@ class BatchingEngine:
             for whole, value in zip(presents, values):
                 whole[rows, :, cut:] = value
         return logits, presents
+
+    def _cut(self, mask: np.ndarray, rows: list[int]) -> int:
+        """The leading columns a group of rows runs without: its padding past a whole padding period (its rows'
+        lengths agree modulo the period); 0 where the stepper's sums do not follow the padding."""
+        period = self.stepper.padding_period
+        return (mask.shape[1] - int(mask[rows[0]].sum())) % period if period else 0
 
     def _choose(self, requests: list[_Request], last: np.ndarray) -> list[int]:
         """Each request's next token from its row of the last logits, as decode() picks it for a batch of one;
